@@ -1,0 +1,114 @@
+/** Contracts between the model, the tokenizer and everything that drives them (rollouts, trainers,
+ *  scripts). Types only: implementations live beside this file. Names follow Hugging Face. */
+import type * as tf from "@tensorflow/tfjs";
+
+/** Qwen2 config as read from config.json (camelCase of the HF snake_case keys). */
+export interface Qwen2Config {
+  modelType: "qwen2";
+  vocabSize: number;
+  hiddenSize: number;
+  intermediateSize: number;
+  numHiddenLayers: number;
+  numAttentionHeads: number;
+  numKeyValueHeads: number;
+  headDim: number; // hidden_size / num_attention_heads unless config.json says otherwise
+  ropeTheta: number; // top-level rope_theta or rope_parameters.rope_theta
+  rmsNormEps: number;
+  tieWordEmbeddings: boolean;
+  maxPositionEmbeddings: number;
+  bosTokenId?: number;
+  eosTokenId?: number | number[];
+}
+
+export type Quantize = "none" | "int8" | "nf4";
+export const LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] as const;
+export type LoraTarget = (typeof LORA_TARGETS)[number];
+
+export interface LoraConfig {
+  r: number;
+  alpha: number;
+  dropout: number; // applied to the LoRA input only while training, as PEFT does
+  targetModules: LoraTarget[];
+}
+
+/** Per-row KV cache for incremental decoding. Rows are sequences of the decode batch. */
+export interface KVCache {
+  readonly batchSize: number;
+  readonly length: number; // cached positions per row (including left padding)
+  /** Keep only these rows, in this order (finished sequences stop costing compute). */
+  select(rows: number[]): void;
+  dispose(): void;
+}
+
+export interface ForwardOptions {
+  /** false = run the frozen base with LoRA switched off (the GRPO reference policy). Default true. */
+  adapters?: boolean;
+  /** true while training: enables LoRA dropout. Default false. */
+  training?: boolean;
+}
+
+/** A causal LM the trainers and the rollout engine drive. Qwen2 is the one implementation. */
+export interface CausalLM {
+  readonly config: Qwen2Config;
+  readonly quantize: Quantize;
+  readonly lora: LoraConfig | null;
+
+  /** Full logits [batch, seq, vocab]; left padding with position ids from the mask. */
+  forward(inputIds: number[][], attentionMask?: number[][], opts?: ForwardOptions): tf.Tensor3D;
+
+  /** Log-probabilities of the given tokens under the model: out[b][t] = log p(ids[b][t] | ids[b][<t]),
+   *  out[b][0] = 0. Never materialises full-vocab logits for the whole batch at once (chunked), and is
+   *  differentiable with respect to trainableVariables(). Optional per-token entropy of the same
+   *  distributions (not differentiated). Shapes [batch, seq]. */
+  tokenLogprobs(
+    inputIds: number[][],
+    attentionMask: number[][],
+    opts?: ForwardOptions & { withEntropy?: boolean },
+  ): { logprobs: tf.Tensor2D; entropy?: tf.Tensor2D };
+
+  /** Run a left-padded prompt batch; returns the last position's logits [batch, vocab] and a cache. */
+  prefill(inputIds: number[][], attentionMask: number[][], opts?: ForwardOptions): { logits: tf.Tensor2D; cache: KVCache };
+  /** Append one token per row; returns the new last-position logits [batch, vocab]. Updates the cache. */
+  decodeStep(tokens: number[], cache: KVCache, opts?: ForwardOptions): tf.Tensor2D;
+
+  /** LoRA A/B variables when an adapter is attached (base frozen); every weight when trained in full. */
+  trainableVariables(): tf.Variable[];
+
+  /** PEFT folder: adapter_config.json + adapter_model.safetensors (written atomically). */
+  saveAdapter(dir: string): Promise<void>;
+  /** Hugging Face folder: config.json + model.safetensors (full weights, f32; written atomically). */
+  savePretrained(dir: string): Promise<void>;
+  dispose(): void;
+}
+
+export interface ChatToolCall {
+  type: "function";
+  function: { name: string; arguments: Record<string, unknown> | string };
+}
+export interface ChatMessage {
+  role: "system" | "user" | "assistant" | "tool";
+  content: string;
+  tool_calls?: ChatToolCall[];
+}
+/** JSON schema of a tool as the chat template renders it inside <tools></tools>. */
+export interface ToolSchema {
+  type: "function";
+  function: { name: string; description: string; parameters: Record<string, unknown> };
+}
+
+export interface Tokenizer {
+  readonly vocabSize: number;
+  readonly eosTokenId: number; // <|im_end|> for Qwen chat models (tokenizer_config eos_token)
+  readonly padTokenId: number; // <|endoftext|>
+  encode(text: string): number[]; // no special tokens added; special-token text maps to its id
+  decode(ids: number[], opts?: { skipSpecialTokens?: boolean }): string;
+  tokenToId(token: string): number | undefined;
+  /** The chat template rendered to text (jinja, tools supported). */
+  applyChatTemplate(messages: ChatMessage[], opts?: { tools?: ToolSchema[]; addGenerationPrompt?: boolean }): string;
+  /** Rendered and tokenized, with mask 1 on tokens the assistant wrote (its content, tool calls and
+   *  closing <|im_end|>) and 0 on everything else (system/user/tool turns, role headers). */
+  encodeChat(
+    messages: ChatMessage[],
+    opts?: { tools?: ToolSchema[]; addGenerationPrompt?: boolean },
+  ): { ids: number[]; assistantMask: number[] };
+}
