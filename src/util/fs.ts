@@ -1,0 +1,38 @@
+/** Writes that never leave a half-written file or folder behind: write to a temp name beside the
+ *  target, then rename into place (rename is atomic within one file system). */
+import { promises as fs } from "node:fs";
+import * as path from "node:path";
+
+export async function writeFileAtomic(file: string, data: string | Uint8Array): Promise<void> {
+  await fs.mkdir(path.dirname(file), { recursive: true });
+  const tmp = `${file}.${process.pid}.${Date.now()}.tmp`;
+  try {
+    await fs.writeFile(tmp, data);
+    await fs.rename(tmp, file);
+  } catch (err) {
+    await fs.rm(tmp, { force: true });
+    throw err;
+  }
+}
+
+/** Fill a temp folder with `fill(tmpDir)`, then replace `dir` with it. An old `dir` is moved aside
+ *  first and removed only after the new one is in place, so a crash leaves either the old or the new. */
+export async function writeDirAtomic(dir: string, fill: (tmpDir: string) => Promise<void>): Promise<void> {
+  const parent = path.dirname(path.resolve(dir));
+  await fs.mkdir(parent, { recursive: true });
+  const stamp = `${process.pid}.${Date.now()}`;
+  const tmp = path.join(parent, `.${path.basename(dir)}.${stamp}.tmp`);
+  const old = path.join(parent, `.${path.basename(dir)}.${stamp}.old`);
+  await fs.rm(tmp, { recursive: true, force: true });
+  await fs.mkdir(tmp, { recursive: true });
+  try {
+    await fill(tmp);
+  } catch (err) {
+    await fs.rm(tmp, { recursive: true, force: true });
+    throw err;
+  }
+  const hadOld = await fs.stat(dir).then(() => true, () => false);
+  if (hadOld) await fs.rename(dir, old);
+  await fs.rename(tmp, dir);
+  if (hadOld) await fs.rm(old, { recursive: true, force: true });
+}
