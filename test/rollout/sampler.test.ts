@@ -1,0 +1,117 @@
+import { describe, expect, it } from "vitest";
+import * as tf from "@tensorflow/tfjs";
+import { sampleTokens } from "../../src/rollout/sampler.ts";
+import { Rng } from "../../src/util/rng.ts";
+
+function logSoftmax(row: number[], T = 1): number[] {
+  const s = row.map((x) => x / T);
+  const m = Math.max(...s);
+  const lse = m + Math.log(s.reduce((a, x) => a + Math.exp(x - m), 0));
+  return s.map((x) => x - lse);
+}
+
+/** Draw `n` samples from one logits row (as a batch of identical rows) and count tokens. */
+function frequencies(row: number[], n: number, params: Parameters<typeof sampleTokens>[1], seed = 1) {
+  const rng = new Rng(seed);
+  const B = 500;
+  const logits = tf.tensor2d(Array.from({ length: B }, () => row));
+  const counts = new Array(row.length).fill(0);
+  const logprobOf = new Map<number, number>();
+  for (let i = 0; i < n / B; i++) {
+    const r = sampleTokens(logits, params, rng);
+    r.tokens.forEach((t, b) => { counts[t]++; logprobOf.set(t, r.logprobs[b]); });
+  }
+  logits.dispose();
+  return { freq: counts.map((c) => c / n), logprobOf };
+}
+
+describe("sampleTokens", () => {
+  const row = [0.5, 2.0, -1.0, 1.2, 0.0];
+
+  it("temperature 0 is argmax with the lowest id on ties, and reports log_softmax(logits)", () => {
+    const logits = tf.tensor2d([[1, 3, 3, 0], [5, 1, 1, 5], [-2, -1, -3, -1.5]]);
+    const r = sampleTokens(logits, { temperature: 0 }, new Rng(0));
+    expect(r.tokens).toEqual([1, 0, 1]);
+    expect(r.logprobs).toEqual([0, 0, 0]);
+    const expected = [[1, 3, 3, 0], [5, 1, 1, 5], [-2, -1, -3, -1.5]].map((l, b) => logSoftmax(l)[r.tokens[b]]);
+    r.rawLogprobs.forEach((v, b) => expect(v).toBeCloseTo(expected[b], 5));
+    logits.dispose();
+  });
+
+  it("top-k 1 and a tiny top-p both give the argmax with sampling log-prob 0", () => {
+    const logits = tf.tensor2d([row, [3, 1, 4, 1, 5]]);
+    for (const params of [{ temperature: 0.7, topK: 1 }, { temperature: 1.3, topP: 1e-6 }]) {
+      const r = sampleTokens(logits, params, new Rng(5));
+      expect(r.tokens).toEqual([1, 4]);
+      r.logprobs.forEach((v) => expect(v).toBeCloseTo(0, 6));
+      expect(r.rawLogprobs[0]).toBeCloseTo(logSoftmax(row, params.temperature)[1], 5);
+      expect(r.rawLogprobs[1]).toBeCloseTo(logSoftmax([3, 1, 4, 1, 5], params.temperature)[4], 5);
+    }
+    logits.dispose();
+  });
+
+  it("empirical frequencies match softmax(logits / T) and logprobs are its logs", () => {
+    const T = 0.7;
+    const p = logSoftmax(row, T).map(Math.exp);
+    const { freq, logprobOf } = frequencies(row, 20000, { temperature: T });
+    freq.forEach((f, i) => expect(Math.abs(f - p[i])).toBeLessThan(0.012));
+    for (const [t, lp] of logprobOf) expect(lp).toBeCloseTo(Math.log(p[t]), 5);
+  });
+
+  it("top-k and top-p sample from the renormalised truncated distribution", () => {
+    const p = logSoftmax(row).map(Math.exp); // order by prob: 1, 3, 0, 4, 2
+    // top-k 3 keeps {1, 3, 0}
+    const k3 = [1, 3, 0];
+    const zk = k3.reduce((a, i) => a + p[i], 0);
+    const a = frequencies(row, 20000, { temperature: 1, topK: 3 }, 2);
+    a.freq.forEach((f, i) => expect(Math.abs(f - (k3.includes(i) ? p[i] / zk : 0))).toBeLessThan(0.012));
+    for (const [t, lp] of a.logprobOf) expect(lp).toBeCloseTo(Math.log(p[t] / zk), 5);
+    // top-p 0.85: p1≈0.54, +p3≈0.24 → 0.78 < 0.85, +p0≈0.12 → 0.90: keeps {1, 3, 0}
+    const nuc = [1, 3, 0];
+    expect(p[1] + p[3]).toBeLessThan(0.85);
+    expect(p[1] + p[3] + p[0]).toBeGreaterThan(0.85);
+    const b = frequencies(row, 20000, { temperature: 1, topP: 0.85 }, 3);
+    b.freq.forEach((f, i) => expect(Math.abs(f - (nuc.includes(i) ? p[i] / zk : 0))).toBeLessThan(0.012));
+    // top-k 3, then top-p 0.85 of the top-3 mass (Hugging Face's order): 0.78 ≥ 0.85·0.90 → {1, 3}
+    expect(p[1] + p[3]).toBeGreaterThan(0.85 * zk);
+    const c = frequencies(row, 10000, { temperature: 1, topK: 3, topP: 0.85 }, 4);
+    const z2 = p[1] + p[3];
+    c.freq.forEach((f, i) => expect(Math.abs(f - ([1, 3].includes(i) ? p[i] / z2 : 0))).toBeLessThan(0.015));
+    for (const [t, lp] of c.logprobOf) expect(lp).toBeCloseTo(Math.log(p[t] / z2), 5);
+  });
+
+  it("widens the top-p candidate set when the nucleus is larger than the first guess", () => {
+    const V = 1000;
+    const logits = tf.zeros([4, V]) as tf.Tensor2D; // flat: the 0.9 nucleus holds ~900 tokens
+    const r = sampleTokens(logits, { temperature: 1, topP: 0.9 }, new Rng(9));
+    for (let b = 0; b < 4; b++) {
+      expect(r.tokens[b]).toBeLessThan(902); // ties sort lower ids first, so the nucleus is ids 0..~900
+      expect(Math.abs(r.logprobs[b] + Math.log(900))).toBeLessThan(3e-3);
+      expect(r.rawLogprobs[b]).toBeCloseTo(-Math.log(V), 4);
+    }
+    logits.dispose();
+  });
+
+  it("is reproducible from a seed and leaks no tensors", () => {
+    const logits = tf.tensor2d(Array.from({ length: 8 }, (_, b) => row.map((x) => x * (1 + b / 8))));
+    const before = tf.memory().numTensors;
+    const draw = (seed: number, params: Parameters<typeof sampleTokens>[1]) => {
+      const rng = new Rng(seed);
+      return [0, 1, 2].flatMap(() => sampleTokens(logits, params, rng).tokens);
+    };
+    for (const params of [{ temperature: 1 }, { temperature: 0.8, topK: 3 }, { temperature: 1, topP: 0.9 }, { temperature: 0 }]) {
+      expect(draw(11, params)).toEqual(draw(11, params));
+    }
+    expect(draw(11, { temperature: 1 })).not.toEqual(draw(12, { temperature: 1 }));
+    expect(tf.memory().numTensors).toBe(before);
+    logits.dispose();
+  });
+
+  it("rejects bad parameters with the value and what is accepted", () => {
+    const logits = tf.tensor2d([row]);
+    expect(() => sampleTokens(logits, { temperature: -1 }, new Rng(0))).toThrow(/temperature -1 .*>= 0/);
+    expect(() => sampleTokens(logits, { temperature: 1, topP: 0 }, new Rng(0))).toThrow(/topP 0 .*\(0, 1\]/);
+    expect(() => sampleTokens(logits, { temperature: 1, topK: 1.5 }, new Rng(0))).toThrow(/topK 1.5/);
+    logits.dispose();
+  });
+});
