@@ -1,0 +1,235 @@
+/** Command-line plumbing shared by the scripts: flag parsers for commander that reject bad values
+ *  with one clear line, `runMain` (exit codes 0 / 1 error / 2 usage / 130 interrupted), a Ctrl-C hook
+ *  so a trainer can save a checkpoint before exiting, and the run-folder rules (never mix two runs in
+ *  one folder). Flag definitions themselves live in each script. */
+import { promises as fs } from "node:fs";
+import * as path from "node:path";
+import { writeFileAtomic } from "./util/fs.ts";
+
+/** A bad flag or argument: the user can fix it by changing the command line. Exits with code 2. */
+export class UsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "UsageError";
+  }
+}
+
+// ---------------------------------------------------------------- flag parsers (commander argParser)
+
+function rangeText(min?: number, max?: number): string {
+  if (min !== undefined && max !== undefined) return `between ${min} and ${max}`;
+  if (min !== undefined) return `>= ${min}`;
+  if (max !== undefined) return `<= ${max}`;
+  return "any value";
+}
+
+/** `--name` as a whole number in [min, max]. Accepts plain decimal integers only ("1e3", "12abc" fail). */
+export function parseIntArg(name: string, min?: number, max?: number): (value: string) => number {
+  return (value: string) => {
+    const v = value.trim();
+    const n = /^[+-]?\d+$/.test(v) ? Number(v) : NaN;
+    if (!Number.isSafeInteger(n) || (min !== undefined && n < min) || (max !== undefined && n > max))
+      throw new UsageError(`--${name} ${JSON.stringify(value)}: expected a whole number ${rangeText(min, max)}`);
+    return n;
+  };
+}
+
+/** `--name` as a finite number in [min, max] ("3e-5", "0.1", "-2" are fine). */
+export function parseFloatArg(name: string, min?: number, max?: number): (value: string) => number {
+  return (value: string) => {
+    const v = value.trim();
+    const n = v === "" ? NaN : Number(v);
+    if (!Number.isFinite(n) || (min !== undefined && n < min) || (max !== undefined && n > max))
+      throw new UsageError(`--${name} ${JSON.stringify(value)}: expected a number ${rangeText(min, max)}`);
+    return n;
+  };
+}
+
+/** `--name` as one of a fixed set of words. */
+export function parseChoice<T extends string>(name: string, choices: readonly T[]): (value: string) => T {
+  return (value: string) => {
+    if (!(choices as readonly string[]).includes(value))
+      throw new UsageError(`--${name} ${JSON.stringify(value)}: expected one of ${choices.join(", ")}`);
+    return value as T;
+  };
+}
+
+/** `--name a,b,c` as a list of non-empty items, each one of `allowed` when given. */
+export function parseList(name: string, allowed?: readonly string[]): (value: string) => string[] {
+  return (value: string) => {
+    const items = value.split(",").map((s) => s.trim());
+    const what = allowed ? `a comma-separated list of ${allowed.join(", ")}` : "a comma-separated list of non-empty items";
+    if (items.some((s) => s === "")) throw new UsageError(`--${name} ${JSON.stringify(value)}: expected ${what}`);
+    if (allowed) {
+      const bad = items.filter((s) => !allowed.includes(s));
+      if (bad.length > 0) throw new UsageError(`--${name} ${JSON.stringify(value)}: unknown ${bad.join(", ")}; expected ${what}`);
+    }
+    return items;
+  };
+}
+
+// ---------------------------------------------------------------- main and exit codes
+
+export interface ProcessIo {
+  exit: (code: number) => void;
+  stderr: (line: string) => void;
+  env: Record<string, string | undefined>;
+}
+
+const defaultIo: ProcessIo = {
+  exit: (code) => process.exit(code),
+  stderr: (line) => process.stderr.write(line + "\n"),
+  env: process.env,
+};
+
+/** Run a script's body. UsageError → `error: ...` and exit 2; any other error → `error: <message>`
+ *  and exit 1, with the stack only when DEBUG is set (a stack helps us, not the user). */
+export async function runMain(fn: () => Promise<void>, io: ProcessIo = defaultIo): Promise<void> {
+  try {
+    await fn();
+  } catch (err) {
+    const usage = err instanceof UsageError;
+    const message = err instanceof Error ? err.message : String(err);
+    io.stderr(`error: ${message.split("\n")[0]}`);
+    if (io.env.DEBUG && err instanceof Error && err.stack) io.stderr(err.stack);
+    io.exit(usage ? 2 : 1);
+  }
+}
+
+// ---------------------------------------------------------------- Ctrl-C
+
+/** First Ctrl-C: run the registered callbacks (save a checkpoint) in order, then exit 130.
+ *  A second Ctrl-C while they run exits at once. */
+export class InterruptHandler {
+  private callbacks: Array<() => Promise<void> | void> = [];
+  private interrupted = false;
+
+  constructor(private io: Pick<ProcessIo, "exit" | "stderr"> = defaultIo) {}
+
+  register(cb: () => Promise<void> | void): () => void {
+    this.callbacks.push(cb);
+    return () => {
+      this.callbacks = this.callbacks.filter((c) => c !== cb);
+    };
+  }
+
+  get count(): number {
+    return this.callbacks.length;
+  }
+
+  async handle(): Promise<void> {
+    if (this.interrupted) {
+      this.io.stderr("interrupted again: exiting without saving");
+      this.io.exit(130);
+      return;
+    }
+    this.interrupted = true;
+    this.io.stderr("interrupted: saving a checkpoint (Ctrl-C again to quit at once)");
+    let code = 130;
+    for (const cb of [...this.callbacks]) {
+      try {
+        await cb();
+      } catch (err) {
+        this.io.stderr(`error: while saving after interrupt: ${err instanceof Error ? err.message : String(err)}`);
+        code = 1;
+      }
+    }
+    this.io.exit(code);
+  }
+}
+
+let processHandler: InterruptHandler | undefined;
+
+/** Register `cb` to run on Ctrl-C (SIGINT) before the process exits with 130. Returns an
+ *  unregister function; once nothing is registered, Ctrl-C falls back to Node's default. */
+export function onInterrupt(cb: () => Promise<void> | void): () => void {
+  if (!processHandler) processHandler = new InterruptHandler();
+  const h = processHandler;
+  if (h.count === 0) process.on("SIGINT", sigint);
+  const unregister = h.register(cb);
+  return () => {
+    unregister();
+    if (h.count === 0) process.off("SIGINT", sigint);
+  };
+}
+
+function sigint(): void {
+  void processHandler?.handle();
+}
+
+// ---------------------------------------------------------------- run folders
+
+/** Files whose presence means a folder already holds a run. */
+export const RUN_MARKERS = ["run.json", "metrics.jsonl", "latest"] as const;
+export const RUN_CONFIG_FILE = "run.json";
+
+export interface PrepareOptions {
+  overwrite?: boolean;
+  resume?: boolean;
+  /** "sft", "grpo", "eval", ...: resuming a folder written by another kind of run is refused. */
+  runKind: string;
+}
+
+function hasRunMarker(names: string[]): boolean {
+  return names.some((n) => (RUN_MARKERS as readonly string[]).includes(n) || /^checkpoint-\d+$/.test(n));
+}
+
+/** Make `dir` ready for a run. A folder that already holds a run is refused unless `overwrite`
+ *  (then emptied) or `resume` (then kept, and its run kind must match). A non-empty folder that does
+ *  not look like a run is always refused, so a mistyped path never empties someone's files.
+ *  Nothing is written when refusing. Returns whether a previous run is being continued. */
+export async function prepareOutputDir(dir: string, opts: PrepareOptions): Promise<{ resumed: boolean }> {
+  if (opts.overwrite && opts.resume) throw new UsageError(`--overwrite and --resume together: pick one (fresh run or continue ${dir})`);
+  const stat = await fs.stat(dir).catch(() => undefined);
+  if (stat && !stat.isDirectory()) throw new UsageError(`--output_dir ${dir} is a file: expected a folder path`);
+  const names = stat ? await fs.readdir(dir) : [];
+  const isRun = hasRunMarker(names);
+
+  if (opts.resume) {
+    if (!isRun) throw new UsageError(`--resume: ${dir} holds no run to continue (no ${RUN_MARKERS.join(" / ")}); drop --resume to start one`);
+    const kind = await readRunKind(dir);
+    if (kind !== undefined && kind !== opts.runKind)
+      throw new UsageError(`--resume: ${dir} holds a ${kind} run, not ${opts.runKind}; pick another --output_dir`);
+    return { resumed: true };
+  }
+  if (names.length > 0 && !isRun)
+    throw new UsageError(`--output_dir ${dir} is not empty and does not hold a run; pick a new or empty folder`);
+  if (isRun) {
+    if (!opts.overwrite) throw new UsageError(`--output_dir ${dir} already holds a run; pass --resume to continue it or --overwrite to replace it`);
+    for (const n of names) await fs.rm(path.join(dir, n), { recursive: true, force: true });
+  }
+  await fs.mkdir(dir, { recursive: true });
+  return { resumed: false };
+}
+
+async function readRunKind(dir: string): Promise<string | undefined> {
+  const text = await fs.readFile(path.join(dir, RUN_CONFIG_FILE), "utf8").catch(() => undefined);
+  if (text === undefined) return undefined;
+  try {
+    const kind = (JSON.parse(text) as { runKind?: unknown }).runKind;
+    return typeof kind === "string" ? kind : undefined;
+  } catch {
+    throw new Error(`${path.join(dir, RUN_CONFIG_FILE)} is not valid JSON; fix or remove it`);
+  }
+}
+
+/** Write the resolved config as `run.json` (atomic): `{ runKind, createdAt, config }`. */
+export async function writeRunConfig(dir: string, config: unknown, runKind?: string): Promise<string> {
+  const file = path.join(dir, RUN_CONFIG_FILE);
+  const body = { runKind, createdAt: new Date().toISOString(), config };
+  await writeFileAtomic(file, JSON.stringify(body, null, 2) + "\n");
+  return file;
+}
+
+/** Read back what writeRunConfig wrote. */
+export async function readRunConfig(dir: string): Promise<{ runKind?: string; createdAt?: string; config: unknown }> {
+  const file = path.join(dir, RUN_CONFIG_FILE);
+  const text = await fs.readFile(file, "utf8").catch(() => {
+    throw new Error(`${file} not found: expected a run folder written by this project`);
+  });
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new Error(`${file} is not valid JSON`);
+  }
+}

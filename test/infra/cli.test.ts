@@ -1,0 +1,148 @@
+import { describe, expect, it } from "vitest";
+import { spawn } from "node:child_process";
+import { promises as fs } from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { Command } from "commander";
+import {
+  InterruptHandler, parseChoice, parseFloatArg, parseIntArg, parseList, prepareOutputDir, readRunConfig,
+  runMain, UsageError, writeRunConfig,
+} from "../../src/cli.ts";
+
+const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-cli-"));
+
+describe("flag parsers", () => {
+  it("parse good values and reject bad ones with value and accepted range", () => {
+    expect(parseIntArg("steps", 1)("200")).toBe(200);
+    expect(() => parseIntArg("steps", 1)("0")).toThrow('--steps "0": expected a whole number >= 1');
+    expect(() => parseIntArg("steps")("12abc")).toThrow(UsageError);
+    expect(() => parseIntArg("steps")("1e3")).toThrow(/whole number/);
+    expect(parseFloatArg("lr", 0)("3e-5")).toBe(3e-5);
+    expect(() => parseFloatArg("temperature", 0, 2)("2.5")).toThrow('--temperature "2.5": expected a number between 0 and 2');
+    expect(() => parseFloatArg("lr")("")).toThrow(UsageError);
+    expect(() => parseFloatArg("lr")("nan")).toThrow(UsageError);
+    expect(parseChoice("quant", ["int8", "nf4", "none"])("nf4")).toBe("nf4");
+    expect(() => parseChoice("quant", ["int8", "nf4"])("fp4")).toThrow('--quant "fp4": expected one of int8, nf4');
+    expect(parseList("targets")("q_proj, v_proj")).toEqual(["q_proj", "v_proj"]);
+    expect(() => parseList("targets", ["q_proj", "v_proj"])("q_proj,x_proj")).toThrow(/unknown x_proj; expected a comma-separated list of q_proj, v_proj/);
+    expect(() => parseList("targets")("a,,b")).toThrow(UsageError);
+  });
+
+  it("let UsageError escape commander so runMain can report it", async () => {
+    const lines: string[] = [];
+    let code = -1;
+    await runMain(async () => {
+      const cmd = new Command().exitOverride().option("--steps <n>", "steps", parseIntArg("steps", 1));
+      await cmd.parseAsync(["node", "x", "--steps", "-3"]);
+    }, { exit: (c) => (code = c), stderr: (l) => lines.push(l), env: {} });
+    expect(code).toBe(2);
+    expect(lines).toEqual(['error: --steps "-3": expected a whole number >= 1']);
+  });
+});
+
+describe("runMain", () => {
+  it("maps errors to one line and exit codes; stack only with DEBUG", async () => {
+    const run = async (fn: () => Promise<void>, env: Record<string, string> = {}) => {
+      const lines: string[] = [];
+      let code: number | undefined;
+      await runMain(fn, { exit: (c) => (code = c), stderr: (l) => lines.push(l), env });
+      return { code, lines };
+    };
+    expect(await run(async () => {})).toEqual({ code: undefined, lines: [] });
+    expect(await run(async () => { throw new Error("boom\nmore"); })).toEqual({ code: 1, lines: ["error: boom"] });
+    const dbg = await run(async () => { throw new Error("boom"); }, { DEBUG: "1" });
+    expect(dbg.code).toBe(1);
+    expect(dbg.lines.length).toBe(2);
+    expect(dbg.lines[1]).toMatch(/at /);
+  });
+});
+
+describe("InterruptHandler", () => {
+  it("runs callbacks then exits 130; a second interrupt exits at once", async () => {
+    const codes: number[] = [];
+    const order: string[] = [];
+    const h = new InterruptHandler({ exit: (c) => codes.push(c), stderr: () => {} });
+    let release!: () => void;
+    h.register(async () => {
+      order.push("save-start");
+      await new Promise<void>((r) => (release = r));
+      order.push("save-end");
+    });
+    const off = h.register(() => { order.push("never"); });
+    off();
+    const first = h.handle();
+    await new Promise((r) => setTimeout(r, 10));
+    await h.handle(); // impatient second Ctrl-C
+    expect(codes).toEqual([130]);
+    release();
+    await first;
+    expect(order).toEqual(["save-start", "save-end"]);
+    expect(codes).toEqual([130, 130]);
+  });
+});
+
+function runChild(args: string[], onStdout?: (s: string, kill: (sig: NodeJS.Signals) => void) => void) {
+  return new Promise<{ code: number | null; stderr: string }>((resolve) => {
+    const child = spawn(process.execPath, ["--import", "tsx", path.join(__dirname, "fixtures", "cli-child.ts"), ...args], {
+      cwd: path.join(__dirname, "..", ".."),
+      env: { ...process.env, DEBUG: "" },
+    });
+    let stderr = "";
+    child.stderr.on("data", (d) => (stderr += d));
+    child.stdout.on("data", (d) => onStdout?.(String(d), (sig) => child.kill(sig)));
+    child.on("close", (code) => resolve({ code, stderr }));
+  });
+}
+
+describe("exit codes of a real process", () => {
+  it("usage error → 2, error → 1, Ctrl-C saves then → 130", async () => {
+    const dir = await tmp();
+    const out = path.join(dir, "ckpt");
+    const [usage, fail, intr] = await Promise.all([
+      runChild(["usage"]),
+      runChild(["fail"]),
+      runChild(["interrupt", out], (s, kill) => { if (s.includes("ready")) kill("SIGINT"); }),
+    ]);
+    expect(usage.code).toBe(2);
+    expect(usage.stderr.trim()).toBe('error: --steps "x": expected a whole number >= 1');
+    expect(fail.code).toBe(1);
+    expect(fail.stderr.trim()).toBe("error: model folder /nope not found");
+    expect(intr.code).toBe(130);
+    expect(await fs.readFile(out, "utf8")).toBe("saved");
+  });
+});
+
+describe("prepareOutputDir", () => {
+  it("creates a new folder and accepts an empty one", async () => {
+    const root = await tmp();
+    expect(await prepareOutputDir(path.join(root, "a", "b"), { runKind: "grpo" })).toEqual({ resumed: false });
+    expect((await fs.stat(path.join(root, "a", "b"))).isDirectory()).toBe(true);
+    expect(await prepareOutputDir(path.join(root, "a", "b"), { runKind: "grpo" })).toEqual({ resumed: false });
+  });
+
+  it("refuses a folder holding a run unless --overwrite or --resume, writing nothing", async () => {
+    const dir = path.join(await tmp(), "run");
+    await prepareOutputDir(dir, { runKind: "grpo" });
+    await writeRunConfig(dir, { lr: 1e-5 }, "grpo");
+    await fs.writeFile(path.join(dir, "metrics.jsonl"), '{"step":1}\n');
+    const before = (await fs.readdir(dir)).sort();
+    await expect(prepareOutputDir(dir, { runKind: "grpo" })).rejects.toThrow(/already holds a run; pass --resume .* or --overwrite/);
+    await expect(prepareOutputDir(dir, { runKind: "grpo", overwrite: true, resume: true })).rejects.toThrow(UsageError);
+    await expect(prepareOutputDir(dir, { runKind: "sft", resume: true })).rejects.toThrow(/holds a grpo run, not sft/);
+    expect((await fs.readdir(dir)).sort()).toEqual(before);
+
+    expect(await prepareOutputDir(dir, { runKind: "grpo", resume: true })).toEqual({ resumed: true });
+    expect((await readRunConfig(dir)).config).toEqual({ lr: 1e-5 });
+    expect(await prepareOutputDir(dir, { runKind: "grpo", overwrite: true })).toEqual({ resumed: false });
+    expect(await fs.readdir(dir)).toEqual([]);
+  });
+
+  it("never empties a folder that does not look like a run, and refuses --resume without a run", async () => {
+    const dir = await tmp();
+    await fs.writeFile(path.join(dir, "notes.txt"), "mine");
+    await expect(prepareOutputDir(dir, { runKind: "grpo", overwrite: true })).rejects.toThrow(/not empty and does not hold a run/);
+    await expect(prepareOutputDir(dir, { runKind: "grpo", resume: true })).rejects.toThrow(/holds no run to continue/);
+    expect(await fs.readFile(path.join(dir, "notes.txt"), "utf8")).toBe("mine");
+    await expect(prepareOutputDir(path.join(dir, "notes.txt"), { runKind: "grpo" })).rejects.toThrow(/is a file/);
+  });
+});
