@@ -1,0 +1,74 @@
+/** One scalar reward per rollout, as a weighted sum of named components; every component is returned
+ *  for logging, whatever its weight. The answer is read only in the strict format (`\boxed{}`, the one
+ *  agents/prompts.ts asks for): a right number written any other way earns no correctness, so the
+ *  policy is pushed towards the format the evaluator reads. No length penalty, no partial credit. */
+import { answersMatch, extractAnswer } from "../datasets/answer.ts";
+
+/** What scoring needs from a finished rollout (the rollout engine fills it in). */
+export interface RolloutForReward {
+  finalText: string; // the assistant's last turn (or all of its text): the answer is its last \boxed{}
+  numToolCalls: number; // well-formed tool calls that were executed
+  numToolErrors: number; // of those, calls whose tool reported an error (e.g. the calculator could not evaluate)
+  numParseErrors: number; // malformed <tool_call> blocks (bad JSON, unknown tool, missing arguments)
+  truncated: boolean; // stopped by the token or turn limit before the model ended its reply
+}
+
+type Component = (r: RolloutForReward, gold: string) => number;
+
+/** The components, each in [0, 1] except tool_use in [-1, 1]. */
+export const REWARD_COMPONENTS: Record<string, Component> = {
+  /** 1 when the last \boxed{} holds the gold number (numeric match, see answersMatch), else 0. */
+  correctness: (r, gold) => (answersMatch(extractAnswer(r.finalText, "boxed"), gold) ? 1 : 0),
+  /** 1 when the rollout is well formed: every <tool_call> parsed, a non-empty \boxed{} answer is
+   *  present, and the model ended on its own (not truncated); else 0. Says nothing about correctness. */
+  format: (r) => (r.numParseErrors === 0 && !r.truncated && extractAnswer(r.finalText, "boxed") !== null ? 1 : 0),
+  /** Using the tool, and using it well: 1 for at least one call, minus the fraction of calls that
+   *  failed (malformed blocks count as failed calls). 0 without any call. Default weight 0. */
+  tool_use: (r) => {
+    const attempts = r.numToolCalls + r.numParseErrors;
+    if (attempts === 0) return 0;
+    return (r.numToolCalls > 0 ? 1 : 0) - (r.numToolErrors + r.numParseErrors) / attempts;
+  },
+};
+
+export const DEFAULT_REWARD_WEIGHTS: Record<string, number> = { correctness: 1, format: 0.1, tool_use: 0 };
+
+/** Weighted sum of the components. Unknown weight names are an error (a typo would silently zero a term). */
+export function scoreRollout(
+  r: RolloutForReward,
+  gold: string,
+  weights: Record<string, number> = DEFAULT_REWARD_WEIGHTS,
+): { reward: number; components: Record<string, number> } {
+  for (const name of Object.keys(weights)) checkName(name);
+  const components: Record<string, number> = {};
+  let reward = 0;
+  for (const [name, fn] of Object.entries(REWARD_COMPONENTS)) {
+    components[name] = fn(r, gold);
+    reward += (weights[name] ?? 0) * components[name];
+  }
+  return { reward, components };
+}
+
+/** "correctness=1,format=0.1" -> a weight for every component; components not named get weight 0. */
+export function parseRewardWeights(spec: string): Record<string, number> {
+  const weights: Record<string, number> = Object.fromEntries(Object.keys(REWARD_COMPONENTS).map((n) => [n, 0]));
+  const seen = new Set<string>();
+  for (const part of spec.split(",").map((p) => p.trim()).filter(Boolean)) {
+    const m = /^([A-Za-z_]+)\s*=\s*(\S+)$/.exec(part);
+    if (!m) throw new Error(`reward weight "${part}" is not NAME=NUMBER (e.g. "correctness=1,format=0.1")`);
+    const [, name, value] = m;
+    checkName(name);
+    if (seen.has(name)) throw new Error(`reward weight "${name}" is given twice in "${spec}"`);
+    const w = Number(value);
+    if (!Number.isFinite(w)) throw new Error(`reward weight ${name}="${value}" is not a finite number`);
+    weights[name] = w;
+    seen.add(name);
+  }
+  if (seen.size === 0) throw new Error(`reward weights "${spec}" name no component; expected e.g. "correctness=1,format=0.1"`);
+  return weights;
+}
+
+function checkName(name: string): void {
+  if (!Object.hasOwn(REWARD_COMPONENTS, name))
+    throw new Error(`unknown reward component "${name}", expected one of ${Object.keys(REWARD_COMPONENTS).join(", ")}`);
+}
