@@ -1,0 +1,92 @@
+/** Finds GSM8K's parquet file for a split by dataset name: first in the local Hugging Face cache, in the
+ *  layout `datasets` / `huggingface-cli download` leave there
+ *  (`<cache>/datasets--openai--gsm8k/snapshots/<rev>/main/<split>-00000-of-00001.parquet`), then by
+ *  downloading that one file from the hub into the same layout. Only the `main` config; no auth
+ *  tokens (GSM8K is public); no resume of partial downloads (the file is 2 MB). */
+import { promises as fs } from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { writeFileAtomic } from "../util/fs.ts";
+
+const REPO = "openai/gsm8k";
+const NAMES = new Set(["gsm8k", "openai/gsm8k"]);
+// The dataset moved from "gsm8k" to "openai/gsm8k"; an older cache may hold either folder.
+const CACHE_FOLDERS = ["datasets--openai--gsm8k", "datasets--gsm8k"];
+
+/** Cache roots in Hugging Face's order: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub. */
+export function hubCacheDirs(env: NodeJS.ProcessEnv = process.env): string[] {
+  const dirs: string[] = [];
+  if (env.HF_HUB_CACHE) dirs.push(env.HF_HUB_CACHE);
+  if (env.HF_HOME) dirs.push(path.join(env.HF_HOME, "hub"));
+  dirs.push(path.join(env.XDG_CACHE_HOME ?? path.join(os.homedir(), ".cache"), "huggingface", "hub"));
+  return [...new Set(dirs)];
+}
+
+/** Path of the cached (or freshly downloaded) parquet file of one split. */
+export async function resolveGsm8kSplit(name: string, split: "train" | "test", env: NodeJS.ProcessEnv = process.env): Promise<string> {
+  if (!NAMES.has(name))
+    throw new Error(`gsm8k source "${name}" is neither a file nor a dataset name; pass a .jsonl or .parquet path, or "gsm8k" / "openai/gsm8k"`);
+  const dirs = hubCacheDirs(env);
+  const looked: string[] = [];
+  for (const dir of dirs) {
+    for (const folder of CACHE_FOLDERS) {
+      const found = await findInSnapshot(path.join(dir, folder), split);
+      looked.push(path.join(dir, folder, "snapshots", "*", "main", `${split}-*.parquet`));
+      if (found) return found;
+    }
+  }
+  const offline = isTrue(env.HF_HUB_OFFLINE) || isTrue(env.HF_DATASETS_OFFLINE);
+  let why = "HF_HUB_OFFLINE is set, so no download was tried";
+  if (!offline) {
+    try {
+      return await download(dirs[0], split, env);
+    } catch (err) {
+      why = `download failed: ${(err as Error).message}`;
+    }
+  }
+  throw new Error(
+    `GSM8K ${split} split not found. Looked in: ${looked.join(", ")}; ${why}. ` +
+      `Get it with \`huggingface-cli download ${REPO} --repo-type dataset\`, or pass a JSONL path ` +
+      `(lines of {"question", "answer"}) or a parquet file instead of the name.`,
+  );
+}
+
+/** The split's parquet file in the snapshot refs/main points to, else in any snapshot (newest first). */
+async function findInSnapshot(repoDir: string, split: string): Promise<string | null> {
+  const snapshots = path.join(repoDir, "snapshots");
+  const revs = await fs.readdir(snapshots).catch(() => [] as string[]);
+  if (revs.length === 0) return null;
+  const main = (await fs.readFile(path.join(repoDir, "refs", "main"), "utf8").catch(() => "")).trim();
+  const withTime = await Promise.all(
+    revs.map(async (r) => ({ r, t: (await fs.stat(path.join(snapshots, r)).catch(() => null))?.mtimeMs ?? 0 })),
+  );
+  const ordered = withTime.sort((a, b) => Number(b.r === main) - Number(a.r === main) || b.t - a.t).map((x) => x.r);
+  for (const rev of ordered) {
+    const files = await fs.readdir(path.join(snapshots, rev, "main")).catch(() => [] as string[]);
+    const hit = files.filter((f) => f.startsWith(`${split}-`) && f.endsWith(".parquet")).sort()[0];
+    if (hit) return path.join(snapshots, rev, "main", hit);
+  }
+  return null;
+}
+
+/** Download one file into the cache layout (a plain file in the snapshot, no blob symlink: readers
+ *  only need the snapshot path). */
+async function download(cacheDir: string, split: string, env: NodeJS.ProcessEnv): Promise<string> {
+  const endpoint = (env.HF_ENDPOINT ?? "https://huggingface.co").replace(/\/+$/, "");
+  const file = `main/${split}-00000-of-00001.parquet`;
+  const url = `${endpoint}/datasets/${REPO}/resolve/main/${file}`;
+  const res = await fetch(url, { signal: AbortSignal.timeout(60_000) });
+  if (!res.ok) throw new Error(`GET ${url} -> HTTP ${res.status}`);
+  const bytes = new Uint8Array(await res.arrayBuffer());
+  // The hub names the commit it served; fall back to "main" so the layout still resolves next time.
+  const rev = (res.headers.get("x-repo-commit") ?? "").replace(/[^0-9a-zA-Z]/g, "") || "main";
+  const repoDir = path.join(cacheDir, CACHE_FOLDERS[0]);
+  const target = path.join(repoDir, "snapshots", rev, file);
+  await writeFileAtomic(target, bytes);
+  await writeFileAtomic(path.join(repoDir, "refs", "main"), rev);
+  return target;
+}
+
+function isTrue(v: string | undefined): boolean {
+  return v !== undefined && ["1", "true", "yes", "on"].includes(v.toLowerCase());
+}
