@@ -1,0 +1,42 @@
+/** Right-padding of token sequences into rectangular rows for training forwards. Training sees whole
+ *  sequences at once, so right padding is enough: causal attention keeps real tokens from seeing the
+ *  pad after them, and positions count from 0 either way. (The rollout engine left-pads for decoding.) */
+
+export interface PaddedBatch {
+  ids: number[][]; // [B, L]
+  attentionMask: number[][]; // [B, L] 1 on real tokens
+  lossMask: number[][]; // [B, L] the given loss masks, 0 on padding
+}
+
+/** Pad each sequence (and its loss mask) on the right to the longest one, or to `length`. */
+export function rightPad(seqs: number[][], lossMasks: number[][], padId: number, length?: number): PaddedBatch {
+  if (seqs.length !== lossMasks.length) throw new Error(`got ${seqs.length} sequences but ${lossMasks.length} loss masks; need one each`);
+  if (!Number.isInteger(padId) || padId < 0) throw new Error(`padId ${padId} must be a non-negative integer token id`);
+  const longest = Math.max(0, ...seqs.map((s) => s.length));
+  const L = length ?? longest;
+  if (L < longest) throw new Error(`length ${L} is shorter than the longest sequence (${longest} tokens)`);
+  const out: PaddedBatch = { ids: [], attentionMask: [], lossMask: [] };
+  seqs.forEach((s, i) => {
+    const m = lossMasks[i];
+    if (m.length !== s.length) throw new Error(`sequence ${i} has ${s.length} tokens but its loss mask has ${m.length}`);
+    const pad = L - s.length;
+    out.ids.push([...s, ...new Array<number>(pad).fill(padId)]);
+    out.attentionMask.push([...new Array<number>(s.length).fill(1), ...new Array<number>(pad).fill(0)]);
+    out.lossMask.push([...m.map((x) => (x ? 1 : 0)), ...new Array<number>(pad).fill(0)]);
+  });
+  return out;
+}
+
+/** Split items into consecutive chunks of at most `size`. */
+export function chunks<T>(items: T[], size: number): T[][] {
+  if (!(Number.isInteger(size) && size > 0)) throw new Error(`micro-batch size ${size} must be a positive integer`);
+  const out: T[][] = [];
+  for (let i = 0; i < items.length; i += size) out.push(items.slice(i, i + size));
+  return out;
+}
+
+/** Micro-batches of at most `microBatchSize` sequences, each right-padded to its own longest row. */
+export function microBatches(seqs: number[][], lossMasks: number[][], padId: number, microBatchSize: number): PaddedBatch[] {
+  const idx = chunks(seqs.map((_, i) => i), microBatchSize);
+  return idx.map((rows) => rightPad(rows.map((r) => seqs[r]), rows.map((r) => lossMasks[r]), padId));
+}
