@@ -1,0 +1,171 @@
+/** AdamW as torch.optim.AdamW computes it (decoupled weight decay, bias correction, no amsgrad), global
+ *  gradient-norm clipping as torch.nn.utils.clip_grad_norm_, and the optimizer state as named
+ *  Float32Arrays for checkpoints. Leaves out param groups, amsgrad and fused kernels. */
+import * as tf from "@tensorflow/tfjs";
+import { NonFiniteError } from "./errors.ts";
+
+export interface AdamWConfig {
+  lr: number; // used when step() is given no lr (a schedule usually passes one per step)
+  beta1?: number; // default 0.9
+  beta2?: number; // default 0.999
+  eps?: number; // default 1e-8
+  weightDecay?: number; // default 0.01, torch's; transformers' Trainer passes 0.0 unless told
+}
+
+/** Global L2 norm over all gradients: sqrt(Σ_g ‖g‖²), as clip_grad_norm_ returns it. */
+export function globalNorm(grads: tf.NamedTensorMap): number {
+  const parts = Object.values(grads);
+  if (parts.length === 0) return 0;
+  const sq = tf.tidy(() => tf.addN(parts.map((g) => tf.sum(tf.square(g)))));
+  const norm = Math.sqrt(sq.dataSync()[0]);
+  sq.dispose();
+  return norm;
+}
+
+/** torch's clip_grad_norm_: scale every gradient by min(1, maxNorm / (norm + 1e-6)). Returns new
+ *  tensors (the inputs stay the caller's to dispose) and the norm before clipping. A NaN/Inf norm
+ *  throws NonFiniteError (torch's error_if_nonfinite=True) and returns nothing. */
+export function clipGradNorm(grads: tf.NamedTensorMap, maxNorm: number): { grads: tf.NamedTensorMap; norm: number } {
+  if (!(maxNorm > 0)) throw new Error(`maxNorm ${maxNorm} must be > 0`);
+  const norm = globalNorm(grads);
+  if (!Number.isFinite(norm)) throw new NonFiniteError("gradient norm", norm);
+  const coef = Math.min(1, maxNorm / (norm + 1e-6));
+  const out: tf.NamedTensorMap = {};
+  for (const [name, g] of Object.entries(grads)) out[name] = tf.mul(g, coef);
+  return { grads: out, norm };
+}
+
+export class AdamW {
+  readonly lr: number;
+  readonly beta1: number;
+  readonly beta2: number;
+  readonly eps: number;
+  readonly weightDecay: number;
+  private stepCount = 0;
+  private readonly vars: Map<string, tf.Variable>;
+  private expAvg = new Map<string, tf.Tensor>(); // m, torch's exp_avg
+  private expAvgSq = new Map<string, tf.Tensor>(); // v, torch's exp_avg_sq
+
+  constructor(variables: tf.Variable[], cfg: AdamWConfig) {
+    this.lr = cfg.lr;
+    this.beta1 = cfg.beta1 ?? 0.9;
+    this.beta2 = cfg.beta2 ?? 0.999;
+    this.eps = cfg.eps ?? 1e-8;
+    this.weightDecay = cfg.weightDecay ?? 0.01;
+    checkHyper("lr", this.lr, 0, Infinity);
+    checkHyper("beta1", this.beta1, 0, 1);
+    checkHyper("beta2", this.beta2, 0, 1);
+    checkHyper("eps", this.eps, 0, Infinity);
+    checkHyper("weightDecay", this.weightDecay, 0, Infinity);
+    if (variables.length === 0) throw new Error("AdamW got no variables; pass the model's trainableVariables()");
+    this.vars = new Map();
+    for (const v of variables) {
+      if (this.vars.has(v.name)) throw new Error(`variable name "${v.name}" appears twice; optimizer state is keyed by name`);
+      this.vars.set(v.name, v);
+      this.expAvg.set(v.name, tf.zerosLike(v));
+      this.expAvgSq.set(v.name, tf.zerosLike(v));
+    }
+  }
+
+  /** Optimizer steps taken so far (torch's state["step"]). */
+  get step(): number {
+    return this.stepCount;
+  }
+
+  variableNames(): string[] {
+    return [...this.vars.keys()];
+  }
+
+  /** One update from gradients keyed by variable name (as tf.variableGrads returns them). Variables
+   *  with no gradient are treated as zero-gradient (they still decay and use their moments, as torch
+   *  does when .grad is zero; torch skips params whose .grad is None — we have no None).
+   *  With maxGradNorm, clips first. A NaN/Inf gradient norm throws NonFiniteError before anything
+   *  changes. Does not dispose `grads`. Returns the gradient norm before clipping. */
+  applyGradients(grads: tf.NamedTensorMap, opts: { lr?: number; maxGradNorm?: number } = {}): { gradNorm: number } {
+    for (const name of Object.keys(grads))
+      if (!this.vars.has(name)) throw new Error(`gradient for "${name}" has no variable in this optimizer; known: ${[...this.vars.keys()].slice(0, 5).join(", ")}…`);
+    const lr = opts.lr ?? this.lr;
+    checkHyper("lr", lr, 0, Infinity);
+    let use = grads;
+    let gradNorm: number;
+    if (opts.maxGradNorm !== undefined && opts.maxGradNorm > 0 && Number.isFinite(opts.maxGradNorm)) {
+      const c = clipGradNorm(grads, opts.maxGradNorm); // throws on NaN/Inf before any change
+      use = c.grads;
+      gradNorm = c.norm;
+    } else {
+      gradNorm = globalNorm(grads);
+      if (!Number.isFinite(gradNorm)) throw new NonFiniteError("gradient norm", gradNorm);
+    }
+
+    this.stepCount += 1;
+    const t = this.stepCount;
+    const bc1 = 1 - this.beta1 ** t;
+    const bc2Sqrt = Math.sqrt(1 - this.beta2 ** t);
+    const stepSize = lr / bc1;
+    for (const [name, v] of this.vars) {
+      const m0 = this.expAvg.get(name)!;
+      const v0 = this.expAvgSq.get(name)!;
+      const [m1, v1] = tf.tidy(() => {
+        const g = use[name] ?? tf.zerosLike(v);
+        // Decoupled weight decay first, on the pre-update weights: θ ← θ·(1 − lr·wd).
+        const decayed = this.weightDecay === 0 ? v : tf.mul(v, 1 - lr * this.weightDecay);
+        const m = tf.add(tf.mul(m0, this.beta1), tf.mul(g, 1 - this.beta1)); // exp_avg
+        const s = tf.add(tf.mul(v0, this.beta2), tf.mul(tf.square(g), 1 - this.beta2)); // exp_avg_sq
+        const denom = tf.add(tf.div(tf.sqrt(s), bc2Sqrt), this.eps);
+        v.assign(tf.sub(decayed, tf.mul(tf.div(m, denom), stepSize)));
+        return [m, s];
+      });
+      this.expAvg.set(name, m1);
+      this.expAvgSq.set(name, v1);
+      tf.dispose([m0, v0]);
+    }
+    if (use !== grads) tf.dispose(Object.values(use));
+    return { gradNorm };
+  }
+
+  /** State as flat named arrays: "step" (length 1) and "<var>.exp_avg", "<var>.exp_avg_sq" (torch's
+   *  names). Copies; importState of the result restores the optimizer bit for bit. */
+  exportState(): Record<string, Float32Array> {
+    const out: Record<string, Float32Array> = { step: new Float32Array([this.stepCount]) };
+    for (const name of this.vars.keys()) {
+      out[`${name}.exp_avg`] = Float32Array.from(this.expAvg.get(name)!.dataSync() as Float32Array);
+      out[`${name}.exp_avg_sq`] = Float32Array.from(this.expAvgSq.get(name)!.dataSync() as Float32Array);
+    }
+    return out;
+  }
+
+  /** Restore exportState() output. Every variable's moments must be present with the right size. */
+  importState(state: Record<string, Float32Array>): void {
+    const step = state.step;
+    if (!step || step.length !== 1 || !Number.isInteger(step[0]) || step[0] < 0)
+      throw new Error(`optimizer state "step" is ${step ? `[${Array.from(step)}]` : "missing"}; expected one non-negative integer`);
+    const next = new Map<string, [tf.Tensor, tf.Tensor]>();
+    for (const [name, v] of this.vars) {
+      const arrays = [state[`${name}.exp_avg`], state[`${name}.exp_avg_sq`]];
+      arrays.forEach((a, i) => {
+        const key = `${name}.${i === 0 ? "exp_avg" : "exp_avg_sq"}`;
+        if (!a) throw new Error(`optimizer state has no "${key}"; it does not match this model's trainable variables`);
+        if (a.length !== v.size) throw new Error(`optimizer state "${key}" has ${a.length} values; expected ${v.size} (shape [${v.shape}])`);
+      });
+      next.set(name, [tf.tensor(arrays[0], v.shape, "float32"), tf.tensor(arrays[1], v.shape, "float32")]);
+    }
+    for (const [name, [m, s]] of next) {
+      tf.dispose([this.expAvg.get(name)!, this.expAvgSq.get(name)!]);
+      this.expAvg.set(name, m);
+      this.expAvgSq.set(name, s);
+    }
+    this.stepCount = step[0];
+  }
+
+  /** Frees the moment tensors (not the variables, which belong to the model). */
+  dispose(): void {
+    tf.dispose([...this.expAvg.values(), ...this.expAvgSq.values()]);
+    this.expAvg.clear();
+    this.expAvgSq.clear();
+  }
+}
+
+function checkHyper(name: string, x: number, lo: number, hi: number): void {
+  const ok = Number.isFinite(x) ? x >= lo && (hi === Infinity ? true : x < hi) : false;
+  if (!ok) throw new Error(`AdamW ${name} ${x} must be in [${lo}, ${hi === Infinity ? "∞" : hi})`);
+}
