@@ -1,0 +1,116 @@
+/** GSM8K solutions as tool-calling conversations for SFT. Each `<<expr=result>>` annotation ends an
+ *  assistant turn with a calculator call; a tool message carries the result; the next assistant turn
+ *  goes on with the text after the annotation (which in GSM8K restates the result: "= <<48/2=24>>24
+ *  clips"). The `#### N` line becomes "The answer is \boxed{N}." — the format rollout/rewards.ts reads.
+ *
+ *  Sloppy annotations: toConversation trusts the annotated result (it is synchronous and needs no
+ *  tool). buildSftConversations then re-runs every call with the real calculator, puts the
+ *  calculator's own text in the tool messages (so SFT shows exactly what rollouts will show), keeps
+ *  rounded annotations (the solution text keeps its rounding, like a person would), and drops examples
+ *  whose annotation is wrong or that the calculator cannot evaluate, with a count. */
+import type { ChatMessage } from "../model/types.ts";
+import type { Tool } from "../agents/types.ts";
+import { toPrompt } from "../agents/prompts.ts";
+import { normalizeNumber } from "./answer.ts";
+import { normalizeExpression, parseAnnotations } from "./annotations.ts";
+import type { Gsm8kExample } from "./gsm8k.ts";
+
+export const CALCULATOR = "calculator";
+
+/** system, user, then assistant/tool turns as described above. */
+export function toConversation(ex: Gsm8kExample, opts: { systemPrompt?: string } = {}): ChatMessage[] {
+  const hash = ex.answer.lastIndexOf("####");
+  if (hash < 0) throw new Error(`example ${ex.id}: answer has no "#### N" line`);
+  const body = ex.answer.slice(0, hash);
+  const messages = toPrompt(ex.question, opts.systemPrompt);
+  let cursor = 0;
+  for (const ann of parseAnnotations(body)) {
+    messages.push({
+      role: "assistant",
+      // Trailing spaces dropped: the template puts "\n<tool_call>" right after the content.
+      content: body.slice(cursor, ann.start).trimEnd(),
+      tool_calls: [
+        { type: "function", function: { name: CALCULATOR, arguments: { expression: normalizeExpression(ann.expression) } } },
+      ],
+    });
+    messages.push({ role: "tool", content: normalizeNumber(ann.result) ?? ann.result });
+    cursor = ann.end;
+  }
+  const rest = body.slice(cursor).trimEnd();
+  messages.push({ role: "assistant", content: `${rest}${rest ? "\n" : ""}The answer is \\boxed{${ex.gold}}.` });
+  return messages;
+}
+
+/** ok: same text; format: same value, other text ("0.4" vs "0.40"); rounded: the annotation is the
+ *  calculator's value rounded or cut to the annotation's decimals; wrong: another value; error: the
+ *  tool did not return a number. */
+export type ToolCheckStatus = "ok" | "format" | "rounded" | "wrong" | "error";
+export interface ToolCheck {
+  expression: string;
+  annotated: string; // the tool message toConversation wrote
+  computed: string; // what the tool returned
+  status: ToolCheckStatus;
+}
+
+/** Re-run every tool call of a conversation and compare with the tool message that follows it. */
+export async function verifyConversation(conv: ChatMessage[], tool: Pick<Tool, "name" | "run">): Promise<ToolCheck[]> {
+  const checks: ToolCheck[] = [];
+  for (let i = 0; i < conv.length; i++) {
+    for (const call of conv[i].tool_calls ?? []) {
+      if (call.function.name !== tool.name)
+        throw new Error(`message ${i} calls tool "${call.function.name}", but the tool given is "${tool.name}"`);
+      const args = call.function.arguments;
+      const parsedArgs = typeof args === "string" ? (JSON.parse(args) as Record<string, unknown>) : args;
+      const annotated = conv[i + 1]?.role === "tool" ? conv[i + 1].content : "";
+      const computed = (await tool.run(parsedArgs)).trim();
+      checks.push({ expression: String(parsedArgs.expression), annotated, computed, status: compareResults(annotated, computed) });
+    }
+  }
+  return checks;
+}
+
+/** How an annotated result relates to the calculator's. */
+export function compareResults(annotated: string, computed: string): ToolCheckStatus {
+  const c = normalizeNumber(computed);
+  if (c === null) return "error";
+  const a = normalizeNumber(annotated);
+  if (a === null) return "wrong";
+  if (computed === annotated) return "ok";
+  const av = Number(a);
+  const cv = Number(c);
+  if (a === c || Math.abs(av - cv) <= 1e-9 * Math.max(Math.abs(av), Math.abs(cv))) return "format";
+  // Rounded or cut to the annotation's decimals: 3.33 or 3.3 for 3.3333; 3 or 4 for 3.5; not 3.4.
+  const scale = 10 ** (a.split(".")[1]?.length ?? 0);
+  const close = (x: number) => Math.abs(x / scale - av) <= 1e-9 * Math.max(1, Math.abs(av));
+  return close(Math.round(cv * scale)) || close(Math.trunc(cv * scale)) ? "rounded" : "wrong";
+}
+
+export interface SftBuild {
+  conversations: ChatMessage[][];
+  ids: string[]; // example id of each conversation
+  dropped: { id: string; checks: ToolCheck[] }[]; // examples with a wrong or failing tool call
+  counts: Record<ToolCheckStatus, number>; // over all tool calls, kept and dropped
+}
+
+/** Conversations checked against the real tool, with its own text in the tool messages. */
+export async function buildSftConversations(
+  examples: Gsm8kExample[],
+  tool: Pick<Tool, "name" | "run">,
+  opts: { systemPrompt?: string } = {},
+): Promise<SftBuild> {
+  const out: SftBuild = { conversations: [], ids: [], dropped: [], counts: { ok: 0, format: 0, rounded: 0, wrong: 0, error: 0 } };
+  for (const ex of examples) {
+    const conv = toConversation(ex, opts);
+    const checks = await verifyConversation(conv, tool);
+    for (const c of checks) out.counts[c.status]++;
+    if (checks.some((c) => c.status === "wrong" || c.status === "error")) {
+      out.dropped.push({ id: ex.id, checks });
+      continue;
+    }
+    let k = 0;
+    const fixed = conv.map((m) => (m.role === "tool" ? { ...m, content: checks[k++].computed } : m));
+    out.conversations.push(fixed);
+    out.ids.push(ex.id);
+  }
+  return out;
+}

@@ -1,0 +1,123 @@
+import { describe, expect, it } from "vitest";
+import { normalizeExpression, parseAnnotations } from "../../src/datasets/annotations.ts";
+import { buildSftConversations, compareResults, toConversation, verifyConversation } from "../../src/datasets/sft.ts";
+import { SYSTEM_PROMPT, toPrompt } from "../../src/agents/prompts.ts";
+import type { Gsm8kExample } from "../../src/datasets/gsm8k.ts";
+import { parseGold } from "../../src/datasets/answer.ts";
+
+const ex = (answer: string, id = "t-0"): Gsm8kExample => ({ id, question: "Q?", answer, gold: parseGold(answer) });
+
+// A stand-in calculator: a fixed table, so the test says exactly what the tool answers.
+function tableTool(table: Record<string, string>) {
+  const calls: string[] = [];
+  return {
+    calls,
+    name: "calculator",
+    run: async (args: Record<string, unknown>) => {
+      const e = String(args.expression);
+      calls.push(e);
+      return table[e] ?? `Error: cannot evaluate ${e}`;
+    },
+  };
+}
+
+describe("annotations", () => {
+  it("finds each <<expr=result>> with its span", () => {
+    const text = "Natalia sold 48/2 = <<48/2=24>>24 clips.\nThen 48+24 = <<48+24=72>>72.";
+    const anns = parseAnnotations(text);
+    expect(anns.map((a) => [a.expression, a.result])).toEqual([["48/2", "24"], ["48+24", "72"]]);
+    expect(text.slice(anns[0].start, anns[0].end)).toBe("<<48/2=24>>");
+    expect(() => parseAnnotations("bad <<48/2>>")).toThrow(/annotation "<<48\/2>>" is not "<<expression=result>>"/);
+    expect(() => parseAnnotations("bad <<=3>>")).toThrow(/is not "<<expression=result>>"/);
+  });
+  it.each([
+    ["560//10", "560/10"],
+    ["$12 x 3", "12 * 3"],
+    ["2×3÷4", "2*3/4"],
+    ["1,000,000*2", "1000000*2"],
+    ["2**3", "2^3"],
+    ["(1.5+2) * .5", "(1.5+2) * .5"],
+  ])("normalizeExpression(%j) = %j", (raw, want) => expect(normalizeExpression(raw)).toBe(want));
+});
+
+describe("toConversation", () => {
+  it("splits at each annotation into call, tool result, continuation; #### becomes \\boxed{}", () => {
+    const conv = toConversation(
+      ex("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether.\n#### 72"),
+    );
+    expect(conv.slice(0, 2)).toEqual(toPrompt("Q?"));
+    expect(conv[0].content).toBe(SYSTEM_PROMPT);
+    const call = (e: string) => [{ type: "function", function: { name: "calculator", arguments: { expression: e } } }];
+    expect(conv.slice(2)).toEqual([
+      { role: "assistant", content: "Natalia sold 48/2 =", tool_calls: call("48/2") },
+      { role: "tool", content: "24" },
+      { role: "assistant", content: "24 clips in May.\nNatalia sold 48+24 =", tool_calls: call("48+24") },
+      { role: "tool", content: "72" },
+      { role: "assistant", content: "72 clips altogether.\nThe answer is \\boxed{72}." },
+    ]);
+  });
+
+  it("keeps $ before the annotation in the text, normalises the tool message and the gold", () => {
+    const conv = toConversation(ex("She earned 0.2 x 50 = $<<0.2*50=10.0>>10.\n#### 10.0"));
+    expect(conv[2]).toMatchObject({ content: "She earned 0.2 x 50 = $", tool_calls: [{ function: { arguments: { expression: "0.2*50" } } }] });
+    expect(conv[3]).toEqual({ role: "tool", content: "10" });
+    expect(conv[4].content).toBe("10.\nThe answer is \\boxed{10}.");
+  });
+
+  it("no annotation: one assistant turn; adjacent annotations give an empty-content call turn", () => {
+    expect(toConversation(ex("She has none.\n#### 0")).slice(2)).toEqual([
+      { role: "assistant", content: "She has none.\nThe answer is \\boxed{0}." },
+    ]);
+    const conv = toConversation(ex("<<2*3=6>><<6+1=7>>7\n#### 7"));
+    expect(conv.slice(2).map((m) => [m.role, m.content])).toEqual([
+      ["assistant", ""], ["tool", "6"], ["assistant", ""], ["tool", "7"], ["assistant", "7\nThe answer is \\boxed{7}."],
+    ]);
+  });
+
+  it("a solution that is only the #### line", () => {
+    expect(toConversation(ex("#### 5")).at(-1)).toEqual({ role: "assistant", content: "The answer is \\boxed{5}." });
+  });
+});
+
+describe("verification against the calculator", () => {
+  it("compareResults categories", () => {
+    expect(compareResults("24", "24")).toBe("ok");
+    expect(compareResults("0.4", "0.40")).toBe("format");
+    expect(compareResults("3.33", "3.3333333333")).toBe("rounded");
+    expect(compareResults("3", "3.35")).toBe("rounded");
+    expect(compareResults("3.3", "3.35")).toBe("rounded"); // cut, not rounded
+    expect(compareResults("-2", "-2.5")).toBe("rounded");
+    expect(compareResults("3.4", "3.3333")).toBe("wrong");
+    expect(compareResults("25", "24")).toBe("wrong");
+    expect(compareResults("24", "Error: division by zero")).toBe("error");
+  });
+
+  it("verifyConversation re-runs every call with the tool given", async () => {
+    const conv = toConversation(ex("a <<48/2=24>>24 b <<10/3=3.33>>3.33 c <<2+2=5>>5\n#### 5"));
+    const tool = tableTool({ "48/2": "24", "10/3": "3.3333333333", "2+2": "4" });
+    const checks = await verifyConversation(conv, tool);
+    expect(tool.calls).toEqual(["48/2", "10/3", "2+2"]);
+    expect(checks.map((c) => c.status)).toEqual(["ok", "rounded", "wrong"]);
+    expect(checks[2]).toEqual({ expression: "2+2", annotated: "5", computed: "4", status: "wrong" });
+    await expect(verifyConversation(conv, { ...tool, name: "search" })).rejects.toThrow(/calls tool "calculator", but the tool given is "search"/);
+  });
+
+  it("buildSftConversations: calculator text in tool messages, wrong/failed examples dropped with counts", async () => {
+    const tool = tableTool({ "1/2": "0.5", "10/3": "3.3333333333", "2+2": "4", "3*3": "9" });
+    const built = await buildSftConversations(
+      [
+        ex("half is <<1/2=.5>>.5\n#### .5", "a"),
+        ex("about <<10/3=3.33>>3.33 hours\n#### 3.33", "b"),
+        ex("so <<2+2=5>>5\n#### 5", "c"),
+        ex("so <<7/0=0>>0\n#### 0", "d"),
+        ex("so <<3*3=9>>9\n#### 9", "e"),
+      ],
+      tool,
+    );
+    expect(built.ids).toEqual(["a", "b", "e"]);
+    expect(built.dropped.map((d) => d.id)).toEqual(["c", "d"]);
+    expect(built.counts).toEqual({ ok: 2, format: 0, rounded: 1, wrong: 1, error: 1 });
+    expect(built.conversations[1][3]).toEqual({ role: "tool", content: "3.3333333333" });
+    expect(built.conversations[1][4].content).toBe("3.33 hours\nThe answer is \\boxed{3.33}.");
+  });
+});
