@@ -157,6 +157,24 @@ describe("Qwen tokenizer", () => {
     expect(tok.decode(masked)).toBe('<tool_call>\n{"name": "calculator", "arguments": {"expression": "3*4"}}\n</tool_call><|im_end|>');
   });
 
+  it("encodeChat: an assistant turn starting with a newline is tokenized as generation sees it", () => {
+    // Whole-text BPE would merge the header's "\n" with the content's "\n\n" into one token; generation
+    // encodes the prompt up to "<|im_start|>assistant\n" and the model writes on from there.
+    const msgs: ChatMessage[] = [
+      { role: "user", content: "2+2?" },
+      { role: "assistant", content: "\n\nIt is 4." },
+    ];
+    const full = tok.applyChatTemplate(msgs);
+    const { ids, assistantMask } = tok.encodeChat(msgs);
+    expect(ids).not.toEqual(tok.encode(full));
+    expect(tok.decode(ids)).toBe(full);
+    const start = assistantMask.indexOf(1);
+    expect(ids.slice(start - 3, start)).toEqual([151644, 77091, 198]);
+    expect(ids.slice(start)).toEqual([...tok.encode("\n\nIt is 4.<|im_end|>"), 198]);
+    const prompt = tok.encode(tok.applyChatTemplate(msgs.slice(0, 1), { addGenerationPrompt: true }));
+    expect(ids.slice(0, start)).toEqual(prompt);
+  });
+
   it("rejects malformed messages with a message naming the field", () => {
     expect(() => tok.applyChatTemplate([{ role: "robot", content: "x" } as unknown as ChatMessage])).toThrow(
       /messages\[0\]\.role "robot" is not one of system, user, assistant, tool/,
