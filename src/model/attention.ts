@@ -1,0 +1,49 @@
+/** Host-side pieces of Qwen2 attention that depend only on the masks: position ids, the additive
+ *  attention bias and the RoPE tables. Pure functions over plain arrays (tested on hand values). */
+
+/** float32's lowest value: masked scores are set to it (not −inf) so an all-masked row stays finite. */
+export const F32_MIN = -3.4028234663852886e38;
+
+/** position = past + cumsum(mask) − 1 per row, pads set to 1 (what HF generate() builds). */
+export function positionIds(mask: number[][], past: number[] = []): number[][] {
+  return mask.map((row, b) => {
+    let c = past[b] ?? 0;
+    return row.map((m) => (m ? c++ : 1));
+  });
+}
+
+/** Additive bias [B, T, S] (flattened): query t (absolute index S−T+t) sees key j iff j ≤ that index
+ *  and keyMask[b][j] = 1. keyMask rows have length S (cached positions then the new ones). */
+export function attentionBias(keyMask: number[][], T: number): Float32Array {
+  const B = keyMask.length, S = keyMask[0].length, L = S - T;
+  const out = new Float32Array(B * T * S);
+  for (let b = 0; b < B; b++)
+    for (let t = 0; t < T; t++)
+      for (let j = 0; j < S; j++) out[(b * T + t) * S + j] = j <= L + t && keyMask[b][j] ? 0 : F32_MIN;
+  return out;
+}
+
+/** inv_freq[i] = 1/θ^(2i/d), in float32 steps like HF's rotary embedding. */
+export function ropeInvFreq(theta: number, dim: number): Float32Array {
+  const f = new Float32Array(dim / 2);
+  for (let i = 0; i < dim / 2; i++) f[i] = Math.fround(1 / Math.fround(theta ** Math.fround((2 * i) / dim)));
+  return f;
+}
+
+/** cos and signed sin tables [N, dim] for flattened positions: cos of cat(angle, angle) and
+ *  cat(−sin, sin), so rotate_half(x)·sin = cat(x2, x1)·sinSigned (halves swapped, not negated). */
+export function ropeTables(positions: number[], invFreq: Float32Array): { cos: Float32Array; sin: Float32Array } {
+  const half = invFreq.length, dim = 2 * half;
+  const cos = new Float32Array(positions.length * dim), sin = new Float32Array(positions.length * dim);
+  positions.forEach((p, n) => {
+    for (let i = 0; i < half; i++) {
+      const a = Math.fround(p * invFreq[i]);
+      const c = Math.cos(a), s = Math.sin(a);
+      cos[n * dim + i] = c;
+      cos[n * dim + half + i] = c;
+      sin[n * dim + i] = -s;
+      sin[n * dim + half + i] = s;
+    }
+  });
+  return { cos, sin };
+}

@@ -1,0 +1,139 @@
+/** Building a Qwen2ForCausalLM: from a Hugging Face folder or hub id (weights read one tensor at a
+ *  time and quantized as they arrive, so a 0.5B model never needs two f32 copies), or with random
+ *  weights (normal, std 0.02 like HF's initializer_range) for benchmarks and tiny from-scratch models.
+ *  Optionally attaches a PEFT adapter from a folder, or a fresh one. */
+import * as tf from "@tensorflow/tfjs";
+import * as path from "node:path";
+import { initBackend } from "../backend.ts";
+import { Rng } from "../util/rng.ts";
+import { readConfig } from "./config.ts";
+import { resolveModelDir } from "./hub.ts";
+import { LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
+import { Qwen2ForCausalLM, type LayerWeights } from "./qwen2.ts";
+import { Checkpoint } from "./safetensors.ts";
+import { BaseWeight } from "./weight.ts";
+import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
+
+export interface ModelOptions {
+  quantize?: Quantize;
+  lora?: LoraConfig; // attach a fresh adapter
+  trainable?: "lora" | "full";
+  seed?: number;
+}
+export interface LoadOptions extends ModelOptions {
+  adapter?: string; // PEFT folder to attach
+  backend?: string;
+}
+
+const QUANTIZE: Quantize[] = ["none", "int8", "nf4"];
+
+/** Where each weight comes from: a name, its torch shape, and what to do with the host data. */
+type Source = (name: string, shape: number[]) => Promise<Float32Array>;
+
+/** Pure: [rows, cols] row-major → [cols, rows]. */
+export function transpose2d(a: Float32Array, rows: number, cols: number): Float32Array {
+  const out = new Float32Array(a.length);
+  for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) out[j * rows + i] = a[i * cols + j];
+  return out;
+}
+
+async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHead: boolean, name: string): Promise<Qwen2ForCausalLM> {
+  const quantize = opts.quantize ?? "none";
+  if (!QUANTIZE.includes(quantize)) throw new Error(`unknown quantize "${quantize}"; accepted: ${QUANTIZE.join(", ")}`);
+  const full = opts.trainable === "full";
+  if (opts.trainable !== undefined && opts.trainable !== "lora" && !full) throw new Error(`unknown trainable "${opts.trainable}"; accepted: lora, full`);
+  if (full && quantize !== "none") throw new Error(`trainable "full" needs quantize "none", got "${quantize}" (quantized weights are frozen)`);
+  const created: { dispose(): void }[] = [];
+  const vec = async (n: string, size: number): Promise<tf.Tensor1D> => {
+    const t = tf.tensor1d(await src(n, [size]));
+    const out = full ? (tf.variable(t, true, n) as unknown as tf.Tensor1D) : t;
+    if (full) t.dispose();
+    created.push(out);
+    return out;
+  };
+  // torch stores Linear weights [out, in]; we hold [in, out] (transposed on the host, once).
+  const mat = async (n: string, outD: number, inD: number): Promise<BaseWeight> => {
+    const w = BaseWeight.fromFloat32(transpose2d(await src(n, [outD, inD]), outD, inD), inD, outD, quantize, full, n);
+    created.push(w);
+    return w;
+  };
+  try {
+    const H = cfg.hiddenSize, V = cfg.vocabSize;
+    const embedT = await mat("model.embed_tokens.weight", V, H);
+    const lmHeadT = cfg.tieWordEmbeddings ? null : hasLmHead ? await mat("lm_head.weight", V, H) : null;
+    if (!cfg.tieWordEmbeddings && !lmHeadT) throw new Error(`${name}: tensor lm_head.weight missing (tie_word_embeddings is false)`);
+    const layers: LayerWeights[] = [];
+    for (let i = 0; i < cfg.numHiddenLayers; i++) {
+      const p = `model.layers.${i}`;
+      const proj = {} as Record<LoraTarget, BaseWeight>;
+      for (const m of LORA_TARGETS) {
+        const [inD, outD] = moduleDims(cfg, m);
+        proj[m] = await mat(`${p}.${moduleGroup(m)}.${m}.weight`, outD, inD);
+      }
+      layers.push({
+        inputNorm: await vec(`${p}.input_layernorm.weight`, H),
+        postNorm: await vec(`${p}.post_attention_layernorm.weight`, H),
+        bias: {
+          q_proj: await vec(`${p}.self_attn.q_proj.bias`, moduleDims(cfg, "q_proj")[1]),
+          k_proj: await vec(`${p}.self_attn.k_proj.bias`, moduleDims(cfg, "k_proj")[1]),
+          v_proj: await vec(`${p}.self_attn.v_proj.bias`, moduleDims(cfg, "v_proj")[1]),
+        },
+        proj,
+      });
+    }
+    const norm = await vec("model.norm.weight", H);
+    const adapter = opts.lora ? LoraAdapter.init(cfg, opts.lora, opts.seed ?? 0) : null;
+    return new Qwen2ForCausalLM(cfg, quantize, { embedT, lmHeadT, norm, layers }, adapter, full, name);
+  } catch (err) {
+    for (const c of created) c.dispose();
+    throw err;
+  }
+}
+
+/** Random weights: linear and embedding ~ N(0, 0.02²), biases 0, norms 1 (HF's _init_weights). */
+export async function createModel(config: Qwen2Config, opts: ModelOptions = {}): Promise<Qwen2ForCausalLM> {
+  const rng = new Rng(opts.seed ?? 0);
+  const src: Source = async (name, shape) => {
+    const n = shape.reduce((p, d) => p * d, 1);
+    const a = new Float32Array(n);
+    if (name.endsWith("norm.weight")) a.fill(1);
+    else if (!name.endsWith(".bias")) for (let i = 0; i < n; i++) a[i] = 0.02 * rng.normal();
+    return a;
+  };
+  return build(config, src, opts, !config.tieWordEmbeddings, "random init");
+}
+
+/** A Hugging Face folder or hub id → model (with an adapter if asked). */
+export async function loadModel(pathOrId: string, opts: LoadOptions = {}): Promise<Qwen2ForCausalLM> {
+  await initBackend(opts.backend ?? "auto");
+  const dir = await resolveModelDir(pathOrId);
+  const cfg = await readConfig(dir);
+  const ckpt = await Checkpoint.open(dir);
+  let model: Qwen2ForCausalLM;
+  try {
+    const src: Source = async (name, shape) => {
+      if (!ckpt.has(name)) throw new Error(`${ckpt.fileOf(name)}: tensor ${name} missing from the checkpoint`);
+      const got = ckpt.shape(name);
+      if (got.join() !== shape.join())
+        throw new Error(`${ckpt.fileOf(name)}: tensor ${name} has shape [${got}], config.json implies [${shape}]`);
+      return (await ckpt.read(name)).data;
+    };
+    model = await build(cfg, src, { ...opts, lora: opts.adapter ? undefined : opts.lora }, ckpt.has("lm_head.weight"), pathOrId);
+  } finally {
+    await ckpt.close();
+  }
+  if (opts.adapter) {
+    try {
+      const ad = await LoraAdapter.load(path.resolve(opts.adapter), cfg, opts.seed ?? 0);
+      if (opts.lora && (opts.lora.r !== ad.config.r || opts.lora.targetModules.join() !== ad.config.targetModules.join())) {
+        ad.dispose();
+        throw new Error(`${path.join(opts.adapter, "adapter_config.json")}: adapter has r ${ad.config.r} on ${ad.config.targetModules.join(",")}, but r ${opts.lora.r} on ${opts.lora.targetModules.join(",")} was asked for`);
+      }
+      model.setAdapter(ad);
+    } catch (err) {
+      model.dispose();
+      throw err;
+    }
+  }
+  return model;
+}

@@ -1,0 +1,214 @@
+/** LoRA adapters in PEFT's format: y = x Wᵀ + b + dropout(x) Aᵀ Bᵀ · (alpha / r) on any of the 7
+ *  linear modules of each layer. A and B are held transposed ([in, r] and [r, out]) so both products
+ *  are plain 2-D matMuls; they are transposed back to torch's A [r, in], B [out, r] on save.
+ *  Init as PEFT: A kaiming-uniform(a=√5) (bound 1/√in, like torch nn.Linear), B zeros.
+ *  Leaves out: DoRA, rsLoRA, per-module rank/alpha patterns (rejected on load with a clear error). */
+import * as tf from "@tensorflow/tfjs";
+import { promises as fs } from "node:fs";
+import * as path from "node:path";
+import { Rng } from "../util/rng.ts";
+import { writeFileAtomic } from "../util/fs.ts";
+import { readSafetensorsAll, writeSafetensors, type HostTensor } from "./safetensors.ts";
+import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Qwen2Config } from "./types.ts";
+
+export function moduleGroup(m: LoraTarget): "self_attn" | "mlp" {
+  return m.endsWith("_proj") && ["gate_proj", "up_proj", "down_proj"].includes(m) ? "mlp" : "self_attn";
+}
+/** `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` */
+export function peftKey(layer: number, m: LoraTarget, which: "A" | "B"): string {
+  return `base_model.model.model.layers.${layer}.${moduleGroup(m)}.${m}.lora_${which}.weight`;
+}
+
+/** [in, out] of each linear module of a Qwen2 layer. */
+export function moduleDims(cfg: Qwen2Config, m: LoraTarget): [number, number] {
+  const q = cfg.numAttentionHeads * cfg.headDim, kv = cfg.numKeyValueHeads * cfg.headDim;
+  const H = cfg.hiddenSize, I = cfg.intermediateSize;
+  const dims: Record<LoraTarget, [number, number]> = {
+    q_proj: [H, q], k_proj: [H, kv], v_proj: [H, kv], o_proj: [q, H], gate_proj: [H, I], up_proj: [H, I], down_proj: [I, H],
+  };
+  return dims[m];
+}
+
+/** "q_proj,v_proj" or "all" → validated target list. */
+export function parseLoraTargets(spec: string | string[]): LoraTarget[] {
+  const list = Array.isArray(spec) ? spec : spec.split(",").map((s) => s.trim()).filter(Boolean);
+  if (list.length === 1 && list[0] === "all") return [...LORA_TARGETS];
+  for (const m of list)
+    if (!(LORA_TARGETS as readonly string[]).includes(m))
+      throw new Error(`unknown LoRA target module "${m}"; accepted: ${LORA_TARGETS.join(", ")} or all`);
+  if (list.length === 0) throw new Error(`LoRA target modules are empty; accepted: ${LORA_TARGETS.join(", ")} or all`);
+  return list as LoraTarget[];
+}
+
+function checkConfig(c: LoraConfig): void {
+  if (!Number.isInteger(c.r) || c.r <= 0) throw new Error(`LoRA r must be a positive integer, got ${c.r}`);
+  if (!(c.alpha > 0)) throw new Error(`LoRA alpha must be positive, got ${c.alpha}`);
+  if (!(c.dropout >= 0 && c.dropout < 1)) throw new Error(`LoRA dropout must be in [0, 1), got ${c.dropout}`);
+  parseLoraTargets(c.targetModules);
+}
+
+interface Pair {
+  a: tf.Variable; // [in, r]  (Aᵀ)
+  b: tf.Variable; // [r, out] (Bᵀ)
+}
+
+export class LoraAdapter {
+  readonly scaling: number;
+  private readonly pairs = new Map<string, Pair>();
+  private dropoutRng: Rng;
+
+  private constructor(readonly config: LoraConfig, readonly numLayers: number, seed: number) {
+    checkConfig(config);
+    this.scaling = config.alpha / config.r;
+    this.dropoutRng = new Rng(seed ^ 0x5eed);
+  }
+
+  /** Fresh adapter, PEFT init, seeded. */
+  static init(model: Qwen2Config, config: LoraConfig, seed = 0): LoraAdapter {
+    const ad = new LoraAdapter({ ...config, targetModules: [...config.targetModules] }, model.numHiddenLayers, seed);
+    const rng = new Rng(seed);
+    for (let l = 0; l < model.numHiddenLayers; l++)
+      for (const m of config.targetModules) {
+        const [inD, outD] = moduleDims(model, m);
+        const bound = 1 / Math.sqrt(inD); // kaiming_uniform(a=√5) on A [r, in]: gain √(1/3) · √(3/fan_in)
+        const a = new Float32Array(inD * config.r);
+        for (let i = 0; i < a.length; i++) a[i] = (2 * rng.next() - 1) * bound;
+        ad.set(l, m, tf.tensor2d(a, [inD, config.r]), tf.zeros([config.r, outD]));
+      }
+    return ad;
+  }
+
+  /** PEFT folder → adapter, checked against the model's shapes. Errors name the file. */
+  static async load(dir: string, model: Qwen2Config, seed = 0): Promise<LoraAdapter> {
+    const cfgFile = path.join(dir, "adapter_config.json");
+    const wFile = path.join(dir, "adapter_model.safetensors");
+    let raw: Record<string, unknown>;
+    try {
+      raw = JSON.parse(await fs.readFile(cfgFile, "utf8"));
+    } catch (err) {
+      throw new Error(`${cfgFile}: cannot read adapter config (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+    }
+    if (raw.peft_type !== undefined && raw.peft_type !== "LORA") throw new Error(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
+    if (raw.use_dora === true) throw new Error(`${cfgFile}: use_dora is true; only plain LoRA is supported`);
+    if (raw.use_rslora === true) throw new Error(`${cfgFile}: use_rslora is true; only alpha/r scaling is supported`);
+    for (const k of ["rank_pattern", "alpha_pattern"])
+      if (raw[k] && Object.keys(raw[k] as object).length) throw new Error(`${cfgFile}: ${k} is not supported (one rank and alpha for every module)`);
+    if (!Array.isArray(raw.target_modules))
+      throw new Error(`${cfgFile}: target_modules must be a list of module names, got ${JSON.stringify(raw.target_modules)}; accepted: ${LORA_TARGETS.join(", ")}`);
+    let targets: LoraTarget[];
+    try {
+      targets = parseLoraTargets(raw.target_modules as string[]);
+    } catch (err) {
+      throw new Error(`${cfgFile}: ${(err as Error).message}`);
+    }
+    const config: LoraConfig = { r: Number(raw.r), alpha: Number(raw.lora_alpha), dropout: Number(raw.lora_dropout ?? 0), targetModules: targets };
+    try {
+      checkConfig(config);
+    } catch (err) {
+      throw new Error(`${cfgFile}: ${(err as Error).message}`);
+    }
+    const tensors = await readSafetensorsAll(wFile);
+    const ad = new LoraAdapter(config, model.numHiddenLayers, seed);
+    const expected = new Set<string>();
+    try {
+      for (let l = 0; l < model.numHiddenLayers; l++)
+        for (const m of targets) {
+          const [inD, outD] = moduleDims(model, m);
+          const ka = peftKey(l, m, "A"), kb = peftKey(l, m, "B");
+          expected.add(ka).add(kb);
+          const A = tensors[ka], B = tensors[kb];
+          if (!A || !B) throw new Error(`${wFile}: tensor ${A ? kb : ka} missing (adapter_config.json targets ${targets.join(", ")})`);
+          if (A.shape.join() !== `${config.r},${inD}`)
+            throw new Error(`${wFile}: ${ka} has shape [${A.shape}], expected [${config.r}, ${inD}] (r ${config.r} × ${m} in_features)`);
+          if (B.shape.join() !== `${outD},${config.r}`)
+            throw new Error(`${wFile}: ${kb} has shape [${B.shape}], expected [${outD}, ${config.r}] (${m} out_features × r ${config.r})`);
+          ad.set(l, m, tf.transpose(tf.tensor2d(A.data, [config.r, inD])), tf.transpose(tf.tensor2d(B.data, [outD, config.r])));
+        }
+      const extra = Object.keys(tensors).filter((k) => !expected.has(k));
+      if (extra.length) throw new Error(`${wFile}: tensor ${extra[0]} does not match the model or the target modules ${targets.join(", ")}`);
+    } catch (err) {
+      ad.dispose();
+      throw err;
+    }
+    return ad;
+  }
+
+  private set(layer: number, m: LoraTarget, aT: tf.Tensor, bT: tf.Tensor): void {
+    const name = peftKey(layer, m, "A").replace(/\.lora_A\.weight$/, "");
+    this.pairs.set(`${layer}.${m}`, { a: tf.variable(aT, true, `${name}.lora_A`), b: tf.variable(bT, true, `${name}.lora_B`) });
+    aT.dispose();
+    bT.dispose();
+  }
+
+  has(layer: number, m: LoraTarget): boolean {
+    return this.pairs.has(`${layer}.${m}`);
+  }
+
+  /** The LoRA term for x [N, in] → [N, out], or null when this module has no adapter. */
+  delta(layer: number, m: LoraTarget, x: tf.Tensor2D, training: boolean): tf.Tensor2D | null {
+    const p = this.pairs.get(`${layer}.${m}`);
+    if (!p) return null;
+    const xin = training && this.config.dropout > 0 ? (tf.dropout(x, this.config.dropout, undefined, this.dropoutRng.int(0, 2 ** 31 - 1)) as tf.Tensor2D) : x;
+    return tf.mul(tf.matMul(tf.matMul(xin, p.a), p.b), this.scaling);
+  }
+
+  variables(): tf.Variable[] {
+    return [...this.pairs.values()].flatMap((p) => [p.a, p.b]);
+  }
+
+  /** PEFT names → torch-layout tensors (A [r, in], B [out, r]). */
+  async toPeft(): Promise<Record<string, HostTensor>> {
+    const out: Record<string, HostTensor> = {};
+    for (const [key, p] of this.pairs) {
+      const [l, m] = key.split(".") as [string, LoraTarget];
+      for (const [which, v] of [["A", p.a], ["B", p.b]] as const) {
+        const t = tf.transpose(v);
+        out[peftKey(Number(l), m, which)] = { shape: t.shape, data: (await t.data()) as Float32Array };
+        t.dispose();
+      }
+    }
+    return out;
+  }
+
+  /** Writes adapter_config.json + adapter_model.safetensors into dir (each file atomically). */
+  async save(dir: string, baseModel = ""): Promise<void> {
+    await writeSafetensors(path.join(dir, "adapter_model.safetensors"), await this.toPeft(), { format: "pt" });
+    await writeFileAtomic(path.join(dir, "adapter_config.json"), JSON.stringify(adapterConfigJson(this.config, baseModel), null, 2) + "\n");
+  }
+
+  dispose(): void {
+    for (const p of this.pairs.values()) tf.dispose([p.a, p.b]);
+    this.pairs.clear();
+  }
+}
+
+/** The adapter_config.json PEFT writes for a LoRA on a causal LM (keys sorted, as PEFT dumps them). */
+export function adapterConfigJson(c: LoraConfig, baseModel: string): Record<string, unknown> {
+  return {
+    alpha_pattern: {},
+    auto_mapping: null,
+    base_model_name_or_path: baseModel,
+    bias: "none",
+    fan_in_fan_out: false,
+    inference_mode: true,
+    init_lora_weights: true,
+    layer_replication: null,
+    layers_pattern: null,
+    layers_to_transform: null,
+    loftq_config: {},
+    lora_alpha: c.alpha,
+    lora_bias: false,
+    lora_dropout: c.dropout,
+    megatron_config: null,
+    megatron_core: "megatron.core",
+    modules_to_save: null,
+    peft_type: "LORA",
+    r: c.r,
+    rank_pattern: {},
+    revision: null,
+    target_modules: [...c.targetModules],
+    task_type: "CAUSAL_LM",
+    use_dora: false,
+    use_rslora: false,
+  };
+}

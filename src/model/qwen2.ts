@@ -1,0 +1,361 @@
+/** Qwen2ForCausalLM on tfjs tensors, as Hugging Face's modeling_qwen2: RMSNorm, RoPE (rotate-half),
+ *  grouped-query attention with q/k/v bias, SwiGLU MLP, causal + padding mask with float32 min, left
+ *  padding with position ids from the mask, tied or untied head. KV cache for incremental decoding.
+ *  Every projection runs as one 2-D matMul over the flattened (batch·seq) rows with weights held
+ *  [in, out]; the tied head keeps only Eᵀ [hidden, vocab] and embeds by gathering its columns.
+ *  Leaves out: sliding-window attention, rope scaling, dropout in attention (Qwen2 uses 0). */
+import * as tf from "@tensorflow/tfjs";
+import { promises as fs } from "node:fs";
+import * as path from "node:path";
+import { writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
+import { attentionBias, positionIds, ropeInvFreq, ropeTables } from "./attention.ts";
+import { configToJson } from "./config.ts";
+import { adapterConfigJson, LoraAdapter, moduleGroup } from "./lora.ts";
+import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
+import { BaseWeight, type CustomGradFn } from "./weight.ts";
+import { LORA_TARGETS, type CausalLM, type ForwardOptions, type KVCache, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
+
+export interface LayerWeights {
+  inputNorm: tf.Tensor1D;
+  postNorm: tf.Tensor1D;
+  bias: { q_proj: tf.Tensor1D; k_proj: tf.Tensor1D; v_proj: tf.Tensor1D };
+  proj: Record<LoraTarget, BaseWeight>; // [in, out]
+}
+export interface Qwen2Weights {
+  embedT: BaseWeight; // [hidden, vocab] = model.embed_tokens.weightᵀ (also the head when tied)
+  lmHeadT: BaseWeight | null; // [hidden, vocab] = lm_head.weightᵀ when untied
+  norm: tf.Tensor1D;
+  layers: LayerWeights[];
+}
+
+/** Rows of logits materialised at once by tokenLogprobs: about 64 MB of f32 per chunk. */
+const LOGIT_CHUNK_FLOATS = 16 * 1024 * 1024;
+
+export class Qwen2KVCache implements KVCache {
+  constructor(
+    public k: tf.Tensor4D[], // per layer [B, nKv, hd, L]  (keys stored transposed for q·kᵀ as a plain matMul)
+    public v: tf.Tensor4D[], // per layer [B, nKv, L, hd]
+    public mask: number[][], // [B][L]
+    public count: number[], // real tokens seen per row (the next position id)
+  ) {}
+  get batchSize(): number {
+    return this.mask.length;
+  }
+  get length(): number {
+    return this.mask[0]?.length ?? 0;
+  }
+  select(rows: number[]): void {
+    for (const r of rows) if (!(Number.isInteger(r) && r >= 0 && r < this.batchSize)) throw new Error(`cache select: row ${r} out of range 0..${this.batchSize - 1}`);
+    const idx = tf.tensor1d(rows, "int32");
+    const pick = <T extends tf.Tensor>(ts: T[]) => ts.map((t) => { const g = tf.gather(t, idx, 0) as T; t.dispose(); return g; });
+    this.k = pick(this.k);
+    this.v = pick(this.v);
+    idx.dispose();
+    this.mask = rows.map((r) => this.mask[r]);
+    this.count = rows.map((r) => this.count[r]);
+  }
+  dispose(): void {
+    tf.dispose([...this.k, ...this.v]);
+    this.k = [];
+    this.v = [];
+  }
+}
+
+export class Qwen2ForCausalLM implements CausalLM {
+  readonly lora: LoraConfig | null;
+  private readonly invFreq: Float32Array;
+
+  constructor(
+    readonly config: Qwen2Config,
+    readonly quantize: Quantize,
+    readonly weights: Qwen2Weights,
+    private adapter: LoraAdapter | null,
+    readonly full: boolean,
+    readonly baseModelName = "",
+  ) {
+    this.lora = adapter ? adapter.config : null;
+    this.invFreq = ropeInvFreq(config.ropeTheta, config.headDim);
+  }
+
+  /** Bytes of the frozen base held on the backend (quantized or f32). */
+  baseBytes(): number {
+    const w = this.weights;
+    let n = w.embedT.bytes + (w.lmHeadT?.bytes ?? 0) + 4 * w.norm.size;
+    for (const l of w.layers) {
+      n += 4 * (l.inputNorm.size + l.postNorm.size + l.bias.q_proj.size + l.bias.k_proj.size + l.bias.v_proj.size);
+      for (const m of LORA_TARGETS) n += l.proj[m].bytes;
+    }
+    return n;
+  }
+
+  private get head(): BaseWeight {
+    return this.weights.lmHeadT ?? this.weights.embedT;
+  }
+
+  private checkBatch(ids: number[][], mask?: number[][]): number[][] {
+    if (!Array.isArray(ids) || ids.length === 0 || !Array.isArray(ids[0]) || ids[0].length === 0)
+      throw new Error("inputIds must be a non-empty [batch][seq] array");
+    const T = ids[0].length, V = this.config.vocabSize;
+    for (const row of ids) {
+      if (row.length !== T) throw new Error(`inputIds rows must all have length ${T} (left-pad them), got ${row.length}`);
+      for (const t of row) if (!(Number.isInteger(t) && t >= 0 && t < V)) throw new Error(`token id ${t} out of range 0..${V - 1}`);
+    }
+    const m = mask ?? ids.map((r) => r.map(() => 1));
+    if (m.length !== ids.length || m.some((r) => r.length !== T)) throw new Error(`attentionMask must have the shape of inputIds [${ids.length}, ${T}]`);
+    return m;
+  }
+
+  private rmsNorm(x: tf.Tensor2D, w: tf.Tensor1D): tf.Tensor2D {
+    const v = tf.mean(tf.square(x), -1, true);
+    return tf.mul(tf.mul(x, tf.rsqrt(tf.add(v, this.config.rmsNormEps))), w);
+  }
+
+  private proj(layer: number, m: LoraTarget, x: tf.Tensor2D, opts: ForwardOptions): tf.Tensor2D {
+    const lw = this.weights.layers[layer];
+    let y = lw.proj[m].matmul(x);
+    if (m === "q_proj" || m === "k_proj" || m === "v_proj") y = tf.add(y, lw.bias[m]);
+    if (this.adapter && opts.adapters !== false) {
+      const d = this.adapter.delta(layer, m, x, opts.training === true);
+      if (d) y = tf.add(y, d);
+    }
+    return y;
+  }
+
+  /** x [B, T, heads, hd] rotated by the per-row tables [B, T, 1, hd]. */
+  private rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
+    const [x1, x2] = tf.split(x, 2, 3);
+    return tf.add(tf.mul(x, cos), tf.mul(tf.concat([x2, x1], 3), sin));
+  }
+
+  /** The decoder stack: new tokens (after `cache`, if any) → final-normed hidden [B·T, hidden], and the
+   *  updated keys/values per layer when `cache` is given. Call inside tf.tidy. */
+  private run(ids: number[][], mask: number[][], opts: ForwardOptions, cache: Qwen2KVCache | null) {
+    const c = this.config, B = ids.length, T = ids[0].length, N = B * T;
+    const nH = c.numAttentionHeads, nKv = c.numKeyValueHeads, hd = c.headDim, g = nH / nKv;
+    const keyMask = cache ? mask.map((r, b) => cache.mask[b].concat(r)) : mask;
+    const S = keyMask[0].length;
+    const pos = positionIds(mask, cache?.count).flat();
+    const { cos: cosA, sin: sinA } = ropeTables(pos, this.invFreq);
+    const cos = tf.tensor4d(cosA, [B, T, 1, hd]), sin = tf.tensor4d(sinA, [B, T, 1, hd]);
+    const bias = tf.tensor4d(attentionBias(keyMask, T), [B, 1, T, S]);
+    const qScale = 1 / Math.sqrt(hd);
+
+    let x = this.weights.embedT.columns(tf.tensor1d(ids.flat(), "int32")); // [N, H]
+    const newK: tf.Tensor4D[] = [], newV: tf.Tensor4D[] = [];
+    for (let l = 0; l < c.numHiddenLayers; l++) {
+      const lw = this.weights.layers[l];
+      const h = this.rmsNorm(x, lw.inputNorm);
+      let q = this.rope(tf.reshape(this.proj(l, "q_proj", h, opts), [B, T, nH, hd]), cos, sin);
+      let k = this.rope(tf.reshape(this.proj(l, "k_proj", h, opts), [B, T, nKv, hd]), cos, sin);
+      q = tf.transpose(tf.mul(q, qScale), [0, 2, 1, 3]); // (B, nH, T, hd)
+      let kT: tf.Tensor = tf.transpose(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
+      let v: tf.Tensor = tf.transpose(tf.reshape(this.proj(l, "v_proj", h, opts), [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
+      if (cache) {
+        kT = cache.length ? tf.concat([cache.k[l], kT], 3) : kT; // (B, nKv, hd, S)
+        v = cache.length ? tf.concat([cache.v[l], v], 2) : v; // (B, nKv, S, hd)
+        newK.push(kT as tf.Tensor4D);
+        newV.push(v as tf.Tensor4D);
+      }
+      // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows.
+      const qg = tf.reshape(q, [B, nKv, g * T, hd]);
+      const scores = tf.add(tf.reshape(tf.matMul(qg, kT), [B, nH, T, S]), bias); // (B, nH, T, S)
+      const probs = tf.reshape(tf.softmax(scores), [B, nKv, g * T, S]);
+      const ctx = tf.reshape<tf.Rank.R2>(tf.transpose(tf.reshape(tf.matMul(probs, v), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
+      x = tf.add(x, this.proj(l, "o_proj", ctx, opts)) as tf.Tensor2D;
+      const n = this.rmsNorm(x, lw.postNorm);
+      const gate = this.proj(l, "gate_proj", n, opts);
+      const act = tf.mul(tf.mul(gate, tf.sigmoid(gate)), this.proj(l, "up_proj", n, opts)) as tf.Tensor2D; // silu(gate)·up
+      x = tf.add(x, this.proj(l, "down_proj", act, opts)) as tf.Tensor2D;
+    }
+    return { hidden: this.rmsNorm(x, this.weights.norm), newK, newV };
+  }
+
+  forward(inputIds: number[][], attentionMask?: number[][], opts: ForwardOptions = {}): tf.Tensor3D {
+    const mask = this.checkBatch(inputIds, attentionMask);
+    return tf.tidy(() => {
+      const { hidden } = this.run(inputIds, mask, opts, null);
+      return tf.reshape(this.head.matmul(hidden), [inputIds.length, inputIds[0].length, this.config.vocabSize]);
+    });
+  }
+
+  tokenLogprobs(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions & { withEntropy?: boolean } = {}) {
+    const mask = this.checkBatch(inputIds, attentionMask);
+    const B = inputIds.length, T = inputIds[0].length, H = this.config.hiddenSize, V = this.config.vocabSize;
+    const res = tf.tidy(() => {
+      if (T === 1) return { lp: tf.zeros([B, 1]) as tf.Tensor2D, ent: tf.zeros([B, 1]) as tf.Tensor2D };
+      const { hidden } = this.run(inputIds, mask, opts, null);
+      const h = tf.reshape<tf.Rank.R2>(tf.slice(tf.reshape(hidden, [B, T, H]), [0, 0, 0], [B, T - 1, H]), [B * (T - 1), H]);
+      const targets = inputIds.flatMap((r) => r.slice(1));
+      const rows = Math.max(1, Math.floor(LOGIT_CHUNK_FLOATS / V));
+      const head = this.head, w = head.value();
+      const outs: tf.Tensor2D[] = [];
+      for (let s = 0; s < targets.length; s += rows) {
+        const n = Math.min(rows, targets.length - s);
+        outs.push(logprobChunk(tf.slice(h, [s, 0], [n, H]), w, targets.slice(s, s + n), head.isVariable));
+      }
+      const both = outs.length === 1 ? outs[0] : tf.concat(outs, 0); // [B·(T−1), 2]
+      const zero = tf.zeros([B, 1]);
+      const lp = tf.concat([zero, tf.reshape(tf.slice(both, [0, 0], [-1, 1]), [B, T - 1])], 1) as tf.Tensor2D;
+      const ent = tf.concat([zero, tf.reshape(tf.slice(both, [0, 1], [-1, 1]), [B, T - 1])], 1) as tf.Tensor2D;
+      return { lp, ent };
+    });
+    if (opts.withEntropy) return { logprobs: res.lp, entropy: res.ent };
+    res.ent.dispose();
+    return { logprobs: res.lp };
+  }
+
+  prefill(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions = {}) {
+    const mask = this.checkBatch(inputIds, attentionMask);
+    const cache = new Qwen2KVCache([], [], inputIds.map(() => []), inputIds.map(() => 0));
+    const logits = this.step(inputIds, mask, cache, opts);
+    return { logits, cache };
+  }
+
+  decodeStep(tokens: number[], cache: KVCache, opts: ForwardOptions = {}): tf.Tensor2D {
+    if (!(cache instanceof Qwen2KVCache)) throw new Error("decodeStep needs the cache returned by prefill()");
+    if (tokens.length !== cache.batchSize) throw new Error(`decodeStep got ${tokens.length} tokens for a cache of ${cache.batchSize} rows`);
+    const ids = tokens.map((t) => [t]);
+    return this.step(ids, this.checkBatch(ids), cache, opts);
+  }
+
+  private step(ids: number[][], mask: number[][], cache: Qwen2KVCache, opts: ForwardOptions): tf.Tensor2D {
+    const B = ids.length, T = ids[0].length, H = this.config.hiddenSize;
+    const out = tf.tidy(() => {
+      const { hidden, newK, newV } = this.run(ids, mask, opts, cache);
+      const last = tf.reshape<tf.Rank.R2>(tf.slice(tf.reshape(hidden, [B, T, H]), [0, T - 1, 0], [B, 1, H]), [B, H]);
+      return { logits: this.head.matmul(last), k: newK, v: newV };
+    });
+    tf.dispose([...cache.k, ...cache.v]);
+    cache.k = out.k;
+    cache.v = out.v;
+    cache.mask = cache.mask.map((r, b) => r.concat(mask[b]));
+    cache.count = cache.count.map((c, b) => c + mask[b].reduce((s, m) => s + (m ? 1 : 0), 0));
+    return out.logits;
+  }
+
+  trainableVariables(): tf.Variable[] {
+    if (this.full) {
+      const w = this.weights, vars: tf.Tensor[] = [w.embedT.f32!, ...(w.lmHeadT ? [w.lmHeadT.f32!] : []), w.norm];
+      for (const l of w.layers) vars.push(l.inputNorm, l.postNorm, l.bias.q_proj, l.bias.k_proj, l.bias.v_proj, ...LORA_TARGETS.map((m) => l.proj[m].f32!));
+      return [...(vars as tf.Variable[]), ...(this.adapter?.variables() ?? [])];
+    }
+    return this.adapter?.variables() ?? [];
+  }
+
+  /** The attached adapter (null when none). */
+  get loraAdapter(): LoraAdapter | null {
+    return this.adapter;
+  }
+
+  async saveAdapter(dir: string): Promise<void> {
+    const ad = this.adapter;
+    if (!ad) throw new Error(`saveAdapter(${dir}): the model has no LoRA adapter attached`);
+    const tensors = await ad.toPeft();
+    await writeDirAtomic(dir, async (tmp) => {
+      await fs.writeFile(path.join(tmp, "adapter_model.safetensors"), encodeSafetensors(tensors, { format: "pt" }));
+      await fs.writeFile(path.join(tmp, "adapter_config.json"), JSON.stringify(adapterConfigJson(ad.config, this.baseModelName), null, 2) + "\n");
+    });
+  }
+
+  /** HF names → torch-layout f32 tensors (W [out, in]); the tied head is written once (as embed_tokens). */
+  async stateDict(): Promise<Record<string, HostTensor>> {
+    const out: Record<string, HostTensor> = {};
+    const put = async (name: string, t: tf.Tensor) => {
+      out[name] = { shape: t.shape.slice(), data: (await t.data()) as Float32Array };
+    };
+    const putT = async (name: string, w: BaseWeight) => {
+      const t = tf.tidy(() => tf.transpose(w.value()));
+      await put(name, t);
+      t.dispose();
+    };
+    const w = this.weights;
+    await putT("model.embed_tokens.weight", w.embedT);
+    if (w.lmHeadT) await putT("lm_head.weight", w.lmHeadT);
+    await put("model.norm.weight", w.norm);
+    for (let i = 0; i < w.layers.length; i++) {
+      const l = w.layers[i], p = `model.layers.${i}`;
+      await put(`${p}.input_layernorm.weight`, l.inputNorm);
+      await put(`${p}.post_attention_layernorm.weight`, l.postNorm);
+      for (const m of LORA_TARGETS) {
+        await putT(`${p}.${moduleGroup(m)}.${m}.weight`, l.proj[m]);
+        if (m === "q_proj" || m === "k_proj" || m === "v_proj") await put(`${p}.self_attn.${m}.bias`, l.bias[m]);
+      }
+    }
+    return out;
+  }
+
+  async savePretrained(dir: string): Promise<void> {
+    const tensors = await this.stateDict();
+    const cfg = JSON.stringify(configToJson(this.config), null, 2) + "\n";
+    await writeDirAtomic(dir, async (tmp) => {
+      await fs.writeFile(path.join(tmp, "model.safetensors"), encodeSafetensors(tensors, { format: "pt" }));
+      await writeFileAtomic(path.join(tmp, "config.json"), cfg);
+    });
+  }
+
+  /** Replace (or remove, with null) the attached adapter; the old one is disposed. */
+  setAdapter(adapter: LoraAdapter | null): void {
+    this.adapter?.dispose();
+    this.adapter = adapter;
+    (this as { lora: LoraConfig | null }).lora = adapter ? adapter.config : null;
+  }
+
+  dispose(): void {
+    const w = this.weights;
+    w.embedT.dispose();
+    w.lmHeadT?.dispose();
+    w.norm.dispose();
+    for (const l of w.layers) {
+      tf.dispose([l.inputNorm, l.postNorm, l.bias.q_proj, l.bias.k_proj, l.bias.v_proj]);
+      for (const m of LORA_TARGETS) l.proj[m].dispose();
+    }
+    this.adapter?.dispose();
+  }
+}
+
+/** log p(target) and the entropy for a chunk of rows: h [n, H], w [H, V] → [n, 2]. The custom gradient
+ *  recomputes the logits in the backward pass, so the tape never holds a [n, V] chunk; w gets a
+ *  gradient only when it is trainable (full mode). Entropy carries no gradient. */
+function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, targets: number[], wTrainable: boolean): tf.Tensor2D {
+  const n = targets.length, V = w.shape[1];
+  const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
+  const fwd = (hh: tf.Tensor2D, ww: tf.Tensor2D) =>
+    tf.tidy(() => {
+      const logits = tf.matMul(hh, ww); // [n, V]
+      const lse = tf.logSumExp(logits, 1); // [n]
+      const picked = tf.gather(tf.reshape(logits, [-1]), flat); // [n]
+      const p = tf.exp(tf.sub(logits, tf.expandDims(lse, 1)));
+      const ent = tf.sub(lse, tf.sum(tf.mul(p, logits), 1));
+      return tf.stack([tf.sub(picked, lse), ent], 1) as tf.Tensor2D;
+    });
+  const dLogits = (hh: tf.Tensor2D, ww: tf.Tensor2D, dy: tf.Tensor2D) => {
+    const logits = tf.matMul(hh, ww);
+    const p = tf.softmax(logits);
+    const onehot = tf.cast(tf.oneHot(tf.tensor1d(targets, "int32"), V), "float32");
+    const dlp = tf.slice(dy, [0, 0], [n, 1]); // [n, 1]: only log p is differentiated
+    return tf.mul(tf.sub(onehot, p), dlp); // [n, V]
+  };
+  if (wTrainable) {
+    const f = tf.customGrad(((hh: tf.Tensor2D, ww: tf.Tensor2D, save: tf.GradSaveFunc) => {
+      save([hh, ww]);
+      return {
+        value: fwd(hh, ww),
+        gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
+          tf.tidy(() => {
+            const [hs, ws] = saved as tf.Tensor2D[];
+            const g = dLogits(hs, ws, dy);
+            return [tf.matMul(g, ws, false, true), tf.matMul(hs, g, true, false)];
+          }),
+      };
+    }) as unknown as CustomGradFn);
+    return f(h, w) as tf.Tensor2D;
+  }
+  const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
+    save([hh]);
+    return {
+      value: fwd(hh, w),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => tf.matMul(dLogits(saved[0] as tf.Tensor2D, w, dy), w, false, true)),
+    };
+  }) as unknown as CustomGradFn);
+  return f(h) as tf.Tensor2D;
+}

@@ -1,0 +1,65 @@
+/** One frozen-or-trainable base matrix held as [in, out] (the layout the wasm matMul fast path wants):
+ *  f32 (a constant, or a tf.Variable when the whole model trains) or quantized (int8/nf4, dequantized
+ *  on the fly). Quantized matmuls use a custom gradient that dequantizes again in the backward pass,
+ *  so the tape never keeps a layer's f32 weights alive. */
+import * as tf from "@tensorflow/tfjs";
+import { QuantizedMatrix } from "./quant.ts";
+import type { Quantize } from "./types.ts";
+
+export type CustomGradFn = Parameters<typeof tf.customGrad>[0];
+
+export class BaseWeight {
+  private constructor(
+    readonly inDim: number,
+    readonly outDim: number,
+    readonly f32: tf.Tensor2D | null,
+    readonly quant: QuantizedMatrix | null,
+  ) {}
+
+  /** data: [in, out] row-major. trainable only with quantize "none". */
+  static fromFloat32(data: Float32Array, inDim: number, outDim: number, quantize: Quantize, trainable = false, name?: string): BaseWeight {
+    if (quantize === "none") {
+      const t = tf.tensor2d(data, [inDim, outDim]);
+      if (!trainable) return new BaseWeight(inDim, outDim, t, null);
+      const v = tf.variable(t, true, name);
+      t.dispose();
+      return new BaseWeight(inDim, outDim, v as unknown as tf.Tensor2D, null);
+    }
+    if (trainable) throw new Error(`trainable "full" needs quantize "none", got "${quantize}" (quantized weights are frozen)`);
+    return new BaseWeight(inDim, outDim, null, QuantizedMatrix.fromFloat32(quantize, data, inDim, outDim));
+  }
+
+  get bytes(): number {
+    return this.f32 ? 4 * this.f32.size : this.quant!.bytes;
+  }
+  get isVariable(): boolean {
+    return this.f32 instanceof tf.Variable;
+  }
+
+  /** f32 [in, out] (dequantized when quantized). Call inside tf.tidy. */
+  value(): tf.Tensor2D {
+    return this.f32 ?? this.quant!.dequantize();
+  }
+
+  /** x [N, in] → [N, out]. */
+  matmul(x: tf.Tensor2D): tf.Tensor2D {
+    if (this.f32) return tf.matMul(x, this.f32);
+    const q = this.quant!;
+    const f = tf.customGrad(((xx: tf.Tensor2D) => ({
+      value: tf.tidy(() => tf.matMul(xx, q.dequantize())),
+      gradFunc: (dy: tf.Tensor2D) => tf.tidy(() => tf.matMul(dy, q.dequantize(), false, true)),
+    })) as unknown as CustomGradFn);
+    return f(x) as tf.Tensor2D;
+  }
+
+  /** Columns as rows: [ids.length, in] (embedding lookup on a transposed embedding matrix). */
+  columns(ids: tf.Tensor1D): tf.Tensor2D {
+    const cols = this.f32 ? (tf.gather(this.f32, ids, 1) as tf.Tensor2D) : this.quant!.columns(ids);
+    return tf.transpose(cols);
+  }
+
+  dispose(): void {
+    this.f32?.dispose();
+    this.quant?.dispose();
+  }
+}

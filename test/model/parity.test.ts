@@ -1,0 +1,120 @@
+/** Golden parity with test/fixtures/qwen2-tiny (an independent float32 PyTorch Qwen2 + PEFT LoRA). */
+import { beforeAll, describe, expect, it } from "vitest";
+import * as tf from "@tensorflow/tfjs";
+import { readFileSync } from "node:fs";
+import { initBackend } from "../../src/backend.ts";
+import { loadModel } from "../../src/model/load.ts";
+import { peftKey } from "../../src/model/lora.ts";
+import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { LORA_TARGETS } from "../../src/model/types.ts";
+
+const FIX = "test/fixtures/qwen2-tiny";
+const exp = JSON.parse(readFileSync(`${FIX}/expected.json`, "utf8"));
+const { input_ids: ids, attention_mask: mask, valid_positions: valid, next_token_positions: nextPos } = exp.batch;
+
+function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  expect(a.length).toBe(b.length);
+  let m = 0;
+  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]));
+  return m;
+}
+
+async function checkLogits(model: Qwen2ForCausalLM, want: number[][][], adapters: boolean) {
+  const logits = model.forward(ids, mask, { adapters });
+  const got = (await logits.array()) as number[][][];
+  logits.dispose();
+  let worst = 0;
+  valid.forEach((ps: number[], b: number) => ps.forEach((t, k) => (worst = Math.max(worst, maxAbsDiff(got[b][t], want[b][k])))));
+  return worst;
+}
+
+/** Mean −log p over pairs with both positions real, as HF labels with −100 on pads. */
+function lossFrom(lp: tf.Tensor2D): tf.Scalar {
+  const w = mask.map((r: number[]) => r.map((m: number, t: number) => (t > 0 && m && r[t - 1] ? 1 : 0)));
+  const wt = tf.tensor2d(w);
+  const n = w.flat().reduce((a: number, b: number) => a + b, 0);
+  return tf.div(tf.neg(tf.sum(tf.mul(lp, wt))), n) as tf.Scalar;
+}
+
+describe("qwen2-tiny golden parity (wasm)", () => {
+  let base: Qwen2ForCausalLM;
+  let lora: Qwen2ForCausalLM;
+  beforeAll(async () => {
+    await initBackend("wasm");
+    base = await loadModel(FIX);
+    lora = await loadModel(FIX, { adapter: `${FIX}/lora` });
+  });
+
+  it("base logits match to 1e-4", async () => {
+    const d = await checkLogits(base, exp.base.logits, true);
+    console.log(`base logits max |Δ| ${d.toExponential(2)}`);
+    expect(d).toBeLessThanOrEqual(1e-4);
+  });
+
+  it("LoRA logits match to 1e-4, and adapters:false gives the base logits", async () => {
+    const d = await checkLogits(lora, exp.lora.logits, true);
+    console.log(`lora logits max |Δ| ${d.toExponential(2)}`);
+    expect(d).toBeLessThanOrEqual(1e-4);
+    expect(await checkLogits(lora, exp.base.logits, false)).toBeLessThanOrEqual(1e-4);
+  });
+
+  it("token log-probs, loss and every LoRA gradient match", async () => {
+    for (const [model, ref] of [[base, exp.base], [lora, exp.lora]] as const) {
+      const { logprobs } = model.tokenLogprobs(ids, mask);
+      const got = (await logprobs.array()) as number[][];
+      logprobs.dispose();
+      let worst = 0;
+      nextPos.forEach((ps: number[], b: number) => ps.forEach((t, k) => (worst = Math.max(worst, Math.abs(got[b][t + 1] - ref.next_token_logprobs[b][k])))));
+      expect(worst).toBeLessThanOrEqual(1e-4);
+    }
+    const before = tf.memory().numTensors;
+    const vars = lora.trainableVariables();
+    expect(vars.length).toBe(2 * LORA_TARGETS.length * 2);
+    const { value, grads } = tf.variableGrads(() => lossFrom(lora.tokenLogprobs(ids, mask).logprobs), vars);
+    const loss = (await value.data())[0];
+    expect(Math.abs(loss - exp.lora.loss) / exp.lora.loss).toBeLessThanOrEqual(1e-5);
+    let worstRel = 0;
+    for (let l = 0; l < 2; l++)
+      for (const m of LORA_TARGETS)
+        for (const which of ["A", "B"] as const) {
+          const key = peftKey(l, m, which);
+          const v = vars.find((x) => x.name.startsWith(key.replace(".weight", "")))!;
+          const g = tf.transpose(grads[v.name]); // held transposed; PEFT layout for comparison
+          const want = (exp.lora.grads[key] as number[][]).flat();
+          const scale = Math.max(...want.map(Math.abs));
+          const rel = maxAbsDiff(await g.data(), want) / scale;
+          g.dispose();
+          worstRel = Math.max(worstRel, rel);
+        }
+    console.log(`lora loss ${loss} (ref ${exp.lora.loss}); worst gradient error ${worstRel.toExponential(2)} of max-abs`);
+    expect(worstRel).toBeLessThanOrEqual(1e-3);
+    tf.dispose([value, grads]);
+    expect(tf.memory().numTensors).toBe(before);
+  });
+
+  it("greedy 8-token decode matches, by full forward and by KV cache", async () => {
+    for (const [model, ref] of [[base, exp.greedy.base], [lora, exp.greedy.lora]] as const) {
+      const seq = [...exp.greedy.prompt];
+      for (let s = 0; s < 8; s++) {
+        const l = model.forward([seq], undefined);
+        const last = tf.tidy(() => tf.squeeze(tf.slice(l, [0, seq.length - 1, 0], [1, 1, -1])));
+        expect(maxAbsDiff(await last.data(), ref.step_logits[s])).toBeLessThanOrEqual(1e-4);
+        seq.push((await tf.argMax(last).data())[0]);
+        tf.dispose([l, last]);
+      }
+      expect(seq.slice(5)).toEqual(ref.new_tokens);
+      const p = [...exp.greedy.prompt];
+      const { logits, cache } = model.prefill([p], [p.map(() => 1)]);
+      let lg = logits;
+      const out: number[] = [];
+      for (let s = 0; s < 8; s++) {
+        const tok = (await tf.argMax(lg, 1).data())[0];
+        out.push(tok);
+        lg.dispose();
+        if (s < 7) lg = model.decodeStep([tok], cache);
+      }
+      cache.dispose();
+      expect(out).toEqual(ref.new_tokens);
+    }
+  });
+});
