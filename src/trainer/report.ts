@@ -7,6 +7,7 @@ import * as path from "node:path";
 import { promises as fs } from "node:fs";
 import { writeFileAtomic } from "../util/fs.ts";
 import { formatNumber, METRIC, readMetrics, type MetricsRecord } from "./metrics.ts";
+import { formatDuration } from "./progress.ts";
 import { wilsonInterval } from "./stats.ts";
 
 export function escapeHtml(s: string): string {
@@ -169,7 +170,7 @@ export function renderTrainReport(input: TrainReportInput): string {
   }
   const first = records[0], last = records[records.length - 1];
   const span = records.length ? `${records.length} logged steps, step ${first.step} to ${last.step}` : "no metrics logged yet";
-  const minutes = records.length > 1 ? `, ${formatNumber((last.time - first.time) / 60, 3)} min` : "";
+  const minutes = records.length > 1 ? `, ${formatDuration(last.time - first.time)} wall time` : "";
   let body = `<div class="charts">${charts.join("\n")}</div>\n`;
   body += `<h2>Final values</h2><table><tr><th>metric</th><th>last</th><th>at step</th><th>min</th><th>max</th></tr>${finals.join("")}</table>\n`;
   if (input.extra && Object.keys(input.extra).length) body += `<h2>Summary</h2>${keyValueTable(input.extra)}\n`;
