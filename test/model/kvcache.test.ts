@@ -1,0 +1,79 @@
+/** KV-cache decoding equals full recomputation, rows can be dropped, and nothing leaks. */
+import { beforeAll, describe, expect, it } from "vitest";
+import * as tf from "@tensorflow/tfjs";
+import { initBackend } from "../../src/backend.ts";
+import { loadModel } from "../../src/model/load.ts";
+import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { attentionBias, F32_MIN, positionIds } from "../../src/model/attention.ts";
+
+const FIX = "test/fixtures/qwen2-tiny";
+
+async function lastLogits(model: Qwen2ForCausalLM, ids: number[][], mask: number[][]): Promise<number[][]> {
+  const l = model.forward(ids, mask);
+  const T = ids[0].length;
+  const last = tf.tidy(() => tf.squeeze(tf.slice(l, [0, T - 1, 0], [-1, 1, -1]), [1]));
+  const out = (await last.array()) as number[][];
+  tf.dispose([l, last]);
+  return out;
+}
+const maxDiff = (a: number[][], b: number[][]) => Math.max(...a.flatMap((r, i) => r.map((v, j) => Math.abs(v - b[i][j]))));
+
+describe("mask helpers", () => {
+  it("position ids follow cumsum(mask)−1 with pads at 1, continuing from the past", () => {
+    expect(positionIds([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])).toEqual([[1, 1, 0, 1, 2], [0, 1, 2, 3, 4]]);
+    expect(positionIds([[1], [1]], [3, 5])).toEqual([[3], [5]]);
+  });
+  it("bias allows j ≤ i on real keys only", () => {
+    const b = attentionBias([[0, 1, 1]], 3);
+    expect(Array.from(b).map((v) => (v === 0 ? 1 : v === Math.fround(F32_MIN) ? 0 : NaN))).toEqual([0, 0, 0, 0, 1, 0, 0, 1, 1]);
+    expect(Array.from(attentionBias([[1, 0, 1, 1]], 1)).map((v) => (v === 0 ? 1 : 0))).toEqual([1, 0, 1, 1]);
+  });
+});
+
+describe("KV cache (wasm)", () => {
+  let model: Qwen2ForCausalLM;
+  beforeAll(async () => {
+    await initBackend("wasm");
+    model = await loadModel(FIX, { adapter: `${FIX}/lora` });
+  });
+
+  it("prefill + decode steps give the full-recompute logits for left-padded rows", async () => {
+    const ids = [[0, 0, 0, 56, 61, 139], [16, 217, 62, 54, 40, 191], [0, 7, 8, 9, 10, 11]];
+    const mask = [[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]];
+    const { logits, cache } = model.prefill(ids, mask);
+    let worst = maxDiff((await logits.array()) as number[][], await lastLogits(model, ids, mask));
+    logits.dispose();
+    const seq = ids.map((r) => [...r]), m = mask.map((r) => [...r]);
+    for (const step of [[5, 6, 7], [100, 200, 3], [42, 43, 44]]) {
+      const l = model.decodeStep(step, cache);
+      step.forEach((t, b) => { seq[b].push(t); m[b].push(1); });
+      worst = Math.max(worst, maxDiff((await l.array()) as number[][], await lastLogits(model, seq, m)));
+      l.dispose();
+    }
+    expect(cache.length).toBe(9);
+    // drop the middle row: the remaining rows keep decoding correctly
+    cache.select([2, 0]);
+    const l = model.decodeStep([1, 2], cache);
+    const want = await lastLogits(model, [[...seq[2], 1], [...seq[0], 2]], [[...m[2], 1], [...m[0], 1]]);
+    worst = Math.max(worst, maxDiff((await l.array()) as number[][], want));
+    l.dispose();
+    cache.dispose();
+    console.log(`KV cache vs recompute max |Δ| ${worst.toExponential(2)}`);
+    expect(worst).toBeLessThanOrEqual(1e-4);
+  });
+
+  it("50 decode steps leave the tensor count unchanged", async () => {
+    const before = tf.memory().numTensors;
+    const { logits, cache } = model.prefill([[1, 2, 3], [0, 4, 5]], [[1, 1, 1], [0, 1, 1]]);
+    let lg = logits;
+    for (let s = 0; s < 50; s++) {
+      const am = tf.argMax(lg, 1);
+      const next = Array.from((await am.data()) as Int32Array);
+      tf.dispose([am, lg]);
+      lg = model.decodeStep(next, cache);
+    }
+    lg.dispose();
+    cache.dispose();
+    expect(tf.memory().numTensors).toBe(before);
+  });
+});
