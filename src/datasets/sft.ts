@@ -90,6 +90,7 @@ export interface SftBuild {
   ids: string[]; // example id of each conversation
   dropped: { id: string; checks: ToolCheck[] }[]; // examples with a wrong or failing tool call
   counts: Record<ToolCheckStatus, number>; // over all tool calls, kept and dropped
+  mismatches: { id: string; kept: boolean; check: ToolCheck }[]; // every call whose status is not "ok"
 }
 
 /** Conversations checked against the real tool, with its own text in the tool messages. */
@@ -98,12 +99,18 @@ export async function buildSftConversations(
   tool: Pick<Tool, "name" | "run">,
   opts: { systemPrompt?: string } = {},
 ): Promise<SftBuild> {
-  const out: SftBuild = { conversations: [], ids: [], dropped: [], counts: { ok: 0, format: 0, rounded: 0, wrong: 0, error: 0 } };
+  const out: SftBuild = {
+    conversations: [], ids: [], dropped: [], counts: { ok: 0, format: 0, rounded: 0, wrong: 0, error: 0 }, mismatches: [],
+  };
   for (const ex of examples) {
     const conv = toConversation(ex, opts);
     const checks = await verifyConversation(conv, tool);
-    for (const c of checks) out.counts[c.status]++;
-    if (checks.some((c) => c.status === "wrong" || c.status === "error")) {
+    const drop = checks.some((c) => c.status === "wrong" || c.status === "error");
+    for (const check of checks) {
+      out.counts[check.status]++;
+      if (check.status !== "ok") out.mismatches.push({ id: ex.id, kept: !drop, check });
+    }
+    if (drop) {
       out.dropped.push({ id: ex.id, checks });
       continue;
     }

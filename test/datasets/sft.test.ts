@@ -117,6 +117,9 @@ describe("verification against the calculator", () => {
     expect(built.ids).toEqual(["a", "b", "e"]);
     expect(built.dropped.map((d) => d.id)).toEqual(["c", "d"]);
     expect(built.counts).toEqual({ ok: 2, format: 0, rounded: 1, wrong: 1, error: 1 });
+    expect(built.mismatches.map((m) => [m.id, m.kept, m.check.status])).toEqual([
+      ["b", true, "rounded"], ["c", false, "wrong"], ["d", false, "error"],
+    ]);
     expect(built.conversations[1][3]).toEqual({ role: "tool", content: "3.3333333333" });
     expect(built.conversations[1][4].content).toBe("3.33 hours\nThe answer is \\boxed{3.33}.");
   });
