@@ -168,6 +168,8 @@ export interface PrepareOptions {
   resume?: boolean;
   /** "sft", "grpo", "eval", ...: resuming a folder written by another kind of run is refused. */
   runKind: string;
+  /** Flag name used in messages (default "--output_dir"). */
+  flag?: string;
 }
 
 function hasRunMarker(names: string[]): boolean {
@@ -180,8 +182,9 @@ function hasRunMarker(names: string[]): boolean {
  *  Nothing is written when refusing. Returns whether a previous run is being continued. */
 export async function prepareOutputDir(dir: string, opts: PrepareOptions): Promise<{ resumed: boolean }> {
   if (opts.overwrite && opts.resume) throw new UsageError(`--overwrite and --resume together: pick one (fresh run or continue ${dir})`);
+  const flag = opts.flag ?? "--output_dir";
   const stat = await fs.stat(dir).catch(() => undefined);
-  if (stat && !stat.isDirectory()) throw new UsageError(`--output_dir ${dir} is a file: expected a folder path`);
+  if (stat && !stat.isDirectory()) throw new UsageError(`${flag} ${dir} is a file: expected a folder path`);
   const names = stat ? await fs.readdir(dir) : [];
   const isRun = hasRunMarker(names);
 
@@ -189,13 +192,13 @@ export async function prepareOutputDir(dir: string, opts: PrepareOptions): Promi
     if (!isRun) throw new UsageError(`--resume: ${dir} holds no run to continue (no ${RUN_MARKERS.join(" / ")}); drop --resume to start one`);
     const kind = await readRunKind(dir);
     if (kind !== undefined && kind !== opts.runKind)
-      throw new UsageError(`--resume: ${dir} holds a ${kind} run, not ${opts.runKind}; pick another --output_dir`);
+      throw new UsageError(`--resume: ${dir} holds a ${kind} run, not ${opts.runKind}; pick another ${flag}`);
     return { resumed: true };
   }
   if (names.length > 0 && !isRun)
-    throw new UsageError(`--output_dir ${dir} is not empty and does not hold a run; pick a new or empty folder`);
+    throw new UsageError(`${flag} ${dir} is not empty and does not hold a run; pick a new or empty folder`);
   if (isRun) {
-    if (!opts.overwrite) throw new UsageError(`--output_dir ${dir} already holds a run; pass --resume to continue it or --overwrite to replace it`);
+    if (!opts.overwrite) throw new UsageError(`${flag} ${dir} already holds a run; pass --resume to continue it or --overwrite to replace it`);
     for (const n of names) await fs.rm(path.join(dir, n), { recursive: true, force: true });
   }
   await fs.mkdir(dir, { recursive: true });

@@ -145,7 +145,7 @@ export function formatStepLine(step: number, total: number, m: Metrics, spec: re
   for (const f of spec) {
     const digits = f.digits ?? 2;
     let value = show(m[f.key], digits);
-    if (f.stdKey && m[f.key] !== undefined && m[f.key] !== null) value += `±${show(m[f.stdKey], digits)}`;
+    if (f.stdKey && value !== "-" && typeof m[f.stdKey] === "number") value += `±${show(m[f.stdKey], digits)}`;
     const label = f.label ?? f.key;
     parts.push(`${label ? label + " " : ""}${value}${f.unit ?? ""}`);
   }

@@ -8,7 +8,7 @@ import { promises as fs } from "node:fs";
 import { writeFileAtomic } from "../util/fs.ts";
 import { formatNumber, METRIC, readMetrics, type MetricsRecord } from "./metrics.ts";
 import { formatDuration } from "./progress.ts";
-import { wilsonInterval } from "./stats.ts";
+import { wilsonInterval, type Interval } from "./stats.ts";
 
 export function escapeHtml(s: string): string {
   return s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]!);
@@ -145,8 +145,16 @@ export function chartedKeys(records: MetricsRecord[]): string[] {
   return [...known, ...rest];
 }
 
+/** Records sorted by step, the last one kept when a step was logged twice (a run resumed from an
+ *  earlier checkpoint without dropping the later lines). */
+function byStep(records: MetricsRecord[]): MetricsRecord[] {
+  const last = new Map<number, MetricsRecord>();
+  for (const r of records) last.set(r.step, r);
+  return [...last.values()].sort((a, b) => a.step - b.step);
+}
+
 export function renderTrainReport(input: TrainReportInput): string {
-  const { records } = input;
+  const records = byStep(input.records);
   const keys = chartedKeys(records);
   const x = records.map((r) => r.step);
   const num = (v: unknown) => (typeof v === "number" && Number.isFinite(v) ? v : null);
@@ -211,6 +219,9 @@ export interface EvalRow {
   name: string;
   n: number;
   correct: number;
+  /** Accuracy and CI computed elsewhere (for example meanCI over per-question pass@1 from k samples);
+   *  when absent, correct / n with a Wilson interval. */
+  interval?: Interval;
   /** pass@k values by k, when several samples per question were drawn. */
   passAtK?: Record<number, number>;
   /** Further columns (format rate, mean tool calls, ...). */
@@ -232,7 +243,7 @@ function accuracyBarsSvg(rows: EvalRow[]): string {
     out.push(`<line x1="${px(t)}" x2="${px(t)}" y1="${top}" y2="${height - 22}" class="g"/><text x="${px(t)}" y="${height - 8}" class="xl">${t * 100}%</text>`);
   }
   rows.forEach((r, i) => {
-    const ci = wilsonInterval(r.correct, r.n);
+    const ci = r.interval ?? wilsonInterval(r.correct, r.n);
     const y = top + i * rowH;
     const name = r.name.length > 26 ? r.name.slice(0, 25) + "…" : r.name;
     out.push(`<text x="${left - 8}" y="${y + 17}" class="yl">${escapeHtml(name)}</text>`);
@@ -251,7 +262,7 @@ export function renderEvalReport(summary: EvalSummary): string {
   const extraCols = [...new Set(summary.rows.flatMap((r) => Object.keys(r.extra ?? {})))];
   const head = ["model", "n", "correct", "accuracy", "95% CI", ...ks.map((k) => `pass@${k}`), ...extraCols];
   const rows = summary.rows.map((r) => {
-    const ci = wilsonInterval(r.correct, r.n);
+    const ci = r.interval ?? wilsonInterval(r.correct, r.n);
     const pct = (v: number) => `${(v * 100).toFixed(1)}%`;
     return `<tr><th>${escapeHtml(r.name)}</th><td class="n">${r.n}</td><td class="n">${r.correct}</td><td class="n">${pct(ci.value)}</td>` +
       `<td class="n">${pct(ci.lo)} – ${pct(ci.hi)}</td>` +
@@ -260,7 +271,7 @@ export function renderEvalReport(summary: EvalSummary): string {
   });
   let body = summary.rows.length ? accuracyBarsSvg(summary.rows) : "<p>No evaluations.</p>";
   body += `\n<h2>Results</h2><table><tr>${head.map((h) => `<th>${escapeHtml(h)}</th>`).join("")}</tr>${rows.join("")}</table>\n`;
-  body += `<p class="sub">95% CI: Wilson score interval. pass@k: unbiased estimator from n samples per question.</p>\n`;
+  body += `<p class="sub">95% CI: Wilson score interval unless stated otherwise by the run. pass@k: unbiased estimator from n samples per question.</p>\n`;
   if (summary.config) body += `<h2>Config</h2>${keyValueTable(summary.config)}\n`;
   return page(summary.title, `${summary.rows.length} evaluation${summary.rows.length === 1 ? "" : "s"}`, body);
 }

@@ -143,6 +143,6 @@ describe("prepareOutputDir", () => {
     await expect(prepareOutputDir(dir, { runKind: "grpo", overwrite: true })).rejects.toThrow(/not empty and does not hold a run/);
     await expect(prepareOutputDir(dir, { runKind: "grpo", resume: true })).rejects.toThrow(/holds no run to continue/);
     expect(await fs.readFile(path.join(dir, "notes.txt"), "utf8")).toBe("mine");
-    await expect(prepareOutputDir(path.join(dir, "notes.txt"), { runKind: "grpo" })).rejects.toThrow(/is a file/);
+    await expect(prepareOutputDir(path.join(dir, "notes.txt"), { runKind: "grpo", flag: "--out" })).rejects.toThrow(/^--out .*notes.txt is a file/);
   });
 });

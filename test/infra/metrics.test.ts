@@ -23,7 +23,7 @@ describe("formatStepLine", () => {
   it("prints the same fields every step, compactly", () => {
     const m = { reward: 0.4123, reward_std: 0.381, accuracy: 0.375, kl: 0.00412, clip_ratio: 0.02, completion_len: 143.2, tool_calls: 2.1, step_time: 9.84 };
     expect(formatStepLine(12, 200, m)).toBe("step 12/200 | reward 0.41±0.38 | acc 0.38 | kl 0.0041 | clip 0.02 | len 143 | tools 2.1 | 9.8 s");
-    expect(formatStepLine(1, 200, { reward: 0 })).toBe("step 1/200 | reward 0±- | acc - | kl - | clip - | len - | tools - | - s");
+    expect(formatStepLine(1, 200, { reward: 0 })).toBe("step 1/200 | reward 0 | acc - | kl - | clip - | len - | tools - | - s");
     expect(formatStepLine(3, 10, { loss: 1.23456, lr: 3e-5, grad_norm: 0.5, step_time: 0.25 }, SFT_LINE))
       .toBe("step 3/10 | loss 1.23 | lr 3e-5 | grad 0.5 | 0.25 s");
   });

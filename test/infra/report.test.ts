@@ -52,6 +52,12 @@ describe("training report", () => {
     expectSelfContained(html);
     expect(html.match(/<svg/g)).toHaveLength(1);
     expect(html).toContain("<circle");
+    // a step logged twice (resume without truncation) is drawn once, with its last value
+    await fs.writeFile(path.join(run, "metrics.jsonl"), '{"step":1,"time":0,"loss":3}\n{"step":2,"time":1,"loss":2}\n{"step":2,"time":2,"loss":1.5}\n');
+    const again = await fs.readFile(await writeReport(run, { title: "SFT" }), "utf8");
+    expect(again).toContain("2 logged steps, step 1 to 2");
+    expect(again.match(/<circle/g)).toHaveLength(2);
+    expect(again).toMatch(/<tr><th>loss<\/th><td class="n">1.5<\/td><td class="n">2<\/td><td class="n">1.5<\/td><td class="n">3<\/td>/);
     expect(html).not.toContain("NaN");
   });
 
@@ -72,12 +78,14 @@ describe("evaluation report", () => {
       rows: [
         { name: "base", n: 10, correct: 8, extra: { "format ok": 0.9 } },
         { name: "grpo <step 200>", n: 100, correct: 50, passAtK: { 1: 0.5, 4: 0.71 } },
+        { name: "pass@1 of 4 samples", n: 20, correct: 0, interval: { value: 0.625, lo: 0.5, hi: 0.75 } },
       ],
       config: { split: "test" },
     });
     expectSelfContained(html);
     expect(html).toContain("80.0%</td><td class=\"n\">49.0% – 94.3%");
     expect(html).toContain("50.0%</td><td class=\"n\">40.4% – 59.6%");
+    expect(html).toContain("62.5%</td><td class=\"n\">50.0% – 75.0%");
     expect(html).toContain("<th>pass@4</th>");
     expect(html).toContain("71.0%");
     expect(html).toContain("grpo &lt;step 200&gt;");
