@@ -191,7 +191,7 @@ export class Qwen2ForCausalLM implements CausalLM {
       const outs: tf.Tensor2D[] = [];
       for (let s = 0; s < targets.length; s += rows) {
         const n = Math.min(rows, targets.length - s);
-        outs.push(logprobChunk(tf.slice(h, [s, 0], [n, H]), w, targets.slice(s, s + n), head.isVariable));
+        outs.push(logprobChunk(tf.slice(h, [s, 0], [n, H]), w, () => head.value(), targets.slice(s, s + n), head.isVariable));
       }
       const both = outs.length === 1 ? outs[0] : tf.concat(outs, 0); // [B·(T−1), 2]
       const zero = tf.zeros([B, 1]);
@@ -315,8 +315,9 @@ export class Qwen2ForCausalLM implements CausalLM {
 
 /** log p(target) and the entropy for a chunk of rows: h [n, H], w [H, V] → [n, 2]. The custom gradient
  *  recomputes the logits in the backward pass, so the tape never holds a [n, V] chunk; w gets a
- *  gradient only when it is trainable (full mode). Entropy carries no gradient. */
-function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, targets: number[], wTrainable: boolean): tf.Tensor2D {
+ *  gradient only when it is trainable (full mode). A frozen w is fetched again by `weightAgain` in the
+ *  backward pass (a dequantized head is gone by then). Entropy carries no gradient. */
+function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tensor2D, targets: number[], wTrainable: boolean): tf.Tensor2D {
   const n = targets.length, V = w.shape[1];
   const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
   const fwd = (hh: tf.Tensor2D, ww: tf.Tensor2D) =>
@@ -354,7 +355,11 @@ function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, targets: number[], wTraina
     save([hh]);
     return {
       value: fwd(hh, w),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => tf.matMul(dLogits(saved[0] as tf.Tensor2D, w, dy), w, false, true)),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
+        tf.tidy(() => {
+          const wb = weightAgain();
+          return tf.matMul(dLogits(saved[0] as tf.Tensor2D, wb, dy), wb, false, true);
+        }),
     };
   }) as unknown as CustomGradFn);
   return f(h) as tf.Tensor2D;
