@@ -141,7 +141,9 @@ export class InterruptHandler {
 let processHandler: InterruptHandler | undefined;
 
 /** Register `cb` to run on Ctrl-C (SIGINT) before the process exits with 130. Returns an
- *  unregister function; once nothing is registered, Ctrl-C falls back to Node's default. */
+ *  unregister function; once nothing is registered, Ctrl-C falls back to Node's default.
+ *  The callback runs at the loop's next await, possibly mid-step: it should save the state as of the
+ *  last completed step (or wait for the current step to finish), never a half-applied update. */
 export function onInterrupt(cb: () => Promise<void> | void): () => void {
   if (!processHandler) processHandler = new InterruptHandler();
   const h = processHandler;
