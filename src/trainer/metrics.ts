@@ -34,7 +34,11 @@ export function meanStd(values: readonly number[]): { mean: number; std: number 
 export class MetricsLogger {
   constructor(readonly file: string, opts: { resumeStep?: number } = {}) {
     fsSync.mkdirSync(path.dirname(file), { recursive: true });
-    if (opts.resumeStep !== undefined && fsSync.existsSync(file)) {
+    if (!fsSync.existsSync(file)) return;
+    // A crash mid-write leaves a torn last line; cut it so the next line does not glue onto it.
+    const text = fsSync.readFileSync(file, "utf8");
+    if (text.length > 0 && !text.endsWith("\n")) fsSync.truncateSync(file, Buffer.byteLength(text.slice(0, text.lastIndexOf("\n") + 1)));
+    if (opts.resumeStep !== undefined) {
       const kept = readMetricsSync(file).filter((r) => r.step <= opts.resumeStep!);
       const tmp = `${file}.${process.pid}.tmp`;
       fsSync.writeFileSync(tmp, kept.map((r) => JSON.stringify(r) + "\n").join(""));

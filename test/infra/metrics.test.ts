@@ -62,6 +62,8 @@ describe("MetricsLogger", () => {
     for (let s = 1; s <= 5; s++) log.log(s, { loss: s });
     await fs.appendFile(file, '{"step":6,"lo'); // crash mid-line
     expect((await readMetrics(file)).map((r) => r.step)).toEqual([1, 2, 3, 4, 5]);
+    new MetricsLogger(file).log(6, { loss: 6 }); // reopened without a resume point: torn line cut first
+    expect((await readMetrics(file)).map((r) => r.step)).toEqual([1, 2, 3, 4, 5, 6]);
     const resumed = new MetricsLogger(file, { resumeStep: 3 });
     resumed.log(4, { loss: 40 });
     const recs = await readMetrics(file);
