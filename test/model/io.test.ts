@@ -207,7 +207,7 @@ describe("full checkpoints and full training", () => {
     // warm-up step creates the optimizer's slots; then the count must stay fixed
     const step = async () => {
       const { value, grads } = tf.variableGrads(loss, vars);
-      opt.applyGradients(grads as tf.NamedVariableMap);
+      opt.applyGradients(grads as Record<string, tf.Variable>);
       const v = (await value.data())[0];
       tf.dispose([value, grads]);
       return v;
@@ -238,7 +238,7 @@ describe("full checkpoints and full training", () => {
     const ids = [[1, 2, 3, 4, 5, 6]], mask = [[1, 1, 1, 1, 1, 1]];
     const step = () => {
       const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(m.tokenLogprobs(ids, mask, { training: true }).logprobs)) as tf.Scalar, vars);
-      opt.applyGradients(grads as tf.NamedVariableMap);
+      opt.applyGradients(grads as Record<string, tf.Variable>);
       tf.dispose([value, grads]);
     };
     step();
