@@ -71,16 +71,27 @@ async function download(id: string, cache: string): Promise<string> {
     if (await exists(path.join(snap, f))) continue;
     const res = await fetchOk(`${endpoint}/${id}/resolve/${info.sha}/${f}`);
     const total = Number(res.headers.get("content-length") ?? 0);
-    const chunks: Uint8Array[] = [];
+    // Streamed to a temp name beside the target, renamed when complete: a 1 GB shard never sits in memory.
+    const dest = path.join(snap, f), part = `${dest}.${process.pid}.part`;
+    await fs.mkdir(path.dirname(dest), { recursive: true });
+    const out = await fs.open(part, "w");
     bar.start(total || 1, 0, { file: f });
     let got = 0;
-    for await (const c of res.body as unknown as AsyncIterable<Uint8Array>) {
-      chunks.push(c);
-      got += c.length;
-      bar.update(Math.min(got, total || 1));
+    try {
+      for await (const c of res.body as unknown as AsyncIterable<Uint8Array>) {
+        await out.write(c);
+        got += c.length;
+        bar.update(Math.min(got, total || 1));
+      }
+    } catch (err) {
+      await out.close();
+      await fs.rm(part, { force: true });
+      throw err;
+    } finally {
+      bar.stop();
     }
-    bar.stop();
-    await writeFileAtomic(path.join(snap, f), Buffer.concat(chunks));
+    await out.close();
+    await fs.rename(part, dest);
   }
   await writeFileAtomic(path.join(repo, "refs", "main"), info.sha);
   return snap;
