@@ -11,7 +11,7 @@
 import type { ChatMessage } from "../model/types.ts";
 import type { Tool } from "../agents/types.ts";
 import { toPrompt } from "../agents/prompts.ts";
-import { normalizeNumber } from "./answer.ts";
+import { answerValue, normalizeNumber } from "./answer.ts";
 import { normalizeExpression, parseAnnotations } from "./annotations.ts";
 import type { Gsm8kExample } from "./gsm8k.ts";
 
@@ -73,12 +73,13 @@ export async function verifyConversation(conv: ChatMessage[], tool: Pick<Tool, "
 export function compareResults(annotated: string, computed: string): ToolCheckStatus {
   const c = normalizeNumber(computed);
   if (c === null) return "error";
-  const a = normalizeNumber(annotated);
-  if (a === null) return "wrong";
   if (computed === annotated) return "ok";
-  const av = Number(a);
+  const a = normalizeNumber(annotated);
+  const av = a !== null ? Number(a) : answerValue(annotated); // a fraction like "3/4" is a value too
+  if (av === null) return "wrong";
   const cv = Number(c);
-  if (a === c || Math.abs(av - cv) <= 1e-9 * Math.max(Math.abs(av), Math.abs(cv))) return "format";
+  if (Math.abs(av - cv) <= 1e-9 * Math.max(Math.abs(av), Math.abs(cv))) return "format";
+  if (a === null) return "wrong";
   // Rounded or cut to the annotation's decimals: 3.33 or 3.3 for 3.3333; 3 or 4 for 3.5; not 3.4.
   const scale = 10 ** (a.split(".")[1]?.length ?? 0);
   const close = (x: number) => Math.abs(x / scale - av) <= 1e-9 * Math.max(1, Math.abs(av));

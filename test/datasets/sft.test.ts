@@ -83,6 +83,9 @@ describe("verification against the calculator", () => {
   it("compareResults categories", () => {
     expect(compareResults("24", "24")).toBe("ok");
     expect(compareResults("0.4", "0.40")).toBe("format");
+    expect(compareResults("3/4", "0.75")).toBe("format");
+    expect(compareResults("3/5", "0.75")).toBe("wrong");
+    expect(compareResults("about 3", "3")).toBe("wrong");
     expect(compareResults("3.33", "3.3333333333")).toBe("rounded");
     expect(compareResults("3", "3.35")).toBe("rounded");
     expect(compareResults("3.3", "3.35")).toBe("rounded"); // cut, not rounded
