@@ -12,7 +12,7 @@ import { WorkerSandbox, type SandboxOptions } from "./sandbox.ts";
 
 export const CALCULATOR_LIMITS: SandboxOptions = {
   timeoutMs: 250,
-  startupTimeoutMs: 30_000,
+  startupTimeoutMs: 60_000, // tsx + mathjs take ~2 s alone, 10+ s on a loaded 2-core machine
   // Heap for tsx + mathjs's parser plus room to parse; anything that needs more is an attack.
   resourceLimits: { maxOldGenerationSizeMb: 128, maxYoungGenerationSizeMb: 16, stackSizeMb: 4 },
 };
