@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { sampleTokens } from "../../src/rollout/sampler.ts";
+import { sampleTokens, topIndices } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 function logSoftmax(row: number[], T = 1): number[] {
@@ -90,6 +90,19 @@ describe("sampleTokens", () => {
       expect(r.rawLogprobs[b]).toBeCloseTo(-Math.log(V), 4);
     }
     logits.dispose();
+  });
+
+  it("breaks ties by the lower id in top-k candidates and at the nucleus boundary", () => {
+    expect(topIndices(new Float32Array([1, 3, 3, 0, 3, 2]), 2)).toEqual([1, 2]);
+    expect(topIndices(new Float32Array([1, 3, 3, 0, 3, 2]), 4)).toEqual([1, 2, 4, 5]);
+    expect(topIndices(new Float32Array([0, 0, 0]), 3)).toEqual([0, 1, 2]);
+    // p ∝ e^2, e, e, e, 1: top-p just above p0 needs exactly one of the tied tokens, the lowest id.
+    const row = [2, 1, 1, 1, 0];
+    const p = logSoftmax(row).map(Math.exp);
+    const { freq, logprobOf } = frequencies(row, 5000, { temperature: 1, topP: p[0] + 0.5 * p[1] });
+    expect(freq[0] + freq[1]).toBe(1);
+    expect(Math.abs(freq[0] - p[0] / (p[0] + p[1]))).toBeLessThan(0.02);
+    expect(logprobOf.get(1)).toBeCloseTo(Math.log(p[1] / (p[0] + p[1])), 5);
   });
 
   it("is reproducible from a seed and leaks no tensors", () => {

@@ -1,0 +1,74 @@
+/** The in-loop side of tool use: run a turn's calls and render their results the way the chat template
+ *  renders `tool` messages after an assistant turn, as the text a row is forced to read next.
+ *  Leaves out: parsing (agents/toolcall.ts) and tokenizing (the caller encodes the text). */
+import type { ParsedToolCall, Tool } from "../agents/types.ts";
+import type { ChatMessage, Tokenizer } from "../model/types.ts";
+import type { ToolCallRecord } from "./types.ts";
+
+/** Run one parsed call. Never rejects: an unknown tool or a throwing tool becomes error text the
+ *  model reads, so one bad call cannot stop the batch. */
+export async function runToolCall(call: ParsedToolCall, tools: ReadonlyMap<string, Tool>): Promise<ToolCallRecord> {
+  const tool = tools.get(call.name);
+  if (!tool) {
+    const known = [...tools.keys()].join(", ") || "(none)";
+    return { name: call.name, arguments: call.arguments, result: `Error: unknown tool "${call.name}"; known tools: ${known}`, error: true };
+  }
+  try {
+    const result = String(await tool.run(call.arguments));
+    // Tools report their own failures as text; "Error…" is the convention they share.
+    return { name: call.name, arguments: call.arguments, result, error: /^error\b/i.test(result.trimStart()) };
+  } catch (err) {
+    const msg = err instanceof Error ? err.message : String(err);
+    return { name: call.name, arguments: call.arguments, result: `Error: tool "${call.name}" failed: ${msg}`, error: true };
+  }
+}
+
+/** Renders N tool results as the text that follows the assistant's closing stop token, e.g. for Qwen2.5
+ *  `\n<|im_start|>user\n<tool_response>\n9\n</tool_response><|im_end|>\n<|im_start|>assistant\n`.
+ *  Derived from the tokenizer's own chat template: render a conversation with an assistant tool-call
+ *  turn followed by N tool messages holding placeholders, keep what comes after the assistant's stop
+ *  token, and cut it at the placeholders. The pieces are cached per N; results are spliced in verbatim
+ *  (the template also renders content verbatim). */
+export class ToolResponseRenderer {
+  private readonly pieces = new Map<number, string[]>();
+
+  constructor(private readonly tokenizer: Tokenizer) {}
+
+  render(results: string[]): string {
+    if (results.length === 0) throw new Error("ToolResponseRenderer.render needs at least one result; got 0");
+    const pieces = this.piecesFor(results.length);
+    let out = pieces[0];
+    for (let i = 0; i < results.length; i++) out += results[i] + pieces[i + 1];
+    return out;
+  }
+
+  private piecesFor(n: number): string[] {
+    const cached = this.pieces.get(n);
+    if (cached) return cached;
+    const marks = Array.from({ length: n }, (_, i) => `\u0000TOOL_RESULT_${i}\u0000`);
+    const head: ChatMessage[] = [
+      { role: "user", content: "q" },
+      { role: "assistant", content: "", tool_calls: [{ type: "function", function: { name: "f", arguments: {} } }] },
+    ];
+    const before = this.tokenizer.applyChatTemplate(head, { addGenerationPrompt: false });
+    const full = this.tokenizer.applyChatTemplate(
+      [...head, ...marks.map((content): ChatMessage => ({ role: "tool", content }))],
+      { addGenerationPrompt: true },
+    );
+    const stop = this.tokenizer.decode([this.tokenizer.eosTokenId]);
+    const cut = before.lastIndexOf(stop);
+    if (cut < 0 || !full.startsWith(before.slice(0, cut + stop.length)))
+      throw new Error(`chat template does not close an assistant tool-call turn with the eos token ${JSON.stringify(stop)}; cannot derive the tool-response text`);
+    let rest = full.slice(cut + stop.length);
+    const pieces: string[] = [];
+    for (const mark of marks) {
+      const at = rest.indexOf(mark);
+      if (at < 0) throw new Error(`chat template did not render a tool message's content; cannot derive the tool-response text`);
+      pieces.push(rest.slice(0, at));
+      rest = rest.slice(at + mark.length);
+    }
+    pieces.push(rest);
+    this.pieces.set(n, pieces);
+    return pieces;
+  }
+}

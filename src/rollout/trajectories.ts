@@ -1,0 +1,74 @@
+/** Audit log of rollouts: one JSONL line per trajectory with the decoded prompt and completion text,
+ *  the token ids, loss mask and sampling log-probs, so any training sample can be read back exactly.
+ *  Appending keeps the file whole: the new content is written to a temp file and renamed over the old
+ *  (atomic; costs a copy of the file per call, which is fine at one call per training step).
+ *  Leaves out: rotation and compression. */
+import { promises as fs } from "node:fs";
+import type { Tokenizer } from "../model/types.ts";
+import { writeFileAtomic } from "../util/fs.ts";
+import type { Trajectory } from "./types.ts";
+
+export interface TrajectoryRecord {
+  step: number;
+  promptIndex: number;
+  sampleIndex: number;
+  promptText: string;
+  completionText: string;
+  finishReason: Trajectory["finishReason"];
+  truncated: boolean;
+  reward: number | null;
+  rewardComponents: Record<string, number> | null;
+  numToolCalls: number;
+  numToolErrors: number;
+  numParseErrors: number;
+  finalText: string;
+  turns: Trajectory["turns"];
+  promptIds: number[];
+  completionIds: number[];
+  lossMask: number[];
+  sampleLogprobs: number[];
+  [extra: string]: unknown;
+}
+
+export function trajectoryRecord(step: number, t: Trajectory, tokenizer: Tokenizer, extra?: Record<string, unknown>): TrajectoryRecord {
+  return {
+    step,
+    promptIndex: t.promptIndex,
+    sampleIndex: t.sampleIndex,
+    ...extra,
+    promptText: tokenizer.decode(t.promptIds),
+    completionText: tokenizer.decode(t.completionIds),
+    finishReason: t.finishReason,
+    truncated: t.truncated,
+    reward: t.reward ?? null,
+    rewardComponents: t.rewardComponents ?? null,
+    numToolCalls: t.numToolCalls,
+    numToolErrors: t.numToolErrors,
+    numParseErrors: t.numParseErrors,
+    finalText: t.finalText,
+    turns: t.turns,
+    promptIds: t.promptIds,
+    completionIds: t.completionIds,
+    lossMask: t.lossMask,
+    sampleLogprobs: t.sampleLogprobs,
+  };
+}
+
+/** Append one line per trajectory to `file` (created if missing). `extra` fields go on every line
+ *  (e.g. the question id or the gold answer). */
+export async function appendTrajectories(
+  file: string,
+  step: number,
+  trajectories: Trajectory[],
+  tokenizer: Tokenizer,
+  extra?: Record<string, unknown>,
+): Promise<void> {
+  if (!Number.isInteger(step) || step < 0) throw new Error(`step ${step} is invalid; accepted: an integer >= 0`);
+  const old = await fs.readFile(file, "utf8").catch((err: NodeJS.ErrnoException) => {
+    if (err.code === "ENOENT") return "";
+    throw err;
+  });
+  const lines = trajectories.map((t) => JSON.stringify(trajectoryRecord(step, t, tokenizer, extra)) + "\n").join("");
+  const sep = old.length > 0 && !old.endsWith("\n") ? "\n" : "";
+  await writeFileAtomic(file, old + sep + lines);
+}

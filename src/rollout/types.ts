@@ -1,0 +1,81 @@
+/** What a rollout is configured with and what it produces: one Trajectory per (prompt, sample).
+ *  Types only; the loop is in rollout.ts, the JSONL log in trajectories.ts. */
+import type { Tool } from "../agents/types.ts";
+import type { Rng } from "../util/rng.ts";
+
+export interface RolloutConfig {
+  /** G: samples per prompt (the GRPO group size). */
+  samplesPerPrompt: number;
+  /** Budget of new tokens per rollout over all turns, sampled + forced (tool responses, headers). */
+  maxNewTokens: number;
+  /** Assistant turns per rollout; a rollout that would start turn maxTurns+1 stops ("max_turns"). */
+  maxTurns: number;
+  temperature: number;
+  topP: number;
+  /** 0 = off. */
+  topK: number;
+  rng: Rng;
+  tools: Tool[];
+  /** Render the tool schemas into the system prompt through the chat template's `tools`. Default true. */
+  toolsInPrompt?: boolean;
+  /** false = sample from the base with LoRA switched off. Default true. */
+  adapters?: boolean;
+  /** Drop finished rows from the KV cache once this fraction of its rows has finished. Default 0.25. */
+  compactFraction?: number;
+  onStep?: (info: RolloutStepInfo) => void;
+}
+
+export interface RolloutStepInfo {
+  step: number;
+  /** Rows still generating after this step. */
+  live: number;
+  total: number;
+  /** Rows the next decode step runs (live + finished rows not yet dropped from the cache). */
+  cacheRows: number;
+  sampled: number;
+  forced: number;
+}
+
+export type FinishReason = "stop" | "length" | "max_turns";
+
+export interface ToolCallRecord {
+  name: string;
+  arguments: Record<string, unknown>;
+  result: string;
+  /** Unknown tool, a tool that threw, or a tool result starting with "Error". */
+  error: boolean;
+}
+
+export interface TurnRecord {
+  /** The assistant's text for this turn, without the closing stop token. */
+  text: string;
+  /** Text outside <tool_call> blocks (the whole text for a final answer or an unfinished turn). */
+  content: string;
+  toolCalls: ToolCallRecord[];
+  parseErrors: string[];
+  /** false when the token budget ran out inside this turn. */
+  ended: boolean;
+}
+
+export interface Trajectory {
+  promptIndex: number;
+  sampleIndex: number;
+  promptIds: number[];
+  /** Everything after the prompt, in order: sampled tokens and forced ones (tool responses, headers). */
+  completionIds: number[];
+  /** 1 on tokens the policy sampled, 0 on forced tokens. Same length as completionIds. */
+  lossMask: number[];
+  /** log-prob of each sampled token under the distribution it was drawn from; 0 on forced tokens. */
+  sampleLogprobs: number[];
+  turns: TurnRecord[];
+  /** Content of the last assistant turn. */
+  finalText: string;
+  finishReason: FinishReason;
+  truncated: boolean;
+  numToolCalls: number;
+  numToolErrors: number;
+  numParseErrors: number;
+  /** Filled by the caller after scoring. */
+  reward?: number;
+  rewardComponents?: Record<string, number>;
+}
