@@ -1,5 +1,6 @@
-/** GSM8K examples from a JSONL file, a parquet file, or the dataset name (`gsm8k`, `openai/gsm8k`)
- *  resolved through the Hugging Face cache (see hub.ts). Rows keep GSM8K's own text; the gold answer is
+/** GSM8K examples from a JSONL file, a parquet file, a folder holding the split (a downloaded copy of
+ *  the hub repo), or the dataset name (`gsm8k`, `openai/gsm8k`) resolved through the Hugging Face
+ *  cache (see hub.ts). Rows keep GSM8K's own text; the gold answer is
  *  parsed once here. Rows are returned in file order: shuffling belongs to whoever batches them. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
@@ -49,7 +50,9 @@ export async function loadGsm8kWithReport(source: string, opts: LoadGsm8kOptions
   if (!(max >= 0) || (max !== Infinity && !Number.isInteger(max)))
     throw new Error(`gsm8k maxSamples ${max} must be a non-negative integer`);
 
-  const file = (await isFile(source)) ? source : await resolveGsm8kSplit(source, split ?? "train");
+  const kind = await fs.stat(source).then((s) => (s.isFile() ? "file" : s.isDirectory() ? "dir" : null), () => null);
+  const file =
+    kind === "file" ? source : kind === "dir" ? await splitInFolder(source, split ?? "train") : await resolveGsm8kSplit(source, split ?? "train");
   const prefix = split ?? idPrefix(file);
   const rows = file.endsWith(".parquet") ? await readParquetRows(file) : await readJsonlRows(file);
 
@@ -133,6 +136,13 @@ function idPrefix(file: string): string {
   return m ? m[1] : stem;
 }
 
-async function isFile(p: string): Promise<boolean> {
-  return fs.stat(p).then((s) => s.isFile(), () => false);
+/** `<split>.jsonl`, or the hub layout `main/<split>-*.parquet`, or `<split>-*.parquet`, in that order. */
+async function splitInFolder(dir: string, split: Gsm8kSplit): Promise<string> {
+  const list = async (d: string) => (await fs.readdir(d).catch(() => [] as string[])).sort();
+  if ((await list(dir)).includes(`${split}.jsonl`)) return path.join(dir, `${split}.jsonl`);
+  for (const sub of [path.join(dir, "main"), dir]) {
+    const hit = (await list(sub)).find((f) => f.startsWith(`${split}-`) && f.endsWith(".parquet"));
+    if (hit) return path.join(sub, hit);
+  }
+  throw new Error(`folder ${dir} holds no GSM8K ${split} split: expected ${split}.jsonl, main/${split}-*.parquet or ${split}-*.parquet`);
 }

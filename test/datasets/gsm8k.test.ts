@@ -82,6 +82,13 @@ describe("loadGsm8k: parquet", () => {
     expect(r.skipped).toEqual([{ row: "row 1", reason: expect.stringMatching(/no "#### N" line/) }]);
   });
 
+  it("a folder: the hub layout inside a downloaded repo, or <split>.jsonl", async () => {
+    expect((await loadGsm8k(FIX)).map((e) => e.gold)).toEqual(["42", "1000", "12.5"]);
+    await expect(loadGsm8k(FIX, { split: "test" })).rejects.toThrow(/holds no GSM8K test split: expected test\.jsonl, main\/test-\*\.parquet/);
+    await fs.writeFile(path.join(tmp, "test.jsonl"), good("q", "7") + "\n");
+    expect((await loadGsm8k(tmp, { split: "test" })).map((e) => [e.id, e.gold])).toEqual([["test-0", "7"]]);
+  });
+
   it("a file that is not parquet gives one clear error", async () => {
     const fake = path.join(tmp, "x.parquet");
     await fs.writeFile(fake, "not parquet at all");
