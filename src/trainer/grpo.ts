@@ -7,7 +7,7 @@
  *  (advantages.ts) and sampling (rollout/). */
 import * as tf from "@tensorflow/tfjs";
 import type { CausalLM } from "../model/types.ts";
-import { microBatches, type PaddedBatch } from "./batch.ts";
+import { chunks, microBatches, type PaddedBatch } from "./batch.ts";
 import { NonFiniteError } from "./errors.ts";
 import { accumulateGrads, stopGradient } from "./grads.ts";
 import type { AdamW } from "./optimizer.ts";
@@ -59,7 +59,7 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
   const empty: GrpoStats = { loss: 0, kl: 0, clipFrac: 0, clipFracLow: 0, clipFracHigh: 0, ratio: 1, entropy: 0, gradNorm: 0, tokens: 0, rollouts: batch.length, skipped: batch.length - kept.length };
   if (kept.length === 0 || norm.numTokens === 0) return empty; // no signal: no update, optimizer step not counted
 
-  const mbIdx = chunk(kept, cfg.microBatchSize);
+  const mbIdx = chunks(kept, cfg.microBatchSize);
   const mbs: PaddedBatch[] = microBatches(kept.map((i) => batch[i].ids), kept.map((i) => masks[i]), padId, cfg.microBatchSize);
   const advs = mbIdx.map((rows) => rows.map((i) => batch[i].advantage));
 
@@ -139,12 +139,6 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
     rollouts: batch.length,
     skipped: empty.skipped,
   };
-}
-
-function chunk<T>(xs: T[], n: number): T[][] {
-  const out: T[][] = [];
-  for (let i = 0; i < xs.length; i += n) out.push(xs.slice(i, i + n));
-  return out;
 }
 
 function checkConfig(cfg: GrpoConfig): void {
