@@ -1,0 +1,190 @@
+/** Batched, grouped, multi-turn rollouts with tools executed inside the decode loop.
+ *
+ *  B prompts × G samples run as one decode batch over one KV cache. Every step each live row advances
+ *  exactly one token: it either samples one (loss mask 1, its sampling log-prob kept) or consumes the
+ *  next forced token from its queue (mask 0): the rendered tool response plus the template's next
+ *  assistant header. A sampled <|im_end|> / <|endoftext|> closes a turn; the turn is parsed for tool
+ *  calls, the calls of all rows closing a turn in this step run concurrently, and their rendered
+ *  results are queued. A turn without calls or parse errors is the final answer.
+ *  Finished rows are dropped from the cache in bulk (cache.select) once enough of them pile up.
+ *  Leaves out: rewards (rewards.ts), the JSONL log (trajectories.ts), speculative or paged decoding. */
+import { parseToolCalls } from "../agents/toolcall.ts";
+import { toolSchema, type Tool } from "../agents/types.ts";
+import type { CausalLM, ChatMessage, KVCache, Tokenizer } from "../model/types.ts";
+import type * as tf from "@tensorflow/tfjs";
+import { gather } from "@tensorflow/tfjs";
+import { sampleTokens, checkSamplingParams } from "./sampler.ts";
+import { runToolCall, ToolResponseRenderer } from "./tool-messages.ts";
+import type { FinishReason, RolloutConfig, Trajectory, TurnRecord } from "./types.ts";
+
+export type { RolloutConfig, RolloutStepInfo, Trajectory, TurnRecord, ToolCallRecord, FinishReason } from "./types.ts";
+
+interface Row {
+  traj: Trajectory;
+  forced: number[]; // queue of tokens the row must read before it samples again
+  turnIds: number[]; // tokens sampled in the current turn
+  turn: number; // 1-based index of the current assistant turn
+  done: boolean;
+}
+
+export async function rolloutGroups(
+  model: CausalLM,
+  tokenizer: Tokenizer,
+  prompts: ChatMessage[][],
+  cfg: RolloutConfig,
+): Promise<Trajectory[]> {
+  checkConfig(prompts, cfg);
+  const G = cfg.samplesPerPrompt;
+  const adapters = cfg.adapters ?? true;
+  const compactFraction = cfg.compactFraction ?? 0.25;
+  const tools = new Map<string, Tool>(cfg.tools.map((t) => [t.name, t]));
+  const schemas = cfg.tools.map(toolSchema);
+  const renderer = new ToolResponseRenderer(tokenizer);
+  const stopIds = new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
+  const sampling = { temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK };
+
+  const promptIds = prompts.map((messages) => {
+    const text = tokenizer.applyChatTemplate(messages, {
+      tools: (cfg.toolsInPrompt ?? true) && schemas.length > 0 ? schemas : undefined,
+      addGenerationPrompt: true,
+    });
+    return tokenizer.encode(text);
+  });
+  const maxPrompt = Math.max(...promptIds.map((p) => p.length));
+  if (maxPrompt + cfg.maxNewTokens > model.config.maxPositionEmbeddings)
+    throw new Error(`longest prompt (${maxPrompt} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's max_position_embeddings ${model.config.maxPositionEmbeddings}`);
+
+  const rows: Row[] = [];
+  for (let p = 0; p < prompts.length; p++)
+    for (let g = 0; g < G; g++)
+      rows.push({
+        traj: {
+          promptIndex: p, sampleIndex: g, promptIds: promptIds[p], completionIds: [], lossMask: [], sampleLogprobs: [],
+          turns: [], finalText: "", finishReason: "length", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0,
+        },
+        forced: [], turnIds: [], turn: 1, done: false,
+      });
+
+  // Left-pad so every row's last prompt token sits at the same position.
+  const pad = tokenizer.padTokenId;
+  const ids = rows.map((r) => [...new Array(maxPrompt - r.traj.promptIds.length).fill(pad), ...r.traj.promptIds]);
+  const mask = rows.map((r) => [...new Array(maxPrompt - r.traj.promptIds.length).fill(0), ...r.traj.promptIds.map(() => 1)]);
+
+  const finish = (row: Row, reason: FinishReason) => {
+    row.done = true;
+    row.traj.finishReason = reason;
+    row.traj.truncated = reason === "length";
+    if (row.turnIds.length > 0) {
+      // The budget ran out inside a turn: keep what was written, unparsed.
+      const text = tokenizer.decode(row.turnIds);
+      row.traj.turns.push({ text, content: text, toolCalls: [], parseErrors: [], ended: false });
+      row.turnIds = [];
+    }
+    const last = row.traj.turns[row.traj.turns.length - 1];
+    row.traj.finalText = last ? last.content : "";
+  };
+
+  // A sampled stop token closed the row's current turn: parse it, run its calls, decide what follows.
+  const endTurn = async (row: Row) => {
+    const text = tokenizer.decode(row.turnIds.slice(0, -1)); // without the stop token
+    row.turnIds = [];
+    const parsed = parseToolCalls(text);
+    const turn: TurnRecord = { text, content: parsed.content, toolCalls: [], parseErrors: parsed.errors, ended: true };
+    row.traj.turns.push(turn);
+    row.traj.numParseErrors += parsed.errors.length;
+    if (parsed.calls.length === 0 && parsed.errors.length === 0) {
+      turn.content = text; // the final answer: nothing was taken out
+      return finish(row, "stop");
+    }
+    // Calls run even when the rollout ends here, so the record shows what the model asked for.
+    turn.toolCalls = await Promise.all(parsed.calls.map((c) => runToolCall(c, tools)));
+    row.traj.numToolCalls += turn.toolCalls.length;
+    row.traj.numToolErrors += turn.toolCalls.filter((c) => c.error).length;
+    if (row.turn >= cfg.maxTurns) return finish(row, "max_turns");
+    if (row.traj.completionIds.length >= cfg.maxNewTokens) return finish(row, "length");
+    const results = [...turn.toolCalls.map((c) => c.result), ...parsed.errors];
+    row.forced = tokenizer.encode(renderer.render(results));
+    row.turn++;
+  };
+
+  let cacheRows = rows.map((_, i) => i); // cache position → row index
+  const prefill = model.prefill(ids, mask, { adapters });
+  let logits: tf.Tensor2D | null = prefill.logits; // [cacheRows, V]
+  const cache: KVCache = prefill.cache;
+  try {
+    for (let step = 0; ; step++) {
+      // Sample only for rows that are not reading forced tokens.
+      const samplers = cacheRows.map((r, pos) => (!rows[r].done && rows[r].forced.length === 0 ? pos : -1)).filter((p) => p >= 0);
+      const drawIndex = new Array<number>(cacheRows.length).fill(-1); // cache position → row of `drawn`
+      samplers.forEach((pos, k) => (drawIndex[pos] = k));
+      let drawn = null as ReturnType<typeof sampleTokens> | null;
+      if (samplers.length > 0) {
+        const sub = samplers.length === cacheRows.length ? logits! : (gather(logits!, samplers) as tf.Tensor2D);
+        drawn = sampleTokens(sub, sampling, cfg.rng);
+        if (sub !== logits) sub.dispose();
+      }
+      logits!.dispose();
+      logits = null;
+
+      const feed: number[] = [];
+      const closing: Row[] = [];
+      let nSampled = 0, nForced = 0;
+      cacheRows.forEach((r, pos) => {
+        const row = rows[r];
+        if (row.done) return void feed.push(pad); // waits to be dropped from the cache; output ignored
+        const t = row.traj;
+        let tok: number;
+        if (row.forced.length > 0) {
+          tok = row.forced.shift()!;
+          t.completionIds.push(tok); t.lossMask.push(0); t.sampleLogprobs.push(0); // the tool or template wrote it
+          nForced++;
+        } else {
+          const k = drawIndex[pos];
+          tok = drawn!.tokens[k];
+          t.completionIds.push(tok); t.lossMask.push(1); t.sampleLogprobs.push(drawn!.logprobs[k]);
+          row.turnIds.push(tok);
+          nSampled++;
+          if (stopIds.has(tok)) closing.push(row);
+        }
+        feed.push(tok);
+        // A closing turn is judged in endTurn: a final answer on the last budgeted token is a "stop".
+        if (closing[closing.length - 1] !== row && t.completionIds.length >= cfg.maxNewTokens) finish(row, "length");
+      });
+      await Promise.all(closing.map(endTurn));
+
+      const live = rows.filter((r) => !r.done).length;
+      cfg.onStep?.({ step, live, total: rows.length, cacheRows: cacheRows.length, sampled: nSampled, forced: nForced });
+      if (live === 0) break;
+
+      // Drop finished rows once enough have piled up: select copies the cache, so not every step.
+      const keep = cacheRows.map((r, pos) => (rows[r].done ? -1 : pos)).filter((p) => p >= 0);
+      if (cacheRows.length - keep.length >= Math.max(1, compactFraction * cacheRows.length)) {
+        cache.select(keep);
+        cacheRows = keep.map((p) => cacheRows[p]);
+        logits = model.decodeStep(keep.map((p) => feed[p]), cache, { adapters });
+      } else {
+        logits = model.decodeStep(feed, cache, { adapters });
+      }
+    }
+  } finally {
+    logits?.dispose();
+    cache.dispose();
+  }
+  return rows.map((r) => r.traj);
+}
+
+function checkConfig(prompts: ChatMessage[][], cfg: RolloutConfig): void {
+  if (prompts.length === 0) throw new Error("rolloutGroups needs at least one prompt; got 0");
+  const int = (name: string, v: number, min: number) => {
+    if (!(Number.isInteger(v) && v >= min)) throw new Error(`${name} ${v} is invalid; accepted: an integer >= ${min}`);
+  };
+  int("samplesPerPrompt", cfg.samplesPerPrompt, 1);
+  int("maxNewTokens", cfg.maxNewTokens, 1);
+  int("maxTurns", cfg.maxTurns, 1);
+  checkSamplingParams({ temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK });
+  const f = cfg.compactFraction ?? 0.25;
+  if (!(f > 0 && f <= 1)) throw new Error(`compactFraction ${f} is invalid; accepted: a number in (0, 1]`);
+  const names = cfg.tools.map((t) => t.name);
+  const dup = names.find((n, i) => names.indexOf(n) !== i);
+  if (dup !== undefined) throw new Error(`tool name "${dup}" appears twice; accepted: unique tool names`);
+}
