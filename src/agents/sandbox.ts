@@ -5,8 +5,12 @@
  *  in-process, which is why this runs in a thread at all). The worker never keeps the process
  *  alive while idle. Leaves out pooling: one worker answers in well under a millisecond.
  *
- *  Worker protocol: post `{ ready: true }` once loaded; answer each `{ id, input }` with `{ id, output }`. */
-import { Worker, type ResourceLimits } from "node:worker_threads";
+ *  Worker protocol, on the MessagePort passed as `workerData.port`: post `{ ready: true }` once loaded;
+ *  answer each `{ id, input }` with `{ id, output }`. A dedicated port (not parentPort) lets the time
+ *  limit check for an answer that already arrived: after the main thread was blocked (a long tfjs op),
+ *  the timer can run before the queued answer is delivered, and without that check a fast answer would
+ *  count as a timeout and cost a worker restart. */
+import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort, type ResourceLimits } from "node:worker_threads";
 
 export interface SandboxOptions {
   /** Per request, counted from when the worker receives it (queueing and startup not included). */
@@ -20,14 +24,19 @@ export type SandboxResult<Out> =
   | { ok: true; value: Out }
   | { ok: false; reason: "timeout" | "crashed" | "shutdown"; message: string };
 
+interface Instance {
+  worker: Worker;
+  port: MessagePort; // our end of the channel the worker answers on
+}
+
 interface Job<In, Out> {
   input: In;
   resolve: (r: SandboxResult<Out>) => void;
 }
 
 export class WorkerSandbox<In, Out> {
-  private worker: Worker | null = null;
-  private ready: Promise<Worker> | null = null;
+  private current: Instance | null = null;
+  private ready: Promise<Instance> | null = null;
   private readonly queue: Job<In, Out>[] = [];
   private busy = false;
   private closed = false;
@@ -52,17 +61,22 @@ export class WorkerSandbox<In, Out> {
   async shutdown(): Promise<void> {
     this.closed = true;
     for (const job of this.queue.splice(0)) job.resolve({ ok: false, reason: "shutdown", message: "sandbox is shut down" });
-    const w = this.worker;
-    this.worker = null;
+    const cur = this.current;
+    this.current = null;
     this.ready = null;
-    if (w) await w.terminate();
+    if (cur) {
+      cur.port.close();
+      await cur.worker.terminate();
+    }
   }
 
   private pump(): void {
     if (this.busy) return;
     const job = this.queue.shift();
     if (!job) {
-      this.worker?.unref(); // idle: let the process exit
+      // Idle: let the process exit.
+      this.current?.worker.unref();
+      this.current?.port.unref();
       return;
     }
     this.busy = true;
@@ -75,18 +89,20 @@ export class WorkerSandbox<In, Out> {
 
   private async runOne(input: In): Promise<SandboxResult<Out>> {
     if (this.closed) return { ok: false, reason: "shutdown", message: "sandbox is shut down" };
-    let worker: Worker;
+    let inst: Instance;
     try {
-      worker = await this.start();
+      inst = await this.start();
     } catch (e) {
       return { ok: false, reason: "crashed", message: `worker did not start: ${(e as Error).message}` };
     }
+    const { worker, port } = inst;
     worker.ref(); // a caller is waiting on this answer
+    port.ref();
     const id = this.nextId++;
     return new Promise((resolve) => {
       const done = (r: SandboxResult<Out>) => {
         clearTimeout(timer);
-        worker.off("message", onMessage);
+        port.off("message", onMessage);
         worker.off("error", onError);
         worker.off("exit", onExit);
         resolve(r);
@@ -96,43 +112,54 @@ export class WorkerSandbox<In, Out> {
       };
       const onError = (e: Error) => {
         done({ ok: false, reason: "crashed", message: errorText(e) });
-        this.discard(worker);
+        this.discard(inst);
       };
       const onExit = (code: number) => {
         done({ ok: false, reason: "crashed", message: `worker exited with code ${code}` });
-        this.discard(worker);
+        this.discard(inst);
       };
       const timer = setTimeout(() => {
+        // The answer may be queued but not yet delivered (see the header): take it if it is there.
+        for (let m = receiveMessageOnPort(port); m; m = receiveMessageOnPort(port)) {
+          if ((m.message as { id?: number })?.id === id) return done({ ok: true, value: (m.message as { output: Out }).output });
+        }
         done({ ok: false, reason: "timeout", message: `took longer than ${this.opts.timeoutMs} ms` });
-        this.discard(worker); // a runaway synchronous call is terminated, never awaited
+        this.discard(inst); // a runaway synchronous call is terminated, never awaited
       }, this.opts.timeoutMs);
-      worker.on("message", onMessage);
+      port.on("message", onMessage);
       worker.on("error", onError);
       worker.on("exit", onExit);
-      worker.postMessage({ id, input });
+      port.postMessage({ id, input });
     });
   }
 
-  private start(): Promise<Worker> {
+  private start(): Promise<Instance> {
     if (this.ready) return this.ready;
+    const { port1, port2 } = new MessageChannel();
     // execArgv: [] so the parent's loader flags (tsx, vitest) are not inherited; the entry loads what it needs.
-    const worker = new Worker(this.script, { execArgv: [], resourceLimits: this.opts.resourceLimits });
+    const worker = new Worker(this.script, {
+      execArgv: [],
+      resourceLimits: this.opts.resourceLimits,
+      workerData: { port: port2 },
+      transferList: [port2],
+    });
+    const inst: Instance = { worker, port: port1 };
     this.started++;
-    this.worker = worker;
+    this.current = inst;
     // Permanent listeners: an 'error' event without a listener would throw in the parent.
-    worker.on("error", () => this.discard(worker));
-    worker.on("exit", () => this.discard(worker));
-    const ready = new Promise<Worker>((resolve, reject) => {
+    worker.on("error", () => this.discard(inst));
+    worker.on("exit", () => this.discard(inst));
+    const ready = new Promise<Instance>((resolve, reject) => {
       const cleanup = () => {
         clearTimeout(timer);
-        worker.off("message", onMessage);
+        port1.off("message", onMessage);
         worker.off("error", onError);
         worker.off("exit", onExit);
       };
       const onMessage = (m: { ready?: boolean }) => {
         if (m?.ready) {
           cleanup();
-          resolve(worker);
+          resolve(inst);
         }
       };
       const onError = (e: Error) => {
@@ -145,10 +172,10 @@ export class WorkerSandbox<In, Out> {
       };
       const timer = setTimeout(() => {
         cleanup();
-        this.discard(worker);
+        this.discard(inst);
         reject(new Error(`not ready after ${this.opts.startupTimeoutMs} ms`));
       }, this.opts.startupTimeoutMs);
-      worker.on("message", onMessage);
+      port1.on("message", onMessage);
       worker.on("error", onError);
       worker.on("exit", onExit);
     });
@@ -157,12 +184,13 @@ export class WorkerSandbox<In, Out> {
     return ready;
   }
 
-  private discard(worker: Worker): void {
-    if (this.worker === worker) {
-      this.worker = null;
+  private discard(inst: Instance): void {
+    if (this.current === inst) {
+      this.current = null;
       this.ready = null;
     }
-    worker.terminate().catch(() => {});
+    inst.port.close();
+    inst.worker.terminate().catch(() => {});
   }
 }
 

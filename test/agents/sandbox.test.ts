@@ -16,6 +16,21 @@ describe("WorkerSandbox", () => {
     expect(sandbox.started).toBe(1);
   });
 
+  it("does not count an answer as late when the main thread was blocked (a long tfjs op) while it arrived", async () => {
+    const before = sandbox.started;
+    const block = (ms: number) => {
+      const t = Date.now();
+      while (Date.now() - t < ms);
+    };
+    for (let i = 0; i < 3; i++) {
+      const pending = sandbox.run(`echo:${i}`);
+      await new Promise((r) => setImmediate(r)); // the request is now with the worker
+      block(1000); // > timeoutMs: when the loop resumes, the timer and the answer are both due
+      expect(await pending).toEqual({ ok: true, value: String(i) });
+    }
+    expect(sandbox.started).toBe(before);
+  });
+
   it("terminates a runaway call instead of awaiting it, then serves the next from a fresh worker", async () => {
     const before = sandbox.started;
     const [spin, after] = await Promise.all([sandbox.run("spin"), sandbox.run("echo:alive")]);
