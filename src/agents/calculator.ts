@@ -36,7 +36,7 @@ export async function calculate(args: unknown): Promise<string> {
       return `Error: arguments must be an object like {"expression": "2+2"}`;
     if (!Object.hasOwn(args, "expression")) return `Error: missing "expression"; call like {"expression": "2+2"}`;
     const expression = (args as { expression: unknown }).expression;
-    if (typeof expression === "number" && Number.isFinite(expression)) return evaluate(String(expression));
+    if (typeof expression === "number" && Number.isFinite(expression)) return await evaluate(String(expression));
     if (typeof expression !== "string")
       return `Error: "expression" must be a string, got ${expression === null ? "null" : Array.isArray(expression) ? "array" : typeof expression}`;
     if (expression.length > MAX_EXPRESSION_LENGTH)
