@@ -7,6 +7,7 @@ import * as tf from "@tensorflow/tfjs";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
+import { mm } from "./matmul.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { readSafetensorsAll, writeSafetensors, type HostTensor } from "./safetensors.ts";
 import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Qwen2Config } from "./types.ts";
@@ -149,7 +150,7 @@ export class LoraAdapter {
     const p = this.pairs.get(`${layer}.${m}`);
     if (!p) return null;
     const xin = training && this.config.dropout > 0 ? (tf.dropout(x, this.config.dropout, undefined, this.dropoutRng.int(0, 2 ** 31 - 1)) as tf.Tensor2D) : x;
-    return tf.mul(tf.matMul(tf.matMul(xin, p.a), p.b), this.scaling);
+    return tf.mul(mm(mm(xin, p.a as tf.Tensor as tf.Tensor2D), p.b as tf.Tensor as tf.Tensor2D), this.scaling);
   }
 
   variables(): tf.Variable[] {

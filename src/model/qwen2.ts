@@ -12,6 +12,7 @@ import { attentionBias, positionIds, ropeInvFreq, ropeTables } from "./attention
 import { configToJson } from "./config.ts";
 import { adapterConfigJson, LoraAdapter, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
+import { bmm, matMulAT, matMulBT } from "./matmul.ts";
 import { BaseWeight, type CustomGradFn } from "./weight.ts";
 import { LORA_TARGETS, type CausalLM, type ForwardOptions, type KVCache, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
 
@@ -123,7 +124,8 @@ export class Qwen2ForCausalLM implements CausalLM {
 
   /** x [B, T, heads, hd] rotated by the per-row tables [B, T, 1, hd]. */
   private rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
-    const [x1, x2] = tf.split(x, 2, 3);
+    const [B, T, nh, hd] = x.shape;
+    const x1 = tf.slice(x, [0, 0, 0, 0], [B, T, nh, hd / 2]), x2 = tf.slice(x, [0, 0, 0, hd / 2], [B, T, nh, hd / 2]);
     return tf.add(tf.mul(x, cos), tf.mul(tf.concat([x2, x1], 3), sin));
   }
 
@@ -157,10 +159,10 @@ export class Qwen2ForCausalLM implements CausalLM {
         newV.push(v as tf.Tensor4D);
       }
       // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows.
-      const qg = tf.reshape(q, [B, nKv, g * T, hd]);
-      const scores = tf.add(tf.reshape(tf.matMul(qg, kT), [B, nH, T, S]), bias); // (B, nH, T, S)
-      const probs = tf.reshape(tf.softmax(scores), [B, nKv, g * T, S]);
-      const ctx = tf.reshape<tf.Rank.R2>(tf.transpose(tf.reshape(tf.matMul(probs, v), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
+      const qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
+      const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
+      const probs = tf.reshape<tf.Rank.R3>(tf.softmax(scores), [B * nKv, g * T, S]);
+      const ctx = tf.reshape<tf.Rank.R2>(tf.transpose(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
       x = tf.add(x, this.proj(l, "o_proj", ctx, opts)) as tf.Tensor2D;
       const n = this.rmsNorm(x, lw.postNorm);
       const gate = this.proj(l, "gate_proj", n, opts);
@@ -329,12 +331,12 @@ function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tens
       const ent = tf.sub(lse, tf.sum(tf.mul(p, logits), 1));
       return tf.stack([tf.sub(picked, lse), ent], 1) as tf.Tensor2D;
     });
-  const dLogits = (hh: tf.Tensor2D, ww: tf.Tensor2D, dy: tf.Tensor2D) => {
+  const dLogits = (hh: tf.Tensor2D, ww: tf.Tensor2D, dy: tf.Tensor2D): tf.Tensor2D => {
     const logits = tf.matMul(hh, ww);
     const p = tf.softmax(logits);
     const onehot = tf.cast(tf.oneHot(tf.tensor1d(targets, "int32"), V), "float32");
     const dlp = tf.slice(dy, [0, 0], [n, 1]); // [n, 1]: only log p is differentiated
-    return tf.mul(tf.sub(onehot, p), dlp); // [n, V]
+    return tf.mul(tf.sub(onehot, p), dlp) as tf.Tensor2D; // [n, V]
   };
   if (wTrainable) {
     const f = tf.customGrad(((hh: tf.Tensor2D, ww: tf.Tensor2D, save: tf.GradSaveFunc) => {
@@ -345,7 +347,7 @@ function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tens
           tf.tidy(() => {
             const [hs, ws] = saved as tf.Tensor2D[];
             const g = dLogits(hs, ws, dy);
-            return [tf.matMul(g, ws, false, true), tf.matMul(hs, g, true, false)];
+            return [matMulBT(g, ws), matMulAT(hs, g)];
           }),
       };
     }) as unknown as CustomGradFn);
@@ -358,7 +360,7 @@ function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tens
       gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
         tf.tidy(() => {
           const wb = weightAgain();
-          return tf.matMul(dLogits(saved[0] as tf.Tensor2D, wb, dy), wb, false, true);
+          return matMulBT(dLogits(saved[0] as tf.Tensor2D, wb, dy), wb);
         }),
     };
   }) as unknown as CustomGradFn);

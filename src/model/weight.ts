@@ -3,6 +3,7 @@
  *  on the fly). Quantized matmuls use a custom gradient that dequantizes again in the backward pass,
  *  so the tape never keeps a layer's f32 weights alive. */
 import * as tf from "@tensorflow/tfjs";
+import { mm, mmFrozen } from "./matmul.ts";
 import { QuantizedMatrix } from "./quant.ts";
 import type { Quantize } from "./types.ts";
 
@@ -41,15 +42,14 @@ export class BaseWeight {
     return this.f32 ?? this.quant!.dequantize();
   }
 
-  /** x [N, in] → [N, out]. */
+  /** x [N, in] → [N, out]. Frozen weights get no gradient; a quantized one is dequantized again in the
+   *  backward pass instead of being kept on the tape. */
   matmul(x: tf.Tensor2D): tf.Tensor2D {
-    if (this.f32) return tf.matMul(x, this.f32);
+    if (this.isVariable) return mm(x, this.f32!);
+    const f32 = this.f32;
+    if (f32) return mmFrozen(x, () => f32, f32);
     const q = this.quant!;
-    const f = tf.customGrad(((xx: tf.Tensor2D) => ({
-      value: tf.tidy(() => tf.matMul(xx, q.dequantize())),
-      gradFunc: (dy: tf.Tensor2D) => tf.tidy(() => tf.matMul(dy, q.dequantize(), false, true)),
-    })) as unknown as CustomGradFn);
-    return f(x) as tf.Tensor2D;
+    return mmFrozen(x, () => q.dequantize());
   }
 
   /** Columns as rows: [ids.length, in] (embedding lookup on a transposed embedding matrix). */

@@ -1,0 +1,28 @@
+/** npm run bench — model throughput on this machine, one JSON line per measurement.
+ *  Flags choose configs, quantization, workloads and backend; the workloads live in src/model/bench.ts
+ *  (import another workload file here to register it). */
+import { Command } from "commander";
+import { initBackend } from "../src/backend.ts";
+import { benchContext, BENCH_CONFIGS, WORKLOADS } from "../src/model/bench.ts";
+import type { Quantize } from "../src/model/types.ts";
+
+const defaults = { config: "small", quantize: "none", workloads: "forward,fwd_bwd,decode", backend: "wasm" };
+const opts = new Command()
+  .description("Benchmark forward, forward+backward (LoRA) and KV-cache decoding on random-weight Qwen2 models")
+  .option("--config <name>", `small | 0.5b | all`, defaults.config)
+  .option("--quantize <kind>", "none | int8 | nf4 (frozen base)", defaults.quantize)
+  .option("--workloads <list>", `comma list of ${WORKLOADS.map((w) => w.name).join(", ")}`, defaults.workloads)
+  .option("--backend <name>", "tensorflow | wasm | cpu | auto", defaults.backend)
+  .parse()
+  .opts<typeof defaults>();
+
+const configs = opts.config === "all" ? Object.keys(BENCH_CONFIGS) : opts.config.split(",");
+const names = opts.workloads.split(",").map((s) => s.trim());
+for (const n of names) if (!WORKLOADS.some((w) => w.name === n)) throw new Error(`unknown workload "${n}"; accepted: ${WORKLOADS.map((w) => w.name).join(", ")}`);
+await initBackend(opts.backend);
+for (const c of configs) {
+  const ctx = benchContext(c, opts.quantize as Quantize);
+  for (const w of WORKLOADS.filter((x) => names.includes(x.name)))
+    for (const m of await w.run(ctx)) console.log(JSON.stringify(m));
+  ctx.dispose();
+}

@@ -1,0 +1,174 @@
+/** Named benchmark workloads over a CausalLM and the configs they run on. scripts/bench.ts runs them;
+ *  another workload (say, a rollout benchmark) lives in its own file and calls registerWorkload().
+ *  Each run returns measurements; speed is measured here, never asserted in tests. */
+import * as tf from "@tensorflow/tfjs";
+import { createModel } from "./load.ts";
+import type { Qwen2ForCausalLM } from "./qwen2.ts";
+import { LORA_TARGETS, type Quantize, type Qwen2Config } from "./types.ts";
+
+export interface Measurement {
+  workload: string;
+  backend: string;
+  config: string;
+  quantize: Quantize;
+  batch: number;
+  tokens: number;
+  seconds: number;
+  tokens_per_s: number;
+  peak_heap_bytes?: number;
+  note?: string;
+}
+export interface BenchContext {
+  configName: string;
+  config: Qwen2Config;
+  quantize: Quantize;
+  /** A model with random weights; LoRA r16/alpha32 on all 7 modules when `lora` is set. Cached per kind. */
+  model(lora: boolean): Promise<Qwen2ForCausalLM>;
+  measure(m: Omit<Measurement, "backend" | "config" | "quantize" | "tokens_per_s" | "peak_heap_bytes">): Measurement;
+}
+export interface Workload {
+  name: string;
+  description: string;
+  run(ctx: BenchContext): Promise<Measurement[]>;
+}
+
+const qwen = (o: Partial<Qwen2Config>): Qwen2Config => ({
+  modelType: "qwen2", vocabSize: 512, hiddenSize: 256, intermediateSize: 688, numHiddenLayers: 4, numAttentionHeads: 4,
+  numKeyValueHeads: 2, headDim: 64, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 32768, ...o,
+});
+export const BENCH_CONFIGS: Record<string, Qwen2Config> = {
+  small: qwen({}),
+  "0.5b": qwen({ vocabSize: 151936, hiddenSize: 896, intermediateSize: 4864, numHiddenLayers: 24, numAttentionHeads: 14, numKeyValueHeads: 2, headDim: 64 }),
+};
+
+export const WORKLOADS: Workload[] = [];
+export function registerWorkload(w: Workload): void {
+  if (WORKLOADS.some((x) => x.name === w.name)) throw new Error(`benchmark workload "${w.name}" is registered twice`);
+  WORKLOADS.push(w);
+}
+
+/** Bytes of the wasm heap (it only grows, so this is the peak so far); undefined on other backends. */
+export function heapBytes(): number | undefined {
+  const b = tf.backend() as unknown as { wasm?: { HEAPU8?: Uint8Array } };
+  return b.wasm?.HEAPU8?.byteLength;
+}
+
+/** Deterministic token ids [batch][len] in 1..vocab−1. */
+export function tokenBatch(batch: number, len: number, vocab: number, seed = 1): number[][] {
+  let s = seed;
+  return Array.from({ length: batch }, () => Array.from({ length: len }, () => 1 + ((s = (s * 1103515245 + 12345) % 2147483648) % (vocab - 1))));
+}
+
+const now = () => performance.now() / 1000;
+
+/** Runs f at `batch`, halving the batch when the heap cannot hold it (reported in `note`). */
+async function fitting<T>(batch: number, f: (b: number) => Promise<T>): Promise<{ batch: number; value: T; note?: string }> {
+  for (let b = batch; b >= 1; b = Math.floor(b / 2)) {
+    try {
+      const value = await f(b);
+      return { batch: b, value, note: b < batch ? `batch ${batch} did not fit in memory; largest that fit: ${b}` : undefined };
+    } catch (err) {
+      if (b === 1 || !/memory|allocat|Aborted|out of bounds/i.test(String(err))) throw err;
+    }
+  }
+  throw new Error("unreachable");
+}
+
+registerWorkload({
+  name: "forward",
+  description: "no-grad forward, 8×256 tokens, full-vocab logits",
+  async run(ctx) {
+    const model = await ctx.model(false);
+    const V = ctx.config.vocabSize;
+    const once = (b: number) => {
+      const ids = tokenBatch(b, 256, V);
+      const t0 = now();
+      const logits = model.forward(ids);
+      logits.dataSync().length; // wasm runs eagerly; the read makes the timing honest on async backends too
+      logits.dispose();
+      return Promise.resolve(now() - t0);
+    };
+    if (ctx.configName === "small") await once(8); // warm-up
+    const r = await fitting(8, once);
+    return [ctx.measure({ workload: "forward", batch: r.batch, tokens: r.batch * 256, seconds: r.value, note: r.note })];
+  },
+});
+
+registerWorkload({
+  name: "fwd_bwd",
+  description: "mean next-token cross-entropy on 8×256 tokens, gradients of LoRA r16/alpha32 on all 7 modules",
+  async run(ctx) {
+    const model = await ctx.model(true);
+    const once = (b: number) => {
+      const ids = tokenBatch(b, 256, ctx.config.vocabSize);
+      const mask = ids.map((r) => r.map(() => 1));
+      const t0 = now();
+      const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(tf.slice(model.tokenLogprobs(ids, mask, { training: true }).logprobs, [0, 1], [-1, -1]))) as tf.Scalar, model.trainableVariables());
+      value.dataSync();
+      tf.dispose([value, grads]);
+      return Promise.resolve(now() - t0);
+    };
+    if (ctx.configName === "small") await once(8);
+    const r = await fitting(8, once);
+    return [ctx.measure({ workload: "fwd_bwd", batch: r.batch, tokens: r.batch * 256, seconds: r.value, note: r.note })];
+  },
+});
+
+registerWorkload({
+  name: "decode",
+  description: "greedy decoding with KV cache: batch 8, 128-token prompt (prefill timed separately), 64 new tokens",
+  async run(ctx) {
+    const model = await ctx.model(false);
+    const once = async (b: number) => {
+      const ids = tokenBatch(b, 128, ctx.config.vocabSize, 7);
+      const t0 = now();
+      const { logits, cache } = model.prefill(ids, ids.map((r) => r.map(() => 1)));
+      let tok = tf.tidy(() => tf.argMax(logits, 1));
+      let next = Array.from(tok.dataSync());
+      tf.dispose([logits, tok]);
+      const t1 = now();
+      for (let s = 1; s < 64; s++) {
+        const lg = model.decodeStep(next, cache);
+        tok = tf.tidy(() => tf.argMax(lg, 1));
+        next = Array.from(tok.dataSync()); // the rollout loop reads every token back to the host
+        tf.dispose([lg, tok]);
+      }
+      const t2 = now();
+      cache.dispose();
+      return { prefill: t1 - t0, decode: t2 - t1 };
+    };
+    if (ctx.configName === "small") await once(8);
+    const r = await fitting(8, once);
+    return [
+      ctx.measure({ workload: "prefill", batch: r.batch, tokens: r.batch * 128, seconds: r.value.prefill, note: r.note }),
+      // 63 decode steps after the token that prefill produced: 64 new tokens per row in all
+      ctx.measure({ workload: "decode", batch: r.batch, tokens: r.batch * 63, seconds: r.value.decode, note: r.note }),
+    ];
+  },
+});
+
+/** Context for one (config, quantize): models are created lazily and reused across workloads. */
+export function benchContext(configName: string, quantize: Quantize, seed = 0): BenchContext & { dispose(): void } {
+  const config = BENCH_CONFIGS[configName];
+  if (!config) throw new Error(`unknown bench config "${configName}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}`);
+  const models = new Map<boolean, Qwen2ForCausalLM>();
+  return {
+    configName,
+    config,
+    quantize,
+    async model(lora) {
+      if (!models.has(lora)) {
+        // one model at a time: the 0.5B f32 weights alone are 2 GB of a 4 GiB heap
+        for (const m of models.values()) m.dispose();
+        models.clear();
+        models.set(lora, await createModel(config, { seed, quantize, lora: lora ? { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] } : undefined }));
+      }
+      return models.get(lora)!;
+    },
+    measure: (m) => ({ ...m, backend: tf.getBackend(), config: configName, quantize, tokens_per_s: Math.round((m.tokens / m.seconds) * 10) / 10, peak_heap_bytes: heapBytes() }),
+    dispose() {
+      for (const m of models.values()) m.dispose();
+      models.clear();
+    },
+  };
+}
