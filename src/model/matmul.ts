@@ -7,6 +7,9 @@ import * as tf from "@tensorflow/tfjs";
 
 type CustomGradFn = Parameters<typeof tf.customGrad>[0];
 
+/** Multiply-adds per slice below which bmm uses the batched kernel. */
+const SMALL_PRODUCT = 64 * 1024;
+
 /** a [M, K] · bᵀ where b is [N, K] → [M, N], transposing whichever side is cheaper. */
 export function matMulBT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
   if (b.size <= a.size + a.shape[0] * b.shape[0]) return tf.matMul(a, tf.transpose(b));
@@ -43,6 +46,9 @@ export function mmFrozen(x: tf.Tensor2D, w: () => tf.Tensor2D, wForward?: tf.Ten
  *  kernel by ~4× on wasm). One custom gradient for the whole product, so the backward pass does not
  *  pad every slice's gradient back to full size. */
 export function bmm(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
+  // Small products (a decode step: a few query rows) are dominated by per-op overhead, where the one
+  // batched kernel wins over G slices.
+  if (a.shape[1] * a.shape[2] * b.shape[2] <= SMALL_PRODUCT) return tf.matMul(a, b);
   const f = tf.customGrad(((x: tf.Tensor3D, y: tf.Tensor3D, save: tf.GradSaveFunc) => {
     save([x, y]);
     return {
