@@ -27,8 +27,10 @@ export interface LoadOptions extends ModelOptions {
 
 const QUANTIZE: Quantize[] = ["none", "int8", "nf4"];
 
-/** Where each weight comes from: a name, its torch shape, and what to do with the host data. */
-type Source = (name: string, shape: number[]) => Promise<Float32Array>;
+/** Where each weight comes from: name and torch shape → host data. `inOut` marks a matrix that is
+ *  already [in, out] (random init has no layout to preserve, so it skips the transpose). */
+type Source = (name: string, shape: number[]) => Promise<Float32Array | { inOut: Float32Array }>;
+const plain = (d: Float32Array | { inOut: Float32Array }): Float32Array => ("inOut" in d ? d.inOut : d);
 
 /** Pure: [rows, cols] row-major → [cols, rows]. */
 export function transpose2d(a: Float32Array, rows: number, cols: number): Float32Array {
@@ -45,7 +47,7 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   if (full && quantize !== "none") throw new Error(`trainable "full" needs quantize "none", got "${quantize}" (quantized weights are frozen)`);
   const created: { dispose(): void }[] = [];
   const vec = async (n: string, size: number): Promise<tf.Tensor1D> => {
-    const t = tf.tensor1d(await src(n, [size]));
+    const t = tf.tensor1d(plain(await src(n, [size])));
     const out = full ? (tf.variable(t, true, n) as unknown as tf.Tensor1D) : t;
     if (full) t.dispose();
     created.push(out);
@@ -53,7 +55,8 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   };
   // torch stores Linear weights [out, in]; we hold [in, out] (transposed on the host, once).
   const mat = async (n: string, outD: number, inD: number): Promise<BaseWeight> => {
-    const w = BaseWeight.fromFloat32(transpose2d(await src(n, [outD, inD]), outD, inD), inD, outD, quantize, full, n);
+    const d = await src(n, [outD, inD]);
+    const w = BaseWeight.fromFloat32("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD, quantize, full, n);
     created.push(w);
     return w;
   };
@@ -98,7 +101,7 @@ export async function createModel(config: Qwen2Config, opts: ModelOptions = {}):
     const a = new Float32Array(n);
     if (name.endsWith("norm.weight")) a.fill(1);
     else if (!name.endsWith(".bias")) for (let i = 0; i < n; i++) a[i] = 0.02 * rng.normal();
-    return a;
+    return shape.length === 2 ? { inOut: a } : a;
   };
   return build(config, src, opts, !config.tieWordEmbeddings, "random init");
 }
