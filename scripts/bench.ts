@@ -3,16 +3,17 @@
  *  (import another workload file here to register it). */
 import { Command } from "commander";
 import { initBackend } from "../src/backend.ts";
-import { benchContext, BENCH_CONFIGS, WORKLOADS } from "../src/model/bench.ts";
+import { benchContext, BENCH_CONFIGS, profileTop, WORKLOADS } from "../src/model/bench.ts";
 import type { Quantize } from "../src/model/types.ts";
 
-const defaults = { config: "small", quantize: "none", workloads: "forward,fwd_bwd,decode", backend: "wasm" };
+const defaults = { config: "small", quantize: "none", workloads: "forward,fwd_bwd,decode", backend: "wasm", profile: false };
 const opts = new Command()
   .description("Benchmark forward, forward+backward (LoRA) and KV-cache decoding on random-weight Qwen2 models")
   .option("--config <name>", `small | 0.5b | all`, defaults.config)
   .option("--quantize <kind>", "none | int8 | nf4 (frozen base)", defaults.quantize)
   .option("--workloads <list>", `comma list of ${WORKLOADS.map((w) => w.name).join(", ")}`, defaults.workloads)
   .option("--backend <name>", "tensorflow | wasm | cpu | auto", defaults.backend)
+  .option("--profile", "also print the slowest kernels of each workload to stderr (tf.profile; slows the run)", defaults.profile)
   .parse()
   .opts<typeof defaults>();
 
@@ -22,7 +23,12 @@ for (const n of names) if (!WORKLOADS.some((w) => w.name === n)) throw new Error
 await initBackend(opts.backend);
 for (const c of configs) {
   const ctx = benchContext(c, opts.quantize as Quantize);
-  for (const w of WORKLOADS.filter((x) => names.includes(x.name)))
-    for (const m of await w.run(ctx)) console.log(JSON.stringify(m));
+  for (const w of WORKLOADS.filter((x) => names.includes(x.name))) {
+    if (opts.profile) {
+      const { value, kernels } = await profileTop(() => w.run(ctx));
+      process.stderr.write(`${c} ${w.name}: slowest kernels\n  ${kernels.join("\n  ")}\n`);
+      for (const m of value) console.log(JSON.stringify({ ...m, note: "profiled run (slower)" }));
+    } else for (const m of await w.run(ctx)) console.log(JSON.stringify(m));
+  }
   ctx.dispose();
 }

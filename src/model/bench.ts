@@ -147,6 +147,27 @@ registerWorkload({
   },
 });
 
+/** Runs f under tf.profile and returns the kernels that took the most time, "name ms ×count". Kernel
+ *  times of custom-gradient ops include the kernels inside them, so columns do not add up exactly. */
+export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ value: T; kernels: string[] }> {
+  let value: T | undefined;
+  const info = await tf.profile(async () => {
+    value = await f();
+    return [];
+  });
+  const agg = new Map<string, { ms: number; n: number }>();
+  for (const k of info.kernels) {
+    const key = `${k.name} ${JSON.stringify(k.inputShapes)}`;
+    const a = agg.get(key) ?? { ms: 0, n: 0 };
+    const ms = await k.kernelTimeMs;
+    a.ms += typeof ms === "number" ? ms : 0;
+    a.n++;
+    agg.set(key, a);
+  }
+  const kernels = [...agg].sort((a, b) => b[1].ms - a[1].ms).slice(0, top).map(([k, v]) => `${v.ms.toFixed(0)} ms ×${v.n} ${k}`);
+  return { value: value as T, kernels };
+}
+
 /** Context for one (config, quantize): models are created lazily and reused across workloads. */
 export function benchContext(configName: string, quantize: Quantize, seed = 0): BenchContext & { dispose(): void } {
   const config = BENCH_CONFIGS[configName];

@@ -19,6 +19,9 @@ export interface ModelOptions {
   lora?: LoraConfig; // attach a fresh adapter
   trainable?: "lora" | "full";
   seed?: number;
+  /** Hold frozen f32 weights [out, in] as the left matMul operand (see weight.ts). Default: only when
+   *  they exceed 1 GiB. */
+  frozenLeft?: boolean;
 }
 export interface LoadOptions extends ModelOptions {
   adapter?: string; // PEFT folder to attach
@@ -26,6 +29,7 @@ export interface LoadOptions extends ModelOptions {
 }
 
 const QUANTIZE: Quantize[] = ["none", "int8", "nf4"];
+let modelCount = 0;
 
 /** Where each weight comes from: name and torch shape → host data. `inOut` marks a matrix that is
  *  already [in, out] (random init has no layout to preserve, so it skips the transpose). */
@@ -46,9 +50,12 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   if (opts.trainable !== undefined && opts.trainable !== "lora" && !full) throw new Error(`unknown trainable "${opts.trainable}"; accepted: lora, full`);
   if (full && quantize !== "none") throw new Error(`trainable "full" needs quantize "none", got "${quantize}" (quantized weights are frozen)`);
   const created: { dispose(): void }[] = [];
+  const uid = ++modelCount; // tfjs variable names are global: full-mode models get a suffix each
+  // Frozen f32 weights over 1 GiB: held [out, in] and used as the left operand (see weight.ts).
+  const left = quantize === "none" && !full && (opts.frozenLeft ?? 4 * paramCount(cfg) > 2 ** 30);
   const vec = async (n: string, size: number): Promise<tf.Tensor1D> => {
     const t = tf.tensor1d(plain(await src(n, [size])));
-    const out = full ? (tf.variable(t, true, n) as unknown as tf.Tensor1D) : t;
+    const out = full ? (tf.variable(t, true, `${n}#${uid}`) as unknown as tf.Tensor1D) : t;
     if (full) t.dispose();
     created.push(out);
     return out;
@@ -56,7 +63,9 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   // torch stores Linear weights [out, in]; we hold [in, out] (transposed on the host, once).
   const mat = async (n: string, outD: number, inD: number): Promise<BaseWeight> => {
     const d = await src(n, [outD, inD]);
-    const w = BaseWeight.fromFloat32("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD, quantize, full, n);
+    const w = left
+      ? BaseWeight.frozenLeft("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD)
+      : BaseWeight.fromFloat32("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD, quantize, full, `${n}#${uid}`);
     created.push(w);
     return w;
   };
@@ -91,6 +100,12 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
     for (const c of created) c.dispose();
     throw err;
   }
+}
+
+/** Weights in the linear layers and embeddings (norms and biases are negligible). */
+export function paramCount(c: Qwen2Config): number {
+  const perLayer = LORA_TARGETS.reduce((s, m) => { const [i, o] = moduleDims(c, m); return s + i * o; }, 0);
+  return c.numHiddenLayers * perLayer + c.vocabSize * c.hiddenSize * (c.tieWordEmbeddings ? 1 : 2);
 }
 
 /** Random weights: linear and embedding ~ N(0, 0.02²), biases 0, norms 1 (HF's _init_weights). */

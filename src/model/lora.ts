@@ -48,6 +48,8 @@ function checkConfig(c: LoraConfig): void {
   parseLoraTargets(c.targetModules);
 }
 
+let adapterCount = 0;
+
 interface Pair {
   a: tf.Variable; // [in, r]  (Aᵀ)
   b: tf.Variable; // [r, out] (Bᵀ)
@@ -57,6 +59,7 @@ export class LoraAdapter {
   readonly scaling: number;
   private readonly pairs = new Map<string, Pair>();
   private dropoutRng: Rng;
+  private readonly uid = ++adapterCount;
 
   private constructor(readonly config: LoraConfig, readonly numLayers: number, seed: number) {
     checkConfig(config);
@@ -136,7 +139,8 @@ export class LoraAdapter {
 
   private set(layer: number, m: LoraTarget, aT: tf.Tensor, bT: tf.Tensor): void {
     const name = peftKey(layer, m, "A").replace(/\.lora_A\.weight$/, "");
-    this.pairs.set(`${layer}.${m}`, { a: tf.variable(aT, true, `${name}.lora_A`), b: tf.variable(bT, true, `${name}.lora_B`) });
+    // tfjs variable names are global: a per-adapter suffix lets several models coexist
+    this.pairs.set(`${layer}.${m}`, { a: tf.variable(aT, true, `${name}.lora_A#${this.uid}`), b: tf.variable(bT, true, `${name}.lora_B#${this.uid}`) });
     aT.dispose();
     bT.dispose();
   }

@@ -32,6 +32,35 @@ export const mm = tf.customGrad(((a: tf.Tensor2D, b: tf.Tensor2D, save: tf.GradS
   };
 }) as unknown as CustomGradFn) as (a: tf.Tensor2D, b: tf.Tensor2D) => tf.Tensor2D;
 
+/** a [M, K] · w [K, N] for a large persistent w, without the wasm fast path caching a packed copy of
+ *  w (XNNPACK keeps one per weight tensor for as long as the tensor lives: for a 2 GB model that is
+ *  another 2 GB, past the 4 GiB heap). w is sliced along K into fresh tensors, whose packed copies go
+ *  away with them, and the partial products are summed. */
+export function matMulUncached(a: tf.Tensor2D, w: tf.Tensor2D, chunkFloats = 8 * 1024 * 1024): tf.Tensor2D {
+  return tf.tidy(() => {
+    const [K, N] = w.shape, M = a.shape[0];
+    const rows = Math.max(1, Math.floor(chunkFloats / N));
+    let acc: tf.Tensor2D | null = null;
+    for (let k = 0; k < K; k += rows) {
+      const n = Math.min(rows, K - k);
+      const part: tf.Tensor2D = tf.matMul(tf.slice(a, [0, k], [M, n]), tf.slice(w, [k, 0], [n, N]));
+      acc = acc ? (tf.add(acc, part) as tf.Tensor2D) : part;
+    }
+    return acc!;
+  });
+}
+
+/** x [M, K] · wᵀ for a frozen, large w held [N, K] (torch's layout): computed as (w · xᵀ)ᵀ so w is the
+ *  left operand, which the wasm backend does not pack and cache. The backward pass uses
+ *  matMulUncached for the same reason. */
+export function mmFrozenLeft(x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D {
+  const f = tf.customGrad(((xx: tf.Tensor2D) => ({
+    value: tf.tidy(() => tf.transpose(tf.matMul(w, tf.transpose(xx)))),
+    gradFunc: (dy: tf.Tensor2D) => matMulUncached(dy, w),
+  })) as unknown as CustomGradFn);
+  return f(x) as tf.Tensor2D;
+}
+
 /** x [M, K] · w [K, N] with w frozen (no gradient computed for it; `w` is re-fetched for the backward
  *  pass, so a dequantized weight need not stay alive). */
 export function mmFrozen(x: tf.Tensor2D, w: () => tf.Tensor2D, wForward?: tf.Tensor2D): tf.Tensor2D {

@@ -12,7 +12,7 @@ import { attentionBias, positionIds, ropeInvFreq, ropeTables } from "./attention
 import { configToJson } from "./config.ts";
 import { adapterConfigJson, LoraAdapter, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
-import { bmm, matMulAT, matMulBT } from "./matmul.ts";
+import { bmm, matMulAT, matMulBT, matMulUncached } from "./matmul.ts";
 import { BaseWeight, type CustomGradFn } from "./weight.ts";
 import { LORA_TARGETS, type CausalLM, type ForwardOptions, type KVCache, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
 
@@ -189,11 +189,13 @@ export class Qwen2ForCausalLM implements CausalLM {
       const h = tf.reshape<tf.Rank.R2>(tf.slice(tf.reshape(hidden, [B, T, H]), [0, 0, 0], [B, T - 1, H]), [B * (T - 1), H]);
       const targets = inputIds.flatMap((r) => r.slice(1));
       const rows = Math.max(1, Math.floor(LOGIT_CHUNK_FLOATS / V));
-      const head = this.head, w = head.value();
+      const head = this.head, left = head.left;
+      const w = left ? null : head.value();
       const outs: tf.Tensor2D[] = [];
       for (let s = 0; s < targets.length; s += rows) {
         const n = Math.min(rows, targets.length - s);
-        outs.push(logprobChunk(tf.slice(h, [s, 0], [n, H]), w, () => head.value(), targets.slice(s, s + n), head.isVariable));
+        const hc = tf.slice(h, [s, 0], [n, H]), tc = targets.slice(s, s + n);
+        outs.push(left ? logprobChunkLeft(hc, left, tc) : logprobChunk(hc, w!, () => head.value(), tc, head.isVariable));
       }
       const both = outs.length === 1 ? outs[0] : tf.concat(outs, 0); // [B·(T−1), 2]
       const zero = tf.zeros([B, 1]);
@@ -266,7 +268,7 @@ export class Qwen2ForCausalLM implements CausalLM {
       out[name] = { shape: t.shape.slice(), data: (await t.data()) as Float32Array };
     };
     const putT = async (name: string, w: BaseWeight) => {
-      const t = tf.tidy(() => tf.transpose(w.value()));
+      const t = tf.tidy(() => (w.left ? tf.clone(w.left) : tf.transpose(w.value())));
       await put(name, t);
       t.dispose();
     };
@@ -313,6 +315,34 @@ export class Qwen2ForCausalLM implements CausalLM {
     }
     this.adapter?.dispose();
   }
+}
+
+/** logprobChunk for a frozen head held [vocab, hidden] (large f32 models, see weight.ts): the logits
+ *  come from (w · hᵀ)ᵀ and the backward pass uses the uncached product. */
+function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[]): tf.Tensor2D {
+  const n = targets.length, V = wLeft.shape[0];
+  const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
+  const logitsOf = (hh: tf.Tensor2D) => tf.transpose(tf.matMul(wLeft, tf.transpose(hh))) as tf.Tensor2D; // [n, V]
+  const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
+    save([hh]);
+    return {
+      value: tf.tidy(() => {
+        const logits = logitsOf(hh);
+        const lse = tf.logSumExp(logits, 1);
+        const picked = tf.gather(tf.reshape(logits, [-1]), flat);
+        const p = tf.exp(tf.sub(logits, tf.expandDims(lse, 1)));
+        return tf.stack([tf.sub(picked, lse), tf.sub(lse, tf.sum(tf.mul(p, logits), 1))], 1) as tf.Tensor2D;
+      }),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
+        tf.tidy(() => {
+          const p = tf.softmax(logitsOf(saved[0] as tf.Tensor2D));
+          const onehot = tf.cast(tf.oneHot(tf.tensor1d(targets, "int32"), V), "float32");
+          const g = tf.mul(tf.sub(onehot, p), tf.slice(dy, [0, 0], [n, 1])) as tf.Tensor2D; // [n, V]
+          return matMulUncached(g, wLeft); // [n, hidden]
+        }),
+    };
+  }) as unknown as CustomGradFn);
+  return f(h) as tf.Tensor2D;
 }
 
 /** log p(target) and the entropy for a chunk of rows: h [n, H], w [H, V] → [n, 2]. The custom gradient

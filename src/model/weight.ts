@@ -1,9 +1,12 @@
 /** One frozen-or-trainable base matrix held as [in, out] (the layout the wasm matMul fast path wants):
  *  f32 (a constant, or a tf.Variable when the whole model trains) or quantized (int8/nf4, dequantized
  *  on the fly). Quantized matmuls use a custom gradient that dequantizes again in the backward pass,
- *  so the tape never keeps a layer's f32 weights alive. */
+ *  so the tape never keeps a layer's f32 weights alive.
+ *  Large frozen f32 models (over 1 GiB) hold their matrices as torch's [out, in] instead and multiply
+ *  with the weight as the left operand: the fast path packs and caches a copy of every right-hand
+ *  weight, which a 2 GB model cannot afford inside the 4 GiB wasm heap. */
 import * as tf from "@tensorflow/tfjs";
-import { mm, mmFrozen } from "./matmul.ts";
+import { mm, mmFrozen, mmFrozenLeft } from "./matmul.ts";
 import { QuantizedMatrix } from "./quant.ts";
 import type { Quantize } from "./types.ts";
 
@@ -15,7 +18,14 @@ export class BaseWeight {
     readonly outDim: number,
     readonly f32: tf.Tensor2D | null,
     readonly quant: QuantizedMatrix | null,
+    readonly left: tf.Tensor2D | null = null, // frozen f32 held [out, in] (large models)
   ) {}
+
+  /** data: [in, out] row-major, held as [out, in] (see the file header). */
+  static frozenLeft(data: Float32Array, inDim: number, outDim: number): BaseWeight {
+    const t = tf.tidy(() => tf.transpose(tf.tensor2d(data, [inDim, outDim])));
+    return new BaseWeight(inDim, outDim, null, null, t);
+  }
 
   /** data: [in, out] row-major. trainable only with quantize "none". */
   static fromFloat32(data: Float32Array, inDim: number, outDim: number, quantize: Quantize, trainable = false, name?: string): BaseWeight {
@@ -31,7 +41,7 @@ export class BaseWeight {
   }
 
   get bytes(): number {
-    return this.f32 ? 4 * this.f32.size : this.quant!.bytes;
+    return this.f32 ? 4 * this.f32.size : this.left ? 4 * this.left.size : this.quant!.bytes;
   }
   get isVariable(): boolean {
     return this.f32 instanceof tf.Variable;
@@ -39,6 +49,7 @@ export class BaseWeight {
 
   /** f32 [in, out] (dequantized when quantized). Call inside tf.tidy. */
   value(): tf.Tensor2D {
+    if (this.left) return tf.transpose(this.left);
     return this.f32 ?? this.quant!.dequantize();
   }
 
@@ -46,6 +57,7 @@ export class BaseWeight {
    *  backward pass instead of being kept on the tape. */
   matmul(x: tf.Tensor2D): tf.Tensor2D {
     if (this.isVariable) return mm(x, this.f32!);
+    if (this.left) return mmFrozenLeft(x, this.left);
     const f32 = this.f32;
     if (f32) return mmFrozen(x, () => f32, f32);
     const q = this.quant!;
@@ -54,12 +66,14 @@ export class BaseWeight {
 
   /** Columns as rows: [ids.length, in] (embedding lookup on a transposed embedding matrix). */
   columns(ids: tf.Tensor1D): tf.Tensor2D {
+    if (this.left) return tf.gather(this.left, ids, 0) as tf.Tensor2D;
     const cols = this.f32 ? (tf.gather(this.f32, ids, 1) as tf.Tensor2D) : this.quant!.columns(ids);
     return tf.transpose(cols);
   }
 
   dispose(): void {
     this.f32?.dispose();
+    this.left?.dispose();
     this.quant?.dispose();
   }
 }
