@@ -1,0 +1,25 @@
+/** Pretrains the tiny preset's base model (src/presets/tiny/): tokenizer + a small Qwen2 trained as a
+ *  plain language model on synthetic GSM8K-format text. The shipped files were made with the defaults. */
+import { Command } from "commander";
+import { initBackend } from "../src/backend.ts";
+import { parseFloatArg, parseIntArg, runMain } from "../src/cli.ts";
+import { makeTinyBase } from "../src/presets/make-tiny-base.ts";
+import { TINY_BASE_DIR } from "../src/presets/tiny.ts";
+import { shutdownCalculator } from "../src/agents/calculator.ts";
+
+const program = new Command()
+  .name("make-tiny-base")
+  .description("Pretrain the tiny preset's base model on synthetic GSM8K-format text")
+  .option("--output_dir <dir>", "where to write config.json, model.safetensors and the tokenizer", TINY_BASE_DIR)
+  .option("--steps <n>", "optimizer steps", parseIntArg("--steps", 1), 1500)
+  .option("--batch_size <n>", "problems per step", parseIntArg("--batch_size", 1), 16)
+  .option("--learning_rate <x>", "peak learning rate (cosine schedule with warmup)", parseFloatArg("--learning_rate", 0), 3e-3)
+  .option("--seed <n>", "weights and data-order seed", parseIntArg("--seed", 0), 0)
+  .option("--backend <name>", "tfjs backend: auto, tensorflow, wasm or cpu", "auto");
+
+await runMain(async () => {
+  const o = program.parse().opts();
+  await initBackend(o.backend);
+  await makeTinyBase({ outDir: o.output_dir, steps: o.steps, batchSize: o.batch_size, lr: o.learning_rate, seed: o.seed });
+  await shutdownCalculator();
+});

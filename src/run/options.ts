@@ -1,0 +1,41 @@
+/** Flags shared by the four scripts, and `--preset`: a preset fills in every flag the user did not
+ *  give on the command line (commander's value source tells which), so explicit flags always win. */
+import { Command, Option } from "commander";
+import { parseChoice, parseIntArg, UsageError } from "../cli.ts";
+import type { Quantize } from "../model/types.ts";
+
+export const PRESETS = ["tiny"] as const;
+export type PresetName = (typeof PRESETS)[number];
+export const QUANTIZE_CHOICES: readonly Quantize[] = ["none", "int8", "nf4"];
+export const BACKENDS = ["auto", "tensorflow", "wasm", "cpu"] as const;
+
+export function addModelOptions(cmd: Command, defaults: { modelPath: string; quantize: Quantize }): Command {
+  return cmd
+    .option("--preset <name>", `fill every flag not given with a preset's values (${PRESETS.join(", ")})`, parseChoice("preset", PRESETS))
+    .option("--model_path <id|dir>", "hub id, Hugging Face folder, full-weights output, or a PEFT adapter folder (its base is read from adapter_config.json)", defaults.modelPath)
+    .option("--quantize <kind>", `frozen base weights: ${QUANTIZE_CHOICES.join(", ")}`, parseChoice("quantize", QUANTIZE_CHOICES), defaults.quantize)
+    .option("--backend <name>", `tfjs backend: ${BACKENDS.join(", ")} (auto: tfjs-node-gpu → tfjs-node → wasm → cpu)`, parseChoice("backend", BACKENDS), "auto")
+    .option("--seed <n>", "random seed (weights of a fresh adapter, data order, sampling)", parseIntArg("seed", 0), 0)
+    .option("--no-tools_in_prompt", "do not render the tool schemas into the system prompt (the model learned the format in SFT)");
+}
+
+/** Option name as commander stores it: --model_path → model_path. */
+function key(flag: string): string {
+  return flag.replace(/^--/, "");
+}
+
+/** Set every option still at its default to the preset's value. Unknown keys are a programming error. */
+export function applyPreset(cmd: Command, values: Record<string, unknown>): void {
+  const known = new Set(cmd.options.map((o: Option) => o.attributeName()));
+  for (const [flag, value] of Object.entries(values)) {
+    const name = key(flag);
+    if (!known.has(name)) throw new Error(`preset sets unknown option ${flag}`);
+    const source = cmd.getOptionValueSource(name);
+    if (source === undefined || source === "default") cmd.setOptionValueWithSource(name, value, "config");
+  }
+}
+
+/** A positive integer division check with the values in the message. */
+export function requireMultiple(a: number, aFlag: string, b: number, bFlag: string): void {
+  if (a % b !== 0) throw new UsageError(`${aFlag} ${a} must be a multiple of ${bFlag} ${b}`);
+}

@@ -1,0 +1,106 @@
+/** Opening what a run trains or evaluates: a base model (id, Hugging Face folder, or a full-weights
+ *  SFT output), optionally with a PEFT adapter (given, or the folder itself is one), quantized as
+ *  asked, plus its tokenizer. A PEFT folder names its base in adapter_config.json, as PEFT's do. */
+import { promises as fs } from "node:fs";
+import * as path from "node:path";
+import { UsageError } from "../cli.ts";
+import { loadModel } from "../model/load.ts";
+import { resolveModelDir } from "../model/hub.ts";
+import { loadTokenizerFromDir } from "../model/tokenizer.ts";
+import type { Qwen2ForCausalLM } from "../model/qwen2.ts";
+import type { LoraConfig, Quantize, Tokenizer } from "../model/types.ts";
+import { writeFileAtomic } from "../util/fs.ts";
+
+export interface OpenPolicyOptions {
+  modelPath: string; // hub id, HF folder, full SFT output, or a PEFT adapter folder
+  adapter?: string; // PEFT folder to attach (continues training it when trainable)
+  quantize: Quantize;
+  lora?: LoraConfig; // a fresh adapter, when none is loaded
+  trainable?: "lora" | "full";
+  seed?: number;
+  backend?: string;
+}
+
+export interface Policy {
+  model: Qwen2ForCausalLM;
+  tokenizer: Tokenizer;
+  base: string; // what adapters trained on this policy record as base_model_name_or_path
+  adapterDir: string | null;
+  tokenizerDir: string;
+}
+
+const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+
+/** A local folder resolves to its absolute path (so saved adapters find their base from anywhere);
+ *  anything else is a hub id. A path-looking argument that does not exist is a usage error. */
+async function localOrId(p: string, flag: string): Promise<string> {
+  if (await exists(p)) return path.resolve(p);
+  if (p.startsWith(".") || p.startsWith("/") || p.split("/").length > 2 || p.endsWith(".json"))
+    throw new UsageError(`${flag} ${p}: no such folder; expected a Hugging Face model folder, a PEFT adapter folder or a hub id like Qwen/Qwen2.5-0.5B`);
+  return p;
+}
+
+export async function readAdapterBase(dir: string): Promise<string> {
+  const file = path.join(dir, "adapter_config.json");
+  let cfg: { base_model_name_or_path?: unknown };
+  try {
+    cfg = JSON.parse(await fs.readFile(file, "utf8"));
+  } catch (err) {
+    throw new UsageError(`${file}: cannot read it as JSON (${(err as Error).message.split("\n")[0]})`);
+  }
+  if (typeof cfg.base_model_name_or_path !== "string" || !cfg.base_model_name_or_path)
+    throw new UsageError(`${file}: base_model_name_or_path is missing; pass the base with --model_path and this folder with --adapter`);
+  return cfg.base_model_name_or_path;
+}
+
+export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
+  let base = await localOrId(o.modelPath, "--model_path");
+  let adapterDir: string | null = null;
+  if (path.isAbsolute(base) && (await exists(path.join(base, "adapter_config.json")))) {
+    adapterDir = base;
+    const named = await readAdapterBase(base);
+    base = path.isAbsolute(named) || !(await exists(path.resolve(base, named))) ? named : path.resolve(base, named);
+  }
+  if (o.adapter) {
+    const dir = await localOrId(o.adapter, "--adapter");
+    if (!path.isAbsolute(dir) || !(await exists(path.join(dir, "adapter_config.json"))))
+      throw new UsageError(`--adapter ${o.adapter}: no adapter_config.json there; expected a PEFT adapter folder`);
+    adapterDir = dir;
+  }
+  if (adapterDir && o.trainable === "full")
+    throw new UsageError(`--full trains all weights of a plain model, but ${adapterDir} is a LoRA adapter; merge it first or drop --full`);
+  let baseDir: string;
+  try {
+    baseDir = await resolveModelDir(base);
+  } catch (err) {
+    throw new UsageError((err as Error).message);
+  }
+  const model = await loadModel(base, {
+    quantize: o.quantize,
+    adapter: adapterDir ?? undefined,
+    lora: adapterDir ? undefined : o.lora,
+    trainable: o.trainable,
+    seed: o.seed,
+    backend: o.backend,
+  });
+  const tokenizerDir = adapterDir && (await exists(path.join(adapterDir, "tokenizer.json"))) ? adapterDir : baseDir;
+  let tokenizer: Tokenizer;
+  try {
+    tokenizer = await loadTokenizerFromDir(tokenizerDir);
+  } catch (err) {
+    model.dispose();
+    throw err;
+  }
+  return { model, tokenizer, base, adapterDir, tokenizerDir };
+}
+
+/** Save the trained part (PEFT adapter, or the full model) into `dir`, with the tokenizer files
+ *  beside it so the folder works on its own as --model_path. */
+export async function savePolicy(p: Policy, dir: string, full: boolean): Promise<void> {
+  if (full) await p.model.savePretrained(dir);
+  else await p.model.saveAdapter(dir);
+  for (const f of ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]) {
+    const src = path.join(p.tokenizerDir, f);
+    if (await exists(src)) await writeFileAtomic(path.join(dir, f), await fs.readFile(src));
+  }
+}
