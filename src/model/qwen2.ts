@@ -145,29 +145,39 @@ export class Qwen2ForCausalLM implements CausalLM {
     let x = this.weights.embedT.columns(tf.tensor1d(ids.flat(), "int32")); // [N, H]
     const newK: tf.Tensor4D[] = [], newV: tf.Tensor4D[] = [];
     for (let l = 0; l < c.numHiddenLayers; l++) {
-      const lw = this.weights.layers[l];
-      const h = this.rmsNorm(x, lw.inputNorm);
-      let q = this.rope(tf.reshape(this.proj(l, "q_proj", h, opts), [B, T, nH, hd]), cos, sin);
-      let k = this.rope(tf.reshape(this.proj(l, "k_proj", h, opts), [B, T, nKv, hd]), cos, sin);
-      q = tf.transpose(tf.mul(q, qScale), [0, 2, 1, 3]); // (B, nH, T, hd)
-      let kT: tf.Tensor = tf.transpose(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
-      let v: tf.Tensor = tf.transpose(tf.reshape(this.proj(l, "v_proj", h, opts), [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
+      // One tidy per layer: a layer's intermediates are freed before the next one runs (tensors the
+      // gradient tape needs are kept by the tape itself).
+      const xIn = x;
+      const out = tf.tidy(() => {
+        let x = xIn;
+        const lw = this.weights.layers[l];
+        const h = this.rmsNorm(x, lw.inputNorm);
+        let q = this.rope(tf.reshape(this.proj(l, "q_proj", h, opts), [B, T, nH, hd]), cos, sin);
+        const k = this.rope(tf.reshape(this.proj(l, "k_proj", h, opts), [B, T, nKv, hd]), cos, sin);
+        q = tf.transpose(tf.mul(q, qScale), [0, 2, 1, 3]); // (B, nH, T, hd)
+        let kT: tf.Tensor = tf.transpose(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
+        let v: tf.Tensor = tf.transpose(tf.reshape(this.proj(l, "v_proj", h, opts), [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
+        if (cache && cache.length) {
+          kT = tf.concat([cache.k[l], kT], 3); // (B, nKv, hd, S)
+          v = tf.concat([cache.v[l], v], 2); // (B, nKv, S, hd)
+        }
+        // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows.
+        const qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
+        const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
+        const probs = tf.reshape<tf.Rank.R3>(tf.softmax(scores), [B * nKv, g * T, S]);
+        const ctx = tf.reshape<tf.Rank.R2>(tf.transpose(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
+        x = tf.add(x, this.proj(l, "o_proj", ctx, opts)) as tf.Tensor2D;
+        const n = this.rmsNorm(x, lw.postNorm);
+        const gate = this.proj(l, "gate_proj", n, opts);
+        const act = tf.mul(tf.mul(gate, tf.sigmoid(gate)), this.proj(l, "up_proj", n, opts)) as tf.Tensor2D; // silu(gate)·up
+        x = tf.add(x, this.proj(l, "down_proj", act, opts)) as tf.Tensor2D;
+        return { x, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };
+      });
+      x = out.x;
       if (cache) {
-        kT = cache.length ? tf.concat([cache.k[l], kT], 3) : kT; // (B, nKv, hd, S)
-        v = cache.length ? tf.concat([cache.v[l], v], 2) : v; // (B, nKv, S, hd)
-        newK.push(kT as tf.Tensor4D);
-        newV.push(v as tf.Tensor4D);
-      }
-      // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows.
-      const qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
-      const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
-      const probs = tf.reshape<tf.Rank.R3>(tf.softmax(scores), [B * nKv, g * T, S]);
-      const ctx = tf.reshape<tf.Rank.R2>(tf.transpose(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
-      x = tf.add(x, this.proj(l, "o_proj", ctx, opts)) as tf.Tensor2D;
-      const n = this.rmsNorm(x, lw.postNorm);
-      const gate = this.proj(l, "gate_proj", n, opts);
-      const act = tf.mul(tf.mul(gate, tf.sigmoid(gate)), this.proj(l, "up_proj", n, opts)) as tf.Tensor2D; // silu(gate)·up
-      x = tf.add(x, this.proj(l, "down_proj", act, opts)) as tf.Tensor2D;
+        newK.push(out.kT);
+        newV.push(out.v);
+      } else tf.dispose([out.kT, out.v]);
     }
     return { hidden: this.rmsNorm(x, this.weights.norm), newK, newV };
   }
