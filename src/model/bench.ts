@@ -61,17 +61,16 @@ export function tokenBatch(batch: number, len: number, vocab: number, seed = 1):
 
 const now = () => performance.now() / 1000;
 
-/** Runs f at `batch`, halving the batch when the heap cannot hold it (reported in `note`). */
-async function fitting<T>(batch: number, f: (b: number) => Promise<T>): Promise<{ batch: number; value: T; note?: string }> {
-  for (let b = batch; b >= 1; b = Math.floor(b / 2)) {
-    try {
-      const value = await f(b);
-      return { batch: b, value, note: b < batch ? `batch ${batch} did not fit in memory; largest that fit: ${b}` : undefined };
-    } catch (err) {
-      if (b === 1 || !/memory|allocat|Aborted|out of bounds/i.test(String(err))) throw err;
-    }
-  }
-  throw new Error("unreachable");
+/** Usable wasm heap: 4 GiB minus room for fragmentation. An out-of-memory abort kills the wasm module,
+ *  so batches are sized from an estimate up front instead of by trial. */
+const HEAP_BUDGET = 3.4 * 2 ** 30;
+
+/** Largest batch ≤ want (halving) whose estimated bytes fit beside the model; note says when smaller. */
+function fitBatch(model: Qwen2ForCausalLM, want: number, bytesPerRow: number): { batch: number; note?: string } {
+  const free = HEAP_BUDGET - model.baseBytes();
+  let b = want;
+  while (b > 1 && b * bytesPerRow > free) b = Math.floor(b / 2);
+  return { batch: b, note: b < want ? `batch ${want} does not fit the 4 GiB wasm heap (≈${(bytesPerRow / 2 ** 20).toFixed(0)} MB per row beside ${(model.baseBytes() / 2 ** 30).toFixed(2)} GiB of weights); ran ${b}` : undefined };
 }
 
 registerWorkload({
@@ -86,11 +85,12 @@ registerWorkload({
       const logits = model.forward(ids);
       logits.dataSync().length; // wasm runs eagerly; the read makes the timing honest on async backends too
       logits.dispose();
-      return Promise.resolve(now() - t0);
+      return now() - t0;
     };
-    if (ctx.configName === "small") await once(8); // warm-up
-    const r = await fitting(8, once);
-    return [ctx.measure({ workload: "forward", batch: r.batch, tokens: r.batch * 256, seconds: r.value, note: r.note })];
+    // full logits, a transposed copy and the hidden states of one layer per row
+    const { batch, note } = fitBatch(model, 8, 256 * (2.2 * V * 4 + 40 * ctx.config.intermediateSize));
+    if (ctx.configName === "small") once(batch); // warm-up
+    return [ctx.measure({ workload: "forward", batch, tokens: batch * 256, seconds: once(batch), note })];
   },
 });
 
@@ -106,11 +106,14 @@ registerWorkload({
       const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(tf.slice(model.tokenLogprobs(ids, mask, { training: true }).logprobs, [0, 1], [-1, -1]))) as tf.Scalar, model.trainableVariables());
       value.dataSync();
       tf.dispose([value, grads]);
-      return Promise.resolve(now() - t0);
+      return now() - t0;
     };
-    if (ctx.configName === "small") await once(8);
-    const r = await fitting(8, once);
-    return [ctx.measure({ workload: "fwd_bwd", batch: r.batch, tokens: r.batch * 256, seconds: r.value, note: r.note })];
+    // the tape keeps every layer's activations: ~12 [T, intermediate] and ~3 [heads, T, T] per layer
+    const c = ctx.config;
+    const perRow = c.numHiddenLayers * 256 * 4 * (12 * c.intermediateSize + 3 * c.numAttentionHeads * 256 + 30 * c.hiddenSize);
+    const { batch, note } = fitBatch(model, 8, perRow);
+    if (ctx.configName === "small") once(batch);
+    return [ctx.measure({ workload: "fwd_bwd", batch, tokens: batch * 256, seconds: once(batch), note })];
   },
 });
 
@@ -138,11 +141,11 @@ registerWorkload({
       return { prefill: t1 - t0, decode: t2 - t1 };
     };
     if (ctx.configName === "small") await once(8);
-    const r = await fitting(8, once);
+    const r = await once(8);
     return [
-      ctx.measure({ workload: "prefill", batch: r.batch, tokens: r.batch * 128, seconds: r.value.prefill, note: r.note }),
+      ctx.measure({ workload: "prefill", batch: 8, tokens: 8 * 128, seconds: r.prefill }),
       // 63 decode steps after the token that prefill produced: 64 new tokens per row in all
-      ctx.measure({ workload: "decode", batch: r.batch, tokens: r.batch * 63, seconds: r.value.decode, note: r.note }),
+      ctx.measure({ workload: "decode", batch: 8, tokens: 8 * 63, seconds: r.decode }),
     ];
   },
 });
