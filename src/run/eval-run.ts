@@ -1,0 +1,301 @@
+/** The evaluation run behind scripts/eval.ts: flags → a validated config (nothing written yet) → each
+ *  model opened, evaluated on the same held-out questions and disposed in turn → eval.json,
+ *  samples-<name>.jsonl, report.html and a comparison table with paired improvements.
+ *  `--preset tiny` compares the tiny base, its SFT output and its GRPO adapter, each quantized the way
+ *  it runs in training. Leaves out: the accuracy math (evaluate.ts, stats.ts) and model loading
+ *  (policy.ts). */
+import { promises as fs } from "node:fs";
+import * as path from "node:path";
+import { Command, CommanderError } from "commander";
+import { parseChoice, parseFloatArg, parseIntArg, prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import type { Gsm8kExample } from "../datasets/gsm8k.ts";
+import type { Quantize } from "../model/types.ts";
+import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
+import { writeEvalReport, type EvalRow } from "../trainer/report.ts";
+import { createProgress } from "../trainer/progress.ts";
+import { meanCI, type Interval } from "../trainer/stats.ts";
+import { writeFileAtomic } from "../util/fs.ts";
+import { loadExamples, type Purpose } from "./data.ts";
+import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
+import { addModelOptions, applyPreset, QUANTIZE_CHOICES } from "./options.ts";
+import { openPolicy } from "./policy.ts";
+
+export interface EvalModelSpec {
+  name: string; // used in the table and in samples-<name>.jsonl
+  modelPath: string;
+  adapter?: string;
+  quantize: Quantize;
+}
+
+export interface EvalRunConfig {
+  models: EvalModelSpec[];
+  /** [model, baseline] name pairs: the paired strict-accuracy difference model − baseline. */
+  compare: Array<[string, string]>;
+  /** Models a preset lists that do not exist (yet): reported, not evaluated. */
+  skipped: Array<{ name: string; path: string }>;
+  dataset: string;
+  split: "test" | "train";
+  maxSamples?: number;
+  synthetic?: typeof TINY_PROBLEMS;
+  samplesPerPrompt: number;
+  temperature: number;
+  batchSize: number;
+  maxNewTokens: number;
+  maxTurns: number;
+  toolsInPrompt: boolean;
+  seed: number;
+  backend: string;
+  outputDir: string;
+  overwrite: boolean;
+}
+
+/** What `--preset tiny` sets (explicit flags still win). */
+export const TINY_EVAL_PRESET: Record<string, unknown> = {
+  dataset: "synthetic",
+  max_samples: 200,
+  max_new_tokens: 160,
+  max_turns: 5,
+  tools_in_prompt: false,
+  batch_size: 16,
+};
+
+/** The three tiny checkpoints, in training order, each quantized the way it ran: base and SFT in f32,
+ *  the GRPO adapter on the NF4 base it was trained against. */
+export const TINY_EVAL_MODELS: ReadonlyArray<EvalModelSpec & { path: string }> = [
+  { name: "base", path: TINY_BASE_DIR, modelPath: TINY_BASE_DIR, quantize: "none" },
+  { name: "sft", path: path.join(TINY_OUTPUT_DIR, "sft", "final"), modelPath: path.join(TINY_OUTPUT_DIR, "sft", "final"), quantize: "none" },
+  { name: "rl", path: path.join(TINY_OUTPUT_DIR, "grpo", "final"), modelPath: path.join(TINY_OUTPUT_DIR, "grpo", "final"), quantize: "nf4" },
+];
+
+export function evalCommand(): Command {
+  const cmd = new Command()
+    .name("eval")
+    .description("Accuracy of one or more checkpoints on held-out GSM8K-format questions, with the calculator tool")
+    .exitOverride()
+    .configureOutput({ outputError: () => {} }); // runMain prints the one error line
+  addModelOptions(cmd, { modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" });
+  return cmd
+    .option("--adapter <dir>", "PEFT adapter folder to attach to --model_path")
+    .option("--baseline <path>", "also evaluate this model or adapter folder on the same questions and print the paired improvement")
+    .option("--quantize_for <name=kind,...>", "per-model quantization overriding --quantize, e.g. rl=int8 (names as in the table)", parseQuantizeFor)
+    .option("--dataset <name>", "gsm8k, synthetic, or a GSM8K .jsonl/.parquet path or folder", "gsm8k")
+    .option("--split <name>", "test (held out) or train (synthetic: the RL stream)", parseChoice("split", ["test", "train"] as const), "test")
+    .option("--max_samples <n>", "questions to evaluate (default: all of GSM8K's split, 500 synthetic)", parseIntArg("max_samples", 1))
+    .option("--samples_per_prompt <k>", "samples per question: pass@1 is estimated from all k, and pass@k is reported", parseIntArg("samples_per_prompt", 1), 1)
+    .option("--temperature <t>", "sampling temperature; 0 = greedy (then k must be 1)", parseFloatArg("temperature", 0, 10), 0)
+    .option("--batch_size <n>", "questions per decode batch (each with k rows)", parseIntArg("batch_size", 1), 8)
+    .option("--max_new_tokens <n>", "token budget per rollout over all turns, tool responses included", parseIntArg("max_new_tokens", 1), 512)
+    .option("--max_turns <n>", "assistant turns per rollout", parseIntArg("max_turns", 1), 8)
+    .option("--output_dir <dir>", "where eval.json, samples-*.jsonl and report.html go (default outputs/<model name>/eval; tiny: outputs/tiny/eval)")
+    .option("--overwrite", "replace an earlier evaluation in --output_dir", false);
+}
+
+function parseQuantizeFor(value: string): Record<string, Quantize> {
+  const out: Record<string, Quantize> = {};
+  for (const item of value.split(",")) {
+    const m = /^\s*([\w.-]+)\s*=\s*(\w+)\s*$/.exec(item);
+    if (!m || !(QUANTIZE_CHOICES as readonly string[]).includes(m[2]))
+      throw new UsageError(`--quantize_for ${JSON.stringify(value)}: expected name=kind pairs separated by commas, kind one of ${QUANTIZE_CHOICES.join(", ")}`);
+    out[m[1]] = m[2] as Quantize;
+  }
+  return out;
+}
+
+const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+
+/** A name safe in a file name: Qwen/Qwen2.5-0.5B → Qwen2.5-0.5B. */
+export function modelName(p: string): string {
+  const base = path.basename(path.resolve(p)) === "final" ? path.basename(path.dirname(path.resolve(p))) : path.basename(p);
+  return base.replace(/[^\w.-]+/g, "_") || "model";
+}
+
+/** Checks what openPolicy would reject, before anything is written: a path-looking model that does not
+ *  exist, a folder with neither config.json nor adapter_config.json, an adapter without its config. */
+export async function checkModelSource(modelPath: string, flag: string, adapter?: string): Promise<void> {
+  if (await exists(modelPath)) {
+    const st = await fs.stat(modelPath);
+    const ok = st.isDirectory() && ((await exists(path.join(modelPath, "config.json"))) || (await exists(path.join(modelPath, "adapter_config.json"))));
+    if (!ok) throw new UsageError(`${flag} ${modelPath}: no config.json or adapter_config.json there; expected a Hugging Face model folder or a PEFT adapter folder`);
+  } else if (!/^[\w.-]+\/[\w.-]+$/.test(modelPath) || modelPath.startsWith(".")) {
+    throw new UsageError(`${flag} ${modelPath}: no such folder; expected a Hugging Face model folder, a PEFT adapter folder or a hub id like Qwen/Qwen2.5-0.5B`);
+  }
+  if (adapter !== undefined && !(await exists(path.join(adapter, "adapter_config.json"))))
+    throw new UsageError(`--adapter ${adapter}: no adapter_config.json there; expected a PEFT adapter folder`);
+}
+
+/** argv → a validated config. Writes nothing; every usage error is thrown from here. */
+export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
+  const cmd = evalCommand();
+  try {
+    cmd.parse(argv);
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      if (err.exitCode === 0) process.exit(0); // --help
+      throw new UsageError(err.message.replace(/^error: /, ""));
+    }
+    throw err;
+  }
+  const preset = cmd.getOptionValue("preset") as string | undefined;
+  if (preset === "tiny") applyPreset(cmd, TINY_EVAL_PRESET);
+  const o = cmd.opts();
+  const explicit = (k: string) => !["default", undefined].includes(cmd.getOptionValueSource(k));
+  if (o.samples_per_prompt > 1 && o.temperature === 0)
+    throw new UsageError(`--samples_per_prompt ${o.samples_per_prompt} with --temperature 0: greedy samples are identical; use a temperature > 0 or k = 1`);
+  const quantizeFor: Record<string, Quantize> = o.quantize_for ?? {};
+
+  const models: EvalModelSpec[] = [];
+  const skipped: EvalRunConfig["skipped"] = [];
+  const compare: Array<[string, string]> = [];
+  if (preset === "tiny") {
+    if (explicit("model_path") || o.adapter || o.baseline)
+      throw new UsageError(`--preset tiny evaluates its own base, sft and rl checkpoints; drop --model_path/--adapter/--baseline or the preset`);
+    for (const m of TINY_EVAL_MODELS) {
+      if (!(await exists(m.path))) skipped.push({ name: m.name, path: m.path });
+      else models.push({ name: m.name, modelPath: m.modelPath, quantize: explicit("quantize") ? o.quantize : m.quantize });
+    }
+    if (models.length === 0)
+      throw new UsageError(`--preset tiny: none of ${TINY_EVAL_MODELS.map((m) => m.path).join(", ")} exists; run make-tiny-base, train-sft or train-gsm8k-agent first`);
+    for (let i = 1; i < models.length; i++) compare.push([models[i].name, models[i - 1].name]);
+  } else {
+    await checkModelSource(o.model_path, "--model_path", o.adapter);
+    const name = modelName(o.adapter ?? o.model_path);
+    if (o.baseline) {
+      await checkModelSource(o.baseline, "--baseline");
+      let bname = modelName(o.baseline);
+      if (bname === name) bname = `${bname}-baseline`;
+      models.push({ name: bname, modelPath: o.baseline, quantize: o.quantize });
+      compare.push([name, bname]);
+    }
+    models.push({ name, modelPath: o.model_path, adapter: o.adapter, quantize: o.quantize });
+  }
+  for (const [n, q] of Object.entries(quantizeFor)) {
+    const m = models.find((x) => x.name === n);
+    if (!m && !skipped.some((s) => s.name === n))
+      throw new UsageError(`--quantize_for ${n}=${q}: no model named ${n}; models: ${models.map((x) => x.name).join(", ")}`);
+    if (m) m.quantize = q;
+  }
+  if (o.dataset !== "synthetic" && o.dataset !== "gsm8k" && o.dataset !== "openai/gsm8k" && !(await exists(o.dataset)))
+    throw new UsageError(`--dataset ${o.dataset}: no such file or folder; expected gsm8k, synthetic, or a GSM8K .jsonl/.parquet path`);
+  const outputDir = o.output_dir ?? (preset === "tiny" ? path.join(TINY_OUTPUT_DIR, "eval") : path.join("outputs", models[models.length - 1].name, "eval"));
+  return {
+    models, compare, skipped,
+    dataset: o.dataset,
+    split: o.split,
+    maxSamples: o.max_samples,
+    synthetic: preset === "tiny" ? TINY_PROBLEMS : undefined,
+    samplesPerPrompt: o.samples_per_prompt,
+    temperature: o.temperature,
+    batchSize: o.batch_size,
+    maxNewTokens: o.max_new_tokens,
+    maxTurns: o.max_turns,
+    toolsInPrompt: o.tools_in_prompt,
+    seed: o.seed,
+    backend: o.backend,
+    outputDir,
+    overwrite: o.overwrite,
+  };
+}
+
+/** Paired difference in strict accuracy, model − baseline, over the same questions: per question
+ *  (correct_model − correct_baseline) / k, mean with a 95% normal interval clamped to [-1, 1].
+ *  Pairing removes the between-question variance, so the interval is narrower than two separate ones. */
+export function pairedImprovement(model: EvalResult, baseline: EvalResult): Interval & { n: number } {
+  if (model.questions.length !== baseline.questions.length)
+    throw new Error(`paired improvement needs the same questions: ${model.questions.length} vs ${baseline.questions.length}`);
+  const acc = (q: EvalResult["questions"][number]) => q.samples.filter((s) => s.strict).length / q.samples.length;
+  const diffs = model.questions.map((q, i) => {
+    const b = baseline.questions[i];
+    if (q.id !== b.id) throw new Error(`paired improvement: question ${i} is ${q.id} in one result and ${b.id} in the other`);
+    return acc(q) - acc(b);
+  });
+  const ci = meanCI(diffs, 1.96, [-1, 1]);
+  return { value: ci.value, lo: ci.lo, hi: ci.hi, n: ci.n };
+}
+
+const f3 = (x: number) => x.toFixed(3);
+const signed = (x: number) => (x >= 0 ? "+" : "") + x.toFixed(3);
+
+export function formatImprovement(model: string, baseline: string, d: Interval & { n: number }): string {
+  return `improvement ${model} vs ${baseline}: strict ${signed(d.value)} [${signed(d.lo)}, ${signed(d.hi)}] (paired over ${d.n} questions, 95% CI)`;
+}
+
+/** The comparison table, one row per model, columns padded to line up. */
+export function formatEvalTable(results: Array<{ name: string; result: EvalResult }>): string {
+  const k = Math.max(1, ...results.map((r) => r.result.k));
+  const head = ["model", "strict acc [95% CI]", "lenient acc", `pass@${k}`, "format", "tools/rollout"];
+  const rows = results.map(({ name, result: r }) => [
+    name, `${f3(r.strict.value)} [${f3(r.strict.lo)}, ${f3(r.strict.hi)}]`, f3(r.lenient.value), f3(r.passAtK), f3(r.formatValid), r.toolCallsPerRollout.toFixed(2),
+  ]);
+  const widths = head.map((h, c) => Math.max(h.length, ...rows.map((r) => r[c].length)));
+  const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i])).join(" | ").trimEnd();
+  return [line(head), widths.map((w) => "-".repeat(w)).join("-|-"), ...rows.map(line)].join("\n");
+}
+
+function summaryOf(r: EvalResult): Record<string, unknown> {
+  const { questions: _q, ...rest } = r;
+  return rest;
+}
+
+export interface EvalRunOutput {
+  results: Array<{ spec: EvalModelSpec; result: EvalResult }>;
+  improvements: Array<{ model: string; baseline: string } & Interval & { n: number }>;
+}
+
+export interface EvalRunIo {
+  out: (line: string) => void; // results (stdout)
+  progress?: boolean; // show a progress bar on stderr (default true)
+}
+
+export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => process.stdout.write(l + "\n") }): Promise<EvalRunOutput> {
+  const purpose: Purpose = cfg.split === "test" ? "eval" : "rl";
+  const examples: Gsm8kExample[] = await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
+  if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset} --split ${cfg.split}: no questions to evaluate`);
+  await prepareOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "eval" });
+  await writeRunConfig(cfg.outputDir, cfg, "eval");
+  for (const s of cfg.skipped) io.out(`note: ${s.name} skipped: ${s.path} does not exist`);
+
+  const results: EvalRunOutput["results"] = [];
+  for (const spec of cfg.models) {
+    io.out(`${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${examples.length} questions × ${cfg.samplesPerPrompt}`);
+    const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: cfg.seed, backend: cfg.backend });
+    const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
+    let result: EvalResult;
+    try {
+      result = await evaluate(policy.model, policy.tokenizer, examples, {
+        samplesPerPrompt: cfg.samplesPerPrompt, temperature: cfg.temperature, batchSize: cfg.batchSize,
+        maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed,
+        onProgress: (done) => bar?.update(done),
+      });
+    } finally {
+      bar?.stop();
+      policy.model.dispose(); // one model in memory at a time
+    }
+    io.out(`${spec.name}: ${formatEvalLine(result)}`);
+    const lines = result.questions.map((q) => JSON.stringify({
+      id: q.id, question: q.question, gold: q.gold,
+      samples: q.samples.map((s) => ({ text: s.text, finalText: s.finalText, strict: s.strict, lenient: s.lenient, formatValid: s.formatValid, toolCalls: s.toolCalls, truncated: s.truncated })),
+    }));
+    await writeFileAtomic(path.join(cfg.outputDir, `samples-${spec.name}.jsonl`), lines.join("\n") + "\n");
+    results.push({ spec, result });
+  }
+
+  const byName = new Map(results.map((r) => [r.spec.name, r.result]));
+  const improvements = cfg.compare.map(([m, b]) => ({ model: m, baseline: b, ...pairedImprovement(byName.get(m)!, byName.get(b)!) }));
+  io.out("");
+  io.out(formatEvalTable(results.map((r) => ({ name: r.spec.name, result: r.result }))));
+  for (const d of improvements) io.out(formatImprovement(d.model, d.baseline, d));
+
+  const models = results.map(({ spec, result }) => ({ ...spec, ...summaryOf(result) }));
+  await writeFileAtomic(path.join(cfg.outputDir, "eval.json"), JSON.stringify({ config: cfg, models, improvements }, null, 2) + "\n");
+  const rows: EvalRow[] = results.map(({ spec, result: r }) => ({
+    name: spec.name, n: r.strict.total, correct: r.strict.correct, interval: r.strict,
+    passAtK: { [r.k]: r.passAtK },
+    extra: { lenient: Number(f3(r.lenient.value)), format: Number(f3(r.formatValid)), "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)), quantize: spec.quantize },
+  }));
+  await writeEvalReport(path.join(cfg.outputDir, "report.html"), {
+    title: `Evaluation on ${cfg.dataset} (${cfg.split})`,
+    rows,
+    config: { ...cfg, models: cfg.models.map((m) => `${m.name}: ${m.modelPath}${m.adapter ? " + " + m.adapter : ""} (${m.quantize})`).join("; "), compare: improvements.map((d) => formatImprovement(d.model, d.baseline, d)).join("; ") } as unknown as Record<string, unknown>,
+  });
+  return { results, improvements };
+}
