@@ -113,6 +113,13 @@ export async function rolloutGroups(
   const cache: KVCache = prefill.cache;
   try {
     for (let step = 0; ; step++) {
+      if (cfg.signal) {
+        await new Promise((resolve) => setImmediate(resolve)); // let an abort from an I/O event (Ctrl-C) arrive
+        if (cfg.signal.aborted) {
+          for (const row of rows) if (!row.done) finish(row, "aborted");
+          break;
+        }
+      }
       // Sample only for rows that are not reading forced tokens.
       const samplers = cacheRows.map((r, pos) => (!rows[r].done && rows[r].forced.length === 0 ? pos : -1)).filter((p) => p >= 0);
       const drawIndex = new Array<number>(cacheRows.length).fill(-1); // cache position → row of `drawn`
@@ -138,12 +145,14 @@ export async function rolloutGroups(
           tok = row.forced.shift()!;
           t.completionIds.push(tok); t.lossMask.push(0); t.sampleLogprobs.push(0); // the tool or template wrote it
           nForced++;
+          cfg.onToken?.(r, tok, true);
         } else {
           const k = drawIndex[pos];
           tok = drawn!.tokens[k];
           t.completionIds.push(tok); t.lossMask.push(1); t.sampleLogprobs.push(drawn!.logprobs[k]);
           row.turnIds.push(tok);
           nSampled++;
+          cfg.onToken?.(r, tok, false);
           if (stopIds.has(tok)) closing.push(row);
         }
         feed.push(tok);

@@ -23,6 +23,12 @@ export interface RolloutConfig {
   /** Drop finished rows from the KV cache once this fraction of its rows has finished. Default 0.25. */
   compactFraction?: number;
   onStep?: (info: RolloutStepInfo) => void;
+  /** Every token a row takes, as it is taken (streaming in the chat REPL). forced: a tool response or
+   *  template token the row was made to read, not one it sampled. */
+  onToken?: (row: number, tokenId: number, forced: boolean) => void;
+  /** Once aborted, every live row stops before its next token (finishReason "aborted"). The loop then
+   *  yields to the event loop each step, so an abort from an I/O event (Ctrl-C) gets through. */
+  signal?: AbortSignal;
 }
 
 export interface RolloutStepInfo {
@@ -36,7 +42,8 @@ export interface RolloutStepInfo {
   forced: number;
 }
 
-export type FinishReason = "stop" | "length" | "max_turns";
+/** aborted: RolloutConfig.signal fired; the turn in progress is kept unparsed, as for "length". */
+export type FinishReason = "stop" | "length" | "max_turns" | "aborted";
 
 export interface ToolCallRecord {
   name: string;
