@@ -1,0 +1,185 @@
+/** The chat REPL's pieces: command parsing, trajectory → chat messages, incremental decoding of
+ *  multi-byte text, the rollout's streaming and abort hooks, a scripted agent turn with a real
+ *  calculator call, and the script fed by piped stdin. */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawn } from "node:child_process";
+import { promises as fs } from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { PassThrough } from "node:stream";
+import * as tf from "@tensorflow/tfjs";
+import { shutdownCalculator } from "../../src/agents/calculator.ts";
+import { SYSTEM_PROMPT } from "../../src/agents/prompts.ts";
+import { createModel } from "../../src/model/load.ts";
+import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
+import type { Tokenizer } from "../../src/model/types.ts";
+import { rolloutGroups, type Trajectory } from "../../src/rollout/rollout.ts";
+import { ChatSession, parseChatArgs, parseChatCommand, runChat, TokenStreamer, trajectoryToMessages } from "../../src/run/chat.ts";
+import { Rng } from "../../src/util/rng.ts";
+import { ScriptedModel } from "../rollout/scripted-model.ts";
+import { makeTinyModelDir } from "./tiny-model.ts";
+
+let modelDir: string;
+let tok: Tokenizer;
+let model: Qwen2ForCausalLM;
+beforeAll(async () => {
+  modelDir = await makeTinyModelDir("chat-model-");
+  tok = await loadTokenizerFromDir(modelDir);
+  model = await createModel({
+    modelType: "qwen2", vocabSize: tok.vocabSize, hiddenSize: 32, intermediateSize: 64, numHiddenLayers: 1,
+    numAttentionHeads: 2, numKeyValueHeads: 1, headDim: 16, ropeTheta: 1e4, rmsNormEps: 1e-6,
+    tieWordEmbeddings: true, maxPositionEmbeddings: 1024,
+  }, { seed: 5 });
+});
+afterAll(async () => {
+  model?.dispose();
+  await shutdownCalculator();
+});
+
+describe("parseChatCommand", () => {
+  it("reads commands and their arguments, and everything else as a message", () => {
+    expect(parseChatCommand("  What is 2+3? ")).toEqual({ kind: "message", text: "What is 2+3?" });
+    expect(parseChatCommand("")).toEqual({ kind: "empty" });
+    expect(parseChatCommand("/reset")).toEqual({ kind: "reset" });
+    expect(parseChatCommand("/exit")).toEqual({ kind: "exit" });
+    expect(parseChatCommand("/temp 0.7")).toEqual({ kind: "temp", value: 0.7 });
+    expect(parseChatCommand("/temp 0")).toEqual({ kind: "temp", value: 0 });
+    expect(parseChatCommand("/tools off")).toEqual({ kind: "tools", on: false });
+    expect(parseChatCommand("/tools   on")).toEqual({ kind: "tools", on: true });
+  });
+  it("rejects bad arguments with the value and what is accepted", () => {
+    expect(parseChatCommand("/temp abc")).toEqual({ kind: "invalid", message: '/temp "abc": expected one number between 0 and 10 (0 = greedy)' });
+    expect(parseChatCommand("/temp")).toMatchObject({ kind: "invalid" });
+    expect(parseChatCommand("/temp -1")).toMatchObject({ kind: "invalid" });
+    expect(parseChatCommand("/temp 0.5 1")).toMatchObject({ kind: "invalid" });
+    expect(parseChatCommand("/tools maybe")).toEqual({ kind: "invalid", message: '/tools "maybe": expected on or off' });
+    expect(parseChatCommand("/reset now")).toMatchObject({ kind: "invalid" });
+    expect(parseChatCommand("/nope")).toMatchObject({ kind: "invalid", message: expect.stringMatching(/^unknown command \/nope; commands: /) });
+  });
+});
+
+const traj = (turns: Trajectory["turns"]): Trajectory => ({
+  promptIndex: 0, sampleIndex: 0, promptIds: [], completionIds: [], lossMask: [], sampleLogprobs: [], turns,
+  finalText: "", finishReason: "stop", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0,
+});
+
+describe("trajectoryToMessages", () => {
+  const call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "16-3"}}\n</tool_call>';
+  it("turns tool calls into assistant tool_calls plus tool messages, and the answer into plain content", () => {
+    const t = traj([
+      { text: `First the eggs. ${call}`, content: "First the eggs. ", toolCalls: [{ name: "calculator", arguments: { expression: "16-3" }, result: "13", error: false }], parseErrors: [], ended: true },
+      { text: "\\boxed{13}", content: "\\boxed{13}", toolCalls: [], parseErrors: [], ended: true },
+    ]);
+    expect(trajectoryToMessages(t)).toEqual([
+      { role: "assistant", content: "First the eggs.", tool_calls: [{ type: "function", function: { name: "calculator", arguments: { expression: "16-3" } } }] },
+      { role: "tool", content: "13" },
+      { role: "assistant", content: "\\boxed{13}" },
+    ]);
+  });
+  it("keeps a malformed turn's raw text and feeds its errors back as tool messages; tools off is plain text", () => {
+    const bad = "<tool_call>\n{oops}\n</tool_call>";
+    const t = traj([
+      { text: bad, content: "", toolCalls: [], parseErrors: ["Error: tool call is not valid JSON"], ended: true },
+      { text: "unfinished", content: "unfinished", toolCalls: [], parseErrors: [], ended: false },
+    ]);
+    expect(trajectoryToMessages(t)).toEqual([
+      { role: "assistant", content: bad },
+      { role: "tool", content: "Error: tool call is not valid JSON" },
+      { role: "assistant", content: "unfinished" },
+    ]);
+    const off = traj([{ text: `x ${call}`, content: "x ", toolCalls: [{ name: "calculator", arguments: {}, result: "Error: unknown tool", error: true }], parseErrors: [], ended: true }]);
+    expect(trajectoryToMessages(off, false)).toEqual([{ role: "assistant", content: `x ${call}` }]);
+  });
+});
+
+describe("TokenStreamer", () => {
+  it("prints multi-byte characters whole, in order, and skips forced and stop tokens", () => {
+    const text = "Prix: 3×4 € = 12 ✓";
+    const ids = tok.encode(text);
+    expect(ids.length).toBeGreaterThan([...text].length - 3); // several tokens are partial characters
+    const pieces: string[] = [];
+    const s = new TokenStreamer(tok, new Set([tok.eosTokenId]), (p) => pieces.push(p));
+    for (const id of ids) s.push(id, false);
+    s.push(tok.eosTokenId, false);
+    for (const id of tok.encode("<tool_response>")) s.push(id, true);
+    expect(pieces.join("")).toBe(text + "\n");
+    expect(pieces.some((p) => p.includes("\uFFFD"))).toBe(false);
+  });
+});
+
+describe("rollout streaming hooks", () => {
+  it("onToken reports every completion token with its forced flag; an aborted signal stops all rows", async () => {
+    const seen: Array<[number, number, boolean]> = [];
+    const before = tf.memory().numTensors;
+    const cfg = { samplesPerPrompt: 2, maxNewTokens: 8, maxTurns: 2, temperature: 1, topP: 1, topK: 0, tools: [], toolsInPrompt: false };
+    const out = await rolloutGroups(model, tok, [[{ role: "user", content: "Janet has 16 eggs." }]], {
+      ...cfg, rng: new Rng(3), onToken: (row, id, forced) => seen.push([row, id, forced]),
+    });
+    for (const [r, t] of out.entries()) {
+      const mine = seen.filter((s) => s[0] === r);
+      expect(mine.map((s) => s[1])).toEqual(t.completionIds);
+      expect(mine.map((s) => (s[2] ? 0 : 1))).toEqual(t.lossMask);
+    }
+    const ac = new AbortController();
+    let n = 0;
+    const stopped = await rolloutGroups(model, tok, [[{ role: "user", content: "Janet has 16 eggs." }]], {
+      ...cfg, maxNewTokens: 50, rng: new Rng(3), signal: ac.signal, onToken: () => { if (++n === 3) ac.abort(); },
+    });
+    for (const t of stopped) {
+      expect(t.finishReason === "aborted" || t.completionIds.length < 3).toBe(true);
+      expect(t.completionIds.length).toBeLessThanOrEqual(2);
+    }
+    expect(stopped.some((t) => t.finishReason === "aborted")).toBe(true);
+    expect(tf.memory().numTensors).toBe(before);
+  });
+});
+
+describe("ChatSession", () => {
+  it("streams a scripted agent turn, shows the calculator call as it runs, and keeps the conversation", async () => {
+    const call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "16-3"}}\n</tool_call>';
+    const scripted = new ScriptedModel({
+      vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"),
+      scripts: [[tok.encode(call), tok.encode("She has \\boxed{13} eggs left.")]],
+    });
+    const session = new ChatSession(scripted, tok, { temperature: 0, topP: 1, maxNewTokens: 200, maxTurns: 3, toolsInPrompt: false, seed: 0 });
+    let shown = "";
+    const t = await session.send("Janet has 16 eggs and sells 3. How many are left?", (s) => (shown += s));
+    expect(shown).toBe(`${call}\n[calculator] 16-3 → 13\nShe has \\boxed{13} eggs left.\n`);
+    expect(t.finishReason).toBe("stop");
+    expect(session.messages.map((m) => m.role)).toEqual(["system", "user", "assistant", "tool", "assistant"]);
+    expect(session.messages[0].content).toBe(SYSTEM_PROMPT);
+    expect(session.messages[2].tool_calls?.[0].function).toEqual({ name: "calculator", arguments: { expression: "16-3" } });
+    expect(session.messages[3].content).toBe("13");
+    session.reset();
+    expect(session.messages).toEqual([{ role: "system", content: SYSTEM_PROMPT }]);
+  });
+});
+
+describe("runChat with piped input", () => {
+  it("answers each message line, applies commands, and returns at end of input", async () => {
+    const input = new PassThrough();
+    const output = new PassThrough();
+    let stdout = "";
+    output.on("data", (d) => (stdout += d));
+    const errs: string[] = [];
+    const replies: Trajectory[] = [];
+    const cfg = await parseChatArgs(["node", "chat", "--model_path", modelDir, "--max_new_tokens", "4", "--backend", "wasm"]);
+    input.end("Janet has 16 eggs.\n/temp 0.7\n/tools off\n\nHow many are left?\n/temp x\n");
+    await runChat(cfg, { input, output, err: (l) => errs.push(l), onReply: (t) => replies.push(t) });
+    expect(replies).toHaveLength(2);
+    expect(errs.filter((l) => !l.startsWith("(stopped at"))).toEqual(["(temperature 0.7)", "(tools off)", '/temp "x": expected one number between 0 and 10 (0 = greedy)']);
+    expect(stdout).not.toMatch(/\x1b\[|you>/); // no prompts or ANSI when piped
+  });
+
+  it("the script exits 0 at end of piped input", async () => {
+    const tsx = path.resolve("node_modules/.bin/tsx");
+    const p = spawn(tsx, ["scripts/chat.ts", "--model_path", modelDir, "--max_new_tokens", "3", "--backend", "wasm"], { stdio: ["pipe", "pipe", "pipe"] });
+    let stderr = "";
+    p.stderr.on("data", (d) => (stderr += d));
+    p.stdin.end("What is 2+3?\n/reset\nAnd 4*5?\n");
+    const code = await new Promise<number | null>((resolve) => p.on("close", resolve));
+    expect(stderr).not.toMatch(/error/);
+    expect(code).toBe(0);
+  }, 60_000);
+});
