@@ -46,3 +46,47 @@ export function tinyModelConfig(vocabSize: number): Qwen2Config {
     maxPositionEmbeddings: 1024,
   };
 }
+
+/** train-sft --preset tiny: a short full fine-tune of the pretrained base on tool-calling
+ *  conversations. Short on purpose: it teaches the format and leaves accuracy for RL to improve. */
+export const TINY_SFT: Record<string, unknown> = {
+  model_path: TINY_BASE_DIR,
+  dataset: "synthetic",
+  max_samples: 1200,
+  num_epochs: 1,
+  batch_size: 16,
+  learning_rate: 1e-3,
+  lr_scheduler: "cosine",
+  warmup_ratio: 0.05,
+  full: true,
+  quantize: "none",
+  tools_in_prompt: false,
+  max_length: 512,
+  eval_samples: 200,
+  eval_max_new_tokens: 160,
+  max_turns: 5,
+  output_dir: path.join(TINY_OUTPUT_DIR, "sft"),
+};
+
+/** train-gsm8k-agent --preset tiny: GRPO from the tiny SFT model, LoRA on its NF4-quantized weights. */
+export const TINY_GRPO: Record<string, unknown> = {
+  model_path: path.join(TINY_OUTPUT_DIR, "sft", "final"),
+  dataset: "synthetic",
+  quantize: "nf4",
+  tools_in_prompt: false,
+  total_epochs: 40,
+  prompts_per_step: 8,
+  samples_per_prompt: 8,
+  max_new_tokens: 160,
+  max_turns: 5,
+  temperature: 1.0,
+  beta: 0.0,
+  learning_rate: 2e-3,
+  lora_r: 16,
+  lora_alpha: 32,
+  micro_batch_size: 16,
+  loss_type: "dr_grpo",
+  save_steps: 10,
+  eval_samples: 0,
+  output_dir: path.join(TINY_OUTPUT_DIR, "grpo"),
+};

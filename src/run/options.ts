@@ -1,8 +1,8 @@
 /** Flags shared by the four scripts, and `--preset`: a preset fills in every flag the user did not
  *  give on the command line (commander's value source tells which), so explicit flags always win. */
 import { Command, Option } from "commander";
-import { parseChoice, parseIntArg, UsageError } from "../cli.ts";
-import type { Quantize } from "../model/types.ts";
+import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
+import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 
 export const PRESETS = ["tiny"] as const;
 export type PresetName = (typeof PRESETS)[number];
@@ -38,4 +38,23 @@ export function applyPreset(cmd: Command, values: Record<string, unknown>): void
 /** A positive integer division check with the values in the message. */
 export function requireMultiple(a: number, aFlag: string, b: number, bFlag: string): void {
   if (a % b !== 0) throw new UsageError(`${aFlag} ${a} must be a multiple of ${bFlag} ${b}`);
+}
+
+/** LoRA flags shared by SFT and GRPO. */
+export function addLoraOptions(cmd: Command, d: { r: number; alpha: number }): Command {
+  return cmd
+    .option("--lora_r <n>", "LoRA rank", parseIntArg("lora_r", 1), d.r)
+    .option("--lora_alpha <x>", "LoRA alpha (scaling = alpha / r)", parseFloatArg("lora_alpha", 0), d.alpha)
+    .option("--lora_dropout <x>", "dropout on the LoRA input while training", parseFloatArg("lora_dropout", 0, 0.99), 0)
+    .option("--lora_targets <list>", `modules that get adapters: comma-separated subset of ${LORA_TARGETS.join(",")}, or all`, parseList("lora_targets", [...LORA_TARGETS, "all"]), ["all"]);
+}
+
+export function loraTargets(list: string[]): LoraTarget[] {
+  return list.includes("all") ? [...LORA_TARGETS] : (list as LoraTarget[]);
+}
+
+/** The default run folder: outputs/<model name>/<stage>. */
+export function defaultOutputDir(modelPath: string, stage: string): string {
+  const name = modelPath.replace(/[\\/]+$/, "").split(/[\\/]/).slice(-1)[0] || "model";
+  return `outputs/${name}/${stage}`;
 }

@@ -1,0 +1,78 @@
+/** SFT warmup on tool-calling conversations made from GSM8K's calculator annotations.
+ *  npx tsx scripts/train-sft.ts --preset tiny        (offline, minutes on a CPU)
+ *  npx tsx scripts/train-sft.ts --model_path Qwen/Qwen2.5-0.5B --dataset gsm8k */
+import { Command } from "commander";
+import { shutdownCalculator } from "../src/agents/calculator.ts";
+import { parseChoice, parseFloatArg, parseIntArg, runMain } from "../src/cli.ts";
+import { SCHEDULES } from "../src/trainer/schedule.ts";
+import { TINY_SFT } from "../src/presets/tiny.ts";
+import { addLoraOptions, addModelOptions, applyPreset, defaultOutputDir, loraTargets } from "../src/run/options.ts";
+import { runSft } from "../src/run/sft-run.ts";
+import { TINY_PROBLEMS } from "../src/presets/tiny.ts";
+
+const program = addLoraOptions(
+  addModelOptions(new Command().name("train-sft").description("Supervised warmup: teach the tool-calling format from GSM8K's calculator annotations"), {
+    modelPath: "Qwen/Qwen2.5-0.5B",
+    quantize: "none",
+  }),
+  { r: 16, alpha: 32 },
+)
+  .option("--dataset <name|path>", "gsm8k (local HF cache or hub), synthetic, or a GSM8K-format .jsonl/.parquet path", "gsm8k")
+  .option("--max_samples <n>", "use at most this many training examples (default: all; synthetic: 5000)", parseIntArg("max_samples", 1))
+  .option("--num_epochs <n>", "passes over the training conversations", parseIntArg("num_epochs", 1), 1)
+  .option("--batch_size <n>", "conversations per micro-batch", parseIntArg("batch_size", 1), 8)
+  .option("--gradient_accumulation_steps <n>", "micro-batches per optimizer step", parseIntArg("gradient_accumulation_steps", 1), 1)
+  .option("--learning_rate <x>", "peak learning rate", parseFloatArg("learning_rate", 0), 2e-4)
+  .option("--lr_scheduler <kind>", `${SCHEDULES.join(", ")} (with warmup)`, parseChoice("lr_scheduler", SCHEDULES), "cosine")
+  .option("--warmup_ratio <x>", "share of steps spent warming the learning rate up from 0", parseFloatArg("warmup_ratio", 0, 1), 0.05)
+  .option("--weight_decay <x>", "AdamW decoupled weight decay", parseFloatArg("weight_decay", 0), 0.0)
+  .option("--max_grad_norm <x>", "clip the global gradient norm to this", parseFloatArg("max_grad_norm", 0), 1.0)
+  .option("--max_length <n>", "drop conversations longer than this many tokens (counted in the log)", parseIntArg("max_length", 8), 1024)
+  .option("--full", "train every weight instead of a LoRA adapter (f32 base only; for small models)", false)
+  .option("--eval_samples <n>", "held-out questions for the final evaluation (0: skip)", parseIntArg("eval_samples", 0), 100)
+  .option("--eval_max_new_tokens <n>", "token budget per evaluation rollout", parseIntArg("eval_max_new_tokens", 1), 512)
+  .option("--max_turns <n>", "assistant turns per evaluation rollout", parseIntArg("max_turns", 1), 8)
+  .option("--save_steps <n>", "checkpoint every N steps (0: final model only)", parseIntArg("save_steps", 0), 0)
+  .option("--output_dir <dir>", "run folder (default outputs/<model>/sft)")
+  .option("--overwrite", "replace a run already in --output_dir", false);
+
+await runMain(async () => {
+  program.parse();
+  if (program.opts().preset === "tiny") applyPreset(program, TINY_SFT);
+  const o = program.opts();
+  try {
+    const r = await runSft({
+      modelPath: o.model_path,
+      dataset: o.dataset,
+      synthetic: o.preset === "tiny" ? TINY_PROBLEMS : undefined,
+      maxSamples: o.max_samples,
+      numEpochs: o.num_epochs,
+      batchSize: o.batch_size,
+      gradientAccumulationSteps: o.gradient_accumulation_steps,
+      learningRate: o.learning_rate,
+      lrScheduler: o.lr_scheduler,
+      warmupRatio: o.warmup_ratio,
+      weightDecay: o.weight_decay,
+      maxGradNorm: o.max_grad_norm,
+      maxLength: o.max_length,
+      loraR: o.lora_r,
+      loraAlpha: o.lora_alpha,
+      loraDropout: o.lora_dropout,
+      loraTargets: loraTargets(o.lora_targets),
+      quantize: o.quantize,
+      full: o.full,
+      toolsInPrompt: o.tools_in_prompt,
+      evalSamples: o.eval_samples,
+      evalMaxNewTokens: o.eval_max_new_tokens,
+      maxTurns: o.max_turns,
+      saveSteps: o.save_steps,
+      seed: o.seed,
+      outputDir: o.output_dir ?? defaultOutputDir(o.model_path, "sft"),
+      backend: o.backend,
+      overwrite: o.overwrite,
+    });
+    process.stdout.write(`sft done: ${r.steps} steps, final loss ${r.finalLoss.toFixed(4)}, ${r.seconds.toFixed(0)} s → ${r.finalDir}\n`);
+  } finally {
+    await shutdownCalculator();
+  }
+});

@@ -1,0 +1,265 @@
+/** GRPO on the calculator agent. Each step: take the next `promptsPerStep` questions, roll out G
+ *  multi-turn samples each (tools run in the loop), score them, turn scores into group-relative
+ *  advantages, and update the LoRA adapter on the frozen (quantized) base; the KL reference is the
+ *  same base with the adapter switched off. Checkpoints hold the adapter, optimizer state and the
+ *  position in the data; sampling draws from an Rng seeded by (seed, step), so a resumed run makes
+ *  the same rollouts as an uninterrupted one. */
+import * as path from "node:path";
+import { calculatorTool } from "../agents/calculator.ts";
+import { toPrompt } from "../agents/prompts.ts";
+import type { Gsm8kExample } from "../datasets/gsm8k.ts";
+import type { SyntheticOptions } from "../datasets/synthetic.ts";
+import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
+import { onInterrupt, prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
+import { appendTrajectories } from "../rollout/trajectories.ts";
+import { scoreRollout } from "../rollout/rewards.ts";
+import { groupAdvantages, groupHasSignal } from "../trainer/advantages.ts";
+import { CheckpointSchedule, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
+import { NonFiniteError } from "../trainer/errors.ts";
+import { grpoStep, type GrpoRollout } from "../trainer/grpo.ts";
+import { formatStepLine, meanStd, MetricsLogger } from "../trainer/metrics.ts";
+import { AdamW } from "../trainer/optimizer.ts";
+import type { LossType } from "../trainer/policy-loss.ts";
+import { createProgress } from "../trainer/progress.ts";
+import { writeReport } from "../trainer/report.ts";
+import { lrAt, type ScheduleType } from "../trainer/schedule.ts";
+import { writeFileAtomic } from "../util/fs.ts";
+import { Rng } from "../util/rng.ts";
+import { loadExamples } from "./data.ts";
+import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
+import { openPolicy, savePolicy, type Policy } from "./policy.ts";
+import { memoryFields } from "./sft-run.ts";
+import { exportOptimizer, importOptimizer } from "./train-state.ts";
+
+export interface GrpoRunConfig {
+  modelPath: string; // SFT output (adapter folder or full folder), HF folder or hub id
+  initAdapter?: string; // continue this PEFT adapter (an adapter at modelPath is used by default)
+  dataset: string;
+  synthetic?: Omit<SyntheticOptions, "n" | "seed">;
+  maxSamples?: number;
+  totalEpochs: number; // RL steps: each one rollout → train
+  promptsPerStep: number;
+  samplesPerPrompt: number; // G
+  maxNewTokens: number;
+  maxTurns: number;
+  temperature: number;
+  topP: number;
+  topK: number;
+  beta: number;
+  epsilon: number;
+  epsilonHigh: number;
+  numIterations: number;
+  lossType: LossType;
+  scaleRewards: "group" | "none";
+  rewardWeights: Record<string, number>;
+  learningRate: number;
+  lrScheduler: ScheduleType;
+  warmupRatio: number;
+  weightDecay: number;
+  maxGradNorm: number;
+  microBatchSize: number;
+  loraR: number;
+  loraAlpha: number;
+  loraDropout: number;
+  loraTargets: LoraTarget[];
+  quantize: Quantize;
+  toolsInPrompt: boolean;
+  saveSteps: number;
+  saveTotalLimit: number;
+  evalSamples: number;
+  seed: number;
+  outputDir: string;
+  backend: string;
+  overwrite: boolean;
+  resume: boolean;
+  quiet?: boolean;
+  /** Replaces the reward registry (tests use it to give random-weight rollouts a signal). */
+  score?: (t: Trajectory, gold: string) => { reward: number; components: Record<string, number> };
+}
+
+export interface GrpoRunResult {
+  steps: number;
+  finalDir: string;
+  eval: EvalResult | null;
+  seconds: number;
+}
+
+/** The config fields a resumed run must share with the run it continues. */
+function identity(cfg: GrpoRunConfig): Record<string, unknown> {
+  const { overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, score, ...rest } = cfg;
+  void overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, score;
+  return rest;
+}
+
+/** The i-th question of an endless stream: the data in a fresh seeded order every pass. */
+function dataStream(examples: Gsm8kExample[], seed: number) {
+  const orders = new Map<number, number[]>();
+  return (i: number): Gsm8kExample => {
+    const pass = Math.floor(i / examples.length);
+    if (!orders.has(pass)) orders.set(pass, new Rng(seed * 7919 + pass).shuffle(examples.map((_, k) => k)));
+    return examples[orders.get(pass)![i % examples.length]];
+  };
+}
+
+export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
+  const t0 = Date.now();
+  const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
+  const { resumed } = await prepareOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, resume: cfg.resume, runKind: "grpo" });
+  const ckpt = resumed ? await loadCheckpoint(cfg.outputDir) : null;
+  if (ckpt && ckpt.state.config_hash !== configHash(identity(cfg)))
+    throw new UsageError(`--resume: ${cfg.outputDir} was run with other settings (${Object.keys(ckpt.state.config ?? {}).length ? "see run.json" : "config differs"}); resume with the same flags or start a new --output_dir`);
+  const examples = await loadExamples({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
+  const heldOut = cfg.evalSamples > 0 ? await loadExamples({ dataset: cfg.dataset, purpose: "eval", maxSamples: cfg.evalSamples, synthetic: cfg.synthetic }) : [];
+  const lora: LoraConfig = { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
+  // A resumed run continues the checkpoint's adapter; a new one the given adapter or a fresh one.
+  const policy: Policy = await openPolicy({
+    modelPath: ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.modelPath) : cfg.modelPath,
+    adapter: ckpt ? ckpt.dir : cfg.initAdapter,
+    quantize: cfg.quantize,
+    lora,
+    trainable: "lora",
+    seed: cfg.seed,
+    backend: cfg.backend,
+  });
+  if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir }, "grpo");
+  const { model, tokenizer } = policy;
+  const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
+  try {
+    if (ckpt?.optimizerState) importOptimizer(optimizer, ckpt.optimizerState);
+    const start = ckpt?.state.global_step ?? 0;
+    const total = cfg.totalEpochs;
+    if (start >= total) throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} steps; raise --total_epochs above ${start} to continue`);
+    const question = dataStream(examples, cfg.seed);
+    const schedule = { type: cfg.lrScheduler, lr: cfg.learningRate, warmupSteps: Math.floor(cfg.warmupRatio * total), totalSteps: total };
+    const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"), { resumeStep: start });
+    const saves = new CheckpointSchedule(cfg.saveSteps, total);
+    const tools = [calculatorTool];
+    const history: Record<string, unknown>[] = [];
+    let step = start;
+    const saveAt = (s: number) =>
+      saveCheckpoint(cfg.outputDir, {
+        saveModel: (dir) => savePolicy(policy, dir, false),
+        state: {
+          global_step: s, epoch: (s * cfg.promptsPerStep) / examples.length, rng_state: { rollout_seed: cfg.seed }, data_position: s * cfg.promptsPerStep,
+          config_hash: configHash(identity(cfg)), config: identity(cfg), log_history: history, extra: { base: policy.base },
+        },
+        optimizerState: exportOptimizer(optimizer),
+        saveTotalLimit: cfg.saveTotalLimit,
+      });
+    // Ctrl-C lands between awaits; the state saved is that of the last completed step.
+    let lastDone = start;
+    const stopInterrupt = onInterrupt(async () => {
+      log(`interrupted: saving checkpoint-${lastDone}`);
+      await saveAt(lastDone);
+    });
+    const progress = createProgress(total, "grpo", { keyMetric: "reward", start });
+    try {
+      for (step = start; step < total; step++) {
+        const tStep = Date.now();
+        const batch = Array.from({ length: cfg.promptsPerStep }, (_, i) => question(step * cfg.promptsPerStep + i));
+        const tRoll = Date.now();
+        const trajs = await rolloutGroups(model, tokenizer, batch.map((ex) => toPrompt(ex.question)), {
+          samplesPerPrompt: cfg.samplesPerPrompt, maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns,
+          temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK, rng: new Rng(cfg.seed * 1_000_003 + step),
+          tools, toolsInPrompt: cfg.toolsInPrompt,
+        });
+        const rolloutSeconds = (Date.now() - tRoll) / 1000;
+        for (const t of trajs) {
+          const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex].gold, cfg.rewardWeights);
+          t.reward = s.reward;
+          t.rewardComponents = s.components;
+        }
+        const groups = batch.map((_, p) => trajs.filter((t) => t.promptIndex === p));
+        const rewards = groups.map((g) => g.map((t) => t.reward!));
+        const adv = groupAdvantages(rewards, cfg.scaleRewards);
+        const rollouts: GrpoRollout[] = groups.flatMap((g, p) =>
+          g.map((t, i) => ({ ids: [...t.promptIds, ...t.completionIds], lossMask: [...t.promptIds.map(() => 0), ...t.lossMask], advantage: adv[p][i] })),
+        );
+        const tTrain = Date.now();
+        const lr = lrAt(step, schedule);
+        const s = await grpoStep(model, optimizer, rollouts, {
+          beta: cfg.beta, epsilon: cfg.epsilon, epsilonHigh: cfg.epsilonHigh, lossType: cfg.lossType, maxNewTokens: cfg.maxNewTokens,
+          numIterations: cfg.numIterations, maxGradNorm: cfg.maxGradNorm, lr, microBatchSize: cfg.microBatchSize, padTokenId: tokenizer.padTokenId,
+        });
+        const trainSeconds = (Date.now() - tTrain) / 1000;
+        await appendTrajectories(path.join(cfg.outputDir, "trajectories.jsonl"), step + 1, trajs, tokenizer);
+        const m = stepMetrics(trajs, rewards, s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 });
+        metrics.log(step + 1, m);
+        history.push({ step: step + 1, ...m });
+        lastDone = step + 1;
+        progress.update(step + 1, m);
+        if (!cfg.quiet) progress.log(formatStepLine(step + 1, total, m));
+        if (saves.due(step + 1) && step + 1 < total) await saveAt(step + 1);
+      }
+    } catch (err) {
+      if (err instanceof NonFiniteError)
+        throw new Error(`${err.message} at step ${step + 1}: stopped; the last good checkpoint is kept in ${cfg.outputDir} (lower --learning_rate or check the data)`);
+      throw err;
+    } finally {
+      progress.stop();
+      stopInterrupt();
+    }
+    await saveAt(total);
+    const finalDir = path.join(cfg.outputDir, "final");
+    await savePolicy(policy, finalDir, false);
+    log(`saved adapter to ${finalDir}`);
+    let evalResult: EvalResult | null = null;
+    if (heldOut.length > 0) {
+      evalResult = await evaluate(model, tokenizer, heldOut, {
+        samplesPerPrompt: 1, temperature: 0, batchSize: 64, maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed,
+      });
+      log(`eval (held-out, greedy): ${formatEvalLine(evalResult)}`);
+      metrics.log(total, { eval_accuracy: evalResult.strict.value, eval_lenient_accuracy: evalResult.lenient.value, eval_format_valid: evalResult.formatValid });
+      const { questions, ...summary } = evalResult;
+      await writeFileAtomic(path.join(cfg.outputDir, "eval.json"), JSON.stringify({ ...summary, samples: questions.slice(0, 50) }, null, 2) + "\n");
+    }
+    await writeReport(cfg.outputDir, { title: `GRPO ${path.basename(policy.base)}` });
+    return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
+  } finally {
+    optimizer.dispose();
+    model.dispose();
+  }
+}
+
+/** Everything a step logs, with the names the step line and the report know. */
+export function stepMetrics(
+  trajs: Trajectory[],
+  rewards: number[][],
+  s: Awaited<ReturnType<typeof grpoStep>>,
+  t: { lr: number; rolloutSeconds: number; trainSeconds: number; stepSeconds: number },
+): Record<string, number> {
+  const r = meanStd(trajs.map((x) => x.reward!));
+  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+  const components: Record<string, number> = {};
+  for (const name of Object.keys(trajs[0]?.rewardComponents ?? {})) components[`reward_${name}`] = mean(trajs.map((x) => x.rewardComponents![name]));
+  const calls = trajs.reduce((a, x) => a + x.numToolCalls + x.numParseErrors, 0);
+  const failed = trajs.reduce((a, x) => a + x.numToolErrors + x.numParseErrors, 0);
+  const rolloutTokens = trajs.reduce((a, x) => a + x.completionIds.length, 0);
+  return {
+    reward: r.mean,
+    reward_std: r.std,
+    accuracy: components.reward_correctness ?? NaN,
+    ...components,
+    kl: s.kl,
+    clip_ratio: s.clipFrac,
+    clip_ratio_low: s.clipFracLow,
+    clip_ratio_high: s.clipFracHigh,
+    entropy: s.entropy,
+    loss: s.loss,
+    grad_norm: s.gradNorm,
+    lr: t.lr,
+    completion_len: mean(trajs.map((x) => x.completionIds.length)),
+    sampled_len: mean(trajs.map((x) => x.lossMask.reduce((a, b) => a + b, 0))),
+    tool_calls: mean(trajs.map((x) => x.numToolCalls)),
+    tool_error_rate: calls ? failed / calls : 0,
+    truncated: mean(trajs.map((x) => (x.truncated ? 1 : 0))),
+    zero_signal_groups: mean(rewards.map((g) => (groupHasSignal(g) ? 0 : 1))),
+    rollout_tokens_per_s: rolloutTokens / t.rolloutSeconds,
+    train_tokens_per_s: s.tokens / Math.max(t.trainSeconds, 1e-9),
+    rollout_time: t.rolloutSeconds,
+    train_time: t.trainSeconds,
+    step_time: t.stepSeconds,
+    ...memoryFields(),
+  };
+}

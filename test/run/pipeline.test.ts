@@ -1,0 +1,98 @@
+/** The tiny pipeline end to end, shortened: SFT (full) → GRPO (LoRA on NF4) → files and metrics a
+ *  run must leave; and GRPO resume equivalence: N steps = N/2 steps, resume, N/2 steps. */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { promises as fs } from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import * as tf from "@tensorflow/tfjs";
+import { initBackend } from "../../src/backend.ts";
+import { shutdownCalculator } from "../../src/agents/calculator.ts";
+import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
+import { readMetrics } from "../../src/trainer/metrics.ts";
+import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
+import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
+import { LORA_TARGETS } from "../../src/model/types.ts";
+import { makeTinyModelDir } from "./tiny-fixture.ts";
+
+let base: string;
+let root: string;
+beforeAll(async () => {
+  await initBackend("wasm");
+  base = await makeTinyModelDir();
+  root = await fs.mkdtemp(path.join(os.tmpdir(), "marl-run-"));
+});
+afterAll(async () => {
+  await shutdownCalculator();
+});
+
+const sftCfg = (outputDir: string): SftRunConfig => ({
+  modelPath: base, dataset: "synthetic", synthetic: TINY_PROBLEMS, maxSamples: 8, numEpochs: 1, batchSize: 4, gradientAccumulationSteps: 1,
+  learningRate: 1e-3, lrScheduler: "constant", warmupRatio: 0, weightDecay: 0, maxGradNorm: 1, maxLength: 512, loraR: 4, loraAlpha: 8,
+  loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "none", full: true, toolsInPrompt: false, evalSamples: 4, evalMaxNewTokens: 24,
+  maxTurns: 3, saveSteps: 0, seed: 0, outputDir, backend: "wasm", overwrite: false, quiet: true,
+});
+
+const grpoCfg = (modelPath: string, outputDir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
+  modelPath, dataset: "synthetic", synthetic: TINY_PROBLEMS, totalEpochs: 2, promptsPerStep: 2, samplesPerPrompt: 3, maxNewTokens: 24, maxTurns: 3,
+  temperature: 1, topP: 1, topK: 0, beta: 0.04, epsilon: 0.2, epsilonHigh: 0.2, numIterations: 1, lossType: "grpo", scaleRewards: "group",
+  rewardWeights: { correctness: 1, format: 0.1, tool_use: 0 },
+  // Random weights never answer right, so every group would carry no signal: reward the share of
+  // even token ids instead, which varies between samples.
+  score: (t) => {
+    const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
+    const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
+    return { reward: even, components: { even } };
+  }, learningRate: 1e-2, lrScheduler: "constant", warmupRatio: 0, weightDecay: 0,
+  maxGradNorm: 1, microBatchSize: 4, loraR: 4, loraAlpha: 8, loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "nf4",
+  toolsInPrompt: false, saveSteps: 1, saveTotalLimit: 3, evalSamples: 0, seed: 3, outputDir, backend: "wasm", overwrite: false, resume: false,
+  quiet: true, ...over,
+});
+
+describe("tiny pipeline", () => {
+  it("SFT then GRPO leave the files and metrics a run must produce", async () => {
+    const sftDir = path.join(root, "sft");
+    const sft = await runSft(sftCfg(sftDir));
+    expect(sft.steps).toBe(2);
+    expect(Number.isFinite(sft.finalLoss)).toBe(true);
+    for (const f of ["run.json", "metrics.jsonl", "report.html", "eval.json", "final/config.json", "final/model.safetensors", "final/tokenizer.json"])
+      await expect(fs.stat(path.join(sftDir, f)), f).resolves.toBeTruthy();
+    const sftMetrics = await readMetrics(path.join(sftDir, "metrics.jsonl"));
+    expect(sftMetrics.filter((m) => typeof m.loss === "number")).toHaveLength(2);
+    expect(sftMetrics.at(-1)).toHaveProperty("eval_accuracy");
+    expect(sft.eval?.n).toBe(4);
+
+    const before = tf.memory().numTensors;
+    const grpoDir = path.join(root, "grpo");
+    const r = await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir));
+    expect(r.steps).toBe(2);
+    expect(tf.memory().numTensors).toBe(before);
+    for (const f of ["run.json", "metrics.jsonl", "report.html", "trajectories.jsonl", "latest", "final/adapter_config.json", "final/adapter_model.safetensors"])
+      await expect(fs.stat(path.join(grpoDir, f)), f).resolves.toBeTruthy();
+    const m = await readMetrics(path.join(grpoDir, "metrics.jsonl"));
+    expect(m.map((x) => x.step)).toEqual([1, 2]);
+    expect(m[0].kl).toBe(0); // the adapter starts at B = 0: policy = reference
+    expect(m[1].kl as number).toBeGreaterThan(0);
+    for (const key of ["reward", "reward_std", "accuracy", "reward_even", "kl", "clip_ratio", "entropy", "completion_len", "tool_calls", "tool_error_rate", "zero_signal_groups", "rollout_tokens_per_s", "step_time", "tensors", "rss_bytes"])
+      expect(m[0], key).toHaveProperty(key);
+    const lines = (await fs.readFile(path.join(grpoDir, "trajectories.jsonl"), "utf8")).trim().split("\n");
+    expect(lines).toHaveLength(2 * 2 * 3);
+    const adapterCfg = JSON.parse(await fs.readFile(path.join(grpoDir, "final/adapter_config.json"), "utf8"));
+    expect(adapterCfg.base_model_name_or_path).toBe(path.join(sftDir, "final"));
+  });
+
+  it("GRPO resumed halfway makes the same adapter as an uninterrupted run", async () => {
+    const sftDir = path.join(root, "sft");
+    const whole = path.join(root, "whole");
+    const halves = path.join(root, "halves");
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), whole, { totalEpochs: 2 }));
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { totalEpochs: 1 }));
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { totalEpochs: 2, resume: true }));
+    const a = await fs.readFile(path.join(whole, "final/adapter_model.safetensors"));
+    const b = await fs.readFile(path.join(halves, "final/adapter_model.safetensors"));
+    const init = await fs.readFile(path.join(halves, "checkpoint-1/adapter_model.safetensors"));
+    expect(Buffer.compare(a, init)).not.toBe(0); // the second step changed the adapter
+    expect(Buffer.compare(a, b)).toBe(0);
+    const m = await readMetrics(path.join(halves, "metrics.jsonl"));
+    expect(m.map((x) => x.step)).toEqual([1, 2]);
+  });
+});
