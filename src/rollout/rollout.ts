@@ -70,13 +70,16 @@ export async function rolloutGroups(
   const ids = rows.map((r) => [...new Array(maxPrompt - r.traj.promptIds.length).fill(pad), ...r.traj.promptIds]);
   const mask = rows.map((r) => [...new Array(maxPrompt - r.traj.promptIds.length).fill(0), ...r.traj.promptIds.map(() => 1)]);
 
+  // Some tokenizers reject an empty id list (a turn that is only a stop token).
+  const decode = (ids: number[]) => (ids.length === 0 ? "" : tokenizer.decode(ids));
+
   const finish = (row: Row, reason: FinishReason) => {
     row.done = true;
     row.traj.finishReason = reason;
     row.traj.truncated = reason === "length";
     if (row.turnIds.length > 0) {
       // The budget ran out inside a turn: keep what was written, unparsed.
-      const text = tokenizer.decode(row.turnIds);
+      const text = decode(row.turnIds);
       row.traj.turns.push({ text, content: text, toolCalls: [], parseErrors: [], ended: false });
       row.turnIds = [];
     }
@@ -86,7 +89,7 @@ export async function rolloutGroups(
 
   // A sampled stop token closed the row's current turn: parse it, run its calls, decide what follows.
   const endTurn = async (row: Row) => {
-    const text = tokenizer.decode(row.turnIds.slice(0, -1)); // without the stop token
+    const text = decode(row.turnIds.slice(0, -1)); // without the stop token
     row.turnIds = [];
     const parsed = parseToolCalls(text);
     const turn: TurnRecord = { text, content: parsed.content, toolCalls: [], parseErrors: parsed.errors, ended: true };

