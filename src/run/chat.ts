@@ -87,6 +87,12 @@ export function trajectoryToMessages(t: Trajectory, toolsOn = true): ChatMessage
 
 // ---------------------------------------------------------------- streaming
 
+/** Model-written text is untrusted: control characters (ESC sequences could move the cursor, rewrite
+ *  the screen or set the window title) are shown as U+FFFD. Newlines and tabs stay. */
+export function printable(s: string): string {
+  return s.replace(/[\u0000-\u0008\u000B-\u001F\u007F-\u009F]/g, "\uFFFD");
+}
+
 /** Prints one row's sampled tokens as text as they arrive. Decodes the current turn's ids so far and
  *  writes the new suffix, so a character split over several byte-level tokens comes out whole; a
  *  trailing U+FFFD (an unfinished UTF-8 sequence) waits for the next token. Forced tokens (tool
@@ -103,7 +109,7 @@ export class TokenStreamer {
     this.ids.push(tokenId);
     const text = this.tokenizer.decode(this.ids);
     if (text.endsWith("\uFFFD") || !text.startsWith(this.printed)) return;
-    this.write(text.slice(this.printed.length));
+    this.write(printable(text.slice(this.printed.length)));
     this.printed = text;
   }
 
@@ -111,7 +117,7 @@ export class TokenStreamer {
   endTurn(): void {
     if (this.ids.length > 0) {
       const text = this.tokenizer.decode(this.ids);
-      if (text.startsWith(this.printed)) this.write(text.slice(this.printed.length));
+      if (text.startsWith(this.printed)) this.write(printable(text.slice(this.printed.length)));
       this.write("\n");
     }
     this.ids = [];
@@ -163,7 +169,7 @@ export class ChatSession {
             const result = await t.run(args);
             streamer.endTurn();
             const shown = typeof args.expression === "string" ? args.expression : JSON.stringify(args);
-            write(`[${t.name}] ${shown} → ${result}\n`);
+            write(printable(`[${t.name}] ${shown} → ${result}`) + "\n");
             return result;
           },
         }))

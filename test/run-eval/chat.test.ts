@@ -15,7 +15,7 @@ import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { rolloutGroups, type Trajectory } from "../../src/rollout/rollout.ts";
-import { ChatSession, parseChatArgs, parseChatCommand, runChat, TokenStreamer, trajectoryToMessages } from "../../src/run/chat.ts";
+import { ChatSession, parseChatArgs, parseChatCommand, printable, runChat, TokenStreamer, trajectoryToMessages } from "../../src/run/chat.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { ScriptedModel } from "../rollout/scripted-model.ts";
 import { makeTinyModelDir } from "./tiny-model.ts";
@@ -105,6 +105,14 @@ describe("TokenStreamer", () => {
     for (const id of tok.encode("<tool_response>")) s.push(id, true);
     expect(pieces.join("")).toBe(text + "\n");
     expect(pieces.some((p) => p.includes("\uFFFD"))).toBe(false);
+  });
+  it("shows control characters from the model as U+FFFD, so it cannot send terminal escapes", () => {
+    const pieces: string[] = [];
+    const s = new TokenStreamer(tok, new Set([tok.eosTokenId]), (p) => pieces.push(p));
+    for (const id of tok.encode("a\x1b]0;owned\x07b\tc\r\n")) s.push(id, false);
+    s.endTurn();
+    expect(pieces.join("")).toBe("a\uFFFD]0;owned\uFFFDb\tc\uFFFD\n\n");
+    expect(printable("x\u009by")).toBe("x\uFFFDy");
   });
 });
 
