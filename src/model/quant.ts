@@ -7,6 +7,7 @@
  *  the `in` axis in slabs: byte/nibble k of packed[i, j] is the code of row k·(inPad/per) + i, so the
  *  unpacked slabs simply concatenate back. Leaves out: double quantization of the absmax values. */
 import * as tf from "@tensorflow/tfjs";
+import { DEQUANTIZE, hasDequantizeKernel, type DequantizeAttrs } from "./dequant-kernel.ts";
 
 /** bitsandbytes' NF4 code book (bitsandbytes/functional.py, get_4bit_type "nf4"). */
 export const NF4_CODE = new Float32Array([
@@ -131,6 +132,10 @@ export class QuantizedMatrix {
   }
 
   private unpack(packed: tf.Tensor2D, scales: tf.Tensor2D): tf.Tensor2D {
+    if (hasDequantizeKernel()) {
+      const attrs: DequantizeAttrs = { kind: this.kind, inDim: this.inDim, table: Array.from(NF4_CODE), block: NF4_BLOCK };
+      return tf.engine().runKernel(DEQUANTIZE, { packed, scales }, attrs as unknown as tf.NamedAttrMap) as tf.Tensor2D;
+    }
     const bits = this.kind === "int8" ? 8 : 4;
     const per = 32 / bits, top = (1 << bits) >>> 0, field = top - 1;
     const slabs: tf.Tensor[] = [];
