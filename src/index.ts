@@ -1,0 +1,39 @@
+/** The library API: everything the scripts use, importable for programmatic use. */
+import { resolveModelDir } from "./model/hub.ts";
+import { loadTokenizerFromDir } from "./model/tokenizer.ts";
+import type { Tokenizer } from "./model/types.ts";
+
+export { initBackend } from "./backend.ts";
+export { loadModel, createModel } from "./model/load.ts";
+export { resolveModelDir } from "./model/hub.ts";
+export { Qwen2ForCausalLM } from "./model/qwen2.ts";
+export { readSafetensorsAll, writeSafetensors } from "./model/safetensors.ts";
+export type { CausalLM, ChatMessage, KVCache, LoraConfig, Quantize, Qwen2Config, Tokenizer, ToolSchema } from "./model/types.ts";
+export { calculatorTool, shutdownCalculator } from "./agents/calculator.ts";
+export { registerTool, getTool, listTools, toolSchemas } from "./agents/registry.ts";
+export { parseToolCalls } from "./agents/toolcall.ts";
+export { SYSTEM_PROMPT, toPrompt } from "./agents/prompts.ts";
+export type { Tool } from "./agents/types.ts";
+export { loadGsm8k, type Gsm8kExample } from "./datasets/gsm8k.ts";
+export { generateSynthetic } from "./datasets/synthetic.ts";
+export { toConversation, buildSftConversations } from "./datasets/sft.ts";
+export { extractAnswer, lastNumber, answersMatch, parseGold } from "./datasets/answer.ts";
+export { rolloutGroups, type Trajectory, type RolloutConfig } from "./rollout/rollout.ts";
+export { scoreRollout, parseRewardWeights, REWARD_COMPONENTS } from "./rollout/rewards.ts";
+export { sampleTokens } from "./rollout/sampler.ts";
+export { groupAdvantages } from "./trainer/advantages.ts";
+export { policyLoss } from "./trainer/policy-loss.ts";
+export { grpoStep } from "./trainer/grpo.ts";
+export { sftStep, sftLoss } from "./trainer/sft.ts";
+export { AdamW } from "./trainer/optimizer.ts";
+export { runSft } from "./run/sft-run.ts";
+export { runGrpo } from "./run/grpo-run.ts";
+export { runEval } from "./run/eval-run.ts";
+export { evaluate } from "./run/evaluate.ts";
+export { openPolicy } from "./run/policy.ts";
+export { Rng } from "./util/rng.ts";
+
+/** A tokenizer (tokenizer.json + tokenizer_config.json with its chat template) from a folder or hub id. */
+export async function loadTokenizer(pathOrId: string): Promise<Tokenizer> {
+  return loadTokenizerFromDir(await resolveModelDir(pathOrId));
+}
