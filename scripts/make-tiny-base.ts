@@ -15,11 +15,14 @@ const program = new Command()
   .option("--batch_size <n>", "problems per step", parseIntArg("--batch_size", 1), 16)
   .option("--learning_rate <x>", "peak learning rate (cosine schedule with warmup)", parseFloatArg("--learning_rate", 0), 3e-3)
   .option("--seed <n>", "weights and data-order seed", parseIntArg("--seed", 0), 0)
+  .option("--chat_share <x>", "share of the data rendered as chat transcripts with tool calls", parseFloatArg("--chat_share", 0, 1), 0)
+  .option("--save_every <n>", "also save every N steps", parseIntArg("--save_every", 0), 0)
+  .option("--init_from <dir>", "continue pretraining the model in this folder (its tokenizer is kept)")
   .option("--backend <name>", "tfjs backend: auto, tensorflow, wasm or cpu", "auto");
 
 await runMain(async () => {
   const o = program.parse().opts();
   await initBackend(o.backend);
-  await makeTinyBase({ outDir: o.output_dir, steps: o.steps, batchSize: o.batch_size, lr: o.learning_rate, seed: o.seed });
+  await makeTinyBase({ outDir: o.output_dir, steps: o.steps, batchSize: o.batch_size, lr: o.learning_rate, seed: o.seed, initFrom: o.init_from, chatShare: o.chat_share, saveEvery: o.save_every });
   await shutdownCalculator();
 });

@@ -15,15 +15,19 @@ import type { Qwen2Config } from "../model/types.ts";
 export const TINY_BASE_DIR = path.join(path.dirname(fileURLToPath(import.meta.url)), "tiny");
 export const TINY_OUTPUT_DIR = path.join("outputs", "tiny");
 
-/** Problem difficulty: 1-3 steps, two-digit operands (products up to four digits): the model can
- *  copy the numbers, but needs the calculator for the arithmetic. */
-export const TINY_PROBLEMS: Omit<SyntheticOptions, "n" | "seed"> = {
+/** What the base is pretrained on (and its tokenizer learned from): 1-3 steps, two-digit operands
+ *  (products up to four digits). */
+export const TINY_PRETRAIN_PROBLEMS: Omit<SyntheticOptions, "n" | "seed"> = {
   minSteps: 1,
   maxSteps: 3,
   minOperand: 2,
   maxOperand: 99,
   maxValue: 9999,
 };
+
+/** The task SFT, RL and evaluation use: the same problems with 1-2 steps. The model has to copy
+ *  the numbers into calculator calls; the arithmetic is the tool's. */
+export const TINY_PROBLEMS: Omit<SyntheticOptions, "n" | "seed"> = { ...TINY_PRETRAIN_PROBLEMS, maxSteps: 2 };
 
 /** Disjoint streams of problems. */
 export const TINY_SEEDS = { pretrain: 101, tokenizer: 102, sft: 201, rl: 301, eval: 401 } as const;
