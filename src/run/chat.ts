@@ -6,7 +6,7 @@
  *  Interactive on a terminal (Ctrl-C stops a generation, twice at the prompt exits); with piped stdin
  *  one message per line, plain output, exit at EOF. Leaves out: history editing, multiple samples. */
 import * as readline from "node:readline";
-import { Command, CommanderError } from "commander";
+import { Command } from "commander";
 import { calculatorTool } from "../agents/calculator.ts";
 import { SYSTEM_PROMPT } from "../agents/prompts.ts";
 import type { Tool } from "../agents/types.ts";
@@ -16,7 +16,7 @@ import { TINY_BASE_DIR } from "../presets/tiny.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import { Rng } from "../util/rng.ts";
 import { checkModelSource, TINY_EVAL_MODELS } from "./eval-run.ts";
-import { addModelOptions, applyPreset } from "./options.ts";
+import { addModelOptions, parseWithPreset } from "./options.ts";
 import { openPolicy } from "./policy.ts";
 
 // ---------------------------------------------------------------- commands
@@ -224,20 +224,7 @@ export function chatCommand(): Command {
 /** argv → config; validates paths, writes nothing. `--preset tiny` picks the most trained tiny
  *  checkpoint that exists: RL (on its NF4 base), else SFT, else the base. */
 export async function parseChatArgs(argv: string[]): Promise<ChatRunConfig> {
-  const cmd = chatCommand();
-  try {
-    cmd.parse(argv);
-  } catch (err) {
-    if (err instanceof CommanderError) {
-      if (err.exitCode === 0) process.exit(0); // --help
-      throw new UsageError(err.message.replace(/^error: /, ""));
-    }
-    throw err;
-  }
-  const preset = cmd.getOptionValue("preset") as string | undefined;
-  if (preset === "tiny") applyPreset(cmd, TINY_CHAT_PRESET);
-  const o = cmd.opts();
-  const explicit = (k: string) => !["default", undefined].includes(cmd.getOptionValueSource(k));
+  const { preset, o, explicit } = parseWithPreset(chatCommand(), argv, { tiny: TINY_CHAT_PRESET });
   let modelPath: string = o.model_path;
   let quantize: Quantize = o.quantize;
   let note: string | undefined;

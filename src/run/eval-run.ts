@@ -6,7 +6,7 @@
  *  (policy.ts). */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { Command, CommanderError } from "commander";
+import { Command } from "commander";
 import { parseChoice, parseFloatArg, parseIntArg, prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
 import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import type { Quantize } from "../model/types.ts";
@@ -17,7 +17,7 @@ import { meanCI, type Interval } from "../trainer/stats.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { loadExamples, type Purpose } from "./data.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
-import { addModelOptions, applyPreset, QUANTIZE_CHOICES } from "./options.ts";
+import { addModelOptions, parseWithPreset, QUANTIZE_CHOICES } from "./options.ts";
 import { openPolicy } from "./policy.ts";
 
 export interface EvalModelSpec {
@@ -125,20 +125,7 @@ export async function checkModelSource(modelPath: string, flag: string, adapter?
 
 /** argv → a validated config. Writes nothing; every usage error is thrown from here. */
 export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
-  const cmd = evalCommand();
-  try {
-    cmd.parse(argv);
-  } catch (err) {
-    if (err instanceof CommanderError) {
-      if (err.exitCode === 0) process.exit(0); // --help
-      throw new UsageError(err.message.replace(/^error: /, ""));
-    }
-    throw err;
-  }
-  const preset = cmd.getOptionValue("preset") as string | undefined;
-  if (preset === "tiny") applyPreset(cmd, TINY_EVAL_PRESET);
-  const o = cmd.opts();
-  const explicit = (k: string) => !["default", undefined].includes(cmd.getOptionValueSource(k));
+  const { preset, o, explicit } = parseWithPreset(evalCommand(), argv, { tiny: TINY_EVAL_PRESET });
   if (o.samples_per_prompt > 1 && o.temperature === 0)
     throw new UsageError(`--samples_per_prompt ${o.samples_per_prompt} with --temperature 0: greedy samples are identical; use a temperature > 0 or k = 1`);
   const quantizeFor: Record<string, Quantize> = o.quantize_for ?? {};

@@ -1,6 +1,6 @@
 /** Flags shared by the four scripts, and `--preset`: a preset fills in every flag the user did not
  *  give on the command line (commander's value source tells which), so explicit flags always win. */
-import { Command, Option } from "commander";
+import { Command, CommanderError, Option } from "commander";
 import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 
@@ -57,4 +57,23 @@ export function loraTargets(list: string[]): LoraTarget[] {
 export function defaultOutputDir(modelPath: string, stage: string): string {
   const name = modelPath.replace(/[\\/]+$/, "").split(/[\\/]/).slice(-1)[0] || "model";
   return `outputs/${name}/${stage}`;
+}
+
+/** Parse argv (commander errors become UsageError, --help exits 0) and apply the preset if one was
+ *  named. Returns the command, its options, and whether a flag was given explicitly. */
+export function parseWithPreset(cmd: Command, argv: string[], presets: Partial<Record<PresetName, Record<string, unknown>>>) {
+  try {
+    cmd.parse(argv);
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      if (err.exitCode === 0) process.exit(0); // --help
+      throw new UsageError(err.message.replace(/^error: /, ""));
+    }
+    throw err;
+  }
+  const preset = cmd.getOptionValue("preset") as PresetName | undefined;
+  const values = preset ? presets[preset] : undefined;
+  if (values) applyPreset(cmd, values);
+  const explicit = (k: string) => !["default", undefined].includes(cmd.getOptionValueSource(k));
+  return { preset, o: cmd.opts(), explicit };
 }
