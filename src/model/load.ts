@@ -52,7 +52,12 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   const created: { dispose(): void }[] = [];
   const uid = ++modelCount; // tfjs variable names are global: full-mode models get a suffix each
   // Frozen f32 weights over 1 GiB: held [out, in] and used as the left operand (see weight.ts).
-  const left = quantize === "none" && !full && (opts.frozenLeft ?? 4 * paramCount(cfg) > 2 ** 30);
+  const big = opts.frozenLeft ?? 4 * paramCount(cfg) > 2 ** 30;
+  const left = quantize === "none" && !full && big;
+  // The embedding (and an untied head) stays f32 under int8/nf4, as QLoRA / bitsandbytes quantize only
+  // the Linear layers inside the blocks: a quantized head would be dequantized whole at every decode
+  // step (136M weights for 0.5B), and a lookup needs only a few of its columns anyway.
+  const embedLeft = !full && big;
   const vec = async (n: string, size: number): Promise<tf.Tensor1D> => {
     const t = tf.tensor1d(plain(await src(n, [size])));
     const out = full ? (tf.variable(t, true, `${n}#${uid}`) as unknown as tf.Tensor1D) : t;
@@ -61,18 +66,18 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
     return out;
   };
   // torch stores Linear weights [out, in]; we hold [in, out] (transposed on the host, once).
-  const mat = async (n: string, outD: number, inD: number): Promise<BaseWeight> => {
+  const mat = async (n: string, outD: number, inD: number, embedding = false): Promise<BaseWeight> => {
     const d = await src(n, [outD, inD]);
-    const w = left
+    const w = (embedding ? embedLeft : left)
       ? BaseWeight.frozenLeft("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD)
-      : BaseWeight.fromFloat32("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD, quantize, full, `${n}#${uid}`);
+      : BaseWeight.fromFloat32("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD, embedding ? "none" : quantize, full, `${n}#${uid}`);
     created.push(w);
     return w;
   };
   try {
     const H = cfg.hiddenSize, V = cfg.vocabSize;
-    const embedT = await mat("model.embed_tokens.weight", V, H);
-    const lmHeadT = cfg.tieWordEmbeddings ? null : hasLmHead ? await mat("lm_head.weight", V, H) : null;
+    const embedT = await mat("model.embed_tokens.weight", V, H, true);
+    const lmHeadT = cfg.tieWordEmbeddings ? null : hasLmHead ? await mat("lm_head.weight", V, H, true) : null;
     if (!cfg.tieWordEmbeddings && !lmHeadT) throw new Error(`${name}: tensor lm_head.weight missing (tie_word_embeddings is false)`);
     const layers: LayerWeights[] = [];
     for (let i = 0; i < cfg.numHiddenLayers; i++) {

@@ -89,6 +89,11 @@ export class Qwen2ForCausalLM implements CausalLM {
     return n;
   }
 
+  /** Bytes of the 7 linear modules of every layer: the part int8/nf4 quantize (embeddings stay f32). */
+  linearBytes(): number {
+    return this.weights.layers.reduce((n, l) => n + LORA_TARGETS.reduce((s, m) => s + l.proj[m].bytes, 0), 0);
+  }
+
   private get head(): BaseWeight {
     return this.weights.lmHeadT ?? this.weights.embedT;
   }
