@@ -12,6 +12,7 @@ import { attentionBias, positionIds, ropeInvFreq, ropeTables } from "./attention
 import { configToJson } from "./config.ts";
 import { adapterConfigJson, LoraAdapter, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
+import { checkpoint } from "./checkpoint.ts";
 import { bmm, matMulAT, matMulBT, matMulUncached } from "./matmul.ts";
 import { BaseWeight, type CustomGradFn } from "./weight.ts";
 import { LORA_TARGETS, type CausalLM, type ForwardOptions, type KVCache, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
@@ -31,6 +32,18 @@ export interface Qwen2Weights {
 
 /** Rows of logits materialised at once by tokenLogprobs: about 64 MB of f32 per chunk. */
 const LOGIT_CHUNK_FLOATS = 16 * 1024 * 1024;
+
+/** What every layer of one forward shares: shapes, RoPE tables [B, T, 1, hd], the attention bias
+ *  [B, 1, T, S] and the cache (null in training forwards). */
+interface LayerInputs {
+  B: number;
+  T: number;
+  cos: tf.Tensor4D;
+  sin: tf.Tensor4D;
+  bias: tf.Tensor4D;
+  opts: ForwardOptions;
+  cache: Qwen2KVCache | null;
+}
 
 export class Qwen2KVCache implements KVCache {
   constructor(
@@ -64,6 +77,9 @@ export class Qwen2KVCache implements KVCache {
 
 export class Qwen2ForCausalLM implements CausalLM {
   readonly lora: LoraConfig | null;
+  /** Keep only each layer's input on a gradient tape and recompute the layer in the backward pass
+   *  (checkpoint.ts). Same gradients; about one more forward of compute for a fraction of the memory. */
+  activationCheckpointing = true;
   private readonly invFreq: Float32Array;
 
   constructor(
@@ -137,47 +153,35 @@ export class Qwen2ForCausalLM implements CausalLM {
   /** The decoder stack: new tokens (after `cache`, if any) → final-normed hidden [B·T, hidden], and the
    *  updated keys/values per layer when `cache` is given. Call inside tf.tidy. */
   private run(ids: number[][], mask: number[][], opts: ForwardOptions, cache: Qwen2KVCache | null) {
-    const c = this.config, B = ids.length, T = ids[0].length, N = B * T;
-    const nH = c.numAttentionHeads, nKv = c.numKeyValueHeads, hd = c.headDim, g = nH / nKv;
+    const c = this.config, B = ids.length, T = ids[0].length, hd = c.headDim;
     const keyMask = cache ? mask.map((r, b) => cache.mask[b].concat(r)) : mask;
     const S = keyMask[0].length;
     const pos = positionIds(mask, cache?.count).flat();
     const { cos: cosA, sin: sinA } = ropeTables(pos, this.invFreq);
     const cos = tf.tensor4d(cosA, [B, T, 1, hd]), sin = tf.tensor4d(sinA, [B, T, 1, hd]);
     const bias = tf.tensor4d(attentionBias(keyMask, T), [B, 1, T, S]);
-    const qScale = 1 / Math.sqrt(hd);
 
+    const ctx: LayerInputs = { B, T, cos, sin, bias, opts, cache };
+    // Training forwards (a gradient tape recording) keep only each layer's input on the tape and run
+    // the layer again in the backward pass; LoRA dropout draws fresh masks per call, so with dropout
+    // on the layers are recorded whole instead.
+    const ckpt = !cache && this.activationCheckpointing && !(opts.training && this.adapter && opts.adapters !== false && this.adapter.config.dropout > 0);
     let x = this.weights.embedT.columns(tf.tensor1d(ids.flat(), "int32")); // [N, H]
     const newK: tf.Tensor4D[] = [], newV: tf.Tensor4D[] = [];
     for (let l = 0; l < c.numHiddenLayers; l++) {
+      if (ckpt) {
+        // One tidy per layer (inside checkpoint and here): a layer's intermediates are freed before the
+        // next one runs.
+        const xIn = x;
+        const layer = (xx: tf.Tensor2D, [cs, sn, bs]: tf.Tensor[]) =>
+          tf.tidy(() => this.layer(l, xx, { ...ctx, cos: cs as tf.Tensor4D, sin: sn as tf.Tensor4D, bias: bs as tf.Tensor4D }).x);
+        x = tf.tidy(() => checkpoint(layer, xIn, [cos, sin, bias], this.layerVariables(l, opts)));
+        continue;
+      }
       // One tidy per layer: a layer's intermediates are freed before the next one runs (tensors the
       // gradient tape needs are kept by the tape itself).
       const xIn = x;
-      const out = tf.tidy(() => {
-        let x = xIn;
-        const lw = this.weights.layers[l];
-        const h = this.rmsNorm(x, lw.inputNorm);
-        let q = this.rope(tf.reshape(this.proj(l, "q_proj", h, opts), [B, T, nH, hd]), cos, sin);
-        const k = this.rope(tf.reshape(this.proj(l, "k_proj", h, opts), [B, T, nKv, hd]), cos, sin);
-        q = tf.transpose(tf.mul(q, qScale), [0, 2, 1, 3]); // (B, nH, T, hd)
-        let kT: tf.Tensor = tf.transpose(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
-        let v: tf.Tensor = tf.transpose(tf.reshape(this.proj(l, "v_proj", h, opts), [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
-        if (cache && cache.length) {
-          kT = tf.concat([cache.k[l], kT], 3); // (B, nKv, hd, S)
-          v = tf.concat([cache.v[l], v], 2); // (B, nKv, S, hd)
-        }
-        // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows.
-        const qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
-        const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
-        const probs = tf.reshape<tf.Rank.R3>(tf.softmax(scores), [B * nKv, g * T, S]);
-        const ctx = tf.reshape<tf.Rank.R2>(tf.transpose(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
-        x = tf.add(x, this.proj(l, "o_proj", ctx, opts)) as tf.Tensor2D;
-        const n = this.rmsNorm(x, lw.postNorm);
-        const gate = this.proj(l, "gate_proj", n, opts);
-        const act = tf.mul(tf.mul(gate, tf.sigmoid(gate)), this.proj(l, "up_proj", n, opts)) as tf.Tensor2D; // silu(gate)·up
-        x = tf.add(x, this.proj(l, "down_proj", act, opts)) as tf.Tensor2D;
-        return { x, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };
-      });
+      const out = tf.tidy(() => this.layer(l, xIn, ctx));
       x = out.x;
       if (cache) {
         newK.push(out.kT);
@@ -185,6 +189,51 @@ export class Qwen2ForCausalLM implements CausalLM {
       } else tf.dispose([out.kT, out.v]);
     }
     return { hidden: this.rmsNorm(x, this.weights.norm), newK, newV };
+  }
+
+  /** One decoder layer: x [N, hidden] → x [N, hidden], with this layer's keys (B, nKv, hd, S) and
+   *  values (B, nKv, S, hd) after the cache (if any). */
+  private layer(l: number, x: tf.Tensor2D, ctx: LayerInputs): { x: tf.Tensor2D; kT: tf.Tensor4D; v: tf.Tensor4D } {
+    const c = this.config, { B, T, cos, sin, bias, opts, cache } = ctx, N = B * T;
+    const nH = c.numAttentionHeads, nKv = c.numKeyValueHeads, hd = c.headDim, g = nH / nKv;
+    const S = bias.shape[3];
+    const lw = this.weights.layers[l];
+    const h = this.rmsNorm(x, lw.inputNorm);
+    let q = this.rope(tf.reshape(this.proj(l, "q_proj", h, opts), [B, T, nH, hd]), cos, sin);
+    const k = this.rope(tf.reshape(this.proj(l, "k_proj", h, opts), [B, T, nKv, hd]), cos, sin);
+    q = tf.transpose(tf.mul(q, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)
+    let kT: tf.Tensor = tf.transpose(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
+    let v: tf.Tensor = tf.transpose(tf.reshape(this.proj(l, "v_proj", h, opts), [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
+    if (cache && cache.length) {
+      kT = tf.concat([cache.k[l], kT], 3); // (B, nKv, hd, S)
+      v = tf.concat([cache.v[l], v], 2); // (B, nKv, S, hd)
+    }
+    // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows.
+    const qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
+    const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
+    const probs = tf.reshape<tf.Rank.R3>(tf.softmax(scores), [B * nKv, g * T, S]);
+    const att = tf.reshape<tf.Rank.R2>(tf.transpose(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
+    x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
+    const n = this.rmsNorm(x, lw.postNorm);
+    const gate = this.proj(l, "gate_proj", n, opts);
+    const act = tf.mul(tf.mul(gate, tf.sigmoid(gate)), this.proj(l, "up_proj", n, opts)) as tf.Tensor2D; // silu(gate)·up
+    x = tf.add(x, this.proj(l, "down_proj", act, opts)) as tf.Tensor2D;
+    return { x, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };
+  }
+
+  /** The trainable variables layer l reads: its LoRA pairs (when adapters are on) and, in full mode,
+   *  its own weights. A checkpointed layer must name them all (see checkpoint.ts). */
+  private layerVariables(l: number, opts: ForwardOptions): tf.Variable[] {
+    const vars: tf.Variable[] = [];
+    if (this.full) {
+      const lw = this.weights.layers[l];
+      vars.push(...([lw.inputNorm, lw.postNorm, lw.bias.q_proj, lw.bias.k_proj, lw.bias.v_proj, ...LORA_TARGETS.map((m) => lw.proj[m].f32!)] as unknown as tf.Variable[]));
+    }
+    if (this.adapter && opts.adapters !== false) {
+      const prefix = `base_model.model.model.layers.${l}.`; // the adapter's variables carry PEFT names
+      vars.push(...this.adapter.variables().filter((v) => v.name.startsWith(prefix)));
+    }
+    return vars.filter((v) => v instanceof tf.Variable && v.trainable);
   }
 
   forward(inputIds: number[][], attentionMask?: number[][], opts: ForwardOptions = {}): tf.Tensor3D {
