@@ -65,9 +65,10 @@ const now = () => performance.now() / 1000;
  *  so batches are sized from an estimate up front instead of by trial. */
 const HEAP_BUDGET = 3.4 * 2 ** 30;
 
-/** Largest batch ≤ want (halving) whose estimated bytes fit beside the model; note says when smaller. */
-function fitBatch(model: Qwen2ForCausalLM, want: number, bytesPerRow: number): { batch: number; note?: string } {
-  const free = HEAP_BUDGET - model.baseBytes();
+/** Largest batch ≤ want (halving) whose estimated bytes fit beside the model and `fixedBytes` of
+ *  batch-independent scratch; note says when smaller. */
+function fitBatch(model: Qwen2ForCausalLM, want: number, bytesPerRow: number, fixedBytes = 0): { batch: number; note?: string } {
+  const free = HEAP_BUDGET - model.baseBytes() - fixedBytes;
   let b = want;
   while (b > 1 && b * bytesPerRow > free) b = Math.floor(b / 2);
   return { batch: b, note: b < want ? `batch ${want} does not fit the 4 GiB wasm heap (≈${(bytesPerRow / 2 ** 20).toFixed(0)} MB per row beside ${(model.baseBytes() / 2 ** 30).toFixed(2)} GiB of weights); ran ${b}` : undefined };
@@ -108,10 +109,14 @@ registerWorkload({
       tf.dispose([value, grads]);
       return now() - t0;
     };
-    // the tape keeps every layer's activations: ~12 [T, intermediate] and ~3 [heads, T, T] per layer
+    // With activation checkpointing the tape keeps each layer's input (and the backward pass a few
+    // gradients of that size per layer); one layer at a time is recomputed, its activations (~12
+    // [T, intermediate], ~3 [heads, T, T]) and their gradients alive together. The vocab head's
+    // backward needs ~6 [chunk rows, vocab] of scratch whatever the batch.
     const c = ctx.config;
-    const perRow = c.numHiddenLayers * 256 * 4 * (12 * c.intermediateSize + 3 * c.numAttentionHeads * 256 + 30 * c.hiddenSize);
-    const { batch, note } = fitBatch(model, 8, perRow);
+    const layer = 12 * c.intermediateSize + 3 * c.numAttentionHeads * 256 + 30 * c.hiddenSize;
+    const perRow = 256 * 4 * (2 * layer + 4 * c.numHiddenLayers * c.hiddenSize);
+    const { batch, note } = fitBatch(model, 8, perRow, 6 * 64 * 2 ** 20);
     if (ctx.configName === "small") once(batch);
     return [ctx.measure({ workload: "fwd_bwd", batch, tokens: batch * 256, seconds: once(batch), note })];
   },
