@@ -37,17 +37,22 @@ export const mm = tf.customGrad(((a: tf.Tensor2D, b: tf.Tensor2D, save: tf.GradS
  *  another 2 GB, past the 4 GiB heap). w is sliced along K into fresh tensors, whose packed copies go
  *  away with them, and the partial products are summed. */
 export function matMulUncached(a: tf.Tensor2D, w: tf.Tensor2D, chunkFloats = 8 * 1024 * 1024): tf.Tensor2D {
-  return tf.tidy(() => {
-    const [K, N] = w.shape, M = a.shape[0];
-    const rows = Math.max(1, Math.floor(chunkFloats / N));
-    let acc: tf.Tensor2D | null = null;
-    for (let k = 0; k < K; k += rows) {
-      const n = Math.min(rows, K - k);
-      const part: tf.Tensor2D = tf.matMul(tf.slice(a, [0, k], [M, n]), tf.slice(w, [k, 0], [n, N]));
-      acc = acc ? (tf.add(acc, part) as tf.Tensor2D) : part;
+  const [K, N] = w.shape, M = a.shape[0];
+  const rows = Math.max(1, Math.floor(chunkFloats / N));
+  let acc: tf.Tensor2D | null = null;
+  for (let k = 0; k < K; k += rows) {
+    const n = Math.min(rows, K - k);
+    // One tidy per slice: a slice of w and its packed copy are freed before the next is cut (holding
+    // them all would copy w twice over).
+    const part = tf.tidy(() => tf.matMul(tf.slice(a, [0, k], [M, n]), tf.slice(w, [k, 0], [n, N])) as tf.Tensor2D);
+    if (!acc) acc = part;
+    else {
+      const sum: tf.Tensor2D = tf.add(acc, part);
+      tf.dispose([acc, part]);
+      acc = sum;
     }
-    return acc!;
-  });
+  }
+  return acc!;
 }
 
 /** x [M, K] · wᵀ for a frozen, large w held [N, K] (torch's layout): computed as (w · xᵀ)ᵀ so w is the

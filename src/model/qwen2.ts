@@ -30,8 +30,9 @@ export interface Qwen2Weights {
   layers: LayerWeights[];
 }
 
-/** Rows of logits materialised at once by tokenLogprobs: about 64 MB of f32 per chunk. */
-const LOGIT_CHUNK_FLOATS = 16 * 1024 * 1024;
+/** Rows of logits materialised at once by tokenLogprobs: about 16 MB of f32 per chunk (the forward
+ *  and backward of a chunk hold ~7 such tensors at once: ~110 MB, 27 rows of the 0.5B vocab). */
+const LOGIT_CHUNK_FLOATS = 4 * 1024 * 1024;
 
 /** What every layer of one forward shares: shapes, RoPE tables [B, T, 1, hd], the attention bias
  *  [B, 1, T, S] and the cache (null in training forwards). */

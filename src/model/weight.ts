@@ -64,8 +64,20 @@ export class BaseWeight {
     return mmFrozen(x, () => q.dequantize());
   }
 
-  /** Columns as rows: [ids.length, in] (embedding lookup on a transposed embedding matrix). */
+  /** Columns as rows: [ids.length, in] (embedding lookup on a transposed embedding matrix). A frozen
+   *  matrix is looked up inside a custom gradient that saves nothing: recorded as a plain Gather, the
+   *  tape would keep a copy of the whole matrix (the wasm backend clones saved inputs by copying;
+   *  544 MB for the 0.5B embedding). */
   columns(ids: tf.Tensor1D): tf.Tensor2D {
+    if (this.isVariable) return tf.transpose(tf.gather(this.f32!, ids, 1)) as tf.Tensor2D;
+    const f = tf.customGrad(((i: tf.Tensor1D) => ({
+      value: tf.tidy(() => this.lookup(i)),
+      gradFunc: () => tf.zeros(i.shape), // token ids take no gradient (never reached from a variable)
+    })) as unknown as CustomGradFn);
+    return f(ids) as tf.Tensor2D;
+  }
+
+  private lookup(ids: tf.Tensor1D): tf.Tensor2D {
     if (this.left) return tf.gather(this.left, ids, 0) as tf.Tensor2D;
     const cols = this.f32 ? (tf.gather(this.f32, ids, 1) as tf.Tensor2D) : this.quant!.columns(ids);
     return tf.transpose(cols);
