@@ -60,7 +60,8 @@ export const TINY_EVAL_PRESET: Record<string, unknown> = {
 };
 
 /** The three tiny checkpoints, in training order, each quantized the way it ran: base and SFT in f32,
- *  the GRPO adapter on the NF4 base it was trained against. */
+ *  the GRPO adapter on the NF4 base it was trained against. The SFT model is also evaluated on that
+ *  NF4 base ("sft-nf4"), so the RL gain can be read apart from the cost of quantization. */
 export const TINY_EVAL_MODELS: ReadonlyArray<EvalModelSpec & { path: string }> = [
   { name: "base", path: TINY_BASE_DIR, modelPath: TINY_BASE_DIR, quantize: "none" },
   { name: "sft", path: path.join(TINY_OUTPUT_DIR, "sft", "final"), modelPath: path.join(TINY_OUTPUT_DIR, "sft", "final"), quantize: "none" },
@@ -143,6 +144,11 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
     if (models.length === 0)
       throw new UsageError(`--preset tiny: none of ${TINY_EVAL_MODELS.map((m) => m.path).join(", ")} exists; run make-tiny-base, train-sft or train-gsm8k-agent first`);
     for (let i = 1; i < models.length; i++) compare.push([models[i].name, models[i - 1].name]);
+    const sft = models.find((m) => m.name === "sft"), rl = models.find((m) => m.name === "rl");
+    if (sft && rl && rl.quantize !== sft.quantize) {
+      models.splice(models.indexOf(rl), 0, { name: `sft-${rl.quantize}`, modelPath: sft.modelPath, quantize: rl.quantize });
+      compare.push(["rl", `sft-${rl.quantize}`]);
+    }
   } else {
     await checkModelSource(o.model_path, "--model_path", o.adapter);
     const name = modelName(o.adapter ?? o.model_path);
