@@ -3,6 +3,8 @@
  *  padding with position ids from the mask, tied or untied head. KV cache for incremental decoding.
  *  Every projection runs as one 2-D matMul over the flattened (batch·seq) rows with weights held
  *  [in, out]; the tied head keeps only Eᵀ [hidden, vocab] and embeds by gathering its columns.
+ *  Training forwards checkpoint each decoder layer (only its input stays on the gradient tape) and
+ *  compute the head's log-probs in vocab chunks that recompute their logits in the backward pass.
  *  Leaves out: sliding-window attention, rope scaling, dropout in attention (Qwen2 uses 0). */
 import * as tf from "@tensorflow/tfjs";
 import { promises as fs } from "node:fs";
