@@ -18,7 +18,8 @@ import { writeFileAtomic } from "../util/fs.ts";
 import { loadExamples, type Purpose } from "./data.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
 import { addModelOptions, parseWithPreset, QUANTIZE_CHOICES } from "./options.ts";
-import { openPolicy } from "./policy.ts";
+import { checkModelSource, openPolicy } from "./policy.ts";
+export { checkModelSource };
 
 export interface EvalModelSpec {
   name: string; // used in the table and in samples-<name>.jsonl
@@ -112,17 +113,6 @@ export function modelName(p: string): string {
 
 /** Checks what openPolicy would reject, before anything is written: a path-looking model that does not
  *  exist, a folder with neither config.json nor adapter_config.json, an adapter without its config. */
-export async function checkModelSource(modelPath: string, flag: string, adapter?: string): Promise<void> {
-  if (await exists(modelPath)) {
-    const st = await fs.stat(modelPath);
-    const ok = st.isDirectory() && ((await exists(path.join(modelPath, "config.json"))) || (await exists(path.join(modelPath, "adapter_config.json"))));
-    if (!ok) throw new UsageError(`${flag} ${modelPath}: no config.json or adapter_config.json there; expected a Hugging Face model folder or a PEFT adapter folder`);
-  } else if (!/^[\w.-]+\/[\w.-]+$/.test(modelPath) || modelPath.startsWith(".")) {
-    throw new UsageError(`${flag} ${modelPath}: no such folder; expected a Hugging Face model folder, a PEFT adapter folder or a hub id like Qwen/Qwen2.5-0.5B`);
-  }
-  if (adapter !== undefined && !(await exists(path.join(adapter, "adapter_config.json"))))
-    throw new UsageError(`--adapter ${adapter}: no adapter_config.json there; expected a PEFT adapter folder`);
-}
 
 /** argv → a validated config. Writes nothing; every usage error is thrown from here. */
 export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {

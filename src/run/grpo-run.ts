@@ -4,6 +4,7 @@
  *  same base with the adapter switched off. Checkpoints hold the adapter, optimizer state and the
  *  position in the data; sampling draws from an Rng seeded by (seed, step), so a resumed run makes
  *  the same rollouts as an uninterrupted one. */
+import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { calculatorTool } from "../agents/calculator.ts";
 import { toPrompt } from "../agents/prompts.ts";
@@ -28,7 +29,7 @@ import { writeFileAtomic } from "../util/fs.ts";
 import { Rng } from "../util/rng.ts";
 import { loadExamples } from "./data.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
-import { openPolicy, savePolicy, type Policy } from "./policy.ts";
+import { checkModelSource, openPolicy, savePolicy, withOutputDir, type Policy } from "./policy.ts";
 import { memoryFields } from "./sft-run.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
 
@@ -105,7 +106,12 @@ function dataStream(examples: Gsm8kExample[], seed: number) {
 export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   const t0 = Date.now();
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
-  const { resumed } = await prepareOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, resume: cfg.resume, runKind: "grpo" });
+  await checkModelSource(cfg.modelPath, "--model_path", cfg.initAdapter);
+  // Refuse a folder that holds another run before loading anything (prepareOutputDir only checks
+  // here when the folder does not exist yet: it is created once the model has loaded).
+  const resumed = cfg.resume;
+  if (!resumed && (await fs.stat(cfg.outputDir).then(() => true, () => false))) await prepareOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "grpo" });
+  if (resumed) await prepareOutputDir(cfg.outputDir, { resume: true, runKind: "grpo" });
   const ckpt = resumed ? await loadCheckpoint(cfg.outputDir) : null;
   if (ckpt && ckpt.state.config_hash !== configHash(identity(cfg)))
     throw new UsageError(`--resume: ${cfg.outputDir} was run with other settings (${Object.keys(ckpt.state.config ?? {}).length ? "see run.json" : "config differs"}); resume with the same flags or start a new --output_dir`);
@@ -113,15 +119,17 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   const heldOut = cfg.evalSamples > 0 ? await loadExamples({ dataset: cfg.dataset, purpose: "eval", maxSamples: cfg.evalSamples, synthetic: cfg.synthetic }) : [];
   const lora: LoraConfig = { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
   // A resumed run continues the checkpoint's adapter; a new one the given adapter or a fresh one.
-  const policy: Policy = await openPolicy({
-    modelPath: ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.modelPath) : cfg.modelPath,
-    adapter: ckpt ? ckpt.dir : cfg.initAdapter,
-    quantize: cfg.quantize,
-    lora,
-    trainable: "lora",
-    seed: cfg.seed,
-    backend: cfg.backend,
-  });
+  const open = () =>
+    openPolicy({
+      modelPath: ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.modelPath) : cfg.modelPath,
+      adapter: ckpt ? ckpt.dir : cfg.initAdapter,
+      quantize: cfg.quantize,
+      lora,
+      trainable: "lora",
+      seed: cfg.seed,
+      backend: cfg.backend,
+    });
+  const policy: Policy = ckpt ? await open() : await withOutputDir(cfg.outputDir, { overwrite: false, runKind: "grpo" }, open);
   if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir }, "grpo");
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });

@@ -3,7 +3,7 @@
  *  asked, plus its tokenizer. A PEFT folder names its base in adapter_config.json, as PEFT's do. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { UsageError } from "../cli.ts";
+import { prepareOutputDir, UsageError, type PrepareOptions } from "../cli.ts";
 import { loadModel } from "../model/load.ts";
 import { resolveModelDir } from "../model/hub.ts";
 import { loadTokenizerFromDir } from "../model/tokenizer.ts";
@@ -75,14 +75,22 @@ export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
   } catch (err) {
     throw new UsageError((err as Error).message);
   }
-  const model = await loadModel(base, {
-    quantize: o.quantize,
-    adapter: adapterDir ?? undefined,
-    lora: adapterDir ? undefined : o.lora,
-    trainable: o.trainable,
-    seed: o.seed,
-    backend: o.backend,
-  });
+  let model: Qwen2ForCausalLM;
+  try {
+    model = await loadModel(base, {
+      quantize: o.quantize,
+      adapter: adapterDir ?? undefined,
+      lora: adapterDir ? undefined : o.lora,
+      trainable: o.trainable,
+      seed: o.seed,
+      backend: o.backend,
+    });
+  } catch (err) {
+    // An adapter that does not fit the base (another model, rank or modules) is the user's input.
+    const msg = (err as Error).message;
+    if (adapterDir && msg.includes(adapterDir)) throw new UsageError(msg.split("\n")[0]);
+    throw err;
+  }
   const tokenizerDir = adapterDir && (await exists(path.join(adapterDir, "tokenizer.json"))) ? adapterDir : baseDir;
   let tokenizer: Tokenizer;
   try {
@@ -102,5 +110,31 @@ export async function savePolicy(p: Policy, dir: string, full: boolean): Promise
   for (const f of ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]) {
     const src = path.join(p.tokenizerDir, f);
     if (await exists(src)) await writeFileAtomic(path.join(dir, f), await fs.readFile(src));
+  }
+}
+
+/** Cheap checks of --model_path (and --adapter) before anything is loaded or written. */
+export async function checkModelSource(modelPath: string, flag: string, adapter?: string): Promise<void> {
+  if (await exists(modelPath)) {
+    const st = await fs.stat(modelPath);
+    const ok = st.isDirectory() && ((await exists(path.join(modelPath, "config.json"))) || (await exists(path.join(modelPath, "adapter_config.json"))));
+    if (!ok) throw new UsageError(`${flag} ${modelPath}: no config.json or adapter_config.json there; expected a Hugging Face model folder or a PEFT adapter folder`);
+  } else if (!/^[\w.-]+\/[\w.-]+$/.test(modelPath) || modelPath.startsWith(".")) {
+    throw new UsageError(`${flag} ${modelPath}: no such folder; expected a Hugging Face model folder, a PEFT adapter folder or a hub id like Qwen/Qwen2.5-0.5B`);
+  }
+  if (adapter !== undefined && !(await exists(path.join(adapter, "adapter_config.json"))))
+    throw new UsageError(`--adapter ${adapter}: no adapter_config.json there; expected a PEFT adapter folder`);
+}
+
+/** Prepare the run folder, then open what the run needs; if opening fails, a folder this call
+ *  created is removed again, so bad input leaves nothing behind. */
+export async function withOutputDir<T>(dir: string, opts: PrepareOptions, open: () => Promise<T>): Promise<T> {
+  const existed = await exists(dir);
+  await prepareOutputDir(dir, opts);
+  try {
+    return await open();
+  } catch (err) {
+    if (!existed) await fs.rm(dir, { recursive: true, force: true });
+    throw err;
   }
 }

@@ -9,7 +9,7 @@ import { toolSchema } from "../agents/types.ts";
 import { buildSftConversations } from "../datasets/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
-import { onInterrupt, prepareOutputDir, writeRunConfig } from "../cli.ts";
+import { onInterrupt, writeRunConfig } from "../cli.ts";
 import { rightPad } from "../trainer/batch.ts";
 import { saveCheckpoint, CheckpointSchedule, configHash } from "../trainer/checkpoint.ts";
 import { formatStepLine, memoryStats, MetricsLogger, SFT_LINE } from "../trainer/metrics.ts";
@@ -22,7 +22,7 @@ import { writeFileAtomic } from "../util/fs.ts";
 import { Rng } from "../util/rng.ts";
 import { loadExamples } from "./data.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
-import { openPolicy, savePolicy } from "./policy.ts";
+import { checkModelSource, openPolicy, savePolicy, withOutputDir } from "./policy.ts";
 import { exportOptimizer } from "./train-state.ts";
 
 export interface SftRunConfig {
@@ -68,11 +68,14 @@ export interface SftRunResult {
 export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
   const t0 = Date.now();
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
-  await prepareOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "sft" });
+  // Everything the user named is checked before the run folder is touched.
+  await checkModelSource(cfg.modelPath, "--model_path");
   const lora: LoraConfig | undefined = cfg.full ? undefined : { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
   const examples = await loadExamples({ dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
   const heldOut = cfg.evalSamples > 0 ? await loadExamples({ dataset: cfg.dataset, purpose: "eval", maxSamples: cfg.evalSamples, synthetic: cfg.synthetic }) : [];
-  const policy = await openPolicy({ modelPath: cfg.modelPath, quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend });
+  const policy = await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "sft" }, () =>
+    openPolicy({ modelPath: cfg.modelPath, quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend }),
+  );
   await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base }, "sft");
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });

@@ -1,0 +1,74 @@
+/** The training scripts' bad-input contract, checked on real processes: one line on stderr, exit
+ *  code 2, and nothing written. */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawn } from "node:child_process";
+import { promises as fs } from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { makeTinyModelDir } from "./tiny-fixture.ts";
+
+const ROOT = path.join(import.meta.dirname, "..", "..");
+const TSX = path.join(ROOT, "node_modules", ".bin", "tsx");
+const LORA_FIXTURE = path.join(ROOT, "test", "fixtures", "qwen2-tiny", "lora");
+
+function run(script: string, args: string[]): Promise<{ code: number | null; stderr: string; stdout: string }> {
+  return new Promise((resolve) => {
+    const p = spawn(TSX, [path.join("scripts", script), ...args], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, CI: "true" } });
+    let stderr = "", stdout = "";
+    p.stderr.on("data", (d) => (stderr += d));
+    p.stdout.on("data", (d) => (stdout += d));
+    p.on("close", (code) => resolve({ code, stderr, stdout }));
+  });
+}
+
+let model: string;
+let tmp: string;
+let existingRun: string;
+beforeAll(async () => {
+  model = await makeTinyModelDir();
+  tmp = await fs.mkdtemp(path.join(os.tmpdir(), "marl-cli-"));
+  existingRun = path.join(tmp, "existing");
+  await fs.mkdir(existingRun);
+  await fs.writeFile(path.join(existingRun, "run.json"), "{}\n");
+  await fs.writeFile(path.join(existingRun, "metrics.jsonl"), '{"step":1}\n');
+});
+afterAll(async () => {
+  await fs.rm(tmp, { recursive: true, force: true });
+});
+
+const errorLines = (stderr: string) => stderr.split("\n").filter((l) => l.startsWith("error:"));
+
+describe.each([
+  ["train-sft.ts", ["--learning_rate", "abc"], /--learning_rate "abc"/],
+  ["train-sft.ts", ["--quantize", "fp8"], /--quantize .*fp8.*none, int8, nf4/],
+  ["train-sft.ts", ["--model_path", "./no/such/model"], /--model_path \.\/no\/such\/model: no such folder/],
+  ["train-sft.ts", ["--dataset", "no-such.jsonl"], /--dataset no-such.jsonl: no such file/],
+  ["train-gsm8k-agent.ts", ["--loss_type", "ppo"], /--loss_type .*ppo/],
+  ["train-gsm8k-agent.ts", ["--reward_weights", "bogus=1"], /--reward_weights: .*bogus/],
+  ["train-gsm8k-agent.ts", ["--samples_per_prompt", "1"], /--samples_per_prompt "1"/],
+  ["train-gsm8k-agent.ts", ["--init_adapter", "LORA"], /adapter/],
+])("%s %j", (script, args, message) => {
+  it("exits 2 with one error line and writes nothing", async () => {
+    const out = path.join(tmp, `out-${script}-${args.join("_").replace(/[^\w]/g, "")}`);
+    const argv = args.map((a) => (a === "LORA" ? LORA_FIXTURE : a));
+    const needsModel = !argv.includes("--model_path");
+    const r = await run(script, [...(needsModel ? ["--model_path", model] : []), "--dataset", "synthetic", ...argv, "--output_dir", out, "--backend", "wasm"]);
+    expect(r.code, r.stderr).toBe(2);
+    const lines = errorLines(r.stderr);
+    expect(lines, r.stderr).toHaveLength(1);
+    expect(lines[0]).toMatch(message);
+    expect(r.stderr).not.toMatch(/\n\s+at /); // no stack trace
+    await expect(fs.stat(out)).rejects.toThrow();
+  });
+});
+
+describe("a folder that holds another run", () => {
+  it("is refused without --overwrite or --resume and left as it was", async () => {
+    for (const script of ["train-sft.ts", "train-gsm8k-agent.ts"]) {
+      const r = await run(script, ["--model_path", model, "--dataset", "synthetic", "--output_dir", existingRun, "--backend", "wasm"]);
+      expect(r.code, r.stderr).toBe(2);
+      expect(errorLines(r.stderr)[0]).toMatch(/already holds a run; pass --resume to continue it or --overwrite to replace it/);
+      expect((await fs.readdir(existingRun)).sort()).toEqual(["metrics.jsonl", "run.json"]);
+    }
+  });
+});
