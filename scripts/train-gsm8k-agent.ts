@@ -7,17 +7,19 @@ import { shutdownCalculator } from "../src/agents/calculator.ts";
 import { parseChoice, parseFloatArg, parseIntArg, runMain, UsageError } from "../src/cli.ts";
 import { parseRewardWeights } from "../src/rollout/rewards.ts";
 import { LOSS_TYPES } from "../src/trainer/policy-loss.ts";
-import { SCHEDULES } from "../src/trainer/schedule.ts";
 import { TINY_GRPO, TINY_PROBLEMS } from "../src/presets/tiny.ts";
 import { runGrpo } from "../src/run/grpo-run.ts";
-import { addLoraOptions, addModelOptions, applyPreset, defaultOutputDir, loraTargets } from "../src/run/options.ts";
+import { addLoraOptions, addModelOptions, addOptimizerOptions, applyPreset, defaultOutputDir, loraTargets } from "../src/run/options.ts";
 
-const program = addLoraOptions(
+const program = addOptimizerOptions(
+  addLoraOptions(
   addModelOptions(new Command().name("train-gsm8k-agent").description("GRPO: teach the calculator agent from its own rollouts"), {
     modelPath: "Qwen/Qwen2.5-0.5B",
     quantize: "nf4",
   }),
   { r: 16, alpha: 32 },
+  ),
+  { lr: 1e-5, scheduler: "constant", warmupRatio: 0 },
 )
   .option("--init_adapter <dir>", "PEFT adapter to continue (default: the adapter at --model_path, if it is one; else a fresh adapter)")
   .option("--dataset <name|path>", "gsm8k (local HF cache or hub), synthetic, or a GSM8K-format .jsonl/.parquet path", "gsm8k")
@@ -37,11 +39,6 @@ const program = addLoraOptions(
   .option("--loss_type <kind>", `${LOSS_TYPES.join(", ")}`, parseChoice("loss_type", LOSS_TYPES), "grpo")
   .option("--scale_rewards <kind>", "group: divide advantages by the group's std; none: only centre them", parseChoice("scale_rewards", ["group", "none"] as const), "group")
   .option("--reward_weights <spec>", "weights of the reward components, e.g. correctness=1,format=0.1,tool_use=0", "correctness=1,format=0.1")
-  .option("--learning_rate <x>", "peak learning rate", parseFloatArg("learning_rate", 0), 1e-5)
-  .option("--lr_scheduler <kind>", `${SCHEDULES.join(", ")} (with warmup)`, parseChoice("lr_scheduler", SCHEDULES), "constant")
-  .option("--warmup_ratio <x>", "share of steps spent warming up", parseFloatArg("warmup_ratio", 0, 1), 0)
-  .option("--weight_decay <x>", "AdamW decoupled weight decay", parseFloatArg("weight_decay", 0), 0.0)
-  .option("--max_grad_norm <x>", "clip the global gradient norm to this", parseFloatArg("max_grad_norm", 0), 1.0)
   .option("--micro_batch_size <n>", "rollouts per forward/backward (memory knob; results do not change)", parseIntArg("micro_batch_size", 1), 8)
   .option("--save_steps <n>", "checkpoint every N steps (and always at the end)", parseIntArg("save_steps", 0), 25)
   .option("--save_total_limit <n>", "keep only the newest N checkpoints", parseIntArg("save_total_limit", 1), 2)

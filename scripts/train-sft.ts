@@ -3,30 +3,27 @@
  *  npx tsx scripts/train-sft.ts --model_path Qwen/Qwen2.5-0.5B --dataset gsm8k */
 import { Command } from "commander";
 import { shutdownCalculator } from "../src/agents/calculator.ts";
-import { parseChoice, parseFloatArg, parseIntArg, runMain } from "../src/cli.ts";
-import { SCHEDULES } from "../src/trainer/schedule.ts";
+import { parseIntArg, runMain } from "../src/cli.ts";
 import { TINY_SFT } from "../src/presets/tiny.ts";
-import { addLoraOptions, addModelOptions, applyPreset, defaultOutputDir, loraTargets } from "../src/run/options.ts";
+import { addLoraOptions, addModelOptions, addOptimizerOptions, applyPreset, defaultOutputDir, loraTargets } from "../src/run/options.ts";
 import { runSft } from "../src/run/sft-run.ts";
 import { TINY_PROBLEMS } from "../src/presets/tiny.ts";
 
-const program = addLoraOptions(
+const program = addOptimizerOptions(
+  addLoraOptions(
   addModelOptions(new Command().name("train-sft").description("Supervised warmup: teach the tool-calling format from GSM8K's calculator annotations"), {
     modelPath: "Qwen/Qwen2.5-0.5B",
     quantize: "none",
   }),
   { r: 16, alpha: 32 },
+  ),
+  { lr: 2e-4, scheduler: "cosine", warmupRatio: 0.05 },
 )
   .option("--dataset <name|path>", "gsm8k (local HF cache or hub), synthetic, or a GSM8K-format .jsonl/.parquet path", "gsm8k")
   .option("--max_samples <n>", "use at most this many training examples (default: all; synthetic: 5000)", parseIntArg("max_samples", 1))
   .option("--num_epochs <n>", "passes over the training conversations", parseIntArg("num_epochs", 1), 1)
   .option("--batch_size <n>", "conversations per micro-batch", parseIntArg("batch_size", 1), 8)
   .option("--gradient_accumulation_steps <n>", "micro-batches per optimizer step", parseIntArg("gradient_accumulation_steps", 1), 1)
-  .option("--learning_rate <x>", "peak learning rate", parseFloatArg("learning_rate", 0), 2e-4)
-  .option("--lr_scheduler <kind>", `${SCHEDULES.join(", ")} (with warmup)`, parseChoice("lr_scheduler", SCHEDULES), "cosine")
-  .option("--warmup_ratio <x>", "share of steps spent warming the learning rate up from 0", parseFloatArg("warmup_ratio", 0, 1), 0.05)
-  .option("--weight_decay <x>", "AdamW decoupled weight decay", parseFloatArg("weight_decay", 0), 0.0)
-  .option("--max_grad_norm <x>", "clip the global gradient norm to this", parseFloatArg("max_grad_norm", 0), 1.0)
   .option("--max_length <n>", "drop conversations longer than this many tokens (counted in the log)", parseIntArg("max_length", 8), 1024)
   .option("--full", "train every weight instead of a LoRA adapter (f32 base only; for small models)", false)
   .option("--eval_samples <n>", "held-out questions for the final evaluation (0: skip)", parseIntArg("eval_samples", 0), 100)

@@ -3,6 +3,7 @@
 import { Command, CommanderError, Option } from "commander";
 import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
+import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
 
 export const PRESETS = ["tiny"] as const;
 export type PresetName = (typeof PRESETS)[number];
@@ -76,4 +77,14 @@ export function parseWithPreset(cmd: Command, argv: string[], presets: Partial<R
   if (values) applyPreset(cmd, values);
   const explicit = (k: string) => !["default", undefined].includes(cmd.getOptionValueSource(k));
   return { preset, o: cmd.opts(), explicit };
+}
+
+/** Optimizer flags shared by SFT and GRPO (AdamW + a learning-rate schedule with warmup). */
+export function addOptimizerOptions(cmd: Command, d: { lr: number; scheduler: ScheduleType; warmupRatio: number }): Command {
+  return cmd
+    .option("--learning_rate <x>", "peak learning rate", parseFloatArg("learning_rate", 0), d.lr)
+    .option("--lr_scheduler <kind>", `${SCHEDULES.join(", ")} (with warmup)`, parseChoice("lr_scheduler", SCHEDULES), d.scheduler)
+    .option("--warmup_ratio <x>", "share of steps spent warming the learning rate up from 0", parseFloatArg("warmup_ratio", 0, 1), d.warmupRatio)
+    .option("--weight_decay <x>", "AdamW decoupled weight decay", parseFloatArg("weight_decay", 0), 0.0)
+    .option("--max_grad_norm <x>", "clip the global gradient norm to this", parseFloatArg("max_grad_norm", 0), 1.0);
 }
