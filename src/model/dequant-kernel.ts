@@ -35,39 +35,32 @@ export function dequantizeInto(out: Float32Array, packed: Int32Array, scales: Fl
   }
 }
 
+/** How each CPU backend hands out typed arrays: wasm as views on its heap (taken after the output
+ *  is allocated, since an allocation can grow and move the heap), cpu as the arrays it holds. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type Backend = any;
+const IO: Record<string, { output: (b: Backend, shape: number[]) => tf.TensorInfo; view: (b: Backend, t: tf.TensorInfo) => any }> = {
+  wasm: { output: (b, shape) => b.makeOutput(shape, "float32"), view: (b, t) => b.typedArrayFromHeap(t) },
+  cpu: { output: (b, shape) => b.makeTensorInfo(shape, "float32", new Float32Array(shape[0] * shape[1])), view: (b, t) => b.data.get(t.dataId).values },
+};
+
 let registered = false;
 export function registerDequantizeKernels(): void {
   if (registered) return;
   registered = true;
-  tf.registerKernel({
-    kernelName: DEQUANTIZE,
-    backendName: "wasm",
-    kernelFunc: ({ inputs, backend, attrs }) => {
-      const { packed, scales } = inputs as { packed: tf.TensorInfo; scales: tf.TensorInfo };
-      const a = attrs as unknown as DequantizeAttrs;
-      // eslint-disable-next-line @typescript-eslint/no-explicit-any
-      const b = backend as any;
-      const n = packed.shape[1];
-      const out = b.makeOutput([a.inDim, n], "float32") as tf.TensorInfo;
-      // Views are taken after makeOutput: an allocation can grow (and move) the heap.
-      dequantizeInto(b.typedArrayFromHeap(out), b.typedArrayFromHeap(packed), b.typedArrayFromHeap(scales), packed.shape[0], n, a);
-      return out;
-    },
-  });
-  tf.registerKernel({
-    kernelName: DEQUANTIZE,
-    backendName: "cpu",
-    kernelFunc: ({ inputs, backend, attrs }) => {
-      const { packed, scales } = inputs as { packed: tf.TensorInfo; scales: tf.TensorInfo };
-      const a = attrs as unknown as DequantizeAttrs;
-      // eslint-disable-next-line @typescript-eslint/no-explicit-any
-      const b = backend as any;
-      const n = packed.shape[1];
-      const values = new Float32Array(a.inDim * n);
-      dequantizeInto(values, b.data.get(packed.dataId).values, b.data.get(scales.dataId).values, packed.shape[0], n, a);
-      return b.makeTensorInfo([a.inDim, n], "float32", values);
-    },
-  });
+  for (const [backendName, io] of Object.entries(IO)) {
+    tf.registerKernel({
+      kernelName: DEQUANTIZE,
+      backendName,
+      kernelFunc: ({ inputs, backend, attrs }) => {
+        const { packed, scales } = inputs as { packed: tf.TensorInfo; scales: tf.TensorInfo };
+        const a = attrs as unknown as DequantizeAttrs;
+        const out = io.output(backend, [a.inDim, packed.shape[1]]);
+        dequantizeInto(io.view(backend, out), io.view(backend, packed), io.view(backend, scales), packed.shape[0], packed.shape[1], a);
+        return out;
+      },
+    });
+  }
 }
 
 /** Whether the current backend has the kernel (else quant.ts uses tfjs ops). */
