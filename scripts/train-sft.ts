@@ -3,7 +3,8 @@
  *  npx tsx scripts/train-sft.ts --model_path Qwen/Qwen2.5-0.5B --dataset gsm8k */
 import { Command } from "commander";
 import { shutdownCalculator } from "../src/agents/calculator.ts";
-import { parseIntArg, runMain } from "../src/cli.ts";
+import { parseFloatArg, parseIntArg, parseList, runMain } from "../src/cli.ts";
+import { INLINE_OPS } from "../src/datasets/sft.ts";
 import { TINY_SFT } from "../src/presets/tiny.ts";
 import { addLoraOptions, addModelOptions, addOptimizerOptions, applyPreset, defaultOutputDir, loraTargets } from "../src/run/options.ts";
 import { runSft } from "../src/run/sft-run.ts";
@@ -25,6 +26,8 @@ const program = addOptimizerOptions(
   .option("--batch_size <n>", "conversations per micro-batch", parseIntArg("batch_size", 1), 8)
   .option("--gradient_accumulation_steps <n>", "micro-batches per optimizer step", parseIntArg("gradient_accumulation_steps", 1), 1)
   .option("--max_length <n>", "drop conversations longer than this many tokens (counted in the log)", parseIntArg("max_length", 8), 1024)
+  .option("--inline_share <p>", "share of calculator steps written as plain text with the result inline (as GSM8K's text reads) instead of a tool call", parseFloatArg("inline_share", 0, 1), 0)
+  .option("--inline_ops <ops>", "with --inline_share: only steps whose operators are all in this list, e.g. +,-", parseList("inline_ops", INLINE_OPS))
   .option("--full", "train every weight instead of a LoRA adapter (f32 base only; for small models)", false)
   .option("--eval_samples <n>", "held-out questions for the final evaluation (0: skip)", parseIntArg("eval_samples", 0), 100)
   .option("--eval_max_new_tokens <n>", "token budget per evaluation rollout", parseIntArg("eval_max_new_tokens", 1), 512)
@@ -52,6 +55,8 @@ await runMain(async () => {
       weightDecay: o.weight_decay,
       maxGradNorm: o.max_grad_norm,
       maxLength: o.max_length,
+      inlineShare: o.inline_share,
+      inlineOps: o.inline_ops,
       loraR: o.lora_r,
       loraAlpha: o.lora_alpha,
       loraDropout: o.lora_dropout,

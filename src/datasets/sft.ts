@@ -7,36 +7,52 @@
  *  tool). buildSftConversations then re-runs every call with the real calculator, puts the
  *  calculator's own text in the tool messages (so SFT shows exactly what rollouts will show), keeps
  *  rounded annotations (the solution text keeps its rounding, like a person would), and drops examples
- *  whose annotation is wrong or that the calculator cannot evaluate, with a count. */
+ *  whose annotation is wrong or that the calculator cannot evaluate, with a count.
+ *
+ *  Steps worked out in the text: `inlineShare` writes a seeded share of the steps (optionally only
+ *  those with the `inlineOps` operators) as GSM8K's visible text, result inline and no call, so the
+ *  demonstrations sometimes skip the tool, as human-written solutions do. */
 import type { ChatMessage } from "../model/types.ts";
 import type { Tool } from "../agents/types.ts";
 import { toPrompt } from "../agents/prompts.ts";
 import { answerValue, normalizeNumber } from "./answer.ts";
 import { normalizeExpression, parseAnnotations } from "./annotations.ts";
 import type { Gsm8kExample } from "./gsm8k.ts";
+import { Rng } from "../util/rng.ts";
 
 export const CALCULATOR = "calculator";
 
+export interface ConversationOptions {
+  systemPrompt?: string;
+  /** Steps (0-based, in order) written as plain text instead of a calculator call: the annotation is
+   *  dropped and the result stays inline, as GSM8K's own text reads ("= 24 clips"). Default: none. */
+  inline?: (step: number, expression: string) => boolean;
+}
+
 /** system, user, then assistant/tool turns as described above. */
-export function toConversation(ex: Gsm8kExample, opts: { systemPrompt?: string } = {}): ChatMessage[] {
+export function toConversation(ex: Gsm8kExample, opts: ConversationOptions = {}): ChatMessage[] {
   const hash = ex.answer.lastIndexOf("####");
   if (hash < 0) throw new Error(`example ${ex.id}: answer has no "#### N" line`);
   const body = ex.answer.slice(0, hash);
   const messages = toPrompt(ex.question, opts.systemPrompt);
   let cursor = 0;
-  for (const ann of parseAnnotations(body)) {
+  let text = ""; // assistant text not yet in a message
+  parseAnnotations(body).forEach((ann, step) => {
+    text += body.slice(cursor, ann.start);
+    cursor = ann.end;
+    if (opts.inline?.(step, ann.expression)) return;
     messages.push({
       role: "assistant",
       // Trailing spaces dropped: the template puts "\n<tool_call>" right after the content.
-      content: body.slice(cursor, ann.start).trimEnd(),
+      content: text.trimEnd(),
       tool_calls: [
         { type: "function", function: { name: CALCULATOR, arguments: { expression: normalizeExpression(ann.expression) } } },
       ],
     });
     messages.push({ role: "tool", content: normalizeNumber(ann.result) ?? ann.result });
-    cursor = ann.end;
-  }
-  const rest = body.slice(cursor).trimEnd();
+    text = "";
+  });
+  const rest = (text + body.slice(cursor)).trimEnd();
   messages.push({ role: "assistant", content: `${rest}${rest ? "\n" : ""}The answer is \\boxed{${ex.gold}}.` });
   return messages;
 }
@@ -92,19 +108,50 @@ export interface SftBuild {
   dropped: { id: string; checks: ToolCheck[] }[]; // examples with a wrong or failing tool call
   counts: Record<ToolCheckStatus, number>; // over all tool calls, kept and dropped
   mismatches: { id: string; kept: boolean; check: ToolCheck }[]; // every call whose status is not "ok"
+  inlined: number; // steps written as text (inlineShare), in kept conversations
+}
+
+export const INLINE_OPS = ["+", "-", "*", "/", "^", "%"];
+
+/** The arithmetic operators of an expression: "(3+4)*2" → ["+", "*"]. */
+export function operators(expression: string): string[] {
+  return normalizeExpression(expression).match(/[-+*/^%]/g) ?? [];
+}
+
+export interface BuildOptions {
+  systemPrompt?: string;
+  /** Share of eligible calculator steps written as plain text, result inline (default 0), like the
+   *  steps people work out in their heads: SFT then imitates a policy that sometimes skips the tool. */
+  inlineShare?: number;
+  /** Steps are eligible when every operator in them is one of these (default: all). */
+  inlineOps?: string[];
+  seed?: number; // which steps are inlined: the same for the same seed
 }
 
 /** Conversations checked against the real tool, with its own text in the tool messages. */
 export async function buildSftConversations(
   examples: Gsm8kExample[],
   tool: Pick<Tool, "name" | "run">,
-  opts: { systemPrompt?: string } = {},
+  opts: BuildOptions = {},
 ): Promise<SftBuild> {
+  const share = opts.inlineShare ?? 0;
+  if (!(share >= 0 && share <= 1)) throw new Error(`inline share ${share} must be between 0 and 1`);
+  const ops = opts.inlineOps ?? INLINE_OPS;
+  const bad = ops.filter((op) => !INLINE_OPS.includes(op));
+  if (bad.length > 0) throw new Error(`inline ops [${bad.join(" ")}] not known; expected some of ${INLINE_OPS.join(" ")}`);
+  const rng = new Rng(opts.seed ?? 0);
   const out: SftBuild = {
-    conversations: [], ids: [], dropped: [], counts: { ok: 0, format: 0, rounded: 0, wrong: 0, error: 0 }, mismatches: [],
+    conversations: [], ids: [], dropped: [], counts: { ok: 0, format: 0, rounded: 0, wrong: 0, error: 0 }, mismatches: [], inlined: 0,
   };
   for (const ex of examples) {
-    const conv = toConversation(ex, opts);
+    const r = rng.fork(); // one stream per example: its steps do not depend on the others
+    let inlined = 0;
+    const inline = (_: number, expression: string) => {
+      const yes = operators(expression).every((op) => ops.includes(op)) && r.next() < share;
+      if (yes) inlined++;
+      return yes;
+    };
+    const conv = toConversation(ex, { systemPrompt: opts.systemPrompt, inline: share > 0 ? inline : undefined });
     const checks = await verifyConversation(conv, tool);
     const drop = checks.some((c) => c.status === "wrong" || c.status === "error");
     for (const check of checks) {
@@ -118,6 +165,7 @@ export async function buildSftConversations(
     let k = 0;
     const fixed = conv.map((m) => (m.role === "tool" ? { ...m, content: checks[k++].computed } : m));
     out.conversations.push(fixed);
+    out.inlined += inlined;
     out.ids.push(ex.id);
   }
   return out;

@@ -8,7 +8,7 @@ import { calculatorTool } from "../agents/calculator.ts";
 import { toolSchema } from "../agents/types.ts";
 import { buildSftConversations } from "../datasets/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
-import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
+import type { ChatMessage, LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
 import { onInterrupt, writeRunConfig } from "../cli.ts";
 import { rightPad } from "../trainer/batch.ts";
 import { saveCheckpoint, CheckpointSchedule, configHash } from "../trainer/checkpoint.ts";
@@ -39,6 +39,8 @@ export interface SftRunConfig {
   weightDecay: number;
   maxGradNorm: number;
   maxLength: number; // longer conversations are dropped (counted), not cut: a cut loses the answer
+  inlineShare?: number; // share of calculator steps written as plain text instead of a tool call (default 0)
+  inlineOps?: string[]; // which steps may be: those using only these operators (default all)
   loraR: number;
   loraAlpha: number;
   loraDropout: number;
@@ -81,11 +83,12 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
   try {
     // Conversations: every calculator call re-run, so tool messages show what rollouts will show.
-    const built = await buildSftConversations(examples, calculatorTool);
+    const built = await buildSftConversations(examples, calculatorTool, { inlineShare: cfg.inlineShare, inlineOps: cfg.inlineOps, seed: cfg.seed });
     const tools = cfg.toolsInPrompt ? [toolSchema(calculatorTool)] : undefined;
     const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= cfg.maxLength);
     const tooLong = built.conversations.length - encoded.length;
-    log(`sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong annotations, ${tooLong} longer than --max_length ${cfg.maxLength})`);
+    log(`sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong annotations, ${tooLong} longer than --max_length ${cfg.maxLength})` +
+      (built.inlined > 0 ? `; ${built.inlined} of ${built.inlined + countCalls(built.conversations)} calculator steps written inline` : ""));
     if (encoded.length === 0) throw new Error(`no training conversations left (check --max_length ${cfg.maxLength} and --dataset ${cfg.dataset})`);
 
     const perStep = cfg.batchSize * cfg.gradientAccumulationSteps;
@@ -163,4 +166,8 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
 export function memoryFields(): Record<string, number> {
   const m = memoryStats();
   return { tensors: m.tensors, tensor_bytes: m.tensorBytes, rss_bytes: m.rssBytes };
+}
+
+function countCalls(conversations: ChatMessage[][]): number {
+  return conversations.reduce((n, c) => n + c.reduce((k, m) => k + (m.tool_calls?.length ?? 0), 0), 0);
 }

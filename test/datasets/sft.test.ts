@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { normalizeExpression, parseAnnotations } from "../../src/datasets/annotations.ts";
-import { buildSftConversations, compareResults, toConversation, verifyConversation } from "../../src/datasets/sft.ts";
+import { buildSftConversations, compareResults, operators, toConversation, verifyConversation } from "../../src/datasets/sft.ts";
 import { SYSTEM_PROMPT, toPrompt } from "../../src/agents/prompts.ts";
 import type { Gsm8kExample } from "../../src/datasets/gsm8k.ts";
 import { parseGold } from "../../src/datasets/answer.ts";
@@ -54,6 +54,22 @@ describe("toConversation", () => {
       { role: "assistant", content: "24 clips in May.\nNatalia sold 48+24 =", tool_calls: call("48+24") },
       { role: "tool", content: "72" },
       { role: "assistant", content: "72 clips altogether.\nThe answer is \\boxed{72}." },
+    ]);
+  });
+
+  it("inline steps keep GSM8K's text without the annotation and join the next turn", () => {
+    const answer = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether.\n#### 72";
+    const call = (e: string) => [{ type: "function", function: { name: "calculator", arguments: { expression: e } } }];
+    expect(toConversation(ex(answer), { inline: (step) => step === 0 }).slice(2)).toEqual([
+      { role: "assistant", content: "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 =", tool_calls: call("48+24") },
+      { role: "tool", content: "72" },
+      { role: "assistant", content: "72 clips altogether.\nThe answer is \\boxed{72}." },
+    ]);
+    expect(toConversation(ex(answer), { inline: (step) => step === 1 }).slice(4)).toEqual([
+      { role: "assistant", content: "24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\nThe answer is \\boxed{72}." },
+    ]);
+    expect(toConversation(ex(answer), { inline: () => true }).slice(2)).toEqual([
+      { role: "assistant", content: "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\nThe answer is \\boxed{72}." },
     ]);
   });
 
@@ -126,4 +142,40 @@ describe("verification against the calculator", () => {
     expect(built.conversations[1][3]).toEqual({ role: "tool", content: "3.3333333333" });
     expect(built.conversations[1][4].content).toBe("3.33 hours\nThe answer is \\boxed{3.33}.");
   });
+
+  it("buildSftConversations inlineShare: that share of steps, seeded, without calling the tool for them", async () => {
+    const answers = Array.from({ length: 200 }, (_, i) => ex(`a <<${i}+1=${i + 1}>>${i + 1} b <<${i + 1}*2=${2 * i + 2}>>${2 * i + 2}\n#### ${2 * i + 2}`, `x${i}`));
+    const table: Record<string, string> = {};
+    for (let i = 0; i < 200; i++) Object.assign(table, { [`${i}+1`]: String(i + 1), [`${i + 1}*2`]: String(2 * i + 2) });
+    const build = (share: number, seed: number) => buildSftConversations(answers, tableTool(table), { inlineShare: share, seed });
+    const calls = (b: Awaited<ReturnType<typeof build>>) => b.conversations.reduce((n, c) => n + c.filter((m) => m.tool_calls).length, 0);
+    const none = await build(0, 0);
+    expect(calls(none)).toBe(400);
+    const half = await build(0.3, 7);
+    expect(calls(half)).toBeGreaterThan(400 * 0.6);
+    expect(calls(half)).toBeLessThan(400 * 0.8);
+    expect(half.counts.ok).toBe(calls(half)); // only the calls left are checked
+    expect(half.inlined + calls(half)).toBe(400);
+    expect(half.conversations).toEqual((await build(0.3, 7)).conversations);
+    expect(half.conversations).not.toEqual((await build(0.3, 8)).conversations);
+    expect(calls(await build(1, 0))).toBe(0);
+    await expect(build(1.5, 0)).rejects.toThrow(/inline share 1.5 must be between 0 and 1/);
+  });
+
+  it("buildSftConversations inlineOps: only steps made of those operators are written inline", async () => {
+    const tool = tableTool({ "12+3": "15", "15*4": "60" });
+    const answers = Array.from({ length: 20 }, (_, i) => ex("a <<12+3=15>>15 b <<15*4=60>>60\n#### 60", `x${i}`));
+    const built = await buildSftConversations(answers, tool, { inlineShare: 1, inlineOps: ["+", "-"] });
+    for (const conv of built.conversations)
+      expect(conv.slice(2).map((m) => m.tool_calls?.[0].function.arguments)).toEqual([{ expression: "15*4" }, undefined, undefined]);
+    expect(built.conversations[0][2].content).toBe("a 15 b");
+    await expect(buildSftConversations(answers, tool, { inlineShare: 1, inlineOps: ["+", "sqrt"] })).rejects.toThrow(/inline ops \[sqrt\] not known/);
+  });
+
+  it.each([
+    ["48/2", ["/"]],
+    ["(3+4)*2", ["+", "*"]],
+    ["12 x 3", ["*"]],
+    ["7", []],
+  ])("operators(%j) = %j", (e, want) => expect(operators(e)).toEqual(want));
 });
