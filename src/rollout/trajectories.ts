@@ -1,11 +1,10 @@
 /** Audit log of rollouts: one JSONL line per trajectory with the decoded prompt and completion text,
  *  the token ids, loss mask and sampling log-probs, so any training sample can be read back exactly.
- *  Appending keeps the file whole: the new content is written to a temp file and renamed over the old
- *  (atomic; costs a copy of the file per call, which is fine at one call per training step).
- *  Leaves out: rotation and compression. */
+ *  Appended per step, like metrics.jsonl (util/jsonl.ts keeps it fit to continue after a crash or on
+ *  resume). Leaves out: rotation and compression. */
 import { promises as fs } from "node:fs";
 import type { Tokenizer } from "../model/types.ts";
-import { writeFileAtomic } from "../util/fs.ts";
+import { openStepLog } from "../util/jsonl.ts";
 import type { Trajectory } from "./types.ts";
 
 export interface TrajectoryRecord {
@@ -54,21 +53,17 @@ export function trajectoryRecord(step: number, t: Trajectory, tokenizer: Tokeniz
   };
 }
 
-/** Append one line per trajectory to `file` (created if missing). `extra` fields go on every line
- *  (e.g. the question id or the gold answer). */
-export async function appendTrajectories(
-  file: string,
-  step: number,
-  trajectories: Trajectory[],
-  tokenizer: Tokenizer,
-  extra?: Record<string, unknown>,
-): Promise<void> {
-  if (!Number.isInteger(step) || step < 0) throw new Error(`step ${step} is invalid; accepted: an integer >= 0`);
-  const old = await fs.readFile(file, "utf8").catch((err: NodeJS.ErrnoException) => {
-    if (err.code === "ENOENT") return "";
-    throw err;
-  });
-  const lines = trajectories.map((t) => JSON.stringify(trajectoryRecord(step, t, tokenizer, extra)) + "\n").join("");
-  const sep = old.length > 0 && !old.endsWith("\n") ? "\n" : "";
-  await writeFileAtomic(file, old + sep + lines);
+/** trajectories.jsonl of a run: each step's lines appended in one write (the file is never rewritten
+ *  per step). Opening it cuts a torn last line and, on resume, the steps after the checkpoint. */
+export class TrajectoryLog {
+  constructor(readonly file: string, opts: { resumeStep?: number } = {}) {
+    openStepLog(file, opts);
+  }
+
+  /** One line per trajectory. `extra` fields go on every line (e.g. the question id or the gold answer). */
+  async append(step: number, trajectories: Trajectory[], tokenizer: Tokenizer, extra?: Record<string, unknown>): Promise<void> {
+    if (!Number.isInteger(step) || step < 0) throw new Error(`step ${step} is invalid; accepted: an integer >= 0`);
+    const lines = trajectories.map((t) => JSON.stringify(trajectoryRecord(step, t, tokenizer, extra)) + "\n").join("");
+    await fs.appendFile(this.file, lines);
+  }
 }

@@ -13,7 +13,7 @@ import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
 import { onInterrupt, prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
-import { appendTrajectories } from "../rollout/trajectories.ts";
+import { TrajectoryLog } from "../rollout/trajectories.ts";
 import { scoreRollout } from "../rollout/rewards.ts";
 import { groupAdvantages, groupHasSignal } from "../trainer/advantages.ts";
 import { CheckpointSchedule, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
@@ -141,6 +141,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     const question = dataStream(examples, cfg.seed);
     const schedule = { type: cfg.lrScheduler, lr: cfg.learningRate, warmupSteps: Math.floor(cfg.warmupRatio * total), totalSteps: total };
     const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"), { resumeStep: start });
+    const trajectoryLog = new TrajectoryLog(path.join(cfg.outputDir, "trajectories.jsonl"), { resumeStep: start });
     const saves = new CheckpointSchedule(cfg.saveSteps, total);
     const tools = [calculatorTool];
     const history: Record<string, unknown>[] = [];
@@ -191,7 +192,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
           numIterations: cfg.numIterations, maxGradNorm: cfg.maxGradNorm, lr, microBatchSize: cfg.microBatchSize, padTokenId: tokenizer.padTokenId,
         });
         const trainSeconds = (Date.now() - tTrain) / 1000;
-        await appendTrajectories(path.join(cfg.outputDir, "trajectories.jsonl"), step + 1, trajs, tokenizer);
+        await trajectoryLog.append(step + 1, trajs, tokenizer);
         const m = stepMetrics(trajs, rewards, s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 });
         metrics.log(step + 1, m);
         history.push({ step: step + 1, ...m });

@@ -2,8 +2,8 @@
  *  per line so a crash loses at most the line being written), the one-line console summary with the
  *  same fields every step, tensor/process memory, and mean ± std. Charts live in report.ts. */
 import * as fsSync from "node:fs";
-import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
+import { openStepLog } from "../util/jsonl.ts";
 
 /** Metric names shared by the trainers, the step line and the report (snake_case, like TRL's logs). */
 export const METRIC = {
@@ -33,17 +33,7 @@ export function meanStd(values: readonly number[]): { mean: number; std: number 
  *  dropped first: those steps will be run again, and their curves must not appear twice. */
 export class MetricsLogger {
   constructor(readonly file: string, opts: { resumeStep?: number } = {}) {
-    fsSync.mkdirSync(path.dirname(file), { recursive: true });
-    if (!fsSync.existsSync(file)) return;
-    // A crash mid-write leaves a torn last line; cut it so the next line does not glue onto it.
-    const text = fsSync.readFileSync(file, "utf8");
-    if (text.length > 0 && !text.endsWith("\n")) fsSync.truncateSync(file, Buffer.byteLength(text.slice(0, text.lastIndexOf("\n") + 1)));
-    if (opts.resumeStep !== undefined) {
-      const kept = readMetricsSync(file).filter((r) => r.step <= opts.resumeStep!);
-      const tmp = `${file}.${process.pid}.tmp`;
-      fsSync.writeFileSync(tmp, kept.map((r) => JSON.stringify(r) + "\n").join(""));
-      fsSync.renameSync(tmp, file);
-    }
+    openStepLog(file, opts);
   }
 
   /** Write `{step, time, ...metrics}`. Non-finite numbers are written as null (JSON has no NaN). */
@@ -76,10 +66,6 @@ function parseLines(text: string, file: string): MetricsRecord[] {
     out.push(rec as MetricsRecord);
   }
   return out;
-}
-
-export function readMetricsSync(file: string): MetricsRecord[] {
-  return parseLines(fsSync.readFileSync(file, "utf8"), file);
 }
 
 /** All records of a metrics.jsonl file in file order. */

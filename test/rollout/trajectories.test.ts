@@ -5,7 +5,7 @@ import * as path from "node:path";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.ts";
-import { appendTrajectories } from "../../src/rollout/trajectories.ts";
+import { TrajectoryLog } from "../../src/rollout/trajectories.ts";
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { ScriptedModel } from "./scripted-model.ts";
@@ -45,8 +45,9 @@ describe("rollouts with the real calculator, logged to JSONL", () => {
     out[0].reward = 1;
     out[0].rewardComponents = { correct: 1, format: 0.5 };
     const file = path.join(dir, "run", "rollouts.jsonl");
-    await appendTrajectories(file, 3, out, tok, { question: "q1" });
-    await appendTrajectories(file, 4, out.slice(0, 1), tok);
+    const log = new TrajectoryLog(file);
+    await log.append(3, out, tok, { question: "q1" });
+    await log.append(4, out.slice(0, 1), tok);
     const lines = (await fs.readFile(file, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l));
     expect(lines.map((l) => [l.step, l.sampleIndex])).toEqual([[3, 0], [3, 1], [4, 0]]);
     const first = lines[0];
@@ -58,7 +59,18 @@ describe("rollouts with the real calculator, logged to JSONL", () => {
     expect([first.reward, first.rewardComponents, first.finishReason]).toEqual([1, { correct: 1, format: 0.5 }, "stop"]);
     expect(lines[1].reward).toBeNull();
     expect(first.turns[0].toolCalls[0].result).toBe("9");
-    await expect(appendTrajectories(file, -1, out, tok)).rejects.toThrow(/step -1 is invalid/);
+    await expect(log.append(-1, out, tok)).rejects.toThrow(/step -1 is invalid/);
+
+    // Reopened after a crash mid-write: the torn line goes, the whole ones stay.
+    await fs.appendFile(file, '{"step": 5, "promptIn');
+    new TrajectoryLog(file);
+    const steps = async () => (await fs.readFile(file, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l).step);
+    expect(await steps()).toEqual([3, 3, 4]);
+    // Resumed from checkpoint 3: step 4 is run again, so its old lines go.
+    const resumed = new TrajectoryLog(file, { resumeStep: 3 });
+    expect(await steps()).toEqual([3, 3]);
+    await resumed.append(4, out, tok);
+    expect(await steps()).toEqual([3, 3, 4, 4]);
     expect((await fs.readdir(path.dirname(file))).filter((f) => f.endsWith(".tmp"))).toEqual([]);
   });
 });

@@ -94,5 +94,7 @@ describe("tiny pipeline", () => {
     expect(Buffer.compare(a, b)).toBe(0);
     const m = await readMetrics(path.join(halves, "metrics.jsonl"));
     expect(m.map((x) => x.step)).toEqual([1, 2]);
+    const rollouts = (dir: string) => fs.readFile(path.join(dir, "trajectories.jsonl"), "utf8");
+    expect(await rollouts(halves)).toBe(await rollouts(whole)); // same rollouts, each step once
   });
 });
