@@ -4,23 +4,14 @@
  *  downloading that one file from the hub into the same layout. Only the `main` config; no auth
  *  tokens (GSM8K is public); no resume of partial downloads (the file is 2 MB). */
 import { promises as fs } from "node:fs";
-import * as os from "node:os";
 import * as path from "node:path";
 import { writeFileAtomic } from "../util/fs.ts";
+import { hubCacheDirs, hubEndpoint, hubOffline } from "../util/hf-hub.ts";
 
 const REPO = "openai/gsm8k";
 const NAMES = new Set(["gsm8k", "openai/gsm8k"]);
 // The dataset moved from "gsm8k" to "openai/gsm8k"; an older cache may hold either folder.
 const CACHE_FOLDERS = ["datasets--openai--gsm8k", "datasets--gsm8k"];
-
-/** Cache roots in Hugging Face's order: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub. */
-export function hubCacheDirs(env: NodeJS.ProcessEnv = process.env): string[] {
-  const dirs: string[] = [];
-  if (env.HF_HUB_CACHE) dirs.push(env.HF_HUB_CACHE);
-  if (env.HF_HOME) dirs.push(path.join(env.HF_HOME, "hub"));
-  dirs.push(path.join(env.XDG_CACHE_HOME ?? path.join(os.homedir(), ".cache"), "huggingface", "hub"));
-  return [...new Set(dirs)];
-}
 
 /** Path of the cached (or freshly downloaded) parquet file of one split. */
 export async function resolveGsm8kSplit(name: string, split: "train" | "test", env: NodeJS.ProcessEnv = process.env): Promise<string> {
@@ -35,7 +26,7 @@ export async function resolveGsm8kSplit(name: string, split: "train" | "test", e
       if (found) return found;
     }
   }
-  const offline = isTrue(env.HF_HUB_OFFLINE) || isTrue(env.HF_DATASETS_OFFLINE);
+  const offline = hubOffline(env, ["HF_DATASETS_OFFLINE"]);
   let why = "HF_HUB_OFFLINE is set, so no download was tried";
   if (!offline) {
     try {
@@ -72,7 +63,7 @@ async function findInSnapshot(repoDir: string, split: string): Promise<string | 
 /** Download one file into the cache layout (a plain file in the snapshot, no blob symlink: readers
  *  only need the snapshot path). */
 async function download(cacheDir: string, split: string, env: NodeJS.ProcessEnv): Promise<string> {
-  const endpoint = (env.HF_ENDPOINT ?? "https://huggingface.co").replace(/\/+$/, "");
+  const endpoint = hubEndpoint(env);
   const file = `main/${split}-00000-of-00001.parquet`;
   const url = `${endpoint}/datasets/${REPO}/resolve/main/${file}`;
   const res = await fetch(url, { signal: AbortSignal.timeout(60_000) });
@@ -85,8 +76,4 @@ async function download(cacheDir: string, split: string, env: NodeJS.ProcessEnv)
   await writeFileAtomic(target, bytes);
   await writeFileAtomic(path.join(repoDir, "refs", "main"), rev);
   return target;
-}
-
-function isTrue(v: string | undefined): boolean {
-  return v !== undefined && ["1", "true", "yes", "on"].includes(v.toLowerCase());
 }

@@ -1,25 +1,21 @@
 /** Model id or folder → a local folder with config.json and weights. Order: an existing local folder,
- *  then the Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; layout
- *  models--ORG--NAME/refs/main → snapshots/REV/), then a download from the hub (HF_ENDPOINT, default
- *  https://huggingface.co) into that same cache layout, each file written atomically.
+ *  then the Hugging Face cache (util/hf-hub.ts: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub;
+ *  layout models--ORG--NAME/refs/main → snapshots/REV/), then, unless HF_HUB_OFFLINE is set, a
+ *  download from the hub (HF_ENDPOINT, default https://huggingface.co) into the first cache root's
+ *  layout, each file streamed to a temp name and renamed into place.
  *  Leaves out: revisions other than main, auth tokens, resumable downloads. */
 import { promises as fs } from "node:fs";
-import * as os from "node:os";
 import * as path from "node:path";
 import cliProgress from "cli-progress";
 import { writeFileAtomic } from "../util/fs.ts";
+import { hubCacheDirs, hubEndpoint, hubOffline } from "../util/hf-hub.ts";
 
 const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+const repoFolder = (id: string) => `models--${id.replace("/", "--")}`;
 
-export function hubCacheDir(): string {
-  if (process.env.HF_HUB_CACHE) return process.env.HF_HUB_CACHE;
-  if (process.env.HF_HOME) return path.join(process.env.HF_HOME, "hub");
-  return path.join(os.homedir(), ".cache", "huggingface", "hub");
-}
-
-/** The snapshot folder of `ORG/NAME` in the cache, or null when it is not there (or incomplete). */
-export async function cachedSnapshot(id: string, cache = hubCacheDir()): Promise<string | null> {
-  const repo = path.join(cache, `models--${id.replace("/", "--")}`);
+/** The snapshot folder of `ORG/NAME` in a cache root, or null when it is not there (or incomplete). */
+export async function cachedSnapshot(id: string, cache: string): Promise<string | null> {
+  const repo = path.join(cache, repoFolder(id));
   let rev: string;
   try {
     rev = (await fs.readFile(path.join(repo, "refs", "main"), "utf8")).trim();
@@ -30,21 +26,25 @@ export async function cachedSnapshot(id: string, cache = hubCacheDir()): Promise
   return (await exists(path.join(snap, "config.json"))) ? snap : null;
 }
 
-export async function resolveModelDir(pathOrId: string): Promise<string> {
+export async function resolveModelDir(pathOrId: string, env: NodeJS.ProcessEnv = process.env): Promise<string> {
   if (await exists(pathOrId)) {
     if (!(await fs.stat(pathOrId)).isDirectory()) throw new Error(`${pathOrId}: expected a model folder, found a file`);
     return path.resolve(pathOrId);
   }
   const isId = /^[\w.-]+\/[\w.-]+$/.test(pathOrId);
-  const cache = hubCacheDir();
   const how = `download it with \`huggingface-cli download ${isId ? pathOrId : "ORG/NAME"}\` or pass a local folder with config.json and model.safetensors`;
   if (!isId) throw new Error(`model "${pathOrId}" not found: no such folder, and it is not a hub id (ORG/NAME); ${how}`);
-  const snap = await cachedSnapshot(pathOrId, cache);
-  if (snap) return snap;
+  const caches = hubCacheDirs(env);
+  for (const cache of caches) {
+    const snap = await cachedSnapshot(pathOrId, cache);
+    if (snap) return snap;
+  }
+  const where = `no local folder, not in the Hugging Face cache (${caches.join(", ")})`;
+  if (hubOffline(env)) throw new Error(`model "${pathOrId}" not found: ${where}, and HF_HUB_OFFLINE is set, so no download was tried; ${how}`);
   try {
-    return await download(pathOrId, cache);
+    return await download(pathOrId, caches[0], hubEndpoint(env));
   } catch (err) {
-    throw new Error(`model "${pathOrId}" not found: no local folder, not in the Hugging Face cache ${cache}, and the download failed (${(err as Error).message}); ${how}`);
+    throw new Error(`model "${pathOrId}" not found: ${where}, and the download failed (${(err as Error).message}); ${how}`);
   }
 }
 
@@ -54,8 +54,7 @@ async function fetchOk(url: string): Promise<Response> {
   return res;
 }
 
-async function download(id: string, cache: string): Promise<string> {
-  const endpoint = (process.env.HF_ENDPOINT ?? "https://huggingface.co").replace(/\/$/, "");
+async function download(id: string, cache: string, endpoint: string): Promise<string> {
   const info = (await (await fetchOk(`${endpoint}/api/models/${id}/revision/main`)).json()) as { sha: string; siblings?: { rfilename: string }[] };
   const names = new Set((info.siblings ?? []).map((s) => s.rfilename));
   const files = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"].filter((f) => names.has(f));
@@ -64,7 +63,7 @@ async function download(id: string, cache: string): Promise<string> {
     const idx = (await (await fetchOk(`${endpoint}/${id}/resolve/${info.sha}/model.safetensors.index.json`)).json()) as { weight_map: Record<string, string> };
     files.push("model.safetensors.index.json", ...new Set(Object.values(idx.weight_map)));
   } else throw new Error(`${id} has no model.safetensors or model.safetensors.index.json`);
-  const repo = path.join(cache, `models--${id.replace("/", "--")}`);
+  const repo = path.join(cache, repoFolder(id));
   const snap = path.join(repo, "snapshots", info.sha);
   const bar = new cliProgress.SingleBar({ format: `${id} {file} [{bar}] {percentage}%`, stream: process.stderr }, cliProgress.Presets.shades_classic);
   for (const f of files) {

@@ -5,7 +5,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { loadGsm8k, loadGsm8kWithReport } from "../../src/datasets/gsm8k.ts";
-import { hubCacheDirs, resolveGsm8kSplit } from "../../src/datasets/hub.ts";
+import { resolveGsm8kSplit } from "../../src/datasets/hub.ts";
+import { hubCacheDirs } from "../../src/util/hf-hub.ts";
 
 const FIX = path.resolve(__dirname, "../fixtures/gsm8k");
 const PARQUET = path.join(FIX, "main/train-00000-of-00001.parquet");

@@ -3,6 +3,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { promises as fs, readFileSync } from "node:fs";
+import * as http from "node:http";
+import type { AddressInfo } from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import { initBackend } from "../../src/backend.ts";
@@ -114,19 +116,60 @@ describe("model folders and the Hugging Face cache", () => {
     await fs.mkdir(path.join(cache, "models--acme--tiny", "refs"), { recursive: true });
     await fs.writeFile(path.join(cache, "models--acme--tiny", "refs", "main"), "abc123\n");
     await fs.copyFile(`${FIX}/config.json`, path.join(snap, "config.json"));
-    const saved = { HF_HUB_CACHE: process.env.HF_HUB_CACHE, HF_ENDPOINT: process.env.HF_ENDPOINT };
-    process.env.HF_HUB_CACHE = cache;
-    process.env.HF_ENDPOINT = "http://127.0.0.1:1";
+    const env = { HF_HUB_CACHE: cache, HF_ENDPOINT: "http://127.0.0.1:1" };
+    expect(await resolveModelDir("acme/tiny", env)).toBe(snap);
+    expect(await resolveModelDir(FIX, env)).toBe(FIX);
+    const msg = await errorOf(resolveModelDir("acme/missing", env));
+    expect(msg).toContain(`model "acme/missing" not found`);
+    expect(msg).toContain(cache);
+    expect(msg).toContain("huggingface-cli download acme/missing");
+    expect(msg).toMatch(/download failed/);
+    expect(msg.split("\n")).toHaveLength(1);
+    const offline = await errorOf(resolveModelDir("acme/missing", { ...env, HF_HUB_OFFLINE: "1" }));
+    expect(offline).toMatch(/HF_HUB_OFFLINE is set, so no download was tried/);
+  });
+
+  it("downloads a model into the cache layout when online (local server standing in for the hub)", async () => {
+    const files = ["config.json", "model.safetensors"];
+    const seen: string[] = [];
+    const server = http.createServer((req, res) => {
+      const url = req.url ?? "";
+      seen.push(url);
+      const file = url.match(/^\/acme\/tiny\/resolve\/c0ffee\/(.+)$/)?.[1];
+      if (url === "/api/models/acme/tiny/revision/main") {
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify({ sha: "c0ffee", siblings: [...files, "README.md"].map((rfilename) => ({ rfilename })) }));
+      } else if (file && files.includes(file)) {
+        const bytes = readFileSync(path.join(FIX, file));
+        res.writeHead(200, { "content-length": String(bytes.length) });
+        res.end(bytes);
+      } else {
+        res.writeHead(404);
+        res.end();
+      }
+    });
+    await new Promise<void>((ok) => server.listen(0, "127.0.0.1", ok));
     try {
-      expect(await resolveModelDir("acme/tiny")).toBe(snap);
-      expect(await resolveModelDir(FIX)).toBe(FIX);
-      const msg = await errorOf(resolveModelDir("acme/missing"));
-      expect(msg).toContain(`model "acme/missing" not found`);
-      expect(msg).toContain(cache);
-      expect(msg).toContain("huggingface-cli download acme/missing");
-      expect(msg.split("\n")).toHaveLength(1);
+      const cache = path.join(tmp, "hub-download");
+      const env = { HF_HUB_CACHE: cache, HF_ENDPOINT: `http://127.0.0.1:${(server.address() as AddressInfo).port}` };
+      const snap = await resolveModelDir("acme/tiny", env);
+      expect(snap).toBe(path.join(cache, "models--acme--tiny", "snapshots", "c0ffee"));
+      expect(await fs.readFile(path.join(cache, "models--acme--tiny", "refs", "main"), "utf8")).toBe("c0ffee");
+      for (const f of files) expect((await fs.readFile(path.join(snap, f))).equals(readFileSync(path.join(FIX, f)))).toBe(true);
+      expect((await fs.readdir(snap)).sort()).toEqual(files); // no .part files left, README.md not fetched
+      const [a, b] = [await loadModel(snap), await loadModel(FIX)];
+      const [la, lb] = [a.forward([[3, 1, 4]]), b.forward([[3, 1, 4]])];
+      expect(Array.from(await la.data())).toEqual(Array.from(await lb.data()));
+      tf.dispose([la, lb]);
+      a.dispose();
+      b.dispose();
+      // Second time it comes from the cache: no new request.
+      const before = seen.length;
+      expect(await resolveModelDir("acme/tiny", env)).toBe(snap);
+      expect(seen).toHaveLength(before);
+      expect(seen).toEqual(["/api/models/acme/tiny/revision/main", ...files.map((f) => `/acme/tiny/resolve/c0ffee/${f}`)]);
     } finally {
-      for (const [k, v] of Object.entries(saved)) if (v === undefined) delete process.env[k]; else process.env[k] = v;
+      await new Promise((ok) => server.close(ok));
     }
   });
 
