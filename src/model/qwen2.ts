@@ -83,6 +83,9 @@ export class Qwen2ForCausalLM implements CausalLM {
   /** Keep only each layer's input on a gradient tape and recompute the layer in the backward pass
    *  (checkpoint.ts). Same gradients; about one more forward of compute for a fraction of the memory. */
   activationCheckpointing = true;
+  /** Whether unpackBase (called by rollouts) dequantizes a quantized base for generation. */
+  unpackForGeneration = true;
+  private unpacked = false;
   private readonly invFreq: Float32Array;
 
   constructor(
@@ -362,6 +365,24 @@ export class Qwen2ForCausalLM implements CausalLM {
       await fs.writeFile(path.join(tmp, "model.safetensors"), encodeSafetensors(tensors, { format: "pt" }));
       await writeFileAtomic(path.join(tmp, "config.json"), cfg);
     });
+  }
+
+  /** Hold every quantized base matrix dequantized until the returned function is called. For
+   *  generation: a decode step otherwise dequantizes the whole base for a few rows of products. The
+   *  outputs do not change; memory holds the linear layers in f32 meanwhile. A no-op (with a no-op
+   *  release) for an f32 base, when already unpacked, or when unpackForGeneration is false. left:
+   *  the layout (default: by size). */
+  unpackBase(left?: boolean): () => void {
+    if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return () => {};
+    const mats = this.weights.layers.flatMap((l) => LORA_TARGETS.map((m) => l.proj[m]));
+    // Over 1 GiB of f32: held [out, in] as the left operand, like large f32 models (weight.ts).
+    left ??= 4 * mats.reduce((n, w) => n + w.inDim * w.outDim, 0) > 2 ** 30;
+    for (const w of mats) w.unpack(left);
+    this.unpacked = true;
+    return () => {
+      for (const w of mats) w.pack();
+      this.unpacked = false;
+    };
   }
 
   /** Replace (or remove, with null) the attached adapter; the old one is disposed. */

@@ -71,6 +71,10 @@ export interface CausalLM {
   /** Append one token per row; returns the new last-position logits [batch, vocab]. Updates the cache. */
   decodeStep(tokens: number[], cache: KVCache, opts?: ForwardOptions): tf.Tensor2D;
 
+  /** Optional: hold a quantized base dequantized for generation until the returned release is called
+   *  (same outputs, faster decoding, f32 memory meanwhile). rolloutGroups calls it when present. */
+  unpackBase?(): () => void;
+
   /** LoRA A/B variables when an adapter is attached (base frozen); every weight when trained in full. */
   trainableVariables(): tf.Variable[];
 

@@ -13,6 +13,9 @@ import type { Quantize } from "./types.ts";
 export type CustomGradFn = Parameters<typeof tf.customGrad>[0];
 
 export class BaseWeight {
+  /** A quantized matrix's f32 values while unpacked (see unpack): [in, out], or [out, in] when left. */
+  private unpacked: { w: tf.Tensor2D; left: boolean } | null = null;
+
   private constructor(
     readonly inDim: number,
     readonly outDim: number,
@@ -47,9 +50,23 @@ export class BaseWeight {
     return this.f32 instanceof tf.Variable;
   }
 
+  /** Hold a quantized matrix dequantized until pack(): its products then skip the dequantization
+   *  (for generation, where it costs more than the product). The values are the ones dequantize()
+   *  gives every time, so results do not change. left: hold it [out, in], multiplied as the left
+   *  operand (large models; see the file header). No-op for f32 weights. */
+  unpack(left: boolean): void {
+    if (!this.quant || this.unpacked) return;
+    this.unpacked = { w: tf.tidy(() => (left ? tf.transpose(this.quant!.dequantize()) : this.quant!.dequantize())), left };
+  }
+  pack(): void {
+    this.unpacked?.w.dispose();
+    this.unpacked = null;
+  }
+
   /** f32 [in, out] (dequantized when quantized). Call inside tf.tidy. */
   value(): tf.Tensor2D {
     if (this.left) return tf.transpose(this.left);
+    if (this.unpacked) return this.unpacked.left ? tf.transpose(this.unpacked.w) : this.unpacked.w;
     return this.f32 ?? this.quant!.dequantize();
   }
 
@@ -60,6 +77,8 @@ export class BaseWeight {
     if (this.left) return mmFrozenLeft(x, this.left);
     const f32 = this.f32;
     if (f32) return mmFrozen(x, () => f32, f32);
+    const u = this.unpacked;
+    if (u) return u.left ? mmFrozenLeft(x, u.w) : mmFrozen(x, () => u.w, u.w);
     const q = this.quant!;
     return mmFrozen(x, () => q.dequantize());
   }
@@ -79,11 +98,14 @@ export class BaseWeight {
 
   private lookup(ids: tf.Tensor1D): tf.Tensor2D {
     if (this.left) return tf.gather(this.left, ids, 0) as tf.Tensor2D;
+    const u = this.unpacked;
+    if (u) return u.left ? (tf.gather(u.w, ids, 0) as tf.Tensor2D) : tf.transpose(tf.gather(u.w, ids, 1));
     const cols = this.f32 ? (tf.gather(this.f32, ids, 1) as tf.Tensor2D) : this.quant!.columns(ids);
     return tf.transpose(cols);
   }
 
   dispose(): void {
+    this.pack();
     this.f32?.dispose();
     this.left?.dispose();
     this.quant?.dispose();

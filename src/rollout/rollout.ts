@@ -34,6 +34,15 @@ export async function rolloutGroups(
   cfg: RolloutConfig,
 ): Promise<Trajectory[]> {
   checkConfig(prompts, cfg);
+  const release = model.unpackBase?.();
+  try {
+    return await generate(model, tokenizer, prompts, cfg);
+  } finally {
+    release?.();
+  }
+}
+
+async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMessage[][], cfg: RolloutConfig): Promise<Trajectory[]> {
   const G = cfg.samplesPerPrompt;
   const adapters = cfg.adapters ?? true;
   const compactFraction = cfg.compactFraction ?? 0.25;

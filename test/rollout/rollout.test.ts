@@ -167,6 +167,26 @@ describe("rolloutGroups with a scripted policy", () => {
     expect([t.completionIds, t.lossMask, t.finishReason, t.finalText, t.turns.length]).toEqual([[tok.eosTokenId], [1], "stop", "", 1]);
   });
 
+  it("unpacks a quantized base for the rollout and releases it after, also when the rollout fails", async () => {
+    const events: string[] = [];
+    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[tok.encode("\\boxed{1}")]] });
+    const unpacking = Object.assign(model, {
+      unpackBase: () => {
+        events.push("unpack");
+        return () => events.push("release");
+      },
+    });
+    const prefill = model.prefill.bind(model);
+    model.prefill = (ids, mask) => (events.push("prefill"), prefill(ids, mask));
+    await rolloutGroups(unpacking, tok, [[{ role: "user", content: "q" }]], config({ samplesPerPrompt: 1 }));
+    expect(events).toEqual(["unpack", "prefill", "release"]);
+    model.prefill = () => {
+      throw new Error("out of memory");
+    };
+    await expect(rolloutGroups(unpacking, tok, [[{ role: "user", content: "q" }]], config({ samplesPerPrompt: 1 }))).rejects.toThrow(/out of memory/);
+    expect(events.slice(3)).toEqual(["unpack", "release"]);
+  });
+
   it("derives the tool-response text from the chat template", () => {
     const r = new ToolResponseRenderer(tok);
     expect(r.render(["9"])).toBe("\n<|im_start|>user\n<tool_response>\n9\n</tool_response><|im_end|>\n<|im_start|>assistant\n");

@@ -1,0 +1,70 @@
+/** A quantized base unpacked for generation (Qwen2ForCausalLM.unpackBase): the same logits, KV-cache
+ *  decoding and LoRA gradients as dequantizing per product, in both layouts, and every tensor freed on
+ *  release. */
+import { beforeAll, describe, expect, it } from "vitest";
+import * as tf from "@tensorflow/tfjs";
+import { initBackend } from "../../src/backend.ts";
+import { loadModel } from "../../src/model/load.ts";
+
+const FIX = "test/fixtures/qwen2-tiny";
+const LORA = { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] as const };
+beforeAll(() => initBackend("wasm"));
+
+describe("unpackBase", () => {
+  it.each([
+    ["nf4", false],
+    ["nf4", true],
+    ["int8", false],
+  ] as const)("%s (left layout %s): identical outputs, gradients, and no tensor left after release", async (quantize, left) => {
+    const start = tf.memory().numTensors;
+    const m = await loadModel(FIX, { quantize, lora: { ...LORA, targetModules: [...LORA.targetModules] }, seed: 1 });
+    const ids = [[0, 3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8]];
+    const mask = [[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]];
+    const run = async () => {
+      const out = m.forward(ids, mask);
+      const logits = Array.from(await out.data());
+      out.dispose();
+      const { logits: first, cache } = m.prefill(ids, mask);
+      const step = m.decodeStep([9, 6], cache);
+      const decoded = [...(await first.data()), ...(await step.data())];
+      tf.dispose([first, step]);
+      cache.dispose();
+      const grads = tf.variableGrads(() => tf.sum(m.tokenLogprobs(ids, mask).logprobs) as tf.Scalar, m.trainableVariables());
+      const g = await Promise.all(Object.values(grads.grads).map((t) => t.data()));
+      tf.dispose([grads.value, ...Object.values(grads.grads)]);
+      return { logits, decoded, grads: g.map((x) => Array.from(x)) };
+    };
+    const packed = await run();
+    const before = tf.memory().numTensors;
+    const release = m.unpackBase(left);
+    expect(tf.memory().numTensors).toBe(before + 7 * m.config.numHiddenLayers); // one f32 matrix per linear layer
+    expect(m.unpackBase()).toBeTypeOf("function"); // nested: a no-op
+    expect(tf.memory().numTensors).toBe(before + 7 * m.config.numHiddenLayers);
+    const unpacked = await run();
+    release();
+    expect(tf.memory().numTensors).toBe(before);
+    expect(unpacked.logits).toEqual(packed.logits);
+    expect(unpacked.decoded).toEqual(packed.decoded);
+    // The left layout multiplies in another order: equal up to float32 rounding.
+    const close = (a: number[][], b: number[][]) => a.forEach((x, i) => x.forEach((v, j) => expect(v).toBeCloseTo(b[i][j], 5)));
+    if (left) close(unpacked.grads, packed.grads);
+    else expect(unpacked.grads).toEqual(packed.grads);
+    m.dispose();
+    expect(tf.memory().numTensors).toBe(start);
+  });
+
+  it("does nothing for an f32 base or with unpackForGeneration off", async () => {
+    const f32 = await loadModel(FIX);
+    const n = tf.memory().numTensors;
+    f32.unpackBase()();
+    expect(tf.memory().numTensors).toBe(n);
+    f32.dispose();
+    const q = await loadModel(FIX, { quantize: "nf4" });
+    q.unpackForGeneration = false;
+    const k = tf.memory().numTensors;
+    const release = q.unpackBase();
+    expect(tf.memory().numTensors).toBe(k);
+    release();
+    q.dispose();
+  });
+});
