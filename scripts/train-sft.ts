@@ -71,6 +71,7 @@ await runMain(async () => {
       seed: o.seed,
       outputDir: o.output_dir ?? defaultOutputDir(o.model_path, "sft"),
       backend: o.backend,
+      unpackBase: o.unpack_base,
       overwrite: o.overwrite,
     });
     process.stdout.write(`sft done: ${r.steps} steps, final loss ${r.finalLoss.toFixed(4)}, ${r.seconds.toFixed(0)} s → ${r.finalDir}\n`);

@@ -201,6 +201,7 @@ export interface ChatRunConfig extends ChatOptions {
   adapter?: string;
   quantize: Quantize;
   backend: string;
+  unpackBase?: boolean;
   note?: string; // which checkpoint a preset picked, and why
 }
 
@@ -240,7 +241,7 @@ export async function parseChatArgs(argv: string[]): Promise<ChatRunConfig> {
   }
   await checkModelSource(modelPath, "--model_path", o.adapter);
   return {
-    modelPath, adapter: o.adapter, quantize, backend: o.backend, note,
+    modelPath, adapter: o.adapter, quantize, backend: o.backend, unpackBase: o.unpack_base, note,
     temperature: o.temperature, topP: o.top_p, maxNewTokens: o.max_new_tokens, maxTurns: o.max_turns,
     toolsInPrompt: o.tools_in_prompt, seed: o.seed,
   };
@@ -262,7 +263,7 @@ export async function runChat(cfg: ChatRunConfig, io: ChatIo): Promise<void> {
   // Notes about the session: dimmed in the terminal; on stderr when piped, so stdout holds only replies.
   const note = (s: string) => (interactive ? write(dim(`${s}\n`)) : io.err(s));
   if (cfg.note) io.err(cfg.note);
-  const policy = await openPolicy({ modelPath: cfg.modelPath, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend });
+  const policy = await openPolicy({ modelPath: cfg.modelPath, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase });
   const session = new ChatSession(policy.model, policy.tokenizer, cfg);
   const rl = readline.createInterface({ input: io.input, output: interactive ? io.output : undefined, terminal: interactive, prompt: "you> " });
   let generation: AbortController | null = null;

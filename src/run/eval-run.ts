@@ -46,6 +46,7 @@ export interface EvalRunConfig {
   toolsInPrompt: boolean;
   seed: number;
   backend: string;
+  unpackBase?: boolean;
   outputDir: string;
   overwrite: boolean;
 }
@@ -174,6 +175,7 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
     toolsInPrompt: o.tools_in_prompt,
     seed: o.seed,
     backend: o.backend,
+    unpackBase: o.unpack_base,
     outputDir,
     overwrite: o.overwrite,
   };
@@ -240,7 +242,7 @@ export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => 
   const results: EvalRunOutput["results"] = [];
   for (const spec of cfg.models) {
     io.out(`${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${examples.length} questions × ${cfg.samplesPerPrompt}`);
-    const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: cfg.seed, backend: cfg.backend });
+    const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase });
     const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
     let result: EvalResult;
     try {

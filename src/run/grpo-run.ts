@@ -72,6 +72,7 @@ export interface GrpoRunConfig {
   seed: number;
   outputDir: string;
   backend: string;
+  unpackBase?: boolean; // hold a quantized base unpacked while generating (default true)
   overwrite: boolean;
   resume: boolean;
   quiet?: boolean;
@@ -88,8 +89,8 @@ export interface GrpoRunResult {
 
 /** The config fields a resumed run must share with the run it continues. */
 function identity(cfg: GrpoRunConfig): Record<string, unknown> {
-  const { overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, score, ...rest } = cfg;
-  void overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, score;
+  const { overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, unpackBase, score, ...rest } = cfg;
+  void overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, unpackBase, score;
   return rest;
 }
 
@@ -128,6 +129,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
       trainable: "lora",
       seed: cfg.seed,
       backend: cfg.backend,
+      unpackBase: cfg.unpackBase,
     });
   const policy: Policy = ckpt ? await open() : await withOutputDir(cfg.outputDir, { overwrite: false, runKind: "grpo" }, open);
   if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir }, "grpo");

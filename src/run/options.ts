@@ -17,7 +17,8 @@ export function addModelOptions(cmd: Command, defaults: { modelPath: string; qua
     .option("--quantize <kind>", `frozen base weights: ${QUANTIZE_CHOICES.join(", ")}`, parseChoice("quantize", QUANTIZE_CHOICES), defaults.quantize)
     .option("--backend <name>", `tfjs backend: ${BACKENDS.join(", ")} (auto: tfjs-node-gpu → tfjs-node → wasm → cpu)`, parseChoice("backend", BACKENDS), "auto")
     .option("--seed <n>", "random seed (weights of a fresh adapter, data order, sampling)", parseIntArg("seed", 0), 0)
-    .option("--no-tools_in_prompt", "do not render the tool schemas into the system prompt (the model learned the format in SFT)");
+    .option("--no-tools_in_prompt", "do not render the tool schemas into the system prompt (the model learned the format in SFT)")
+    .option("--no-unpack_base", "keep an int8/nf4 base packed while generating: less memory, slower decoding (default: unpacked to f32 for as long as it generates)");
 }
 
 /** Option name as commander stores it: --model_path → model_path. */

@@ -19,6 +19,7 @@ export interface OpenPolicyOptions {
   trainable?: "lora" | "full";
   seed?: number;
   backend?: string;
+  unpackBase?: boolean; // hold a quantized base unpacked while generating (default true)
 }
 
 export interface Policy {
@@ -91,6 +92,7 @@ export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
     if (adapterDir && msg.includes(adapterDir)) throw new UsageError(msg.split("\n")[0]);
     throw err;
   }
+  model.unpackForGeneration = o.unpackBase ?? true;
   const tokenizerDir = adapterDir && (await exists(path.join(adapterDir, "tokenizer.json"))) ? adapterDir : baseDir;
   let tokenizer: Tokenizer;
   try {

@@ -55,6 +55,7 @@ export interface SftRunConfig {
   seed: number;
   outputDir: string;
   backend: string;
+  unpackBase?: boolean; // for the final evaluation's generation (default true)
   overwrite: boolean;
   quiet?: boolean;
 }
@@ -76,7 +77,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
   const examples = await loadExamples({ dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
   const heldOut = cfg.evalSamples > 0 ? await loadExamples({ dataset: cfg.dataset, purpose: "eval", maxSamples: cfg.evalSamples, synthetic: cfg.synthetic }) : [];
   const policy = await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "sft" }, () =>
-    openPolicy({ modelPath: cfg.modelPath, quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend }),
+    openPolicy({ modelPath: cfg.modelPath, quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase }),
   );
   await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base }, "sft");
   const { model, tokenizer } = policy;
