@@ -19,6 +19,7 @@ import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../src/backend.ts";
 import { calculatorTool, shutdownCalculator } from "../src/agents/calculator.ts";
+import { DelegatingLM, RowStateCache } from "../src/model/delegate.ts";
 import { createModel } from "../src/model/load.ts";
 import { buildTinyTokenizer, saveTinyTokenizer } from "../src/model/tiny-tokenizer.ts";
 import { loadTokenizerFromDir } from "../src/model/tokenizer.ts";
@@ -82,31 +83,24 @@ async function tokenizerFor(config: string): Promise<Tokenizer> {
 
 /** The model plus a steering bias: first turn = a calculator call, then free text for a row-dependent
  *  number of tokens, then a stop. Rows are tracked through cache.select. */
-class Steered implements CausalLM {
+type SteerRow = { id: number; turn: number; pos: number; tail: number[] };
+class Steered extends DelegatingLM {
   selects = 0;
   private readonly header: number[];
   private readonly call: number[];
-  constructor(private readonly m: CausalLM, private readonly tok: Tokenizer) {
+  constructor(m: CausalLM, private readonly tok: Tokenizer) {
+    super(m);
     this.header = tok.encode("<|im_start|>assistant\n");
     this.call = [...tok.encode(`<tool_call>\n{"name": "calculator", "arguments": {"expression": "16-3-4"}}\n</tool_call>`), tok.eosTokenId];
   }
-  get config() { return this.m.config; }
-  get quantize() { return this.m.quantize; }
-  get lora() { return this.m.lora; }
-  forward(...a: Parameters<CausalLM["forward"]>) { return this.m.forward(...a); }
-  tokenLogprobs(...a: Parameters<CausalLM["tokenLogprobs"]>) { return this.m.tokenLogprobs(...a); }
-  trainableVariables() { return this.m.trainableVariables(); }
-  saveAdapter(dir: string) { return this.m.saveAdapter(dir); }
-  savePretrained(dir: string) { return this.m.savePretrained(dir); }
-  dispose() {}
+  dispose() {} // the caller owns the model
   prefill(ids: number[][], mask: number[][], o?: ForwardOptions) {
-    const { logits, cache } = this.m.prefill(ids, mask, o);
-    const rows = ids.map((_, b) => ({ id: b, turn: 0, pos: 0, tail: [] as number[] }));
-    const wrapped = new SteeredCache(cache, rows, () => this.selects++);
-    return { logits: this.bias(logits, rows), cache: wrapped as KVCache };
+    const { logits, cache } = this.inner.prefill(ids, mask, o);
+    const rows: SteerRow[] = ids.map((_, b) => ({ id: b, turn: 0, pos: 0, tail: [] }));
+    return { logits: this.bias(logits, rows), cache: new RowStateCache(cache, rows, () => this.selects++) };
   }
   decodeStep(tokens: number[], cache: KVCache, o?: ForwardOptions) {
-    const c = cache as unknown as SteeredCache;
+    const c = cache as RowStateCache<SteerRow>;
     const h = this.header;
     tokens.forEach((t, i) => {
       const r = c.rows[i];
@@ -115,9 +109,9 @@ class Steered implements CausalLM {
       if (r.tail.length > h.length) r.tail.shift();
       if (r.tail.length === h.length && r.tail.every((x, j) => x === h[j])) { r.turn++; r.pos = 0; }
     });
-    return this.bias(this.m.decodeStep(tokens, c.inner, o), c.rows);
+    return this.bias(this.inner.decodeStep(tokens, c.inner, o), c.rows);
   }
-  private bias(logits: tf.Tensor2D, rows: SteeredCache["rows"]): tf.Tensor2D {
+  private bias(logits: tf.Tensor2D, rows: SteerRow[]): tf.Tensor2D {
     const want = rows.map((r) => (r.turn === 0 ? (this.call[r.pos] ?? -1) : r.pos === 8 + 4 * (r.id % 8) ? this.tok.eosTokenId : -1));
     return tf.tidy(() => {
       // oneHot of a negative index is not safe on every backend: use index 0 with a zero scale instead.
@@ -128,13 +122,6 @@ class Steered implements CausalLM {
       return out;
     });
   }
-}
-class SteeredCache {
-  constructor(public inner: KVCache, public rows: { id: number; turn: number; pos: number; tail: number[] }[], private onSelect: () => void) {}
-  get batchSize() { return this.inner.batchSize; }
-  get length() { return this.inner.length; }
-  select(keep: number[]) { this.inner.select(keep); this.rows = keep.map((k) => this.rows[k]); this.onSelect(); }
-  dispose() { this.inner.dispose(); }
 }
 
 await initBackend(opts.backend);

@@ -4,6 +4,7 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
+import { DelegatingLM } from "../../src/model/delegate.ts";
 import { loadModel } from "../../src/model/load.ts";
 
 const FIX = "test/fixtures/qwen2-tiny";
@@ -51,6 +52,16 @@ describe("unpackBase", () => {
     else expect(unpacked.grads).toEqual(packed.grads);
     m.dispose();
     expect(tf.memory().numTensors).toBe(start);
+  });
+
+  it("a model wrapper (DelegatingLM) unpacks and releases the model it wraps", async () => {
+    const m = await loadModel(FIX, { quantize: "nf4" });
+    const n = tf.memory().numTensors;
+    const release = new DelegatingLM(m).unpackBase();
+    expect(tf.memory().numTensors).toBe(n + 7 * m.config.numHiddenLayers);
+    release();
+    expect(tf.memory().numTensors).toBe(n);
+    m.dispose();
   });
 
   it("does nothing for an f32 base or with unpackForGeneration off", async () => {

@@ -6,6 +6,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
+import { DelegatingLM, RowStateCache } from "../../src/model/delegate.ts";
 import { createModel } from "../../src/model/load.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { buildTinyTokenizer, saveTinyTokenizer } from "../../src/model/tiny-tokenizer.ts";
@@ -114,32 +115,25 @@ const echo: Tool = {
  *  prompt length), then the real model continues greedily after the forced tool response until a
  *  stop token is pushed at a step that depends on the prompt length (so rows finish at different
  *  times, alone or in a batch). Everything else — cache, padding, select — is the real model's. */
-class Steered implements CausalLM {
+class Steered extends DelegatingLM {
   selects = 0;
   private readonly header: number[];
-  constructor(private readonly m: CausalLM, private readonly tok: Tokenizer) {
+  constructor(m: CausalLM, private readonly tok: Tokenizer) {
+    super(m);
     this.header = tok.encode("<|im_start|>assistant\n");
   }
-  get config() { return this.m.config; }
-  get quantize() { return this.m.quantize; }
-  get lora() { return this.m.lora; }
-  forward(...a: Parameters<CausalLM["forward"]>) { return this.m.forward(...a); }
-  tokenLogprobs(...a: Parameters<CausalLM["tokenLogprobs"]>) { return this.m.tokenLogprobs(...a); }
-  trainableVariables() { return this.m.trainableVariables(); }
-  saveAdapter(dir: string) { return this.m.saveAdapter(dir); }
-  savePretrained(dir: string) { return this.m.savePretrained(dir); }
-  dispose() {}
+  dispose() {} // the test owns the model
 
   prefill(ids: number[][], mask: number[][]) {
-    const { logits, cache } = this.m.prefill(ids, mask);
+    const { logits, cache } = this.inner.prefill(ids, mask);
     const ctx = ids.map((r, b) => r.filter((_, t) => mask[b][t] === 1));
-    const wrapped = new SteeredCache(cache, ctx, () => this.selects++);
-    return { logits: this.bias(logits, wrapped.ctx), cache: wrapped as KVCache };
+    const wrapped = new RowStateCache(cache, ctx, () => this.selects++);
+    return { logits: this.bias(logits, wrapped.rows), cache: wrapped };
   }
   decodeStep(tokens: number[], cache: KVCache) {
-    const c = cache as unknown as SteeredCache;
-    tokens.forEach((t, i) => c.ctx[i].push(t));
-    return this.bias(this.m.decodeStep(tokens, c.inner), c.ctx);
+    const c = cache as RowStateCache<number[]>;
+    tokens.forEach((t, i) => c.rows[i].push(t));
+    return this.bias(this.inner.decodeStep(tokens, c.inner), c.rows);
   }
   private bias(logits: tf.Tensor2D, ctx: number[][]): tf.Tensor2D {
     const [B, V] = logits.shape;
@@ -166,12 +160,4 @@ class Steered implements CausalLM {
       if (this.header.every((h, j) => c[t - this.header.length + j] === h)) return t;
     return c.length;
   }
-}
-
-class SteeredCache {
-  constructor(public inner: KVCache, public ctx: number[][], private onSelect: () => void) {}
-  get batchSize() { return this.inner.batchSize; }
-  get length() { return this.inner.length; }
-  select(rows: number[]) { this.inner.select(rows); this.ctx = rows.map((r) => this.ctx[r]); this.onSelect(); }
-  dispose() { this.inner.dispose(); }
 }
