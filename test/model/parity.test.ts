@@ -103,18 +103,7 @@ describe("qwen2-tiny golden parity (wasm)", () => {
         tf.dispose([l, last]);
       }
       expect(seq.slice(5)).toEqual(ref.new_tokens);
-      const p = [...exp.greedy.prompt];
-      const { logits, cache } = model.prefill([p], [p.map(() => 1)]);
-      let lg = logits;
-      const out: number[] = [];
-      for (let s = 0; s < 8; s++) {
-        const tok = (await tf.argMax(lg, 1).data())[0];
-        out.push(tok);
-        lg.dispose();
-        if (s < 7) lg = model.decodeStep([tok], cache);
-      }
-      cache.dispose();
-      expect(out).toEqual(ref.new_tokens);
+      expect(await greedyByCache(model, exp.greedy.prompt, 8)).toEqual(ref.new_tokens);
     }
   });
 
@@ -131,18 +120,22 @@ describe("qwen2-tiny golden parity (wasm)", () => {
     const want = (exp.lora.grads[key] as number[][]).flat();
     expect(maxAbsDiff(await g.data(), want) / Math.max(...want.map(Math.abs))).toBeLessThanOrEqual(1e-3);
     tf.dispose([value, grads, g]);
-    const p = [...exp.greedy.prompt];
-    const { logits, cache } = left.prefill([p], [p.map(() => 1)]);
-    let lg = logits;
-    const out: number[] = [];
-    for (let s = 0; s < 8; s++) {
-      const tok = (await tf.argMax(lg, 1).data())[0];
-      out.push(tok);
-      lg.dispose();
-      if (s < 7) lg = left.decodeStep([tok], cache);
-    }
-    cache.dispose();
-    expect(out).toEqual(exp.greedy.lora.new_tokens);
+    expect(await greedyByCache(left, exp.greedy.prompt, 8)).toEqual(exp.greedy.lora.new_tokens);
     left.dispose();
   });
 });
+
+/** n greedy tokens after the prompt, by prefill and KV-cache decode steps. */
+async function greedyByCache(model: Qwen2ForCausalLM, prompt: number[], n: number): Promise<number[]> {
+  const { logits, cache } = model.prefill([prompt], [prompt.map(() => 1)]);
+  let lg = logits;
+  const out: number[] = [];
+  for (let s = 0; s < n; s++) {
+    const best = tf.argMax(lg, 1);
+    out.push((await best.data())[0]);
+    tf.dispose([lg, best]);
+    if (s < n - 1) lg = model.decodeStep([out[s]], cache);
+  }
+  cache.dispose();
+  return out;
+}
