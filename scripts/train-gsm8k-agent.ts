@@ -2,25 +2,17 @@
  *  group-relative advantages, LoRA updates on a quantized frozen base.
  *  npx tsx scripts/train-gsm8k-agent.ts --preset tiny           (starts from the tiny SFT output)
  *  npx tsx scripts/train-gsm8k-agent.ts --model_path outputs/Qwen2.5-0.5B/sft/final --dataset gsm8k */
-import { Command } from "commander";
 import { shutdownCalculator } from "../src/agents/calculator.ts";
 import { parseChoice, parseFloatArg, parseIntArg, runMain, UsageError } from "../src/cli.ts";
 import { parseRewardWeights } from "../src/rollout/rewards.ts";
 import { LOSS_TYPES } from "../src/trainer/policy-loss.ts";
 import { TINY_GRPO, TINY_PROBLEMS } from "../src/presets/tiny.ts";
 import { runGrpo } from "../src/run/grpo-run.ts";
-import { addLoraOptions, addModelOptions, addOptimizerOptions, applyPreset, defaultOutputDir, loraTargets } from "../src/run/options.ts";
+import { applyPreset, defaultOutputDir, loraTargets, trainingCommand } from "../src/run/options.ts";
 
-const program = addOptimizerOptions(
-  addLoraOptions(
-  addModelOptions(new Command().name("train-gsm8k-agent").description("GRPO: teach the calculator agent from its own rollouts"), {
-    modelPath: "Qwen/Qwen2.5-0.5B",
-    quantize: "nf4",
-  }),
-  { r: 16, alpha: 32 },
-  ),
-  { lr: 1e-5, scheduler: "constant", warmupRatio: 0 },
-)
+const program = trainingCommand("train-gsm8k-agent", "GRPO: teach the calculator agent from its own rollouts", {
+  quantize: "nf4", lr: 1e-5, scheduler: "constant", warmupRatio: 0,
+})
   .option("--init_adapter <dir>", "PEFT adapter to continue (default: the adapter at --model_path, if it is one; else a fresh adapter)")
   .option("--dataset <name|path>", "gsm8k (local HF cache or hub), synthetic, or a GSM8K-format .jsonl/.parquet path", "gsm8k")
   .option("--max_samples <n>", "use at most this many training questions (default: all; synthetic: 5000)", parseIntArg("max_samples", 1))

@@ -1,25 +1,17 @@
 /** SFT warmup on tool-calling conversations made from GSM8K's calculator annotations.
  *  npx tsx scripts/train-sft.ts --preset tiny        (offline, minutes on a CPU)
  *  npx tsx scripts/train-sft.ts --model_path Qwen/Qwen2.5-0.5B --dataset gsm8k */
-import { Command } from "commander";
 import { shutdownCalculator } from "../src/agents/calculator.ts";
 import { parseFloatArg, parseIntArg, parseList, runMain } from "../src/cli.ts";
 import { INLINE_OPS } from "../src/datasets/sft.ts";
 import { TINY_SFT } from "../src/presets/tiny.ts";
-import { addLoraOptions, addModelOptions, addOptimizerOptions, applyPreset, defaultOutputDir, loraTargets } from "../src/run/options.ts";
+import { applyPreset, defaultOutputDir, loraTargets, trainingCommand } from "../src/run/options.ts";
 import { runSft } from "../src/run/sft-run.ts";
 import { TINY_PROBLEMS } from "../src/presets/tiny.ts";
 
-const program = addOptimizerOptions(
-  addLoraOptions(
-  addModelOptions(new Command().name("train-sft").description("Supervised warmup: teach the tool-calling format from GSM8K's calculator annotations"), {
-    modelPath: "Qwen/Qwen2.5-0.5B",
-    quantize: "none",
-  }),
-  { r: 16, alpha: 32 },
-  ),
-  { lr: 2e-4, scheduler: "cosine", warmupRatio: 0.05 },
-)
+const program = trainingCommand("train-sft", "Supervised warmup: teach the tool-calling format from GSM8K's calculator annotations", {
+  quantize: "none", lr: 2e-4, scheduler: "cosine", warmupRatio: 0.05,
+})
   .option("--dataset <name|path>", "gsm8k (local HF cache or hub), synthetic, or a GSM8K-format .jsonl/.parquet path", "gsm8k")
   .option("--max_samples <n>", "use at most this many training examples (default: all; synthetic: 5000)", parseIntArg("max_samples", 1))
   .option("--num_epochs <n>", "passes over the training conversations", parseIntArg("num_epochs", 1), 1)

@@ -43,7 +43,7 @@ export function requireMultiple(a: number, aFlag: string, b: number, bFlag: stri
 }
 
 /** LoRA flags shared by SFT and GRPO. */
-export function addLoraOptions(cmd: Command, d: { r: number; alpha: number }): Command {
+function addLoraOptions(cmd: Command, d: { r: number; alpha: number }): Command {
   return cmd
     .option("--lora_r <n>", "LoRA rank", parseIntArg("lora_r", 1), d.r)
     .option("--lora_alpha <x>", "LoRA alpha (scaling = alpha / r)", parseFloatArg("lora_alpha", 0), d.alpha)
@@ -81,11 +81,17 @@ export function parseWithPreset(cmd: Command, argv: string[], presets: Partial<R
 }
 
 /** Optimizer flags shared by SFT and GRPO (AdamW + a learning-rate schedule with warmup). */
-export function addOptimizerOptions(cmd: Command, d: { lr: number; scheduler: ScheduleType; warmupRatio: number }): Command {
+function addOptimizerOptions(cmd: Command, d: { lr: number; scheduler: ScheduleType; warmupRatio: number }): Command {
   return cmd
     .option("--learning_rate <x>", "peak learning rate", parseFloatArg("learning_rate", 0), d.lr)
     .option("--lr_scheduler <kind>", `${SCHEDULES.join(", ")} (with warmup)`, parseChoice("lr_scheduler", SCHEDULES), d.scheduler)
     .option("--warmup_ratio <x>", "share of steps spent warming the learning rate up from 0", parseFloatArg("warmup_ratio", 0, 1), d.warmupRatio)
     .option("--weight_decay <x>", "AdamW decoupled weight decay", parseFloatArg("weight_decay", 0), 0.0)
     .option("--max_grad_norm <x>", "clip the global gradient norm to this", parseFloatArg("max_grad_norm", 0), 1.0);
+}
+
+/** A training script's command: model, LoRA (r 16, alpha 32) and optimizer flags with its defaults. */
+export function trainingCommand(name: string, description: string, d: { quantize: Quantize; lr: number; scheduler: ScheduleType; warmupRatio: number }): Command {
+  const cmd = addModelOptions(new Command().name(name).description(description), { modelPath: "Qwen/Qwen2.5-0.5B", quantize: d.quantize });
+  return addOptimizerOptions(addLoraOptions(cmd, { r: 16, alpha: 32 }), d);
 }
