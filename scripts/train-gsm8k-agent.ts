@@ -8,7 +8,7 @@ import { parseRewardWeights } from "../src/rollout/rewards.ts";
 import { LOSS_TYPES } from "../src/trainer/policy-loss.ts";
 import { TINY_GRPO, TINY_PROBLEMS } from "../src/presets/tiny.ts";
 import { runGrpo } from "../src/run/grpo-run.ts";
-import { applyPreset, defaultOutputDir, loraTargets, trainingCommand } from "../src/run/options.ts";
+import { defaultOutputDir, loraTargets, parseWithPreset, trainingCommand } from "../src/run/options.ts";
 
 const program = trainingCommand("train-gsm8k-agent", "GRPO: teach the calculator agent from its own rollouts", {
   quantize: "nf4", lr: 1e-5, scheduler: "constant", warmupRatio: 0,
@@ -40,9 +40,7 @@ const program = trainingCommand("train-gsm8k-agent", "GRPO: teach the calculator
   .option("--resume", "continue the run in --output_dir from its latest checkpoint", false);
 
 await runMain(async () => {
-  program.parse();
-  if (program.opts().preset === "tiny") applyPreset(program, TINY_GRPO);
-  const o = program.opts();
+  const { o } = parseWithPreset(program, process.argv, { tiny: TINY_GRPO });
   let weights: Record<string, number>;
   try {
     weights = parseRewardWeights(o.reward_weights);

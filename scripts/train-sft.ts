@@ -5,7 +5,7 @@ import { shutdownCalculator } from "../src/agents/calculator.ts";
 import { parseFloatArg, parseIntArg, parseList, runMain } from "../src/cli.ts";
 import { INLINE_OPS } from "../src/datasets/sft.ts";
 import { TINY_SFT } from "../src/presets/tiny.ts";
-import { applyPreset, defaultOutputDir, loraTargets, trainingCommand } from "../src/run/options.ts";
+import { defaultOutputDir, loraTargets, parseWithPreset, trainingCommand } from "../src/run/options.ts";
 import { runSft } from "../src/run/sft-run.ts";
 import { TINY_PROBLEMS } from "../src/presets/tiny.ts";
 
@@ -29,9 +29,7 @@ const program = trainingCommand("train-sft", "Supervised warmup: teach the tool-
   .option("--overwrite", "replace a run already in --output_dir", false);
 
 await runMain(async () => {
-  program.parse();
-  if (program.opts().preset === "tiny") applyPreset(program, TINY_SFT);
-  const o = program.opts();
+  const { o } = parseWithPreset(program, process.argv, { tiny: TINY_SFT });
   try {
     const r = await runSft({
       modelPath: o.model_path,

@@ -92,6 +92,7 @@ function addOptimizerOptions(cmd: Command, d: { lr: number; scheduler: ScheduleT
 
 /** A training script's command: model, LoRA (r 16, alpha 32) and optimizer flags with its defaults. */
 export function trainingCommand(name: string, description: string, d: { quantize: Quantize; lr: number; scheduler: ScheduleType; warmupRatio: number }): Command {
-  const cmd = addModelOptions(new Command().name(name).description(description), { modelPath: "Qwen/Qwen2.5-0.5B", quantize: d.quantize });
+  const base = new Command().name(name).description(description).exitOverride().configureOutput({ outputError: () => {} });
+  const cmd = addModelOptions(base, { modelPath: "Qwen/Qwen2.5-0.5B", quantize: d.quantize });
   return addOptimizerOptions(addLoraOptions(cmd, { r: 16, alpha: 32 }), d);
 }

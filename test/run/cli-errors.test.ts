@@ -43,6 +43,8 @@ describe.each([
   ["train-sft.ts", ["--quantize", "fp8"], /--quantize .*fp8.*none, int8, nf4/],
   ["train-sft.ts", ["--model_path", "./no/such/model"], /--model_path \.\/no\/such\/model: no such folder/],
   ["train-sft.ts", ["--dataset", "no-such.jsonl"], /--dataset no-such.jsonl: no such file/],
+  ["train-sft.ts", ["--bogus"], /unknown option '--bogus'/],
+  ["train-gsm8k-agent.ts", ["--bogus"], /unknown option '--bogus'/],
   ["train-sft.ts", ["--inline_share", "1.5"], /--inline_share "1.5"/],
   ["train-sft.ts", ["--inline_ops", "+,sqrt"], /--inline_ops "\+,sqrt": unknown sqrt/],
   ["train-gsm8k-agent.ts", ["--loss_type", "ppo"], /--loss_type .*ppo/],
