@@ -2,6 +2,7 @@
  *  0), strict accuracy (the answer in the format SFT teaches, \boxed{}) and lenient accuracy (the last
  *  number of the final text) separately — most early gains on GSM8K are format learning — plus
  *  pass@k, tool-call statistics and the format validity of the rollouts. */
+import * as path from "node:path";
 import { calculatorTool } from "../agents/calculator.ts";
 import type { Tool } from "../agents/types.ts";
 import { toPrompt } from "../agents/prompts.ts";
@@ -10,6 +11,8 @@ import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import { passAtK, wilsonInterval, type Interval } from "../trainer/stats.ts";
+import type { MetricsLogger } from "../trainer/metrics.ts";
+import { writeFileAtomic } from "../util/fs.ts";
 import { Rng } from "../util/rng.ts";
 
 export interface EvalOptions {
@@ -140,4 +143,23 @@ export function formatEvalLine(r: EvalResult): string {
     `format ${pct(r.formatValid)} | tools ${r.toolCallsPerRollout.toFixed(2)}/rollout | tool errors ${pct(r.toolErrorRate)} | ` +
     `n ${r.n}×${r.k} | ${r.seconds.toFixed(1)} s`
   );
+}
+
+/** A training run's closing evaluation: greedy on the held-out questions, one log line, the eval_*
+ *  metrics at the last step, and eval.json (summary + the first 50 questions) in the run folder. */
+export async function finalEvaluation(
+  model: CausalLM,
+  tokenizer: Tokenizer,
+  heldOut: Gsm8kExample[],
+  o: { maxNewTokens: number; maxTurns: number; toolsInPrompt: boolean; seed: number; outputDir: string; metrics: MetricsLogger; step: number; log: (line: string) => void },
+): Promise<EvalResult | null> {
+  if (heldOut.length === 0) return null;
+  const r = await evaluate(model, tokenizer, heldOut, {
+    samplesPerPrompt: 1, temperature: 0, batchSize: 64, maxNewTokens: o.maxNewTokens, maxTurns: o.maxTurns, toolsInPrompt: o.toolsInPrompt, seed: o.seed,
+  });
+  o.log(`eval (held-out, greedy): ${formatEvalLine(r)}`);
+  o.metrics.log(o.step, { eval_accuracy: r.strict.value, eval_lenient_accuracy: r.lenient.value, eval_format_valid: r.formatValid, eval_tool_calls: r.toolCallsPerRollout });
+  const { questions, ...summary } = r;
+  await writeFileAtomic(path.join(o.outputDir, "eval.json"), JSON.stringify({ ...summary, samples: questions.slice(0, 50) }, null, 2) + "\n");
+  return r;
 }

@@ -4,7 +4,6 @@
  *  same base with the adapter switched off. Checkpoints hold the adapter, optimizer state and the
  *  position in the data; sampling draws from an Rng seeded by (seed, step), so a resumed run makes
  *  the same rollouts as an uninterrupted one. */
-import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { calculatorTool } from "../agents/calculator.ts";
 import { toPrompt } from "../agents/prompts.ts";
@@ -16,21 +15,19 @@ import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import { TrajectoryLog } from "../rollout/trajectories.ts";
 import { scoreRollout } from "../rollout/rewards.ts";
 import { groupAdvantages, groupHasSignal } from "../trainer/advantages.ts";
-import { CheckpointSchedule, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
+import { CheckpointSchedule, configDiff, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { NonFiniteError } from "../trainer/errors.ts";
 import { grpoStep, type GrpoRollout } from "../trainer/grpo.ts";
-import { formatStepLine, meanStd, MetricsLogger } from "../trainer/metrics.ts";
+import { formatStepLine, meanStd, memoryFields, MetricsLogger } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
 import type { LossType } from "../trainer/policy-loss.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { writeReport } from "../trainer/report.ts";
 import { lrAt, type ScheduleType } from "../trainer/schedule.ts";
-import { writeFileAtomic } from "../util/fs.ts";
 import { Rng } from "../util/rng.ts";
 import { loadExamples } from "./data.ts";
-import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
+import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, savePolicy, withOutputDir, type Policy } from "./policy.ts";
-import { memoryFields } from "./sft-run.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
 
 export interface GrpoRunConfig {
@@ -108,15 +105,17 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   const t0 = Date.now();
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
   await checkModelSource(cfg.modelPath, "--model_path", cfg.initAdapter);
-  // Refuse a folder that holds another run before loading anything (prepareOutputDir only checks
-  // here when the folder does not exist yet: it is created once the model has loaded).
-  const resumed = cfg.resume;
-  if (!resumed && (await fs.stat(cfg.outputDir).then(() => true, () => false))) await prepareOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "grpo" });
-  if (resumed) await prepareOutputDir(cfg.outputDir, { resume: true, runKind: "grpo" });
-  const ckpt = resumed ? await loadCheckpoint(cfg.outputDir) : null;
-  if (ckpt && ckpt.state.config_hash !== configHash(identity(cfg)))
-    throw new UsageError(`--resume: ${cfg.outputDir} was run with other settings (${Object.keys(ckpt.state.config ?? {}).length ? "see run.json" : "config differs"}); resume with the same flags or start a new --output_dir`);
+  if (cfg.resume) await prepareOutputDir(cfg.outputDir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
+  const ckpt = cfg.resume ? await loadCheckpoint(cfg.outputDir) : null;
+  if (ckpt && ckpt.state.config_hash !== configHash(identity(cfg))) {
+    const differ = configDiff(ckpt.state.config ?? {}, identity(cfg));
+    throw new UsageError(`--resume: ${cfg.outputDir} was run with other settings (${differ.length ? differ.join(", ") : "config differs"}); resume with the same flags or start a new --output_dir`);
+  }
+  const start = ckpt?.state.global_step ?? 0;
+  const total = cfg.totalEpochs;
+  if (start >= total) throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} steps; raise --total_epochs above ${start} to continue`);
   const examples = await loadExamples({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
+  if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   const heldOut = cfg.evalSamples > 0 ? await loadExamples({ dataset: cfg.dataset, purpose: "eval", maxSamples: cfg.evalSamples, synthetic: cfg.synthetic }) : [];
   const lora: LoraConfig = { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
   // A resumed run continues the checkpoint's adapter; a new one the given adapter or a fresh one.
@@ -131,22 +130,19 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
       backend: cfg.backend,
       unpackBase: cfg.unpackBase,
     });
-  const policy: Policy = ckpt ? await open() : await withOutputDir(cfg.outputDir, { overwrite: false, runKind: "grpo" }, open);
-  if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir }, "grpo");
+  const policy: Policy = ckpt ? await open() : await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "grpo" }, open);
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
   try {
+    if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir }, "grpo");
     if (ckpt?.optimizerState) importOptimizer(optimizer, ckpt.optimizerState);
-    const start = ckpt?.state.global_step ?? 0;
-    const total = cfg.totalEpochs;
-    if (start >= total) throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} steps; raise --total_epochs above ${start} to continue`);
     const question = dataStream(examples, cfg.seed);
     const schedule = { type: cfg.lrScheduler, lr: cfg.learningRate, warmupSteps: Math.floor(cfg.warmupRatio * total), totalSteps: total };
     const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"), { resumeStep: start });
     const trajectoryLog = new TrajectoryLog(path.join(cfg.outputDir, "trajectories.jsonl"), { resumeStep: start });
     const saves = new CheckpointSchedule(cfg.saveSteps, total);
     const tools = [calculatorTool];
-    const history: Record<string, unknown>[] = [];
+    const history: Record<string, unknown>[] = [...(ckpt?.state.log_history ?? [])];
     let step = start;
     const saveAt = (s: number) =>
       saveCheckpoint(cfg.outputDir, {
@@ -215,16 +211,9 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     const finalDir = path.join(cfg.outputDir, "final");
     await savePolicy(policy, finalDir, false);
     log(`saved adapter to ${finalDir}`);
-    let evalResult: EvalResult | null = null;
-    if (heldOut.length > 0) {
-      evalResult = await evaluate(model, tokenizer, heldOut, {
-        samplesPerPrompt: 1, temperature: 0, batchSize: 64, maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed,
-      });
-      log(`eval (held-out, greedy): ${formatEvalLine(evalResult)}`);
-      metrics.log(total, { eval_accuracy: evalResult.strict.value, eval_lenient_accuracy: evalResult.lenient.value, eval_format_valid: evalResult.formatValid });
-      const { questions, ...summary } = evalResult;
-      await writeFileAtomic(path.join(cfg.outputDir, "eval.json"), JSON.stringify({ ...summary, samples: questions.slice(0, 50) }, null, 2) + "\n");
-    }
+    const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
+      maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, outputDir: cfg.outputDir, metrics, step: total, log,
+    });
     await writeReport(cfg.outputDir, { title: `GRPO ${path.basename(policy.base)}` });
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
   } finally {

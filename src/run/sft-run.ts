@@ -12,16 +12,15 @@ import type { ChatMessage, LoraConfig, LoraTarget, Quantize } from "../model/typ
 import { onInterrupt, writeRunConfig } from "../cli.ts";
 import { rightPad } from "../trainer/batch.ts";
 import { saveCheckpoint, CheckpointSchedule, configHash } from "../trainer/checkpoint.ts";
-import { formatStepLine, memoryStats, MetricsLogger, SFT_LINE } from "../trainer/metrics.ts";
+import { formatStepLine, memoryFields, MetricsLogger, SFT_LINE } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { writeReport } from "../trainer/report.ts";
 import { lrAt, type ScheduleType } from "../trainer/schedule.ts";
 import { sftStep, type SftBatch } from "../trainer/sft.ts";
-import { writeFileAtomic } from "../util/fs.ts";
 import { Rng } from "../util/rng.ts";
 import { loadExamples } from "./data.ts";
-import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
+import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, savePolicy, withOutputDir } from "./policy.ts";
 import { exportOptimizer } from "./train-state.ts";
 
@@ -79,10 +78,10 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
   const policy = await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "sft" }, () =>
     openPolicy({ modelPath: cfg.modelPath, quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase }),
   );
-  await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base }, "sft");
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
   try {
+    await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base }, "sft");
     // Conversations: every calculator call re-run, so tool messages show what rollouts will show.
     const built = await buildSftConversations(examples, calculatorTool, { inlineShare: cfg.inlineShare, inlineOps: cfg.inlineOps, seed: cfg.seed });
     const tools = cfg.toolsInPrompt ? [toolSchema(calculatorTool)] : undefined;
@@ -146,27 +145,15 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
     await savePolicy(policy, finalDir, cfg.full);
     log(`saved ${cfg.full ? "model" : "adapter"} to ${finalDir}`);
 
-    let evalResult: EvalResult | null = null;
-    if (heldOut.length > 0) {
-      evalResult = await evaluate(model, tokenizer, heldOut, {
-        samplesPerPrompt: 1, temperature: 0, batchSize: 64, maxNewTokens: cfg.evalMaxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed,
-      });
-      log(`eval (held-out, greedy): ${formatEvalLine(evalResult)}`);
-      metrics.log(step, { eval_accuracy: evalResult.strict.value, eval_lenient_accuracy: evalResult.lenient.value, eval_format_valid: evalResult.formatValid, eval_tool_calls: evalResult.toolCallsPerRollout });
-      const { questions, ...summary } = evalResult;
-      await writeFileAtomic(path.join(cfg.outputDir, "eval.json"), JSON.stringify({ ...summary, samples: questions.slice(0, 50) }, null, 2) + "\n");
-    }
+    const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
+      maxNewTokens: cfg.evalMaxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, outputDir: cfg.outputDir, metrics, step, log,
+    });
     await writeReport(cfg.outputDir, { title: `SFT ${path.basename(policy.base)}` });
     return { steps: step, finalLoss: lastLoss, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
   } finally {
     optimizer.dispose();
     model.dispose();
   }
-}
-
-export function memoryFields(): Record<string, number> {
-  const m = memoryStats();
-  return { tensors: m.tensors, tensor_bytes: m.tensorBytes, rss_bytes: m.rssBytes };
 }
 
 function countCalls(conversations: ChatMessage[][]): number {

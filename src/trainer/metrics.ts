@@ -157,3 +157,9 @@ export function memoryStats(): MemoryStats {
   const p = process.memoryUsage();
   return { tensors: m.numTensors, tensorBytes: m.numBytes, rssBytes: p.rss, heapBytes: p.heapUsed };
 }
+
+/** memoryStats as step-metric fields. */
+export function memoryFields(): Record<string, number> {
+  const m = memoryStats();
+  return { tensors: m.tensors, tensor_bytes: m.tensorBytes, rss_bytes: m.rssBytes };
+}

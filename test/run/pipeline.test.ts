@@ -96,5 +96,11 @@ describe("tiny pipeline", () => {
     expect(m.map((x) => x.step)).toEqual([1, 2]);
     const rollouts = (dir: string) => fs.readFile(path.join(dir, "trajectories.jsonl"), "utf8");
     expect(await rollouts(halves)).toBe(await rollouts(whole)); // same rollouts, each step once
+    const history = async (dir: string) => JSON.parse(await fs.readFile(path.join(dir, "checkpoint-2", "trainer_state.json"), "utf8")).log_history.map((h: { step: number }) => h.step);
+    expect(await history(halves)).toEqual([1, 2]); // the resumed run keeps the first run's history
+    expect(await history(halves)).toEqual(await history(whole));
+    // Resuming with other settings names them; --overwrite with --resume is refused.
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { totalEpochs: 3, resume: true, learningRate: 5e-3 }))).rejects.toThrow(/other settings \(learningRate\)/);
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { totalEpochs: 3, resume: true, overwrite: true }))).rejects.toThrow(/--overwrite and --resume together/);
   });
 });
