@@ -147,7 +147,8 @@ describe("verification against the calculator", () => {
     const answers = Array.from({ length: 200 }, (_, i) => ex(`a <<${i}+1=${i + 1}>>${i + 1} b <<${i + 1}*2=${2 * i + 2}>>${2 * i + 2}\n#### ${2 * i + 2}`, `x${i}`));
     const table: Record<string, string> = {};
     for (let i = 0; i < 200; i++) Object.assign(table, { [`${i}+1`]: String(i + 1), [`${i + 1}*2`]: String(2 * i + 2) });
-    const build = (share: number, seed: number) => buildSftConversations(answers, tableTool(table), { inlineShare: share, seed });
+    let tool = tableTool(table);
+    const build = (share: number, seed: number) => buildSftConversations(answers, (tool = tableTool(table)), { inlineShare: share, seed });
     const calls = (b: Awaited<ReturnType<typeof build>>) => b.conversations.reduce((n, c) => n + c.filter((m) => m.tool_calls).length, 0);
     const none = await build(0, 0);
     expect(calls(none)).toBe(400);
@@ -156,6 +157,7 @@ describe("verification against the calculator", () => {
     expect(calls(half)).toBeLessThan(400 * 0.8);
     expect(half.counts.ok).toBe(calls(half)); // only the calls left are checked
     expect(half.inlined + calls(half)).toBe(400);
+    expect(tool.calls).toHaveLength(calls(half)); // inlined steps never reach the tool
     expect(half.conversations).toEqual((await build(0.3, 7)).conversations);
     expect(half.conversations).not.toEqual((await build(0.3, 8)).conversations);
     expect(calls(await build(1, 0))).toBe(0);

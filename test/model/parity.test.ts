@@ -68,27 +68,11 @@ describe("qwen2-tiny golden parity (wasm)", () => {
       expect(worst).toBeLessThanOrEqual(1e-4);
     }
     const before = tf.memory().numTensors;
-    const vars = lora.trainableVariables();
-    expect(vars.length).toBe(2 * LORA_TARGETS.length * 2);
-    const { value, grads } = tf.variableGrads(() => lossFrom(lora.tokenLogprobs(ids, mask).logprobs), vars);
-    const loss = (await value.data())[0];
-    expect(Math.abs(loss - exp.lora.loss) / exp.lora.loss).toBeLessThanOrEqual(1e-5);
-    let worstRel = 0;
-    for (let l = 0; l < 2; l++)
-      for (const m of LORA_TARGETS)
-        for (const which of ["A", "B"] as const) {
-          const key = peftKey(l, m, which);
-          const v = vars.find((x) => x.name.startsWith(key.replace(".weight", "")))!;
-          const g = tf.transpose(grads[v.name]); // held transposed; PEFT layout for comparison
-          const want = (exp.lora.grads[key] as number[][]).flat();
-          const scale = Math.max(...want.map(Math.abs));
-          const rel = maxAbsDiff(await g.data(), want) / scale;
-          g.dispose();
-          worstRel = Math.max(worstRel, rel);
-        }
+    expect(lora.trainableVariables().length).toBe(2 * LORA_TARGETS.length * 2);
+    const { loss, worstRel } = await lossAndGradients(lora);
     console.log(`lora loss ${loss} (ref ${exp.lora.loss}); worst gradient error ${worstRel.toExponential(2)} of max-abs`);
+    expect(Math.abs(loss - exp.lora.loss) / exp.lora.loss).toBeLessThanOrEqual(1e-5);
     expect(worstRel).toBeLessThanOrEqual(1e-3);
-    tf.dispose([value, grads]);
     expect(tf.memory().numTensors).toBe(before);
   });
 
@@ -111,15 +95,9 @@ describe("qwen2-tiny golden parity (wasm)", () => {
     const left = await loadModel(FIX, { adapter: `${FIX}/lora`, frozenLeft: true });
     expect(left.weights.layers[0].proj.q_proj.left).not.toBeNull();
     expect(await checkLogits(left, exp.lora.logits, true)).toBeLessThanOrEqual(1e-4);
-    const vars = left.trainableVariables();
-    const { value, grads } = tf.variableGrads(() => lossFrom(left.tokenLogprobs(ids, mask).logprobs), vars);
-    expect(Math.abs((await value.data())[0] - exp.lora.loss) / exp.lora.loss).toBeLessThanOrEqual(1e-5);
-    const key = peftKey(0, "q_proj", "A");
-    const v = vars.find((x) => x.name.startsWith(key.replace(".weight", "")))!;
-    const g = tf.transpose(grads[v.name]);
-    const want = (exp.lora.grads[key] as number[][]).flat();
-    expect(maxAbsDiff(await g.data(), want) / Math.max(...want.map(Math.abs))).toBeLessThanOrEqual(1e-3);
-    tf.dispose([value, grads, g]);
+    const { loss, worstRel } = await lossAndGradients(left);
+    expect(Math.abs(loss - exp.lora.loss) / exp.lora.loss).toBeLessThanOrEqual(1e-5);
+    expect(worstRel).toBeLessThanOrEqual(1e-3);
     expect(await greedyByCache(left, exp.greedy.prompt, 8)).toEqual(exp.greedy.lora.new_tokens);
     left.dispose();
   });
@@ -138,4 +116,25 @@ async function greedyByCache(model: Qwen2ForCausalLM, prompt: number[], n: numbe
   }
   cache.dispose();
   return out;
+}
+
+/** The LoRA model's loss on the fixture batch and its worst gradient error against the golden
+ *  gradients (every layer, module, A and B), relative to each gradient's max-abs. */
+async function lossAndGradients(model: Qwen2ForCausalLM): Promise<{ loss: number; worstRel: number }> {
+  const vars = model.trainableVariables();
+  const { value, grads } = tf.variableGrads(() => lossFrom(model.tokenLogprobs(ids, mask).logprobs), vars);
+  const loss = (await value.data())[0];
+  let worstRel = 0;
+  for (let l = 0; l < 2; l++)
+    for (const m of LORA_TARGETS)
+      for (const which of ["A", "B"] as const) {
+        const key = peftKey(l, m, which);
+        const v = vars.find((x) => x.name.startsWith(key.replace(".weight", "")))!;
+        const g = tf.transpose(grads[v.name]); // held transposed; PEFT layout for comparison
+        const want = (exp.lora.grads[key] as number[][]).flat();
+        worstRel = Math.max(worstRel, maxAbsDiff(await g.data(), want) / Math.max(...want.map(Math.abs)));
+        g.dispose();
+      }
+  tf.dispose([value, grads]);
+  return { loss, worstRel };
 }

@@ -16,7 +16,7 @@ describe("unpackBase", () => {
     ["nf4", false],
     ["nf4", true],
     ["int8", false],
-  ] as const)("%s (left layout %s): identical outputs, gradients, and no tensor left after release", async (quantize, left) => {
+  ] as const)("%s (left layout %s): identical outputs and gradients (left: up to rounding), no tensor left after release", async (quantize, left) => {
     const start = tf.memory().numTensors;
     const m = await loadModel(FIX, { quantize, lora: { ...LORA, targetModules: [...LORA.targetModules] }, seed: 1 });
     const ids = [[0, 3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8]];
@@ -39,16 +39,19 @@ describe("unpackBase", () => {
     const before = tf.memory().numTensors;
     const release = m.unpackBase(left);
     expect(tf.memory().numTensors).toBe(before + 7 * m.config.numHiddenLayers); // one f32 matrix per linear layer
-    expect(m.unpackBase()).toBeTypeOf("function"); // nested: a no-op
+    m.unpackBase(); // nested: a no-op
     expect(tf.memory().numTensors).toBe(before + 7 * m.config.numHiddenLayers);
     const unpacked = await run();
     release();
     expect(tf.memory().numTensors).toBe(before);
     expect(unpacked.logits).toEqual(packed.logits);
     expect(unpacked.decoded).toEqual(packed.decoded);
-    // The left layout multiplies in another order: equal up to float32 rounding.
-    const close = (a: number[][], b: number[][]) => a.forEach((x, i) => x.forEach((v, j) => expect(v).toBeCloseTo(b[i][j], 5)));
-    if (left) close(unpacked.grads, packed.grads);
+    // The left layout multiplies in another order: its gradients are equal up to float32 rounding.
+    if (left)
+      unpacked.grads.forEach((g, i) => {
+        const scale = Math.max(1e-30, ...packed.grads[i].map(Math.abs)); // A of a fresh adapter: all 0
+        expect(Math.max(...g.map((v, j) => Math.abs(v - packed.grads[i][j]))) / scale).toBeLessThanOrEqual(1e-5);
+      });
     else expect(unpacked.grads).toEqual(packed.grads);
     m.dispose();
     expect(tf.memory().numTensors).toBe(start);
@@ -67,8 +70,9 @@ describe("unpackBase", () => {
   it("does nothing for an f32 base or with unpackForGeneration off", async () => {
     const f32 = await loadModel(FIX);
     const n = tf.memory().numTensors;
-    f32.unpackBase()();
+    const releaseF32 = f32.unpackBase();
     expect(tf.memory().numTensors).toBe(n);
+    releaseF32();
     f32.dispose();
     const q = await loadModel(FIX, { quantize: "nf4" });
     q.unpackForGeneration = false;

@@ -97,7 +97,7 @@ describe("TokenStreamer", () => {
   it("prints multi-byte characters whole, in order, and skips forced and stop tokens", () => {
     const text = "Prix: 3×4 € = 12 ✓";
     const ids = tok.encode(text);
-    expect(ids.length).toBeGreaterThan([...text].length - 3); // several tokens are partial characters
+    expect(ids.some((id) => tok.decode([id]).includes("\uFFFD"))).toBe(true); // some tokens are partial characters
     const pieces: string[] = [];
     const s = new TokenStreamer(tok, new Set([tok.eosTokenId]), (p) => pieces.push(p));
     for (const id of ids) s.push(id, false);
@@ -135,7 +135,7 @@ describe("rollout streaming hooks", () => {
       ...cfg, maxNewTokens: 50, rng: new Rng(3), signal: ac.signal, onToken: () => { if (++n === 3) ac.abort(); },
     });
     for (const t of stopped) {
-      expect(t.finishReason === "aborted" || t.completionIds.length < 3).toBe(true);
+      expect(["aborted", "stop"]).toContain(t.finishReason); // stopped by the abort, or had already ended
       expect(t.completionIds.length).toBeLessThanOrEqual(2);
     }
     expect(stopped.some((t) => t.finishReason === "aborted")).toBe(true);
