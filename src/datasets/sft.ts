@@ -26,7 +26,7 @@ export interface ConversationOptions {
   systemPrompt?: string;
   /** Steps (0-based, in order) written as plain text instead of a calculator call: the annotation is
    *  dropped and the result stays inline, as GSM8K's own text reads ("= 24 clips"). Default: none. */
-  inline?: (step: number, expression: string) => boolean;
+  inline?: (expression: string, step: number) => boolean;
 }
 
 /** system, user, then assistant/tool turns as described above. */
@@ -40,7 +40,7 @@ export function toConversation(ex: Gsm8kExample, opts: ConversationOptions = {})
   parseAnnotations(body).forEach((ann, step) => {
     text += body.slice(cursor, ann.start);
     cursor = ann.end;
-    if (opts.inline?.(step, ann.expression)) return;
+    if (opts.inline?.(ann.expression, step)) return;
     messages.push({
       role: "assistant",
       // Trailing spaces dropped: the template puts "\n<tool_call>" right after the content.
@@ -146,7 +146,7 @@ export async function buildSftConversations(
   for (const ex of examples) {
     const r = rng.fork(); // one stream per example: its steps do not depend on the others
     let inlined = 0;
-    const inline = (_: number, expression: string) => {
+    const inline = (expression: string) => {
       const yes = operators(expression).every((op) => ops.includes(op)) && r.next() < share;
       if (yes) inlined++;
       return yes;

@@ -95,6 +95,7 @@ export function tokenizerFromJson(
     decode(ids, opts = {}) {
       for (const id of ids)
         if (!Number.isInteger(id) || id < 0) throw new Error(`decode: token id ${id} is not a non-negative integer`);
+      if (ids.length === 0) return ""; // the HF decoder rejects an empty list
       // Ids past the vocabulary (Qwen pads its embedding to 151936 rows) decode to nothing, as in HF.
       return hf.decode(ids, { skip_special_tokens: opts.skipSpecialTokens ?? false });
     },

@@ -27,6 +27,11 @@ interface Row {
   done: boolean;
 }
 
+/** The tokens that close an assistant turn: <|im_end|> (eos) and <|endoftext|>. */
+export function stopTokenIds(tokenizer: Tokenizer): Set<number> {
+  return new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
+}
+
 export async function rolloutGroups(
   model: CausalLM,
   tokenizer: Tokenizer,
@@ -49,7 +54,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   const tools = new Map<string, Tool>(cfg.tools.map((t) => [t.name, t]));
   const schemas = cfg.tools.map(toolSchema);
   const renderer = new ToolResponseRenderer(tokenizer);
-  const stopIds = new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
+  const stopIds = stopTokenIds(tokenizer);
   const sampling = { temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK };
 
   const promptIds = prompts.map((messages) => {
@@ -79,16 +84,13 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   const ids = rows.map((r) => [...new Array(maxPrompt - r.traj.promptIds.length).fill(pad), ...r.traj.promptIds]);
   const mask = rows.map((r) => [...new Array(maxPrompt - r.traj.promptIds.length).fill(0), ...r.traj.promptIds.map(() => 1)]);
 
-  // Some tokenizers reject an empty id list (a turn that is only a stop token).
-  const decode = (ids: number[]) => (ids.length === 0 ? "" : tokenizer.decode(ids));
-
   const finish = (row: Row, reason: FinishReason) => {
     row.done = true;
     row.traj.finishReason = reason;
     row.traj.truncated = reason === "length";
     if (row.turnIds.length > 0) {
       // The budget ran out inside a turn: keep what was written, unparsed.
-      const text = decode(row.turnIds);
+      const text = tokenizer.decode(row.turnIds);
       row.traj.turns.push({ text, content: text, toolCalls: [], parseErrors: [], ended: false });
       row.turnIds = [];
     }
@@ -98,7 +100,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
 
   // A sampled stop token closed the row's current turn: parse it, run its calls, decide what follows.
   const endTurn = async (row: Row) => {
-    const text = decode(row.turnIds.slice(0, -1)); // without the stop token
+    const text = tokenizer.decode(row.turnIds.slice(0, -1)); // without the stop token
     row.turnIds = [];
     const parsed = parseToolCalls(text);
     const turn: TurnRecord = { text, content: parsed.content, toolCalls: [], parseErrors: parsed.errors, ended: true };

@@ -13,9 +13,10 @@ import type { Tool } from "../agents/types.ts";
 import { parseFloatArg, parseIntArg, UsageError } from "../cli.ts";
 import type { CausalLM, ChatMessage, Quantize, Tokenizer } from "../model/types.ts";
 import { TINY_BASE_DIR } from "../presets/tiny.ts";
-import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
+import { rolloutGroups, stopTokenIds, type Trajectory } from "../rollout/rollout.ts";
 import { Rng } from "../util/rng.ts";
-import { checkModelSource, TINY_EVAL_MODELS } from "./eval-run.ts";
+import { TINY_EVAL_MODELS } from "./eval-run.ts";
+import { checkModelSource } from "./policy.ts";
 import { addModelOptions, parseWithPreset } from "./options.ts";
 import { openPolicy } from "./policy.ts";
 
@@ -149,7 +150,7 @@ export class ChatSession {
   constructor(readonly model: CausalLM, readonly tokenizer: Tokenizer, readonly o: ChatOptions) {
     this.temperature = o.temperature;
     this.rng = new Rng(o.seed);
-    this.stopIds = new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
+    this.stopIds = stopTokenIds(tokenizer);
     this.reset();
   }
 
@@ -232,12 +233,12 @@ export async function parseChatArgs(argv: string[]): Promise<ChatRunConfig> {
   if (preset === "tiny" && !explicit("model_path")) {
     const fs = await import("node:fs");
     const order = [...TINY_EVAL_MODELS].reverse(); // rl, sft, base
-    const pick = order.find((m) => fs.existsSync(m.path));
-    if (!pick) throw new UsageError(`--preset tiny: none of ${order.map((m) => m.path).join(", ")} exists; run make-tiny-base first (base: ${TINY_BASE_DIR})`);
+    const pick = order.find((m) => fs.existsSync(m.modelPath));
+    if (!pick) throw new UsageError(`--preset tiny: none of ${order.map((m) => m.modelPath).join(", ")} exists; run make-tiny-base first (base: ${TINY_BASE_DIR})`);
     modelPath = pick.modelPath;
     if (!explicit("quantize")) quantize = pick.quantize;
     const missing = order.slice(0, order.indexOf(pick)).map((m) => m.name);
-    note = `tiny preset: chatting with ${pick.name} (${pick.path}, quantize ${quantize})${missing.length ? `; not found: ${missing.join(", ")}` : ""}`;
+    note = `tiny preset: chatting with ${pick.name} (${pick.modelPath}, quantize ${quantize})${missing.length ? `; not found: ${missing.join(", ")}` : ""}`;
   }
   await checkModelSource(modelPath, "--model_path", o.adapter);
   return {

@@ -18,6 +18,15 @@ export interface DataSpec {
   skipMalformed?: boolean;
 }
 
+const isNamed = (dataset: string) => dataset === "gsm8k" || dataset === "openai/gsm8k";
+
+/** A usage error unless --dataset names GSM8K, the synthetic generator, or a path that exists. */
+export async function checkDataset(dataset: string): Promise<void> {
+  if (dataset === "synthetic" || isNamed(dataset)) return;
+  if (!(await fs.stat(dataset).then(() => true, () => false)))
+    throw new UsageError(`--dataset ${dataset}: no such file or folder; expected gsm8k, synthetic, or a GSM8K .jsonl/.parquet path`);
+}
+
 /** Held-out questions come from the test split (GSM8K) or the evaluation stream (synthetic). */
 export async function loadExamples(spec: DataSpec): Promise<Gsm8kExample[]> {
   if (spec.dataset === "synthetic") {
@@ -25,9 +34,8 @@ export async function loadExamples(spec: DataSpec): Promise<Gsm8kExample[]> {
     return generateSynthetic({ n, seed: SEED[spec.purpose], ...spec.synthetic });
   }
   const split = spec.purpose === "eval" ? "test" : "train";
-  const named = spec.dataset === "gsm8k" || spec.dataset === "openai/gsm8k";
-  if (!named && !(await fs.stat(spec.dataset).then(() => true, () => false)))
-    throw new UsageError(`--dataset ${spec.dataset}: no such file or folder; expected gsm8k, synthetic, or a GSM8K .jsonl/.parquet path`);
+  const named = isNamed(spec.dataset);
+  await checkDataset(spec.dataset);
   try {
     return await loadGsm8k(spec.dataset, { split, maxSamples: spec.maxSamples, skipMalformed: spec.skipMalformed });
   } catch (err) {

@@ -15,11 +15,10 @@ import { writeEvalReport, type EvalRow } from "../trainer/report.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { meanCI, type Interval } from "../trainer/stats.ts";
 import { writeFileAtomic } from "../util/fs.ts";
-import { loadExamples, type Purpose } from "./data.ts";
+import { checkDataset, loadExamples, type Purpose } from "./data.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
 import { addModelOptions, parseWithPreset, QUANTIZE_CHOICES } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
-export { checkModelSource };
 
 export interface EvalModelSpec {
   name: string; // used in the table and in samples-<name>.jsonl
@@ -64,10 +63,10 @@ export const TINY_EVAL_PRESET: Record<string, unknown> = {
 /** The three tiny checkpoints, in training order, each quantized the way it ran: base and SFT in f32,
  *  the GRPO adapter on the NF4 base it was trained against. The SFT model is also evaluated on that
  *  NF4 base ("sft-nf4"), so the RL gain can be read apart from the cost of quantization. */
-export const TINY_EVAL_MODELS: ReadonlyArray<EvalModelSpec & { path: string }> = [
-  { name: "base", path: TINY_BASE_DIR, modelPath: TINY_BASE_DIR, quantize: "none" },
-  { name: "sft", path: path.join(TINY_OUTPUT_DIR, "sft", "final"), modelPath: path.join(TINY_OUTPUT_DIR, "sft", "final"), quantize: "none" },
-  { name: "rl", path: path.join(TINY_OUTPUT_DIR, "grpo", "final"), modelPath: path.join(TINY_OUTPUT_DIR, "grpo", "final"), quantize: "nf4" },
+export const TINY_EVAL_MODELS: ReadonlyArray<EvalModelSpec> = [
+  { name: "base", modelPath: TINY_BASE_DIR, quantize: "none" },
+  { name: "sft", modelPath: path.join(TINY_OUTPUT_DIR, "sft", "final"), quantize: "none" },
+  { name: "rl", modelPath: path.join(TINY_OUTPUT_DIR, "grpo", "final"), quantize: "nf4" },
 ];
 
 export function evalCommand(): Command {
@@ -112,9 +111,6 @@ export function modelName(p: string): string {
   return base.replace(/[^\w.-]+/g, "_") || "model";
 }
 
-/** Checks what openPolicy would reject, before anything is written: a path-looking model that does not
- *  exist, a folder with neither config.json nor adapter_config.json, an adapter without its config. */
-
 /** argv → a validated config. Writes nothing; every usage error is thrown from here. */
 export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
   const { preset, o, explicit } = parseWithPreset(evalCommand(), argv, { tiny: TINY_EVAL_PRESET });
@@ -129,11 +125,11 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
     if (explicit("model_path") || o.adapter || o.baseline)
       throw new UsageError(`--preset tiny evaluates its own base, sft and rl checkpoints; drop --model_path/--adapter/--baseline or the preset`);
     for (const m of TINY_EVAL_MODELS) {
-      if (!(await exists(m.path))) skipped.push({ name: m.name, path: m.path });
+      if (!(await exists(m.modelPath))) skipped.push({ name: m.name, path: m.modelPath });
       else models.push({ name: m.name, modelPath: m.modelPath, quantize: explicit("quantize") ? o.quantize : m.quantize });
     }
     if (models.length === 0)
-      throw new UsageError(`--preset tiny: none of ${TINY_EVAL_MODELS.map((m) => m.path).join(", ")} exists; run make-tiny-base, train-sft or train-gsm8k-agent first`);
+      throw new UsageError(`--preset tiny: none of ${TINY_EVAL_MODELS.map((m) => m.modelPath).join(", ")} exists; run make-tiny-base, train-sft or train-gsm8k-agent first`);
     for (let i = 1; i < models.length; i++) compare.push([models[i].name, models[i - 1].name]);
     const sft = models.find((m) => m.name === "sft"), rl = models.find((m) => m.name === "rl");
     if (sft && rl && rl.quantize !== sft.quantize) {
@@ -158,8 +154,7 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
       throw new UsageError(`--quantize_for ${n}=${q}: no model named ${n}; models: ${models.map((x) => x.name).join(", ")}`);
     if (m) m.quantize = q;
   }
-  if (o.dataset !== "synthetic" && o.dataset !== "gsm8k" && o.dataset !== "openai/gsm8k" && !(await exists(o.dataset)))
-    throw new UsageError(`--dataset ${o.dataset}: no such file or folder; expected gsm8k, synthetic, or a GSM8K .jsonl/.parquet path`);
+  await checkDataset(o.dataset);
   const outputDir = o.output_dir ?? (preset === "tiny" ? path.join(TINY_OUTPUT_DIR, "eval") : path.join("outputs", models[models.length - 1].name, "eval"));
   return {
     models, compare, skipped,

@@ -37,11 +37,6 @@ export function applyPreset(cmd: Command, values: Record<string, unknown>): void
   }
 }
 
-/** A positive integer division check with the values in the message. */
-export function requireMultiple(a: number, aFlag: string, b: number, bFlag: string): void {
-  if (a % b !== 0) throw new UsageError(`${aFlag} ${a} must be a multiple of ${bFlag} ${b}`);
-}
-
 /** LoRA flags shared by SFT and GRPO. */
 function addLoraOptions(cmd: Command, d: { r: number; alpha: number }): Command {
   return cmd

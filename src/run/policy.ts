@@ -41,7 +41,7 @@ async function localOrId(p: string, flag: string): Promise<string> {
   return p;
 }
 
-export async function readAdapterBase(dir: string): Promise<string> {
+async function readAdapterBase(dir: string): Promise<string> {
   const file = path.join(dir, "adapter_config.json");
   let cfg: { base_model_name_or_path?: unknown };
   try {

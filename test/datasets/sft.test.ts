@@ -60,12 +60,12 @@ describe("toConversation", () => {
   it("inline steps keep GSM8K's text without the annotation and join the next turn", () => {
     const answer = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether.\n#### 72";
     const call = (e: string) => [{ type: "function", function: { name: "calculator", arguments: { expression: e } } }];
-    expect(toConversation(ex(answer), { inline: (step) => step === 0 }).slice(2)).toEqual([
+    expect(toConversation(ex(answer), { inline: (_, step) => step === 0 }).slice(2)).toEqual([
       { role: "assistant", content: "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 =", tool_calls: call("48+24") },
       { role: "tool", content: "72" },
       { role: "assistant", content: "72 clips altogether.\nThe answer is \\boxed{72}." },
     ]);
-    expect(toConversation(ex(answer), { inline: (step) => step === 1 }).slice(4)).toEqual([
+    expect(toConversation(ex(answer), { inline: (_, step) => step === 1 }).slice(4)).toEqual([
       { role: "assistant", content: "24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\nThe answer is \\boxed{72}." },
     ]);
     expect(toConversation(ex(answer), { inline: () => true }).slice(2)).toEqual([

@@ -74,6 +74,7 @@ describe("Qwen tokenizer", () => {
     // ids past the vocabulary (Qwen's embedding has 151936 rows) decode to nothing, as in transformers
     expect(tok.decode([9707, 151900])).toBe("Hello");
     expect(() => tok.decode([1.5])).toThrow(/token id 1.5/);
+    expect(tok.decode([])).toBe(""); // a turn that is only a stop token
   });
 
   it("renders the README conversation exactly", () => {
