@@ -11,7 +11,7 @@ import { resolveModelDir } from "./hub.ts";
 import { LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { Qwen2ForCausalLM, type LayerWeights } from "./qwen2.ts";
 import { Checkpoint } from "./safetensors.ts";
-import { BaseWeight } from "./weight.ts";
+import { BaseWeight, LEFT_LAYOUT_BYTES } from "./weight.ts";
 import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
 
 export interface ModelOptions {
@@ -52,7 +52,7 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   const created: { dispose(): void }[] = [];
   const uid = ++modelCount; // tfjs variable names are global: full-mode models get a suffix each
   // Frozen f32 weights over 1 GiB: held [out, in] and used as the left operand (see weight.ts).
-  const big = opts.frozenLeft ?? 4 * paramCount(cfg) > 2 ** 30;
+  const big = opts.frozenLeft ?? 4 * paramCount(cfg) > LEFT_LAYOUT_BYTES;
   const left = quantize === "none" && !full && big;
   // The embedding (and an untied head) stays f32 under int8/nf4, as QLoRA / bitsandbytes quantize only
   // the Linear layers inside the blocks: a quantized head would be dequantized whole at every decode
@@ -65,11 +65,12 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
     created.push(out);
     return out;
   };
-  // torch stores Linear weights [out, in]; we hold [in, out] (transposed on the host, once).
+  // torch stores Linear weights [out, in]; we hold [in, out] (transposed on the host, once), or
+  // [out, in] as they come for the left-operand layout.
   const mat = async (n: string, outD: number, inD: number, embedding = false): Promise<BaseWeight> => {
     const d = await src(n, [outD, inD]);
     const w = (embedding ? embedLeft : left)
-      ? BaseWeight.frozenLeft("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD)
+      ? BaseWeight.frozenLeft("inOut" in d ? transpose2d(d.inOut, inD, outD) : d, inD, outD)
       : BaseWeight.fromFloat32("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD, embedding ? "none" : quantize, full, `${n}#${uid}`);
     created.push(w);
     return w;

@@ -16,7 +16,7 @@ import { adapterConfigJson, LoraAdapter, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { checkpoint } from "./checkpoint.ts";
 import { bmm, matMulAT, matMulBT, matMulUncached } from "./matmul.ts";
-import { BaseWeight, type CustomGradFn } from "./weight.ts";
+import { BaseWeight, LEFT_LAYOUT_BYTES, type CustomGradFn } from "./weight.ts";
 import { LORA_TARGETS, type CausalLM, type ForwardOptions, type KVCache, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
 
 export interface LayerWeights {
@@ -376,7 +376,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return () => {};
     const mats = this.weights.layers.flatMap((l) => LORA_TARGETS.map((m) => l.proj[m]));
     // Over 1 GiB of f32: held [out, in] as the left operand, like large f32 models (weight.ts).
-    left ??= 4 * mats.reduce((n, w) => n + w.inDim * w.outDim, 0) > 2 ** 30;
+    left ??= 4 * mats.reduce((n, w) => n + w.inDim * w.outDim, 0) > LEFT_LAYOUT_BYTES;
     for (const w of mats) w.unpack(left);
     this.unpacked = true;
     return () => {

@@ -12,6 +12,9 @@ import type { Quantize } from "./types.ts";
 
 export type CustomGradFn = Parameters<typeof tf.customGrad>[0];
 
+/** f32 bytes above which frozen matrices are held [out, in] as the left operand (file header). */
+export const LEFT_LAYOUT_BYTES = 2 ** 30;
+
 export class BaseWeight {
   /** A quantized matrix's f32 values while unpacked (see unpack): [in, out], or [out, in] when left. */
   private unpacked: { w: tf.Tensor2D; left: boolean } | null = null;
@@ -24,10 +27,9 @@ export class BaseWeight {
     readonly left: tf.Tensor2D | null = null, // frozen f32 held [out, in] (large models)
   ) {}
 
-  /** data: [in, out] row-major, held as [out, in] (see the file header). */
-  static frozenLeft(data: Float32Array, inDim: number, outDim: number): BaseWeight {
-    const t = tf.tidy(() => tf.transpose(tf.tensor2d(data, [inDim, outDim])));
-    return new BaseWeight(inDim, outDim, null, null, t);
+  /** outIn: [out, in] row-major (torch's layout), held as it is (see the file header). */
+  static frozenLeft(outIn: Float32Array, inDim: number, outDim: number): BaseWeight {
+    return new BaseWeight(inDim, outDim, null, null, tf.tensor2d(outIn, [outDim, inDim]));
   }
 
   /** data: [in, out] row-major. trainable only with quantize "none". */

@@ -3,6 +3,7 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
+import { createModel } from "../../src/model/load.ts";
 import { matMulUncached } from "../../src/model/matmul.ts";
 import { BaseWeight } from "../../src/model/weight.ts";
 import { Rng } from "../../src/util/rng.ts";
@@ -34,6 +35,21 @@ describe("frozen base weights (wasm)", () => {
       tf.dispose([value, grads, v, ids]);
       w.dispose();
     }
+  });
+
+  it("random weights made in the left-operand layout give the same logits as the default layout", async () => {
+    const cfg = {
+      modelType: "qwen2" as const, vocabSize: 96, hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 1, numAttentionHeads: 2,
+      numKeyValueHeads: 1, headDim: 16, ropeTheta: 1e4, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 64,
+    };
+    const [a, b] = [await createModel(cfg, { seed: 4 }), await createModel(cfg, { seed: 4, frozenLeft: true })];
+    expect(b.weights.layers[0].proj.gate_proj.left).not.toBeNull();
+    const [la, lb] = [a.forward([[1, 5, 9, 2]]), b.forward([[1, 5, 9, 2]])];
+    const d = await tf.tidy(() => tf.max(tf.abs(tf.sub(la, lb)))).data();
+    expect(d[0]).toBeLessThan(1e-5);
+    tf.dispose([la, lb]);
+    a.dispose();
+    b.dispose();
   });
 
   it("matMulUncached equals tf.matMul, frees its slices, and leaks nothing", async () => {
