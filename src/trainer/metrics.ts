@@ -3,7 +3,7 @@
  *  same fields every step, tensor/process memory, and mean ± std. Charts live in report.ts. */
 import * as fsSync from "node:fs";
 import * as tf from "@tensorflow/tfjs";
-import { openStepLog } from "../util/jsonl.ts";
+import { openStepLog, parseStepLines } from "../util/jsonl.ts";
 
 /** Metric names shared by the trainers, the step line and the report (snake_case, like TRL's logs). */
 export const METRIC = {
@@ -48,24 +48,7 @@ export class MetricsLogger {
 }
 
 function parseLines(text: string, file: string): MetricsRecord[] {
-  const lines = text.split("\n");
-  const out: MetricsRecord[] = [];
-  for (let i = 0; i < lines.length; i++) {
-    const line = lines[i].trim();
-    if (line === "") continue;
-    let rec: unknown;
-    try {
-      rec = JSON.parse(line);
-    } catch {
-      // A torn last line is what a crash mid-write leaves; anywhere else the file is damaged.
-      if (lines.slice(i + 1).every((l) => l.trim() === "")) break;
-      throw new Error(`${file}:${i + 1}: not a JSON object: ${line.slice(0, 60)}`);
-    }
-    if (typeof rec !== "object" || rec === null || typeof (rec as { step?: unknown }).step !== "number")
-      throw new Error(`${file}:${i + 1}: expected an object with a numeric "step"`);
-    out.push(rec as MetricsRecord);
-  }
-  return out;
+  return parseStepLines(text, file).map((l) => l.record as MetricsRecord);
 }
 
 /** All records of a metrics.jsonl file in file order. */

@@ -1,5 +1,6 @@
 /** Writes that never leave a half-written file or folder behind: write to a temp name beside the
  *  target, then rename into place (rename is atomic within one file system). */
+import * as fsSync from "node:fs";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 
@@ -11,6 +12,19 @@ export async function writeFileAtomic(file: string, data: string | Uint8Array): 
     await fs.rename(tmp, file);
   } catch (err) {
     await fs.rm(tmp, { force: true });
+    throw err;
+  }
+}
+
+/** writeFileAtomic for synchronous callers. */
+export function writeFileAtomicSync(file: string, data: string | Uint8Array): void {
+  fsSync.mkdirSync(path.dirname(file), { recursive: true });
+  const tmp = `${file}.${process.pid}.${Date.now()}.tmp`;
+  try {
+    fsSync.writeFileSync(tmp, data);
+    fsSync.renameSync(tmp, file);
+  } catch (err) {
+    fsSync.rmSync(tmp, { force: true });
     throw err;
   }
 }

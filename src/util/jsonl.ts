@@ -4,33 +4,43 @@
  *  the lines of later steps, which the resumed run makes again and must not appear twice. */
 import * as fs from "node:fs";
 import * as path from "node:path";
+import { writeFileAtomicSync } from "./fs.ts";
+
+export interface StepLine {
+  step: number;
+  record: Record<string, unknown>;
+  line: string;
+}
+
+/** Every line of a step log in file order. A torn last line is skipped; a bad line anywhere else is
+ *  an error naming the file and line. */
+export function parseStepLines(text: string, file: string): StepLine[] {
+  const lines = text.split("\n");
+  const out: StepLine[] = [];
+  for (let i = 0; i < lines.length; i++) {
+    const line = lines[i].trim();
+    if (line === "") continue;
+    let rec: unknown;
+    try {
+      rec = JSON.parse(line);
+    } catch {
+      if (lines.slice(i + 1).every((l) => l.trim() === "")) break;
+      throw new Error(`${file}:${i + 1}: not a JSON object: ${line.slice(0, 60)}`);
+    }
+    const step = (rec as { step?: unknown } | null)?.step;
+    if (typeof rec !== "object" || typeof step !== "number") throw new Error(`${file}:${i + 1}: expected an object with a numeric "step"`);
+    out.push({ step, record: rec as Record<string, unknown>, line });
+  }
+  return out;
+}
 
 export function openStepLog(file: string, opts: { resumeStep?: number } = {}): void {
   fs.mkdirSync(path.dirname(file), { recursive: true });
   if (!fs.existsSync(file)) return;
   const text = fs.readFileSync(file, "utf8");
-  const whole = text.slice(0, text.lastIndexOf("\n") + 1);
-  const keep =
-    opts.resumeStep === undefined
-      ? whole
-      : whole
-          .split("\n")
-          .filter((line) => line.trim() !== "" && stepOf(line, file) <= opts.resumeStep!)
-          .map((line) => line + "\n")
-          .join("");
-  if (keep === text) return;
-  const tmp = `${file}.${process.pid}.tmp`;
-  fs.writeFileSync(tmp, keep);
-  fs.renameSync(tmp, file);
-}
-
-function stepOf(line: string, file: string): number {
-  let step: unknown;
-  try {
-    step = (JSON.parse(line) as { step?: unknown }).step;
-  } catch {
-    throw new Error(`${file}: a line is not JSON: ${line.slice(0, 80)}`);
-  }
-  if (typeof step !== "number") throw new Error(`${file}: a line has no numeric "step": ${line.slice(0, 80)}`);
-  return step;
+  const keep = parseStepLines(text, file)
+    .filter((l) => opts.resumeStep === undefined || l.step <= opts.resumeStep)
+    .map((l) => l.line + "\n")
+    .join("");
+  if (keep !== text) writeFileAtomicSync(file, keep);
 }
