@@ -140,6 +140,12 @@ function sliceView(backend: unknown, x: tf.TensorInfo, b0: number[], s0: number[
   const xv = be.typedArrayFromHeap(x) as Float32Array;
   const ov = be.typedArrayFromHeap(out) as Float32Array;
   const strides = tf.util.computeStrides(x.shape);
+  if (tf.slice_util.isSliceContinous(x.shape, b0, s0)) {
+    // one block (e.g. rows off the leading axis): a single copy
+    const off = tf.slice_util.computeFlatOffset(b0, strides);
+    ov.set(xv.subarray(off, off + ov.length));
+    return out;
+  }
   // copy runs along the last axis, looping over all leading indices
   const inner = s0[rank - 1];
   const lead = s0.slice(0, rank - 1), idx = new Array(rank - 1).fill(0);
