@@ -8,7 +8,7 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import cliProgress from "cli-progress";
 import { writeFileAtomic } from "../util/fs.ts";
-import { hubCacheDirs, hubEndpoint, hubOffline } from "../util/hf-hub.ts";
+import { hubCacheDirs, hubEndpoint, hubOffline, isHubId } from "../util/hf-hub.ts";
 
 const exists = (p: string) => fs.stat(p).then(() => true, () => false);
 const repoFolder = (id: string) => `models--${id.replace("/", "--")}`;
@@ -31,7 +31,7 @@ export async function resolveModelDir(pathOrId: string, env: NodeJS.ProcessEnv =
     if (!(await fs.stat(pathOrId)).isDirectory()) throw new Error(`${pathOrId}: expected a model folder, found a file`);
     return path.resolve(pathOrId);
   }
-  const isId = /^[\w.-]+\/[\w.-]+$/.test(pathOrId);
+  const isId = isHubId(pathOrId);
   const how = `download it with \`huggingface-cli download ${isId ? pathOrId : "ORG/NAME"}\` or pass a local folder with config.json and model.safetensors`;
   if (!isId) throw new Error(`model "${pathOrId}" not found: no such folder, and it is not a hub id (ORG/NAME); ${how}`);
   const caches = hubCacheDirs(env);

@@ -10,6 +10,7 @@ import { loadTokenizerFromDir } from "../model/tokenizer.ts";
 import type { Qwen2ForCausalLM } from "../model/qwen2.ts";
 import type { LoraConfig, Quantize, Tokenizer } from "../model/types.ts";
 import { writeFileAtomic } from "../util/fs.ts";
+import { isHubId } from "../util/hf-hub.ts";
 
 export interface OpenPolicyOptions {
   modelPath: string; // hub id, HF folder, full SFT output, or a PEFT adapter folder
@@ -36,9 +37,17 @@ const exists = (p: string) => fs.stat(p).then(() => true, () => false);
  *  anything else is a hub id. A path-looking argument that does not exist is a usage error. */
 async function localOrId(p: string, flag: string): Promise<string> {
   if (await exists(p)) return path.resolve(p);
-  if (p.startsWith(".") || p.startsWith("/") || p.split("/").length > 2 || p.endsWith(".json"))
+  if (!isHubId(p))
     throw new UsageError(`${flag} ${p}: no such folder; expected a Hugging Face model folder, a PEFT adapter folder or a hub id like Qwen/Qwen2.5-0.5B`);
   return p;
+}
+
+/** --adapter: an existing folder with adapter_config.json, as an absolute path. */
+async function adapterFolder(p: string): Promise<string> {
+  const dir = await localOrId(p, "--adapter");
+  if (!path.isAbsolute(dir) || !(await exists(path.join(dir, "adapter_config.json"))))
+    throw new UsageError(`--adapter ${p}: no adapter_config.json there; expected a PEFT adapter folder`);
+  return dir;
 }
 
 async function readAdapterBase(dir: string): Promise<string> {
@@ -62,12 +71,7 @@ export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
     const named = await readAdapterBase(base);
     base = path.isAbsolute(named) || !(await exists(path.resolve(base, named))) ? named : path.resolve(base, named);
   }
-  if (o.adapter) {
-    const dir = await localOrId(o.adapter, "--adapter");
-    if (!path.isAbsolute(dir) || !(await exists(path.join(dir, "adapter_config.json"))))
-      throw new UsageError(`--adapter ${o.adapter}: no adapter_config.json there; expected a PEFT adapter folder`);
-    adapterDir = dir;
-  }
+  if (o.adapter) adapterDir = await adapterFolder(o.adapter);
   if (adapterDir && o.trainable === "full")
     throw new UsageError(`--full trains all weights of a plain model, but ${adapterDir} is a LoRA adapter; merge it first or drop --full`);
   let baseDir: string;
@@ -117,15 +121,12 @@ export async function savePolicy(p: Policy, dir: string, full: boolean): Promise
 
 /** Cheap checks of --model_path (and --adapter) before anything is loaded or written. */
 export async function checkModelSource(modelPath: string, flag: string, adapter?: string): Promise<void> {
-  if (await exists(modelPath)) {
-    const st = await fs.stat(modelPath);
-    const ok = st.isDirectory() && ((await exists(path.join(modelPath, "config.json"))) || (await exists(path.join(modelPath, "adapter_config.json"))));
+  const p = await localOrId(modelPath, flag);
+  if (path.isAbsolute(p)) {
+    const ok = (await fs.stat(p)).isDirectory() && ((await exists(path.join(p, "config.json"))) || (await exists(path.join(p, "adapter_config.json"))));
     if (!ok) throw new UsageError(`${flag} ${modelPath}: no config.json or adapter_config.json there; expected a Hugging Face model folder or a PEFT adapter folder`);
-  } else if (!/^[\w.-]+\/[\w.-]+$/.test(modelPath) || modelPath.startsWith(".")) {
-    throw new UsageError(`${flag} ${modelPath}: no such folder; expected a Hugging Face model folder, a PEFT adapter folder or a hub id like Qwen/Qwen2.5-0.5B`);
   }
-  if (adapter !== undefined && !(await exists(path.join(adapter, "adapter_config.json"))))
-    throw new UsageError(`--adapter ${adapter}: no adapter_config.json there; expected a PEFT adapter folder`);
+  if (adapter !== undefined) await adapterFolder(adapter);
 }
 
 /** Prepare the run folder, then open what the run needs; if opening fails, a folder this call

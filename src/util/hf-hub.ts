@@ -5,6 +5,11 @@
 import * as os from "node:os";
 import * as path from "node:path";
 
+/** A hub repository id, ORG/NAME (what is not a local path is looked up as one). */
+export function isHubId(s: string): boolean {
+  return /^[\w.-]+\/[\w.-]+$/.test(s) && !s.startsWith(".");
+}
+
 /** Cache roots, most specific first; downloads go to the first. */
 export function hubCacheDirs(env: NodeJS.ProcessEnv = process.env): string[] {
   const dirs: string[] = [];
