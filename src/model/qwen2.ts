@@ -405,29 +405,35 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 }
 
+/** From logits [n, V]: [n, 2] = log p(target) and the entropy of each row. */
+function logpAndEntropy(logits: tf.Tensor2D, flatTargets: tf.Tensor1D): tf.Tensor2D {
+  return tf.tidy(() => {
+    const lse = tf.logSumExp(logits, 1); // [n]
+    const picked = tf.gather(tf.reshape(logits, [-1]), flatTargets); // [n]
+    const p = tf.exp(tf.sub(logits, tf.expandDims(lse, 1)));
+    const ent = tf.sub(lse, tf.sum(tf.mul(p, logits), 1));
+    return tf.stack([tf.sub(picked, lse), ent], 1) as tf.Tensor2D;
+  });
+}
+
+/** The gradient with respect to the logits [n, V] of dy [n, 2]: only log p is differentiated. */
+function dLogitsOf(logits: tf.Tensor2D, targets: number[], dy: tf.Tensor2D): tf.Tensor2D {
+  const [n, V] = logits.shape;
+  const onehot = tf.cast(tf.oneHot(tf.tensor1d(targets, "int32"), V), "float32");
+  return tf.mul(tf.sub(onehot, tf.softmax(logits)), tf.slice(dy, [0, 0], [n, 1])) as tf.Tensor2D;
+}
+
 /** logprobChunk for a frozen head held [vocab, hidden] (large f32 models, see weight.ts): the logits
  *  come from (w · hᵀ)ᵀ and the backward pass uses the uncached product. */
 function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[]): tf.Tensor2D {
-  const n = targets.length, V = wLeft.shape[0];
+  const V = wLeft.shape[0];
   const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
   const logitsOf = (hh: tf.Tensor2D) => tf.transpose(tf.matMul(wLeft, tf.transpose(hh))) as tf.Tensor2D; // [n, V]
   const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
     save([hh]);
     return {
-      value: tf.tidy(() => {
-        const logits = logitsOf(hh);
-        const lse = tf.logSumExp(logits, 1);
-        const picked = tf.gather(tf.reshape(logits, [-1]), flat);
-        const p = tf.exp(tf.sub(logits, tf.expandDims(lse, 1)));
-        return tf.stack([tf.sub(picked, lse), tf.sub(lse, tf.sum(tf.mul(p, logits), 1))], 1) as tf.Tensor2D;
-      }),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
-        tf.tidy(() => {
-          const p = tf.softmax(logitsOf(saved[0] as tf.Tensor2D));
-          const onehot = tf.cast(tf.oneHot(tf.tensor1d(targets, "int32"), V), "float32");
-          const g = tf.mul(tf.sub(onehot, p), tf.slice(dy, [0, 0], [n, 1])) as tf.Tensor2D; // [n, V]
-          return matMulUncached(g, wLeft); // [n, hidden]
-        }),
+      value: tf.tidy(() => logpAndEntropy(logitsOf(hh), flat)),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => matMulUncached(dLogitsOf(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
     };
   }) as unknown as CustomGradFn);
   return f(h) as tf.Tensor2D;
@@ -438,24 +444,10 @@ function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[])
  *  gradient only when it is trainable (full mode). A frozen w is fetched again by `weightAgain` in the
  *  backward pass (a dequantized head is gone by then). Entropy carries no gradient. */
 function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tensor2D, targets: number[], wTrainable: boolean): tf.Tensor2D {
-  const n = targets.length, V = w.shape[1];
+  const V = w.shape[1];
   const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
-  const fwd = (hh: tf.Tensor2D, ww: tf.Tensor2D) =>
-    tf.tidy(() => {
-      const logits = tf.matMul(hh, ww); // [n, V]
-      const lse = tf.logSumExp(logits, 1); // [n]
-      const picked = tf.gather(tf.reshape(logits, [-1]), flat); // [n]
-      const p = tf.exp(tf.sub(logits, tf.expandDims(lse, 1)));
-      const ent = tf.sub(lse, tf.sum(tf.mul(p, logits), 1));
-      return tf.stack([tf.sub(picked, lse), ent], 1) as tf.Tensor2D;
-    });
-  const dLogits = (hh: tf.Tensor2D, ww: tf.Tensor2D, dy: tf.Tensor2D): tf.Tensor2D => {
-    const logits = tf.matMul(hh, ww);
-    const p = tf.softmax(logits);
-    const onehot = tf.cast(tf.oneHot(tf.tensor1d(targets, "int32"), V), "float32");
-    const dlp = tf.slice(dy, [0, 0], [n, 1]); // [n, 1]: only log p is differentiated
-    return tf.mul(tf.sub(onehot, p), dlp) as tf.Tensor2D; // [n, V]
-  };
+  const fwd = (hh: tf.Tensor2D, ww: tf.Tensor2D) => tf.tidy(() => logpAndEntropy(tf.matMul(hh, ww), flat));
+  const dLogits = (hh: tf.Tensor2D, ww: tf.Tensor2D, dy: tf.Tensor2D) => dLogitsOf(tf.matMul(hh, ww), targets, dy);
   if (wTrainable) {
     const f = tf.customGrad(((hh: tf.Tensor2D, ww: tf.Tensor2D, save: tf.GradSaveFunc) => {
       save([hh, ww]);
