@@ -10,8 +10,8 @@ import { toConversation } from "../datasets/sft.ts";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { createModel, loadModel } from "../model/load.ts";
-import type { TinyTokenizerFiles } from "../model/tiny-tokenizer.ts";
-import { buildTinyTokenizer, QWEN2_5_CHAT_TEMPLATE, saveTinyTokenizer, tokenizerFromJsonFiles } from "./tiny-tokenizer-files.ts";
+import { buildTinyTokenizer, QWEN2_5_CHAT_TEMPLATE, saveTinyTokenizer, type TinyTokenizerFiles } from "../model/tiny-tokenizer.ts";
+import { tokenizerFromJson } from "../model/tokenizer.ts";
 import { AdamW } from "../trainer/optimizer.ts";
 import { lrAt } from "../trainer/schedule.ts";
 import { rightPad } from "../trainer/batch.ts";
@@ -55,7 +55,7 @@ export async function makeTinyBase(o: MakeTinyBaseOptions): Promise<void> {
   const files: TinyTokenizerFiles = o.initFrom
     ? { tokenizerJson: await readJson(path.join(o.initFrom, "tokenizer.json")), tokenizerConfig: await readJson(path.join(o.initFrom, "tokenizer_config.json")) }
     : buildTinyTokenizer(tokenizerCorpus(2000), { vocabSize: TINY_VOCAB_SIZE });
-  const tokenizer = tokenizerFromJsonFiles(files);
+  const tokenizer = tokenizerFromJson(files.tokenizerJson, files.tokenizerConfig);
   const endId = tokenizer.tokenToId("<|endoftext|>")!;
   const model = o.initFrom
     ? await loadModel(o.initFrom, { trainable: "full" })
