@@ -18,19 +18,15 @@ import { rolloutGroups, type Trajectory } from "../../src/rollout/rollout.ts";
 import { ChatSession, parseChatArgs, parseChatCommand, printable, runChat, TokenStreamer, trajectoryToMessages } from "../../src/run/chat.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { ScriptedModel } from "../rollout/scripted-model.ts";
-import { makeTinyModelDir } from "./tiny-model.ts";
+import { makeSmallModelDir, SMALL_MODEL_CONFIG } from "../run/tiny-fixture.ts";
 
 let modelDir: string;
 let tok: Tokenizer;
 let model: Qwen2ForCausalLM;
 beforeAll(async () => {
-  modelDir = await makeTinyModelDir("chat-model-");
+  modelDir = await makeSmallModelDir("chat-model-");
   tok = await loadTokenizerFromDir(modelDir);
-  model = await createModel({
-    modelType: "qwen2", vocabSize: tok.vocabSize, hiddenSize: 32, intermediateSize: 64, numHiddenLayers: 1,
-    numAttentionHeads: 2, numKeyValueHeads: 1, headDim: 16, ropeTheta: 1e4, rmsNormEps: 1e-6,
-    tieWordEmbeddings: true, maxPositionEmbeddings: 1024,
-  }, { seed: 5 });
+  model = await createModel({ ...SMALL_MODEL_CONFIG, vocabSize: tok.vocabSize }, { seed: 5 });
 });
 afterAll(async () => {
   model?.dispose();

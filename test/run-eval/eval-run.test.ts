@@ -9,11 +9,11 @@ import * as tf from "@tensorflow/tfjs";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { summarize, type EvalQuestion, type EvalResult, type EvalSample } from "../../src/run/evaluate.ts";
 import { formatEvalTable, pairedImprovement, parseEvalArgs, runEval } from "../../src/run/eval-run.ts";
-import { makeTinyModelDir } from "./tiny-model.ts";
+import { makeSmallModelDir } from "../run/tiny-fixture.ts";
 
 let modelDir: string;
 beforeAll(async () => {
-  modelDir = await makeTinyModelDir("eval-run-model-");
+  modelDir = await makeSmallModelDir("eval-run-model-");
 });
 afterAll(async () => {
   await shutdownCalculator();

@@ -16,10 +16,14 @@ import { makeTinyModelDir } from "./tiny-fixture.ts";
 
 let base: string;
 let root: string;
+let sftDir: string;
+let sft: Awaited<ReturnType<typeof runSft>>;
 beforeAll(async () => {
   await initBackend("wasm");
   base = await makeTinyModelDir();
   root = await fs.mkdtemp(path.join(os.tmpdir(), "marl-run-"));
+  sftDir = path.join(root, "sft");
+  sft = await runSft(sftCfg(sftDir)); // both tests start from it
 });
 afterAll(async () => {
   await shutdownCalculator();
@@ -50,8 +54,6 @@ const grpoCfg = (modelPath: string, outputDir: string, over: Partial<GrpoRunConf
 
 describe("tiny pipeline", () => {
   it("SFT then GRPO leave the files and metrics a run must produce", async () => {
-    const sftDir = path.join(root, "sft");
-    const sft = await runSft(sftCfg(sftDir));
     expect(sft.steps).toBe(2);
     expect(Number.isFinite(sft.finalLoss)).toBe(true);
     for (const f of ["run.json", "metrics.jsonl", "report.html", "eval.json", "final/config.json", "final/model.safetensors", "final/tokenizer.json"])
@@ -81,7 +83,6 @@ describe("tiny pipeline", () => {
   });
 
   it("GRPO resumed halfway makes the same adapter as an uninterrupted run", async () => {
-    const sftDir = path.join(root, "sft");
     const whole = path.join(root, "whole");
     const halves = path.join(root, "halves");
     await runGrpo(grpoCfg(path.join(sftDir, "final"), whole, { totalEpochs: 2 }));
