@@ -80,18 +80,18 @@ registerWorkload({
   async run(ctx) {
     const model = await ctx.model(false);
     const V = ctx.config.vocabSize;
-    const once = (b: number) => {
+    const once = async (b: number) => {
       const ids = tokenBatch(b, 256, V);
       const t0 = now();
       const logits = model.forward(ids);
-      logits.dataSync().length; // wasm runs eagerly; the read makes the timing honest on async backends too
+      await logits.data(); // wasm runs eagerly; the read makes the timing honest on async backends too
       logits.dispose();
       return now() - t0;
     };
     // full logits, a transposed copy and the hidden states of one layer per row
     const { batch, note } = fitBatch(model, 8, 256 * (2.2 * V * 4 + 40 * ctx.config.intermediateSize));
-    if (ctx.configName === "small") once(batch); // warm-up
-    return [ctx.measure({ workload: "forward", batch, tokens: batch * 256, seconds: once(batch), note })];
+    if (ctx.configName === "small") await once(batch); // warm-up
+    return [ctx.measure({ workload: "forward", batch, tokens: batch * 256, seconds: await once(batch), note })];
   },
 });
 
@@ -100,12 +100,13 @@ registerWorkload({
   description: "mean next-token cross-entropy on 8×256 tokens, gradients of LoRA r16/alpha32 on all 7 modules",
   async run(ctx) {
     const model = await ctx.model(true);
-    const once = (b: number) => {
+    const once = async (b: number) => {
       const ids = tokenBatch(b, 256, ctx.config.vocabSize);
       const mask = ids.map((r) => r.map(() => 1));
       const t0 = now();
       const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(tf.slice(model.tokenLogprobs(ids, mask, { training: true }).logprobs, [0, 1], [-1, -1]))) as tf.Scalar, model.trainableVariables());
-      value.dataSync();
+      await value.data();
+      await Promise.all(Object.values(grads).map((g) => g.data())); // the gradients done too, on async backends
       tf.dispose([value, grads]);
       return now() - t0;
     };
@@ -118,8 +119,8 @@ registerWorkload({
     const layer = 12 * c.intermediateSize + 3 * c.numAttentionHeads * 256 + 30 * c.hiddenSize;
     const perRow = 256 * 4 * (2 * layer + 4 * c.numHiddenLayers * c.hiddenSize);
     const { batch, note } = fitBatch(model, 8, perRow, 8 * 16 * 2 ** 20);
-    if (ctx.configName === "small") once(batch);
-    return [ctx.measure({ workload: "fwd_bwd", batch, tokens: batch * 256, seconds: once(batch), note })];
+    if (ctx.configName === "small") await once(batch);
+    return [ctx.measure({ workload: "fwd_bwd", batch, tokens: batch * 256, seconds: await once(batch), note })];
   },
 });
 
@@ -136,13 +137,13 @@ registerWorkload({
       const t0 = now();
       const { logits, cache } = model.prefill(ids, ids.map((r) => r.map(() => 1)));
       let tok = tf.tidy(() => tf.argMax(logits, 1));
-      let next = Array.from(tok.dataSync());
+      let next = Array.from(await tok.data());
       tf.dispose([logits, tok]);
       const t1 = now();
       for (let s = 1; s < 64; s++) {
         const lg = model.decodeStep(next, cache);
         tok = tf.tidy(() => tf.argMax(lg, 1));
-        next = Array.from(tok.dataSync()); // the rollout loop reads every token back to the host
+        next = Array.from(await tok.data()); // the rollout loop reads every token back to the host
         tf.dispose([lg, tok]);
       }
       const t2 = now();

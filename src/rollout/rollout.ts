@@ -138,10 +138,10 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       const samplers = cacheRows.map((r, pos) => (!rows[r].done && rows[r].forced.length === 0 ? pos : -1)).filter((p) => p >= 0);
       const drawIndex = new Array<number>(cacheRows.length).fill(-1); // cache position → row of `drawn`
       samplers.forEach((pos, k) => (drawIndex[pos] = k));
-      let drawn = null as ReturnType<typeof sampleTokens> | null;
+      let drawn = null as Awaited<ReturnType<typeof sampleTokens>> | null;
       if (samplers.length > 0) {
         const sub = samplers.length === cacheRows.length ? logits! : (gather(logits!, samplers) as tf.Tensor2D);
-        drawn = sampleTokens(sub, sampling, cfg.rng);
+        drawn = await sampleTokens(sub, sampling, cfg.rng);
         if (sub !== logits) sub.dispose();
       }
       logits!.dispose();

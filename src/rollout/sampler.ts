@@ -41,11 +41,14 @@ export function checkSamplingParams(p: SamplingParams): void {
   if (!(Number.isInteger(topK) && topK >= 0)) throw new Error(`topK ${topK} is invalid; accepted: an integer >= 0 (0 = off)`);
 }
 
-/** Sample one token per row of logits [B, V]. Does not dispose `logits`; leaks no tensors. */
-export function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, rng: Rng): SampleResult {
+/** Sample one token per row of logits [B, V]. Does not dispose `logits`; leaks no tensors. The logits
+ *  are read once for all rows, asynchronously (a GPU backend has no synchronous read in Node). */
+export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, rng: Rng): Promise<SampleResult> {
   checkSamplingParams(params);
   const [B, V] = logits.shape;
-  const data = logits.dtype === "float32" ? (logits.dataSync() as Float32Array) : tf.tidy(() => logits.toFloat().dataSync() as Float32Array);
+  const f32 = logits.dtype === "float32" ? logits : tf.cast(logits, "float32");
+  const data = (await f32.data()) as Float32Array;
+  if (f32 !== logits) f32.dispose();
   const scratch = new Scratch(V);
   const out: SampleResult = { tokens: [], logprobs: [], rawLogprobs: [] };
   for (let b = 0; b < B; b++) {

@@ -144,14 +144,14 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     const tools = [calculatorTool];
     const history: Record<string, unknown>[] = [...(ckpt?.state.log_history ?? [])];
     let step = start;
-    const saveAt = (s: number) =>
+    const saveAt = async (s: number) =>
       saveCheckpoint(cfg.outputDir, {
         saveModel: (dir) => savePolicy(policy, dir, false),
         state: {
           global_step: s, epoch: (s * cfg.promptsPerStep) / examples.length, rng_state: { rollout_seed: cfg.seed }, data_position: s * cfg.promptsPerStep,
           config_hash: configHash(identity(cfg)), config: identity(cfg), log_history: history, extra: { base: policy.base },
         },
-        optimizerState: exportOptimizer(optimizer),
+        optimizerState: await exportOptimizer(optimizer),
         saveTotalLimit: cfg.saveTotalLimit,
       });
     // Ctrl-C lands between awaits; the state saved is that of the last completed step.

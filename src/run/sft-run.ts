@@ -106,7 +106,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
       saveCheckpoint(cfg.outputDir, {
         saveModel: (dir) => savePolicy(policy, dir, cfg.full),
         state: { global_step: s, epoch: s / stepsPerEpoch, rng_state: { data: rng.getState() }, data_position: (s % stepsPerEpoch) * perStep, config_hash: configHash(cfg), log_history: [] },
-        optimizerState: exportOptimizer(optimizer),
+        optimizerState: await exportOptimizer(optimizer),
         saveTotalLimit: 2,
       });
     const stopInterrupt = onInterrupt(async () => {

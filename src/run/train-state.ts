@@ -6,9 +6,9 @@ import type { OptimizerState } from "../trainer/checkpoint.ts";
 
 const stable = (name: string) => name.replace(/#\d+(?=\.exp_avg(_sq)?$|$)/, "");
 
-export function exportOptimizer(opt: AdamW): OptimizerState {
+export async function exportOptimizer(opt: AdamW): Promise<OptimizerState> {
   const out: OptimizerState = {};
-  for (const [k, data] of Object.entries(opt.exportState())) out[stable(k)] = { shape: [data.length], data };
+  for (const [k, data] of Object.entries(await opt.exportState())) out[stable(k)] = { shape: [data.length], data };
   return out;
 }
 

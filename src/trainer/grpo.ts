@@ -100,20 +100,20 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
           acc = accumulateGrads(acc, grads);
           loss += (await value.data())[0];
           value.dispose();
-          const s = readSums(sums!);
+          const s = await readSums(sums!);
           totals.tokens += it === 0 ? s.tokens : 0;
           totals.lowClipped += s.lowClipped;
           totals.highClipped += s.highClipped;
           totals.kl += s.kl;
           totals.ratio += s.ratio;
           if (entropySum !== null) {
-            totals.entropy += (entropySum as tf.Scalar).dataSync()[0];
+            totals.entropy += (await (entropySum as tf.Scalar).data())[0];
             totals.entropyTokens += s.tokens;
             (entropySum as tf.Scalar).dispose();
           }
         }
         if (!Number.isFinite(loss)) throw new NonFiniteError("GRPO loss", loss);
-        const { gradNorm } = optimizer.applyGradients(acc!, { lr: cfg.lr, maxGradNorm: cfg.maxGradNorm });
+        const { gradNorm } = await optimizer.applyGradients(acc!, { lr: cfg.lr, maxGradNorm: cfg.maxGradNorm });
         totals.loss += loss;
         totals.gradNorm += gradNorm;
       } finally {

@@ -13,11 +13,11 @@ export interface AdamWConfig {
 }
 
 /** Global L2 norm over all gradients: sqrt(Σ_g ‖g‖²), as clip_grad_norm_ returns it. */
-export function globalNorm(grads: tf.NamedTensorMap): number {
+export async function globalNorm(grads: tf.NamedTensorMap): Promise<number> {
   const parts = Object.values(grads);
   if (parts.length === 0) return 0;
   const sq = tf.tidy(() => tf.addN(parts.map((g) => tf.sum(tf.square(g)))));
-  const norm = Math.sqrt(sq.dataSync()[0]);
+  const norm = Math.sqrt((await sq.data())[0]); // one read per step (GPU backends read asynchronously)
   sq.dispose();
   return norm;
 }
@@ -25,9 +25,9 @@ export function globalNorm(grads: tf.NamedTensorMap): number {
 /** torch's clip_grad_norm_: scale every gradient by min(1, maxNorm / (norm + 1e-6)). Returns new
  *  tensors (the inputs stay the caller's to dispose) and the norm before clipping. A NaN/Inf norm
  *  throws NonFiniteError (torch's error_if_nonfinite=True) and returns nothing. */
-export function clipGradNorm(grads: tf.NamedTensorMap, maxNorm: number): { grads: tf.NamedTensorMap; norm: number } {
+export async function clipGradNorm(grads: tf.NamedTensorMap, maxNorm: number): Promise<{ grads: tf.NamedTensorMap; norm: number }> {
   if (!(maxNorm > 0)) throw new Error(`maxNorm ${maxNorm} must be > 0`);
-  const norm = globalNorm(grads);
+  const norm = await globalNorm(grads);
   if (!Number.isFinite(norm)) throw new NonFiniteError("gradient norm", norm);
   const coef = Math.min(1, maxNorm / (norm + 1e-6));
   const out: tf.NamedTensorMap = {};
@@ -81,7 +81,7 @@ export class AdamW {
    *  does when .grad is zero; torch skips params whose .grad is None — we have no None).
    *  With maxGradNorm, clips first. A NaN/Inf gradient norm throws NonFiniteError before anything
    *  changes. Does not dispose `grads`. Returns the gradient norm before clipping. */
-  applyGradients(grads: tf.NamedTensorMap, opts: { lr?: number; maxGradNorm?: number } = {}): { gradNorm: number } {
+  async applyGradients(grads: tf.NamedTensorMap, opts: { lr?: number; maxGradNorm?: number } = {}): Promise<{ gradNorm: number }> {
     for (const name of Object.keys(grads))
       if (!this.vars.has(name)) throw new Error(`gradient for "${name}" has no variable in this optimizer; known: ${[...this.vars.keys()].slice(0, 5).join(", ")}…`);
     const lr = opts.lr ?? this.lr;
@@ -89,11 +89,11 @@ export class AdamW {
     let use = grads;
     let gradNorm: number;
     if (opts.maxGradNorm !== undefined && opts.maxGradNorm > 0 && Number.isFinite(opts.maxGradNorm)) {
-      const c = clipGradNorm(grads, opts.maxGradNorm); // throws on NaN/Inf before any change
+      const c = await clipGradNorm(grads, opts.maxGradNorm); // throws on NaN/Inf before any change
       use = c.grads;
       gradNorm = c.norm;
     } else {
-      gradNorm = globalNorm(grads);
+      gradNorm = await globalNorm(grads);
       if (!Number.isFinite(gradNorm)) throw new NonFiniteError("gradient norm", gradNorm);
     }
 
@@ -125,11 +125,11 @@ export class AdamW {
 
   /** State as flat named arrays: "step" (length 1) and "<var>.exp_avg", "<var>.exp_avg_sq" (torch's
    *  names). Copies; importState of the result restores the optimizer bit for bit. */
-  exportState(): Record<string, Float32Array> {
+  async exportState(): Promise<Record<string, Float32Array>> {
     const out: Record<string, Float32Array> = { step: new Float32Array([this.stepCount]) };
     for (const name of this.vars.keys()) {
-      out[`${name}.exp_avg`] = Float32Array.from(this.expAvg.get(name)!.dataSync() as Float32Array);
-      out[`${name}.exp_avg_sq`] = Float32Array.from(this.expAvgSq.get(name)!.dataSync() as Float32Array);
+      out[`${name}.exp_avg`] = Float32Array.from((await this.expAvg.get(name)!.data()) as Float32Array);
+      out[`${name}.exp_avg_sq`] = Float32Array.from((await this.expAvgSq.get(name)!.data()) as Float32Array);
     }
     return out;
   }

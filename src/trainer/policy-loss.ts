@@ -76,7 +76,8 @@ export function perTokenLoss(x: PolicyLossInputs, cfg: PolicyLossConfig): { loss
  *  N and Σ m are the whole batch's (`norm`), so micro-batch losses add up to the batch loss. */
 export function aggregateLoss(perToken: tf.Tensor2D, mask: tf.Tensor2D, cfg: PolicyLossConfig, norm?: LossNormalizer): tf.Scalar {
   return tf.tidy(() => {
-    const n = norm ?? { numSequences: perToken.shape[0], numTokens: tf.sum(mask).arraySync() as number };
+    // Without a batch normalizer: this batch's own counts (token count kept on the device, no read).
+    const n = norm ?? { numSequences: perToken.shape[0], numTokens: tf.sum(mask) };
     const masked = tf.mul(perToken, mask); // [N, T]
     switch (cfg.lossType) {
       case "grpo": {
@@ -85,7 +86,7 @@ export function aggregateLoss(perToken: tf.Tensor2D, mask: tf.Tensor2D, cfg: Pol
       }
       case "bnpo":
       case "dapo":
-        return tf.div(tf.sum(masked), Math.max(1, n.numTokens)) as tf.Scalar;
+        return tf.div(tf.sum(masked), tf.maximum(n.numTokens, 1)) as tf.Scalar;
       case "dr_grpo":
         return tf.div(tf.sum(masked), Math.max(1, n.numSequences) * cfg.maxNewTokens) as tf.Scalar;
     }
@@ -138,14 +139,11 @@ export function statsFromSums(s: { tokens: number; lowClipped: number; highClipp
 }
 
 /** Read a PolicyLossSums into numbers and dispose it. */
-export function readSums(s: PolicyLossSums): { tokens: number; lowClipped: number; highClipped: number; kl: number; ratio: number } {
-  const out = {
-    tokens: s.tokens.dataSync()[0],
-    lowClipped: s.lowClipped.dataSync()[0],
-    highClipped: s.highClipped.dataSync()[0],
-    kl: s.kl.dataSync()[0],
-    ratio: s.ratio.dataSync()[0],
-  };
+export async function readSums(s: PolicyLossSums): Promise<{ tokens: number; lowClipped: number; highClipped: number; kl: number; ratio: number }> {
+  const all = tf.tidy(() => tf.stack([s.tokens, s.lowClipped, s.highClipped, s.kl, s.ratio]));
+  const [tokens, lowClipped, highClipped, kl, ratio] = await all.data(); // one read for the five
+  all.dispose();
+  const out = { tokens, lowClipped, highClipped, kl, ratio };
   tf.dispose(Object.values(s));
   return out;
 }

@@ -70,7 +70,7 @@ export async function sftStep(model: CausalLM, optimizer: AdamW, microBatches: S
       value.dispose();
     }
     if (!Number.isFinite(loss)) throw new NonFiniteError("SFT loss", loss);
-    const { gradNorm } = optimizer.applyGradients(acc!, { lr: cfg.lr, maxGradNorm: cfg.maxGradNorm });
+    const { gradNorm } = await optimizer.applyGradients(acc!, { lr: cfg.lr, maxGradNorm: cfg.maxGradNorm });
     return { loss, gradNorm, tokens };
   } finally {
     if (acc) tf.dispose(Object.values(acc));

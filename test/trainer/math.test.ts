@@ -50,13 +50,13 @@ const hand = () => {
 const base: PolicyLossConfig = { epsilon: 0.2, epsilonHigh: 0.28, beta: 0, lossType: "grpo", maxNewTokens: 4 };
 
 describe("policyLoss on hand values", () => {
-  it("aggregates per loss type as hand-computed, with β = 0", () => {
+  it("aggregates per loss type as hand-computed, with β = 0", async () => {
     const x = hand();
     const expected = { grpo: (-0.89 + 1.6) / 2, bnpo: (-1.78 + 1.6) / 3, dapo: (-1.78 + 1.6) / 3, dr_grpo: -0.18 / (2 * 4) } as const;
     for (const [lossType, want] of Object.entries(expected)) {
       const { loss, sums } = policyLoss({ ...x, refLogp: null }, { ...base, lossType: lossType as PolicyLossConfig["lossType"] });
       expect(loss.dataSync()[0]).toBeCloseTo(want, 5);
-      const st = statsFromSums(readSums(sums));
+      const st = statsFromSums(await readSums(sums));
       expect(st.tokens).toBe(3);
       expect(st.clipFracLow).toBeCloseTo(1 / 3, 6);
       expect(st.clipFracHigh).toBeCloseTo(1 / 3, 6);
@@ -67,20 +67,20 @@ describe("policyLoss on hand values", () => {
     tf.dispose(Object.values(x));
   });
 
-  it("adds β·k3 KL", () => {
+  it("adds β·k3 KL", async () => {
     const x = hand();
     const cfg = { ...base, beta: 0.1 };
     const g = policyLoss(x, cfg);
     // grpo: seq 0 (−1.78 + 0.1·0.306853)/2, seq 1 1.6 + 0.1·0.193147, mean of the two
     expect(g.loss.dataSync()[0]).toBeCloseTo(((-1.78 + 0.0306853) / 2 + (1.6 + 0.0193147)) / 2, 5);
-    expect(statsFromSums(readSums(g.sums)).kl).toBeCloseTo(0.5 / 3, 5);
+    expect(statsFromSums(await readSums(g.sums)).kl).toBeCloseTo(0.5 / 3, 5);
     const b = policyLoss(x, { ...cfg, lossType: "bnpo" });
     expect(b.loss.dataSync()[0]).toBeCloseTo((-0.18 + 0.05) / 3, 5);
-    readSums(b.sums);
+    await readSums(b.sums);
     tf.dispose([g.loss, b.loss, ...Object.values(x)]);
   });
 
-  it("uses the whole batch's totals when given (micro-batch pieces add up)", () => {
+  it("uses the whole batch's totals when given (micro-batch pieces add up)", async () => {
     const x = hand();
     const whole = policyLoss({ ...x, refLogp: null }, { ...base, lossType: "bnpo" });
     let sum = 0;
@@ -89,11 +89,11 @@ describe("policyLoss on hand values", () => {
       const part = { logp: pick(x.logp), oldLogp: pick(x.oldLogp), refLogp: null, advantages: tf.slice(x.advantages, [n], [1]) as tf.Tensor1D, mask: pick(x.mask) };
       const r = policyLoss(part, { ...base, lossType: "bnpo" }, { numSequences: 2, numTokens: 3 });
       sum += r.loss.dataSync()[0];
-      readSums(r.sums);
+      await readSums(r.sums);
       tf.dispose([r.loss, part.logp, part.oldLogp, part.advantages, part.mask]);
     }
     expect(sum).toBeCloseTo(whole.loss.dataSync()[0], 6);
-    readSums(whole.sums);
+    await readSums(whole.sums);
     tf.dispose([whole.loss, ...Object.values(x)]);
   });
 
@@ -163,19 +163,20 @@ describe("policyLoss gradients", () => {
     });
   }
 
-  it("with oldLogp = logp the ratio is 1 and the gradient is −A·mask/denominator", () => {
+  it("with oldLogp = logp the ratio is 1 and the gradient is −A·mask/denominator", async () => {
     const N = 3, counts = mask.map((r) => r.reduce((a, b) => a + b, 0)), total = counts.reduce((a, b) => a + b, 0);
     for (const lossType of ["grpo", "bnpo", "dr_grpo"] as const) {
       const cfg: PolicyLossConfig = { epsilon: 0.2, epsilonHigh: 0.2, beta: 0.3, lossType, maxNewTokens: 6 };
       const x = tf.tensor2d(logp), old = tf.tensor2d(logp), msk = tf.tensor2d(mask), adv = tf.tensor1d(A);
-      let ratio = 0;
+      let sums: ReturnType<typeof policyLoss>["sums"] | null = null;
       const g = tf.grad((lp: tf.Tensor) => {
         // ref = logp too: the KL term and its gradient vanish
         const r = policyLoss({ logp: lp as tf.Tensor2D, oldLogp: old, refLogp: old, advantages: adv, mask: msk }, cfg);
-        ratio = statsFromSums(readSums(r.sums)).ratio;
+        Object.values(r.sums).forEach((t) => tf.keep(t));
+        sums = r.sums;
         return r.loss;
       })(x);
-      expect(ratio).toBeCloseTo(1, 6);
+      expect(statsFromSums(await readSums(sums!)).ratio).toBeCloseTo(1, 6);
       const got = g.arraySync() as number[][];
       mask.forEach((row, n) =>
         row.forEach((m, t) => {

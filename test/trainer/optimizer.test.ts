@@ -27,11 +27,11 @@ function adamwRef(theta: number[], grads: number[][], lr: number, wd: number, b1
 }
 
 describe("AdamW", () => {
-  it("first step on hand values: θ·(1 − lr·wd) − lr·g/(|g| + eps)", () => {
+  it("first step on hand values: θ·(1 − lr·wd) − lr·g/(|g| + eps)", async () => {
     const w = variable([1, -2], [2]);
     const opt = new AdamW([w], { lr: 0.1, weightDecay: 0.1 });
     const g = tf.tensor1d([0.5, -3]);
-    opt.applyGradients({ [w.name]: g });
+    await opt.applyGradients({ [w.name]: g });
     // 1·0.99 − 0.1 = 0.89 ; −2·0.99 + 0.1 = −1.88 (bias correction makes step 1 ≈ lr·sign(g))
     const got = Array.from(w.dataSync());
     expect(got[0]).toBeCloseTo(0.89, 6);
@@ -41,7 +41,7 @@ describe("AdamW", () => {
     opt.dispose();
   });
 
-  it("matches a float64 torch-style reference over several steps", () => {
+  it("matches a float64 torch-style reference over several steps", async () => {
     const init = [0.3, -1.2, 2.5, 0.0, 0.7, -0.05];
     const a = variable(init.slice(0, 4), [2, 2]);
     const b = variable(init.slice(4), [2]);
@@ -54,11 +54,11 @@ describe("AdamW", () => {
     const lrs = [1e-2, 5e-3, 2e-2, 1e-2];
     const before = tf.memory().numTensors;
     const opt = new AdamW([a, b], { lr: 1, weightDecay: 0.05 });
-    steps.forEach((g, k) => {
+    for (const [k, g] of steps.entries()) {
       const grads = { [a.name]: tf.tensor(g.slice(0, 4), [2, 2]), [b.name]: tf.tensor(g.slice(4), [2]) };
-      opt.applyGradients(grads, { lr: lrs[k] });
+      await opt.applyGradients(grads, { lr: lrs[k] });
       tf.dispose(Object.values(grads));
-    });
+    }
     // The reference with per-step lr: run one step at a time with the running state is the same as
     // adamwRef only for a constant lr, so replay step by step here.
     const p = [...init], m = p.map(() => 0), v = p.map(() => 0);
@@ -79,7 +79,7 @@ describe("AdamW", () => {
     const o2 = new AdamW([c], { lr: 0.01, weightDecay: 0 });
     for (const g of [[1, -1], [0.5, 0.5], [-2, 0]]) {
       const gt = tf.tensor1d(g);
-      o2.applyGradients({ [c.name]: gt });
+      await o2.applyGradients({ [c.name]: gt });
       gt.dispose();
     }
     const want = adamwRef([1, 2], [[1, -1], [0.5, 0.5], [-2, 0]], 0.01, 0);
@@ -89,22 +89,22 @@ describe("AdamW", () => {
     tf.dispose([a, b, c]);
   });
 
-  it("exports and imports its state so a resumed run continues bit for bit", () => {
+  it("exports and imports its state so a resumed run continues bit for bit", async () => {
     const grads = [[0.1, -0.3, 0.2], [0.4, 0.1, -0.2], [-0.1, 0.5, 0.3]];
     const w1 = variable([0.5, -0.5, 1], [3]);
     const o1 = new AdamW([w1], { lr: 0.01 });
-    const stepWith = (o: AdamW, w: tf.Variable, g: number[]) => {
+    const stepWith = async (o: AdamW, w: tf.Variable, g: number[]) => {
       const t = tf.tensor1d(g);
-      o.applyGradients({ [w.name]: t });
+      await o.applyGradients({ [w.name]: t });
       t.dispose();
     };
-    stepWith(o1, w1, grads[0]);
-    stepWith(o1, w1, grads[1]);
-    const saved = o1.exportState();
+    await stepWith(o1, w1, grads[0]);
+    await stepWith(o1, w1, grads[1]);
+    const saved = await o1.exportState();
     const savedW = Float32Array.from(w1.dataSync() as Float32Array);
     expect(Object.keys(saved).sort()).toEqual(["step", `${w1.name}.exp_avg`, `${w1.name}.exp_avg_sq`].sort());
     expect(saved.step[0]).toBe(2);
-    stepWith(o1, w1, grads[2]);
+    await stepWith(o1, w1, grads[2]);
 
     // a fresh optimizer on a variable of the same name and the saved weights
     const name = w1.name;
@@ -114,7 +114,7 @@ describe("AdamW", () => {
     const o2 = new AdamW([w2], { lr: 0.01 });
     o2.importState(saved);
     expect(o2.step).toBe(2);
-    stepWith(o2, w2, grads[2]);
+    await stepWith(o2, w2, grads[2]);
     expect(Float32Array.from(w2.dataSync() as Float32Array)).toEqual(after1);
     expect(() => o2.importState({ step: new Float32Array([1]) })).toThrow(/has no ".*exp_avg"/);
     expect(() => o2.importState({ ...saved, [`${name}.exp_avg`]: new Float32Array(2) })).toThrow(/has 2 values; expected 3/);
@@ -123,56 +123,56 @@ describe("AdamW", () => {
     w2.dispose();
   });
 
-  it("throws NonFiniteError on a NaN/Inf gradient and changes nothing", () => {
+  it("throws NonFiniteError on a NaN/Inf gradient and changes nothing", async () => {
     const w = variable([1, 2], [2]);
     const opt = new AdamW([w], { lr: 0.1 });
     const ok = tf.tensor1d([0.1, 0.1]);
-    opt.applyGradients({ [w.name]: ok });
-    const stateBefore = opt.exportState();
+    await opt.applyGradients({ [w.name]: ok });
+    const stateBefore = await opt.exportState();
     const wBefore = Array.from(w.dataSync());
     const tensorsBefore = tf.memory().numTensors;
     for (const bad of [NaN, Infinity]) {
       const g = tf.tensor1d([bad, 0.1]);
       for (const maxGradNorm of [undefined, 1.0]) {
-        expect(() => opt.applyGradients({ [w.name]: g }, { maxGradNorm })).toThrow(NonFiniteError);
+        await expect(opt.applyGradients({ [w.name]: g }, { maxGradNorm })).rejects.toThrow(NonFiniteError);
       }
       g.dispose();
     }
     expect(tf.memory().numTensors).toBe(tensorsBefore);
     expect(Array.from(w.dataSync())).toEqual(wBefore);
-    expect(opt.exportState()).toEqual(stateBefore);
+    expect(await opt.exportState()).toEqual(stateBefore);
     expect(opt.step).toBe(1);
     tf.dispose([ok, w]);
     opt.dispose();
   });
 
-  it("rejects bad settings and unknown gradients", () => {
+  it("rejects bad settings and unknown gradients", async () => {
     const w = variable([1], [1]);
     expect(() => new AdamW([w], { lr: -1 })).toThrow(/lr -1 must be in/);
     expect(() => new AdamW([w], { lr: 1, beta2: 1 })).toThrow(/beta2 1 must be in \[0, 1\)/);
     expect(() => new AdamW([w, w], { lr: 1 })).toThrow(/appears twice/);
     const opt = new AdamW([w], { lr: 1 });
     const g = tf.tensor1d([1]);
-    expect(() => opt.applyGradients({ nope: g })).toThrow(/gradient for "nope" has no variable/);
+    await expect(opt.applyGradients({ nope: g })).rejects.toThrow(/gradient for "nope" has no variable/);
     tf.dispose([g, w]);
     opt.dispose();
   });
 });
 
 describe("clipGradNorm", () => {
-  it("scales by maxNorm/(norm + 1e-6) when above, leaves alone when below, returns the pre-clip norm", () => {
+  it("scales by maxNorm/(norm + 1e-6) when above, leaves alone when below, returns the pre-clip norm", async () => {
     const grads = { a: tf.tensor1d([3, 0]), b: tf.tensor2d([[0, 4]]) }; // global norm 5
-    expect(globalNorm(grads)).toBeCloseTo(5, 6);
-    const c = clipGradNorm(grads, 1);
+    expect(await globalNorm(grads)).toBeCloseTo(5, 6);
+    const c = await clipGradNorm(grads, 1);
     expect(c.norm).toBeCloseTo(5, 6);
     expect(Array.from(c.grads.a.dataSync())[0]).toBeCloseTo(3 / (5 + 1e-6), 7);
     expect(Array.from(c.grads.b.dataSync())[1]).toBeCloseTo(4 / (5 + 1e-6), 7);
-    const d = clipGradNorm(grads, 10);
+    const d = await clipGradNorm(grads, 10);
     expect(Array.from(d.grads.a.dataSync())).toEqual([3, 0]);
     tf.dispose([...Object.values(grads), ...Object.values(c.grads), ...Object.values(d.grads)]);
     const bad = { a: tf.tensor1d([NaN]) };
-    expect(() => clipGradNorm(bad, 1)).toThrow(/gradient norm is NaN; expected a finite number/);
-    expect(() => clipGradNorm(bad, 0)).toThrow(/maxNorm 0 must be > 0/);
+    await expect(clipGradNorm(bad, 1)).rejects.toThrow(/gradient norm is NaN; expected a finite number/);
+    await expect(clipGradNorm(bad, 0)).rejects.toThrow(/maxNorm 0 must be > 0/);
     bad.a.dispose();
   });
 });

@@ -116,7 +116,7 @@ describe("trainer steps on qwen2-tiny (wasm)", () => {
     expect(tf.memory().numTensors).toBe(n0);
 
     // Second step from a saved state, once whole and once in micro-batches of 1: same numbers.
-    const lora1 = await snapshot(vars), optState = opt.exportState();
+    const lora1 = await snapshot(vars), optState = await opt.exportState();
     const s2 = await grpoStep(m, opt, rollouts, cfg);
     expect(s2.kl).toBeGreaterThan(0);
     const lora2 = await snapshot(vars);
