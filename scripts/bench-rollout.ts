@@ -17,7 +17,7 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../src/backend.ts";
+import { BACKEND_NAMES, initBackend } from "../src/backend.ts";
 import { parseIntArg } from "../src/cli.ts";
 import { calculatorTool, shutdownCalculator } from "../src/agents/calculator.ts";
 import { DelegatingLM, RowStateCache } from "../src/model/delegate.ts";
@@ -45,7 +45,7 @@ const opts = new Command()
   .option("--compact-fraction <f>", "drop finished rows from the cache once this fraction has finished", defaults.compactFraction)
   .option("--tools-in-prompt <bool>", "render the tool schema into the system prompt of the rollout workload (longer prompts)", defaults.toolsInPrompt)
   .option("--workloads <list>", "rollout | rollout_free (comma list)", defaults.workloads)
-  .option("--backend <name>", "tensorflow | wasm | cpu | auto", defaults.backend)
+  .option("--backend <name>", BACKEND_NAMES.join(" | "), defaults.backend)
   .parse()
   .opts<typeof defaults>();
 

@@ -2,7 +2,7 @@
  *  Flags choose configs, quantization, workloads and backend; the workloads live in src/model/bench.ts
  *  (import another workload file here to register it). */
 import { Command } from "commander";
-import { initBackend } from "../src/backend.ts";
+import { BACKEND_NAMES, initBackend } from "../src/backend.ts";
 import { benchContext, BENCH_CONFIGS, profileTop, WORKLOADS } from "../src/model/bench.ts";
 import type { Quantize } from "../src/model/types.ts";
 
@@ -12,7 +12,7 @@ const opts = new Command()
   .option("--config <name>", `small | 0.5b | all`, defaults.config)
   .option("--quantize <kind>", "none | int8 | nf4 (frozen base)", defaults.quantize)
   .option("--workloads <list>", `comma list of ${WORKLOADS.map((w) => w.name).join(", ")}`, defaults.workloads)
-  .option("--backend <name>", "tensorflow | wasm | cpu | auto", defaults.backend)
+  .option("--backend <name>", BACKEND_NAMES.join(" | "), defaults.backend)
   .option("--profile", "also print the slowest kernels of each workload to stderr (tf.profile; slows the run)", defaults.profile)
   .parse()
   .opts<typeof defaults>();

@@ -1,26 +1,32 @@
-/** Picks the tfjs backend once per process: tfjs-node-gpu → tfjs-node → wasm → cpu, or the one asked
- *  for. The native bindings are optional packages (not dependencies), so they are imported by a
- *  variable name and a failed import just moves on. Also fills the one kernel gap training hits on
- *  wasm: UnsortedSegmentSum (the gradient of gather), needed when embeddings train in full mode.
- *  Leaves out: WebGL/WebGPU (this is a Node trainer). */
+/** Picks the tfjs backend once per process: tfjs-node-gpu → webgpu on a hardware adapter → tfjs-node →
+ *  wasm → cpu, or the one asked for. The native bindings are optional packages (not dependencies), so
+ *  they are imported by a variable name and a failed import just moves on; webgpu (Dawn) is a
+ *  dependency and starts in backend-webgpu.ts. A backend asked for by name that cannot start is a
+ *  usage error (one line, exit 2); `auto` moves on to the next. Also fills the one kernel gap training
+ *  hits on wasm: UnsortedSegmentSum (the gradient of gather), needed when embeddings train in full mode.
+ *  Leaves out: WebGL (this is a Node trainer). */
 import * as tf from "@tensorflow/tfjs";
 import "@tensorflow/tfjs-backend-wasm";
+import { UsageError } from "./cli.ts";
+import { registerWebgpu } from "./backend-webgpu.ts";
 
-export type BackendName = "tensorflow" | "wasm" | "cpu" | "auto";
-const NAMES: BackendName[] = ["tensorflow", "wasm", "cpu", "auto"];
+export type BackendName = "tensorflow" | "webgpu" | "wasm" | "cpu" | "auto";
+export const BACKEND_NAMES: BackendName[] = ["auto", "tensorflow", "webgpu", "wasm", "cpu"];
+/** How `auto` chooses, for help texts. */
+export const AUTO_ORDER = "tfjs-node-gpu → webgpu (hardware adapter) → tfjs-node → wasm → cpu";
 
 let chosen: Promise<string> | null = null;
 
 /** Idempotent: the first call decides, later calls return the same backend name. */
 export function initBackend(name: BackendName | string = "auto"): Promise<string> {
-  if (!NAMES.includes(name as BackendName))
-    throw new Error(`unknown backend "${name}"; accepted: ${NAMES.join(", ")}`);
+  if (!BACKEND_NAMES.includes(name as BackendName))
+    throw new UsageError(`unknown backend "${name}"; accepted: ${BACKEND_NAMES.join(", ")}`);
   if (!chosen) chosen = pick(name as BackendName);
   return chosen;
 }
 
-async function tryNative(): Promise<boolean> {
-  for (const mod of ["@tensorflow/tfjs-node-gpu", "@tensorflow/tfjs-node"]) {
+async function tryNative(mods: string[]): Promise<boolean> {
+  for (const mod of mods) {
     try {
       const m = mod; // a variable keeps TypeScript from needing the optional package's types
       await import(m);
@@ -32,11 +38,28 @@ async function tryNative(): Promise<boolean> {
   return false;
 }
 
+/** Register and switch to webgpu; prints the adapter once. hardwareOnly: refuse a software adapter. */
+async function tryWebgpu(hardwareOnly: boolean): Promise<{ ok: boolean; reason?: string }> {
+  const p = await registerWebgpu(hardwareOnly);
+  if (!p.ok) return p;
+  if (!(await tf.setBackend("webgpu").catch(() => false))) return { ok: false, reason: "the tfjs webgpu backend failed to initialise" };
+  process.stderr.write(`webgpu adapter: ${p.info.description}${p.info.fallback ? " (software adapter: correct but slow)" : ""}\n`);
+  return { ok: true };
+}
+
 async function pick(name: BackendName): Promise<string> {
   if (name === "tensorflow" || name === "auto") {
-    if (await tryNative()) return done();
+    if (await tryNative(["@tensorflow/tfjs-node-gpu"])) return done();
+  }
+  if (name === "webgpu" || name === "auto") {
+    const w = await tryWebgpu(name === "auto");
+    if (w.ok) return done();
+    if (name === "webgpu") throw new UsageError(`backend webgpu: ${w.reason}`);
+  }
+  if (name === "tensorflow" || name === "auto") {
+    if (await tryNative(["@tensorflow/tfjs-node"])) return done();
     if (name === "tensorflow")
-      throw new Error("backend tensorflow needs @tensorflow/tfjs-node or @tensorflow/tfjs-node-gpu installed (npm install @tensorflow/tfjs-node)");
+      throw new UsageError("backend tensorflow needs @tensorflow/tfjs-node or @tensorflow/tfjs-node-gpu installed (npm install @tensorflow/tfjs-node)");
   }
   if (name === "wasm" || name === "auto") {
     registerWasmExtras();

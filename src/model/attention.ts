@@ -1,8 +1,11 @@
 /** Host-side pieces of Qwen2 attention that depend only on the masks: position ids, the additive
  *  attention bias and the RoPE tables. Pure functions over plain arrays (tested on hand values). */
 
-/** float32's lowest value: masked scores are set to it (not −inf) so an all-masked row stays finite. */
-export const F32_MIN = -3.4028234663852886e38;
+/** The bias of a masked score: exp() of it is 0 beside any real score, and it is finite, so an
+ *  all-masked row (a pad query) stays finite. Not float32's lowest value as in Hugging Face: the
+ *  webgpu backend's softmax gives NaN for a row of those, and the NaN reaches real rows through the
+ *  pad positions' values (0 · NaN). */
+export const MASKED = -1e9;
 
 /** position = past + cumsum(mask) − 1 per row, pads set to 1 (what HF generate() builds). */
 export function positionIds(mask: number[][], past: number[] = []): number[][] {
@@ -19,7 +22,7 @@ export function attentionBias(keyMask: number[][], T: number): Float32Array {
   const out = new Float32Array(B * T * S);
   for (let b = 0; b < B; b++)
     for (let t = 0; t < T; t++)
-      for (let j = 0; j < S; j++) out[(b * T + t) * S + j] = j <= L + t && keyMask[b][j] ? 0 : F32_MIN;
+      for (let j = 0; j < S; j++) out[(b * T + t) * S + j] = j <= L + t && keyMask[b][j] ? 0 : MASKED;
   return out;
 }
 

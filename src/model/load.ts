@@ -11,7 +11,8 @@ import { resolveModelDir } from "./hub.ts";
 import { LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { Qwen2ForCausalLM, type LayerWeights } from "./qwen2.ts";
 import { Checkpoint } from "./safetensors.ts";
-import { BaseWeight, LEFT_LAYOUT_BYTES } from "./weight.ts";
+import { backendProfile } from "./profile.ts";
+import { BaseWeight } from "./weight.ts";
 import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
 
 export interface ModelOptions {
@@ -20,7 +21,7 @@ export interface ModelOptions {
   trainable?: "lora" | "full";
   seed?: number;
   /** Hold frozen f32 weights [out, in] as the left matMul operand (see weight.ts). Default: only when
-   *  they exceed 1 GiB. */
+   *  they exceed the backend profile's leftLayoutBytes (1 GiB on wasm, never on webgpu). */
   frozenLeft?: boolean;
 }
 export interface LoadOptions extends ModelOptions {
@@ -52,7 +53,7 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   const created: { dispose(): void }[] = [];
   const uid = ++modelCount; // tfjs variable names are global: full-mode models get a suffix each
   // Frozen f32 weights over 1 GiB: held [out, in] and used as the left operand (see weight.ts).
-  const big = opts.frozenLeft ?? 4 * paramCount(cfg) > LEFT_LAYOUT_BYTES;
+  const big = opts.frozenLeft ?? 4 * paramCount(cfg) > backendProfile().leftLayoutBytes;
   const left = quantize === "none" && !full && big;
   // The embedding (and an untied head) stays f32 under int8/nf4, as QLoRA / bitsandbytes quantize only
   // the Linear layers inside the blocks: a quantized head would be dequantized whole at every decode

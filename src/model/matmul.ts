@@ -2,8 +2,10 @@
  *  Measured on tfjs 4.22 wasm, transposeA/transposeB and 3-D batched matMuls are 4–16× slower than
  *  that, and tfjs' own matMul gradient uses them. So the gradients here materialise the transpose of
  *  the smaller operand and call the plain product, and batched products loop over 2-D slices.
- *  Results are identical to tf.matMul up to float32 summation order. */
+ *  Results are identical to tf.matMul up to float32 summation order. Backends without that penalty
+ *  (backendProfile().plainMatMulOnly false: webgpu) use tf.matMul's own transposes and batches. */
 import * as tf from "@tensorflow/tfjs";
+import { backendProfile } from "./profile.ts";
 
 type CustomGradFn = Parameters<typeof tf.customGrad>[0];
 
@@ -14,11 +16,13 @@ const FEW_ROWS = 16;
 
 /** a [M, K] · bᵀ where b is [N, K] → [M, N], transposing whichever side is cheaper. */
 export function matMulBT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
+  if (!backendProfile().plainMatMulOnly) return tf.matMul(a, b, false, true);
   if (b.size <= a.size + a.shape[0] * b.shape[0]) return tf.matMul(a, tf.transpose(b));
   return tf.transpose(tf.matMul(b, tf.transpose(a))); // (b · aᵀ)ᵀ: for a huge b (the vocab head)
 }
 /** aᵀ · b for a [K, M], b [K, N] → [M, N]. */
 export function matMulAT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
+  if (!backendProfile().plainMatMulOnly) return tf.matMul(a, b, true, false);
   return tf.matMul(tf.transpose(a), b);
 }
 
@@ -85,7 +89,7 @@ export function bmm(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
   // A decode step (a few query rows per slice, whatever the context length) and other small products:
   // the one batched kernel is as fast or faster than G slices (7 rows × 64 × 200 keys, 16 slices:
   // 2.6 vs 5.5 ms), and decoding records no gradient.
-  if (a.shape[1] <= FEW_ROWS || a.shape[1] * a.shape[2] * b.shape[2] <= SMALL_PRODUCT) return tf.matMul(a, b);
+  if (!backendProfile().plainMatMulOnly || a.shape[1] <= FEW_ROWS || a.shape[1] * a.shape[2] * b.shape[2] <= SMALL_PRODUCT) return tf.matMul(a, b);
   const f = tf.customGrad(((x: tf.Tensor3D, y: tf.Tensor3D, save: tf.GradSaveFunc) => {
     save([x, y]);
     return {

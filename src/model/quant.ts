@@ -8,6 +8,7 @@
  *  unpacked slabs simply concatenate back. Leaves out: double quantization of the absmax values. */
 import * as tf from "@tensorflow/tfjs";
 import { DEQUANTIZE, hasDequantizeKernel, type DequantizeAttrs } from "./dequant-kernel.ts";
+import { backendProfile } from "./profile.ts";
 
 /** bitsandbytes' NF4 code book (bitsandbytes/functional.py, get_4bit_type "nf4"). */
 export const NF4_CODE = new Float32Array([
@@ -126,6 +127,7 @@ export class QuantizedMatrix {
 
   /** f32 [in, ids.length]: only the chosen columns (an embedding lookup on Eᵀ). Call inside tf.tidy. */
   columns(ids: tf.Tensor1D): tf.Tensor2D {
+    if (!backendProfile().exactIntGather) return tf.gather(this.dequantize(), ids, 1) as tf.Tensor2D;
     const p = tf.gather(this.packed, ids, 1) as tf.Tensor2D;
     const s = tf.gather(this.scales, ids, 1) as tf.Tensor2D;
     return this.unpack(p, s);

@@ -16,7 +16,8 @@ import { adapterConfigJson, LoraAdapter, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { checkpoint } from "./checkpoint.ts";
 import { bmm, matMulAT, matMulBT, matMulUncached } from "./matmul.ts";
-import { BaseWeight, LEFT_LAYOUT_BYTES, type CustomGradFn } from "./weight.ts";
+import { backendProfile } from "./profile.ts";
+import { BaseWeight, type CustomGradFn } from "./weight.ts";
 import { LORA_TARGETS, type CausalLM, type ForwardOptions, type KVCache, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
 
 export interface LayerWeights {
@@ -31,10 +32,6 @@ export interface Qwen2Weights {
   norm: tf.Tensor1D;
   layers: LayerWeights[];
 }
-
-/** Rows of logits materialised at once by tokenLogprobs: about 16 MB of f32 per chunk (the forward
- *  and backward of a chunk hold ~7 such tensors at once: ~110 MB, 27 rows of the 0.5B vocab). */
-const LOGIT_CHUNK_FLOATS = 4 * 1024 * 1024;
 
 /** What every layer of one forward shares: shapes, RoPE tables [B, T, 1, hd], the attention bias
  *  [B, 1, T, S] and the cache (null in training forwards). */
@@ -258,7 +255,9 @@ export class Qwen2ForCausalLM implements CausalLM {
       const { hidden } = this.run(inputIds, mask, opts, null);
       const h = tf.reshape<tf.Rank.R2>(tf.slice(tf.reshape(hidden, [B, T, H]), [0, 0, 0], [B, T - 1, H]), [B * (T - 1), H]);
       const targets = inputIds.flatMap((r) => r.slice(1));
-      const rows = Math.max(1, Math.floor(LOGIT_CHUNK_FLOATS / V));
+      // Rows of logits materialised at once (wasm: 4M floats, 16 MB per chunk; the forward and
+      // backward of a chunk hold ~7 such tensors: ~110 MB, 27 rows of the 0.5B vocab).
+      const rows = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V));
       const head = this.head, left = head.left;
       const w = left ? null : head.value();
       const outs: tf.Tensor2D[] = [];
@@ -375,8 +374,8 @@ export class Qwen2ForCausalLM implements CausalLM {
   unpackBase(left?: boolean): () => void {
     if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return () => {};
     const mats = this.weights.layers.flatMap((l) => LORA_TARGETS.map((m) => l.proj[m]));
-    // Over 1 GiB of f32: held [out, in] as the left operand, like large f32 models (weight.ts).
-    left ??= 4 * mats.reduce((n, w) => n + w.inDim * w.outDim, 0) > LEFT_LAYOUT_BYTES;
+    // Over the profile's leftLayoutBytes of f32: held [out, in] as the left operand, like large f32 models (weight.ts).
+    left ??= 4 * mats.reduce((n, w) => n + w.inDim * w.outDim, 0) > backendProfile().leftLayoutBytes;
     for (const w of mats) w.unpack(left);
     this.unpacked = true;
     return () => {

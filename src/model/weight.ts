@@ -2,7 +2,7 @@
  *  f32 (a constant, or a tf.Variable when the whole model trains) or quantized (int8/nf4, dequantized
  *  on the fly). Quantized matmuls use a custom gradient that dequantizes again in the backward pass,
  *  so the tape never keeps a layer's f32 weights alive.
- *  Large frozen f32 models (over 1 GiB) hold their matrices as torch's [out, in] instead and multiply
+ *  Large frozen f32 models (over 1 GiB on wasm: backendProfile().leftLayoutBytes) hold their matrices as torch's [out, in] instead and multiply
  *  with the weight as the left operand: the fast path packs and caches a copy of every right-hand
  *  weight, which a 2 GB model cannot afford inside the 4 GiB wasm heap. */
 import * as tf from "@tensorflow/tfjs";
@@ -11,9 +11,6 @@ import { QuantizedMatrix } from "./quant.ts";
 import type { Quantize } from "./types.ts";
 
 export type CustomGradFn = Parameters<typeof tf.customGrad>[0];
-
-/** f32 bytes above which frozen matrices are held [out, in] as the left operand (file header). */
-export const LEFT_LAYOUT_BYTES = 2 ** 30;
 
 export class BaseWeight {
   /** A quantized matrix's f32 values while unpacked (see unpack): [in, out], or [out, in] when left. */

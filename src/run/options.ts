@@ -1,6 +1,7 @@
 /** Flags shared by the four scripts, and `--preset`: a preset fills in every flag the user did not
  *  give on the command line (commander's value source tells which), so explicit flags always win. */
 import { Command, CommanderError, Option } from "commander";
+import { AUTO_ORDER, BACKEND_NAMES } from "../backend.ts";
 import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
@@ -8,14 +9,14 @@ import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
 export const PRESETS = ["tiny"] as const;
 export type PresetName = (typeof PRESETS)[number];
 export const QUANTIZE_CHOICES: readonly Quantize[] = ["none", "int8", "nf4"];
-export const BACKENDS = ["auto", "tensorflow", "wasm", "cpu"] as const;
+export const BACKENDS = BACKEND_NAMES;
 
 export function addModelOptions(cmd: Command, defaults: { modelPath: string; quantize: Quantize }): Command {
   return cmd
     .option("--preset <name>", `fill every flag not given with a preset's values (${PRESETS.join(", ")})`, parseChoice("preset", PRESETS))
     .option("--model_path <id|dir>", "hub id, Hugging Face folder, full-weights output, or a PEFT adapter folder (its base is read from adapter_config.json)", defaults.modelPath)
     .option("--quantize <kind>", `frozen base weights: ${QUANTIZE_CHOICES.join(", ")}`, parseChoice("quantize", QUANTIZE_CHOICES), defaults.quantize)
-    .option("--backend <name>", `tfjs backend: ${BACKENDS.join(", ")} (auto: tfjs-node-gpu → tfjs-node → wasm → cpu)`, parseChoice("backend", BACKENDS), "auto")
+    .option("--backend <name>", `tfjs backend: ${BACKENDS.join(", ")} (auto: ${AUTO_ORDER})`, parseChoice("backend", BACKENDS), "auto")
     .option("--seed <n>", "random seed (weights of a fresh adapter, data order, sampling)", parseIntArg("seed", 0), 0)
     .option("--no-tools_in_prompt", "do not render the tool schemas into the system prompt (the model learned the format in SFT)")
     .option("--no-unpack_base", "keep an int8/nf4 base packed while generating: less memory, slower decoding (default: unpacked to f32 for as long as it generates)");

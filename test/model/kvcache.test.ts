@@ -4,7 +4,7 @@ import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
 import { loadModel } from "../../src/model/load.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
-import { attentionBias, F32_MIN, positionIds } from "../../src/model/attention.ts";
+import { attentionBias, MASKED, positionIds } from "../../src/model/attention.ts";
 
 const FIX = "test/fixtures/qwen2-tiny";
 
@@ -25,7 +25,7 @@ describe("mask helpers", () => {
   });
   it("bias allows j ≤ i on real keys only", () => {
     const b = attentionBias([[0, 1, 1]], 3);
-    expect(Array.from(b).map((v) => (v === 0 ? 1 : v === Math.fround(F32_MIN) ? 0 : NaN))).toEqual([0, 0, 0, 0, 1, 0, 0, 1, 1]);
+    expect(Array.from(b).map((v) => (v === 0 ? 1 : v === Math.fround(MASKED) ? 0 : NaN))).toEqual([0, 0, 0, 0, 1, 0, 0, 1, 1]);
     expect(Array.from(attentionBias([[1, 0, 1, 1]], 1)).map((v) => (v === 0 ? 1 : 0))).toEqual([1, 0, 1, 1]);
   });
 });

@@ -1,0 +1,47 @@
+/** What the model code needs to know about the backend it runs on, in one place: memory and layout
+ *  choices made for one backend's limits (the 4 GiB wasm heap, a GPU's largest storage binding) and
+ *  kernels known to be slow or inexact there. Model code reads `backendProfile()`; nothing else in
+ *  model/ or trainer/ asks which backend is current. */
+import * as tf from "@tensorflow/tfjs";
+import { webgpuLimits } from "../backend-webgpu.ts";
+
+export interface BackendProfile {
+  /** f32 bytes of frozen weights above which they are held [out, in] and multiplied as the left
+   *  operand. wasm: XNNPACK caches a packed copy of every right-hand weight, which a 2 GB model cannot
+   *  afford inside the 4 GiB heap (weight.ts). Other backends cache nothing: never. */
+  leftLayoutBytes: number;
+  /** Rows × vocab floats of logits materialised at once when computing token log-probs (each chunk's
+   *  forward and backward hold ~7 such tensors). */
+  logitChunkFloats: number;
+  /** Largest tensor, in floats, one kernel may read or write; bigger weights are split (0.5B's
+   *  embedding is 544 MB; a software adapter binds 128 MiB). Infinity where there is no such limit. */
+  maxBindingFloats: number;
+  /** Whether GatherV2 moves int32 values exactly (webgpu's moves them through f32 and rounds words of
+   *  packed codes above 2^24), so packed columns can be gathered before unpacking. */
+  exactIntGather: boolean;
+  /** Whether transposed and batched matMuls are slow enough (wasm: 4–16×) to materialise transposes
+   *  and loop over 2-D slices instead (matmul.ts). */
+  plainMatMulOnly: boolean;
+}
+
+const CPU: BackendProfile = {
+  leftLayoutBytes: 2 ** 30,
+  logitChunkFloats: 4 * 1024 * 1024,
+  maxBindingFloats: Infinity,
+  exactIntGather: true,
+  plainMatMulOnly: true,
+};
+
+/** The profile of the current tfjs backend. */
+export function backendProfile(): BackendProfile {
+  if (tf.getBackend() !== "webgpu") return CPU;
+  const limits = webgpuLimits();
+  const maxBindingFloats = limits ? Math.floor(limits.maxStorageBufferBindingSize / 4) : 32 * 1024 * 1024;
+  return {
+    leftLayoutBytes: Infinity,
+    logitChunkFloats: Math.min(16 * 1024 * 1024, maxBindingFloats),
+    maxBindingFloats,
+    exactIntGather: false,
+    plainMatMulOnly: false,
+  };
+}
