@@ -2,13 +2,18 @@
  *  group-relative advantages, LoRA updates on a quantized frozen base.
  *  npx tsx scripts/train-gsm8k-agent.ts --preset tiny           (starts from the tiny SFT output)
  *  npx tsx scripts/train-gsm8k-agent.ts --model_path outputs/Qwen2.5-0.5B/sft/final --dataset gsm8k */
-import { shutdownCalculator } from "../src/agents/calculator.ts";
-import { parseChoice, parseFloatArg, parseIntArg, runMain, UsageError } from "../src/cli.ts";
-import { parseRewardWeights } from "../src/rollout/rewards.ts";
-import { LOSS_TYPES } from "../src/trainer/policy-loss.ts";
-import { TINY_GRPO, TINY_PROBLEMS } from "../src/presets/tiny.ts";
-import { runGrpo } from "../src/run/grpo-run.ts";
-import { defaultOutputDir, loraTargets, parseWithPreset, trainingCommand } from "../src/run/options.ts";
+import { superviseSelf } from "../src/shutdown.ts";
+
+// The trainer runs in a child process this one supervises, so Ctrl-C is answered at once even while
+// a kernel keeps the trainer busy (src/shutdown.ts). Only the child loads the training code.
+await superviseSelf();
+const { shutdownCalculator } = await import("../src/agents/calculator.ts");
+const { parseChoice, parseFloatArg, parseIntArg, runMain, UsageError } = await import("../src/cli.ts");
+const { parseRewardWeights } = await import("../src/rollout/rewards.ts");
+const { LOSS_TYPES } = await import("../src/trainer/policy-loss.ts");
+const { TINY_GRPO, TINY_PROBLEMS } = await import("../src/presets/tiny.ts");
+const { runGrpo } = await import("../src/run/grpo-run.ts");
+const { defaultOutputDir, loraTargets, parseWithPreset, trainingCommand } = await import("../src/run/options.ts");
 
 const program = trainingCommand("train-gsm8k-agent", "GRPO: teach the calculator agent from its own rollouts", {
   quantize: "nf4", lr: 1e-5, scheduler: "constant", warmupRatio: 0,

@@ -1,13 +1,17 @@
 /** SFT warmup on tool-calling conversations made from GSM8K's calculator annotations.
  *  npx tsx scripts/train-sft.ts --preset tiny        (offline, minutes on a CPU)
  *  npx tsx scripts/train-sft.ts --model_path Qwen/Qwen2.5-0.5B --dataset gsm8k */
-import { shutdownCalculator } from "../src/agents/calculator.ts";
-import { parseFloatArg, parseIntArg, parseList, runMain } from "../src/cli.ts";
-import { INLINE_OPS } from "../src/datasets/sft.ts";
-import { TINY_SFT } from "../src/presets/tiny.ts";
-import { defaultOutputDir, loraTargets, parseWithPreset, trainingCommand } from "../src/run/options.ts";
-import { runSft } from "../src/run/sft-run.ts";
-import { TINY_PROBLEMS } from "../src/presets/tiny.ts";
+import { superviseSelf } from "../src/shutdown.ts";
+
+// The trainer runs in a child process this one supervises, so Ctrl-C is answered at once even while
+// a kernel keeps the trainer busy (src/shutdown.ts). Only the child loads the training code.
+await superviseSelf();
+const { shutdownCalculator } = await import("../src/agents/calculator.ts");
+const { parseFloatArg, parseIntArg, parseList, runMain } = await import("../src/cli.ts");
+const { INLINE_OPS } = await import("../src/datasets/sft.ts");
+const { TINY_SFT, TINY_PROBLEMS } = await import("../src/presets/tiny.ts");
+const { defaultOutputDir, loraTargets, parseWithPreset, trainingCommand } = await import("../src/run/options.ts");
+const { runSft } = await import("../src/run/sft-run.ts");
 
 const program = trainingCommand("train-sft", "Supervised warmup: teach the tool-calling format from GSM8K's calculator annotations", {
   quantize: "none", lr: 2e-4, scheduler: "cosine", warmupRatio: 0.05,
@@ -26,7 +30,8 @@ const program = trainingCommand("train-sft", "Supervised warmup: teach the tool-
   .option("--max_turns <n>", "assistant turns per evaluation rollout", parseIntArg("max_turns", 1), 8)
   .option("--save_steps <n>", "checkpoint every N steps (0: final model only)", parseIntArg("save_steps", 0), 0)
   .option("--output_dir <dir>", "run folder (default outputs/<model>/sft)")
-  .option("--overwrite", "replace a run already in --output_dir", false);
+  .option("--overwrite", "replace a run already in --output_dir", false)
+  .option("--resume", "continue (or finish) the run in --output_dir from its latest checkpoint", false);
 
 await runMain(async () => {
   const { o } = parseWithPreset(program, process.argv, { tiny: TINY_SFT });
@@ -63,6 +68,7 @@ await runMain(async () => {
       backend: o.backend,
       unpackBase: o.unpack_base,
       overwrite: o.overwrite,
+      resume: o.resume,
     });
     process.stdout.write(`sft done: ${r.steps} steps, final loss ${r.finalLoss.toFixed(4)}, ${r.seconds.toFixed(0)} s → ${r.finalDir}\n`);
   } finally {

@@ -1,9 +1,10 @@
 /** Command-line plumbing shared by the scripts: flag parsers for commander that reject bad values
- *  with one clear line, `runMain` (exit codes 0 / 1 error / 2 usage / 130 interrupted), a Ctrl-C hook
- *  so a trainer can save a checkpoint before exiting, and the run-folder rules (never mix two runs in
+ *  with one clear line, `runMain` (exit codes 0 / 1 error / 2 usage / 130 interrupted; the Ctrl-C
+ *  path itself is in shutdown.ts), and the run-folder rules (never mix two runs in
  *  one folder). Flag definitions themselves live in each script. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
+import { Interrupted } from "./shutdown.ts";
 import { writeFileAtomic } from "./util/fs.ts";
 
 /** A bad flag or argument: the user can fix it by changing the command line. Exits with code 2. */
@@ -82,81 +83,24 @@ const defaultIo: ProcessIo = {
   env: process.env,
 };
 
-/** Run a script's body. UsageError → `error: ...` and exit 2; any other error → `error: <message>`
+/** Run a script's body. UsageError → `error: ...` and exit 2; Interrupted (a training loop stopped
+ *  at its safe point after Ctrl-C) → its message and exit 130; any other error → `error: <message>`
  *  and exit 1, with the stack only when DEBUG is set (a stack helps us, not the user). */
 export async function runMain(fn: () => Promise<void>, io: ProcessIo = defaultIo): Promise<void> {
   try {
     await fn();
   } catch (err) {
+    if (err instanceof Interrupted) {
+      io.stderr(`interrupted: ${err.message}`);
+      io.exit(130);
+      return;
+    }
     const usage = err instanceof UsageError;
     const message = err instanceof Error ? err.message : String(err);
     io.stderr(`error: ${message.split("\n")[0]}`);
     if (io.env.DEBUG && err instanceof Error && err.stack) io.stderr(err.stack);
     io.exit(usage ? 2 : 1);
   }
-}
-
-// ---------------------------------------------------------------- Ctrl-C
-
-/** First Ctrl-C: run the registered callbacks (save a checkpoint) in order, then exit 130.
- *  A second Ctrl-C while they run exits at once. */
-export class InterruptHandler {
-  private callbacks: Array<() => Promise<void> | void> = [];
-  private interrupted = false;
-
-  constructor(private io: Pick<ProcessIo, "exit" | "stderr"> = defaultIo) {}
-
-  register(cb: () => Promise<void> | void): () => void {
-    this.callbacks.push(cb);
-    return () => {
-      this.callbacks = this.callbacks.filter((c) => c !== cb);
-    };
-  }
-
-  get count(): number {
-    return this.callbacks.length;
-  }
-
-  async handle(): Promise<void> {
-    if (this.interrupted) {
-      this.io.stderr("interrupted again: exiting without saving");
-      this.io.exit(130);
-      return;
-    }
-    this.interrupted = true;
-    this.io.stderr("interrupted: saving a checkpoint (Ctrl-C again to quit at once)");
-    let code = 130;
-    for (const cb of [...this.callbacks]) {
-      try {
-        await cb();
-      } catch (err) {
-        this.io.stderr(`error: while saving after interrupt: ${err instanceof Error ? err.message : String(err)}`);
-        code = 1;
-      }
-    }
-    this.io.exit(code);
-  }
-}
-
-let processHandler: InterruptHandler | undefined;
-
-/** Register `cb` to run on Ctrl-C (SIGINT) before the process exits with 130. Returns an
- *  unregister function; once nothing is registered, Ctrl-C falls back to Node's default.
- *  The callback runs at the loop's next await, possibly mid-step: it should save the state as of the
- *  last completed step (or wait for the current step to finish), never a half-applied update. */
-export function onInterrupt(cb: () => Promise<void> | void): () => void {
-  if (!processHandler) processHandler = new InterruptHandler();
-  const h = processHandler;
-  if (h.count === 0) process.on("SIGINT", sigint);
-  const unregister = h.register(cb);
-  return () => {
-    unregister();
-    if (h.count === 0) process.off("SIGINT", sigint);
-  };
-}
-
-function sigint(): void {
-  void processHandler?.handle();
 }
 
 // ---------------------------------------------------------------- run folders

@@ -10,12 +10,13 @@ import { toPrompt } from "../agents/prompts.ts";
 import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
-import { onInterrupt, prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import { prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import { Interrupted, watchInterrupts } from "../shutdown.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import { TrajectoryLog } from "../rollout/trajectories.ts";
 import { scoreRollout } from "../rollout/rewards.ts";
 import { groupAdvantages, groupHasSignal } from "../trainer/advantages.ts";
-import { CheckpointSchedule, configDiff, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
+import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { NonFiniteError } from "../trainer/errors.ts";
 import { grpoStep, type GrpoRollout } from "../trainer/grpo.ts";
 import { formatStepLine, meanStd, memoryFields, MetricsLogger } from "../trainer/metrics.ts";
@@ -27,7 +28,7 @@ import { lrAt, type ScheduleType } from "../trainer/schedule.ts";
 import { Rng } from "../util/rng.ts";
 import { loadExamples } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
-import { checkModelSource, openPolicy, savePolicy, withOutputDir, type Policy } from "./policy.ts";
+import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
 
 export interface GrpoRunConfig {
@@ -86,8 +87,9 @@ export interface GrpoRunResult {
 
 /** The config fields a resumed run must share with the run it continues. */
 function identity(cfg: GrpoRunConfig): Record<string, unknown> {
-  const { overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, unpackBase, score, ...rest } = cfg;
-  void overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, unpackBase, score;
+  // outputDir is left out so a copied run folder resumes.
+  const { overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, unpackBase, score, outputDir, ...rest } = cfg;
+  void overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, unpackBase, score, outputDir;
   return rest;
 }
 
@@ -107,13 +109,13 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   await checkModelSource(cfg.modelPath, "--model_path", cfg.initAdapter);
   if (cfg.resume) await prepareOutputDir(cfg.outputDir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
   const ckpt = cfg.resume ? await loadCheckpoint(cfg.outputDir) : null;
-  if (ckpt && ckpt.state.config_hash !== configHash(identity(cfg))) {
-    const differ = configDiff(ckpt.state.config ?? {}, identity(cfg));
-    throw new UsageError(`--resume: ${cfg.outputDir} was run with other settings (${differ.length ? differ.join(", ") : "config differs"}); resume with the same flags or start a new --output_dir`);
-  }
+  if (ckpt) checkResumable(ckpt, identity(cfg), cfg.outputDir);
   const start = ckpt?.state.global_step ?? 0;
   const total = cfg.totalEpochs;
-  if (start >= total) throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} steps; raise --total_epochs above ${start} to continue`);
+  // A run killed after its last step (while writing final/, evaluating or reporting) is finished by
+  // --resume; a finished one only continues with more steps.
+  if (start > total || (start === total && (await runFinished(cfg.outputDir))))
+    throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} steps; raise --total_epochs above ${start} to continue`);
   const examples = await loadExamples({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   const heldOut = cfg.evalSamples > 0 ? await loadExamples({ dataset: cfg.dataset, purpose: "eval", maxSamples: cfg.evalSamples, synthetic: cfg.synthetic }) : [];
@@ -135,7 +137,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
   try {
     if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir }, "grpo");
-    if (ckpt?.optimizerState) importOptimizer(optimizer, ckpt.optimizerState);
+    if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     const question = dataStream(examples, cfg.seed);
     const schedule = { type: cfg.lrScheduler, lr: cfg.learningRate, warmupSteps: Math.floor(cfg.warmupRatio * total), totalSteps: total };
     const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"), { resumeStep: start });
@@ -144,8 +146,10 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     const tools = [calculatorTool];
     const history: Record<string, unknown>[] = [...(ckpt?.state.log_history ?? [])];
     let step = start;
-    const saveAt = async (s: number) =>
-      saveCheckpoint(cfg.outputDir, {
+    // The last step whose checkpoint is on disk: an interrupt never rewrites a complete checkpoint.
+    let savedStep = ckpt ? start : -1;
+    const saveAt = async (s: number) => {
+      await saveCheckpoint(cfg.outputDir, {
         saveModel: (dir) => savePolicy(policy, dir, false),
         state: {
           global_step: s, epoch: (s * cfg.promptsPerStep) / examples.length, rng_state: { rollout_seed: cfg.seed }, data_position: s * cfg.promptsPerStep,
@@ -154,15 +158,19 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
         optimizerState: await exportOptimizer(optimizer),
         saveTotalLimit: cfg.saveTotalLimit,
       });
-    // Ctrl-C lands between awaits; the state saved is that of the last completed step.
-    let lastDone = start;
-    const stopInterrupt = onInterrupt(async () => {
-      log(`interrupted: saving checkpoint-${lastDone}`);
-      await saveAt(lastDone);
-    });
+      savedStep = s;
+    };
+    // Ctrl-C / SIGTERM: the loop stops at its next safe point (before a step starts, when weights,
+    // optimizer state and history all belong to the same step) and saves there.
+    const stop = watchInterrupts();
+    const stopHere = async (s: number) => {
+      if (s !== savedStep) await saveAt(s);
+      return new Interrupted(`saved checkpoint-${s} in ${cfg.outputDir}; continue with --resume`);
+    };
     const progress = createProgress(total, "grpo", { keyMetric: "reward", start });
     try {
       for (step = start; step < total; step++) {
+        if (stop.requested) throw await stopHere(step);
         const tStep = Date.now();
         const batch = Array.from({ length: cfg.promptsPerStep }, (_, i) => question(step * cfg.promptsPerStep + i));
         const tRoll = Date.now();
@@ -194,20 +202,21 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
         const m = stepMetrics(trajs, rewards, s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 });
         metrics.log(step + 1, m);
         history.push({ step: step + 1, ...m });
-        lastDone = step + 1;
         progress.update(step + 1, m);
         if (!cfg.quiet) progress.log(formatStepLine(step + 1, total, m));
         if (saves.due(step + 1) && step + 1 < total) await saveAt(step + 1);
       }
+      if (stop.requested) throw await stopHere(total);
+      // The last step is checkpointed before final/ is written, so a run killed after it can be finished.
+      if (savedStep !== total) await saveAt(total);
     } catch (err) {
       if (err instanceof NonFiniteError)
         throw new Error(`${err.message} at step ${step + 1}: stopped; the last good checkpoint is kept in ${cfg.outputDir} (lower --learning_rate or check the data)`);
       throw err;
     } finally {
       progress.stop();
-      stopInterrupt();
+      stop.dispose();
     }
-    await saveAt(total);
     const finalDir = path.join(cfg.outputDir, "final");
     await savePolicy(policy, finalDir, false);
     log(`saved adapter to ${finalDir}`);

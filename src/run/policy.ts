@@ -9,7 +9,7 @@ import { resolveModelDir } from "../model/hub.ts";
 import { loadTokenizerFromDir } from "../model/tokenizer.ts";
 import type { Qwen2ForCausalLM } from "../model/qwen2.ts";
 import type { LoraConfig, Quantize, Tokenizer } from "../model/types.ts";
-import { writeFileAtomic } from "../util/fs.ts";
+import { writeDirAtomic } from "../util/fs.ts";
 import { isHubId } from "../util/hf-hub.ts";
 
 export interface OpenPolicyOptions {
@@ -109,14 +109,17 @@ export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
 }
 
 /** Save the trained part (PEFT adapter, or the full model) into `dir`, with the tokenizer files
- *  beside it so the folder works on its own as --model_path. */
+ *  beside it so the folder works on its own as --model_path. The folder is filled under a temp name
+ *  and renamed into place: it is either complete or absent (or the previous one). */
 export async function savePolicy(p: Policy, dir: string, full: boolean): Promise<void> {
-  if (full) await p.model.savePretrained(dir);
-  else await p.model.saveAdapter(dir);
-  for (const f of ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]) {
-    const src = path.join(p.tokenizerDir, f);
-    if (await exists(src)) await writeFileAtomic(path.join(dir, f), await fs.readFile(src));
-  }
+  await writeDirAtomic(dir, async (tmp) => {
+    if (full) await p.model.savePretrained(tmp);
+    else await p.model.saveAdapter(tmp);
+    for (const f of ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]) {
+      const src = path.join(p.tokenizerDir, f);
+      if (await exists(src)) await fs.copyFile(src, path.join(tmp, f));
+    }
+  });
 }
 
 /** Cheap checks of --model_path (and --adapter) before anything is loaded or written. */
@@ -140,4 +143,10 @@ export async function withOutputDir<T>(dir: string, opts: PrepareOptions, open: 
     if (!existed) await fs.rm(dir, { recursive: true, force: true });
     throw err;
   }
+}
+
+/** A training run is finished once its report is written: the last thing it does, after final/ and
+ *  the held-out evaluation. */
+export async function runFinished(dir: string): Promise<boolean> {
+  return (await exists(path.join(dir, "final"))) && (await exists(path.join(dir, "report.html")));
 }

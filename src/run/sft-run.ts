@@ -2,16 +2,18 @@
  *  rendered with the chat template; next-token cross-entropy on the assistant's tokens only, AdamW
  *  with clipping and gradient accumulation, a learning-rate schedule; LoRA on a (quantized) frozen
  *  base, or every weight with `full`. Ends with the trained part in <output_dir>/final (PEFT adapter
- *  or HF folder, plus tokenizer files), metrics.jsonl, report.html and a held-out evaluation. */
+ *  or HF folder, plus tokenizer files), metrics.jsonl, report.html and a held-out evaluation.
+ *  Checkpoints (--save_steps, and always the last step) let --resume continue or finish a run. */
 import * as path from "node:path";
 import { calculatorTool } from "../agents/calculator.ts";
 import { toolSchema } from "../agents/types.ts";
 import { buildSftConversations } from "../datasets/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { ChatMessage, LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
-import { onInterrupt, writeRunConfig } from "../cli.ts";
+import { prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import { Interrupted, watchInterrupts } from "../shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";
-import { saveCheckpoint, CheckpointSchedule, configHash } from "../trainer/checkpoint.ts";
+import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { formatStepLine, memoryFields, MetricsLogger, SFT_LINE } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
 import { createProgress } from "../trainer/progress.ts";
@@ -21,8 +23,8 @@ import { sftStep, type SftBatch } from "../trainer/sft.ts";
 import { Rng } from "../util/rng.ts";
 import { loadExamples } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
-import { checkModelSource, openPolicy, savePolicy, withOutputDir } from "./policy.ts";
-import { exportOptimizer } from "./train-state.ts";
+import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir } from "./policy.ts";
+import { exportOptimizer, importOptimizer } from "./train-state.ts";
 
 export interface SftRunConfig {
   modelPath: string;
@@ -56,6 +58,7 @@ export interface SftRunConfig {
   backend: string;
   unpackBase?: boolean; // for the final evaluation's generation (default true)
   overwrite: boolean;
+  resume?: boolean;
   quiet?: boolean;
 }
 
@@ -67,21 +70,39 @@ export interface SftRunResult {
   seconds: number;
 }
 
+/** The config fields a resumed run must share with the run it continues. */
+function identity(cfg: SftRunConfig): Record<string, unknown> {
+  // outputDir is left out so a copied run folder resumes.
+  const { overwrite, resume, quiet, saveSteps, evalSamples, evalMaxNewTokens, backend, unpackBase, outputDir, ...rest } = cfg;
+  void overwrite, resume, quiet, saveSteps, evalSamples, evalMaxNewTokens, backend, unpackBase, outputDir;
+  return rest;
+}
+
 export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
   const t0 = Date.now();
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
   // Everything the user named is checked before the run folder is touched.
   await checkModelSource(cfg.modelPath, "--model_path");
+  if (cfg.resume) await prepareOutputDir(cfg.outputDir, { resume: true, overwrite: cfg.overwrite, runKind: "sft" });
+  const ckpt = cfg.resume ? await loadCheckpoint(cfg.outputDir) : null;
+  if (ckpt) checkResumable(ckpt, identity(cfg), cfg.outputDir);
   const lora: LoraConfig | undefined = cfg.full ? undefined : { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
   const examples = await loadExamples({ dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
   const heldOut = cfg.evalSamples > 0 ? await loadExamples({ dataset: cfg.dataset, purpose: "eval", maxSamples: cfg.evalSamples, synthetic: cfg.synthetic }) : [];
-  const policy = await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "sft" }, () =>
-    openPolicy({ modelPath: cfg.modelPath, quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase }),
-  );
+  // A resumed run continues the checkpoint: the full model saved there, or the base with its adapter.
+  const base = ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.modelPath) : cfg.modelPath;
+  const open = () =>
+    openPolicy({
+      modelPath: ckpt && cfg.full ? ckpt.dir : base, adapter: ckpt && !cfg.full ? ckpt.dir : undefined,
+      quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase,
+    });
+  const policy = ckpt ? await open() : await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "sft" }, open);
+  if (ckpt) policy.base = base;
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
   try {
-    await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base }, "sft");
+    if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base }, "sft");
+    if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     // Conversations: every calculator call re-run, so tool messages show what rollouts will show.
     const built = await buildSftConversations(examples, calculatorTool, { inlineShare: cfg.inlineShare, inlineOps: cfg.inlineOps, seed: cfg.seed });
     const tools = cfg.toolsInPrompt ? [toolSchema(calculatorTool)] : undefined;
@@ -94,29 +115,44 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
     const perStep = cfg.batchSize * cfg.gradientAccumulationSteps;
     const stepsPerEpoch = Math.ceil(encoded.length / perStep);
     const totalSteps = stepsPerEpoch * cfg.numEpochs;
+    const start = ckpt?.state.global_step ?? 0;
+    // A run killed after its last step (while writing final/, evaluating or reporting) is finished here.
+    if (start > totalSteps || (start === totalSteps && (await runFinished(cfg.outputDir))))
+      throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} of ${totalSteps} steps; start a new --output_dir to train further`);
     const schedule = { type: cfg.lrScheduler, lr: cfg.learningRate, warmupSteps: Math.floor(cfg.warmupRatio * totalSteps), totalSteps };
-    const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"));
+    const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"), { resumeStep: start });
     const saves = new CheckpointSchedule(cfg.saveSteps, totalSteps);
     const padId = tokenizer.padTokenId;
     const rng = new Rng(cfg.seed);
-    const progress = createProgress(totalSteps, "sft", { keyMetric: "loss" });
-    let step = 0;
+    const progress = createProgress(totalSteps, "sft", { keyMetric: "loss", start });
+    let step = start;
     let lastLoss = NaN;
-    const saveAt = async (s: number) =>
-      saveCheckpoint(cfg.outputDir, {
+    let savedStep = ckpt ? start : -1;
+    const saveAt = async (s: number) => {
+      await saveCheckpoint(cfg.outputDir, {
         saveModel: (dir) => savePolicy(policy, dir, cfg.full),
-        state: { global_step: s, epoch: s / stepsPerEpoch, rng_state: { data: rng.getState() }, data_position: (s % stepsPerEpoch) * perStep, config_hash: configHash(cfg), log_history: [] },
+        state: {
+          global_step: s, epoch: s / stepsPerEpoch, rng_state: { data: rng.getState() }, data_position: (s % stepsPerEpoch) * perStep,
+          config_hash: configHash(identity(cfg)), config: identity(cfg), log_history: [], extra: { base: policy.base },
+        },
         optimizerState: await exportOptimizer(optimizer),
         saveTotalLimit: 2,
       });
-    const stopInterrupt = onInterrupt(async () => {
-      log(`interrupted: saving checkpoint-${step}`);
-      await saveAt(step);
-    });
+      savedStep = s;
+    };
+    // Ctrl-C / SIGTERM: stop before the next step and save there (see shutdown.ts).
+    const stop = watchInterrupts();
+    const stopHere = async (s: number) => {
+      if (s !== savedStep) await saveAt(s);
+      return new Interrupted(`saved checkpoint-${s} in ${cfg.outputDir}; continue with --resume`);
+    };
     try {
       for (let epoch = 0; epoch < cfg.numEpochs; epoch++) {
+        // Every epoch's order is drawn, also those a resumed run skips, so the stream matches.
         const order = rng.shuffle(encoded.map((_, i) => i));
         for (let s = 0; s < stepsPerEpoch; s++) {
+          if (epoch * stepsPerEpoch + s < start) continue;
+          if (stop.requested) throw await stopHere(step);
           const tStep = Date.now();
           const rows = order.slice(s * perStep, (s + 1) * perStep);
           const micro: SftBatch[] = [];
@@ -137,9 +173,12 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
           if (saves.due(step) && step < totalSteps) await saveAt(step);
         }
       }
+      if (stop.requested) throw await stopHere(step);
+      // The last step is checkpointed too, so a run killed while writing final/ can be finished.
+      if (savedStep !== step) await saveAt(step);
     } finally {
       progress.stop();
-      stopInterrupt();
+      stop.dispose();
     }
     const finalDir = path.join(cfg.outputDir, "final");
     await savePolicy(policy, finalDir, cfg.full);

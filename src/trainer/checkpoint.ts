@@ -9,6 +9,7 @@
 import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
+import { UsageError } from "../cli.ts";
 import { readSafetensorsAll, writeSafetensors } from "../model/safetensors.ts";
 import { writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
 
@@ -171,6 +172,17 @@ export async function loadCheckpoint(p: string, io: SafetensorsIo = defaultIo): 
     ? "adapter"
     : (await exists(path.join(dir, "config.json"))) ? "full" : "unknown";
   return { dir, state, optimizerState, modelKind };
+}
+
+/** Refuse to continue a checkpoint made with other settings (naming the differing keys), or one
+ *  without optimizer state (restarting AdamW's moments would silently change the run). */
+export function checkResumable(ckpt: LoadedCheckpoint, identity: Record<string, unknown>, runDir: string): void {
+  if (ckpt.state.config_hash !== configHash(identity)) {
+    const differ = configDiff(ckpt.state.config ?? {}, identity);
+    throw new UsageError(`--resume: ${runDir} was run with other settings (${differ.length ? differ.join(", ") : "config differs"}); resume with the same flags or start a new --output_dir`);
+  }
+  if (!ckpt.optimizerState)
+    throw new Error(`--resume: ${ckpt.dir} has no ${OPTIMIZER_FILE}, so the optimizer cannot continue where it stopped; resume from another checkpoint or start a new run`);
 }
 
 function validateState(s: TrainerState, where: string): void {

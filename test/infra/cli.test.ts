@@ -5,9 +5,10 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { Command } from "commander";
 import {
-  InterruptHandler, parseChoice, parseFloatArg, parseIntArg, parseList, prepareOutputDir, readRunConfig,
+  parseChoice, parseFloatArg, parseIntArg, parseList, prepareOutputDir, readRunConfig,
   runMain, UsageError, writeRunConfig,
 } from "../../src/cli.ts";
+import { StopRequest } from "../../src/shutdown.ts";
 
 const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-cli-"));
 
@@ -57,27 +58,18 @@ describe("runMain", () => {
   });
 });
 
-describe("InterruptHandler", () => {
-  it("runs callbacks then exits 130; a second interrupt exits at once", async () => {
+describe("StopRequest", () => {
+  it("a first signal asks for a stop; a second exits 130 at once", () => {
     const codes: number[] = [];
-    const order: string[] = [];
-    const h = new InterruptHandler({ exit: (c) => codes.push(c), stderr: () => {} });
-    let release!: () => void;
-    h.register(async () => {
-      order.push("save-start");
-      await new Promise<void>((r) => (release = r));
-      order.push("save-end");
-    });
-    const off = h.register(() => { order.push("never"); });
-    off();
-    const first = h.handle();
-    await new Promise((r) => setTimeout(r, 10));
-    await h.handle(); // impatient second Ctrl-C
+    const lines: string[] = [];
+    const stop = new StopRequest({ exit: (c) => codes.push(c), stderr: (l) => lines.push(l) });
+    expect(stop.requested).toBe(false);
+    stop.signal();
+    expect(stop.requested).toBe(true);
+    expect(codes).toEqual([]);
+    stop.signal();
     expect(codes).toEqual([130]);
-    release();
-    await first;
-    expect(order).toEqual(["save-start", "save-end"]);
-    expect(codes).toEqual([130, 130]);
+    expect(lines[1]).toMatch(/exiting without saving/);
   });
 });
 
@@ -108,8 +100,41 @@ describe("exit codes of a real process", () => {
     expect(fail.code).toBe(1);
     expect(fail.stderr.trim()).toBe("error: model folder /nope not found");
     expect(intr.code).toBe(130);
-    expect(await fs.readFile(out, "utf8")).toBe("saved");
+    expect(await fs.readFile(out, "utf8")).toMatch(/^saved [1-9]/);
+    expect(intr.stderr).toMatch(/interrupted: saved step/);
   });
+});
+
+/** The fixture under the tsx CLI in its own process group; SIGINT goes to the whole group, as a
+ *  terminal sends Ctrl-C. Its "busy" steps block the thread for 2 s, as a long kernel does. */
+function runGroup(out: string, sigintAfterMs: number[]) {
+  return new Promise<{ code: number | null; stderr: string; ms: number }>((resolve) => {
+    const tsx = path.join(__dirname, "..", "..", "node_modules", "tsx", "dist", "cli.mjs");
+    const child = spawn(process.execPath, [tsx, path.join(__dirname, "fixtures", "cli-child.ts"), "busy", out], {
+      cwd: path.join(__dirname, "..", ".."), detached: true, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, DEBUG: "" },
+    });
+    let stderr = "";
+    let t0 = 0;
+    child.stderr.on("data", (d) => (stderr += d));
+    child.stdout.on("data", (d) => {
+      if (!String(d).includes("ready")) return;
+      t0 = Date.now();
+      for (const ms of sigintAfterMs) setTimeout(() => process.kill(-child.pid!, "SIGINT"), ms);
+    });
+    child.on("close", (code) => resolve({ code, stderr, ms: Date.now() - t0 }));
+  });
+}
+
+describe("Ctrl-C under npx tsx in a terminal's process group", () => {
+  it("a busy trainer still stops at its safe point and saves; a second Ctrl-C exits at once without saving", async () => {
+    const dir = await tmp();
+    const [once, twice] = await Promise.all([runGroup(path.join(dir, "once"), [500]), runGroup(path.join(dir, "twice"), [500, 2500])]);
+    expect(once.code, once.stderr).toBe(130);
+    expect(await fs.readFile(path.join(dir, "once"), "utf8")).toMatch(/^saved [1-9]/);
+    expect(twice.code, twice.stderr).toBe(130);
+    expect(twice.stderr).toMatch(/interrupted again: exiting without saving/);
+    await expect(fs.stat(path.join(dir, "twice"))).rejects.toThrow();
+  }, 120_000);
 });
 
 describe("prepareOutputDir", () => {
