@@ -46,6 +46,13 @@ export class StopRequest {
     this.request("interrupted: stopping after the current step to save a checkpoint (Ctrl-C again to quit at once)");
   }
 
+  /** At a safe point: let pending signals in first (a loop whose awaits all resolve as microtasks,
+   *  as tfjs reads on the CPU backends do, never gives them a turn), then say whether to stop. */
+  async poll(): Promise<boolean> {
+    await new Promise((resolve) => setImmediate(resolve));
+    return this.requested;
+  }
+
   /** Ask for a stop at the next safe point (again: no effect). */
   request(why: string): void {
     if (this.requested) return;

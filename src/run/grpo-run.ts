@@ -170,7 +170,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     const progress = createProgress(total, "grpo", { keyMetric: "reward", start });
     try {
       for (step = start; step < total; step++) {
-        if (stop.requested) throw await stopHere(step);
+        if (await stop.poll()) throw await stopHere(step);
         const tStep = Date.now();
         const batch = Array.from({ length: cfg.promptsPerStep }, (_, i) => question(step * cfg.promptsPerStep + i));
         const tRoll = Date.now();
@@ -206,7 +206,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
         if (!cfg.quiet) progress.log(formatStepLine(step + 1, total, m));
         if (saves.due(step + 1) && step + 1 < total) await saveAt(step + 1);
       }
-      if (stop.requested) throw await stopHere(total);
+      if (await stop.poll()) throw await stopHere(total);
       // The last step is checkpointed before final/ is written, so a run killed after it can be finished.
       if (savedStep !== total) await saveAt(total);
     } catch (err) {

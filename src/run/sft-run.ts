@@ -152,7 +152,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
         const order = rng.shuffle(encoded.map((_, i) => i));
         for (let s = 0; s < stepsPerEpoch; s++) {
           if (epoch * stepsPerEpoch + s < start) continue;
-          if (stop.requested) throw await stopHere(step);
+          if (await stop.poll()) throw await stopHere(step);
           const tStep = Date.now();
           const rows = order.slice(s * perStep, (s + 1) * perStep);
           const micro: SftBatch[] = [];
@@ -173,7 +173,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
           if (saves.due(step) && step < totalSteps) await saveAt(step);
         }
       }
-      if (stop.requested) throw await stopHere(step);
+      if (await stop.poll()) throw await stopHere(step);
       // The last step is checkpointed too, so a run killed while writing final/ can be finished.
       if (savedStep !== step) await saveAt(step);
     } finally {
