@@ -7,7 +7,7 @@
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Command } from "commander";
-import { parseChoice, parseFloatArg, parseIntArg, prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import { discardFailedRun, parseChoice, parseFloatArg, parseIntArg, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
 import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
@@ -231,51 +231,59 @@ export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => 
   const examples: Gsm8kExample[] = await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset} --split ${cfg.split}: no questions to evaluate`);
   await prepareOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "eval" });
-  await writeRunConfig(cfg.outputDir, cfg, "eval");
-  for (const s of cfg.skipped) io.out(`note: ${s.name} skipped: ${s.path} does not exist`);
+  // An evaluation cannot be continued: if it fails, what it wrote goes, so the command can be rerun.
+  try {
+    await writeRunConfig(cfg.outputDir, cfg, "eval");
+    for (const s of cfg.skipped) io.out(`note: ${s.name} skipped: ${s.path} does not exist`);
 
-  const results: EvalRunOutput["results"] = [];
-  for (const spec of cfg.models) {
-    io.out(`${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${examples.length} questions × ${cfg.samplesPerPrompt}`);
-    const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase });
-    const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
-    let result: EvalResult;
-    try {
-      result = await evaluate(policy.model, policy.tokenizer, examples, {
-        samplesPerPrompt: cfg.samplesPerPrompt, temperature: cfg.temperature, batchSize: cfg.batchSize,
-        maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed,
-        onProgress: (done) => bar?.update(done),
-      });
-    } finally {
-      bar?.stop();
-      policy.model.dispose(); // one model in memory at a time
+    const results: EvalRunOutput["results"] = [];
+    for (const spec of cfg.models) {
+      io.out(`${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${examples.length} questions × ${cfg.samplesPerPrompt}`);
+      const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase });
+      const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
+      let result: EvalResult;
+      try {
+        result = await evaluate(policy.model, policy.tokenizer, examples, {
+          samplesPerPrompt: cfg.samplesPerPrompt, temperature: cfg.temperature, batchSize: cfg.batchSize,
+          maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed,
+          onProgress: (done) => bar?.update(done),
+        });
+      } finally {
+        bar?.stop();
+        policy.model.dispose(); // one model in memory at a time
+      }
+      io.out(`${spec.name}: ${formatEvalLine(result)}`);
+      const lines = result.questions.map((q) => JSON.stringify({
+        id: q.id, question: q.question, gold: q.gold,
+        samples: q.samples.map((s) => ({ text: s.text, finalText: s.finalText, strict: s.strict, lenient: s.lenient, formatValid: s.formatValid, toolCalls: s.toolCalls, truncated: s.truncated })),
+      }));
+      await writeFileAtomic(path.join(cfg.outputDir, `samples-${spec.name}.jsonl`), lines.join("\n") + "\n");
+      results.push({ spec, result });
     }
-    io.out(`${spec.name}: ${formatEvalLine(result)}`);
-    const lines = result.questions.map((q) => JSON.stringify({
-      id: q.id, question: q.question, gold: q.gold,
-      samples: q.samples.map((s) => ({ text: s.text, finalText: s.finalText, strict: s.strict, lenient: s.lenient, formatValid: s.formatValid, toolCalls: s.toolCalls, truncated: s.truncated })),
+
+    const byName = new Map(results.map((r) => [r.spec.name, r.result]));
+    const improvements = cfg.compare.map(([m, b]) => ({ model: m, baseline: b, ...pairedImprovement(byName.get(m)!, byName.get(b)!) }));
+    io.out("");
+    io.out(formatEvalTable(results.map((r) => ({ name: r.spec.name, result: r.result }))));
+    for (const d of improvements) io.out(formatImprovement(d.model, d.baseline, d));
+
+    const models = results.map(({ spec, result }) => ({ ...spec, ...summaryOf(result) }));
+    await writeFileAtomic(path.join(cfg.outputDir, "eval.json"), JSON.stringify({ config: cfg, models, improvements }, null, 2) + "\n");
+    const rows: EvalRow[] = results.map(({ spec, result: r }) => ({
+      name: spec.name, n: r.strict.total, correct: r.strict.correct, interval: r.strict,
+      passAtK: { [r.k]: r.passAtK },
+      extra: { lenient: Number(f3(r.lenient.value)), format: Number(f3(r.formatValid)), "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)), quantize: spec.quantize },
     }));
-    await writeFileAtomic(path.join(cfg.outputDir, `samples-${spec.name}.jsonl`), lines.join("\n") + "\n");
-    results.push({ spec, result });
+    await writeEvalReport(path.join(cfg.outputDir, "report.html"), {
+      title: `Evaluation on ${cfg.dataset} (${cfg.split})`,
+      rows,
+      config: { ...cfg, models: cfg.models.map((m) => `${m.name}: ${m.modelPath}${m.adapter ? " + " + m.adapter : ""} (${m.quantize})`).join("; "), compare: improvements.map((d) => formatImprovement(d.model, d.baseline, d)).join("; ") } as unknown as Record<string, unknown>,
+    });
+    return { results, improvements };
+  } catch (err) {
+    await discardFailedRun(cfg.outputDir);
+    throw err;
+  } finally {
+    releaseOutputDir(cfg.outputDir);
   }
-
-  const byName = new Map(results.map((r) => [r.spec.name, r.result]));
-  const improvements = cfg.compare.map(([m, b]) => ({ model: m, baseline: b, ...pairedImprovement(byName.get(m)!, byName.get(b)!) }));
-  io.out("");
-  io.out(formatEvalTable(results.map((r) => ({ name: r.spec.name, result: r.result }))));
-  for (const d of improvements) io.out(formatImprovement(d.model, d.baseline, d));
-
-  const models = results.map(({ spec, result }) => ({ ...spec, ...summaryOf(result) }));
-  await writeFileAtomic(path.join(cfg.outputDir, "eval.json"), JSON.stringify({ config: cfg, models, improvements }, null, 2) + "\n");
-  const rows: EvalRow[] = results.map(({ spec, result: r }) => ({
-    name: spec.name, n: r.strict.total, correct: r.strict.correct, interval: r.strict,
-    passAtK: { [r.k]: r.passAtK },
-    extra: { lenient: Number(f3(r.lenient.value)), format: Number(f3(r.formatValid)), "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)), quantize: spec.quantize },
-  }));
-  await writeEvalReport(path.join(cfg.outputDir, "report.html"), {
-    title: `Evaluation on ${cfg.dataset} (${cfg.split})`,
-    rows,
-    config: { ...cfg, models: cfg.models.map((m) => `${m.name}: ${m.modelPath}${m.adapter ? " + " + m.adapter : ""} (${m.quantize})`).join("; "), compare: improvements.map((d) => formatImprovement(d.model, d.baseline, d)).join("; ") } as unknown as Record<string, unknown>,
-  });
-  return { results, improvements };
 }

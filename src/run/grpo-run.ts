@@ -10,7 +10,7 @@ import { toPrompt } from "../agents/prompts.ts";
 import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
-import { prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
 import { Interrupted, watchInterrupts } from "../shutdown.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import { TrajectoryLog } from "../rollout/trajectories.ts";
@@ -107,6 +107,8 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   const t0 = Date.now();
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
   await checkModelSource(cfg.modelPath, "--model_path", cfg.initAdapter);
+  if (!(cfg.topP > 0 && cfg.topP <= 1)) throw new UsageError(`--top_p ${cfg.topP}: expected a number above 0 and at most 1`);
+  if (!(cfg.epsilon >= 0 && cfg.epsilon < 1)) throw new UsageError(`--epsilon ${cfg.epsilon}: expected a number >= 0 and below 1 (the ratio is clipped to [1 - epsilon, 1 + epsilon_high])`);
   if (cfg.resume) await prepareOutputDir(cfg.outputDir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
   const ckpt = cfg.resume ? await loadCheckpoint(cfg.outputDir) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.outputDir);
@@ -136,6 +138,8 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
   try {
+    const positions = model.config.maxPositionEmbeddings;
+    if (cfg.maxNewTokens >= positions) throw new UsageError(`--max_new_tokens ${cfg.maxNewTokens}: the model holds ${positions} positions, prompt included; expected fewer`);
     if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir }, "grpo");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     const question = dataStream(examples, cfg.seed);
@@ -225,9 +229,13 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     });
     await writeReport(cfg.outputDir, { title: `GRPO ${path.basename(policy.base)}` });
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
+  } catch (err) {
+    if (!ckpt) await discardFailedRun(cfg.outputDir); // failed before its first step: leave nothing behind
+    throw err;
   } finally {
     optimizer.dispose();
     model.dispose();
+    releaseOutputDir(cfg.outputDir);
   }
 }
 

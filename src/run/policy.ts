@@ -3,7 +3,7 @@
  *  asked, plus its tokenizer. A PEFT folder names its base in adapter_config.json, as PEFT's do. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { prepareOutputDir, UsageError, type PrepareOptions } from "../cli.ts";
+import { discardFailedRun, prepareOutputDir, UsageError, type PrepareOptions } from "../cli.ts";
 import { loadModel } from "../model/load.ts";
 import { resolveModelDir } from "../model/hub.ts";
 import { loadTokenizerFromDir } from "../model/tokenizer.ts";
@@ -132,15 +132,14 @@ export async function checkModelSource(modelPath: string, flag: string, adapter?
   if (adapter !== undefined) await adapterFolder(adapter);
 }
 
-/** Prepare the run folder, then open what the run needs; if opening fails, a folder this call
- *  created is removed again, so bad input leaves nothing behind. */
+/** Prepare the run folder, then open what the run needs; if opening fails, what this call wrote
+ *  (a folder it created included) is removed again, so bad input leaves nothing behind. */
 export async function withOutputDir<T>(dir: string, opts: PrepareOptions, open: () => Promise<T>): Promise<T> {
-  const existed = await exists(dir);
   await prepareOutputDir(dir, opts);
   try {
     return await open();
   } catch (err) {
-    if (!existed) await fs.rm(dir, { recursive: true, force: true });
+    await discardFailedRun(dir);
     throw err;
   }
 }

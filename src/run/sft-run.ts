@@ -10,7 +10,7 @@ import { toolSchema } from "../agents/types.ts";
 import { buildSftConversations } from "../datasets/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { ChatMessage, LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
-import { prepareOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
 import { Interrupted, watchInterrupts } from "../shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";
 import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
@@ -110,7 +110,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
     const tooLong = built.conversations.length - encoded.length;
     log(`sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong annotations, ${tooLong} longer than --max_length ${cfg.maxLength})` +
       (built.inlined > 0 ? `; ${built.inlined} of ${built.inlined + countCalls(built.conversations)} calculator steps written inline` : ""));
-    if (encoded.length === 0) throw new Error(`no training conversations left (check --max_length ${cfg.maxLength} and --dataset ${cfg.dataset})`);
+    if (encoded.length === 0) throw new UsageError(`no training conversations left (check --max_length ${cfg.maxLength} and --dataset ${cfg.dataset})`);
 
     const perStep = cfg.batchSize * cfg.gradientAccumulationSteps;
     const stepsPerEpoch = Math.ceil(encoded.length / perStep);
@@ -189,9 +189,13 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
     });
     await writeReport(cfg.outputDir, { title: `SFT ${path.basename(policy.base)}` });
     return { steps: step, finalLoss: lastLoss, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
+  } catch (err) {
+    if (!ckpt) await discardFailedRun(cfg.outputDir); // failed before its first step: leave nothing behind
+    throw err;
   } finally {
     optimizer.dispose();
     model.dispose();
+    releaseOutputDir(cfg.outputDir);
   }
 }
 

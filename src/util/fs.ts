@@ -50,3 +50,26 @@ export async function writeDirAtomic(dir: string, fill: (tmpDir: string) => Prom
   await fs.rename(tmp, dir);
   if (hadOld) await fs.rm(old, { recursive: true, force: true });
 }
+
+/** What interrupted atomic writes leave in `dir`: files and folders named `<name>.<pid>.<stamp>.tmp`
+ *  are removed; a folder moved aside as `.<name>.<pid>.<stamp>.old` is removed when `<name>` is in
+ *  place, else renamed back (the crash came between the two renames, so it is the only copy).
+ *  Call only while no other process writes to `dir` (under its run lock). Returns what it removed. */
+export async function cleanTempFiles(dir: string): Promise<string[]> {
+  const removed: string[] = [];
+  for (const n of await fs.readdir(dir).catch(() => [] as string[])) {
+    const p = path.join(dir, n);
+    if (/\.\d+\.\d+\.tmp$/.test(n)) {
+      await fs.rm(p, { recursive: true, force: true });
+      removed.push(n);
+      continue;
+    }
+    const old = /^\.(.+)\.\d+\.\d+\.old$/.exec(n);
+    if (!old) continue;
+    if (await fs.stat(path.join(dir, old[1])).then(() => true, () => false)) {
+      await fs.rm(p, { recursive: true, force: true });
+      removed.push(n);
+    } else await fs.rename(p, path.join(dir, old[1]));
+  }
+  return removed;
+}

@@ -137,6 +137,28 @@ describe("Ctrl-C under npx tsx in a terminal's process group", () => {
   }, 120_000);
 });
 
+describe("run-folder lock", () => {
+  it("refuses a second run while the first lives; takes over the lock of a dead process with a warning", async () => {
+    const out = path.join(await tmp(), "run");
+    let ready!: () => void;
+    const isReady = new Promise<void>((r) => (ready = r));
+    const first = runChild(["hold", out], (s) => { if (s.includes("ready")) ready(); });
+    await isReady;
+    const second = await runChild(["hold", out]);
+    expect(second.code).toBe(2);
+    expect(second.stderr.trim()).toMatch(/^error: --output_dir .*run is in use by another run \(process \d+\); wait for it to end or pick another folder$/);
+    expect(await fs.readFile(path.join(out, "metrics.jsonl"), "utf8")).toMatch(/^\{"step":1,"pid":\d+\}\n$/); // untouched
+    const pid = JSON.parse(await fs.readFile(path.join(out, "metrics.jsonl"), "utf8")).pid;
+    process.kill(pid, "SIGKILL"); // the run dies holding the lock
+    await first;
+    expect(await fs.readFile(path.join(out, ".lock"), "utf8")).toMatch(/^\d+\n$/);
+    await fs.rm(path.join(out, "metrics.jsonl"));
+    const third = runChild(["hold", out], (s, k) => { if (s.includes("ready")) k("SIGTERM"); });
+    const r = await third;
+    expect(r.stderr).toMatch(/warning: .* was locked by process \d+, which is no longer running; taking the lock over/);
+  }, 120_000);
+});
+
 describe("prepareOutputDir", () => {
   it("creates a new folder and accepts an empty one", async () => {
     const root = await tmp();
@@ -159,7 +181,21 @@ describe("prepareOutputDir", () => {
     expect(await prepareOutputDir(dir, { runKind: "grpo", resume: true })).toEqual({ resumed: true });
     expect((await readRunConfig(dir)).config).toEqual({ lr: 1e-5 });
     expect(await prepareOutputDir(dir, { runKind: "grpo", overwrite: true })).toEqual({ resumed: false });
-    expect(await fs.readdir(dir)).toEqual([]);
+    expect(await fs.readdir(dir)).toEqual([".lock"]); // emptied, and locked by this run
+  });
+
+  it("refuses a place where no folder can be made instead of hanging (/proc)", async () => {
+    await expect(prepareOutputDir("/proc/self/out", { runKind: "grpo" })).rejects.toThrow(/^--output_dir \/proc\/self\/out: cannot create the folder/);
+  });
+
+  it("on --resume, removes temp files of interrupted writes and puts back a folder moved aside", async () => {
+    const dir = path.join(await tmp(), "run");
+    await prepareOutputDir(dir, { runKind: "grpo" });
+    await writeRunConfig(dir, {}, "grpo");
+    for (const d of ["checkpoint-1", ".checkpoint-2.11.22.tmp", ".final.11.22.tmp", ".checkpoint-1.11.22.old", ".checkpoint-3.11.22.old"]) await fs.mkdir(path.join(dir, d));
+    await fs.writeFile(path.join(dir, "latest.11.22.tmp"), "checkpoint-2\n");
+    await prepareOutputDir(dir, { runKind: "grpo", resume: true });
+    expect((await fs.readdir(dir)).sort()).toEqual([".lock", "checkpoint-1", "checkpoint-3", "run.json"]);
   });
 
   it("never empties a folder that does not look like a run, and refuses --resume without a run", async () => {

@@ -51,6 +51,11 @@ describe.each([
   ["train-gsm8k-agent.ts", ["--reward_weights", "bogus=1"], /--reward_weights: .*bogus/],
   ["train-gsm8k-agent.ts", ["--samples_per_prompt", "1"], /--samples_per_prompt "1"/],
   ["train-gsm8k-agent.ts", ["--init_adapter", "LORA"], /lora_B\.weight has shape \[32,4\], expected \[64, 4\]/],
+  // Found only once the model is loaded (or by the run's own checks): still nothing left behind.
+  ["train-gsm8k-agent.ts", ["--top_p", "0"], /--top_p 0: expected a number above 0/],
+  ["train-gsm8k-agent.ts", ["--epsilon", "5"], /--epsilon 5: expected a number >= 0 and below 1/],
+  ["train-gsm8k-agent.ts", ["--max_new_tokens", "99999999"], /--max_new_tokens 99999999: the model holds 1024 positions/],
+  ["train-sft.ts", ["--max_length", "8"], /no training conversations left/],
 ])("%s %j", (script, args, message) => {
   it("exits 2 with one error line and writes nothing", async () => {
     const out = path.join(tmp, `out-${script}-${args.join("_").replace(/[^\w]/g, "")}`);
