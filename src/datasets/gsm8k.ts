@@ -6,6 +6,7 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { asyncBufferFromFile, parquetReadObjects } from "hyparquet";
 import { parseGold } from "./answer.ts";
+import { readLines } from "../util/jsonl.ts";
 import { resolveGsm8kSplit } from "./hub.ts";
 
 export interface Gsm8kExample {
@@ -66,7 +67,7 @@ export async function loadGsm8kWithReport(source: string, opts: LoadGsm8kOptions
       ex = toExample(value, `${prefix}-${index}`);
     } catch (err) {
       const reason = (err as Error).message;
-      if (!opts.skipMalformed) throw new Error(`${file}: ${where}: ${reason} (pass skipMalformed to skip such rows)`);
+      if (!opts.skipMalformed) throw new Error(`${file}: ${where}: ${reason}; fix or remove that row`);
       skipped.push({ row: where, reason });
       continue;
     }
@@ -92,20 +93,19 @@ interface RawRow {
 }
 
 async function readJsonlRows(file: string): Promise<RawRow[]> {
-  const text = await fs.readFile(file, "utf8");
   const rows: RawRow[] = [];
-  text.split("\n").forEach((line, i) => {
-    if (!line.trim()) return;
-    const where = `line ${i + 1}`;
+  for (const { text, lineNo } of readLines(file)) {
+    if (!text.trim()) continue;
+    const where = `line ${lineNo}`;
     let value: unknown;
     try {
-      value = JSON.parse(line);
+      value = JSON.parse(text);
     } catch (err) {
       // Defer the error to the row loop, so skipMalformed treats bad JSON like any bad row.
       value = new BadJson((err as Error).message);
     }
     rows.push({ where, index: rows.length, value });
-  });
+  }
   return rows;
 }
 

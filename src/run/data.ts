@@ -34,12 +34,11 @@ export async function loadExamples(spec: DataSpec): Promise<Gsm8kExample[]> {
     return generateSynthetic({ n, seed: SEED[spec.purpose], ...spec.synthetic });
   }
   const split = spec.purpose === "eval" ? "test" : "train";
-  const named = isNamed(spec.dataset);
   await checkDataset(spec.dataset);
   try {
     return await loadGsm8k(spec.dataset, { split, maxSamples: spec.maxSamples, skipMalformed: spec.skipMalformed });
   } catch (err) {
-    if (named) throw new UsageError((err as Error).message.split("\n")[0]);
-    throw err;
+    // Everything loadGsm8k rejects is the user's data (a bad row, a huge line, a missing split).
+    throw new UsageError((err as Error).message.split("\n")[0]);
   }
 }
