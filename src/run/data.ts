@@ -42,3 +42,34 @@ export async function loadExamples(spec: DataSpec): Promise<Gsm8kExample[]> {
     throw new UsageError((err as Error).message.split("\n")[0]);
   }
 }
+
+export interface TrainingData {
+  train: Gsm8kExample[];
+  heldOut: Gsm8kExample[];
+  /** Where each part came from, for the log and run.json. */
+  split: string;
+}
+
+/** Training questions and `heldOutN` held-out ones that never overlap. GSM8K by name or a folder has
+ *  its own test split, the synthetic generator its own stream; a single file has neither, so its
+ *  last `heldOutN` rows are held out and training reads only the rows before them. Held-out rows
+ *  whose question also appears among the training rows are dropped. */
+export async function loadTrainingData(spec: Omit<DataSpec, "purpose"> & { purpose: "sft" | "rl" }, heldOutN: number): Promise<TrainingData> {
+  const isFile = spec.dataset !== "synthetic" && !isNamed(spec.dataset) && (await fs.stat(spec.dataset).then((s) => s.isFile(), () => false));
+  if (!isFile || heldOutN === 0) {
+    const train = await loadExamples(spec);
+    const held = heldOutN > 0 ? await loadExamples({ ...spec, purpose: "eval", maxSamples: heldOutN }) : [];
+    const seen = new Set(train.map((e) => e.question));
+    const heldOut = held.filter((e) => !seen.has(e.question));
+    const from = spec.dataset === "synthetic" ? "the synthetic generator's evaluation stream" : `the test split of ${spec.dataset}`;
+    return { train, heldOut, split: heldOutN > 0 ? `${train.length} training questions; ${heldOut.length} held out from ${from}` : `${train.length} training questions; none held out` };
+  }
+  const rows = await loadExamples({ ...spec, maxSamples: undefined });
+  if (heldOutN >= rows.length)
+    throw new UsageError(`--eval_samples ${heldOutN}: ${spec.dataset} has ${rows.length} rows, and held-out rows are taken from its end; lower --eval_samples or pass a folder with a test split`);
+  const cut = rows.length - heldOutN;
+  const train = rows.slice(0, spec.maxSamples === undefined ? cut : Math.min(cut, spec.maxSamples));
+  const seen = new Set(rows.slice(0, cut).map((e) => e.question));
+  const heldOut = rows.slice(cut).filter((e) => !seen.has(e.question));
+  return { train, heldOut, split: `${spec.dataset}: rows 1-${cut} for training (${train.length} used), the last ${heldOutN} held out (${heldOut.length} after dropping questions also in training)` };
+}

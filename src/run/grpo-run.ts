@@ -26,7 +26,7 @@ import { createProgress } from "../trainer/progress.ts";
 import { writeReport } from "../trainer/report.ts";
 import { lrAt, type ScheduleType } from "../trainer/schedule.ts";
 import { Rng } from "../util/rng.ts";
-import { loadExamples } from "./data.ts";
+import { loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
@@ -118,9 +118,10 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   // --resume; a finished one only continues with more steps.
   if (start > total || (start === total && (await runFinished(cfg.outputDir))))
     throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} steps; raise --total_epochs above ${start} to continue`);
-  const examples = await loadExamples({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
+  // Held-out questions never include a training row; the split is logged and kept in run.json.
+  const { train: examples, heldOut, split } = await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic }, cfg.evalSamples);
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
-  const heldOut = cfg.evalSamples > 0 ? await loadExamples({ dataset: cfg.dataset, purpose: "eval", maxSamples: cfg.evalSamples, synthetic: cfg.synthetic }) : [];
+  log(`data: ${split}`);
   const lora: LoraConfig = { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
   // A resumed run continues the checkpoint's adapter; a new one the given adapter or a fresh one.
   const open = () =>
@@ -140,7 +141,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   try {
     const positions = model.config.maxPositionEmbeddings;
     if (cfg.maxNewTokens >= positions) throw new UsageError(`--max_new_tokens ${cfg.maxNewTokens}: the model holds ${positions} positions, prompt included; expected fewer`);
-    if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir }, "grpo");
+    if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir, dataSplit: split }, "grpo");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     const question = dataStream(examples, cfg.seed);
     const schedule = { type: cfg.lrScheduler, lr: cfg.learningRate, warmupSteps: Math.floor(cfg.warmupRatio * total), totalSteps: total };

@@ -21,7 +21,7 @@ import { writeReport } from "../trainer/report.ts";
 import { lrAt, type ScheduleType } from "../trainer/schedule.ts";
 import { sftStep, type SftBatch } from "../trainer/sft.ts";
 import { Rng } from "../util/rng.ts";
-import { loadExamples } from "./data.ts";
+import { loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir } from "./policy.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
@@ -87,8 +87,9 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
   const ckpt = cfg.resume ? await loadCheckpoint(cfg.outputDir) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.outputDir);
   const lora: LoraConfig | undefined = cfg.full ? undefined : { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
-  const examples = await loadExamples({ dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
-  const heldOut = cfg.evalSamples > 0 ? await loadExamples({ dataset: cfg.dataset, purpose: "eval", maxSamples: cfg.evalSamples, synthetic: cfg.synthetic }) : [];
+  // Held-out questions never include a training row; the split is logged and kept in run.json.
+  const { train: examples, heldOut, split } = await loadTrainingData({ dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic }, cfg.evalSamples);
+  log(`data: ${split}`);
   // A resumed run continues the checkpoint: the full model saved there, or the base with its adapter.
   const base = ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.modelPath) : cfg.modelPath;
   const open = () =>
@@ -101,7 +102,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
   try {
-    if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base }, "sft");
+    if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, dataSplit: split }, "sft");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     // Conversations: every calculator call re-run, so tool messages show what rollouts will show.
     const built = await buildSftConversations(examples, calculatorTool, { inlineShare: cfg.inlineShare, inlineOps: cfg.inlineOps, seed: cfg.seed });

@@ -12,6 +12,8 @@ import { LORA_TARGETS } from "../../src/model/types.ts";
 import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
 import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
 import { Interrupted } from "../../src/shutdown.ts";
+import { generateSynthetic } from "../../src/datasets/synthetic.ts";
+import { readRunConfig } from "../../src/cli.ts";
 import { makeTinyModelDir } from "./tiny-fixture.ts";
 
 let base: string;
@@ -108,5 +110,27 @@ describe("a run killed after its last step", () => {
     // A checkpoint without optimizer state is refused instead of silently restarting AdamW.
     await fs.rm(path.join(grpoDir, "checkpoint-2", "optimizer.safetensors"));
     await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir, { totalEpochs: 3, resume: true }))).rejects.toThrow(/has no optimizer.safetensors/);
+  }, 120_000);
+});
+
+describe("held-out evaluation with a .jsonl dataset", () => {
+  it("never sees a training row; the split is printed and kept in run.json", async () => {
+    const rows = generateSynthetic({ n: 12, seed: 7, ...TINY_PROBLEMS });
+    const file = path.join(root, "data.jsonl");
+    await fs.writeFile(file, rows.map((r) => JSON.stringify({ question: r.question, answer: r.answer })).join("\n") + "\n");
+    const out = path.join(root, "sft-file");
+    const lines: string[] = [];
+    const write = process.stderr.write;
+    process.stderr.write = ((l: string) => (lines.push(String(l)), true)) as typeof process.stderr.write;
+    try {
+      await runSft(sftCfg(out, { dataset: file, maxSamples: undefined, numEpochs: 1, batchSize: 4, evalSamples: 4, quiet: false }));
+    } finally {
+      process.stderr.write = write;
+    }
+    const evaluated = JSON.parse(String(await read(out, "eval.json"))).samples.map((q: { question: string }) => q.question);
+    expect(evaluated.sort()).toEqual(rows.slice(8).map((r) => r.question).sort());
+    const split = (await readRunConfig(out)).config as { dataSplit: string };
+    expect(split.dataSplit).toMatch(/rows 1-8 for training \(8 used\), the last 4 held out/);
+    expect(lines.join("")).toContain(`data: ${split.dataSplit}`);
   }, 120_000);
 });
