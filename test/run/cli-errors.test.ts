@@ -55,7 +55,7 @@ describe.each([
   ["train-gsm8k-agent.ts", ["--top_p", "0"], /--top_p 0: expected a number above 0/],
   ["train-gsm8k-agent.ts", ["--epsilon", "5"], /--epsilon 5: expected a number >= 0 and below 1/],
   ["train-gsm8k-agent.ts", ["--max_new_tokens", "99999999"], /--max_new_tokens 99999999: the model holds 1024 positions/],
-  ["train-sft.ts", ["--max_length", "8"], /no training conversations left/],
+  ["train-sft.ts", ["--max_length", "8", "--max_samples", "4"], /no training conversations left/],
 ])("%s %j", (script, args, message) => {
   it("exits 2 with one error line and writes nothing", async () => {
     const out = path.join(tmp, `out-${script}-${args.join("_").replace(/[^\w]/g, "")}`);
