@@ -98,10 +98,16 @@ export async function runMain(fn: () => Promise<void>, io: ProcessIo = defaultIo
     }
     const usage = err instanceof UsageError;
     const message = err instanceof Error ? err.message : String(err);
-    io.stderr(`error: ${message.split("\n")[0]}`);
+    io.stderr(`error: ${printable(message.split("\n")[0])}`);
     if (io.env.DEBUG && err instanceof Error && err.stack) io.stderr(err.stack);
     io.exit(usage ? 2 : 1);
   }
+}
+
+/** Error text can quote bytes from a user's files: control characters (escape sequences, NUL) are
+ *  shown escaped (\x1b) instead of acting on the terminal. */
+export function printable(text: string): string {
+  return text.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
 }
 
 // ---------------------------------------------------------------- run folders

@@ -92,6 +92,8 @@ export class LoraAdapter {
     } catch (err) {
       throw new Error(`${cfgFile}: cannot read adapter config (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
     }
+    if (typeof raw !== "object" || raw === null || Array.isArray(raw))
+      throw new Error(`${cfgFile}: holds ${raw === null ? "null" : Array.isArray(raw) ? "an array" : typeof raw}; expected a JSON object (a PEFT adapter config)`);
     if (raw.peft_type !== undefined && raw.peft_type !== "LORA") throw new Error(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
     if (raw.use_dora === true) throw new Error(`${cfgFile}: use_dora is true; only plain LoRA is supported`);
     if (raw.use_rslora === true) throw new Error(`${cfgFile}: use_rslora is true; only alpha/r scaling is supported`);

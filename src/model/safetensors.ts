@@ -6,7 +6,7 @@
  *  and F64 (Qwen checkpoints do not use them). */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { writeFileAtomic } from "../util/fs.ts";
+import { insideFolder, writeFileAtomic } from "../util/fs.ts";
 
 export interface HostTensor {
   shape: number[];
@@ -119,6 +119,11 @@ async function parseHeader(file: string, handle: fs.FileHandle) {
       throw new Error(`${file}: truncated safetensors file (tensor ${name} ends at byte ${dataStart + offs[1]}, file has ${size})`);
     entries.set(name, { dtype, shape, begin: dataStart + offs[0], end: dataStart + offs[1] });
   }
+  // Each byte belongs to one tensor: overlapping ranges mean a corrupt (or crafted) header.
+  const byStart = [...entries].filter(([, e]) => e.end > e.begin).sort((a, b) => a[1].begin - b[1].begin);
+  for (let i = 1; i < byStart.length; i++)
+    if (byStart[i][1].begin < byStart[i - 1][1].end)
+      throw new Error(`${file}: corrupted safetensors header (tensors ${byStart[i - 1][0]} and ${byStart[i][0]} overlap in the data)`);
   return { entries, metadata };
 }
 
@@ -216,7 +221,7 @@ export class Checkpoint {
     const where = new Map<string, SafetensorsFile>();
     try {
       for (const [name, shard] of Object.entries(map)) {
-        if (!shards.has(shard)) shards.set(shard, await SafetensorsFile.open(path.join(dir, shard)));
+        if (!shards.has(shard)) shards.set(shard, await SafetensorsFile.open(insideFolder(dir, shard, `${index}: weight_map[${JSON.stringify(name).slice(0, 80)}]`)));
         const f = shards.get(shard)!;
         if (!f.has(name)) throw new Error(`${f.file}: tensor ${name} listed in ${index} is not in the shard`);
         where.set(name, f);

@@ -13,6 +13,7 @@
  *  peaked because exp is skipped where it cannot matter. So the logits are read once and each row is
  *  handled in JS: one pass for max, one for the normaliser, a quickselect for top-k candidates. */
 import * as tf from "@tensorflow/tfjs";
+import { NonFiniteError } from "../trainer/errors.ts";
 import type { Rng } from "../util/rng.ts";
 
 export interface SamplingParams {
@@ -83,7 +84,7 @@ export function sampleRow(
   const T = params.temperature === 0 ? 1 : params.temperature;
   let max = -Infinity, argmax = 0;
   for (let j = 0; j < V; j++) if (row[j] > max) { max = row[j]; argmax = j; } // strict >: lowest id on ties
-  if (!Number.isFinite(max)) throw new Error(`logits row has no finite maximum (${max}); expected finite logits`);
+  if (!Number.isFinite(max)) throw new NonFiniteError("the largest logit of a sampled row", max); // weights blew up (learning rate) or bad input
   const e = scratch.e;
   let sum = 0;
   for (let j = 0; j < V; j++) {

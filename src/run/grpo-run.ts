@@ -106,7 +106,7 @@ function dataStream(examples: Gsm8kExample[], seed: number) {
 export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   const t0 = Date.now();
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
-  await checkModelSource(cfg.modelPath, "--model_path", cfg.initAdapter);
+  await checkModelSource(cfg.modelPath, "--model_path", cfg.initAdapter, "--init_adapter");
   if (!(cfg.topP > 0 && cfg.topP <= 1)) throw new UsageError(`--top_p ${cfg.topP}: expected a number above 0 and at most 1`);
   if (!(cfg.epsilon >= 0 && cfg.epsilon < 1)) throw new UsageError(`--epsilon ${cfg.epsilon}: expected a number >= 0 and below 1 (the ratio is clipped to [1 - epsilon, 1 + epsilon_high])`);
   if (cfg.resume) await prepareOutputDir(cfg.outputDir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });

@@ -42,11 +42,11 @@ async function localOrId(p: string, flag: string): Promise<string> {
   return p;
 }
 
-/** --adapter: an existing folder with adapter_config.json, as an absolute path. */
-async function adapterFolder(p: string): Promise<string> {
-  const dir = await localOrId(p, "--adapter");
+/** --adapter (or --init_adapter): an existing folder with adapter_config.json, as an absolute path. */
+async function adapterFolder(p: string, flag = "--adapter"): Promise<string> {
+  const dir = await localOrId(p, flag);
   if (!path.isAbsolute(dir) || !(await exists(path.join(dir, "adapter_config.json"))))
-    throw new UsageError(`--adapter ${p}: no adapter_config.json there; expected a PEFT adapter folder`);
+    throw new UsageError(`${flag} ${p}: no adapter_config.json there; expected a PEFT adapter folder`);
   return dir;
 }
 
@@ -58,6 +58,7 @@ async function readAdapterBase(dir: string): Promise<string> {
   } catch (err) {
     throw new UsageError(`${file}: cannot read it as JSON (${(err as Error).message.split("\n")[0]})`);
   }
+  if (typeof cfg !== "object" || cfg === null || Array.isArray(cfg)) throw new UsageError(`${file}: expected a JSON object (a PEFT adapter config)`);
   if (typeof cfg.base_model_name_or_path !== "string" || !cfg.base_model_name_or_path)
     throw new UsageError(`${file}: base_model_name_or_path is missing; pass the base with --model_path and this folder with --adapter`);
   return cfg.base_model_name_or_path;
@@ -123,13 +124,13 @@ export async function savePolicy(p: Policy, dir: string, full: boolean): Promise
 }
 
 /** Cheap checks of --model_path (and --adapter) before anything is loaded or written. */
-export async function checkModelSource(modelPath: string, flag: string, adapter?: string): Promise<void> {
+export async function checkModelSource(modelPath: string, flag: string, adapter?: string, adapterFlag = "--adapter"): Promise<void> {
   const p = await localOrId(modelPath, flag);
   if (path.isAbsolute(p)) {
     const ok = (await fs.stat(p)).isDirectory() && ((await exists(path.join(p, "config.json"))) || (await exists(path.join(p, "adapter_config.json"))));
     if (!ok) throw new UsageError(`${flag} ${modelPath}: no config.json or adapter_config.json there; expected a Hugging Face model folder or a PEFT adapter folder`);
   }
-  if (adapter !== undefined) await adapterFolder(adapter);
+  if (adapter !== undefined) await adapterFolder(adapter, adapterFlag);
 }
 
 /** Prepare the run folder, then open what the run needs; if opening fails, what this call wrote

@@ -73,3 +73,16 @@ export async function cleanTempFiles(dir: string): Promise<string[]> {
   }
   return removed;
 }
+
+/** `dir/name` for a file name read from a file (a shard index): it must be a relative path that stays
+ *  inside `dir`, so a crafted index cannot open /etc/passwd or another model's files. Only the name
+ *  is checked, not symlinks inside `dir` (the Hugging Face cache links snapshots to its blobs). */
+export function insideFolder(dir: string, name: unknown, where: string): string {
+  if (typeof name !== "string" || name === "" || name.includes("\0"))
+    throw new Error(`${where} is ${JSON.stringify(name)?.slice(0, 80)}; expected a file name inside ${dir}`);
+  const full = path.resolve(dir, name);
+  const rel = path.relative(path.resolve(dir), full);
+  if (path.isAbsolute(name) || rel === "" || rel.startsWith("..") || path.isAbsolute(rel))
+    throw new Error(`${where} is ${JSON.stringify(name).slice(0, 80)}, which is outside ${dir}; expected a file name inside the model folder`);
+  return full;
+}
