@@ -133,16 +133,19 @@ export interface MemoryStats {
   tensorBytes: number;
   rssBytes: number;
   heapBytes: number;
+  /** Size of the wasm backend's linear memory (it grows, never shrinks; 0 on other backends). */
+  wasmBytes: number;
 }
 
 export function memoryStats(): MemoryStats {
   const m = tf.memory();
   const p = process.memoryUsage();
-  return { tensors: m.numTensors, tensorBytes: m.numBytes, rssBytes: p.rss, heapBytes: p.heapUsed };
+  const wasm = (tf.engine().backend as { wasm?: { HEAPU8?: Uint8Array } }).wasm?.HEAPU8?.length ?? 0;
+  return { tensors: m.numTensors, tensorBytes: m.numBytes, rssBytes: p.rss, heapBytes: p.heapUsed, wasmBytes: wasm };
 }
 
-/** memoryStats as step-metric fields. */
+/** memoryStats as step-metric fields: RSS split into the JS heap and the wasm heap, to tell a leak's kind. */
 export function memoryFields(): Record<string, number> {
   const m = memoryStats();
-  return { tensors: m.tensors, tensor_bytes: m.tensorBytes, rss_bytes: m.rssBytes };
+  return { tensors: m.tensors, tensor_bytes: m.tensorBytes, rss_bytes: m.rssBytes, heap_bytes: m.heapBytes, wasm_bytes: m.wasmBytes };
 }
