@@ -118,6 +118,16 @@ describe("bad input", () => {
     expect(await fs.stat(out).then(() => true, () => false)).toBe(false);
   });
 
+  it("a model that fails to load after the run folder was made leaves nothing behind", async () => {
+    const bad = await fs.mkdtemp(path.join(os.tmpdir(), "eval-bad-model-"));
+    await fs.cp(modelDir, bad, { recursive: true });
+    await fs.writeFile(path.join(bad, "model.safetensors"), "not a safetensors file");
+    const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "eval-bad-")), "eval");
+    const cfg = await parseEvalArgs(["node", "eval", "--model_path", bad, "--dataset", "synthetic", "--max_samples", "2", "--output_dir", out]);
+    await expect(runEval(cfg, { out: () => {}, progress: false })).rejects.toThrow(/model.safetensors/);
+    expect(await fs.stat(out).then(() => true, () => false)).toBe(false); // no stale run.json to block the rerun
+  });
+
   it("the script exits 2 with one error line and writes nothing", async () => {
     const tsx = path.resolve("node_modules/.bin/tsx");
     const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "eval-bad-")), "eval");
