@@ -12,6 +12,7 @@ import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
 import { writeEvalReport, type EvalRow } from "../trainer/report.ts";
+import type { ModelQuestions } from "../trainer/report/eval-questions.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { meanCI, type Interval } from "../trainer/stats.ts";
 import { writeFileAtomic } from "../util/fs.ts";
@@ -211,7 +212,9 @@ export function formatEvalTable(results: Array<{ name: string; result: EvalResul
   return [line(head), widths.map((w) => "-".repeat(w)).join("-|-"), ...rows.map(line)].join("\n");
 }
 
-function summaryOf(r: EvalResult): Record<string, unknown> {
+type EvalSummaryOnly = Omit<EvalResult, "questions">;
+
+function summaryOf(r: EvalResult): EvalSummaryOnly {
   const { questions: _q, ...rest } = r;
   return rest;
 }
@@ -255,7 +258,10 @@ export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => 
       io.out(`${spec.name}: ${formatEvalLine(result)}`);
       const lines = result.questions.map((q) => JSON.stringify({
         id: q.id, question: q.question, gold: q.gold,
-        samples: q.samples.map((s) => ({ text: s.text, finalText: s.finalText, strict: s.strict, lenient: s.lenient, formatValid: s.formatValid, toolCalls: s.toolCalls, truncated: s.truncated })),
+        samples: q.samples.map((s) => ({
+          text: s.text, finalText: s.finalText, strict: s.strict, lenient: s.lenient, formatValid: s.formatValid,
+          toolCalls: s.toolCalls, toolErrors: s.toolErrors, parseErrors: s.parseErrors, truncated: s.truncated, turns: s.turns,
+        })),
       }));
       await writeFileAtomic(path.join(cfg.outputDir, `samples-${spec.name}.jsonl`), lines.join("\n") + "\n");
       results.push({ spec, result });
@@ -269,16 +275,7 @@ export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => 
 
     const models = results.map(({ spec, result }) => ({ ...spec, ...summaryOf(result) }));
     await writeFileAtomic(path.join(cfg.outputDir, "eval.json"), JSON.stringify({ config: cfg, models, improvements }, null, 2) + "\n");
-    const rows: EvalRow[] = results.map(({ spec, result: r }) => ({
-      name: spec.name, n: r.strict.total, correct: r.strict.correct, interval: r.strict,
-      passAtK: { [r.k]: r.passAtK },
-      extra: { lenient: Number(f3(r.lenient.value)), format: Number(f3(r.formatValid)), "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)), quantize: spec.quantize },
-    }));
-    await writeEvalReport(path.join(cfg.outputDir, "report.html"), {
-      title: `Evaluation on ${cfg.dataset} (${cfg.split})`,
-      rows,
-      config: { ...cfg, models: cfg.models.map((m) => `${m.name}: ${m.modelPath}${m.adapter ? " + " + m.adapter : ""} (${m.quantize})`).join("; "), compare: improvements.map((d) => formatImprovement(d.model, d.baseline, d)).join("; ") } as unknown as Record<string, unknown>,
-    });
+    await writeEvalRunReport(cfg, results.map(({ spec, result }) => ({ spec, summary: summaryOf(result), questions: result.questions })), improvements);
     return { results, improvements };
   } catch (err) {
     await discardFailedRun(cfg.outputDir);
@@ -286,4 +283,40 @@ export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => 
   } finally {
     releaseOutputDir(cfg.outputDir);
   }
+}
+
+/** report.html of an evaluation: the accuracy table and chart, and every model's transcripts per
+ *  question with a filter for each compared pair. */
+async function writeEvalRunReport(
+  cfg: Pick<EvalRunConfig, "dataset" | "split" | "models" | "compare" | "outputDir">,
+  results: Array<{ spec: EvalModelSpec; summary: EvalSummaryOnly; questions: ModelQuestions["questions"] }>,
+  improvements: EvalRunOutput["improvements"],
+): Promise<string> {
+  const rows: EvalRow[] = results.map(({ spec, summary: r }) => ({
+    name: spec.name, n: r.strict.total, correct: r.strict.correct, interval: r.strict,
+    passAtK: { [r.k]: r.passAtK },
+    extra: { lenient: Number(f3(r.lenient.value)), format: Number(f3(r.formatValid)), "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)), quantize: spec.quantize },
+  }));
+  return writeEvalReport(path.join(cfg.outputDir, "report.html"), {
+    title: `Evaluation on ${cfg.dataset} (${cfg.split})`,
+    rows,
+    questions: results.map(({ spec, questions }) => ({ name: spec.name, questions })),
+    compare: cfg.compare,
+    config: { ...cfg, models: cfg.models.map((m) => `${m.name}: ${m.modelPath}${m.adapter ? " + " + m.adapter : ""} (${m.quantize})`).join("; "), compare: improvements.map((d) => formatImprovement(d.model, d.baseline, d)).join("; ") } as unknown as Record<string, unknown>,
+  });
+}
+
+/** Write report.html again from an evaluation folder's eval.json and samples-<model>.jsonl. */
+export async function rewriteEvalReport(dir: string): Promise<string> {
+  const file = path.join(dir, "eval.json");
+  const text = await fs.readFile(file, "utf8").catch(() => {
+    throw new UsageError(`${file} not found: expected a folder written by scripts/eval.ts`);
+  });
+  const saved = JSON.parse(text) as { config: EvalRunConfig; models: Array<EvalModelSpec & EvalSummaryOnly>; improvements: EvalRunOutput["improvements"] };
+  const results = [];
+  for (const m of saved.models) {
+    const lines = (await fs.readFile(path.join(dir, `samples-${m.name}.jsonl`), "utf8").catch(() => "")).split("\n").filter((l) => l.trim());
+    results.push({ spec: m, summary: m, questions: lines.map((l) => JSON.parse(l) as ModelQuestions["questions"][number]) });
+  }
+  return writeEvalRunReport({ ...saved.config, outputDir: dir }, results, saved.improvements);
 }

@@ -10,6 +10,7 @@ import { answersMatch, extractAnswer, lastNumber, type AnswerFormat } from "../d
 import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
+import type { TurnRecord } from "../rollout/types.ts";
 import { passAtK, wilsonInterval, type Interval } from "../trainer/stats.ts";
 import type { MetricsLogger } from "../trainer/metrics.ts";
 import { writeFileAtomic } from "../util/fs.ts";
@@ -39,6 +40,7 @@ export interface EvalSample {
   toolErrors: number;
   parseErrors: number;
   truncated: boolean;
+  turns: TurnRecord[]; // the same conversation, structured (the reports draw it)
 }
 
 export interface EvalQuestion {
@@ -83,6 +85,7 @@ export function judge(t: Trajectory, gold: string, format: AnswerFormat): EvalSa
     toolErrors: t.numToolErrors,
     parseErrors: t.numParseErrors,
     truncated: t.truncated,
+    turns: t.turns,
   };
 }
 

@@ -6,14 +6,9 @@ import { writeRunConfig } from "../../src/cli.ts";
 import { MetricsLogger } from "../../src/trainer/metrics.ts";
 import { chartedKeys, escapeHtml, niceTicks, renderEvalReport, writeEvalReport, writeReport } from "../../src/trainer/report.ts";
 
-const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-report-"));
+import { expectSelfContained } from "./report-helpers.ts";
 
-function expectSelfContained(html: string) {
-  expect(html.startsWith("<!DOCTYPE html>")).toBe(true);
-  expect(html.trim().endsWith("</html>")).toBe(true);
-  expect(html).not.toMatch(/https?:|<script|<link|<img|@import|url\(/i);
-  expect(html.match(/<svg/g)?.length).toBe(html.match(/<\/svg>/g)?.length);
-}
+const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-report-"));
 
 describe("training report", () => {
   it("draws one chart per metric present, a final-values table and the config", async () => {
@@ -29,8 +24,12 @@ describe("training report", () => {
     expect(file).toBe(path.join(run, "report.html"));
     const html = await fs.readFile(file, "utf8");
     expectSelfContained(html);
-    // reward (with its std as a band, not a chart of its own), eval_accuracy, kl, completion_len, lr, my_custom
-    expect(html.match(/<svg/g)).toHaveLength(6);
+    // reward (with its std as a band, not a chart of its own), eval_accuracy, kl, completion_len, my_custom;
+    // lr never moves: one line of text instead of a chart
+    expect(html.match(/<svg/g)).toHaveLength(5);
+    expect(html).toContain("<li><b>lr</b>: 1e-5 throughout (40 steps, 1–40)</li>");
+    expect(html).not.toContain('aria-label="Learning rate"');
+    expect(html).toContain('aria-label="Completion length (tokens)"');
     expect(html).toContain('aria-label="Reward (mean ± std)"');
     expect(html).toContain('class="band"');
     expect(html).toContain('aria-label="my_custom"');
@@ -50,8 +49,8 @@ describe("training report", () => {
     await fs.writeFile(path.join(run, "metrics.jsonl"), '{"step":1,"time":5,"loss":2.5}\n');
     const html = await fs.readFile(await writeReport(run, { title: "SFT" }), "utf8");
     expectSelfContained(html);
-    expect(html.match(/<svg/g)).toHaveLength(1);
-    expect(html).toContain("<circle");
+    expect(html).not.toContain("<svg");
+    expect(html).toContain("<li><b>loss</b>: 2.5 (step 1 only)</li>");
     // a step logged twice (resume without truncation) is drawn once, with its last value
     await fs.writeFile(path.join(run, "metrics.jsonl"), '{"step":1,"time":0,"loss":3}\n{"step":2,"time":1,"loss":2}\n{"step":2,"time":2,"loss":1.5}\n');
     const again = await fs.readFile(await writeReport(run, { title: "SFT" }), "utf8");

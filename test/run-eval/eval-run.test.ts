@@ -8,7 +8,7 @@ import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { summarize, type EvalQuestion, type EvalResult, type EvalSample } from "../../src/run/evaluate.ts";
-import { formatEvalTable, pairedImprovement, parseEvalArgs, runEval } from "../../src/run/eval-run.ts";
+import { formatEvalTable, pairedImprovement, parseEvalArgs, rewriteEvalReport, runEval } from "../../src/run/eval-run.ts";
 import { makeSmallModelDir } from "../run/tiny-fixture.ts";
 
 let modelDir: string;
@@ -20,7 +20,7 @@ afterAll(async () => {
 });
 
 const sample = (strict: boolean): EvalSample => ({
-  finalText: "", text: "", strict, lenient: strict, formatValid: true, toolCalls: 0, toolErrors: 0, parseErrors: 0, truncated: false,
+  finalText: "", text: "", strict, lenient: strict, formatValid: true, toolCalls: 0, toolErrors: 0, parseErrors: 0, truncated: false, turns: [],
 });
 const result = (perQuestion: boolean[][]): EvalResult =>
   summarize(perQuestion.map((s, i): EvalQuestion => ({ id: `q${i}`, question: "?", gold: "1", samples: s.map(sample) })), perQuestion[0].length, 0);
@@ -84,10 +84,19 @@ describe("runEval on a random tiny model", () => {
         expect(typeof r.question).toBe("string");
         expect(typeof r.gold).toBe("string");
         expect(typeof r.samples[0].strict).toBe("boolean");
+        expect(Array.isArray(r.samples[0].turns)).toBe(true);
       }
     }
     const html = await fs.readFile(path.join(out, "report.html"), "utf8");
     expect(html).toContain(`${name}-baseline`);
+    // per-question view: both models side by side for each of the 3 questions; nothing changed between them
+    expect(html.match(/<div class="group qq/g)).toHaveLength(3);
+    expect(html).toContain(`${name}-baseline → ${name}: wrong → right (0)`);
+    // written again from the folder's files alone: the same table and questions
+    const again = await fs.readFile(await rewriteEvalReport(out), "utf8");
+    const part = (h: string) => h.slice(h.indexOf("<h2>Results</h2>"), h.indexOf("<h2>Config</h2>"));
+    expect(part(again)).toBe(part(html));
+    expect(part(html)).toContain("Per question");
     expect(res.results).toHaveLength(2);
     expect(lines.some((l) => l.startsWith(`improvement ${name} vs ${name}-baseline: strict +0.000`))).toBe(true);
     expect(lines.filter((l) => /^\S+: strict \d\.\d{3} \[/.test(l))).toHaveLength(2); // formatEvalLine per model
@@ -146,5 +155,5 @@ describe("bad input", () => {
       expect(r.stdout).toBe("");
     }
     expect(await fs.stat(out).then(() => true, () => false)).toBe(false);
-  }, 60_000);
+  }, 240_000); // two tsx processes starting at once: slow on a loaded machine
 });

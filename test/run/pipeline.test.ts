@@ -78,6 +78,11 @@ describe("tiny pipeline", () => {
       expect(m[0], key).toHaveProperty(key);
     const lines = (await fs.readFile(path.join(grpoDir, "trajectories.jsonl"), "utf8")).trim().split("\n");
     expect(lines).toHaveLength(2 * 2 * 3);
+    // the report shows both steps' groups of rollouts, and the SFT report its held-out transcripts
+    const report = await fs.readFile(path.join(grpoDir, "report.html"), "utf8");
+    expect(report.match(/<details open><summary>step \d/g)).toHaveLength(2);
+    expect(report.match(/<div class="group">/g)).toHaveLength(2 * 2);
+    expect(await fs.readFile(path.join(sftDir, "report.html"), "utf8")).toContain("<h2 id=\"held-out\">Held-out transcripts</h2>");
     const adapterCfg = JSON.parse(await fs.readFile(path.join(grpoDir, "final/adapter_config.json"), "utf8"));
     expect(adapterCfg.base_model_name_or_path).toBe(path.join(sftDir, "final"));
   });
