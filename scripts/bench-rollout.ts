@@ -28,6 +28,8 @@ import { loadTokenizerFromDir } from "../src/model/tokenizer.ts";
 import type { CausalLM, ChatMessage, ForwardOptions, KVCache, Quantize, Tokenizer } from "../src/model/types.ts";
 import { rolloutGroups, type RolloutConfig } from "../src/rollout/rollout.ts";
 import { Rng } from "../src/util/rng.ts";
+import { threadsOption } from "../src/run/options.ts";
+import { wasmThreads, type ThreadsSpec } from "../src/wasm-threads.ts";
 
 const defaults = {
   config: "tiny,0.5b", layers: "2", prompts: "4", samples: "8", maxNewTokens: "96", quantize: "none",
@@ -46,8 +48,9 @@ const opts = new Command()
   .option("--tools-in-prompt <bool>", "render the tool schema into the system prompt of the rollout workload (longer prompts)", defaults.toolsInPrompt)
   .option("--workloads <list>", "rollout | rollout_free (comma list)", defaults.workloads)
   .option("--backend <name>", BACKEND_NAMES.join(" | "), defaults.backend)
+  .addOption(threadsOption())
   .parse()
-  .opts<typeof defaults>();
+  .opts<typeof defaults & { threads: ThreadsSpec }>();
 
 const int = (name: string, v: string) => parseIntArg(name, 1)(v);
 const layers = int("layers", opts.layers);
@@ -121,7 +124,7 @@ class Steered extends DelegatingLM {
   }
 }
 
-await initBackend(opts.backend);
+await initBackend(opts.backend, { threads: opts.threads });
 const configs = opts.config.split(",").map((s) => s.trim());
 for (const name of configs) {
   if (name !== "tiny" && name !== "0.5b") throw new Error(`unknown config "${name}"; accepted: tiny, 0.5b`);
@@ -147,7 +150,7 @@ for (const name of configs) {
     const seconds = (performance.now() - t0) / 1000;
     const tokens = sampled + forced;
     console.log(JSON.stringify({
-      workload: w, backend: tf.getBackend(), config: label, quantize: opts.quantize, batch: B * G, prompts: B, samples: G,
+      workload: w, backend: tf.getBackend(), threads: wasmThreads(), config: label, quantize: opts.quantize, batch: B * G, prompts: B, samples: G,
       tokens, sampled, forced, steps, seconds: Math.round(seconds * 100) / 100, tokens_per_s: Math.round((tokens / seconds) * 10) / 10,
       prefill_seconds: Math.round((firstStep - t0) / 10) / 100, // prefill + the first sampling
       prompt_tokens: Math.max(...out.map((t) => t.promptIds.length)),

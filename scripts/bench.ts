@@ -5,6 +5,8 @@ import { Command } from "commander";
 import { BACKEND_NAMES, initBackend } from "../src/backend.ts";
 import { benchContext, BENCH_CONFIGS, profileTop, WORKLOADS } from "../src/model/bench.ts";
 import type { Quantize } from "../src/model/types.ts";
+import { threadsOption } from "../src/run/options.ts";
+import type { ThreadsSpec } from "../src/wasm-threads.ts";
 
 const defaults = { config: "small", quantize: "none", workloads: "forward,fwd_bwd,decode", backend: "wasm", profile: false };
 const opts = new Command()
@@ -13,14 +15,15 @@ const opts = new Command()
   .option("--quantize <kind>", "none | int8 | nf4 (frozen base)", defaults.quantize)
   .option("--workloads <list>", `comma list of ${WORKLOADS.map((w) => w.name).join(", ")}`, defaults.workloads)
   .option("--backend <name>", BACKEND_NAMES.join(" | "), defaults.backend)
+  .addOption(threadsOption())
   .option("--profile", "also print the slowest kernels of each workload to stderr (tf.profile; slows the run)", defaults.profile)
   .parse()
-  .opts<typeof defaults>();
+  .opts<typeof defaults & { threads: ThreadsSpec }>();
 
 const configs = opts.config === "all" ? Object.keys(BENCH_CONFIGS) : opts.config.split(",");
 const names = opts.workloads.split(",").map((s) => s.trim());
 for (const n of names) if (!WORKLOADS.some((w) => w.name === n)) throw new Error(`unknown workload "${n}"; accepted: ${WORKLOADS.map((w) => w.name).join(", ")}`);
-await initBackend(opts.backend);
+await initBackend(opts.backend, { threads: opts.threads });
 for (const c of configs) {
   const ctx = benchContext(c, opts.quantize as Quantize);
   for (const w of WORKLOADS.filter((x) => names.includes(x.name))) {

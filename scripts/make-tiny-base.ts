@@ -3,7 +3,7 @@
 import { Command } from "commander";
 import { initBackend } from "../src/backend.ts";
 import { parseChoice, parseFloatArg, parseIntArg, runMain } from "../src/cli.ts";
-import { BACKENDS } from "../src/run/options.ts";
+import { BACKENDS, threadsOption } from "../src/run/options.ts";
 import { makeTinyBase } from "../src/presets/make-tiny-base.ts";
 import { TINY_BASE_DIR } from "../src/presets/tiny.ts";
 import { shutdownCalculator } from "../src/agents/calculator.ts";
@@ -19,11 +19,12 @@ const program = new Command()
   .option("--chat_share <x>", "share of the data rendered as chat transcripts with tool calls", parseFloatArg("chat_share", 0, 1), 0)
   .option("--save_every <n>", "also save every N steps", parseIntArg("save_every", 0), 0)
   .option("--init_from <dir>", "continue pretraining the model in this folder (its tokenizer is kept)")
-  .option("--backend <name>", `tfjs backend: ${BACKENDS.join(", ")}`, parseChoice("backend", BACKENDS), "auto");
+  .option("--backend <name>", `tfjs backend: ${BACKENDS.join(", ")}`, parseChoice("backend", BACKENDS), "auto")
+  .addOption(threadsOption());
 
 await runMain(async () => {
   const o = program.parse().opts();
-  await initBackend(o.backend);
+  await initBackend(o.backend, { threads: o.threads });
   await makeTinyBase({ outDir: o.output_dir, steps: o.steps, batchSize: o.batch_size, lr: o.learning_rate, seed: o.seed, initFrom: o.init_from, chatShare: o.chat_share, saveEvery: o.save_every });
   await shutdownCalculator();
 });

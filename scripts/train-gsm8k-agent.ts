@@ -63,7 +63,7 @@ await runMain(async () => {
       loraR: o.lora_r, loraAlpha: o.lora_alpha, loraDropout: o.lora_dropout, loraTargets: loraTargets(o.lora_targets),
       quantize: o.quantize, toolsInPrompt: o.tools_in_prompt, saveSteps: o.save_steps, saveTotalLimit: o.save_total_limit,
       evalSamples: o.eval_samples, seed: o.seed, outputDir: o.output_dir ?? defaultOutputDir(o.model_path, "grpo"),
-      backend: o.backend, unpackBase: o.unpack_base, overwrite: o.overwrite, resume: o.resume,
+      backend: o.backend, threads: o.threads, unpackBase: o.unpack_base, overwrite: o.overwrite, resume: o.resume,
     });
     process.stdout.write(`grpo done: ${r.steps} steps, ${r.seconds.toFixed(0)} s → ${r.finalDir}\n`);
   } finally {

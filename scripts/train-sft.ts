@@ -66,6 +66,7 @@ await runMain(async () => {
       seed: o.seed,
       outputDir: o.output_dir ?? defaultOutputDir(o.model_path, "sft"),
       backend: o.backend,
+      threads: o.threads,
       unpackBase: o.unpack_base,
       overwrite: o.overwrite,
       resume: o.resume,

@@ -4,11 +4,13 @@
  *  dependency and starts in backend-webgpu.ts. A backend asked for by name that cannot start is a
  *  usage error (one line, exit 2); `auto` moves on to the next. Also fills the one kernel gap training
  *  hits on wasm: UnsortedSegmentSum (the gradient of gather), needed when embeddings train in full mode.
+ *  wasm runs on `threads` threads (default: every core this process may use; see wasm-threads.ts).
  *  Leaves out: WebGL (this is a Node trainer). */
 import * as tf from "@tensorflow/tfjs";
 import "@tensorflow/tfjs-backend-wasm";
 import { UsageError } from "./cli.ts";
 import { registerWebgpu } from "./backend-webgpu.ts";
+import { resolveThreads, startWasm, wasmThreads, type ThreadsSpec } from "./wasm-threads.ts";
 
 export type BackendName = "tensorflow" | "webgpu" | "wasm" | "cpu" | "auto";
 export const BACKEND_NAMES: BackendName[] = ["auto", "tensorflow", "webgpu", "wasm", "cpu"];
@@ -17,11 +19,18 @@ export const AUTO_ORDER = "tfjs-node-gpu → webgpu (hardware adapter) → tfjs-
 
 let chosen: Promise<string> | null = null;
 
-/** Idempotent: the first call decides, later calls return the same backend name. */
-export function initBackend(name: BackendName | string = "auto"): Promise<string> {
+export interface BackendOptions {
+  /** wasm threads: "auto" (default) = every core this process may use, up to 8; 1 = single-threaded. */
+  threads?: ThreadsSpec;
+}
+
+/** Idempotent: the first call decides (backend and threads), later calls return the same backend name. */
+export function initBackend(name: BackendName | string = "auto", opts: BackendOptions = {}): Promise<string> {
   if (!BACKEND_NAMES.includes(name as BackendName))
     throw new UsageError(`unknown backend "${name}"; accepted: ${BACKEND_NAMES.join(", ")}`);
-  if (!chosen) chosen = pick(name as BackendName);
+  const threads = opts.threads ?? "auto";
+  resolveThreads(threads); // a bad count fails here, before anything starts
+  if (!chosen) chosen = pick(name as BackendName, threads);
   return chosen;
 }
 
@@ -47,7 +56,7 @@ async function tryWebgpu(hardwareOnly: boolean): Promise<{ ok: boolean; reason?:
   return { ok: true };
 }
 
-async function pick(name: BackendName): Promise<string> {
+async function pick(name: BackendName, threads: ThreadsSpec): Promise<string> {
   if (name === "tensorflow" || name === "auto") {
     if (await tryNative(["@tensorflow/tfjs-node-gpu"])) return done();
   }
@@ -63,7 +72,7 @@ async function pick(name: BackendName): Promise<string> {
   }
   if (name === "wasm" || name === "auto") {
     registerWasmExtras();
-    if (await tf.setBackend("wasm").catch(() => false)) return done();
+    if (await startWasm(threads)) return done();
     if (name === "wasm") throw new Error("backend wasm failed to initialise");
   }
   await tf.setBackend("cpu");
@@ -73,7 +82,8 @@ async function pick(name: BackendName): Promise<string> {
 async function done(): Promise<string> {
   await tf.ready();
   const b = tf.getBackend();
-  process.stderr.write(`tfjs backend: ${b}\n`);
+  const n = wasmThreads();
+  process.stderr.write(`tfjs backend: ${b}${b === "wasm" ? ` (${n} thread${n > 1 ? "s" : ""})` : ""}\n`);
   return b;
 }
 

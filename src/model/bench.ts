@@ -2,6 +2,7 @@
  *  another workload (say, a rollout benchmark) lives in its own file and calls registerWorkload().
  *  Each run returns measurements; speed is measured here, never asserted in tests. */
 import * as tf from "@tensorflow/tfjs";
+import { wasmThreads } from "../wasm-threads.ts";
 import { createModel } from "./load.ts";
 import type { Qwen2ForCausalLM } from "./qwen2.ts";
 import { LORA_TARGETS, type Quantize, type Qwen2Config } from "./types.ts";
@@ -9,6 +10,7 @@ import { LORA_TARGETS, type Quantize, type Qwen2Config } from "./types.ts";
 export interface Measurement {
   workload: string;
   backend: string;
+  threads: number;
   config: string;
   quantize: Quantize;
   batch: number;
@@ -24,7 +26,7 @@ export interface BenchContext {
   quantize: Quantize;
   /** A model with random weights; LoRA r16/alpha32 on all 7 modules when `lora` is set. Cached per kind. */
   model(lora: boolean): Promise<Qwen2ForCausalLM>;
-  measure(m: Omit<Measurement, "backend" | "config" | "quantize" | "tokens_per_s" | "peak_heap_bytes">): Measurement;
+  measure(m: Omit<Measurement, "backend" | "threads" | "config" | "quantize" | "tokens_per_s" | "peak_heap_bytes">): Measurement;
 }
 export interface Workload {
   name: string;
@@ -204,7 +206,7 @@ export function benchContext(configName: string, quantize: Quantize, seed = 0): 
       }
       return models.get(lora)!;
     },
-    measure: (m) => ({ ...m, backend: tf.getBackend(), config: configName, quantize, tokens_per_s: Math.round((m.tokens / m.seconds) * 10) / 10, peak_heap_bytes: heapBytes() }),
+    measure: (m) => ({ ...m, backend: tf.getBackend(), threads: wasmThreads(), config: configName, quantize, tokens_per_s: Math.round((m.tokens / m.seconds) * 10) / 10, peak_heap_bytes: heapBytes() }),
     dispose() {
       for (const m of models.values()) m.dispose();
       models.clear();

@@ -5,6 +5,7 @@
 import * as tf from "@tensorflow/tfjs";
 import * as path from "node:path";
 import { initBackend } from "../backend.ts";
+import type { ThreadsSpec } from "../wasm-threads.ts";
 import { Rng } from "../util/rng.ts";
 import { readConfig } from "./config.ts";
 import { resolveModelDir } from "./hub.ts";
@@ -27,6 +28,7 @@ export interface ModelOptions {
 export interface LoadOptions extends ModelOptions {
   adapter?: string; // PEFT folder to attach
   backend?: string;
+  threads?: ThreadsSpec; // wasm threads (see wasm-threads.ts); default auto
 }
 
 const QUANTIZE: Quantize[] = ["none", "int8", "nf4"];
@@ -130,7 +132,7 @@ export async function createModel(config: Qwen2Config, opts: ModelOptions = {}):
 
 /** A Hugging Face folder or hub id → model (with an adapter if asked). */
 export async function loadModel(pathOrId: string, opts: LoadOptions = {}): Promise<Qwen2ForCausalLM> {
-  await initBackend(opts.backend ?? "auto");
+  await initBackend(opts.backend ?? "auto", { threads: opts.threads });
   const dir = await resolveModelDir(pathOrId);
   const cfg = await readConfig(dir);
   const ckpt = await Checkpoint.open(dir);

@@ -19,6 +19,7 @@ import { TINY_EVAL_MODELS } from "./eval-run.ts";
 import { checkModelSource } from "./policy.ts";
 import { addModelOptions, parseWithPreset } from "./options.ts";
 import { openPolicy } from "./policy.ts";
+import type { ThreadsSpec } from "../wasm-threads.ts";
 
 // ---------------------------------------------------------------- commands
 
@@ -202,6 +203,7 @@ export interface ChatRunConfig extends ChatOptions {
   adapter?: string;
   quantize: Quantize;
   backend: string;
+  threads?: ThreadsSpec; // wasm threads (default auto)
   unpackBase?: boolean;
   note?: string; // which checkpoint a preset picked, and why
 }
@@ -242,7 +244,7 @@ export async function parseChatArgs(argv: string[]): Promise<ChatRunConfig> {
   }
   await checkModelSource(modelPath, "--model_path", o.adapter);
   return {
-    modelPath, adapter: o.adapter, quantize, backend: o.backend, unpackBase: o.unpack_base, note,
+    modelPath, adapter: o.adapter, quantize, backend: o.backend, threads: o.threads, unpackBase: o.unpack_base, note,
     temperature: o.temperature, topP: o.top_p, maxNewTokens: o.max_new_tokens, maxTurns: o.max_turns,
     toolsInPrompt: o.tools_in_prompt, seed: o.seed,
   };
@@ -264,7 +266,7 @@ export async function runChat(cfg: ChatRunConfig, io: ChatIo): Promise<void> {
   // Notes about the session: dimmed in the terminal; on stderr when piped, so stdout holds only replies.
   const note = (s: string) => (interactive ? write(dim(`${s}\n`)) : io.err(s));
   if (cfg.note) io.err(cfg.note);
-  const policy = await openPolicy({ modelPath: cfg.modelPath, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase });
+  const policy = await openPolicy({ modelPath: cfg.modelPath, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpackBase });
   const session = new ChatSession(policy.model, policy.tokenizer, cfg);
   const rl = readline.createInterface({ input: io.input, output: interactive ? io.output : undefined, terminal: interactive, prompt: "you> " });
   let generation: AbortController | null = null;

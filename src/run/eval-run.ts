@@ -20,6 +20,7 @@ import { checkDataset, loadExamples, type Purpose } from "./data.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
 import { addModelOptions, parseWithPreset, QUANTIZE_CHOICES } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
+import type { ThreadsSpec } from "../wasm-threads.ts";
 
 export interface EvalModelSpec {
   name: string; // used in the table and in samples-<name>.jsonl
@@ -46,6 +47,7 @@ export interface EvalRunConfig {
   toolsInPrompt: boolean;
   seed: number;
   backend: string;
+  threads?: ThreadsSpec; // wasm threads (default auto)
   unpackBase?: boolean;
   outputDir: string;
   overwrite: boolean;
@@ -171,6 +173,7 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
     toolsInPrompt: o.tools_in_prompt,
     seed: o.seed,
     backend: o.backend,
+    threads: o.threads,
     unpackBase: o.unpack_base,
     outputDir,
     overwrite: o.overwrite,
@@ -242,7 +245,7 @@ export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => 
     const results: EvalRunOutput["results"] = [];
     for (const spec of cfg.models) {
       io.out(`${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${examples.length} questions × ${cfg.samplesPerPrompt}`);
-      const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase });
+      const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpackBase });
       const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
       let result: EvalResult;
       try {

@@ -30,6 +30,7 @@ import { loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
+import type { ThreadsSpec } from "../wasm-threads.ts";
 
 export interface GrpoRunConfig {
   modelPath: string; // SFT output (adapter folder or full folder), HF folder or hub id
@@ -70,6 +71,7 @@ export interface GrpoRunConfig {
   seed: number;
   outputDir: string;
   backend: string;
+  threads?: ThreadsSpec; // wasm threads (default auto)
   unpackBase?: boolean; // hold a quantized base unpacked while generating (default true)
   overwrite: boolean;
   resume: boolean;
@@ -88,8 +90,8 @@ export interface GrpoRunResult {
 /** The config fields a resumed run must share with the run it continues. */
 function identity(cfg: GrpoRunConfig): Record<string, unknown> {
   // outputDir is left out so a copied run folder resumes.
-  const { overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, unpackBase, score, outputDir, ...rest } = cfg;
-  void overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, unpackBase, score, outputDir;
+  const { overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, threads, unpackBase, score, outputDir, ...rest } = cfg;
+  void overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, threads, unpackBase, score, outputDir;
   return rest;
 }
 
@@ -132,7 +134,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
       lora,
       trainable: "lora",
       seed: cfg.seed,
-      backend: cfg.backend,
+      backend: cfg.backend, threads: cfg.threads,
       unpackBase: cfg.unpackBase,
     });
   const policy: Policy = ckpt ? await open() : await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "grpo" }, open);

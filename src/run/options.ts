@@ -5,6 +5,7 @@ import { AUTO_ORDER, BACKEND_NAMES } from "../backend.ts";
 import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
+import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../wasm-threads.ts";
 
 export const PRESETS = ["tiny"] as const;
 export type PresetName = (typeof PRESETS)[number];
@@ -17,9 +18,26 @@ export function addModelOptions(cmd: Command, defaults: { modelPath: string; qua
     .option("--model_path <id|dir>", "hub id, Hugging Face folder, full-weights output, or a PEFT adapter folder (its base is read from adapter_config.json)", defaults.modelPath)
     .option("--quantize <kind>", `frozen base weights: ${QUANTIZE_CHOICES.join(", ")}`, parseChoice("quantize", QUANTIZE_CHOICES), defaults.quantize)
     .option("--backend <name>", `tfjs backend: ${BACKENDS.join(", ")} (auto: ${AUTO_ORDER})`, parseChoice("backend", BACKENDS), "auto")
+    .addOption(threadsOption())
     .option("--seed <n>", "random seed (weights of a fresh adapter, data order, sampling)", parseIntArg("seed", 0), 0)
     .option("--no-tools_in_prompt", "do not render the tool schemas into the system prompt (the model learned the format in SFT)")
     .option("--no-unpack_base", "keep an int8/nf4 base packed while generating: less memory, slower decoding (default: unpacked to f32 for as long as it generates)");
+}
+
+/** `--threads`: auto or 1–8 (every script and bench takes it). */
+export function threadsOption(): Option {
+  return new Option("--threads <n>", `wasm threads: auto (every core this process may use, up to ${MAX_WASM_THREADS}) or a count; 1 = the single-threaded build`)
+    .argParser(parseThreads)
+    .default("auto");
+}
+
+export function parseThreads(value: string): ThreadsSpec {
+  if (value === "auto") return "auto";
+  try {
+    return resolveThreads(value);
+  } catch {
+    throw new UsageError(`--threads ${JSON.stringify(value)}: expected auto or a whole number from 1 to ${MAX_WASM_THREADS}`);
+  }
 }
 
 /** Option name as commander stores it: --model_path → model_path. */

@@ -11,6 +11,7 @@ import type { Qwen2ForCausalLM } from "../model/qwen2.ts";
 import type { LoraConfig, Quantize, Tokenizer } from "../model/types.ts";
 import { writeDirAtomic } from "../util/fs.ts";
 import { isHubId } from "../util/hf-hub.ts";
+import type { ThreadsSpec } from "../wasm-threads.ts";
 
 export interface OpenPolicyOptions {
   modelPath: string; // hub id, HF folder, full SFT output, or a PEFT adapter folder
@@ -20,6 +21,7 @@ export interface OpenPolicyOptions {
   trainable?: "lora" | "full";
   seed?: number;
   backend?: string;
+  threads?: ThreadsSpec;
   unpackBase?: boolean; // hold a quantized base unpacked while generating (default true)
 }
 
@@ -90,6 +92,7 @@ export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
       trainable: o.trainable,
       seed: o.seed,
       backend: o.backend,
+      threads: o.threads,
     });
   } catch (err) {
     // An adapter that does not fit the base (another model, rank or modules) is the user's input.

@@ -25,6 +25,7 @@ import { loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir } from "./policy.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
+import type { ThreadsSpec } from "../wasm-threads.ts";
 
 export interface SftRunConfig {
   modelPath: string;
@@ -56,6 +57,7 @@ export interface SftRunConfig {
   seed: number;
   outputDir: string;
   backend: string;
+  threads?: ThreadsSpec; // wasm threads (default auto)
   unpackBase?: boolean; // for the final evaluation's generation (default true)
   overwrite: boolean;
   resume?: boolean;
@@ -73,8 +75,8 @@ export interface SftRunResult {
 /** The config fields a resumed run must share with the run it continues. */
 function identity(cfg: SftRunConfig): Record<string, unknown> {
   // outputDir is left out so a copied run folder resumes.
-  const { overwrite, resume, quiet, saveSteps, evalSamples, evalMaxNewTokens, backend, unpackBase, outputDir, ...rest } = cfg;
-  void overwrite, resume, quiet, saveSteps, evalSamples, evalMaxNewTokens, backend, unpackBase, outputDir;
+  const { overwrite, resume, quiet, saveSteps, evalSamples, evalMaxNewTokens, backend, threads, unpackBase, outputDir, ...rest } = cfg;
+  void overwrite, resume, quiet, saveSteps, evalSamples, evalMaxNewTokens, backend, threads, unpackBase, outputDir;
   return rest;
 }
 
@@ -95,7 +97,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
   const open = () =>
     openPolicy({
       modelPath: ckpt && cfg.full ? ckpt.dir : base, adapter: ckpt && !cfg.full ? ckpt.dir : undefined,
-      quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend, unpackBase: cfg.unpackBase,
+      quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpackBase,
     });
   const policy = ckpt ? await open() : await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "sft" }, open);
   if (ckpt) policy.base = base;

@@ -44,6 +44,7 @@ describe.each([
   ["train-sft.ts", ["--model_path", "./no/such/model"], /--model_path \.\/no\/such\/model: no such folder/],
   ["train-sft.ts", ["--dataset", "no-such.jsonl"], /--dataset no-such.jsonl: no such file/],
   ["train-sft.ts", ["--bogus"], /unknown option '--bogus'/],
+  ["train-gsm8k-agent.ts", ["--threads", "9"], /--threads "9": expected auto or a whole number from 1 to 8/],
   ["train-gsm8k-agent.ts", ["--bogus"], /unknown option '--bogus'/],
   ["train-sft.ts", ["--inline_share", "1.5"], /--inline_share "1.5"/],
   ["train-sft.ts", ["--inline_ops", "+,sqrt"], /--inline_ops "\+,sqrt": unknown sqrt/],
