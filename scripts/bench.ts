@@ -3,7 +3,7 @@
  *  (import another workload file here to register it). */
 import { Command } from "commander";
 import { BACKEND_NAMES, initBackend } from "../src/backend.ts";
-import { benchContext, BENCH_CONFIGS, profileTop, WORKLOADS } from "../src/model/bench.ts";
+import { benchContext, BENCH_CONFIGS, kernelCounts, profileTop, WORKLOADS } from "../src/model/bench.ts";
 import type { Quantize } from "../src/model/types.ts";
 import { threadsOption } from "../src/run/options.ts";
 import type { ThreadsSpec } from "../src/wasm-threads.ts";
@@ -16,7 +16,7 @@ const opts = new Command()
   .option("--workloads <list>", `comma list of ${WORKLOADS.map((w) => w.name).join(", ")}`, defaults.workloads)
   .option("--backend <name>", BACKEND_NAMES.join(" | "), defaults.backend)
   .addOption(threadsOption())
-  .option("--profile", "also print the slowest kernels of each workload to stderr (tf.profile; slows the run)", defaults.profile)
+  .option("--profile", "also print the slowest kernels of each workload and the kernels per decode and per training step to stderr (tf.profile; slows the run)", defaults.profile)
   .parse()
   .opts<typeof defaults & { threads: ThreadsSpec }>();
 
@@ -26,6 +26,10 @@ for (const n of names) if (!WORKLOADS.some((w) => w.name === n)) throw new Error
 await initBackend(opts.backend, { threads: opts.threads });
 for (const c of configs) {
   const ctx = benchContext(c, opts.quantize as Quantize);
+  if (opts.profile) {
+    const k = await kernelCounts(ctx);
+    process.stderr.write(`${c}: ${k.decodeStep} kernels per decode step (${k.decodeTop}), ${k.trainStep} per training step (${k.trainTop})\n`);
+  }
   for (const w of WORKLOADS.filter((x) => names.includes(x.name))) {
     if (opts.profile) {
       const { value, kernels } = await profileTop(() => w.run(ctx));

@@ -188,6 +188,35 @@ export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ va
   return { value: value as T, kernels };
 }
 
+/** Kernels run by one decode step (batch 8 after a 128-token prefill, base unpacked as in rollouts)
+ *  and by one training step (LoRA gradients of the mean token log-prob, batch 2 × 256): what the
+ *  per-kernel overhead of small models scales with. Also the kinds that occur most in each. */
+export async function kernelCounts(ctx: BenchContext): Promise<{ decodeStep: number; trainStep: number; decodeTop: string; trainTop: string }> {
+  const count = async (f: () => void) => {
+    const info = await tf.profile(() => f());
+    const kinds = new Map<string, number>();
+    for (const k of info.kernels) kinds.set(k.name, (kinds.get(k.name) ?? 0) + 1);
+    const top = [...kinds].sort((a, b) => b[1] - a[1]).slice(0, 8).map(([k, n]) => `${k} ${n}`).join(", ");
+    return { n: info.kernels.length, top };
+  };
+  const V = ctx.config.vocabSize;
+  let model = await ctx.model(false);
+  const release = model.unpackBase?.() ?? (() => {});
+  const ids = tokenBatch(8, 128, V, 7);
+  const { logits, cache } = model.prefill(ids, ids.map((r) => r.map(() => 1)));
+  logits.dispose();
+  const dec = await count(() => model.decodeStep(ids.map((r) => r[0]), cache).dispose());
+  cache.dispose();
+  release();
+  model = await ctx.model(true);
+  const tids = tokenBatch(2, 256, V), mask = tids.map((r) => r.map(() => 1));
+  const train = await count(() => {
+    const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(model.tokenLogprobs(tids, mask, { training: true }).logprobs)) as tf.Scalar, model.trainableVariables());
+    tf.dispose([value, grads]);
+  });
+  return { decodeStep: dec.n, trainStep: train.n, decodeTop: dec.top, trainTop: train.top };
+}
+
 /** Context for one (config, quantize): models are created lazily and reused across workloads. */
 export function benchContext(configName: string, quantize: Quantize, seed = 0): BenchContext & { dispose(): void } {
   const config = BENCH_CONFIGS[configName];
