@@ -14,7 +14,7 @@ import { Qwen2ForCausalLM, type LayerWeights } from "./qwen2.ts";
 import { Checkpoint } from "./safetensors.ts";
 import { backendProfile } from "./profile.ts";
 import { BaseWeight } from "./weight.ts";
-import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
+import { FUSED, FUSED_MODULES, LORA_TARGETS, type FusedModule, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
 
 export interface ModelOptions {
   quantize?: Quantize;
@@ -39,6 +39,23 @@ let modelCount = 0;
 type Source = (name: string, shape: number[]) => Promise<Float32Array | { inOut: Float32Array }>;
 const plain = (d: Float32Array | { inOut: Float32Array }): Float32Array => ("inOut" in d ? d.inOut : d);
 
+/** Pure: row-major [rows, cols_i] matrices side by side → [rows, Σ cols_i]. */
+export function concatColumns(parts: Float32Array[], rows: number): Float32Array {
+  const cols = parts.map((p) => p.length / rows), total = cols.reduce((a, b) => a + b, 0);
+  const out = new Float32Array(rows * total);
+  for (let i = 0, off = 0; i < parts.length; off += cols[i], i++)
+    for (let r = 0; r < rows; r++) out.set(parts[i].subarray(r * cols[i], (r + 1) * cols[i]), r * total + off);
+  return out;
+}
+
+/** Pure: arrays end to end (rows stacked, for [out, in] matrices or 1-D biases). */
+export function concatRows(parts: Float32Array[]): Float32Array {
+  if (parts.length === 1) return parts[0];
+  const out = new Float32Array(parts.reduce((n, p) => n + p.length, 0));
+  parts.reduce((off, p) => (out.set(p, off), off + p.length), 0);
+  return out;
+}
+
 /** Pure: [rows, cols] row-major → [cols, rows]. */
 export function transpose2d(a: Float32Array, rows: number, cols: number): Float32Array {
   const out = new Float32Array(a.length);
@@ -61,20 +78,34 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   // the Linear layers inside the blocks: a quantized head would be dequantized whole at every decode
   // step (136M weights for 0.5B), and a lookup needs only a few of its columns anyway.
   const embedLeft = !full && big;
-  const vec = async (n: string, size: number): Promise<tf.Tensor1D> => {
-    const t = tf.tensor1d(plain(await src(n, [size])));
-    const out = full ? (tf.variable(t, true, `${n}#${uid}`) as unknown as tf.Tensor1D) : t;
+  // Several names (the q/k/v biases) are read in order and held end to end as one vector.
+  const vec = async (names: string | string[], sizes: number | number[]): Promise<tf.Tensor1D> => {
+    const ns = ([] as string[]).concat(names), ss = ([] as number[]).concat(sizes);
+    const parts: Float32Array[] = [];
+    for (let i = 0; i < ns.length; i++) parts.push(plain(await src(ns[i], [ss[i]])));
+    const t = tf.tensor1d(concatRows(parts));
+    const out = full ? (tf.variable(t, true, `${ns[0]}#${uid}`) as unknown as tf.Tensor1D) : t;
     if (full) t.dispose();
     created.push(out);
     return out;
   };
   // torch stores Linear weights [out, in]; we hold [in, out] (transposed on the host, once), or
-  // [out, in] as they come for the left-operand layout.
-  const mat = async (n: string, outD: number, inD: number, embedding = false): Promise<BaseWeight> => {
-    const d = await src(n, [outD, inD]);
-    const w = (embedding ? embedLeft : left)
-      ? BaseWeight.frozenLeft("inOut" in d ? transpose2d(d.inOut, inD, outD) : d, inD, outD)
-      : BaseWeight.fromFloat32("inOut" in d ? d.inOut : transpose2d(d, outD, inD), inD, outD, embedding ? "none" : quantize, full, `${n}#${uid}`);
+  // [out, in] as they come for the left-operand layout. Several names (q/k/v, gate/up) sharing an
+  // input become one matrix, their outputs side by side: one product instead of several. Quantization
+  // is per output column, so the fused matrix quantizes exactly as its parts would.
+  const mat = async (names: string | string[], outDs: number | number[], inD: number, embedding = false): Promise<BaseWeight> => {
+    const ns = ([] as string[]).concat(names), os = ([] as number[]).concat(outDs);
+    const useLeft = embedding ? embedLeft : left;
+    const parts: Float32Array[] = [];
+    for (let i = 0; i < ns.length; i++) {
+      const d = await src(ns[i], [os[i], inD]);
+      if (useLeft) parts.push("inOut" in d ? transpose2d(d.inOut, inD, os[i]) : d);
+      else parts.push("inOut" in d ? d.inOut : transpose2d(d, os[i], inD));
+    }
+    const outD = os.reduce((a, b) => a + b, 0);
+    const w = useLeft
+      ? BaseWeight.frozenLeft(concatRows(parts), inD, outD)
+      : BaseWeight.fromFloat32(parts.length === 1 ? parts[0] : concatColumns(parts, inD), inD, outD, embedding ? "none" : quantize, full, `${ns[0]}#${uid}`);
     created.push(w);
     return w;
   };
@@ -86,19 +117,16 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
     const layers: LayerWeights[] = [];
     for (let i = 0; i < cfg.numHiddenLayers; i++) {
       const p = `model.layers.${i}`;
-      const proj = {} as Record<LoraTarget, BaseWeight>;
-      for (const m of LORA_TARGETS) {
-        const [inD, outD] = moduleDims(cfg, m);
-        proj[m] = await mat(`${p}.${moduleGroup(m)}.${m}.weight`, outD, inD);
+      const proj = {} as Record<FusedModule, BaseWeight>;
+      for (const f of FUSED_MODULES) {
+        const members = FUSED[f];
+        proj[f] = await mat(members.map((m) => `${p}.${moduleGroup(m)}.${m}.weight`), members.map((m) => moduleDims(cfg, m)[1]), moduleDims(cfg, members[0])[0]);
       }
+      const qkv = FUSED.qkv_proj;
       layers.push({
         inputNorm: await vec(`${p}.input_layernorm.weight`, H),
         postNorm: await vec(`${p}.post_attention_layernorm.weight`, H),
-        bias: {
-          q_proj: await vec(`${p}.self_attn.q_proj.bias`, moduleDims(cfg, "q_proj")[1]),
-          k_proj: await vec(`${p}.self_attn.k_proj.bias`, moduleDims(cfg, "k_proj")[1]),
-          v_proj: await vec(`${p}.self_attn.v_proj.bias`, moduleDims(cfg, "v_proj")[1]),
-        },
+        qkvBias: await vec(qkv.map((m) => `${p}.self_attn.${m}.bias`), qkv.map((m) => moduleDims(cfg, m)[1])),
         proj,
       });
     }

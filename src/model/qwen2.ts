@@ -2,7 +2,10 @@
  *  grouped-query attention with q/k/v bias, SwiGLU MLP, causal + padding mask with float32 min, left
  *  padding with position ids from the mask, tied or untied head. KV cache for incremental decoding.
  *  Every projection runs as one 2-D matMul over the flattened (batch·seq) rows with weights held
- *  [in, out]; the tied head keeps only Eᵀ [hidden, vocab] and embeds by gathering its columns.
+ *  [in, out]; q/k/v are one matrix and gate/up another (fused at load; LoRA keeps its per-module
+ *  adapters and PEFT names), RoPE rotates the query and key heads in one pass, and a decode step's
+ *  head transposes are reshapes (one position). The tied head keeps only Eᵀ [hidden, vocab] and
+ *  embeds by gathering its columns.
  *  Training forwards checkpoint each decoder layer (only its input stays on the gradient tape) and
  *  compute the head's log-probs in vocab chunks that recompute their logits in the backward pass.
  *  Leaves out: sliding-window attention, rope scaling, dropout in attention (Qwen2 uses 0). */
@@ -12,19 +15,19 @@ import * as path from "node:path";
 import { writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
 import { attentionBias, positionIds, ropeInvFreq, ropeTables } from "./attention.ts";
 import { configToJson } from "./config.ts";
-import { adapterConfigJson, LoraAdapter, moduleGroup } from "./lora.ts";
+import { adapterConfigJson, LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { checkpoint } from "./checkpoint.ts";
 import { bmm, matMulAT, matMulBT, matMulUncached } from "./matmul.ts";
 import { backendProfile } from "./profile.ts";
 import { BaseWeight, type CustomGradFn } from "./weight.ts";
-import { LORA_TARGETS, type CausalLM, type ForwardOptions, type KVCache, type LoraConfig, type LoraTarget, type Quantize, type Qwen2Config } from "./types.ts";
+import { FUSED, FUSED_MODULES, type CausalLM, type ForwardOptions, type FusedModule, type KVCache, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
 
 export interface LayerWeights {
   inputNorm: tf.Tensor1D;
   postNorm: tf.Tensor1D;
-  bias: { q_proj: tf.Tensor1D; k_proj: tf.Tensor1D; v_proj: tf.Tensor1D };
-  proj: Record<LoraTarget, BaseWeight>; // [in, out]
+  qkvBias: tf.Tensor1D; // [q + 2·kv]: the q_proj, k_proj and v_proj biases end to end
+  proj: Record<FusedModule, BaseWeight>; // [in, out]; a fused module's outputs side by side (FUSED)
 }
 export interface Qwen2Weights {
   embedT: BaseWeight; // [hidden, vocab] = model.embed_tokens.weightᵀ (also the head when tied)
@@ -102,15 +105,15 @@ export class Qwen2ForCausalLM implements CausalLM {
     const w = this.weights;
     let n = w.embedT.bytes + (w.lmHeadT?.bytes ?? 0) + 4 * w.norm.size;
     for (const l of w.layers) {
-      n += 4 * (l.inputNorm.size + l.postNorm.size + l.bias.q_proj.size + l.bias.k_proj.size + l.bias.v_proj.size);
-      for (const m of LORA_TARGETS) n += l.proj[m].bytes;
+      n += 4 * (l.inputNorm.size + l.postNorm.size + l.qkvBias.size);
+      for (const f of FUSED_MODULES) n += l.proj[f].bytes;
     }
     return n;
   }
 
   /** Bytes of the 7 linear modules of every layer: the part int8/nf4 quantize (embeddings stay f32). */
   linearBytes(): number {
-    return this.weights.layers.reduce((n, l) => n + LORA_TARGETS.reduce((s, m) => s + l.proj[m].bytes, 0), 0);
+    return this.weights.layers.reduce((n, l) => n + FUSED_MODULES.reduce((s, f) => s + l.proj[f].bytes, 0), 0);
   }
 
   private get head(): BaseWeight {
@@ -135,21 +138,27 @@ export class Qwen2ForCausalLM implements CausalLM {
     return tf.mul(tf.mul(x, tf.rsqrt(tf.add(v, this.config.rmsNormEps))), w);
   }
 
-  private proj(layer: number, m: LoraTarget, x: tf.Tensor2D, opts: ForwardOptions): tf.Tensor2D {
+  /** One fused module: x [N, in] → [N, out] (its members' outputs side by side), with the q/k/v
+   *  bias and each member's LoRA term (members without an adapter add zeros). */
+  private proj(layer: number, f: FusedModule, x: tf.Tensor2D, opts: ForwardOptions): tf.Tensor2D {
     const lw = this.weights.layers[layer];
-    let y = lw.proj[m].matmul(x);
-    if (m === "q_proj" || m === "k_proj" || m === "v_proj") y = tf.add(y, lw.bias[m]);
-    if (this.adapter && opts.adapters !== false) {
-      const d = this.adapter.delta(layer, m, x, opts.training === true);
-      if (d) y = tf.add(y, d);
+    let y = lw.proj[f].matmul(x);
+    if (f === "qkv_proj") y = tf.add(y, lw.qkvBias);
+    const ad = this.adapter;
+    if (ad && opts.adapters !== false) {
+      const members = FUSED[f];
+      const ds = members.map((m) => ad.delta(layer, m, x, opts.training === true));
+      if (ds.some((d) => d)) {
+        const all = ds.map((d, i) => d ?? tf.zeros([x.shape[0], moduleDims(this.config, members[i])[1]]));
+        y = tf.add(y, all.length === 1 ? all[0] : tf.concat(all, 1));
+      }
     }
     return y;
   }
 
   /** x [B, T, heads, hd] rotated by the per-row tables [B, T, 1, hd]. */
   private rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
-    const [B, T, nh, hd] = x.shape;
-    const x1 = tf.slice(x, [0, 0, 0, 0], [B, T, nh, hd / 2]), x2 = tf.slice(x, [0, 0, 0, hd / 2], [B, T, nh, hd / 2]);
+    const [x1, x2] = tf.split(x, 2, 3);
     return tf.add(tf.mul(x, cos), tf.mul(tf.concat([x2, x1], 3), sin));
   }
 
@@ -201,12 +210,14 @@ export class Qwen2ForCausalLM implements CausalLM {
     const nH = c.numAttentionHeads, nKv = c.numKeyValueHeads, hd = c.headDim, g = nH / nKv;
     const S = bias.shape[3];
     const lw = this.weights.layers[l];
+    // With one position (a decode step) moving the T axis keeps the element order: a reshape does it.
+    const perm = (t: tf.Tensor, p: number[]): tf.Tensor => (T === 1 ? tf.reshape(t, p.map((a) => t.shape[a])) : tf.transpose(t, p));
     const h = this.rmsNorm(x, lw.inputNorm);
-    let q = this.rope(tf.reshape(this.proj(l, "q_proj", h, opts), [B, T, nH, hd]), cos, sin);
-    const k = this.rope(tf.reshape(this.proj(l, "k_proj", h, opts), [B, T, nKv, hd]), cos, sin);
-    q = tf.transpose(tf.mul(q, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)
-    let kT: tf.Tensor = tf.transpose(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
-    let v: tf.Tensor = tf.transpose(tf.reshape(this.proj(l, "v_proj", h, opts), [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
+    const [qk, vFlat] = tf.split(this.proj(l, "qkv_proj", h, opts), [(nH + nKv) * hd, nKv * hd], 1); // [N, (nH+nKv)·hd], [N, nKv·hd]
+    const [qr, k] = tf.split(this.rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)
+    const q = perm(tf.mul(qr, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)
+    let kT: tf.Tensor = perm(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
+    let v: tf.Tensor = perm(tf.reshape(vFlat, [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
     if (cache && cache.length) {
       kT = tf.concat([cache.k[l], kT], 3); // (B, nKv, hd, S)
       v = tf.concat([cache.v[l], v], 2); // (B, nKv, S, hd)
@@ -215,11 +226,11 @@ export class Qwen2ForCausalLM implements CausalLM {
     const qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
     const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
     const probs = tf.reshape<tf.Rank.R3>(tf.softmax(scores), [B * nKv, g * T, S]);
-    const att = tf.reshape<tf.Rank.R2>(tf.transpose(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
+    const att = tf.reshape<tf.Rank.R2>(perm(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
     x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
     const n = this.rmsNorm(x, lw.postNorm);
-    const gate = this.proj(l, "gate_proj", n, opts);
-    const act = tf.mul(tf.mul(gate, tf.sigmoid(gate)), this.proj(l, "up_proj", n, opts)) as tf.Tensor2D; // silu(gate)·up
+    const [gate, up] = tf.split(this.proj(l, "gate_up_proj", n, opts), 2, 1); // [N, I] each
+    const act = tf.mul(tf.mul(gate, tf.sigmoid(gate)), up) as tf.Tensor2D; // silu(gate)·up
     x = tf.add(x, this.proj(l, "down_proj", act, opts)) as tf.Tensor2D;
     return { x, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };
   }
@@ -230,7 +241,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     const vars: tf.Variable[] = [];
     if (this.full) {
       const lw = this.weights.layers[l];
-      vars.push(...([lw.inputNorm, lw.postNorm, lw.bias.q_proj, lw.bias.k_proj, lw.bias.v_proj, ...LORA_TARGETS.map((m) => lw.proj[m].f32!)] as unknown as tf.Variable[]));
+      vars.push(...([lw.inputNorm, lw.postNorm, lw.qkvBias, ...FUSED_MODULES.map((f) => lw.proj[f].f32!)] as unknown as tf.Variable[]));
     }
     if (this.adapter && opts.adapters !== false) {
       const prefix = `base_model.model.model.layers.${l}.`; // the adapter's variables carry PEFT names
@@ -309,7 +320,7 @@ export class Qwen2ForCausalLM implements CausalLM {
   trainableVariables(): tf.Variable[] {
     if (this.full) {
       const w = this.weights, vars: tf.Tensor[] = [w.embedT.f32!, ...(w.lmHeadT ? [w.lmHeadT.f32!] : []), w.norm];
-      for (const l of w.layers) vars.push(l.inputNorm, l.postNorm, l.bias.q_proj, l.bias.k_proj, l.bias.v_proj, ...LORA_TARGETS.map((m) => l.proj[m].f32!));
+      for (const l of w.layers) vars.push(l.inputNorm, l.postNorm, l.qkvBias, ...FUSED_MODULES.map((f) => l.proj[f].f32!));
       return [...(vars as tf.Variable[]), ...(this.adapter?.variables() ?? [])];
     }
     return this.adapter?.variables() ?? [];
@@ -336,23 +347,29 @@ export class Qwen2ForCausalLM implements CausalLM {
     const put = async (name: string, t: tf.Tensor) => {
       out[name] = { shape: t.shape.slice(), data: (await t.data()) as Float32Array };
     };
-    const putT = async (name: string, w: BaseWeight) => {
-      const t = tf.tidy(() => (w.left ? tf.clone(w.left) : tf.transpose(w.value())));
-      await put(name, t);
-      t.dispose();
+    // A fused module is written as its members, each torch's [out, in] (HF names, as loaded).
+    const putT = async (names: string[], outDims: number[], w: BaseWeight) => {
+      const ts = tf.tidy(() => {
+        const outIn = w.left ? w.left : tf.transpose(w.value());
+        return names.length === 1 ? [tf.clone(outIn)] : tf.split(outIn, outDims, 0);
+      });
+      for (let i = 0; i < names.length; i++) await put(names[i], ts[i]);
+      tf.dispose(ts);
     };
+    const c = this.config;
     const w = this.weights;
-    await putT("model.embed_tokens.weight", w.embedT);
-    if (w.lmHeadT) await putT("lm_head.weight", w.lmHeadT);
+    await putT(["model.embed_tokens.weight"], [c.vocabSize], w.embedT);
+    if (w.lmHeadT) await putT(["lm_head.weight"], [c.vocabSize], w.lmHeadT);
     await put("model.norm.weight", w.norm);
     for (let i = 0; i < w.layers.length; i++) {
       const l = w.layers[i], p = `model.layers.${i}`;
       await put(`${p}.input_layernorm.weight`, l.inputNorm);
       await put(`${p}.post_attention_layernorm.weight`, l.postNorm);
-      for (const m of LORA_TARGETS) {
-        await putT(`${p}.${moduleGroup(m)}.${m}.weight`, l.proj[m]);
-        if (m === "q_proj" || m === "k_proj" || m === "v_proj") await put(`${p}.self_attn.${m}.bias`, l.bias[m]);
-      }
+      for (const f of FUSED_MODULES)
+        await putT(FUSED[f].map((m) => `${p}.${moduleGroup(m)}.${m}.weight`), FUSED[f].map((m) => moduleDims(c, m)[1]), l.proj[f]);
+      const biases = tf.split(l.qkvBias, FUSED.qkv_proj.map((m) => moduleDims(c, m)[1]));
+      for (let j = 0; j < biases.length; j++) await put(`${p}.self_attn.${FUSED.qkv_proj[j]}.bias`, biases[j]);
+      tf.dispose(biases);
     }
     return out;
   }
@@ -373,7 +390,7 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  the layout (default: by size). */
   unpackBase(left?: boolean): () => void {
     if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return () => {};
-    const mats = this.weights.layers.flatMap((l) => LORA_TARGETS.map((m) => l.proj[m]));
+    const mats = this.weights.layers.flatMap((l) => FUSED_MODULES.map((f) => l.proj[f]));
     // Over the profile's leftLayoutBytes of f32: held [out, in] as the left operand, like large f32 models (weight.ts).
     left ??= 4 * mats.reduce((n, w) => n + w.inDim * w.outDim, 0) > backendProfile().leftLayoutBytes;
     for (const w of mats) w.unpack(left);
@@ -397,8 +414,8 @@ export class Qwen2ForCausalLM implements CausalLM {
     w.lmHeadT?.dispose();
     w.norm.dispose();
     for (const l of w.layers) {
-      tf.dispose([l.inputNorm, l.postNorm, l.bias.q_proj, l.bias.k_proj, l.bias.v_proj]);
-      for (const m of LORA_TARGETS) l.proj[m].dispose();
+      tf.dispose([l.inputNorm, l.postNorm, l.qkvBias]);
+      for (const f of FUSED_MODULES) l.proj[f].dispose();
     }
     this.adapter?.dispose();
   }

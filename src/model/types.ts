@@ -23,6 +23,16 @@ export interface Qwen2Config {
 export type Quantize = "none" | "int8" | "nf4";
 export const LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] as const;
 export type LoraTarget = (typeof LORA_TARGETS)[number];
+/** The linear modules as the model holds them: those that read the same input are one matrix with
+ *  their outputs side by side, in this order (LoRA and checkpoints keep the per-module names). */
+export const FUSED_MODULES = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"] as const;
+export type FusedModule = (typeof FUSED_MODULES)[number];
+export const FUSED: Record<FusedModule, readonly LoraTarget[]> = {
+  qkv_proj: ["q_proj", "k_proj", "v_proj"],
+  o_proj: ["o_proj"],
+  gate_up_proj: ["gate_proj", "up_proj"],
+  down_proj: ["down_proj"],
+};
 
 export interface LoraConfig {
   r: number;

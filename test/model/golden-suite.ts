@@ -99,7 +99,7 @@ export function goldenSuite(backend: "wasm" | "webgpu") {
 
     it("large-model layout (frozen weights as the left operand) gives the same logits, loss, gradients and decode", async () => {
       const left = await loadModel(FIX, { backend, adapter: `${FIX}/lora`, frozenLeft: true });
-      expect(left.weights.layers[0].proj.q_proj.left).not.toBeNull();
+      expect(left.weights.layers[0].proj.qkv_proj.left).not.toBeNull();
       expect(await checkLogits(left, exp.lora.logits, true)).toBeLessThanOrEqual(1e-4);
       const { loss, worstRel } = await lossAndGradients(left);
       expect(Math.abs(loss - exp.lora.loss) / exp.lora.loss).toBeLessThanOrEqual(1e-5);

@@ -242,7 +242,7 @@ describe("full checkpoints and full training", () => {
     const cfg = { ...(await readConfig(FIX)), tieWordEmbeddings: false, numHiddenLayers: 1 };
     const m = await createModel(cfg, { trainable: "full", seed: 3 });
     const vars = m.trainableVariables();
-    expect(vars.length).toBe(3 + 5 + 7);
+    expect(vars.length).toBe(3 + 3 + 4); // embed, head, final norm; 2 norms, the q/k/v bias and 4 (fused) matrices per layer
     const ids = [[1, 2, 3, 4, 5, 6], [0, 0, 7, 8, 9, 10]], mask = [[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]];
     const opt = tf.train.adam(1e-2);
     const loss = () => tf.neg(tf.mean(m.tokenLogprobs(ids, mask).logprobs)) as tf.Scalar;
@@ -276,7 +276,7 @@ describe("full checkpoints and full training", () => {
     const m = await loadModel(FIX, { lora: { r: 2, alpha: 4, dropout: 0.1, targetModules: ["q_proj", "down_proj"] }, seed: 1 });
     const vars = m.trainableVariables();
     expect(vars.length).toBe(2 * 2 * 2);
-    const baseBefore = await m.weights.layers[0].proj.q_proj.f32!.data();
+    const baseBefore = await m.weights.layers[0].proj.qkv_proj.f32!.data();
     const opt = tf.train.adam(1e-2);
     const ids = [[1, 2, 3, 4, 5, 6]], mask = [[1, 1, 1, 1, 1, 1]];
     const step = () => {
@@ -290,7 +290,7 @@ describe("full checkpoints and full training", () => {
     step();
     expect(tf.memory().numTensors).toBe(before);
     expect((await vars[1].data()).some((v, i) => v !== bBefore[i])).toBe(true);
-    expect(Array.from(await m.weights.layers[0].proj.q_proj.f32!.data())).toEqual(Array.from(baseBefore));
+    expect(Array.from(await m.weights.layers[0].proj.qkv_proj.f32!.data())).toEqual(Array.from(baseBefore));
     opt.dispose();
     m.dispose();
   });

@@ -105,7 +105,7 @@ describe("quantized matrices on the backend (wasm)", () => {
       expect(ratio).toBeLessThanOrEqual(0.3);
       // QLoRA / bitsandbytes keep the embedding (and head) in full precision
       expect(m.weights.embedT.quant).toBeNull();
-      expect(m.weights.layers[0].proj.q_proj.quant).not.toBeNull();
+      expect(m.weights.layers[0].proj.qkv_proj.quant).not.toBeNull();
       expect(m.baseBytes() - m.linearBytes()).toBe(ref.baseBytes() - ref.linearBytes());
       expect(err).toBeLessThanOrEqual(bounds[q]);
       // the LoRA still trains through the quantized base (custom gradient re-dequantizes)

@@ -4,6 +4,7 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
+import { FUSED_MODULES } from "../../src/model/types.ts";
 import { DelegatingLM } from "../../src/model/delegate.ts";
 import { loadModel } from "../../src/model/load.ts";
 
@@ -38,9 +39,9 @@ describe("unpackBase", () => {
     const packed = await run();
     const before = tf.memory().numTensors;
     const release = m.unpackBase(left);
-    expect(tf.memory().numTensors).toBe(before + 7 * m.config.numHiddenLayers); // one f32 matrix per linear layer
+    expect(tf.memory().numTensors).toBe(before + FUSED_MODULES.length * m.config.numHiddenLayers); // one f32 matrix per (fused) linear module
     m.unpackBase(); // nested: a no-op
-    expect(tf.memory().numTensors).toBe(before + 7 * m.config.numHiddenLayers);
+    expect(tf.memory().numTensors).toBe(before + FUSED_MODULES.length * m.config.numHiddenLayers);
     const unpacked = await run();
     release();
     expect(tf.memory().numTensors).toBe(before);
@@ -61,7 +62,7 @@ describe("unpackBase", () => {
     const m = await loadModel(FIX, { quantize: "nf4" });
     const n = tf.memory().numTensors;
     const release = new DelegatingLM(m).unpackBase();
-    expect(tf.memory().numTensors).toBe(n + 7 * m.config.numHiddenLayers);
+    expect(tf.memory().numTensors).toBe(n + FUSED_MODULES.length * m.config.numHiddenLayers);
     release();
     expect(tf.memory().numTensors).toBe(n);
     m.dispose();

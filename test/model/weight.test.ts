@@ -43,7 +43,7 @@ describe("frozen base weights (wasm)", () => {
       numKeyValueHeads: 1, headDim: 16, ropeTheta: 1e4, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 64,
     };
     const [a, b] = [await createModel(cfg, { seed: 4 }), await createModel(cfg, { seed: 4, frozenLeft: true })];
-    expect(b.weights.layers[0].proj.gate_proj.left).not.toBeNull();
+    expect(b.weights.layers[0].proj.gate_up_proj.left).not.toBeNull();
     const [la, lb] = [a.forward([[1, 5, 9, 2]]), b.forward([[1, 5, 9, 2]])];
     const d = await tf.tidy(() => tf.max(tf.abs(tf.sub(la, lb)))).data();
     expect(d[0]).toBeLessThan(1e-5);
