@@ -185,5 +185,5 @@ describe("runChat with piped input", () => {
     const code = await new Promise<number | null>((resolve) => p.on("close", resolve));
     expect(stderr).not.toMatch(/error/);
     expect(code).toBe(0);
-  }, 60_000);
+  }, 120_000);
 });
