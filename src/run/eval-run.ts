@@ -2,7 +2,7 @@
  *  model opened, evaluated on the same held-out questions and disposed in turn → eval.json,
  *  samples-<name>.jsonl, report.html and a comparison table with paired improvements.
  *  `--preset tiny` compares the tiny base, its SFT output and its GRPO adapter, each quantized the way
- *  it runs in training. Leaves out: the accuracy math (evaluate.ts, stats.ts) and model loading
+ *  it runs in training; with `--model_path` it evaluates that model on the preset's questions instead. Leaves out: the accuracy math (evaluate.ts, stats.ts) and model loading
  *  (policy.ts). */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
@@ -124,9 +124,9 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
   const models: EvalModelSpec[] = [];
   const skipped: EvalRunConfig["skipped"] = [];
   const compare: Array<[string, string]> = [];
-  if (preset === "tiny") {
-    if (explicit("model_path") || o.adapter || o.baseline)
-      throw new UsageError(`--preset tiny evaluates its own base, sft and rl checkpoints; drop --model_path/--adapter/--baseline or the preset`);
+  if (preset === "tiny" && !explicit("model_path")) {
+    if (o.adapter || o.baseline)
+      throw new UsageError(`--preset tiny without --model_path evaluates its own base, sft and rl checkpoints; name the model with --model_path to use --adapter/--baseline`);
     for (const m of TINY_EVAL_MODELS) {
       if (!(await exists(m.modelPath))) skipped.push({ name: m.name, path: m.modelPath });
       else models.push({ name: m.name, modelPath: m.modelPath, quantize: explicit("quantize") ? o.quantize : m.quantize });
@@ -158,7 +158,7 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
     if (m) m.quantize = q;
   }
   await checkDataset(o.dataset);
-  const outputDir = o.output_dir ?? (preset === "tiny" ? path.join(TINY_OUTPUT_DIR, "eval") : path.join("outputs", models[models.length - 1].name, "eval"));
+  const outputDir = o.output_dir ?? (preset === "tiny" && !explicit("model_path") ? path.join(TINY_OUTPUT_DIR, "eval") : path.join("outputs", models[models.length - 1].name, "eval"));
   return {
     models, compare, skipped,
     dataset: o.dataset,
@@ -222,6 +222,35 @@ function summaryOf(r: EvalResult): EvalSummaryOnly {
   return rest;
 }
 
+/** How questions are asked and answers sampled: everything of an evaluation but the models and data. */
+export type EvalProtocol = Pick<EvalRunConfig, "samplesPerPrompt" | "temperature" | "batchSize" | "maxNewTokens" | "maxTurns" | "toolsInPrompt" | "seed" | "backend" | "threads" | "unpackBase">;
+
+/** One model opened, evaluated on `examples` and disposed again, so only one is in memory at a time.
+ *  `onProgress` runs after each batch; an error it throws abandons the evaluation at that point. */
+export async function evaluateModel(spec: EvalModelSpec, examples: Gsm8kExample[], p: EvalProtocol, onProgress?: (done: number, total: number) => void): Promise<EvalResult> {
+  const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: p.seed, backend: p.backend, threads: p.threads, unpackBase: p.unpackBase });
+  try {
+    return await evaluate(policy.model, policy.tokenizer, examples, {
+      samplesPerPrompt: p.samplesPerPrompt, temperature: p.temperature, batchSize: p.batchSize,
+      maxNewTokens: p.maxNewTokens, maxTurns: p.maxTurns, toolsInPrompt: p.toolsInPrompt, seed: p.seed, onProgress,
+    });
+  } finally {
+    policy.model.dispose();
+  }
+}
+
+/** samples-<name>.jsonl: one line per question with its gold answer and every sample, judged. */
+export function samplesJsonl(result: EvalResult): string {
+  const lines = result.questions.map((q) => JSON.stringify({
+    id: q.id, question: q.question, gold: q.gold,
+    samples: q.samples.map((s) => ({
+      text: s.text, finalText: s.finalText, strict: s.strict, lenient: s.lenient, formatValid: s.formatValid,
+      toolCalls: s.toolCalls, toolErrors: s.toolErrors, parseErrors: s.parseErrors, truncated: s.truncated, turns: s.turns,
+    })),
+  }));
+  return lines.join("\n") + "\n";
+}
+
 export interface EvalRunOutput {
   results: Array<{ spec: EvalModelSpec; result: EvalResult }>;
   improvements: Array<{ model: string; baseline: string } & Interval & { n: number }>;
@@ -245,28 +274,15 @@ export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => 
     const results: EvalRunOutput["results"] = [];
     for (const spec of cfg.models) {
       io.out(`${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${examples.length} questions × ${cfg.samplesPerPrompt}`);
-      const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpackBase });
       const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
       let result: EvalResult;
       try {
-        result = await evaluate(policy.model, policy.tokenizer, examples, {
-          samplesPerPrompt: cfg.samplesPerPrompt, temperature: cfg.temperature, batchSize: cfg.batchSize,
-          maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed,
-          onProgress: (done) => bar?.update(done),
-        });
+        result = await evaluateModel(spec, examples, cfg, (done) => bar?.update(done));
       } finally {
         bar?.stop();
-        policy.model.dispose(); // one model in memory at a time
       }
       io.out(`${spec.name}: ${formatEvalLine(result)}`);
-      const lines = result.questions.map((q) => JSON.stringify({
-        id: q.id, question: q.question, gold: q.gold,
-        samples: q.samples.map((s) => ({
-          text: s.text, finalText: s.finalText, strict: s.strict, lenient: s.lenient, formatValid: s.formatValid,
-          toolCalls: s.toolCalls, toolErrors: s.toolErrors, parseErrors: s.parseErrors, truncated: s.truncated, turns: s.turns,
-        })),
-      }));
-      await writeFileAtomic(path.join(cfg.outputDir, `samples-${spec.name}.jsonl`), lines.join("\n") + "\n");
+      await writeFileAtomic(path.join(cfg.outputDir, `samples-${spec.name}.jsonl`), samplesJsonl(result));
       results.push({ spec, result });
     }
 

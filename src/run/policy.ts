@@ -66,13 +66,19 @@ async function readAdapterBase(dir: string): Promise<string> {
   return cfg.base_model_name_or_path;
 }
 
+/** The base a PEFT adapter folder names, as openPolicy loads it: an absolute path, a path relative to
+ *  the adapter folder when one exists there, or else the name as given (a hub id). */
+export async function adapterBaseOf(adapterDir: string): Promise<string> {
+  const named = await readAdapterBase(adapterDir);
+  return path.isAbsolute(named) || !(await exists(path.resolve(adapterDir, named))) ? named : path.resolve(adapterDir, named);
+}
+
 export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
   let base = await localOrId(o.modelPath, "--model_path");
   let adapterDir: string | null = null;
   if (path.isAbsolute(base) && (await exists(path.join(base, "adapter_config.json")))) {
     adapterDir = base;
-    const named = await readAdapterBase(base);
-    base = path.isAbsolute(named) || !(await exists(path.resolve(base, named))) ? named : path.resolve(base, named);
+    base = await adapterBaseOf(base);
   }
   if (o.adapter) adapterDir = await adapterFolder(o.adapter);
   if (adapterDir && o.trainable === "full")

@@ -9,6 +9,7 @@ import * as tf from "@tensorflow/tfjs";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { summarize, type EvalQuestion, type EvalResult, type EvalSample } from "../../src/run/evaluate.ts";
 import { formatEvalTable, pairedImprovement, parseEvalArgs, rewriteEvalReport, runEval } from "../../src/run/eval-run.ts";
+import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { makeSmallModelDir } from "../run/tiny-fixture.ts";
 
 let modelDir: string;
@@ -103,6 +104,18 @@ describe("runEval on a random tiny model", () => {
     // A second run into the same folder is refused without --overwrite, before any model is opened.
     await expect(runEval(cfg, { out: () => {}, progress: false })).rejects.toThrow(/already holds a run/);
   }, 60_000);
+});
+
+describe("--preset tiny with --model_path", () => {
+  it("evaluates that model (and --baseline) on the preset's questions with the preset's protocol", async () => {
+    const cfg = await parseEvalArgs(["node", "eval", "--preset", "tiny", "--model_path", modelDir, "--baseline", modelDir, "--max_samples", "3"]);
+    const name = path.basename(modelDir);
+    expect(cfg.models.map((m) => [m.name, m.modelPath, m.quantize])).toEqual([[`${name}-baseline`, modelDir, "none"], [name, modelDir, "none"]]);
+    expect(cfg.synthetic).toEqual(TINY_PROBLEMS);
+    expect(cfg).toMatchObject({ dataset: "synthetic", maxSamples: 3, maxNewTokens: 160, maxTurns: 5, toolsInPrompt: false, batchSize: 16, outputDir: path.join("outputs", name, "eval") });
+    const err = await parseEvalArgs(["node", "eval", "--preset", "tiny", "--baseline", modelDir]).then(() => null, (e: Error) => e);
+    expect(err?.message).toMatch(/^--preset tiny without --model_path evaluates its own base, sft and rl checkpoints/);
+  });
 });
 
 describe("bad input", () => {
