@@ -1,0 +1,292 @@
+/** The grading logic behind the HTTP routes: one evaluation at a time (a FIFO queue, 429 with a retry
+ *  hint when it is full), results cached on disk by the weights' sizes and modification times, the
+ *  baseline (the scenario's base model under the same protocol) computed once, improvements paired
+ *  over the same questions, /submit history with the best score, and the time budget. The running
+ *  evaluation is abandoned at its next batch when the server closes; nothing is written for it. */
+import { createHash } from "node:crypto";
+import { resolveModelDir } from "../model/hub.ts";
+import { evaluateModel, pairedImprovement } from "../run/eval-run.ts";
+import type { EvalResult } from "../run/evaluate.ts";
+import { HttpError } from "./errors.ts";
+import { describeProtocol, localModelDir, type Scenario } from "./scenarios.ts";
+import { GradingStore, type BaselineRecord, type RunMeta, type StoredEvaluation, type SubmissionEntry } from "./store.ts";
+import { folderFingerprint, inspectModelFolder, resolveInWorkspace, type ModelFolder } from "./workspace.ts";
+
+export interface GraderOptions {
+  workspace: string; // real path
+  stateDir: string;
+  scenarios: Scenario[];
+  maxQueue: number; // evaluations waiting behind the running one before 429
+  maxModelBytes: number;
+  timeBudget: number | null; // seconds from the first start; null: none
+  log: (line: string) => void;
+}
+
+/** FIFO, one job at a time. */
+class EvalQueue {
+  private tail: Promise<unknown> = Promise.resolve();
+  running = 0;
+  waiting = 0;
+  private seconds: number[] = [];
+
+  constructor(private maxWaiting: number) {}
+
+  run<T>(job: () => Promise<T>): Promise<T> {
+    if (this.waiting >= this.maxWaiting) {
+      const retry = Math.max(1, Math.ceil(this.meanSeconds() * (this.waiting + this.running)));
+      return Promise.reject(new HttpError(429, `evaluation queue is full (${this.running} running, ${this.waiting} waiting); retry in about ${retry} s`, { retry_after_seconds: retry }, { "Retry-After": String(retry) }));
+    }
+    this.waiting++;
+    const p = this.tail.then(async () => {
+      this.waiting--;
+      this.running = 1;
+      const t0 = Date.now();
+      try {
+        return await job();
+      } finally {
+        this.running = 0;
+        this.seconds = [...this.seconds.slice(-9), (Date.now() - t0) / 1000];
+      }
+    });
+    this.tail = p.catch(() => undefined);
+    return p;
+  }
+
+  private meanSeconds(): number {
+    return this.seconds.length ? this.seconds.reduce((a, b) => a + b, 0) / this.seconds.length : 30;
+  }
+}
+
+const SHUTDOWN = () => new HttpError(503, "the server is shutting down: evaluation abandoned; nothing was recorded");
+
+export class Grader {
+  readonly store: GradingStore;
+  private queue: EvalQueue;
+  private inflight = new Map<string, Promise<StoredEvaluation>>();
+  private baselines = new Map<string, Promise<StoredEvaluation>>();
+  private baselineErrors = new Map<string, string>();
+  private baselineReady = new Map<string, StoredEvaluation>();
+  private historyTail: Promise<unknown> = Promise.resolve();
+  private closing = false;
+  runMeta!: RunMeta;
+  counters = { evaluations_run: 0, cache_hits: 0 };
+
+  private constructor(readonly o: GraderOptions) {
+    this.store = new GradingStore(o.stateDir, o.workspace);
+    this.queue = new EvalQueue(o.maxQueue);
+  }
+
+  /** Reads the run's clock (kept across restarts) and starts each scenario's baseline. */
+  static async open(o: GraderOptions): Promise<Grader> {
+    const g = new Grader(o);
+    const meta = await g.store.readRunMeta();
+    g.runMeta = {
+      start_time: typeof meta?.start_time === "number" ? meta.start_time : Math.floor(Date.now() / 1000),
+      timeout_s: o.timeBudget,
+      last_submit_time: meta?.last_submit_time ?? null,
+      end_time: null,
+    };
+    await g.store.writeRunMeta(g.runMeta);
+    for (const s of o.scenarios) g.baseline(s).catch(() => undefined); // failures are kept and shown
+    return g;
+  }
+
+  scenario(id: unknown): Scenario {
+    if (id === undefined) return this.o.scenarios[0];
+    const s = this.o.scenarios.find((x) => x.id === id);
+    if (!s) throw new HttpError(404, `unknown scenario ${JSON.stringify(id)}; this server has ${this.o.scenarios.map((x) => x.id).join(", ")}`, { scenarios: this.o.scenarios.map((x) => x.id) });
+    return s;
+  }
+
+  get scenarios(): Scenario[] {
+    return this.o.scenarios;
+  }
+
+  queueState() {
+    return { running: this.queue.running, waiting: this.queue.waiting, max_waiting: this.o.maxQueue };
+  }
+
+  // ------------------------------------------------------------------ evaluations
+
+  private key(s: Scenario, model: unknown): string {
+    return createHash("sha256").update(JSON.stringify({ scenario: s.id, protocol: s.protocol, model })).digest("hex").slice(0, 24);
+  }
+
+  /** The cached evaluation for `key`, or one run in the queue (shared by concurrent identical requests). */
+  private async evaluation(s: Scenario, key: string, model: StoredEvaluation["model"], fail: (err: Error) => HttpError, stillSame?: () => Promise<boolean>): Promise<{ ev: StoredEvaluation; cached: boolean }> {
+    const hit = await this.store.readEvaluation(key);
+    if (hit) {
+      this.counters.cache_hits++;
+      return { ev: hit, cached: true };
+    }
+    let p = this.inflight.get(key);
+    if (!p) {
+      p = this.queue.run(async () => {
+        if (this.closing) throw SHUTDOWN();
+        const questions = await s.questions();
+        this.o.log(`evaluating ${model.path} on ${s.id} (${questions.length} questions)`);
+        let result: EvalResult;
+        try {
+          result = await evaluateModel({ name: key, modelPath: model.path, quantize: s.protocol.quantize }, questions, s.protocol, () => {
+            if (this.closing) throw SHUTDOWN();
+          });
+        } catch (err) {
+          if (err instanceof HttpError) throw err;
+          throw fail(err as Error);
+        }
+        this.counters.evaluations_run++;
+        const ev: StoredEvaluation = { key, scenario_id: s.id, model, protocol: describeProtocol(s, questions.length), computed_at: new Date().toISOString(), result };
+        // Weights rewritten while they were evaluated: answer, but do not cache under the old key.
+        if (!stillSame || (await stillSame())) await this.store.writeEvaluation(ev);
+        this.o.log(`${model.path} on ${s.id}: strict ${result.strict.value.toFixed(3)} (n ${result.n}, ${result.seconds.toFixed(1)} s)`);
+        return ev;
+      });
+      this.inflight.set(key, p);
+      p.then(() => this.inflight.delete(key), () => this.inflight.delete(key));
+    }
+    return { ev: await p, cached: false };
+  }
+
+  /** The base model's evaluation; computed once per protocol and weights, then read from disk. */
+  baseline(s: Scenario): Promise<StoredEvaluation> {
+    let p = this.baselines.get(s.id);
+    if (!p) {
+      p = (async () => {
+        let dir: string;
+        try {
+          dir = await resolveModelDir(s.baseModel);
+        } catch (err) {
+          throw new HttpError(503, `scenario ${s.id}: its base model cannot be opened: ${(err as Error).message.split("\n")[0]}`);
+        }
+        const key = this.key(s, { baseline: s.baseModel, fingerprint: await folderFingerprint(dir) });
+        const fail = (err: Error) => new HttpError(503, `scenario ${s.id}: the baseline evaluation of ${s.baseModel} failed: ${err.message.split("\n")[0]}`);
+        const { ev } = await this.evaluation(s, key, { path: s.baseModel, kind: "model", base: null }, fail);
+        const old = await this.store.readBaseline(s.id);
+        if (old?.computed?.key !== key) {
+          await this.store.writeBaseline({
+            scenario_id: s.id, model: s.baseModel, set: old?.set ?? null,
+            computed: { key, score: ev.result.strict.value, n: ev.result.n, k: ev.result.k, samples_path: this.store.samplesPath(key), protocol: ev.protocol, computed_at: ev.computed_at },
+          });
+        }
+        this.baselineErrors.delete(s.id);
+        this.baselineReady.set(s.id, ev);
+        return ev;
+      })();
+      this.baselines.set(s.id, p);
+      p.catch((err: Error) => {
+        this.baselines.delete(s.id); // tried again on the next request that needs it
+        this.baselineErrors.set(s.id, err.message);
+        if (!this.closing) this.o.log(`baseline of ${s.id} failed: ${err.message}`);
+      });
+    }
+    return p;
+  }
+
+  /** What GET /scenarios/{id} shows of the baseline, without waiting for it. */
+  async baselineInfo(s: Scenario): Promise<{ score: number | null; status: "ready" | "computing" | "failed"; record: BaselineRecord | null; error?: string }> {
+    const record = await this.store.readBaseline(s.id);
+    const ready = this.baselineReady.get(s.id);
+    const error = ready ? undefined : this.baselineErrors.get(s.id);
+    const status = ready ? "ready" : error ? "failed" : "computing";
+    return { score: record?.set?.score ?? ready?.result.strict.value ?? null, status, record, ...(error ? { error } : {}) };
+  }
+
+  async setBaseline(s: Scenario, score: number): Promise<BaselineRecord> {
+    const old = await this.store.readBaseline(s.id);
+    const rec: BaselineRecord = { scenario_id: s.id, model: s.baseModel, computed: old?.computed ?? null, set: { score, set_at: new Date().toISOString() } };
+    await this.store.writeBaseline(rec);
+    return rec;
+  }
+
+  // ------------------------------------------------------------------ submissions
+
+  private checkBudget(): void {
+    const left = this.remaining();
+    if (left !== null && left <= 0) throw new HttpError(403, `the time budget of ${this.runMeta.timeout_s} s is spent; no more evaluations are accepted`);
+  }
+
+  remaining(): number | null {
+    if (this.runMeta.timeout_s === null) return null;
+    return Math.max(0, this.runMeta.timeout_s - (Math.floor(Date.now() / 1000) - this.runMeta.start_time));
+  }
+
+  private async inspect(s: Scenario, modelPath: string): Promise<ModelFolder> {
+    const dir = await resolveInWorkspace(this.o.workspace, modelPath);
+    return inspectModelFolder(dir, { workspace: this.o.workspace, scenarioBase: s.baseModel, scenarioBaseDir: await localModelDir(s.baseModel), maxBytes: this.o.maxModelBytes });
+  }
+
+  /** Evaluate a submitted folder and score it against the baseline (both dialects' fields). */
+  async grade(s: Scenario, modelPath: string): Promise<{ fields: Record<string, unknown>; key: string }> {
+    this.checkBudget();
+    const t0 = Date.now();
+    const folder = await this.inspect(s, modelPath);
+    const key = this.key(s, { fingerprint: folder.fingerprint });
+    const fail = (err: Error) => new HttpError(422, `model_path ${JSON.stringify(modelPath)} could not be loaded or evaluated: ${err.message.split("\n")[0]}`);
+    const stillSame = async () => (await this.inspect(s, modelPath).then((f) => f.fingerprint, () => null)) === folder.fingerprint;
+    const [{ ev, cached }, base] = await Promise.all([this.evaluation(s, key, { path: folder.dir, kind: folder.kind, base: folder.base }, fail, stillSame), this.baseline(s)]);
+    const r = ev.result;
+    const set = (await this.store.readBaseline(s.id))?.set ?? null;
+    const baselineScore = set ? set.score : base.result.strict.value;
+    const improvement = r.strict.value - baselineScore;
+    const paired = set ? null : pairedImprovement(r, base.result);
+    const fields = {
+      scenario_id: s.id,
+      model_path: modelPath,
+      resolved_model_path: folder.dir,
+      model_kind: folder.kind,
+      ...(folder.base ? { adapter_base: folder.base } : {}),
+      score: r.strict.value,
+      score_ci: { lo: r.strict.lo, hi: r.strict.hi, level: 0.95 },
+      metric: "strict_accuracy",
+      n: r.n,
+      k: r.k,
+      baseline_score: baselineScore,
+      baseline: baselineScore,
+      baseline_source: set ? "set" : "computed",
+      improvement,
+      improvement_ci: paired ? { lo: paired.lo, hi: paired.hi, level: 0.95, paired_over: paired.n } : null,
+      improvement_pct: baselineScore > 0 ? `${improvement >= 0 ? "+" : ""}${((improvement / baselineScore) * 100).toFixed(1)}%` : "N/A",
+      details: {
+        lenient_accuracy: r.lenient.value, pass_at_k: r.passAtK, format_valid: r.formatValid, tool_calls_per_rollout: r.toolCallsPerRollout,
+        tool_error_rate: r.toolErrorRate, truncated_rate: r.truncatedRate, eval_seconds: r.seconds,
+      },
+      samples_path: this.store.samplesPath(key),
+      cached,
+      elapsed_seconds: (Date.now() - t0) / 1000,
+    };
+    return { fields, key };
+  }
+
+  /** /submit: grade, then record in the history (a resubmission of unchanged weights returns the
+   *  earlier entry instead of a new one, as AutoRL-Bench does). */
+  async submit(s: Scenario, modelPath: string): Promise<Record<string, unknown>> {
+    const { fields, key } = await this.grade(s, modelPath);
+    return this.withHistory(s, async (history) => {
+      const earlier = history.find((e) => e.key === key);
+      if (earlier) return { ...earlier, cached: true, best: bestOf(history), total_submissions: history.length };
+      const { cached: _c, ...rest } = fields;
+      const entry: SubmissionEntry = { submission_id: history.length + 1, timestamp: new Date().toISOString(), key, ...rest, model_path: modelPath, score: fields.score as number };
+      history.push(entry);
+      await this.store.writeHistory(s.id, history);
+      this.runMeta.last_submit_time = Math.floor(Date.now() / 1000);
+      await this.store.writeRunMeta(this.runMeta);
+      return { ...entry, cached: fields.cached, best: bestOf(history), total_submissions: history.length };
+    });
+  }
+
+  /** Read-modify-write of a history, one at a time. */
+  withHistory<T>(s: Scenario, fn: (history: SubmissionEntry[]) => Promise<T>): Promise<T> {
+    const p = this.historyTail.then(async () => fn(await this.store.readHistory(s.id)));
+    this.historyTail = p.catch(() => undefined);
+    return p;
+  }
+
+  /** Stop starting evaluations; the running one stops at its next batch. */
+  close(): void {
+    this.closing = true;
+  }
+}
+
+export function bestOf(history: SubmissionEntry[]): SubmissionEntry | null {
+  return history.reduce<SubmissionEntry | null>((b, e) => (b === null || e.score > b.score ? e : b), null);
+}

@@ -1,0 +1,272 @@
+/** The grading server over real HTTP on a free loopback port: both AutoRL-Bench dialects on the tiny
+ *  scenario (baseline computed once; an adapter scores what scripts/eval.ts gives it), path escapes,
+ *  oversized and broken bodies, unknown scenarios and fields, a model that does not load, two
+ *  concurrent evaluations (one at a time), a client that goes away, and a restart that keeps the
+ *  history. Evaluations use 4 questions so the file stays fast. */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawn } from "node:child_process";
+import { promises as fs } from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import * as tf from "@tensorflow/tfjs";
+import { shutdownCalculator } from "../../src/agents/calculator.ts";
+import { loadModel } from "../../src/model/load.ts";
+import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
+import { parseServeArgs } from "../../src/serve/config.ts";
+import { startServer, type RunningServer } from "../../src/serve/http.ts";
+import { makeSmallModelDir } from "../run/tiny-fixture.ts";
+
+// The protocol every server here uses; scripts/eval.ts gets the same flags for the cross-check.
+const PROTOCOL = ["--max_samples", "4", "--batch_size", "2", "--max_new_tokens", "160", "--backend", "wasm"];
+const tsx = path.resolve("node_modules/.bin/tsx");
+
+let ws: string;
+let smallModel: string;
+let server: RunningServer;
+const logs: string[] = [];
+
+async function start(extra: string[] = []): Promise<RunningServer> {
+  const cfg = await parseServeArgs(["node", "serve", "--workspace", ws, "--port", "0", "--scenarios", "tiny,gsm8k", "--gsm8k_model", smallModel,
+    "--gsm8k_data", path.resolve("test/fixtures/gsm8k/tiny.jsonl"), ...PROTOCOL, ...extra], (l) => logs.push(l));
+  return startServer(cfg);
+}
+
+async function call(method: string, route: string, body?: unknown, init: RequestInit = {}): Promise<{ status: number; json: any; headers: Headers }> {
+  const res = await fetch(server.url + route, {
+    method, ...init,
+    body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
+    headers: { "Content-Type": "application/json" },
+  });
+  return { status: res.status, json: await res.json(), headers: res.headers };
+}
+
+async function waitForBaseline(id: string): Promise<any> {
+  for (let i = 0; i < 600; i++) {
+    const { json } = await call("GET", `/scenarios/${id}`);
+    if (json.baseline.status !== "computing") return json;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  throw new Error("baseline never finished");
+}
+
+/** A LoRA adapter on the tiny base with random (non-zero) weights, saved the PEFT way. */
+async function makeAdapter(dir: string, seed: number): Promise<void> {
+  const model = await loadModel(TINY_BASE_DIR, { lora: { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "v_proj", "down_proj"] }, seed, backend: "wasm" });
+  for (const v of model.trainableVariables()) v.assign(tf.tidy(() => tf.add(v, tf.randomNormal(v.shape, 0, 0.3, "float32", seed))));
+  await model.saveAdapter(dir);
+  model.dispose();
+  for (const f of ["tokenizer.json", "tokenizer_config.json"]) await fs.copyFile(path.join(TINY_BASE_DIR, f), path.join(dir, f));
+}
+
+beforeAll(async () => {
+  ws = await fs.mkdtemp(path.join(os.tmpdir(), "serve-ws-"));
+  smallModel = await makeSmallModelDir("serve-small-");
+  await makeAdapter(path.join(ws, "output", "v1"), 7);
+  await fs.cp(path.join(ws, "output", "v1"), path.join(ws, "output", "v2"), { recursive: true });
+  server = await start();
+}, 120_000);
+
+afterAll(async () => {
+  await server?.close();
+  await shutdownCalculator();
+});
+
+describe("early dialect (/scenarios, /evaluate, /interact)", () => {
+  it("lists the scenarios and describes each: data, base model, baseline, protocol", async () => {
+    const list = await call("GET", "/scenarios");
+    expect(list.status).toBe(200);
+    expect(list.json.scenarios.map((s: any) => s.id)).toEqual(["tiny", "gsm8k"]);
+    const tiny = await waitForBaseline("tiny");
+    expect(tiny).toMatchObject({ id: "tiny", type: "offline", base_model: TINY_BASE_DIR, base_model_path: TINY_BASE_DIR, metric: "strict_accuracy" });
+    expect(tiny.evaluation).toMatchObject({ split: "test", n: 4, samples_per_prompt: 1, greedy: true, answer_schema: "boxed", scorer: "math", max_new_tokens: 160, max_turns: 5, tools_in_prompt: false });
+    expect(tiny.baseline.status).toBe("ready");
+    expect(tiny.baseline_score).toBe(tiny.baseline.computed.score);
+    expect(tiny.baseline.computed.n).toBe(4);
+    const rows = (await fs.readFile(tiny.train_data, "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    expect(rows.length).toBe(5000);
+    expect(rows[0].answer).toMatch(/<<.*=.*>>[\s\S]*#### \d+$/);
+    expect(path.dirname(tiny.train_data).startsWith(ws)).toBe(true);
+
+    const gsm = await waitForBaseline("gsm8k");
+    expect(gsm).toMatchObject({ id: "gsm8k", base_model: smallModel, train_data: path.resolve("test/fixtures/gsm8k/tiny.jsonl") });
+    expect(gsm.baseline, JSON.stringify(gsm.baseline)).toMatchObject({ status: "ready" });
+    expect(gsm.evaluation).toMatchObject({ n: 4, tools_in_prompt: true, max_new_tokens: 160 });
+  });
+
+  it("/evaluate scores an adapter as scripts/eval.ts does, with the paired improvement over the base", async () => {
+    const r = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v1" });
+    expect(r.status).toBe(200);
+    expect(r.json).toMatchObject({ scenario_id: "tiny", model_kind: "adapter", adapter_base: TINY_BASE_DIR, n: 4, k: 1, cached: false, baseline_source: "computed" });
+    expect(r.json.baseline).toBe(r.json.baseline_score);
+    const lines = (await fs.readFile(r.json.samples_path, "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    expect(lines).toHaveLength(4);
+
+    const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "serve-eval-")), "eval");
+    const code = await new Promise<number | null>((resolve) => {
+      const p = spawn(tsx, ["scripts/eval.ts", "--preset", "tiny", "--model_path", path.join(ws, "output", "v1"), "--baseline", TINY_BASE_DIR, ...PROTOCOL, "--output_dir", out], { stdio: "ignore" });
+      p.on("close", resolve);
+    });
+    expect(code).toBe(0);
+    const evalJson = JSON.parse(await fs.readFile(path.join(out, "eval.json"), "utf8"));
+    expect(r.json.score).toBe(evalJson.models[1].strict.value);
+    expect(r.json.baseline_score).toBe(evalJson.models[0].strict.value);
+    expect(r.json.improvement).toBeCloseTo(evalJson.improvements[0].value, 12);
+    expect(r.json.improvement_ci.lo).toBeCloseTo(evalJson.improvements[0].lo, 12);
+    expect(r.json.improvement_ci.hi).toBeCloseTo(evalJson.improvements[0].hi, 12);
+
+    const again = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: path.join(ws, "output", "v1") });
+    expect(again.json).toMatchObject({ cached: true, score: r.json.score, samples_path: r.json.samples_path });
+  });
+
+  it("/interact answers that offline scenarios do not interact", async () => {
+    const r = await call("POST", "/interact", { scenario_id: "tiny", session_id: "s", action: "look" });
+    expect(r.status).toBe(400);
+    expect(r.json.error).toMatch(/offline.*not supported/);
+  });
+});
+
+describe("current dialect (/submit, /set_baseline, /health, /time)", () => {
+  it("keeps a history with the best score; unchanged weights return their earlier entry", async () => {
+    const first = await call("POST", "/submit", { model_path: "output/v1" });
+    expect(first.status).toBe(200);
+    expect(first.json).toMatchObject({ submission_id: 1, total_submissions: 1, scenario_id: "tiny", model_path: "output/v1" });
+    expect(first.json.best.submission_id).toBe(1);
+    expect(typeof first.json.elapsed_seconds).toBe("number");
+    const same = await call("POST", "/submit", { model_path: "output/v1", gpu: "0" });
+    expect(same.json).toMatchObject({ submission_id: 1, total_submissions: 1, cached: true });
+    const health = await call("GET", "/health");
+    expect(health.json).toMatchObject({ status: "ok", task: "tiny", scenarios: ["tiny", "gsm8k"], queue: { running: 0, waiting: 0 } });
+    const time = await call("GET", "/time");
+    expect(time.json).toMatchObject({ timeout_s: null, remaining: null });
+    expect(time.json.start_time).toBeLessThanOrEqual(time.json.now);
+    expect(time.json.last_submit_time).toBeGreaterThanOrEqual(time.json.start_time);
+  });
+
+  it("/set_baseline replaces the baseline score in improvements (no paired interval then)", async () => {
+    expect((await call("POST", "/set_baseline", { score: 45 })).json.error).toMatch(/\[0, 1\]/);
+    const set = await call("POST", "/set_baseline", { score: 0.5, scenario_id: "tiny" });
+    expect(set.json).toEqual({ baseline_score: 0.5, status: "set", scenario_id: "tiny" });
+    const r = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v1" });
+    expect(r.json).toMatchObject({ baseline_score: 0.5, baseline_source: "set", improvement_ci: null });
+    expect(r.json.improvement).toBeCloseTo(r.json.score - 0.5, 12);
+    expect((await call("GET", "/scenarios/tiny")).json.baseline_score).toBe(0.5);
+  });
+});
+
+describe("bad requests get a JSON 4xx naming the problem, and the server keeps serving", () => {
+  it("paths outside the workspace: .., absolute, symlinks (folder and file), an adapter's base", async () => {
+    await fs.symlink(TINY_BASE_DIR, path.join(ws, "output", "link-out"));
+    const mixed = path.join(ws, "output", "mixed");
+    await fs.mkdir(mixed);
+    for (const f of await fs.readdir(TINY_BASE_DIR)) {
+      if (f === "model.safetensors") await fs.symlink(path.join(TINY_BASE_DIR, f), path.join(mixed, f));
+      else await fs.copyFile(path.join(TINY_BASE_DIR, f), path.join(mixed, f)).catch(() => undefined);
+    }
+    const foreign = path.join(ws, "output", "foreign-adapter");
+    await fs.cp(path.join(ws, "output", "v1"), foreign, { recursive: true });
+    const cfgFile = path.join(foreign, "adapter_config.json");
+    await fs.writeFile(cfgFile, JSON.stringify({ ...JSON.parse(await fs.readFile(cfgFile, "utf8")), base_model_name_or_path: smallModel }));
+    const cases: Array<[string, number, RegExp]> = [
+      ["../outside", 403, /outside the workspace/],
+      ["output/../../x", 403, /outside the workspace/],
+      [TINY_BASE_DIR, 403, /outside the workspace/],
+      ["output/link-out", 403, /symlink .*outside the workspace/],
+      ["output/mixed", 403, /model\.safetensors resolves to .*outside the workspace/],
+      ["output/foreign-adapter", 403, /neither this scenario's base model .* nor a model folder inside the workspace/],
+      ["output/missing", 404, /does not exist/],
+      ["output", 400, /no config\.json or adapter_config\.json/],
+    ];
+    for (const [p, status, msg] of cases) {
+      const r = await call("POST", "/submit", { model_path: p });
+      expect([p, r.status]).toEqual([p, status]);
+      expect(r.json.error).toMatch(msg);
+    }
+    expect((await call("GET", "/history")).json).toHaveLength(1);
+  });
+
+  it("bodies: 10 MB, broken JSON, wrong types, unknown fields; routes and scenarios", async () => {
+    const big = await call("POST", "/submit", JSON.stringify({ model_path: "x".repeat(10 * 1024 * 1024) }));
+    expect(big.status).toBe(413);
+    expect(big.json.error).toMatch(/request body is \d+ bytes; the limit is 65536/);
+    const cases: Array<[string, string, unknown, number, RegExp]> = [
+      ["POST", "/submit", "{\"model_path\": ", 400, /not valid JSON/],
+      ["POST", "/submit", "[1, 2]", 400, /must be a JSON object, got an array/],
+      ["POST", "/submit", { model_path: 5 }, 400, /field "model_path" must be a string, got number/],
+      ["POST", "/submit", {}, 400, /missing field "model_path"/],
+      ["POST", "/submit", { model_path: "output/v1", priority: 1 }, 400, /unknown field "priority"; accepted: model_path, scenario_id, gpu/],
+      ["POST", "/evaluate", { model_path: "output/v1" }, 400, /missing field "scenario_id"/],
+      ["POST", "/evaluate", { scenario_id: "math", model_path: "output/v1" }, 404, /unknown scenario "math"; this server has tiny, gsm8k/],
+      ["GET", "/scenarios/math", undefined, 404, /unknown scenario "math"/],
+      ["GET", "/nope", undefined, 404, /no such endpoint: GET \/nope/],
+      ["GET", "/submit", undefined, 405, /GET \/submit is not supported; use POST/],
+      ["POST", "/set_baseline", { score: "high" }, 400, /field "score" must be a number/],
+    ];
+    for (const [method, route, body, status, msg] of cases) {
+      const r = await call(method, route, body);
+      expect([route, r.status]).toEqual([route, status]);
+      expect(r.json.error).toMatch(msg);
+    }
+    expect((await call("GET", "/health")).status).toBe(200);
+  });
+
+  it("a model folder that does not load is a 422, and the next request is served", async () => {
+    const broken = path.join(ws, "output", "broken");
+    await fs.mkdir(broken);
+    await fs.copyFile(path.join(TINY_BASE_DIR, "config.json"), path.join(broken, "config.json"));
+    await fs.writeFile(path.join(broken, "model.safetensors"), Buffer.from("not a safetensors file"));
+    const r = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/broken" });
+    expect(r.status).toBe(422);
+    expect(r.json.error).toMatch(/^model_path "output\/broken" could not be loaded or evaluated: /);
+    expect((await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v1" })).status).toBe(200);
+  });
+});
+
+describe("one evaluation at a time", () => {
+  it("two concurrent /evaluate calls are both answered, evaluated one after the other; a client that leaves does not stop its evaluation", async () => {
+    const v3 = path.join(ws, "output", "v3");
+    await makeAdapter(v3, 11);
+    const before = logs.length;
+    const [a, b] = await Promise.all([
+      call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v2" }),
+      call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v3" }),
+    ]);
+    expect([a.status, b.status]).toEqual([200, 200]);
+    expect(a.json.cached || b.json.cached).toBe(false);
+    // The log: each evaluation's start is followed by its own end before the next starts.
+    const seq = logs.slice(before).filter((l) => /^evaluating |: strict /.test(l)).map((l) => (l.startsWith("evaluating") ? "start" : "end"));
+    expect(seq).toEqual(["start", "end", "start", "end"]);
+
+    // A copy is another folder: evaluated afresh. The client gives up at once; the evaluation goes on.
+    await fs.cp(v3, path.join(ws, "output", "v4"), { recursive: true });
+    const ac = new AbortController();
+    const gone = call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v4" }, { signal: ac.signal });
+    const v4 = await fs.realpath(path.join(ws, "output", "v4"));
+    while (!logs.some((l) => l.startsWith(`evaluating ${v4} `))) await new Promise((r) => setTimeout(r, 20));
+    ac.abort(); // mid-evaluation
+    await expect(gone).rejects.toThrow();
+    for (let q = (await call("GET", "/health")).json.queue; q.running + q.waiting > 0; q = (await call("GET", "/health")).json.queue)
+      await new Promise((r) => setTimeout(r, 200));
+    const later = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v4" });
+    expect(later.json).toMatchObject({ cached: true, score: b.json.score }); // finished without its client; same weights as v3
+  });
+});
+
+describe("restart", () => {
+  it("keeps the history and the baseline, and serves cached results without evaluating again", async () => {
+    const history = (await call("GET", "/history")).json;
+    await server.close();
+    server = await start();
+    const t = await waitForBaseline("tiny");
+    expect(t.baseline.status).toBe("ready");
+    expect((await call("GET", "/history")).json).toEqual(history);
+    const again = await call("POST", "/submit", { model_path: "output/v1" });
+    expect(again.json).toMatchObject({ submission_id: 1, total_submissions: 1, cached: true });
+    const next = await call("POST", "/submit", { model_path: "output/v2" });
+    expect(next.json).toMatchObject({ submission_id: 2, total_submissions: 2, cached: true });
+    expect(next.json.best.score).toBe(Math.max(again.json.score, next.json.score));
+    await waitForBaseline("gsm8k");
+    expect((await call("GET", "/health")).json.evaluations_run).toBe(0);
+    const best = await call("GET", "/best");
+    expect(best.json.total_submissions).toBe(2);
+  });
+});
