@@ -31,6 +31,8 @@ export { runGrpo } from "./run/grpo-run.ts";
 export { runEval } from "./run/eval-run.ts";
 export { evaluate } from "./run/evaluate.ts";
 export { openPolicy } from "./run/policy.ts";
+export { startServer } from "./serve/http.ts";
+export { parseServeArgs } from "./serve/config.ts";
 export { Rng } from "./util/rng.ts";
 
 /** A tokenizer (tokenizer.json + tokenizer_config.json with its chat template) from a folder or hub id. */

@@ -123,7 +123,9 @@ export class Grader {
     if (!p) {
       p = this.queue.run(async () => {
         if (this.closing) throw SHUTDOWN();
-        const questions = await s.questions();
+        const questions = await s.questions().catch((err: Error) => {
+          throw new HttpError(503, `scenario ${s.id}: its questions cannot be loaded: ${err.message.split("\n")[0]}`);
+        });
         this.o.log(`evaluating ${model.path} on ${s.id} (${questions.length} questions)`);
         let result: EvalResult;
         try {

@@ -229,6 +229,9 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
     });
   });
   server.requestTimeout = 60_000; // receiving a request; answers may take as long as an evaluation
+  // Longer than clients keep idle connections (undici 4 s, browsers 60 s), so a client never reuses a
+  // socket the server is closing at that moment (ECONNRESET), even when evaluation slows the loop.
+  server.keepAliveTimeout = 75_000;
   server.headersTimeout = 30_000;
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);

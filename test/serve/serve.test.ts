@@ -5,6 +5,7 @@
  *  history. Evaluations use 4 questions so the file stays fast. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { spawn } from "node:child_process";
+import * as http from "node:http";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -12,7 +13,7 @@ import * as tf from "@tensorflow/tfjs";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { loadModel } from "../../src/model/load.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
-import { parseServeArgs } from "../../src/serve/config.ts";
+import { parseServeArgs, serveCommand } from "../../src/serve/config.ts";
 import { startServer, type RunningServer } from "../../src/serve/http.ts";
 import { makeSmallModelDir } from "../run/tiny-fixture.ts";
 
@@ -31,13 +32,25 @@ async function start(extra: string[] = []): Promise<RunningServer> {
   return startServer(cfg);
 }
 
-async function call(method: string, route: string, body?: unknown, init: RequestInit = {}): Promise<{ status: number; json: any; headers: Headers }> {
-  const res = await fetch(server.url + route, {
-    method, ...init,
-    body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
-    headers: { "Content-Type": "application/json" },
+/** One request on its own connection (no keep-alive reuse); `signal` aborts it. */
+function call(method: string, route: string, body?: unknown, init: { signal?: AbortSignal; base?: string } = {}): Promise<{ status: number; json: any; headers: http.IncomingHttpHeaders }> {
+  const data = body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body);
+  return new Promise((resolve, reject) => {
+    const req = http.request((init.base ?? server.url) + route, { method, agent: false, signal: init.signal, headers: { "Content-Type": "application/json" } }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (c: Buffer) => chunks.push(c));
+      res.on("end", () => {
+        try {
+          resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString("utf8")), headers: res.headers });
+        } catch (err) {
+          reject(err);
+        }
+      });
+      res.on("error", reject);
+    });
+    req.on("error", reject);
+    req.end(data);
   });
-  return { status: res.status, json: await res.json(), headers: res.headers };
 }
 
 async function waitForBaseline(id: string): Promise<any> {
@@ -116,7 +129,7 @@ describe("early dialect (/scenarios, /evaluate, /interact)", () => {
 
     const again = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: path.join(ws, "output", "v1") });
     expect(again.json).toMatchObject({ cached: true, score: r.json.score, samples_path: r.json.samples_path });
-  });
+  }, 300_000);
 
   it("/interact answers that offline scenarios do not interact", async () => {
     const r = await call("POST", "/interact", { scenario_id: "tiny", session_id: "s", action: "look" });
@@ -248,7 +261,7 @@ describe("one evaluation at a time", () => {
       await new Promise((r) => setTimeout(r, 200));
     const later = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v4" });
     expect(later.json).toMatchObject({ cached: true, score: b.json.score }); // finished without its client; same weights as v3
-  });
+  }, 300_000);
 });
 
 describe("restart", () => {
@@ -269,4 +282,37 @@ describe("restart", () => {
     const best = await call("GET", "/best");
     expect(best.json.total_submissions).toBe(2);
   });
+});
+
+describe("scripts/serve.ts", () => {
+  it("--help names every flag with its default", () => {
+    const help = serveCommand().helpInformation();
+    for (const flag of ["--workspace", "--port", "--host", "--scenarios", "--time_budget", "--state_dir", "--max_queue", "--max_model_gb", "--gsm8k_model", "--gsm8k_data", "--max_samples", "--temperature", "--quantize"])
+      expect(help).toContain(flag);
+    expect(help).toMatch(/--host <addr> +address to bind.*\(default: "127\.0\.0\.1"\)/s);
+  });
+
+  it("SIGTERM during an evaluation: waiting requests get a JSON 503, the process exits 0, nothing half-written", async () => {
+    const ws2 = await fs.mkdtemp(path.join(os.tmpdir(), "serve-sigterm-"));
+    await fs.cp(TINY_BASE_DIR, path.join(ws2, "output", "copy"), { recursive: true });
+    const p = spawn(tsx, ["scripts/serve.ts", "--workspace", ws2, "--port", "0", "--max_samples", "64", "--batch_size", "1", "--backend", "wasm"], { stdio: ["ignore", "pipe", "pipe"] });
+    let stderr = "";
+    p.stderr.on("data", (d) => (stderr += d));
+    const exited = new Promise<number | null>((resolve) => p.on("close", resolve));
+    while (!/evaluating .* \(64 questions\)/.test(stderr)) {
+      if (p.exitCode !== null) throw new Error(stderr);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const url = /grading server on (http:\/\/\S+)/.exec(stderr)![1];
+    const waiting = call("POST", "/submit", { model_path: "output/copy" }, { base: url });
+    for (let q = 0; q === 0; q = (await call("GET", "/health", undefined, { base: url })).json.queue.waiting) await new Promise((r) => setTimeout(r, 50));
+    p.kill("SIGTERM");
+    const answer = await waiting;
+    expect(answer.status).toBe(503);
+    expect(answer.json.error).toMatch(/shutting down/);
+    expect(await exited).toBe(0);
+    expect(stderr).toMatch(/SIGTERM: shutting down/);
+    const files = (await fs.readdir(ws2, { recursive: true })).map(String);
+    expect(files.filter((f) => /\.tmp$|\.old$/.test(f) || f.includes(`evaluations${path.sep}`) || f.endsWith("baseline.json") || f.endsWith("scores.json"))).toEqual([]);
+  }, 300_000);
 });
