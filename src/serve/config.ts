@@ -2,9 +2,9 @@
  *  else is written here). Protocol flags override every served scenario's defaults. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { Command, CommanderError } from "commander";
+import { Command } from "commander";
 import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
-import { BACKENDS, QUANTIZE_CHOICES } from "../run/options.ts";
+import { BACKENDS, parseWithPreset, QUANTIZE_CHOICES } from "../run/options.ts";
 import type { ServeOptions } from "./http.ts";
 import { makeScenario, SCENARIO_IDS, type ScenarioId, type ScenarioProtocol } from "./scenarios.ts";
 
@@ -37,17 +37,7 @@ export function serveCommand(): Command {
 
 /** argv → ServeOptions (log goes to stderr). */
 export async function parseServeArgs(argv: string[], log: (line: string) => void = (l) => process.stderr.write(l + "\n")): Promise<ServeOptions> {
-  const cmd = serveCommand();
-  try {
-    cmd.parse(argv);
-  } catch (err) {
-    if (err instanceof CommanderError) {
-      if (err.exitCode === 0) process.exit(0); // --help
-      throw new UsageError(err.message.replace(/^error: /, ""));
-    }
-    throw err;
-  }
-  const o = cmd.opts();
+  const { o } = parseWithPreset(serveCommand(), argv, {});
   const overrides: Partial<ScenarioProtocol> = {
     maxSamples: o.max_samples, samplesPerPrompt: o.samples_per_prompt, temperature: o.temperature, batchSize: o.batch_size,
     maxNewTokens: o.max_new_tokens, maxTurns: o.max_turns, quantize: o.quantize, backend: o.backend, seed: o.seed,

@@ -292,6 +292,21 @@ describe("scripts/serve.ts", () => {
     expect(help).toMatch(/--host <addr> +address to bind.*\(default: "127\.0\.0\.1"\)/s);
   });
 
+  it("bad flags are one-line usage errors", async () => {
+    const cases: Array<[string[], RegExp]> = [
+      [[], /required option '--workspace <dir>' not specified/],
+      [["--workspace", ws, "--scenarios", "tiny,math"], /^--scenarios "tiny,math": unknown math; expected a comma-separated list of tiny, gsm8k/],
+      [["--workspace", ws, "--samples_per_prompt", "4"], /^--samples_per_prompt 4 with a greedy evaluation/],
+      [["--workspace", path.join(ws, "run_meta.json")], /is a file; expected a folder/],
+      [["--workspace", ws, "--scenarios", "gsm8k", "--gsm8k_data", path.join(ws, "nope.jsonl")], /^--gsm8k_data .*nope\.jsonl: no such file or folder/],
+    ];
+    for (const [args, msg] of cases) {
+      const err = await parseServeArgs(["node", "serve", ...args]).then(() => null, (e: Error) => e);
+      expect(err?.name, args.join(" ")).toBe("UsageError");
+      expect(err!.message).toMatch(msg);
+    }
+  });
+
   it("SIGTERM during an evaluation: waiting requests get a JSON 503, the process exits 0, nothing half-written", async () => {
     const ws2 = await fs.mkdtemp(path.join(os.tmpdir(), "serve-sigterm-"));
     await fs.cp(TINY_BASE_DIR, path.join(ws2, "output", "copy"), { recursive: true });
