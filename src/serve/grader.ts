@@ -32,7 +32,8 @@ class EvalQueue {
   constructor(private maxWaiting: number) {}
 
   run<T>(job: () => Promise<T>): Promise<T> {
-    if (this.waiting >= this.maxWaiting) {
+    // Jobs ahead of this one: the running one and those waiting; at most maxWaiting may wait.
+    if (this.running + this.waiting > this.maxWaiting) {
       const retry = Math.max(1, Math.ceil(this.meanSeconds() * (this.waiting + this.running)));
       return Promise.reject(new HttpError(429, `evaluation queue is full (${this.running} running, ${this.waiting} waiting); retry in about ${retry} s`, { retry_after_seconds: retry }, { "Retry-After": String(retry) }));
     }

@@ -53,9 +53,9 @@ function call(method: string, route: string, body?: unknown, init: { signal?: Ab
   });
 }
 
-async function waitForBaseline(id: string): Promise<any> {
+async function waitForBaseline(id: string, base?: string): Promise<any> {
   for (let i = 0; i < 600; i++) {
-    const { json } = await call("GET", `/scenarios/${id}`);
+    const { json } = await call("GET", `/scenarios/${id}`, undefined, { base });
     if (json.baseline.status !== "computing") return json;
     await new Promise((r) => setTimeout(r, 200));
   }
@@ -282,6 +282,36 @@ describe("restart", () => {
     const best = await call("GET", "/best");
     expect(best.json.total_submissions).toBe(2);
   });
+});
+
+describe("limits", () => {
+  it("a full queue answers 429 with Retry-After; a spent time budget answers 403", async () => {
+    for (const v of ["v5", "v6"]) await fs.cp(path.join(ws, "output", "v1"), path.join(ws, "output", v), { recursive: true });
+    const tight = await start(["--max_queue", "0"]); // same workspace and protocol: the baseline is a cache hit
+    try {
+      const base = { base: tight.url };
+      for (const id of ["tiny", "gsm8k"]) await waitForBaseline(id, tight.url); // the queue is empty again
+      expect((await call("GET", "/health", undefined, base)).json.queue).toMatchObject({ running: 0, waiting: 0, max_waiting: 0 });
+      const [a, b] = await Promise.all(["output/v5", "output/v6"].map((p) => call("POST", "/evaluate", { scenario_id: "tiny", model_path: p }, base)));
+      const [ok, busy] = a.status === 200 ? [a, b] : [b, a];
+      expect([ok.status, busy.status]).toEqual([200, 429]);
+      expect(busy.json.error).toMatch(/evaluation queue is full \(1 running, 0 waiting\); retry in about \d+ s/);
+      expect(Number(busy.headers["retry-after"])).toBeGreaterThanOrEqual(1);
+    } finally {
+      await tight.close();
+    }
+    // The clock started with the first server on this workspace (run_meta.json), more than a second ago.
+    const timed = await start(["--time_budget", "1"]);
+    try {
+      const t = await call("GET", "/time", undefined, { base: timed.url });
+      expect(t.json).toMatchObject({ timeout_s: 1, remaining: 0 });
+      const r = await call("POST", "/submit", { model_path: "output/v1" }, { base: timed.url });
+      expect(r.status).toBe(403);
+      expect(r.json.error).toMatch(/time budget of 1 s is spent/);
+    } finally {
+      await timed.close();
+    }
+  }, 300_000);
 });
 
 describe("scripts/serve.ts", () => {
