@@ -340,7 +340,8 @@ describe("scripts/serve.ts", () => {
   it("SIGTERM during an evaluation: waiting requests get a JSON 503, the process exits 0, nothing half-written", async () => {
     const ws2 = await fs.mkdtemp(path.join(os.tmpdir(), "serve-sigterm-"));
     await fs.cp(TINY_BASE_DIR, path.join(ws2, "output", "copy"), { recursive: true });
-    const p = spawn(tsx, ["scripts/serve.ts", "--workspace", ws2, "--port", "0", "--max_samples", "64", "--batch_size", "1", "--backend", "wasm"], { stdio: ["ignore", "pipe", "pipe"] });
+    // node --import tsx: the signal goes to the server itself, not through tsx's relaying parent.
+    const p = spawn(process.execPath, ["--import", "tsx", "scripts/serve.ts", "--workspace", ws2, "--port", "0", "--max_samples", "64", "--batch_size", "1", "--backend", "wasm"], { stdio: ["ignore", "pipe", "pipe"] });
     let stderr = "";
     p.stderr.on("data", (d) => (stderr += d));
     const exited = new Promise<number | null>((resolve) => p.on("close", resolve));
@@ -352,8 +353,8 @@ describe("scripts/serve.ts", () => {
     const waiting = call("POST", "/submit", { model_path: "output/copy" }, { base: url });
     for (let q = 0; q === 0; q = (await call("GET", "/health", undefined, { base: url })).json.queue.waiting) await new Promise((r) => setTimeout(r, 50));
     p.kill("SIGTERM");
-    const answer = await waiting;
-    expect(answer.status).toBe(503);
+    const answer = await waiting.catch((err: Error) => ({ status: 0, json: { error: `${err.message}; server stderr: ${stderr}` } }));
+    expect(answer.status, answer.json.error).toBe(503);
     expect(answer.json.error).toMatch(/shutting down/);
     expect(await exited).toBe(0);
     expect(stderr).toMatch(/SIGTERM: shutting down/);
