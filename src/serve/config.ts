@@ -4,7 +4,7 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Command } from "commander";
 import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
-import { BACKENDS, parseWithPreset, QUANTIZE_CHOICES } from "../run/options.ts";
+import { BACKENDS, parseWithPreset, QUANTIZE_CHOICES, threadsOption } from "../run/options.ts";
 import type { ServeOptions } from "./http.ts";
 import { makeScenario, SCENARIO_IDS, type ScenarioId, type ScenarioProtocol } from "./scenarios.ts";
 
@@ -32,6 +32,7 @@ export function serveCommand(): Command {
     .option("--max_turns <n>", "assistant turns per rollout (default: tiny 5, gsm8k 8)", parseIntArg("max_turns", 1))
     .option("--quantize <kind>", `base weights of every evaluated model: ${QUANTIZE_CHOICES.join(", ")} (default none)`, parseChoice("quantize", QUANTIZE_CHOICES))
     .option("--backend <name>", `tfjs backend: ${BACKENDS.join(", ")}`, parseChoice("backend", BACKENDS))
+    .addOption(threadsOption())
     .option("--seed <n>", "sampling seed of the evaluation (default 0)", parseIntArg("seed", 0));
 }
 
@@ -40,7 +41,7 @@ export async function parseServeArgs(argv: string[], log: (line: string) => void
   const { o } = parseWithPreset(serveCommand(), argv, {});
   const overrides: Partial<ScenarioProtocol> = {
     maxSamples: o.max_samples, samplesPerPrompt: o.samples_per_prompt, temperature: o.temperature, batchSize: o.batch_size,
-    maxNewTokens: o.max_new_tokens, maxTurns: o.max_turns, quantize: o.quantize, backend: o.backend, seed: o.seed,
+    maxNewTokens: o.max_new_tokens, maxTurns: o.max_turns, quantize: o.quantize, backend: o.backend, threads: o.threads, seed: o.seed,
   };
   if ((o.samples_per_prompt ?? 1) > 1 && !(o.temperature > 0))
     throw new UsageError(`--samples_per_prompt ${o.samples_per_prompt} with a greedy evaluation: the samples would be identical; add --temperature > 0`);
