@@ -3,7 +3,7 @@
  *  that, and tfjs' own matMul gradient uses them. So the gradients here materialise the transpose of
  *  the smaller operand and call the plain product, and batched products loop over 2-D slices.
  *  Results are identical to tf.matMul up to float32 summation order. Backends without that penalty
- *  (backendProfile().plainMatMulOnly false: webgpu) use tf.matMul's own transposes and batches. */
+ *  (backendProfile().matMulForm "batched": webgpu) keep batches whole and materialise transposes. */
 import * as tf from "@tensorflow/tfjs";
 import { backendProfile } from "./profile.ts";
 
@@ -16,13 +16,13 @@ const FEW_ROWS = 16;
 
 /** a [M, K] · bᵀ where b is [N, K] → [M, N], transposing whichever side is cheaper. */
 export function matMulBT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
-  if (!backendProfile().plainMatMulOnly) return tf.matMul(a, b, false, true);
+  if (backendProfile().matMulForm === "batched") return tf.matMul(a, tf.transpose(b));
   if (b.size <= a.size + a.shape[0] * b.shape[0]) return tf.matMul(a, tf.transpose(b));
   return tf.transpose(tf.matMul(b, tf.transpose(a))); // (b · aᵀ)ᵀ: for a huge b (the vocab head)
 }
 /** aᵀ · b for a [K, M], b [K, N] → [M, N]. */
 export function matMulAT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
-  if (!backendProfile().plainMatMulOnly) return tf.matMul(a, b, true, false);
+  if (backendProfile().matMulForm === "batched") return tf.matMul(tf.transpose(a), b);
   return tf.matMul(tf.transpose(a), b);
 }
 
@@ -89,7 +89,8 @@ export function bmm(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
   // A decode step (a few query rows per slice, whatever the context length) and other small products:
   // the one batched kernel is as fast or faster than G slices (7 rows × 64 × 200 keys, 16 slices:
   // 2.6 vs 5.5 ms), and decoding records no gradient.
-  if (!backendProfile().plainMatMulOnly || a.shape[1] <= FEW_ROWS || a.shape[1] * a.shape[2] * b.shape[2] <= SMALL_PRODUCT) return tf.matMul(a, b);
+  if (backendProfile().matMulForm === "batched") return bmmBatched(a, b);
+  if (a.shape[1] <= FEW_ROWS || a.shape[1] * a.shape[2] * b.shape[2] <= SMALL_PRODUCT) return tf.matMul(a, b);
   const f = tf.customGrad(((x: tf.Tensor3D, y: tf.Tensor3D, save: tf.GradSaveFunc) => {
     save([x, y]);
     return {
@@ -97,6 +98,21 @@ export function bmm(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
       gradFunc: (dy: tf.Tensor3D, saved: tf.Tensor[]) => {
         const [sx, sy] = saved as tf.Tensor3D[];
         return [loop(dy, sy, matMulBT), loop(sx, dy, matMulAT)];
+      },
+    };
+  }) as unknown as CustomGradFn);
+  return f(a, b) as tf.Tensor3D;
+}
+
+/** bmm as one batched kernel, with a gradient whose transposes are materialised (profile.ts: webgpu). */
+function bmmBatched(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
+  const f = tf.customGrad(((x: tf.Tensor3D, y: tf.Tensor3D, save: tf.GradSaveFunc) => {
+    save([x, y]);
+    return {
+      value: tf.matMul(x, y),
+      gradFunc: (dy: tf.Tensor3D, saved: tf.Tensor[]) => {
+        const [sx, sy] = saved as tf.Tensor3D[];
+        return [tf.matMul(dy, tf.transpose(sy, [0, 2, 1])), tf.matMul(tf.transpose(sx, [0, 2, 1]), dy)];
       },
     };
   }) as unknown as CustomGradFn);

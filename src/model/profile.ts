@@ -19,9 +19,13 @@ export interface BackendProfile {
   /** Whether GatherV2 moves int32 values exactly (webgpu's moves them through f32 and rounds words of
    *  packed codes above 2^24), so packed columns can be gathered before unpacking. */
   exactIntGather: boolean;
-  /** Whether transposed and batched matMuls are slow enough (wasm: 4–16×) to materialise transposes
-   *  and loop over 2-D slices instead (matmul.ts). */
-  plainMatMulOnly: boolean;
+  /** How matmul.ts forms products with a transposed operand and batched products:
+   *  "plain-2d" (wasm): transposeA/B and 3-D batched matMuls are 4–16× slower than a plain 2-D product,
+   *  so the smaller operand's transpose is materialised and batches loop over 2-D slices;
+   *  "batched" (webgpu): one batched kernel, transposes materialised as their own kernels, never
+   *  matMul's transposeB flag: tfjs-backend-webgpu 4.22's split-K program (one batch, K ≥ 2000, small
+   *  output) gives wrong sums with it (errors of 100s at K 2048). */
+  matMulForm: "plain-2d" | "batched";
 }
 
 const CPU: BackendProfile = {
@@ -29,7 +33,7 @@ const CPU: BackendProfile = {
   logitChunkFloats: 4 * 1024 * 1024,
   maxBindingFloats: Infinity,
   exactIntGather: true,
-  plainMatMulOnly: true,
+  matMulForm: "plain-2d",
 };
 
 /** The profile of the current tfjs backend. */
@@ -42,6 +46,6 @@ export function backendProfile(): BackendProfile {
     logitChunkFloats: Math.min(16 * 1024 * 1024, maxBindingFloats),
     maxBindingFloats,
     exactIntGather: false,
-    plainMatMulOnly: false,
+    matMulForm: "batched",
   };
 }

@@ -270,12 +270,12 @@ export class Qwen2ForCausalLM implements CausalLM {
       // backward of a chunk hold ~7 such tensors: ~110 MB, 27 rows of the 0.5B vocab).
       const rows = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V));
       const head = this.head, left = head.left;
-      const w = left ? null : head.value();
+      const w = left || head.parts ? null : head.value();
       const outs: tf.Tensor2D[] = [];
       for (let s = 0; s < targets.length; s += rows) {
         const n = Math.min(rows, targets.length - s);
         const hc = tf.slice(h, [s, 0], [n, H]), tc = targets.slice(s, s + n);
-        outs.push(left ? logprobChunkLeft(hc, left, tc) : logprobChunk(hc, w!, () => head.value(), tc, head.isVariable));
+        outs.push(left ? logprobChunkLeft(hc, left, tc) : head.parts ? logprobChunkBlocks(hc, head, tc) : logprobChunk(hc, w!, () => head.value(), tc, head.isVariable));
       }
       const both = outs.length === 1 ? outs[0] : tf.concat(outs, 0); // [B·(T−1), 2]
       const zero = tf.zeros([B, 1]);
@@ -347,14 +347,15 @@ export class Qwen2ForCausalLM implements CausalLM {
     const put = async (name: string, t: tf.Tensor) => {
       out[name] = { shape: t.shape.slice(), data: (await t.data()) as Float32Array };
     };
-    // A fused module is written as its members, each torch's [out, in] (HF names, as loaded).
+    // A fused module is written as its members, each torch's [out, in] (HF names, as loaded). The
+    // rows come back on the host (outInData also reassembles a matrix held in column blocks).
     const putT = async (names: string[], outDims: number[], w: BaseWeight) => {
-      const ts = tf.tidy(() => {
-        const outIn = w.left ? w.left : tf.transpose(w.value());
-        return names.length === 1 ? [tf.clone(outIn)] : tf.split(outIn, outDims, 0);
+      const data = await w.outInData(); // [out, in] row-major
+      let row = 0;
+      names.forEach((n, i) => {
+        out[n] = { shape: [outDims[i], w.inDim], data: data.slice(row * w.inDim, (row + outDims[i]) * w.inDim) };
+        row += outDims[i];
       });
-      for (let i = 0; i < names.length; i++) await put(names[i], ts[i]);
-      tf.dispose(ts);
     };
     const c = this.config;
     const w = this.weights;
@@ -450,6 +451,21 @@ function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[])
     return {
       value: tf.tidy(() => logpAndEntropy(logitsOf(hh), flat)),
       gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => matMulUncached(dLogitsOf(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
+    };
+  }) as unknown as CustomGradFn);
+  return f(h) as tf.Tensor2D;
+}
+
+/** logprobChunk for a frozen head held in column blocks (weight.ts): logits and the backward product
+ *  go block by block, so no kernel binds the whole head. */
+function logprobChunkBlocks(h: tf.Tensor2D, head: BaseWeight, targets: number[]): tf.Tensor2D {
+  const V = head.outDim;
+  const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
+  const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
+    save([hh]);
+    return {
+      value: tf.tidy(() => logpAndEntropy(head.matmul(hh), flat)),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => head.backward(dLogitsOf(head.matmul(saved[0] as tf.Tensor2D), targets, dy))),
     };
   }) as unknown as CustomGradFn);
   return f(h) as tf.Tensor2D;

@@ -4,9 +4,14 @@
  *  so the tape never keeps a layer's f32 weights alive.
  *  Large frozen f32 models (over 1 GiB on wasm: backendProfile().leftLayoutBytes) hold their matrices as torch's [out, in] instead and multiply
  *  with the weight as the left operand: the fast path packs and caches a copy of every right-hand
- *  weight, which a 2 GB model cannot afford inside the 4 GiB wasm heap. */
+ *  weight, which a 2 GB model cannot afford inside the 4 GiB wasm heap.
+ *  A frozen f32 matrix larger than the backend's largest storage binding (webgpu:
+ *  backendProfile().maxBindingFloats; 0.5B's embedding is 544 MB, a software adapter binds 128 MiB) is
+ *  held as column blocks [in, outᵢ]: products are computed per block and concatenated, lookups
+ *  gather from every block and keep the block that holds each id. Nothing ever binds the whole. */
 import * as tf from "@tensorflow/tfjs";
-import { mm, mmFrozen, mmFrozenLeft } from "./matmul.ts";
+import { matMulBT, mm, mmFrozen, mmFrozenLeft } from "./matmul.ts";
+import { backendProfile } from "./profile.ts";
 import { QuantizedMatrix } from "./quant.ts";
 import type { Quantize } from "./types.ts";
 
@@ -22,6 +27,7 @@ export class BaseWeight {
     readonly f32: tf.Tensor2D | null,
     readonly quant: QuantizedMatrix | null,
     readonly left: tf.Tensor2D | null = null, // frozen f32 held [out, in] (large models)
+    readonly parts: tf.Tensor2D[] | null = null, // frozen f32 held as column blocks [in, outᵢ] (file header)
   ) {}
 
   /** outIn: [out, in] row-major (torch's layout), held as it is (see the file header). */
@@ -32,6 +38,8 @@ export class BaseWeight {
   /** data: [in, out] row-major. trainable only with quantize "none". */
   static fromFloat32(data: Float32Array, inDim: number, outDim: number, quantize: Quantize, trainable = false, name?: string): BaseWeight {
     if (quantize === "none") {
+      const maxFloats = backendProfile().maxBindingFloats;
+      if (!trainable && inDim * outDim > maxFloats) return new BaseWeight(inDim, outDim, null, null, null, columnBlocks(data, inDim, outDim, maxFloats));
       const t = tf.tensor2d(data, [inDim, outDim]);
       if (!trainable) return new BaseWeight(inDim, outDim, t, null);
       const v = tf.variable(t, true, name);
@@ -43,6 +51,7 @@ export class BaseWeight {
   }
 
   get bytes(): number {
+    if (this.parts) return 4 * this.inDim * this.outDim;
     return this.f32 ? 4 * this.f32.size : this.left ? 4 * this.left.size : this.quant!.bytes;
   }
   get isVariable(): boolean {
@@ -62,8 +71,10 @@ export class BaseWeight {
     this.unpacked = null;
   }
 
-  /** f32 [in, out] (dequantized when quantized). Call inside tf.tidy. */
+  /** f32 [in, out] (dequantized when quantized). Call inside tf.tidy. Not for a matrix held in column
+   *  blocks (it would bind the whole): use matmul, columns, backward or outInData. */
   value(): tf.Tensor2D {
+    if (this.parts) throw new Error(`a [${this.inDim}, ${this.outDim}] matrix held in ${this.parts.length} blocks has no single value tensor`);
     if (this.left) return tf.transpose(this.left);
     if (this.unpacked) return this.unpacked.left ? tf.transpose(this.unpacked.w) : this.unpacked.w;
     return this.f32 ?? this.quant!.dequantize();
@@ -73,6 +84,14 @@ export class BaseWeight {
    *  backward pass instead of being kept on the tape. */
   matmul(x: tf.Tensor2D): tf.Tensor2D {
     if (this.isVariable) return mm(x, this.f32!);
+    if (this.parts) {
+      const parts = this.parts;
+      const f = tf.customGrad(((xx: tf.Tensor2D) => ({
+        value: tf.concat(parts.map((p) => tf.matMul(xx, p)), 1) as tf.Tensor2D,
+        gradFunc: (dy: tf.Tensor2D) => this.backward(dy),
+      })) as unknown as CustomGradFn);
+      return f(x) as tf.Tensor2D;
+    }
     if (this.left) return mmFrozenLeft(x, this.left);
     const f32 = this.f32;
     if (f32) return mmFrozen(x, () => f32, f32);
@@ -95,7 +114,51 @@ export class BaseWeight {
     return f(ids) as tf.Tensor2D;
   }
 
+  /** dy [N, out] · wᵀ → [N, in] (the input gradient of a product with this frozen matrix). Call inside tf.tidy. */
+  backward(dy: tf.Tensor2D): tf.Tensor2D {
+    if (!this.parts) return matMulBT(dy, this.value());
+    let off = 0;
+    const sum = tf.addN(this.parts.map((p) => {
+      const n = p.shape[1];
+      const d = matMulBT(tf.slice(dy, [0, off], [dy.shape[0], n]), p);
+      off += n;
+      return d;
+    }));
+    return sum as tf.Tensor2D;
+  }
+
+  /** The matrix as torch stores it, [out, in] row-major on the host (for saving). */
+  async outInData(): Promise<Float32Array> {
+    if (!this.parts) {
+      const t = tf.tidy(() => (this.left ? tf.clone(this.left) : tf.transpose(this.value())));
+      const d = (await t.data()) as Float32Array;
+      t.dispose();
+      return d;
+    }
+    const out = new Float32Array(this.inDim * this.outDim);
+    let row = 0;
+    for (const p of this.parts) {
+      const t = tf.transpose(p); // [outᵢ, in]: the next rows of the torch layout
+      out.set((await t.data()) as Float32Array, row * this.inDim);
+      row += p.shape[1];
+      t.dispose();
+    }
+    return out;
+  }
+
   private lookup(ids: tf.Tensor1D): tf.Tensor2D {
+    if (this.parts) {
+      // Every block gathers (ids clipped into it) and keeps the rows whose id it holds.
+      let off = 0;
+      const rows = this.parts.map((p) => {
+        const n = p.shape[1];
+        const local = tf.clipByValue(tf.sub(ids, tf.scalar(off, "int32")), 0, n - 1);
+        const mine = tf.cast(tf.logicalAnd(tf.greaterEqual(ids, off), tf.less(ids, off + n)), "float32"); // [N]
+        off += n;
+        return tf.mul(tf.transpose(tf.gather(p, local, 1)), tf.expandDims(mine, 1)); // [N, in]
+      });
+      return tf.addN(rows) as tf.Tensor2D;
+    }
     if (this.left) return tf.gather(this.left, ids, 0) as tf.Tensor2D;
     const u = this.unpacked;
     if (u) return u.left ? (tf.gather(u.w, ids, 0) as tf.Tensor2D) : tf.transpose(tf.gather(u.w, ids, 1));
@@ -105,8 +168,22 @@ export class BaseWeight {
 
   dispose(): void {
     this.pack();
+    if (this.parts) tf.dispose(this.parts);
     this.f32?.dispose();
     this.left?.dispose();
     this.quant?.dispose();
   }
+}
+
+/** data [rows, cols] row-major → tensors of column blocks [rows, colsᵢ], each at most maxFloats. */
+function columnBlocks(data: Float32Array, rows: number, cols: number, maxFloats: number): tf.Tensor2D[] {
+  const per = Math.max(1, Math.floor(maxFloats / rows));
+  const out: tf.Tensor2D[] = [];
+  for (let c0 = 0; c0 < cols; c0 += per) {
+    const n = Math.min(per, cols - c0);
+    const block = new Float32Array(rows * n);
+    for (let i = 0; i < rows; i++) block.set(data.subarray(i * cols + c0, i * cols + c0 + n), i * n);
+    out.push(tf.tensor2d(block, [rows, n]));
+  }
+  return out;
 }

@@ -16,7 +16,9 @@ export interface AdamWConfig {
 export async function globalNorm(grads: tf.NamedTensorMap): Promise<number> {
   const parts = Object.values(grads);
   if (parts.length === 0) return 0;
-  const sq = tf.tidy(() => tf.addN(parts.map((g) => tf.sum(tf.square(g)))));
+  // stack + sum rather than addN: a webgpu kernel binds at most 8–16 buffers, and tfjs' AddN does not
+  // split its inputs (Concat, under stack, does)
+  const sq = tf.tidy(() => tf.sum(tf.stack(parts.map((g) => tf.sum(tf.square(g))))));
   const norm = Math.sqrt((await sq.data())[0]); // one read per step (GPU backends read asynchronously)
   sq.dispose();
   return norm;
