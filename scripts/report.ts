@@ -1,7 +1,8 @@
 /** Write report.html again for one or more run folders (SFT, GRPO or eval) from their logs:
  *    npx tsx scripts/report.ts outputs/tiny/sft outputs/tiny/grpo outputs/tiny/eval */
 import { Command } from "commander";
-import { runMain, UsageError } from "../src/cli.ts";
+import { runMain } from "../src/cli.ts";
+import { parseWithPreset } from "../src/run/options.ts";
 import { rewriteRunReport } from "../src/run/report-run.ts";
 
 const program = new Command()
@@ -12,11 +13,6 @@ const program = new Command()
   .configureOutput({ outputError: () => {} });
 
 await runMain(async () => {
-  try {
-    program.parse(process.argv);
-  } catch (err) {
-    if ((err as { code?: string }).code === "commander.helpDisplayed") return;
-    throw new UsageError((err as Error).message.replace(/^error: /, ""));
-  }
+  parseWithPreset(program, process.argv, {}); // commander errors → one-line usage error, --help exits 0
   for (const dir of program.args) process.stdout.write(`${await rewriteRunReport(dir)}\n`);
 });

@@ -4,7 +4,8 @@
  *  (e.g. report.html#rollouts). The PNG is named after the folder (sft.png, grpo.png, ...). */
 import * as path from "node:path";
 import { Command } from "commander";
-import { parseIntArg, runMain, UsageError } from "../src/cli.ts";
+import { parseIntArg, runMain } from "../src/cli.ts";
+import { parseWithPreset } from "../src/run/options.ts";
 import { findChromium, screenshot } from "../src/trainer/report/screenshot.ts";
 
 const program = new Command()
@@ -19,12 +20,7 @@ const program = new Command()
   .configureOutput({ outputError: () => {} });
 
 await runMain(async () => {
-  try {
-    program.parse(process.argv);
-  } catch (err) {
-    if ((err as { code?: string }).code === "commander.helpDisplayed") return;
-    throw new UsageError((err as Error).message.replace(/^error: /, ""));
-  }
+  parseWithPreset(program, process.argv, {}); // commander errors → one-line usage error, --help exits 0
   const o = program.opts<{ out_dir: string; width: number; height: number; chromium?: string }>();
   const chromium = await findChromium(o.chromium);
   for (const arg of program.args) {
