@@ -74,7 +74,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       rows.push({
         traj: {
           promptIndex: p, sampleIndex: g, promptIds: promptIds[p], completionIds: [], lossMask: [], sampleLogprobs: [],
-          turns: [], finalText: "", finishReason: "length", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0,
+          turns: [], finalText: "", finishReason: "length", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0, numUnknownTools: 0,
         },
         forced: [], turnIds: [], turn: 1, done: false,
       });
@@ -114,6 +114,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     turn.toolCalls = await Promise.all(parsed.calls.map((c) => runToolCall(c, tools)));
     row.traj.numToolCalls += turn.toolCalls.length;
     row.traj.numToolErrors += turn.toolCalls.filter((c) => c.error).length;
+    row.traj.numUnknownTools += parsed.calls.filter((c) => !tools.has(c.name)).length;
     if (row.turn >= cfg.maxTurns) return finish(row, "max_turns");
     if (row.traj.completionIds.length >= cfg.maxNewTokens) return finish(row, "length");
     const results = [...turn.toolCalls.map((c) => c.result), ...parsed.errors];

@@ -82,6 +82,8 @@ export interface Trajectory {
   numToolCalls: number;
   numToolErrors: number;
   numParseErrors: number;
+  /** Well-formed calls naming a tool the rollout does not have (also counted in numToolErrors). */
+  numUnknownTools: number;
   /** Filled by the caller after scoring. */
   reward?: number;
   rewardComponents?: Record<string, number>;

@@ -1,13 +1,13 @@
-/** GRPO on the calculator agent. Each step: take the next `promptsPerStep` questions, roll out G
+/** GRPO on a tool-using agent (the calculator by default; any tools through --tools). Each step: take the next `promptsPerStep` questions, roll out G
  *  multi-turn samples each (tools run in the loop), score them, turn scores into group-relative
  *  advantages, and update the LoRA adapter on the frozen (quantized) base; the KL reference is the
  *  same base with the adapter switched off. Checkpoints hold the adapter, optimizer state and the
  *  position in the data; sampling draws from an Rng seeded by (seed, step), so a resumed run makes
  *  the same rollouts as an uninterrupted one. */
 import * as path from "node:path";
-import { calculatorTool } from "../agents/calculator.ts";
-import { toPrompt } from "../agents/prompts.ts";
-import type { Gsm8kExample } from "../datasets/gsm8k.ts";
+import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
+import { openRunTools, type ToolSet } from "../agents/toolset.ts";
+import type { Task } from "../datasets/tasks.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
@@ -64,6 +64,10 @@ export interface GrpoRunConfig {
   loraTargets: LoraTarget[];
   quantize: Quantize;
   toolsInPrompt: boolean;
+  /** Tool specs (agents/toolset.ts): "calculator" (default), "mcp:<command line>", "mcp:<URL>". */
+  tools?: string[];
+  toolTimeout?: number; // seconds per call (default 30)
+  toolMaxChars?: number; // default 4,000
   saveSteps: number;
   saveTotalLimit: number;
   evalSamples: number;
@@ -94,9 +98,9 @@ function identity(cfg: GrpoRunConfig): Record<string, unknown> {
 }
 
 /** The i-th question of an endless stream: the data in a fresh seeded order every pass. */
-function dataStream(examples: Gsm8kExample[], seed: number) {
+function dataStream(examples: Task[], seed: number) {
   const orders = new Map<number, number[]>();
-  return (i: number): Gsm8kExample => {
+  return (i: number): Task => {
     const pass = Math.floor(i / examples.length);
     if (!orders.has(pass)) orders.set(pass, new Rng(seed * 7919 + pass).shuffle(examples.map((_, k) => k)));
     return examples[orders.get(pass)![i % examples.length]];
@@ -122,6 +126,25 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   const { train: examples, heldOut, split } = await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic }, cfg.evalSamples);
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   log(`data: ${split}`);
+  // Tool servers start before the run folder is touched: one that cannot start is a usage error.
+  const toolSet = await openRunTools(cfg, log);
+  try {
+    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet });
+  } finally {
+    await toolSet.close();
+  }
+}
+
+async function train(
+  cfg: GrpoRunConfig,
+  c: {
+    t0: number; log: (line: string) => void; ckpt: Awaited<ReturnType<typeof loadCheckpoint>> | null; start: number; examples: Task[]; heldOut: Task[];
+    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet;
+  },
+): Promise<GrpoRunResult> {
+  const { t0, log, ckpt, start, examples, heldOut, split } = c;
+  const total = cfg.totalEpochs;
+  const tools = c.toolSet.tools;
   const lora: LoraConfig = { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
   // A resumed run continues the checkpoint's adapter; a new one the given adapter or a fresh one.
   const open = () =>
@@ -148,7 +171,6 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"), { resumeStep: start });
     const trajectoryLog = new TrajectoryLog(path.join(cfg.outputDir, "trajectories.jsonl"), { resumeStep: start });
     const saves = new CheckpointSchedule(cfg.saveSteps, total);
-    const tools = [calculatorTool];
     const history: Record<string, unknown>[] = [...(ckpt?.state.log_history ?? [])];
     let step = start;
     // The last step whose checkpoint is on disk: an interrupt never rewrites a complete checkpoint.
@@ -179,14 +201,14 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
         const tStep = Date.now();
         const batch = Array.from({ length: cfg.promptsPerStep }, (_, i) => question(step * cfg.promptsPerStep + i));
         const tRoll = Date.now();
-        const trajs = await rolloutGroups(model, tokenizer, batch.map((ex) => toPrompt(ex.question)), {
+        const trajs = await rolloutGroups(model, tokenizer, batch.map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer))), {
           samplesPerPrompt: cfg.samplesPerPrompt, maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns,
           temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK, rng: new Rng(cfg.seed * 1_000_003 + step),
           tools, toolsInPrompt: cfg.toolsInPrompt,
         });
         const rolloutSeconds = (Date.now() - tRoll) / 1000;
         for (const t of trajs) {
-          const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex].gold, cfg.rewardWeights);
+          const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], cfg.rewardWeights);
           t.reward = s.reward;
           t.rewardComponents = s.components;
         }
@@ -226,7 +248,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     await savePolicy(policy, finalDir, false);
     log(`saved adapter to ${finalDir}`);
     const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, outputDir: cfg.outputDir, metrics, step: total, log,
+      maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, tools, outputDir: cfg.outputDir, metrics, step: total, log,
     });
     await writeReport(cfg.outputDir, { title: `GRPO ${path.basename(policy.base)}` });
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };

@@ -3,6 +3,7 @@
 import { Command, CommanderError, Option } from "commander";
 import { AUTO_ORDER, BACKEND_NAMES } from "../backend.ts";
 import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
+import { splitToolSpecs } from "../agents/toolset.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
 
@@ -20,6 +21,19 @@ export function addModelOptions(cmd: Command, defaults: { modelPath: string; qua
     .option("--seed <n>", "random seed (weights of a fresh adapter, data order, sampling)", parseIntArg("seed", 0), 0)
     .option("--no-tools_in_prompt", "do not render the tool schemas into the system prompt (the model learned the format in SFT)")
     .option("--no-unpack_base", "keep an int8/nf4 base packed while generating: less memory, slower decoding (default: unpacked to f32 for as long as it generates)");
+}
+
+/** The run's tools (agents/toolset.ts): --tools, --tool_timeout, --tool_max_chars. */
+export function addToolOptions(cmd: Command): Command {
+  return cmd
+    .option("--tools <list>", "tools the agent may call, comma-separated: a built-in name (calculator), mcp:<command line> (an MCP server over stdio) or mcp:<http(s) URL> (Streamable HTTP)", "calculator")
+    .option("--tool_timeout <s>", "seconds one tool call may take before it returns an error to the model", parseFloatArg("tool_timeout", 0.001), 30)
+    .option("--tool_max_chars <n>", "longest tool result the model reads; longer ones are cut with a marker", parseIntArg("tool_max_chars", 100), 4000);
+}
+
+/** --tools/--tool_timeout/--tool_max_chars as the config fields of every run. */
+export function toolConfig(o: Record<string, unknown>): { tools: string[]; toolTimeout: number; toolMaxChars: number } {
+  return { tools: splitToolSpecs(o.tools as string), toolTimeout: o.tool_timeout as number, toolMaxChars: o.tool_max_chars as number };
 }
 
 /** Option name as commander stores it: --model_path → model_path. */

@@ -57,7 +57,7 @@ describe("parseChatCommand", () => {
 
 const traj = (turns: Trajectory["turns"]): Trajectory => ({
   promptIndex: 0, sampleIndex: 0, promptIds: [], completionIds: [], lossMask: [], sampleLogprobs: [], turns,
-  finalText: "", finishReason: "stop", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0,
+  finalText: "", finishReason: "stop", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0, numUnknownTools: 0,
 });
 
 describe("trajectoryToMessages", () => {
