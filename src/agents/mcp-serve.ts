@@ -24,6 +24,7 @@ export interface ServeOptions {
 export function mcpServerFor(tools: Tool[], o: ServeOptions = {}): Server {
   const server = new Server({ name: o.name ?? "mini-agentic-rl-tools", version: "0.1.0" }, { capabilities: { tools: {} } });
   const byName = new Map(tools.map((t) => [t.name, t]));
+  const ready = readyAll(tools);
   const pageSize = o.pageSize ?? tools.length;
   server.setRequestHandler(ListToolsRequestSchema, async (req) => {
     const start = req.params?.cursor ? Number(req.params.cursor) : 0;
@@ -40,22 +41,31 @@ export function mcpServerFor(tools: Tool[], o: ServeOptions = {}): Server {
   server.setRequestHandler(CallToolRequestSchema, async (req) => {
     const tool = byName.get(req.params.name);
     if (!tool) return { content: [{ type: "text", text: `Error: unknown tool "${req.params.name}"` }], isError: true };
+    await ready; // a worker start-up is waited for here, not inside the client's handshake
     const text = await tool.run(req.params.arguments ?? {});
     return { content: [{ type: "text", text }], isError: /^error\b/i.test(text.trimStart()) };
   });
   return server;
 }
 
+const starting = new WeakMap<Tool, Promise<unknown>>();
+/** Every tool's start(), begun once per tool (a failed start shows up in its calls). */
+function readyAll(tools: Tool[]): Promise<unknown> {
+  return Promise.all(tools.map((t) => {
+    if (!starting.has(t)) starting.set(t, Promise.resolve(t.start?.()).catch(() => {}));
+    return starting.get(t);
+  }));
+}
+
 /** Serve over this process's stdin/stdout until the client closes them. */
 export async function serveStdio(tools: Tool[], o: ServeOptions = {}): Promise<void> {
-  for (const t of tools) await t.start?.(); // ready before the client's first call is timed
   await mcpServerFor(tools, o).connect(new StdioServerTransport());
 }
 
 /** Serve over Streamable HTTP at http://host:port/mcp (port 0: any free port). Resolves once listening. */
 export async function serveHttp(tools: Tool[], port: number, o: ServeOptions & { host?: string } = {}): Promise<{ url: string; close(): Promise<void> }> {
   const host = o.host ?? "127.0.0.1";
-  for (const t of tools) await t.start?.();
+  void readyAll(tools);
   const httpServer = http.createServer(async (req, res) => {
     if (!req.url?.startsWith("/mcp")) return void res.writeHead(404, { "content-type": "application/json" }).end('{"error":"not found; the MCP endpoint is /mcp"}');
     if (req.method !== "POST") // stateless: no server-initiated stream, no session to delete

@@ -28,7 +28,7 @@ export interface McpServerHandle {
 export interface McpOptions {
   /** Per-call time limit in ms. */
   timeoutMs: number;
-  /** Limit for starting the server and listing its tools (default: the larger of 60 s and timeoutMs;
+  /** Limit for starting the server and listing its tools (default: the larger of 120 s and timeoutMs;
    *  `npx` fetching a package or tsx compiling a server takes seconds on a loaded machine). */
   startupTimeoutMs?: number;
   log?: (line: string) => void;
@@ -89,7 +89,7 @@ export async function openMcpServer(target: string, o: McpOptions): Promise<McpS
   const label = named.length > 60 ? `${named.slice(0, 57)}...` : named;
   const log = o.log ?? ((line: string) => process.stderr.write(line + "\n"));
   const shown = target.length > 80 ? `${target.slice(0, 77)}...` : target; // in usage errors: as the user wrote it
-  const startupMs = o.startupTimeoutMs ?? Math.max(60_000, o.timeoutMs);
+  const startupMs = o.startupTimeoutMs ?? Math.max(120_000, o.timeoutMs);
 
   const stderrTail: string[] = []; // the child's last stderr lines, for the start-up error
   const makeTransport = (): Transport => {

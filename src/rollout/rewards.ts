@@ -13,9 +13,11 @@ export interface RolloutForReward {
   numParseErrors: number; // malformed <tool_call> blocks (bad JSON, missing name or arguments)
   numUnknownTools?: number; // well-formed calls naming a tool the run does not have
   truncated: boolean; // stopped by the token or turn limit before the model ended its reply
+  envReward?: number; // the environment's summed reward, when the rollout ran against one
 }
 
-type Component = (r: RolloutForReward, task: TaskSpec) => number;
+/** A component's value, or undefined when it does not apply to the rollout (then it is not reported). */
+type Component = (r: RolloutForReward, task: TaskSpec) => number | undefined;
 
 /** The components, each in [0, 1] except tool_use in [-1, 1]. */
 export const REWARD_COMPONENTS: Record<string, Component> = {
@@ -31,6 +33,8 @@ export const REWARD_COMPONENTS: Record<string, Component> = {
     if (attempts === 0) return 0;
     return (r.numToolCalls > 0 ? 1 : 0) - (r.numToolErrors + r.numParseErrors) / attempts;
   },
+  /** The environment's reward summed over the episode (envs/); only for rollouts run against one. */
+  env: (r) => r.envReward,
 };
 
 export const DEFAULT_REWARD_WEIGHTS: Record<string, number> = { correctness: 1, format: 0.1, tool_use: 0 };
@@ -47,8 +51,10 @@ export function scoreRollout(
   const components: Record<string, number> = {};
   let reward = 0;
   for (const [name, fn] of Object.entries(REWARD_COMPONENTS)) {
-    components[name] = fn(r, spec);
-    reward += (weights[name] ?? 0) * components[name];
+    const value = fn(r, spec);
+    if (value === undefined) continue;
+    components[name] = value;
+    reward += (weights[name] ?? 0) * value;
   }
   return { reward, components };
 }

@@ -8,6 +8,9 @@ import * as path from "node:path";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";
 import type { Task } from "../datasets/tasks.ts";
+import type { Dialect } from "../envs/agentgym.ts";
+import { ENV_SYSTEM_PROMPT, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
+import type { EnvironmentFactory } from "../envs/types.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
@@ -68,6 +71,10 @@ export interface GrpoRunConfig {
   tools?: string[];
   toolTimeout?: number; // seconds per call (default 30)
   toolMaxChars?: number; // default 4,000
+  /** An AgentGym environment server's URL: roll out against it (tasks are its data_idx 0..maxSamples-1,
+   *  default 100; tools are not offered; no held-out evaluation). */
+  env?: string;
+  envDialect?: Dialect;
   saveSteps: number;
   saveTotalLimit: number;
   evalSamples: number;
@@ -122,24 +129,33 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   // --resume; a finished one only continues with more steps.
   if (start > total || (start === total && (await runFinished(cfg.outputDir))))
     throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} steps; raise --total_epochs above ${start} to continue`);
+  // Tool and environment servers are checked before the run folder is touched: one that does not
+  // answer is a usage error.
+  const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.envDialect ?? "id", timeoutMs: (cfg.toolTimeout ?? 30) * 1000, maxChars: cfg.toolMaxChars ?? 4000 }) : null;
   // Held-out questions never include a training row; the split is logged and kept in run.json.
-  const { train: examples, heldOut, split } = await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic }, cfg.evalSamples);
+  const { train: examples, heldOut, split } = envs
+    ? { train: envTasks(cfg.maxSamples ?? 100), heldOut: [] as Task[], split: `environment ${cfg.env}: data_idx 0-${(cfg.maxSamples ?? 100) - 1}; none held out` }
+    : await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic }, cfg.evalSamples);
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   log(`data: ${split}`);
-  // Tool servers start before the run folder is touched: one that cannot start is a usage error.
-  const toolSet = await openRunTools(cfg, log);
+  const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(cfg, log);
   try {
-    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet });
+    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs });
   } finally {
     await toolSet.close();
   }
+}
+
+/** An environment's tasks are its data_idx values; the id holds the index. */
+function envTasks(n: number): Task[] {
+  return Array.from({ length: n }, (_, i) => ({ id: String(i), question: `task ${i}`, answer: "", gold: "" }));
 }
 
 async function train(
   cfg: GrpoRunConfig,
   c: {
     t0: number; log: (line: string) => void; ckpt: Awaited<ReturnType<typeof loadCheckpoint>> | null; start: number; examples: Task[]; heldOut: Task[];
-    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet;
+    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet; envs: EnvironmentFactory | null;
   },
 ): Promise<GrpoRunResult> {
   const { t0, log, ckpt, start, examples, heldOut, split } = c;
@@ -201,11 +217,21 @@ async function train(
         const tStep = Date.now();
         const batch = Array.from({ length: cfg.promptsPerStep }, (_, i) => question(step * cfg.promptsPerStep + i));
         const tRoll = Date.now();
-        const trajs = await rolloutGroups(model, tokenizer, batch.map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer))), {
-          samplesPerPrompt: cfg.samplesPerPrompt, maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns,
-          temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK, rng: new Rng(cfg.seed * 1_000_003 + step),
-          tools, toolsInPrompt: cfg.toolsInPrompt,
-        });
+        // With an environment, each task's prompt is its first observation and each row acts in its own instance.
+        const episodes = c.envs ? await openEpisodes(c.envs, batch.map((ex) => Number(ex.id)), cfg.samplesPerPrompt) : null;
+        let trajs: Trajectory[];
+        try {
+          const prompts = episodes
+            ? episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT))
+            : batch.map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer)));
+          trajs = await rolloutGroups(model, tokenizer, prompts, {
+            samplesPerPrompt: cfg.samplesPerPrompt, maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns,
+            temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK, rng: new Rng(cfg.seed * 1_000_003 + step),
+            tools, toolsInPrompt: cfg.toolsInPrompt, envs: episodes?.envs,
+          });
+        } finally {
+          await episodes?.close();
+        }
         const rolloutSeconds = (Date.now() - tRoll) / 1000;
         for (const t of trajs) {
           const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], cfg.rewardWeights);
