@@ -84,6 +84,9 @@ export async function serveHttp(tools: Tool[], port: number, o: ServeOptions & {
         res.writeHead(500, { "content-type": "application/json" }).end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32603, message: String((err as Error).message) }, id: null }));
     }
   });
+  // Idle keep-alive sockets stay open longer than a client's pause between calls (Node's default is
+  // 5 s), so a call does not race the server closing the socket it reuses.
+  httpServer.keepAliveTimeout = 10 * 60_000;
   await new Promise<void>((resolve, reject) => {
     httpServer.once("error", reject);
     httpServer.listen(port, host, () => resolve());

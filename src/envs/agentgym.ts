@@ -8,6 +8,8 @@
  *  is not the JSON the dialect promises, or an observation past the size cap is an EnvError for that
  *  rollout, never a hang. Observations longer than maxChars are cut with a marker.
  *  Leaves out: the servers' extra endpoints (available actions, detail views). */
+import * as http from "node:http";
+import * as https from "node:https";
 import { capText } from "../agents/toolset.ts";
 import { EnvError, type Environment, type EnvironmentFactory, type StepResult } from "./types.ts";
 
@@ -31,30 +33,17 @@ export function agentGymEnvironments(url: string, o: AgentGymOptions): Environme
   const key = o.dialect === "id" ? "id" : "env_idx";
 
   const request = async (method: "GET" | "POST", route: string, body?: unknown): Promise<unknown> => {
-    let res: Response;
+    let reply: { status: number; text: string };
     try {
-      res = await fetch(base + route, {
-        method,
-        headers: body === undefined ? undefined : { "content-type": "application/json" },
-        body: body === undefined ? undefined : JSON.stringify(body),
-        signal: AbortSignal.timeout(timeoutMs),
-      });
-    } catch (err) {
-      const e = err as Error;
-      const why = e.name === "TimeoutError" ? `no reply within ${timeoutMs / 1000} s` : String((e.cause as Error)?.message ?? e.message);
-      throw new EnvError(`environment ${base}${route}: ${why}`);
-    }
-    let text: string;
-    try {
-      text = await readCapped(res, timeoutMs);
+      reply = await httpRequest(new URL(base + route), method, body === undefined ? undefined : JSON.stringify(body), timeoutMs);
     } catch (err) {
       throw new EnvError(`environment ${base}${route}: ${(err as Error).message}`);
     }
-    if (!res.ok) throw new EnvError(`environment ${base}${route}: HTTP ${res.status} ${text.slice(0, 200)}`);
+    if (reply.status < 200 || reply.status >= 300) throw new EnvError(`environment ${base}${route}: HTTP ${reply.status} ${reply.text.slice(0, 200)}`);
     try {
-      return JSON.parse(text);
+      return JSON.parse(reply.text);
     } catch {
-      throw new EnvError(`environment ${base}${route}: reply is not JSON: ${JSON.stringify(text.slice(0, 80))}`);
+      throw new EnvError(`environment ${base}${route}: reply is not JSON: ${JSON.stringify(reply.text.slice(0, 80))}`);
     }
   };
 
@@ -98,32 +87,34 @@ export function agentGymEnvironments(url: string, o: AgentGymOptions): Environme
   };
 }
 
-/** The body as text, at most MAX_REPLY_BYTES, within the time limit. */
-async function readCapped(res: Response, timeoutMs: number): Promise<string> {
-  const reader = res.body?.getReader();
-  if (!reader) return "";
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const left = deadline - Date.now();
-    let timer: NodeJS.Timeout | undefined;
-    const next = await Promise.race([
-      reader.read(),
-      new Promise<null>((resolve) => (timer = setTimeout(() => resolve(null), Math.max(0, left)))),
-    ]);
-    clearTimeout(timer);
-    if (next === null) {
-      void reader.cancel().catch(() => {});
-      throw new Error(`reply not finished within ${timeoutMs / 1000} s`);
-    }
-    if (next.done) break;
-    size += next.value.byteLength;
-    if (size > MAX_REPLY_BYTES) {
-      void reader.cancel().catch(() => {});
-      throw new Error(`reply larger than ${MAX_REPLY_BYTES} bytes`);
-    }
-    chunks.push(next.value);
-  }
-  return Buffer.concat(chunks).toString("utf8");
+/** One request on its own connection (no keep-alive: a server closing an idle pooled socket, as
+ *  uvicorn does after 5 s, would otherwise race with the next step), the whole exchange within
+ *  timeoutMs, the body at most MAX_REPLY_BYTES. */
+function httpRequest(url: URL, method: string, body: string | undefined, timeoutMs: number): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    const lib = url.protocol === "https:" ? https : http;
+    const req = lib.request(url, {
+      method, agent: false,
+      headers: body === undefined ? {} : { "content-type": "application/json", "content-length": Buffer.byteLength(body) },
+    }, (res) => {
+      const chunks: Buffer[] = [];
+      let size = 0;
+      res.on("data", (c: Buffer) => {
+        size += c.length;
+        if (size > MAX_REPLY_BYTES) req.destroy(new Error(`reply larger than ${MAX_REPLY_BYTES} bytes`));
+        else chunks.push(c);
+      });
+      res.on("end", () => {
+        clearTimeout(timer);
+        resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString("utf8") });
+      });
+      res.on("error", (e) => reject(e));
+    });
+    const timer = setTimeout(() => req.destroy(new Error(`no reply within ${timeoutMs / 1000} s`)), timeoutMs);
+    req.on("error", (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    req.end(body);
+  });
 }

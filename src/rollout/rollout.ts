@@ -77,6 +77,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
         traj: {
           promptIndex: p, sampleIndex: g, promptIds: promptIds[p], completionIds: [], lossMask: [], sampleLogprobs: [],
           turns: [], finalText: "", finishReason: "length", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0, numUnknownTools: 0,
+          ...(cfg.envs ? { envReward: 0 } : {}),
         },
         forced: [], turnIds: [], turn: 1, done: false,
       });
@@ -104,11 +105,10 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   const envTurn = async (row: Row, r: number, text: string) => {
     const turn: TurnRecord = { text, content: text, toolCalls: [], parseErrors: [], ended: true, action: actionOf(text) };
     row.traj.turns.push(turn);
-    row.traj.envReward ??= 0;
     try {
       const out = await cfg.envs![r].step(turn.action!);
       Object.assign(turn, { observation: out.observation, reward: out.reward });
-      row.traj.envReward += out.reward;
+      row.traj.envReward = (row.traj.envReward ?? 0) + out.reward;
       if (out.done) return finish(row, "stop");
     } catch (err) {
       row.traj.envError = (err as Error).message;

@@ -83,7 +83,8 @@ describe("MCP over Streamable HTTP", () => {
 
   it("lists, calls, reports isError; a server that is gone gives error text naming it", async () => {
     const notices: string[] = [];
-    const set = await openTools([`mcp:${url}`], { timeoutMs: 5_000, log: (l) => notices.push(l) });
+    // A generous limit: the served calculator's worker may still be starting on a loaded machine.
+    const set = await openTools([`mcp:${url}`], { timeoutMs: 60_000, log: (l) => notices.push(l) });
     try {
       expect(set.tools.map((t) => t.name)).toEqual(["calculator", ...FIXTURE_TOOLS]);
       expect(await run(set, "calculator", { expression: "16-3-4" })).toBe("9");

@@ -198,7 +198,7 @@ describe("GRPO against the environment", () => {
     servers.push(s);
     const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "env-grpo-")), "run");
     await runGrpo({
-      modelPath: TINY_BASE_DIR, dataset: "synthetic", maxSamples: 4, totalEpochs: 1, promptsPerStep: 2, samplesPerPrompt: 2, maxNewTokens: 64, maxTurns: 3,
+      modelPath: TINY_BASE_DIR, dataset: "synthetic", maxSamples: 4, totalEpochs: 1, promptsPerStep: 2, samplesPerPrompt: 2, maxNewTokens: 128, maxTurns: 2,
       temperature: 1, topP: 1, topK: 0, beta: 0, epsilon: 0.2, epsilonHigh: 0.2, numIterations: 1, lossType: "grpo", scaleRewards: "group",
       rewardWeights: { correctness: 0, format: 0, tool_use: 0, env: 1 }, learningRate: 1e-3, lrScheduler: "constant", warmupRatio: 0, weightDecay: 0,
       maxGradNorm: 1, microBatchSize: 4, loraR: 2, loraAlpha: 4, loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "none", toolsInPrompt: false,
@@ -209,10 +209,12 @@ describe("GRPO against the environment", () => {
     expect(lines).toHaveLength(4);
     for (const t of lines) {
       expect(t.promptText).toContain("Guess the secret whole number between 1 and 100");
-      expect(t.turns[0]).toHaveProperty("observation");
+      // A turn the model ended was an action with an observation; one cut by the token budget was not.
+      for (const turn of t.turns) expect("observation" in turn).toBe(turn.ended);
       expect(t.rewardComponents).toHaveProperty("env");
       expect(t.reward).toBe(t.envReward);
     }
+    expect(lines.some((t) => t.turns[0].ended)).toBe(true); // the tiny base ends its turns
     const [m] = await readMetrics(path.join(out, "metrics.jsonl"));
     expect(m).toHaveProperty("reward_env");
     await fs.rm(path.dirname(out), { recursive: true, force: true });
