@@ -6,7 +6,6 @@ import { superviseSelf } from "../src/shutdown.ts";
 // The trainer runs in a child process this one supervises, so Ctrl-C is answered at once even while
 // a kernel keeps the trainer busy (src/shutdown.ts). Only the child loads the training code.
 await superviseSelf();
-const { shutdownCalculator } = await import("../src/agents/calculator.ts");
 const { parseFloatArg, parseIntArg, parseList, runMain } = await import("../src/cli.ts");
 const { INLINE_OPS } = await import("../src/datasets/sft.ts");
 const { TINY_SFT, TINY_PROBLEMS } = await import("../src/presets/tiny.ts");
@@ -35,44 +34,40 @@ const program = trainingCommand("train-sft", "Supervised warmup: teach the tool-
 
 await runMain(async () => {
   const { o } = parseWithPreset(program, process.argv, { tiny: TINY_SFT });
-  try {
-    const r = await runSft({
-      modelPath: o.model_path,
-      dataset: o.dataset,
-      synthetic: o.preset === "tiny" ? TINY_PROBLEMS : undefined,
-      maxSamples: o.max_samples,
-      numEpochs: o.num_epochs,
-      batchSize: o.batch_size,
-      gradientAccumulationSteps: o.gradient_accumulation_steps,
-      learningRate: o.learning_rate,
-      lrScheduler: o.lr_scheduler,
-      warmupRatio: o.warmup_ratio,
-      weightDecay: o.weight_decay,
-      maxGradNorm: o.max_grad_norm,
-      maxLength: o.max_length,
-      inlineShare: o.inline_share,
-      inlineOps: o.inline_ops,
-      loraR: o.lora_r,
-      loraAlpha: o.lora_alpha,
-      loraDropout: o.lora_dropout,
-      loraTargets: loraTargets(o.lora_targets),
-      quantize: o.quantize,
-      full: o.full,
-      toolsInPrompt: o.tools_in_prompt,
-      evalSamples: o.eval_samples,
-      evalMaxNewTokens: o.eval_max_new_tokens,
-      maxTurns: o.max_turns,
-      saveSteps: o.save_steps,
-      seed: o.seed,
-      outputDir: o.output_dir ?? defaultOutputDir(o.model_path, "sft"),
-      backend: o.backend,
-      threads: o.threads,
-      unpackBase: o.unpack_base,
-      overwrite: o.overwrite,
-      resume: o.resume,
-    });
-    process.stdout.write(`sft done: ${r.steps} steps, final loss ${r.finalLoss.toFixed(4)}, ${r.seconds.toFixed(0)} s → ${r.finalDir}\n`);
-  } finally {
-    await shutdownCalculator();
-  }
+  const r = await runSft({
+    modelPath: o.model_path,
+    dataset: o.dataset,
+    synthetic: o.preset === "tiny" ? TINY_PROBLEMS : undefined,
+    maxSamples: o.max_samples,
+    numEpochs: o.num_epochs,
+    batchSize: o.batch_size,
+    gradientAccumulationSteps: o.gradient_accumulation_steps,
+    learningRate: o.learning_rate,
+    lrScheduler: o.lr_scheduler,
+    warmupRatio: o.warmup_ratio,
+    weightDecay: o.weight_decay,
+    maxGradNorm: o.max_grad_norm,
+    maxLength: o.max_length,
+    inlineShare: o.inline_share,
+    inlineOps: o.inline_ops,
+    loraR: o.lora_r,
+    loraAlpha: o.lora_alpha,
+    loraDropout: o.lora_dropout,
+    loraTargets: loraTargets(o.lora_targets),
+    quantize: o.quantize,
+    full: o.full,
+    toolsInPrompt: o.tools_in_prompt,
+    evalSamples: o.eval_samples,
+    evalMaxNewTokens: o.eval_max_new_tokens,
+    maxTurns: o.max_turns,
+    saveSteps: o.save_steps,
+    seed: o.seed,
+    outputDir: o.output_dir ?? defaultOutputDir(o.model_path, "sft"),
+    backend: o.backend,
+    threads: o.threads,
+    unpackBase: o.unpack_base,
+    overwrite: o.overwrite,
+    resume: o.resume,
+  });
+  process.stdout.write(`sft done: ${r.steps} steps, final loss ${r.finalLoss.toFixed(4)}, ${r.seconds.toFixed(0)} s → ${r.finalDir}\n`);
 });

@@ -12,12 +12,16 @@ export type { CausalLM, ChatMessage, KVCache, LoraConfig, Quantize, Qwen2Config,
 export { calculatorTool, shutdownCalculator } from "./agents/calculator.ts";
 export { registerTool, getTool, listTools, toolSchemas } from "./agents/registry.ts";
 export { parseToolCalls } from "./agents/toolcall.ts";
-export { SYSTEM_PROMPT, toPrompt } from "./agents/prompts.ts";
+export { SYSTEM_PROMPT, systemPromptFor, toPrompt } from "./agents/prompts.ts";
+export { openTools, type ToolSet, type ToolSetOptions } from "./agents/toolset.ts";
+export { serveStdio as serveToolsStdio, serveHttp as serveToolsHttp } from "./agents/mcp-serve.ts";
+export { registerScorer, getScorer, judgeRollout, type Scorer, type TaskSpec } from "./rollout/scorers.ts";
+export { loadTasks, type Task } from "./datasets/tasks.ts";
 export type { Tool } from "./agents/types.ts";
 export { loadGsm8k, type Gsm8kExample } from "./datasets/gsm8k.ts";
 export { generateSynthetic } from "./datasets/synthetic.ts";
 export { toConversation, buildSftConversations } from "./datasets/sft.ts";
-export { extractAnswer, lastNumber, answersMatch, parseGold } from "./datasets/answer.ts";
+export { extractAnswer, lastNumber, answersMatch, parseGold, ANSWER_SCHEMAS, type AnswerSchema } from "./datasets/answer.ts";
 export { rolloutGroups, type Trajectory, type RolloutConfig } from "./rollout/rollout.ts";
 export { scoreRollout, parseRewardWeights, REWARD_COMPONENTS } from "./rollout/rewards.ts";
 export { sampleTokens } from "./rollout/sampler.ts";

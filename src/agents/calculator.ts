@@ -26,6 +26,10 @@ export const calculatorTool: Tool = {
   // Key order matters: the chat template renders this object verbatim into the system prompt.
   parameters: { type: "object", properties: { expression: { type: "string" } }, required: ["expression"] },
   run: (args) => calculate(args),
+  promptHint: "Use the calculator tool for arithmetic.",
+  limitsOwnTime: true,
+  start: async () => void (await evaluate("0")),
+  close: () => shutdownCalculator(),
 };
 registerTool(calculatorTool);
 

@@ -1,11 +1,29 @@
-/** The system prompt and the chat messages a question becomes for RL and evaluation. The tool
- *  schema is not written here: the chat template renders it from `tools` (see agents/types.ts). */
+/** The system prompt and the chat messages a question becomes for RL and evaluation. The prompt is
+ *  built from the run's tools and the task's answer schema; the tool schemas themselves are not written
+ *  here: the chat template renders them from `tools` (see agents/types.ts). */
+import { ANSWER_INSTRUCTIONS, type AnswerSchema } from "../datasets/answer.ts";
 import type { ChatMessage } from "../model/types.ts";
+import type { Tool } from "./types.ts";
 
-/** Short on purpose: a small model learns the format from SFT, the prompt only names it. The answer
- *  format must match what rollout/rewards.ts reads (`\boxed{}`). */
+/** The prompt of the calculator agent, what systemPromptFor([calculatorTool]) gives. Short on purpose:
+ *  a small model learns the format from SFT, the prompt only names it. The answer format must match
+ *  what rollout/scorers.ts reads (`\boxed{}`). */
 export const SYSTEM_PROMPT =
   "Solve the math problem step by step. Use the calculator tool for arithmetic. Put the final answer in \\boxed{}.";
+
+/** One sentence per tool (its promptHint, or its name and description), then the answer schema's
+ *  instruction. A task scored by anything but `math` is called a task, not a math problem. */
+export function systemPromptFor(tools: readonly Tool[], answerSchema: AnswerSchema = "boxed", scorer = "math"): string {
+  const parts = [scorer === "math" ? "Solve the math problem step by step." : "Solve the task step by step."];
+  for (const t of tools) parts.push(t.promptHint ?? `Use the ${t.name} tool (${oneLine(t.description)}).`);
+  parts.push(ANSWER_INSTRUCTIONS[answerSchema]);
+  return parts.join(" ");
+}
+
+function oneLine(text: string): string {
+  const s = text.replace(/\s+/g, " ").trim().replace(/\.$/, "");
+  return s.length > 120 ? `${s.slice(0, 117)}...` : s || "no description";
+}
 
 /** System + user messages for one question; the model's reply starts after these. */
 export function toPrompt(question: string, systemPrompt: string = SYSTEM_PROMPT): ChatMessage[] {

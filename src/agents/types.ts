@@ -7,6 +7,16 @@ export interface Tool {
   description: string;
   parameters: Record<string, unknown>; // JSON schema, rendered into the chat template's <tools>
   run(args: Record<string, unknown>): Promise<string>;
+  /** The system prompt's sentence about this tool (default: its name and description). */
+  promptHint?: string;
+  /** The tool bounds each call's own time itself (the calculator: 250 ms of evaluation in a sandbox),
+   *  so the tool set's --tool_timeout is not laid on top: waiting behind other calls or for a worker
+   *  restart is not the call's time, and would make results depend on machine load. */
+  limitsOwnTime?: boolean;
+  /** Gets the tool ready (starts a worker), so the first call's time limit is not spent starting up. */
+  start?(): Promise<void>;
+  /** Frees what the tool holds (a worker, a server connection); the tool set calls it once at the end. */
+  close?(): Promise<void>;
 }
 
 export function toolSchema(tool: Tool): ToolSchema {

@@ -1,11 +1,21 @@
-/** Reading numeric answers out of text: GSM8K's gold `#### N`, the model's final answer in a strict
- *  format (`\boxed{}`, `#### N`, `<answer></answer>`), a lenient last-number fallback, and a numeric
+/** Reading numeric answers out of text: GSM8K's gold `#### N`, the model's final answer in one of the
+ *  answer schemas (`boxed`, `gsm8k`, `answer`, `last_number`), and a numeric
  *  comparison that forgives formatting (commas, `$`, `%`, trailing `.0`, unit words, fractions).
  *  Plain numbers only: no algebra, no mixed numbers like `1 3/4`, no scientific notation.
  *  Model-written text is untrusted: every parser here is linear-time and never evaluates code. */
 
-export type AnswerFormat = "boxed" | "hash" | "answer_tag";
-export const ANSWER_FORMATS: readonly AnswerFormat[] = ["boxed", "hash", "answer_tag"];
+/** Where a reply puts its final answer. boxed: the last `\boxed{…}` or `\fbox{…}`; answer: the last
+ *  `<answer>…</answer>`; gsm8k: the rest of the line after the last `####`; last_number: the last
+ *  number anywhere in the text (lenient: nothing marks it as the answer). */
+export type AnswerSchema = "boxed" | "answer" | "gsm8k" | "last_number";
+export const ANSWER_SCHEMAS: readonly AnswerSchema[] = ["boxed", "answer", "gsm8k", "last_number"];
+/** The sentence of the system prompt that asks for each schema. */
+export const ANSWER_INSTRUCTIONS: Record<AnswerSchema, string> = {
+  boxed: "Put the final answer in \\boxed{}.",
+  answer: "Put the final answer in <answer></answer>.",
+  gsm8k: 'End with a line "#### " followed by the final answer.',
+  last_number: "End with the final answer as a number.",
+};
 
 /** Canonical decimal string of a plain number, or null: "1,000" -> "1000", "$5.50" -> "5.5",
  *  "12.0" -> "12", ".5" -> "0.5", "+3" -> "3", "-0" -> "0". Kept as a string so big integers stay exact. */
@@ -36,33 +46,44 @@ export function parseGold(solution: string): string {
   return gold;
 }
 
-/** The final answer in a strict format, raw (trimmed, not normalised), or null when absent or empty.
- *  boxed: the last `\boxed{...}` with nested braces (`\boxed{\frac{3}{4}}`); hash: the rest of the line
- *  after the last `####`; answer_tag: the last `<answer>...</answer>`. */
-export function extractAnswer(text: string, format: AnswerFormat): string | null {
+/** The final answer in an answer schema (see AnswerSchema), raw (trimmed; last_number normalised), or
+ *  null when absent or empty. boxed keeps nested braces (`\boxed{\frac{3}{4}}`). */
+export function extractAnswer(text: string, schema: AnswerSchema): string | null {
   let out: string | null;
-  if (format === "boxed") out = lastBoxed(text);
-  else if (format === "hash") {
+  if (schema === "boxed") out = lastBoxed(text);
+  else if (schema === "gsm8k") {
     const at = text.lastIndexOf("####");
     out = at < 0 ? null : text.slice(at + 4).split("\n")[0];
-  } else if (format === "answer_tag") {
+  } else if (schema === "answer") {
     const end = text.lastIndexOf("</answer>");
     const start = end < 0 ? -1 : text.lastIndexOf("<answer>", end);
     out = start < 0 ? null : text.slice(start + "<answer>".length, end);
+  } else if (schema === "last_number") {
+    out = lastNumber(text);
   } else {
-    throw new Error(`unknown answer format "${format as string}", expected one of ${ANSWER_FORMATS.join(", ")}`);
+    throw new Error(`unknown answer schema "${schema as string}", expected one of ${ANSWER_SCHEMAS.join(", ")}`);
   }
   out = out?.trim() ?? null;
   return out ? out : null;
 }
 
+/** A usage-level check for schema names from flags and task files. */
+export function isAnswerSchema(name: unknown): name is AnswerSchema {
+  return typeof name === "string" && (ANSWER_SCHEMAS as readonly string[]).includes(name);
+}
+
+/** The body of the last `\boxed{…}` or `\fbox{…}` (whichever starts later), braces balanced. */
 function lastBoxed(text: string): string | null {
-  const start = text.lastIndexOf("\\boxed{");
+  let start = -1, open = -1;
+  for (const cmd of ["\\boxed{", "\\fbox{"]) {
+    const at = text.lastIndexOf(cmd);
+    if (at > start) [start, open] = [at, at + cmd.length - 1];
+  }
   if (start < 0) return null;
   let depth = 0;
-  for (let i = start + "\\boxed".length; i < text.length; i++) {
+  for (let i = open; i < text.length; i++) {
     if (text[i] === "{") depth++;
-    else if (text[i] === "}" && --depth === 0) return text.slice(start + "\\boxed{".length, i);
+    else if (text[i] === "}" && --depth === 0) return text.slice(open + 1, i);
   }
   return null; // unclosed: the model stopped mid-answer
 }

@@ -15,6 +15,7 @@ import type * as tf from "@tensorflow/tfjs";
 import { gather } from "@tensorflow/tfjs";
 import { sampleTokens, checkSamplingParams } from "./sampler.ts";
 import { runToolCall, ToolResponseRenderer } from "./tool-messages.ts";
+import { actionOf } from "../envs/types.ts";
 import type { FinishReason, RolloutConfig, Trajectory, TurnRecord } from "./types.ts";
 
 export type { RolloutConfig, RolloutStepInfo, Trajectory, TurnRecord, ToolCallRecord, FinishReason } from "./types.ts";
@@ -54,6 +55,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   const tools = new Map<string, Tool>(cfg.tools.map((t) => [t.name, t]));
   const schemas = cfg.tools.map(toolSchema);
   const renderer = new ToolResponseRenderer(tokenizer);
+  const userRenderer = new ToolResponseRenderer(tokenizer, "user");
   const stopIds = stopTokenIds(tokenizer);
   const sampling = { temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK };
 
@@ -74,7 +76,8 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       rows.push({
         traj: {
           promptIndex: p, sampleIndex: g, promptIds: promptIds[p], completionIds: [], lossMask: [], sampleLogprobs: [],
-          turns: [], finalText: "", finishReason: "length", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0,
+          turns: [], finalText: "", finishReason: "length", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0, numUnknownTools: 0,
+          ...(cfg.envs ? { envReward: 0 } : {}),
         },
         forced: [], turnIds: [], turn: 1, done: false,
       });
@@ -98,10 +101,30 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     row.traj.finalText = last ? last.content : "";
   };
 
+  // With environments, a closed turn is an action: step the row's environment, queue its observation.
+  const envTurn = async (row: Row, r: number, text: string) => {
+    const turn: TurnRecord = { text, content: text, toolCalls: [], parseErrors: [], ended: true, action: actionOf(text) };
+    row.traj.turns.push(turn);
+    try {
+      const out = await cfg.envs![r].step(turn.action!);
+      Object.assign(turn, { observation: out.observation, reward: out.reward });
+      row.traj.envReward = (row.traj.envReward ?? 0) + out.reward;
+      if (out.done) return finish(row, "stop");
+    } catch (err) {
+      row.traj.envError = (err as Error).message;
+      return finish(row, "env_error");
+    }
+    if (row.turn >= cfg.maxTurns) return finish(row, "max_turns");
+    if (row.traj.completionIds.length >= cfg.maxNewTokens) return finish(row, "length");
+    row.forced = tokenizer.encode(userRenderer.render([turn.observation!]));
+    row.turn++;
+  };
+
   // A sampled stop token closed the row's current turn: parse it, run its calls, decide what follows.
   const endTurn = async (row: Row) => {
     const text = tokenizer.decode(row.turnIds.slice(0, -1)); // without the stop token
     row.turnIds = [];
+    if (cfg.envs) return envTurn(row, rows.indexOf(row), text);
     const parsed = parseToolCalls(text);
     const turn: TurnRecord = { text, content: parsed.content, toolCalls: [], parseErrors: parsed.errors, ended: true };
     row.traj.turns.push(turn);
@@ -114,6 +137,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     turn.toolCalls = await Promise.all(parsed.calls.map((c) => runToolCall(c, tools)));
     row.traj.numToolCalls += turn.toolCalls.length;
     row.traj.numToolErrors += turn.toolCalls.filter((c) => c.error).length;
+    row.traj.numUnknownTools += parsed.calls.filter((c) => !tools.has(c.name)).length;
     if (row.turn >= cfg.maxTurns) return finish(row, "max_turns");
     if (row.traj.completionIds.length >= cfg.maxNewTokens) return finish(row, "length");
     const results = [...turn.toolCalls.map((c) => c.result), ...parsed.errors];
@@ -207,6 +231,8 @@ function checkConfig(prompts: ChatMessage[][], cfg: RolloutConfig): void {
   checkSamplingParams({ temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK });
   const f = cfg.compactFraction ?? 0.25;
   if (!(f > 0 && f <= 1)) throw new Error(`compactFraction ${f} is invalid; accepted: a number in (0, 1]`);
+  if (cfg.envs && cfg.envs.length !== prompts.length * cfg.samplesPerPrompt)
+    throw new Error(`envs: ${cfg.envs.length} environments for ${prompts.length} prompts × ${cfg.samplesPerPrompt} samples; one per row is needed`);
   const names = cfg.tools.map((t) => t.name);
   const dup = names.find((n, i) => names.indexOf(n) !== i);
   if (dup !== undefined) throw new Error(`tool name "${dup}" appears twice; accepted: unique tool names`);

@@ -32,10 +32,12 @@ export async function runToolCall(call: ParsedToolCall, tools: ReadonlyMap<strin
 export class ToolResponseRenderer {
   private readonly pieces = new Map<number, string[]>();
 
-  constructor(private readonly tokenizer: Tokenizer) {}
+  /** role "user": the text of one user message after a plain assistant turn (an environment's observation). */
+  constructor(private readonly tokenizer: Tokenizer, private readonly role: "tool" | "user" = "tool") {}
 
   render(results: string[]): string {
     if (results.length === 0) throw new Error("ToolResponseRenderer.render needs at least one result; got 0");
+    if (this.role === "user" && results.length !== 1) throw new Error(`a user message renders one text; got ${results.length}`);
     const pieces = this.piecesFor(results.length);
     let out = pieces[0];
     for (let i = 0; i < results.length; i++) out += results[i] + pieces[i + 1];
@@ -46,13 +48,12 @@ export class ToolResponseRenderer {
     const cached = this.pieces.get(n);
     if (cached) return cached;
     const marks = Array.from({ length: n }, (_, i) => `\u0000TOOL_RESULT_${i}\u0000`);
-    const head: ChatMessage[] = [
-      { role: "user", content: "q" },
-      { role: "assistant", content: "", tool_calls: [{ type: "function", function: { name: "f", arguments: {} } }] },
-    ];
+    const head: ChatMessage[] = this.role === "tool"
+      ? [{ role: "user", content: "q" }, { role: "assistant", content: "", tool_calls: [{ type: "function", function: { name: "f", arguments: {} } }] }]
+      : [{ role: "user", content: "q" }, { role: "assistant", content: "a" }];
     const before = this.tokenizer.applyChatTemplate(head, { addGenerationPrompt: false });
     const full = this.tokenizer.applyChatTemplate(
-      [...head, ...marks.map((content): ChatMessage => ({ role: "tool", content }))],
+      [...head, ...marks.map((content): ChatMessage => ({ role: this.role, content }))],
       { addGenerationPrompt: true },
     );
     const stop = this.tokenizer.decode([this.tokenizer.eosTokenId]);

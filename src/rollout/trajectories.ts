@@ -44,6 +44,8 @@ export function trajectoryRecord(step: number, t: Trajectory, tokenizer: Tokeniz
     numToolCalls: t.numToolCalls,
     numToolErrors: t.numToolErrors,
     numParseErrors: t.numParseErrors,
+    ...(t.envReward !== undefined ? { envReward: t.envReward } : {}),
+    ...(t.envError !== undefined ? { envError: t.envError } : {}),
     finalText: t.finalText,
     turns: t.turns,
     promptIds: t.promptIds,

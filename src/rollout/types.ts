@@ -1,6 +1,7 @@
 /** What a rollout is configured with and what it produces: one Trajectory per (prompt, sample).
  *  Types only; the loop is in rollout.ts, the JSONL log in trajectories.ts. */
 import type { Tool } from "../agents/types.ts";
+import type { Environment } from "../envs/types.ts";
 import type { Rng } from "../util/rng.ts";
 
 export interface RolloutConfig {
@@ -16,6 +17,11 @@ export interface RolloutConfig {
   topK: number;
   rng: Rng;
   tools: Tool[];
+  /** Roll out against environments instead of tools: envs[p·G + g] for sample g of prompt p, already
+   *  reset (the prompt holds its first observation). Each assistant turn is an action (envs/types.ts
+   *  actionOf); the observation comes back as a user message with loss mask 0; the episode ends on
+   *  `done`, the turn limit or the token budget; the rewards are summed into envReward. */
+  envs?: Environment[];
   /** Render the tool schemas into the system prompt through the chat template's `tools`. Default true. */
   toolsInPrompt?: boolean;
   /** false = sample from the base with LoRA switched off. Default true. */
@@ -43,7 +49,7 @@ export interface RolloutStepInfo {
 }
 
 /** aborted: RolloutConfig.signal fired; the turn in progress is kept unparsed, as for "length". */
-export type FinishReason = "stop" | "length" | "max_turns" | "aborted";
+export type FinishReason = "stop" | "length" | "max_turns" | "aborted" | "env_error";
 
 export interface ToolCallRecord {
   name: string;
@@ -62,6 +68,10 @@ export interface TurnRecord {
   parseErrors: string[];
   /** false when the token budget ran out inside this turn. */
   ended: boolean;
+  /** With an environment: the action taken from this turn, and what the environment answered. */
+  action?: string;
+  observation?: string;
+  reward?: number;
 }
 
 export interface Trajectory {
@@ -82,6 +92,11 @@ export interface Trajectory {
   numToolCalls: number;
   numToolErrors: number;
   numParseErrors: number;
+  /** Well-formed calls naming a tool the rollout does not have (also counted in numToolErrors). */
+  numUnknownTools: number;
+  /** With an environment: the sum of its step rewards, and the error that ended the episode, if any. */
+  envReward?: number;
+  envError?: string;
   /** Filled by the caller after scoring. */
   reward?: number;
   rewardComponents?: Record<string, number>;

@@ -1,6 +1,6 @@
 /** Talking to a checkpoint as an agent, behind scripts/chat.ts: each user message is one rollout of the
  *  whole conversation so far (system prompt, earlier turns, tool results), streamed token by token, with
- *  each calculator call shown as it runs. The trajectory's turns go back into the conversation as
+ *  each tool call shown as it runs (the --tools tools; the calculator by default). The trajectory's turns go back into the conversation as
  *  assistant messages with tool_calls plus tool messages, so the chat template renders the next prompt
  *  exactly as for any tool-using chat. Commands: /reset, /temp T, /tools on|off, /exit.
  *  Interactive on a terminal (Ctrl-C stops a generation, twice at the prompt exits); with piped stdin
@@ -8,7 +8,8 @@
 import * as readline from "node:readline";
 import { Command } from "commander";
 import { calculatorTool } from "../agents/calculator.ts";
-import { SYSTEM_PROMPT } from "../agents/prompts.ts";
+import { systemPromptFor } from "../agents/prompts.ts";
+import { openRunTools } from "../agents/toolset.ts";
 import type { Tool } from "../agents/types.ts";
 import { parseFloatArg, parseIntArg, UsageError } from "../cli.ts";
 import type { CausalLM, ChatMessage, Quantize, Tokenizer } from "../model/types.ts";
@@ -17,7 +18,7 @@ import { rolloutGroups, stopTokenIds, type Trajectory } from "../rollout/rollout
 import { Rng } from "../util/rng.ts";
 import { TINY_EVAL_MODELS } from "./eval-run.ts";
 import { checkModelSource } from "./policy.ts";
-import { addModelOptions, parseWithPreset } from "./options.ts";
+import { addModelOptions, addToolOptions, parseWithPreset, toolConfig } from "./options.ts";
 import { openPolicy } from "./policy.ts";
 import type { ThreadsSpec } from "../wasm-threads.ts";
 
@@ -156,7 +157,7 @@ export class ChatSession {
   }
 
   reset(): void {
-    this.messages = [{ role: "system", content: this.o.systemPrompt ?? SYSTEM_PROMPT }];
+    this.messages = [{ role: "system", content: this.o.systemPrompt ?? systemPromptFor(this.o.tools ?? [calculatorTool]) }];
   }
 
   /** One user message → the streamed reply (tool calls shown through `write` as they run). The
@@ -198,7 +199,11 @@ export class ChatSession {
 
 // ---------------------------------------------------------------- flags and the loop
 
-export interface ChatRunConfig extends ChatOptions {
+export interface ChatRunConfig extends Omit<ChatOptions, "tools"> {
+  /** Tool specs (agents/toolset.ts; default calculator), per-call seconds, output cap. */
+  tools?: string[];
+  toolTimeout?: number;
+  toolMaxChars?: number;
   modelPath: string;
   adapter?: string;
   quantize: Quantize;
@@ -213,10 +218,10 @@ export const TINY_CHAT_PRESET: Record<string, unknown> = { max_new_tokens: 160, 
 export function chatCommand(): Command {
   const cmd = new Command()
     .name("chat")
-    .description(`Chat with a checkpoint as a calculator-using agent. ${CHAT_HELP}`)
+    .description(`Chat with a checkpoint as a tool-using agent. ${CHAT_HELP}`)
     .exitOverride()
     .configureOutput({ outputError: () => {} });
-  addModelOptions(cmd, { modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" });
+  addToolOptions(addModelOptions(cmd, { modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" }));
   return cmd
     .option("--adapter <dir>", "PEFT adapter folder to attach to --model_path")
     .option("--temperature <t>", "sampling temperature; 0 = greedy (change with /temp)", parseFloatArg("temperature", 0, 10), 0)
@@ -246,7 +251,7 @@ export async function parseChatArgs(argv: string[]): Promise<ChatRunConfig> {
   return {
     modelPath, adapter: o.adapter, quantize, backend: o.backend, threads: o.threads, unpackBase: o.unpack_base, note,
     temperature: o.temperature, topP: o.top_p, maxNewTokens: o.max_new_tokens, maxTurns: o.max_turns,
-    toolsInPrompt: o.tools_in_prompt, seed: o.seed,
+    toolsInPrompt: o.tools_in_prompt, seed: o.seed, ...toolConfig(o),
   };
 }
 
@@ -260,6 +265,17 @@ export interface ChatIo {
 
 /** The REPL. Resolves when the user exits (/exit, Ctrl-C twice at the prompt, or end of input). */
 export async function runChat(cfg: ChatRunConfig, io: ChatIo): Promise<void> {
+  if (cfg.note) io.err(cfg.note);
+  const toolSet = await openRunTools(cfg, io.err);
+  try {
+    io.err(`tools: ${toolSet.tools.map((t) => t.name).join(", ") || "(none)"}`);
+    await chatLoop(cfg, io, toolSet.tools);
+  } finally {
+    await toolSet.close();
+  }
+}
+
+async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[]): Promise<void> {
   const interactive = Boolean(io.input.isTTY && io.output.isTTY);
   const write = (s: string) => void io.output.write(s);
   const dim = (s: string) => `\x1b[2m${s}\x1b[0m`;
@@ -267,7 +283,7 @@ export async function runChat(cfg: ChatRunConfig, io: ChatIo): Promise<void> {
   const note = (s: string) => (interactive ? write(dim(`${s}\n`)) : io.err(s));
   if (cfg.note) io.err(cfg.note);
   const policy = await openPolicy({ modelPath: cfg.modelPath, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpackBase });
-  const session = new ChatSession(policy.model, policy.tokenizer, cfg);
+  const session = new ChatSession(policy.model, policy.tokenizer, { ...cfg, tools });
   const rl = readline.createInterface({ input: io.input, output: interactive ? io.output : undefined, terminal: interactive, prompt: "you> " });
   let generation: AbortController | null = null;
   let armedExit = false; // Ctrl-C once at the prompt

@@ -1,10 +1,12 @@
-/** Which questions a run uses: GSM8K (by name, JSONL or parquet path) or the seeded synthetic
+/** Which questions a run uses: GSM8K (by name, JSONL or parquet path), a task file (AgentRL JSONL
+ *  with its own scorers, datasets/tasks.ts; the same file serves every purpose) or the seeded synthetic
  *  generator. Synthetic streams are disjoint per purpose (SFT, RL, evaluation), so held-out means
  *  held out. */
 import { promises as fs } from "node:fs";
 import { UsageError } from "../cli.ts";
-import { loadGsm8k, type Gsm8kExample } from "../datasets/gsm8k.ts";
+import { loadGsm8k } from "../datasets/gsm8k.ts";
 import { generateSynthetic, type SyntheticOptions } from "../datasets/synthetic.ts";
+import { isTaskFile, loadTasks, type Task } from "../datasets/tasks.ts";
 import { TINY_SEEDS } from "../presets/tiny.ts";
 
 export type Purpose = "sft" | "rl" | "eval";
@@ -24,17 +26,24 @@ const isNamed = (dataset: string) => dataset === "gsm8k" || dataset === "openai/
 export async function checkDataset(dataset: string): Promise<void> {
   if (dataset === "synthetic" || isNamed(dataset)) return;
   if (!(await fs.stat(dataset).then(() => true, () => false)))
-    throw new UsageError(`--dataset ${dataset}: no such file or folder; expected gsm8k, synthetic, or a GSM8K .jsonl/.parquet path`);
+    throw new UsageError(`--dataset ${dataset}: no such file or folder; expected gsm8k, synthetic, a GSM8K .jsonl/.parquet path, or a task .jsonl ({"id", "query", "answer"} per line)`);
 }
 
 /** Held-out questions come from the test split (GSM8K) or the evaluation stream (synthetic). */
-export async function loadExamples(spec: DataSpec): Promise<Gsm8kExample[]> {
+export async function loadExamples(spec: DataSpec): Promise<Task[]> {
   if (spec.dataset === "synthetic") {
     const n = spec.maxSamples ?? (spec.purpose === "eval" ? 500 : 5000);
     return generateSynthetic({ n, seed: SEED[spec.purpose], ...spec.synthetic });
   }
   const split = spec.purpose === "eval" ? "test" : "train";
   await checkDataset(spec.dataset);
+  if (await isTaskFile(spec.dataset)) {
+    try {
+      return await loadTasks(spec.dataset, { maxSamples: spec.maxSamples });
+    } catch (err) {
+      throw new UsageError(`--dataset ${(err as Error).message}`);
+    }
+  }
   try {
     return await loadGsm8k(spec.dataset, { split, maxSamples: spec.maxSamples, skipMalformed: spec.skipMalformed });
   } catch (err) {
@@ -44,8 +53,8 @@ export async function loadExamples(spec: DataSpec): Promise<Gsm8kExample[]> {
 }
 
 export interface TrainingData {
-  train: Gsm8kExample[];
-  heldOut: Gsm8kExample[];
+  train: Task[];
+  heldOut: Task[];
   /** Where each part came from, for the log and run.json. */
   split: string;
 }

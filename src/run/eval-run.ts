@@ -8,7 +8,9 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Command } from "commander";
 import { discardFailedRun, parseChoice, parseFloatArg, parseIntArg, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
-import type { Gsm8kExample } from "../datasets/gsm8k.ts";
+import type { Tool } from "../agents/types.ts";
+import { openRunTools } from "../agents/toolset.ts";
+import type { Task } from "../datasets/tasks.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
 import { writeEvalReport, type EvalRow } from "../trainer/report.ts";
@@ -18,7 +20,7 @@ import { meanCI, type Interval } from "../trainer/stats.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { checkDataset, loadExamples, type Purpose } from "./data.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
-import { addModelOptions, parseWithPreset, QUANTIZE_CHOICES } from "./options.ts";
+import { addModelOptions, addToolOptions, parseWithPreset, QUANTIZE_CHOICES, toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
 import type { ThreadsSpec } from "../wasm-threads.ts";
 
@@ -45,6 +47,10 @@ export interface EvalRunConfig {
   maxNewTokens: number;
   maxTurns: number;
   toolsInPrompt: boolean;
+  /** Tool specs (agents/toolset.ts; default calculator), per-call seconds, output cap. */
+  tools?: string[];
+  toolTimeout?: number;
+  toolMaxChars?: number;
   seed: number;
   backend: string;
   threads?: ThreadsSpec; // wasm threads (default auto)
@@ -75,15 +81,15 @@ export const TINY_EVAL_MODELS: ReadonlyArray<EvalModelSpec> = [
 export function evalCommand(): Command {
   const cmd = new Command()
     .name("eval")
-    .description("Accuracy of one or more checkpoints on held-out GSM8K-format questions, with the calculator tool")
+    .description("Accuracy of one or more checkpoints on held-out GSM8K-format questions or a task file, with the --tools tools")
     .exitOverride()
     .configureOutput({ outputError: () => {} }); // runMain prints the one error line
-  addModelOptions(cmd, { modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" });
+  addToolOptions(addModelOptions(cmd, { modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" }));
   return cmd
     .option("--adapter <dir>", "PEFT adapter folder to attach to --model_path")
     .option("--baseline <path>", "also evaluate this model or adapter folder on the same questions and print the paired improvement")
     .option("--quantize_for <name=kind,...>", "per-model quantization overriding --quantize, e.g. rl=int8 (names as in the table)", parseQuantizeFor)
-    .option("--dataset <name>", "gsm8k, synthetic, or a GSM8K .jsonl/.parquet path or folder", "gsm8k")
+    .option("--dataset <name>", "gsm8k, synthetic, a GSM8K .jsonl/.parquet path or folder, or a task .jsonl ({id, query, answer, scorer?, answer_schema?})", "gsm8k")
     .option("--split <name>", "test (held out) or train (synthetic: the RL stream)", parseChoice("split", ["test", "train"] as const), "test")
     .option("--max_samples <n>", "questions to evaluate (default: all of GSM8K's split, 500 synthetic)", parseIntArg("max_samples", 1))
     .option("--samples_per_prompt <k>", "samples per question: pass@1 is estimated from all k, and pass@k is reported", parseIntArg("samples_per_prompt", 1), 1)
@@ -117,6 +123,7 @@ export function modelName(p: string): string {
 /** argv → a validated config. Writes nothing; every usage error is thrown from here. */
 export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
   const { preset, o, explicit } = parseWithPreset(evalCommand(), argv, { tiny: TINY_EVAL_PRESET });
+  const tools = toolConfig(o);
   if (o.samples_per_prompt > 1 && o.temperature === 0)
     throw new UsageError(`--samples_per_prompt ${o.samples_per_prompt} with --temperature 0: greedy samples are identical; use a temperature > 0 or k = 1`);
   const quantizeFor: Record<string, Quantize> = o.quantize_for ?? {};
@@ -171,6 +178,7 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
     maxNewTokens: o.max_new_tokens,
     maxTurns: o.max_turns,
     toolsInPrompt: o.tools_in_prompt,
+    ...tools,
     seed: o.seed,
     backend: o.backend,
     threads: o.threads,
@@ -223,19 +231,26 @@ function summaryOf(r: EvalResult): EvalSummaryOnly {
 }
 
 /** How questions are asked and answers sampled: everything of an evaluation but the models and data. */
-export type EvalProtocol = Pick<EvalRunConfig, "samplesPerPrompt" | "temperature" | "batchSize" | "maxNewTokens" | "maxTurns" | "toolsInPrompt" | "seed" | "backend" | "threads" | "unpackBase">;
+export type EvalProtocol = Pick<EvalRunConfig, "samplesPerPrompt" | "temperature" | "batchSize" | "maxNewTokens" | "maxTurns" | "toolsInPrompt" | "tools" | "toolTimeout" | "toolMaxChars" | "seed" | "backend" | "threads" | "unpackBase">;
 
 /** One model opened, evaluated on `examples` and disposed again, so only one is in memory at a time.
- *  `onProgress` runs after each batch; an error it throws abandons the evaluation at that point. */
-export async function evaluateModel(spec: EvalModelSpec, examples: Gsm8kExample[], p: EvalProtocol, onProgress?: (done: number, total: number) => void): Promise<EvalResult> {
-  const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: p.seed, backend: p.backend, threads: p.threads, unpackBase: p.unpackBase });
+ *  `onProgress` runs after each batch; an error it throws abandons the evaluation at that point.
+ *  `tools` are the run's open tool set; without it the protocol's tools are opened for this call. */
+export async function evaluateModel(spec: EvalModelSpec, examples: Task[], p: EvalProtocol, onProgress?: (done: number, total: number) => void, tools?: Tool[]): Promise<EvalResult> {
+  const own = tools ? null : await openRunTools(p);
   try {
-    return await evaluate(policy.model, policy.tokenizer, examples, {
-      samplesPerPrompt: p.samplesPerPrompt, temperature: p.temperature, batchSize: p.batchSize,
-      maxNewTokens: p.maxNewTokens, maxTurns: p.maxTurns, toolsInPrompt: p.toolsInPrompt, seed: p.seed, onProgress,
-    });
+    const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: p.seed, backend: p.backend, threads: p.threads, unpackBase: p.unpackBase });
+    try {
+      return await evaluate(policy.model, policy.tokenizer, examples, {
+        samplesPerPrompt: p.samplesPerPrompt, temperature: p.temperature, batchSize: p.batchSize,
+        maxNewTokens: p.maxNewTokens, maxTurns: p.maxTurns, toolsInPrompt: p.toolsInPrompt, seed: p.seed,
+        tools: tools ?? own!.tools, onProgress,
+      });
+    } finally {
+      policy.model.dispose();
+    }
   } finally {
-    policy.model.dispose();
+    await own?.close();
   }
 }
 
@@ -263,8 +278,18 @@ export interface EvalRunIo {
 
 export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => process.stdout.write(l + "\n") }): Promise<EvalRunOutput> {
   const purpose: Purpose = cfg.split === "test" ? "eval" : "rl";
-  const examples: Gsm8kExample[] = await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
+  const examples: Task[] = await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset} --split ${cfg.split}: no questions to evaluate`);
+  // Tool servers start before the output folder is touched: one that cannot start is a usage error.
+  const toolSet = await openRunTools(cfg, (line) => process.stderr.write(line + "\n"));
+  try {
+    return await evaluateModels(cfg, io, examples, toolSet.tools);
+  } finally {
+    await toolSet.close();
+  }
+}
+
+async function evaluateModels(cfg: EvalRunConfig, io: EvalRunIo, examples: Task[], tools: Tool[]): Promise<EvalRunOutput> {
   await prepareOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "eval" });
   // An evaluation cannot be continued: if it fails, what it wrote goes, so the command can be rerun.
   try {
@@ -277,7 +302,7 @@ export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => 
       const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
       let result: EvalResult;
       try {
-        result = await evaluateModel(spec, examples, cfg, (done) => bar?.update(done));
+        result = await evaluateModel(spec, examples, cfg, (done) => bar?.update(done), tools);
       } finally {
         bar?.stop();
       }

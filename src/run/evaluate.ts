@@ -1,16 +1,17 @@
 /** Accuracy of a policy on held-out questions: k rollouts per question (greedy when temperature is
- *  0), strict accuracy (the answer in the format SFT teaches, \boxed{}) and lenient accuracy (the last
- *  number of the final text) separately — most early gains on GSM8K are format learning — plus
- *  pass@k, tool-call statistics and the format validity of the rollouts. */
+ *  0), strict accuracy (the answer in the task's schema, \boxed{} by default, as SFT teaches) and
+ *  lenient accuracy (the last number of the final text) separately — most early gains on GSM8K are
+ *  format learning — plus pass@k, tool-call statistics and the format validity of the rollouts.
+ *  Correct and well formed mean what they mean for the reward: both come from judgeRollout. */
 import * as path from "node:path";
-import { calculatorTool } from "../agents/calculator.ts";
 import type { Tool } from "../agents/types.ts";
-import { toPrompt } from "../agents/prompts.ts";
-import { answersMatch, extractAnswer, lastNumber, type AnswerFormat } from "../datasets/answer.ts";
-import type { Gsm8kExample } from "../datasets/gsm8k.ts";
+import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
+import type { AnswerSchema } from "../datasets/answer.ts";
+import type { Task } from "../datasets/tasks.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import type { TurnRecord } from "../rollout/types.ts";
+import { judgeRollout } from "../rollout/scorers.ts";
 import { passAtK, wilsonInterval, type Interval } from "../trainer/stats.ts";
 import type { MetricsLogger } from "../trainer/metrics.ts";
 import { writeFileAtomic } from "../util/fs.ts";
@@ -25,8 +26,9 @@ export interface EvalOptions {
   maxTurns: number;
   toolsInPrompt: boolean;
   seed: number;
-  answerFormat?: AnswerFormat;
-  tools?: Tool[];
+  /** Default answer schema for tasks that name none (default boxed). */
+  answerSchema?: AnswerSchema;
+  tools: Tool[];
   onProgress?: (done: number, total: number) => void;
 }
 
@@ -70,17 +72,15 @@ export function transcript(t: Trajectory): string {
     .join("\n");
 }
 
-export function judge(t: Trajectory, gold: string, format: AnswerFormat): EvalSample {
-  const strictAnswer = extractAnswer(t.finalText, format);
-  const strict = answersMatch(strictAnswer, gold);
-  const lenient = answersMatch(lastNumber(t.finalText), gold);
-  const badCalls = t.numParseErrors + t.turns.reduce((s, turn) => s + turn.toolCalls.filter((c) => c.error && c.result.startsWith("Error: unknown tool")).length, 0);
+/** A sample counts as correct when the task's scorer gives it 1. */
+export function judge(t: Trajectory, task: Task, defaultSchema: AnswerSchema = "boxed"): EvalSample {
+  const j = judgeRollout(t, { ...task, answerSchema: task.answerSchema ?? defaultSchema });
   return {
     finalText: t.finalText,
     text: transcript(t),
-    strict,
-    lenient,
-    formatValid: badCalls === 0 && strictAnswer !== null && !t.truncated,
+    strict: j.correct === 1,
+    lenient: j.lenient === 1,
+    formatValid: j.formatValid,
     toolCalls: t.numToolCalls,
     toolErrors: t.numToolErrors,
     parseErrors: t.numParseErrors,
@@ -89,13 +89,14 @@ export function judge(t: Trajectory, gold: string, format: AnswerFormat): EvalSa
   };
 }
 
-export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: Gsm8kExample[], o: EvalOptions): Promise<EvalResult> {
+export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: Task[], o: EvalOptions): Promise<EvalResult> {
   const t0 = Date.now();
-  const format = o.answerFormat ?? "boxed";
+  const schema = o.answerSchema ?? "boxed";
   const questions: EvalQuestion[] = [];
   for (let i = 0; i < examples.length; i += o.batchSize) {
     const batch = examples.slice(i, i + o.batchSize);
-    const trajs = await rolloutGroups(model, tokenizer, batch.map((ex) => toPrompt(ex.question)), {
+    const prompts = batch.map((ex) => toPrompt(ex.question, systemPromptFor(o.tools, ex.answerSchema ?? schema)));
+    const trajs = await rolloutGroups(model, tokenizer, prompts, {
       samplesPerPrompt: o.samplesPerPrompt,
       maxNewTokens: o.maxNewTokens,
       maxTurns: o.maxTurns,
@@ -103,11 +104,11 @@ export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: 
       topP: o.topP ?? 1,
       topK: 0,
       rng: new Rng(o.seed + i), // per batch: the same question gets the same draws however batches run
-      tools: o.tools ?? [calculatorTool],
+      tools: o.tools,
       toolsInPrompt: o.toolsInPrompt,
     });
     batch.forEach((ex, b) => {
-      const samples = trajs.filter((t) => t.promptIndex === b).map((t) => judge(t, ex.gold, format));
+      const samples = trajs.filter((t) => t.promptIndex === b).map((t) => judge(t, ex, schema));
       questions.push({ id: ex.id, question: ex.question, gold: ex.gold, samples });
     });
     o.onProgress?.(Math.min(i + o.batchSize, examples.length), examples.length);
@@ -153,12 +154,12 @@ export function formatEvalLine(r: EvalResult): string {
 export async function finalEvaluation(
   model: CausalLM,
   tokenizer: Tokenizer,
-  heldOut: Gsm8kExample[],
-  o: { maxNewTokens: number; maxTurns: number; toolsInPrompt: boolean; seed: number; outputDir: string; metrics: MetricsLogger; step: number; log: (line: string) => void },
+  heldOut: Task[],
+  o: { maxNewTokens: number; maxTurns: number; toolsInPrompt: boolean; seed: number; tools: Tool[]; outputDir: string; metrics: MetricsLogger; step: number; log: (line: string) => void },
 ): Promise<EvalResult | null> {
   if (heldOut.length === 0) return null;
   const r = await evaluate(model, tokenizer, heldOut, {
-    samplesPerPrompt: 1, temperature: 0, batchSize: 64, maxNewTokens: o.maxNewTokens, maxTurns: o.maxTurns, toolsInPrompt: o.toolsInPrompt, seed: o.seed,
+    samplesPerPrompt: 1, temperature: 0, batchSize: 64, maxNewTokens: o.maxNewTokens, maxTurns: o.maxTurns, toolsInPrompt: o.toolsInPrompt, seed: o.seed, tools: o.tools,
   });
   o.log(`eval (held-out, greedy): ${formatEvalLine(r)}`);
   o.metrics.log(o.step, { eval_accuracy: r.strict.value, eval_lenient_accuracy: r.lenient.value, eval_format_valid: r.formatValid, eval_tool_calls: r.toolCallsPerRollout });

@@ -1,13 +1,16 @@
-/** GRPO on the calculator agent. Each step: take the next `promptsPerStep` questions, roll out G
+/** GRPO on a tool-using agent (the calculator by default; any tools through --tools). Each step: take the next `promptsPerStep` questions, roll out G
  *  multi-turn samples each (tools run in the loop), score them, turn scores into group-relative
  *  advantages, and update the LoRA adapter on the frozen (quantized) base; the KL reference is the
  *  same base with the adapter switched off. Checkpoints hold the adapter, optimizer state and the
  *  position in the data; sampling draws from an Rng seeded by (seed, step), so a resumed run makes
  *  the same rollouts as an uninterrupted one. */
 import * as path from "node:path";
-import { calculatorTool } from "../agents/calculator.ts";
-import { toPrompt } from "../agents/prompts.ts";
-import type { Gsm8kExample } from "../datasets/gsm8k.ts";
+import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
+import { openRunTools, type ToolSet } from "../agents/toolset.ts";
+import type { Task } from "../datasets/tasks.ts";
+import type { Dialect } from "../envs/agentgym.ts";
+import { ENV_SYSTEM_PROMPT, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
+import type { EnvironmentFactory } from "../envs/types.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
@@ -65,6 +68,14 @@ export interface GrpoRunConfig {
   loraTargets: LoraTarget[];
   quantize: Quantize;
   toolsInPrompt: boolean;
+  /** Tool specs (agents/toolset.ts): "calculator" (default), "mcp:<command line>", "mcp:<URL>". */
+  tools?: string[];
+  toolTimeout?: number; // seconds per call (default 30)
+  toolMaxChars?: number; // default 4,000
+  /** An AgentGym environment server's URL: roll out against it (tasks are its data_idx 0..maxSamples-1,
+   *  default 100; tools are not offered; no held-out evaluation). */
+  env?: string;
+  envDialect?: Dialect;
   saveSteps: number;
   saveTotalLimit: number;
   evalSamples: number;
@@ -96,9 +107,9 @@ function identity(cfg: GrpoRunConfig): Record<string, unknown> {
 }
 
 /** The i-th question of an endless stream: the data in a fresh seeded order every pass. */
-function dataStream(examples: Gsm8kExample[], seed: number) {
+function dataStream(examples: Task[], seed: number) {
   const orders = new Map<number, number[]>();
-  return (i: number): Gsm8kExample => {
+  return (i: number): Task => {
     const pass = Math.floor(i / examples.length);
     if (!orders.has(pass)) orders.set(pass, new Rng(seed * 7919 + pass).shuffle(examples.map((_, k) => k)));
     return examples[orders.get(pass)![i % examples.length]];
@@ -120,10 +131,38 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
   // --resume; a finished one only continues with more steps.
   if (start > total || (start === total && (await runFinished(cfg.outputDir))))
     throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} steps; raise --total_epochs above ${start} to continue`);
+  // Tool and environment servers are checked before the run folder is touched: one that does not
+  // answer is a usage error.
+  const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.envDialect ?? "id", timeoutMs: (cfg.toolTimeout ?? 30) * 1000, maxChars: cfg.toolMaxChars ?? 4000 }) : null;
   // Held-out questions never include a training row; the split is logged and kept in run.json.
-  const { train: examples, heldOut, split } = await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic }, cfg.evalSamples);
+  const { train: examples, heldOut, split } = envs
+    ? { train: envTasks(cfg.maxSamples ?? 100), heldOut: [] as Task[], split: `environment ${cfg.env}: data_idx 0-${(cfg.maxSamples ?? 100) - 1}; none held out` }
+    : await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic }, cfg.evalSamples);
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   log(`data: ${split}`);
+  const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(cfg, log);
+  try {
+    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs });
+  } finally {
+    await toolSet.close();
+  }
+}
+
+/** An environment's tasks are its data_idx values; the id holds the index. */
+function envTasks(n: number): Task[] {
+  return Array.from({ length: n }, (_, i) => ({ id: String(i), question: `task ${i}`, answer: "", gold: "" }));
+}
+
+async function train(
+  cfg: GrpoRunConfig,
+  c: {
+    t0: number; log: (line: string) => void; ckpt: Awaited<ReturnType<typeof loadCheckpoint>> | null; start: number; examples: Task[]; heldOut: Task[];
+    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet; envs: EnvironmentFactory | null;
+  },
+): Promise<GrpoRunResult> {
+  const { t0, log, ckpt, start, examples, heldOut, split } = c;
+  const total = cfg.totalEpochs;
+  const tools = c.toolSet.tools;
   const lora: LoraConfig = { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
   // A resumed run continues the checkpoint's adapter; a new one the given adapter or a fresh one.
   const open = () =>
@@ -150,7 +189,6 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"), { resumeStep: start });
     const trajectoryLog = new TrajectoryLog(path.join(cfg.outputDir, "trajectories.jsonl"), { resumeStep: start });
     const saves = new CheckpointSchedule(cfg.saveSteps, total);
-    const tools = [calculatorTool];
     const history: Record<string, unknown>[] = [...(ckpt?.state.log_history ?? [])];
     let step = start;
     // The last step whose checkpoint is on disk: an interrupt never rewrites a complete checkpoint.
@@ -181,14 +219,24 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
         const tStep = Date.now();
         const batch = Array.from({ length: cfg.promptsPerStep }, (_, i) => question(step * cfg.promptsPerStep + i));
         const tRoll = Date.now();
-        const trajs = await rolloutGroups(model, tokenizer, batch.map((ex) => toPrompt(ex.question)), {
-          samplesPerPrompt: cfg.samplesPerPrompt, maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns,
-          temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK, rng: new Rng(cfg.seed * 1_000_003 + step),
-          tools, toolsInPrompt: cfg.toolsInPrompt,
-        });
+        // With an environment, each task's prompt is its first observation and each row acts in its own instance.
+        const episodes = c.envs ? await openEpisodes(c.envs, batch.map((ex) => Number(ex.id)), cfg.samplesPerPrompt) : null;
+        let trajs: Trajectory[];
+        try {
+          const prompts = episodes
+            ? episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT))
+            : batch.map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer)));
+          trajs = await rolloutGroups(model, tokenizer, prompts, {
+            samplesPerPrompt: cfg.samplesPerPrompt, maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns,
+            temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK, rng: new Rng(cfg.seed * 1_000_003 + step),
+            tools, toolsInPrompt: cfg.toolsInPrompt, envs: episodes?.envs,
+          });
+        } finally {
+          await episodes?.close();
+        }
         const rolloutSeconds = (Date.now() - tRoll) / 1000;
         for (const t of trajs) {
-          const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex].gold, cfg.rewardWeights);
+          const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], cfg.rewardWeights);
           t.reward = s.reward;
           t.rewardComponents = s.components;
         }
@@ -228,7 +276,7 @@ export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
     await savePolicy(policy, finalDir, false);
     log(`saved adapter to ${finalDir}`);
     const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, outputDir: cfg.outputDir, metrics, step: total, log,
+      maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, tools, outputDir: cfg.outputDir, metrics, step: total, log,
     });
     await writeReport(cfg.outputDir, { title: `GRPO ${path.basename(policy.base)}` });
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };

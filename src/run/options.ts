@@ -2,7 +2,9 @@
  *  give on the command line (commander's value source tells which), so explicit flags always win. */
 import { Command, CommanderError, Option } from "commander";
 import { AUTO_ORDER, BACKEND_NAMES } from "../backend.ts";
+import { DIALECTS } from "../envs/agentgym.ts";
 import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
+import { splitToolSpecs } from "../agents/toolset.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
 import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../wasm-threads.ts";
@@ -38,6 +40,26 @@ export function parseThreads(value: string): ThreadsSpec {
   } catch {
     throw new UsageError(`--threads ${JSON.stringify(value)}: expected auto or a whole number from 1 to ${MAX_WASM_THREADS}`);
   }
+}
+
+/** The run's tools (agents/toolset.ts): --tools, --tool_timeout, --tool_max_chars. */
+export function addToolOptions(cmd: Command): Command {
+  return cmd
+    .option("--tools <list>", "tools the agent may call, comma-separated: a built-in name (calculator), mcp:<command line> (an MCP server over stdio) or mcp:<http(s) URL> (Streamable HTTP)", "calculator")
+    .option("--tool_timeout <s>", "seconds one tool call may take before it returns an error to the model", parseFloatArg("tool_timeout", 0.001), 30)
+    .option("--tool_max_chars <n>", "longest tool result the model reads; longer ones are cut with a marker", parseIntArg("tool_max_chars", 100), 4000);
+}
+
+/** --env URL and --env_dialect: roll out against an AgentGym environment server (GRPO and eval). */
+export function addEnvOptions(cmd: Command): Command {
+  return cmd
+    .option("--env <url>", "roll out against an AgentGym HTTP environment server instead of a dataset: each assistant turn is an action (its last \"Action:\" line), the environment's reward is the reward component env")
+    .option("--env_dialect <kind>", "the server's API: id (TextCraft, BabyAI, ALFWorld, SciWorld) or env_idx (WebShop, SQLGym)", parseChoice("env_dialect", DIALECTS), "id");
+}
+
+/** --tools/--tool_timeout/--tool_max_chars as the config fields of every run. */
+export function toolConfig(o: Record<string, unknown>): { tools: string[]; toolTimeout: number; toolMaxChars: number } {
+  return { tools: splitToolSpecs(o.tools as string), toolTimeout: o.tool_timeout as number, toolMaxChars: o.tool_max_chars as number };
 }
 
 /** Option name as commander stores it: --model_path → model_path. */

