@@ -1,0 +1,94 @@
+/** The scripts' `--help` texts against the texts captured in test/fixtures/help/ (real processes).
+ *  Help is compared entry by entry with whitespace collapsed, since commander pads every entry to the
+ *  longest flag and wraps at 80 columns: one new long flag moves every line. A flag added since the
+ *  capture is listed in ADDED; a flag whose text changed on purpose in CHANGED (with its new text). */
+import { describe, expect, it } from "vitest";
+import { spawn } from "node:child_process";
+import { promises as fs } from "node:fs";
+import * as path from "node:path";
+
+const ROOT = path.join(import.meta.dirname, "..", "..");
+const TSX = path.join(ROOT, "node_modules", ".bin", "tsx");
+const FIXTURES = path.join(ROOT, "test", "fixtures", "help");
+
+/** Flags (as the entry starts, e.g. "--max_steps <n>") that exist now and did not at the capture. */
+const ADDED: Record<string, string[]> = {
+  "train-sft": [],
+  "train-gsm8k-agent": [],
+  eval: [],
+  chat: [],
+  "make-tiny-base": [],
+  "bench-rollout": [],
+};
+
+/** Entries whose text changed on purpose: old flag → the whole new entry, whitespace collapsed. */
+const CHANGED: Record<string, Record<string, string>> = {
+  "train-gsm8k-agent": {
+    // "RL steps" was named after epochs; the old name stays accepted, hidden from --help.
+    "--total_epochs <n>": "--max_steps <n> RL steps; each is one rollout → train round (default: 100)",
+  },
+};
+
+interface Help {
+  head: string; // usage line and description
+  entries: Map<string, string>; // flag → whole entry text
+}
+
+function parseHelp(text: string): Help {
+  const [head, options = ""] = text.split(/\nOptions:\n/);
+  const entries = new Map<string, string>();
+  let current: string[] = [];
+  const flush = () => {
+    if (current.length === 0) return;
+    const entry = current.join(" ").replace(/\s+/g, " ").trim();
+    entries.set(flagOf(entry), entry);
+    current = [];
+  };
+  for (const line of options.split("\n")) {
+    if (/^ {2}-/.test(line)) flush();
+    if (line.trim() !== "") current.push(line);
+  }
+  flush();
+  return { head: head.replace(/\s+/g, " ").trim(), entries };
+}
+
+/** "--lora_r <n> LoRA rank (default: 16)" → "--lora_r <n>": the flag and its argument. */
+function flagOf(entry: string): string {
+  return /^(-\w, )?--[\w-]+( <[^>]+>| \[[^\]]+\])?/.exec(entry)![0];
+}
+
+function help(script: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const p = spawn(TSX, [path.join("scripts", `${script}.ts`), "--help"], {
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "pipe"],
+      env: { ...process.env, COLUMNS: "80" },
+    });
+    let out = "";
+    p.stdout.on("data", (d) => (out += d));
+    p.stderr.on("data", (d) => (out += d));
+    p.on("close", (code) => (code === 0 ? resolve(out.split(ROOT).join("<ROOT>")) : reject(new Error(`${script} --help exited ${code}: ${out}`))));
+  });
+}
+
+describe.concurrent.each(Object.keys(ADDED))("%s --help", (script) => {
+  it("is the captured text apart from the flags added or changed on purpose", async () => {
+    const before = parseHelp(await fs.readFile(path.join(FIXTURES, `${script}.txt`), "utf8"));
+    const now = parseHelp(await help(script));
+    expect(now.head).toBe(before.head);
+    const changed = CHANGED[script] ?? {};
+    const expected = new Map(before.entries);
+    for (const [flag, entry] of Object.entries(changed)) {
+      expect(expected.has(flag), `${flag} was not in the captured help`).toBe(true);
+      expected.delete(flag);
+      expected.set(flagOf(entry), entry);
+    }
+    const added = new Set(ADDED[script]);
+    const nowKept = [...now.entries].filter(([flag]) => !added.has(flag));
+    for (const flag of added) expect(now.entries.has(flag), `${flag} is listed as added but absent`).toBe(true);
+    // Same entries with the same text; order: the captured order, new entries where they fall.
+    expect(new Map(nowKept)).toEqual(expected);
+    const order = (flags: string[]) => flags.filter((f) => before.entries.has(f));
+    expect(order(nowKept.map(([f]) => f))).toEqual(order([...expected.keys()]));
+  });
+});
