@@ -1,7 +1,7 @@
 /** The flags of scripts/train-gsm8k-agent.ts, which are the GRPO run's configuration (flags.ts): run.json
  *  holds them under these names, and a resumed run must match every one not marked `free`. */
 import { parseChoice, parseFloatArg, parseIntArg } from "../cli.ts";
-import { LOSS_TYPES } from "../trainer/policy-loss.ts";
+import { IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, type ImportanceSamplingLevel, type LossType } from "../trainer/policy-loss.ts";
 import { flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
 import { trainingFlags } from "./options.ts";
 
@@ -20,9 +20,11 @@ export const GRPO_FLAGS = {
   top_k: flag("--top_k <n>", "sample among the k most likely tokens (0: off)", parseIntArg("top_k", 0), 0),
   beta: flag("--beta <x>", "weight of the k3 KL to the adapter-free base (0: no reference pass)", parseFloatArg("beta", 0), 0.04),
   epsilon: flag("--epsilon <x>", "lower clip range of the ratio", parseFloatArg("epsilon", 0), 0.2),
-  epsilon_high: optional("--epsilon_high <x>", "upper clip range (default: --epsilon)", parseFloatArg("epsilon_high", 0)),
+  epsilon_high: optional("--epsilon_high <x>", "upper clip range (default: --epsilon; minirl: --epsilon + 0.1, AgentRL's window)", parseFloatArg("epsilon_high", 0)),
   num_iterations: flag("--num_iterations <n>", "policy updates per batch of rollouts", parseIntArg("num_iterations", 1), 1),
-  loss_type: flag("--loss_type <kind>", `${LOSS_TYPES.join(", ")}`, parseChoice("loss_type", LOSS_TYPES), "grpo" as (typeof LOSS_TYPES)[number]),
+  loss_type: flag("--loss_type <kind>", `${LOSS_TYPES.join(", ")}`, parseChoice("loss_type", LOSS_TYPES), "grpo" as LossType),
+  importance_sampling_level: flag("--importance_sampling_level <level>", "token: one importance ratio per token; sequence: one per rollout, exp(mean log-ratio) (GSPO; --loss_type gspo always)", parseChoice("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS), "token" as ImportanceSamplingLevel),
+  mask_truncated_completions: toggle("--mask_truncated_completions", "rollouts stopped by --max_new_tokens or --max_turns train nothing (DAPO's overlong filtering)", false),
   scale_rewards: flag("--scale_rewards <kind>", "group: divide advantages by the group's std; none: only centre them", parseChoice("scale_rewards", ["group", "none"] as const), "group" as "group" | "none"),
   reward_weights: flag("--reward_weights <spec>", "weights of the reward components, e.g. correctness=1,format=0.1,tool_use=0", undefined, "correctness=1,format=0.1"),
   micro_batch_size: flag("--micro_batch_size <n>", "rollouts per forward/backward (memory knob; results do not change)", parseIntArg("micro_batch_size", 1), 8),

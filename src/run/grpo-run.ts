@@ -22,6 +22,7 @@ import { NonFiniteError } from "../trainer/errors.ts";
 import { grpoStep, type GrpoRollout } from "../trainer/grpo.ts";
 import { formatStepLine, meanStd, memoryFields, MetricsLogger } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
+import { defaultEpsilonHigh, importanceLevel } from "../trainer/policy-loss.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { writeReport } from "../trainer/report.ts";
 import { lrAt } from "../trainer/schedule.ts";
@@ -73,7 +74,8 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   const cfg: GrpoRunConfig & { output_dir: string; epsilon_high: number } = {
     ...options,
     output_dir: options.output_dir ?? defaultOutputDir(options.model_path, "grpo"),
-    epsilon_high: options.epsilon_high ?? options.epsilon,
+    epsilon_high: options.epsilon_high ?? defaultEpsilonHigh(options.loss_type, options.epsilon),
+    importance_sampling_level: importanceLevel({ lossType: options.loss_type, importanceSamplingLevel: options.importance_sampling_level }),
     synthetic: options.synthetic ?? (options.preset === "tiny" ? TINY_PROBLEMS : undefined),
   };
   const rewardWeights = usage("--reward_weights", () => parseRewardWeights(cfg.reward_weights));
@@ -122,6 +124,8 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
     const saves = new CheckpointSchedule(cfg.save_steps, total);
     const tools = [calculatorTool];
     const history: Record<string, unknown>[] = [...(ckpt?.state.log_history ?? [])];
+    // The loss and its settings, on every metrics line (constants, not charted) and in the report.
+    const loss = lossFields(cfg);
     let step = start;
     // The last step whose checkpoint is on disk: an interrupt never rewrites a complete checkpoint.
     let savedStep = ckpt ? start : -1;
@@ -166,17 +170,21 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
         const rewards = groups.map((g) => g.map((t) => t.reward!));
         const adv = groupAdvantages(rewards, cfg.scale_rewards);
         const rollouts: GrpoRollout[] = groups.flatMap((g, p) =>
-          g.map((t, i) => ({ ids: [...t.promptIds, ...t.completionIds], lossMask: [...t.promptIds.map(() => 0), ...t.lossMask], advantage: adv[p][i] })),
+          g.map((t, i) => ({
+            ids: [...t.promptIds, ...t.completionIds], lossMask: [...t.promptIds.map(() => 0), ...t.lossMask], advantage: adv[p][i],
+            truncated: t.finishReason === "length" || t.finishReason === "max_turns",
+          })),
         );
         const tTrain = Date.now();
         const lr = lrAt(step, schedule);
         const s = await grpoStep(model, optimizer, rollouts, {
           beta: cfg.beta, epsilon: cfg.epsilon, epsilonHigh: cfg.epsilon_high, lossType: cfg.loss_type, maxNewTokens: cfg.max_new_tokens,
+          importanceSamplingLevel: cfg.importance_sampling_level, maskTruncatedCompletions: cfg.mask_truncated_completions,
           numIterations: cfg.num_iterations, maxGradNorm: cfg.max_grad_norm, lr, microBatchSize: cfg.micro_batch_size, padTokenId: tokenizer.padTokenId,
         });
         const trainSeconds = (Date.now() - tTrain) / 1000;
         await trajectoryLog.append(step + 1, trajs, tokenizer);
-        const m = stepMetrics(trajs, rewards, s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 });
+        const m = { ...stepMetrics(trajs, rewards, s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 }), ...loss };
         metrics.log(step + 1, m);
         history.push({ step: step + 1, ...m });
         progress.update(step + 1, m);
@@ -200,7 +208,7 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
     const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
       maxNewTokens: cfg.max_new_tokens, maxTurns: cfg.max_turns, toolsInPrompt: cfg.tools_in_prompt, seed: cfg.seed, outputDir: cfg.output_dir, metrics, step: total, log,
     });
-    await writeReport(cfg.output_dir, { title: `GRPO ${path.basename(policy.base)}` });
+    await writeReport(cfg.output_dir, { title: `GRPO ${path.basename(policy.base)}`, extra: { loss: describeLoss(loss) } });
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
   } catch (err) {
     if (!ckpt) await discardFailedRun(cfg.output_dir); // failed before its first step: leave nothing behind
@@ -210,6 +218,19 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
     model.dispose();
     releaseOutputDir(cfg.output_dir);
   }
+}
+
+/** The loss a run trains with and its hyper-parameters, as metrics.jsonl holds them. */
+export function lossFields(cfg: GrpoRunConfig & { epsilon_high: number }): Record<string, string | number | boolean> {
+  return {
+    loss_type: cfg.loss_type, importance_sampling_level: cfg.importance_sampling_level, epsilon: cfg.epsilon, epsilon_high: cfg.epsilon_high,
+    beta: cfg.beta, mask_truncated_completions: cfg.mask_truncated_completions,
+  };
+}
+
+/** "minirl (ε 0.2, ε_high 0.3, β 0, token-level ratios, truncated rollouts trained)": the report's line. */
+export function describeLoss(f: ReturnType<typeof lossFields>): string {
+  return `${f.loss_type} (ε ${f.epsilon}, ε_high ${f.epsilon_high}, β ${f.beta}, ${f.importance_sampling_level}-level ratios, truncated rollouts ${f.mask_truncated_completions ? "masked" : "trained"})`;
 }
 
 /** Everything a step logs, with the names the step line and the report know. */
@@ -245,6 +266,7 @@ export function stepMetrics(
     tool_error_rate: calls ? failed / calls : 0,
     truncated: mean(trajs.map((x) => (x.truncated ? 1 : 0))),
     zero_signal_groups: mean(rewards.map((g) => (groupHasSignal(g) ? 0 : 1))),
+    masked_truncated: s.maskedTruncated / Math.max(1, s.rollouts),
     rollout_tokens_per_s: rolloutTokens / t.rolloutSeconds,
     train_tokens_per_s: s.tokens / Math.max(t.trainSeconds, 1e-9),
     rollout_time: t.rolloutSeconds,

@@ -14,7 +14,7 @@ const FIXTURES = path.join(ROOT, "test", "fixtures", "help");
 /** Flags (as the entry starts, e.g. "--max_steps <n>") that exist now and did not at the capture. */
 const ADDED: Record<string, string[]> = {
   "train-sft": [],
-  "train-gsm8k-agent": [],
+  "train-gsm8k-agent": ["--importance_sampling_level <level>", "--mask_truncated_completions"],
   eval: [],
   chat: [],
   "make-tiny-base": [],
@@ -26,6 +26,9 @@ const CHANGED: Record<string, Record<string, string>> = {
   "train-gsm8k-agent": {
     // "RL steps" was named after epochs; the old name stays accepted, hidden from --help.
     "--total_epochs <n>": "--max_steps <n> RL steps; each is one rollout → train round (default: 100)",
+    // The loss table's names, and minirl's own upper clip default.
+    "--loss_type <kind>": '--loss_type <kind> grpo, bnpo, dapo, dr_grpo, gspo, minirl (default: "grpo")',
+    "--epsilon_high <x>": "--epsilon_high <x> upper clip range (default: --epsilon; minirl: --epsilon + 0.1, AgentRL's window)",
   },
 };
 
