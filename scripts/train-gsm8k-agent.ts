@@ -10,14 +10,12 @@ await superviseSelf();
 const { shutdownCalculator } = await import("../src/agents/calculator.ts");
 const { runMain } = await import("../src/cli.ts");
 const { TINY_GRPO } = await import("../src/presets/tiny.ts");
-const { commandOf, parseFlags } = await import("../src/run/flags.ts");
-const { GRPO_FLAGS } = await import("../src/run/grpo-flags.ts");
+const { parseFlags } = await import("../src/run/flags.ts");
+const { GRPO_FLAGS, grpoCommand } = await import("../src/run/grpo-flags.ts");
 const { runGrpo } = await import("../src/run/grpo-run.ts");
 
-const program = commandOf("train-gsm8k-agent", "GRPO: teach the calculator agent from its own rollouts", GRPO_FLAGS);
-
 await runMain(async () => {
-  const { o } = parseFlags(program, GRPO_FLAGS, process.argv, { tiny: TINY_GRPO });
+  const { o } = parseFlags(grpoCommand(), GRPO_FLAGS, process.argv, { tiny: TINY_GRPO });
   try {
     const r = await runGrpo(o);
     process.stdout.write(`grpo done: ${r.steps} steps, ${r.seconds.toFixed(0)} s → ${r.finalDir}\n`);

@@ -9,14 +9,12 @@ await superviseSelf();
 const { shutdownCalculator } = await import("../src/agents/calculator.ts");
 const { runMain } = await import("../src/cli.ts");
 const { TINY_SFT } = await import("../src/presets/tiny.ts");
-const { commandOf, parseFlags } = await import("../src/run/flags.ts");
-const { SFT_FLAGS } = await import("../src/run/sft-flags.ts");
+const { parseFlags } = await import("../src/run/flags.ts");
+const { SFT_FLAGS, sftCommand } = await import("../src/run/sft-flags.ts");
 const { runSft } = await import("../src/run/sft-run.ts");
 
-const program = commandOf("train-sft", "Supervised warmup: teach the tool-calling format from GSM8K's calculator annotations", SFT_FLAGS);
-
 await runMain(async () => {
-  const { o } = parseFlags(program, SFT_FLAGS, process.argv, { tiny: TINY_SFT });
+  const { o } = parseFlags(sftCommand(), SFT_FLAGS, process.argv, { tiny: TINY_SFT });
   try {
     const r = await runSft(o);
     process.stdout.write(`sft done: ${r.steps} steps, final loss ${r.finalLoss.toFixed(4)}, ${r.seconds.toFixed(0)} s → ${r.finalDir}\n`);

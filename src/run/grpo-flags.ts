@@ -2,7 +2,7 @@
  *  holds them under these names, and a resumed run must match every one not marked `free`. */
 import { parseChoice, parseFloatArg, parseIntArg } from "../cli.ts";
 import { IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, type ImportanceSamplingLevel, type LossType } from "../trainer/policy-loss.ts";
-import { flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
+import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
 import { trainingFlags } from "./options.ts";
 
 export const GRPO_FLAGS = {
@@ -37,3 +37,6 @@ export const GRPO_FLAGS = {
 } satisfies FlagTable;
 
 export type GrpoFlags = OptionsOf<typeof GRPO_FLAGS>;
+
+/** The script's command (its --help). */
+export const grpoCommand = () => commandOf("train-gsm8k-agent", "GRPO: teach the calculator agent from its own rollouts", GRPO_FLAGS);

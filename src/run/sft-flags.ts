@@ -2,7 +2,7 @@
  *  them under these names. */
 import { parseFloatArg, parseIntArg, parseList } from "../cli.ts";
 import { INLINE_OPS } from "../datasets/sft.ts";
-import { flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
+import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
 import { trainingFlags } from "./options.ts";
 
 export const SFT_FLAGS = {
@@ -26,3 +26,6 @@ export const SFT_FLAGS = {
 } satisfies FlagTable;
 
 export type SftFlags = OptionsOf<typeof SFT_FLAGS>;
+
+/** The script's command (its --help). */
+export const sftCommand = () => commandOf("train-sft", "Supervised warmup: teach the tool-calling format from GSM8K's calculator annotations", SFT_FLAGS);
