@@ -74,6 +74,11 @@ describe("tiny pipeline", () => {
     expect(m[1].kl as number).toBeGreaterThan(0);
     for (const key of ["reward", "reward_std", "accuracy", "reward_even", "kl", "clip_ratio", "entropy", "completion_len", "tool_calls", "tool_error_rate", "zero_signal_groups", "rollout_tokens_per_s", "step_time", "tensors", "rss_bytes"])
       expect(m[0], key).toHaveProperty(key);
+    // The loss and its settings: on every metrics line, in run.json (the flags, resolved) and the report.
+    expect(m[1]).toMatchObject({ loss_type: "grpo", importance_sampling_level: "token", epsilon: 0.2, epsilon_high: 0.2, beta: 0.04, mask_truncated_completions: false });
+    const run = JSON.parse(await fs.readFile(path.join(grpoDir, "run.json"), "utf8"));
+    expect(run.config).toMatchObject({ loss_type: "grpo", importance_sampling_level: "token", epsilon_high: 0.2, max_steps: 2, output_dir: grpoDir });
+    expect(await fs.readFile(path.join(grpoDir, "report.html"), "utf8")).toContain("grpo (ε 0.2, ε_high 0.2, β 0.04, token-level ratios, truncated rollouts trained)");
     const lines = (await fs.readFile(path.join(grpoDir, "trajectories.jsonl"), "utf8")).trim().split("\n");
     expect(lines).toHaveLength(2 * 2 * 3);
     // the report shows both steps' groups of rollouts, and the SFT report its held-out transcripts
