@@ -9,8 +9,9 @@ import * as path from "node:path";
 import { promises as fs } from "node:fs";
 import { shutdownCalculator } from "../src/agents/calculator.ts";
 import { parseIntArg, runMain } from "../src/cli.ts";
-import { LORA_TARGETS } from "../src/model/types.ts";
 import { TINY_BASE_DIR, TINY_GRPO, TINY_PROBLEMS } from "../src/presets/tiny.ts";
+import { defaultsOf } from "../src/run/flags.ts";
+import { GRPO_FLAGS } from "../src/run/grpo-flags.ts";
 import { runGrpo } from "../src/run/grpo-run.ts";
 import { readMetrics } from "../src/trainer/metrics.ts";
 
@@ -26,15 +27,11 @@ const program = new Command("bench-soak")
 await runMain(async () => {
   const o = program.parse(process.argv).opts();
   const out = o.output_dir ?? path.join(await fs.mkdtemp(path.join(os.tmpdir(), "marl-soak-")), "grpo");
-  const p = TINY_GRPO as Record<string, number>;
   try {
+    // The preset's run, longer: its flags with the step count, start and folder of this bench.
     await runGrpo({
-      modelPath: o.model_path, dataset: "synthetic", synthetic: TINY_PROBLEMS, totalEpochs: o.steps, promptsPerStep: p.prompts_per_step,
-      samplesPerPrompt: p.samples_per_prompt, maxNewTokens: p.max_new_tokens, maxTurns: p.max_turns, temperature: p.temperature, topP: 1, topK: 0,
-      beta: p.beta, epsilon: 0.2, epsilonHigh: 0.2, numIterations: 1, lossType: "dr_grpo", scaleRewards: "group", rewardWeights: { correctness: 1, format: 0.1 },
-      learningRate: p.learning_rate, lrScheduler: "constant", warmupRatio: 0, weightDecay: 0, maxGradNorm: 1, microBatchSize: p.micro_batch_size,
-      loraR: p.lora_r, loraAlpha: p.lora_alpha, loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "nf4", toolsInPrompt: false,
-      saveSteps: p.save_steps, saveTotalLimit: 2, evalSamples: 0, seed: 0, outputDir: out, backend: o.backend, overwrite: false, resume: false, quiet: true,
+      ...defaultsOf(GRPO_FLAGS), ...TINY_GRPO, synthetic: TINY_PROBLEMS, model_path: o.model_path, max_steps: o.steps, output_dir: out,
+      backend: o.backend, quiet: true,
     });
   } finally {
     await shutdownCalculator();

@@ -12,6 +12,8 @@ import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { Qwen2Config } from "../model/types.ts";
+import type { GrpoFlags } from "../run/grpo-flags.ts";
+import type { SftFlags } from "../run/sft-flags.ts";
 
 export const TINY_BASE_DIR = path.join(path.dirname(fileURLToPath(import.meta.url)), "tiny");
 export const TINY_OUTPUT_DIR = path.join("outputs", "tiny");
@@ -58,7 +60,7 @@ export function tinyModelConfig(vocabSize: number): Qwen2Config {
  *  the text instead of calling the calculator, as people do with easy steps; the model imitates that
  *  habit, but its three-digit mental arithmetic is nearly always wrong. GRPO then learns from the
  *  reward alone to call the calculator for those steps too. */
-export const TINY_SFT: Record<string, unknown> = {
+export const TINY_SFT: Partial<SftFlags> = {
   model_path: TINY_BASE_DIR,
   dataset: "synthetic",
   max_samples: 640,
@@ -80,12 +82,12 @@ export const TINY_SFT: Record<string, unknown> = {
 };
 
 /** train-gsm8k-agent --preset tiny: GRPO from the tiny SFT model, LoRA on its NF4-quantized weights. */
-export const TINY_GRPO: Record<string, unknown> = {
+export const TINY_GRPO: Partial<GrpoFlags> = {
   model_path: path.join(TINY_OUTPUT_DIR, "sft", "final"),
   dataset: "synthetic",
   quantize: "nf4",
   tools_in_prompt: false,
-  total_epochs: 24,
+  max_steps: 24,
   prompts_per_step: 8,
   samples_per_prompt: 8,
   max_new_tokens: 160,

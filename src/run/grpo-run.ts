@@ -1,4 +1,5 @@
-/** GRPO on a tool-using agent (the calculator by default; any tools through --tools). Each step: take the next `promptsPerStep` questions, roll out G
+/** GRPO on a tool-using agent (the calculator by default; any tools through --tools, or an AgentGym
+ *  environment through --env). Each step: take the next `promptsPerStep` questions, roll out G
  *  multi-turn samples each (tools run in the loop), score them, turn scores into group-relative
  *  advantages, and update the LoRA adapter on the frozen (quantized) base; the KL reference is the
  *  same base with the adapter switched off. Checkpoints hold the adapter, optimizer state and the
@@ -8,88 +9,44 @@ import * as path from "node:path";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";
 import type { Task } from "../datasets/tasks.ts";
-import type { Dialect } from "../envs/agentgym.ts";
 import { ENV_SYSTEM_PROMPT, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
-import type { LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
+import type { LoraConfig } from "../model/types.ts";
+import { TINY_PROBLEMS } from "../presets/tiny.ts";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
 import { Interrupted, watchInterrupts } from "../shutdown.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import { TrajectoryLog } from "../rollout/trajectories.ts";
-import { scoreRollout } from "../rollout/rewards.ts";
+import { parseRewardWeights, scoreRollout } from "../rollout/rewards.ts";
 import { groupAdvantages, groupHasSignal } from "../trainer/advantages.ts";
 import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { NonFiniteError } from "../trainer/errors.ts";
 import { grpoStep, type GrpoRollout } from "../trainer/grpo.ts";
 import { formatStepLine, meanStd, memoryFields, MetricsLogger } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
-import type { LossType } from "../trainer/policy-loss.ts";
+import { defaultEpsilonHigh, importanceLevel } from "../trainer/policy-loss.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { writeReport } from "../trainer/report.ts";
-import { lrAt, type ScheduleType } from "../trainer/schedule.ts";
+import { lrAt } from "../trainer/schedule.ts";
 import { Rng } from "../util/rng.ts";
 import { loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
+import { runIdentity, usage } from "./flags.ts";
+import { GRPO_FLAGS, type GrpoFlags } from "./grpo-flags.ts";
+import { defaultOutputDir, loraTargets, toolConfig } from "./options.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
 import type { ThreadsSpec } from "../wasm-threads.ts";
 
-export interface GrpoRunConfig {
-  modelPath: string; // SFT output (adapter folder or full folder), HF folder or hub id
-  initAdapter?: string; // continue this PEFT adapter (an adapter at modelPath is used by default)
-  dataset: string;
-  synthetic?: Omit<SyntheticOptions, "n" | "seed">;
-  maxSamples?: number;
-  totalEpochs: number; // RL steps: each one rollout → train
-  promptsPerStep: number;
-  samplesPerPrompt: number; // G
-  maxNewTokens: number;
-  maxTurns: number;
-  temperature: number;
-  topP: number;
-  topK: number;
-  beta: number;
-  epsilon: number;
-  epsilonHigh: number;
-  numIterations: number;
-  lossType: LossType;
-  scaleRewards: "group" | "none";
-  rewardWeights: Record<string, number>;
-  learningRate: number;
-  lrScheduler: ScheduleType;
-  warmupRatio: number;
-  weightDecay: number;
-  maxGradNorm: number;
-  microBatchSize: number;
-  loraR: number;
-  loraAlpha: number;
-  loraDropout: number;
-  loraTargets: LoraTarget[];
-  quantize: Quantize;
-  toolsInPrompt: boolean;
-  /** Tool specs (agents/toolset.ts): "calculator" (default), "mcp:<command line>", "mcp:<URL>". */
-  tools?: string[];
-  toolTimeout?: number; // seconds per call (default 30)
-  toolMaxChars?: number; // default 4,000
-  /** An AgentGym environment server's URL: roll out against it (tasks are its data_idx 0..maxSamples-1,
-   *  default 100; tools are not offered; no held-out evaluation). */
-  env?: string;
-  envDialect?: Dialect;
-  saveSteps: number;
-  saveTotalLimit: number;
-  evalSamples: number;
-  seed: number;
-  outputDir: string;
-  backend: string;
-  threads?: ThreadsSpec; // wasm threads (default auto)
-  unpackBase?: boolean; // hold a quantized base unpacked while generating (default true)
-  overwrite: boolean;
-  resume: boolean;
+/** The run's configuration: the script's flags as parsed (grpo-flags.ts), plus what only a program
+ *  passes. run.json holds it; a resumed run must match its `runIdentity`. */
+export type GrpoRunConfig = GrpoFlags & {
+  synthetic?: Omit<SyntheticOptions, "n" | "seed">; // default: the tiny preset's problems with --preset tiny
   quiet?: boolean;
   /** Replaces the reward registry (tests use it to give random-weight rollouts a signal). */
   score?: (t: Trajectory, gold: string) => { reward: number; components: Record<string, number> };
-}
+};
 
 export interface GrpoRunResult {
   steps: number;
@@ -98,12 +55,10 @@ export interface GrpoRunResult {
   seconds: number;
 }
 
-/** The config fields a resumed run must share with the run it continues. */
+/** The config fields a resumed run must share with the run it continues (output_dir is free, so a
+ *  copied run folder resumes). */
 function identity(cfg: GrpoRunConfig): Record<string, unknown> {
-  // outputDir is left out so a copied run folder resumes.
-  const { overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, threads, unpackBase, score, outputDir, ...rest } = cfg;
-  void overwrite, resume, quiet, totalEpochs, saveSteps, saveTotalLimit, evalSamples, backend, threads, unpackBase, score, outputDir;
-  return rest;
+  return { ...runIdentity(GRPO_FLAGS, cfg), synthetic: cfg.synthetic };
 }
 
 /** The i-th question of an endless stream: the data in a fresh seeded order every pass. */
@@ -116,33 +71,45 @@ function dataStream(examples: Task[], seed: number) {
   };
 }
 
-export async function runGrpo(cfg: GrpoRunConfig): Promise<GrpoRunResult> {
+export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   const t0 = Date.now();
+  // The values the flags leave open, settled once: what run.json and the resume check see.
+  const cfg: GrpoRunConfig & { output_dir: string; epsilon_high: number } = {
+    ...options,
+    output_dir: options.output_dir ?? defaultOutputDir(options.model_path, "grpo"),
+    epsilon_high: options.epsilon_high ?? defaultEpsilonHigh(options.loss_type, options.epsilon),
+    importance_sampling_level: importanceLevel({ lossType: options.loss_type, importanceSamplingLevel: options.importance_sampling_level }),
+    synthetic: options.synthetic ?? (options.preset === "tiny" ? TINY_PROBLEMS : undefined),
+  };
+  // With an environment and the default weights, the reward is the environment's.
+  const weightSpec = cfg.env && cfg.reward_weights === GRPO_FLAGS.reward_weights.default ? "env=1" : cfg.reward_weights;
+  const rewardWeights = usage("--reward_weights", () => parseRewardWeights(weightSpec));
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
-  await checkModelSource(cfg.modelPath, "--model_path", cfg.initAdapter, "--init_adapter");
-  if (!(cfg.topP > 0 && cfg.topP <= 1)) throw new UsageError(`--top_p ${cfg.topP}: expected a number above 0 and at most 1`);
+  await checkModelSource(cfg.model_path, "--model_path", cfg.init_adapter, "--init_adapter");
+  if (!(cfg.top_p > 0 && cfg.top_p <= 1)) throw new UsageError(`--top_p ${cfg.top_p}: expected a number above 0 and at most 1`);
   if (!(cfg.epsilon >= 0 && cfg.epsilon < 1)) throw new UsageError(`--epsilon ${cfg.epsilon}: expected a number >= 0 and below 1 (the ratio is clipped to [1 - epsilon, 1 + epsilon_high])`);
-  if (cfg.resume) await prepareOutputDir(cfg.outputDir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
-  const ckpt = cfg.resume ? await loadCheckpoint(cfg.outputDir) : null;
-  if (ckpt) checkResumable(ckpt, identity(cfg), cfg.outputDir);
+  if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
+  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir) : null;
+  if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
   const start = ckpt?.state.global_step ?? 0;
-  const total = cfg.totalEpochs;
+  const total = cfg.max_steps;
   // A run killed after its last step (while writing final/, evaluating or reporting) is finished by
   // --resume; a finished one only continues with more steps.
-  if (start > total || (start === total && (await runFinished(cfg.outputDir))))
-    throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} steps; raise --total_epochs above ${start} to continue`);
+  if (start > total || (start === total && (await runFinished(cfg.output_dir))))
+    throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
   // Tool and environment servers are checked before the run folder is touched: one that does not
   // answer is a usage error.
-  const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.envDialect ?? "id", timeoutMs: (cfg.toolTimeout ?? 30) * 1000, maxChars: cfg.toolMaxChars ?? 4000 }) : null;
+  const tc = toolConfig(cfg);
+  const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.env_dialect, timeoutMs: tc.toolTimeout * 1000, maxChars: tc.toolMaxChars }) : null;
   // Held-out questions never include a training row; the split is logged and kept in run.json.
   const { train: examples, heldOut, split } = envs
-    ? { train: envTasks(cfg.maxSamples ?? 100), heldOut: [] as Task[], split: `environment ${cfg.env}: data_idx 0-${(cfg.maxSamples ?? 100) - 1}; none held out` }
-    : await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic }, cfg.evalSamples);
+    ? { train: envTasks(cfg.max_samples ?? 100), heldOut: [] as Task[], split: `environment ${cfg.env}: data_idx 0-${(cfg.max_samples ?? 100) - 1}; none held out` }
+    : await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.max_samples, synthetic: cfg.synthetic }, cfg.eval_samples);
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   log(`data: ${split}`);
-  const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(cfg, log);
+  const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(tc, log);
   try {
-    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs });
+    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs, rewardWeights });
   } finally {
     await toolSet.close();
   }
@@ -154,54 +121,56 @@ function envTasks(n: number): Task[] {
 }
 
 async function train(
-  cfg: GrpoRunConfig,
+  cfg: GrpoRunConfig & { output_dir: string; epsilon_high: number },
   c: {
     t0: number; log: (line: string) => void; ckpt: Awaited<ReturnType<typeof loadCheckpoint>> | null; start: number; examples: Task[]; heldOut: Task[];
-    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet; envs: EnvironmentFactory | null;
+    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet; envs: EnvironmentFactory | null; rewardWeights: Record<string, number>;
   },
 ): Promise<GrpoRunResult> {
-  const { t0, log, ckpt, start, examples, heldOut, split } = c;
-  const total = cfg.totalEpochs;
+  const { t0, log, ckpt, start, examples, heldOut, split, rewardWeights } = c;
+  const total = cfg.max_steps;
   const tools = c.toolSet.tools;
-  const lora: LoraConfig = { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
+  const lora: LoraConfig = { r: cfg.lora_r, alpha: cfg.lora_alpha, dropout: cfg.lora_dropout, targetModules: loraTargets(cfg.lora_targets) };
   // A resumed run continues the checkpoint's adapter; a new one the given adapter or a fresh one.
   const open = () =>
     openPolicy({
-      modelPath: ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.modelPath) : cfg.modelPath,
-      adapter: ckpt ? ckpt.dir : cfg.initAdapter,
+      modelPath: ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.model_path) : cfg.model_path,
+      adapter: ckpt ? ckpt.dir : cfg.init_adapter,
       quantize: cfg.quantize,
       lora,
       trainable: "lora",
       seed: cfg.seed,
       backend: cfg.backend, threads: cfg.threads,
-      unpackBase: cfg.unpackBase,
+      unpackBase: cfg.unpack_base,
     });
-  const policy: Policy = ckpt ? await open() : await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "grpo" }, open);
+  const policy: Policy = ckpt ? await open() : await withOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "grpo" }, open);
   const { model, tokenizer } = policy;
-  const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
+  const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learning_rate, weightDecay: cfg.weight_decay });
   try {
     const positions = model.config.maxPositionEmbeddings;
-    if (cfg.maxNewTokens >= positions) throw new UsageError(`--max_new_tokens ${cfg.maxNewTokens}: the model holds ${positions} positions, prompt included; expected fewer`);
-    if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, adapter: policy.adapterDir, dataSplit: split }, "grpo");
+    if (cfg.max_new_tokens >= positions) throw new UsageError(`--max_new_tokens ${cfg.max_new_tokens}: the model holds ${positions} positions, prompt included; expected fewer`);
+    if (!ckpt) await writeRunConfig(cfg.output_dir, { ...cfg, base: policy.base, adapter: policy.adapterDir, dataSplit: split }, "grpo");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     const question = dataStream(examples, cfg.seed);
-    const schedule = { type: cfg.lrScheduler, lr: cfg.learningRate, warmupSteps: Math.floor(cfg.warmupRatio * total), totalSteps: total };
-    const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"), { resumeStep: start });
-    const trajectoryLog = new TrajectoryLog(path.join(cfg.outputDir, "trajectories.jsonl"), { resumeStep: start });
-    const saves = new CheckpointSchedule(cfg.saveSteps, total);
+    const schedule = { type: cfg.lr_scheduler, lr: cfg.learning_rate, warmupSteps: Math.floor(cfg.warmup_ratio * total), totalSteps: total };
+    const metrics = new MetricsLogger(path.join(cfg.output_dir, "metrics.jsonl"), { resumeStep: start });
+    const trajectoryLog = new TrajectoryLog(path.join(cfg.output_dir, "trajectories.jsonl"), { resumeStep: start });
+    const saves = new CheckpointSchedule(cfg.save_steps, total);
     const history: Record<string, unknown>[] = [...(ckpt?.state.log_history ?? [])];
+    // The loss and its settings, on every metrics line (constants, not charted) and in the report.
+    const loss = lossFields(cfg);
     let step = start;
     // The last step whose checkpoint is on disk: an interrupt never rewrites a complete checkpoint.
     let savedStep = ckpt ? start : -1;
     const saveAt = async (s: number) => {
-      await saveCheckpoint(cfg.outputDir, {
+      await saveCheckpoint(cfg.output_dir, {
         saveModel: (dir) => savePolicy(policy, dir, false),
         state: {
-          global_step: s, epoch: (s * cfg.promptsPerStep) / examples.length, rng_state: { rollout_seed: cfg.seed }, data_position: s * cfg.promptsPerStep,
+          global_step: s, epoch: (s * cfg.prompts_per_step) / examples.length, rng_state: { rollout_seed: cfg.seed }, data_position: s * cfg.prompts_per_step,
           config_hash: configHash(identity(cfg)), config: identity(cfg), log_history: history, extra: { base: policy.base },
         },
         optimizerState: await exportOptimizer(optimizer),
-        saveTotalLimit: cfg.saveTotalLimit,
+        saveTotalLimit: cfg.save_total_limit,
       });
       savedStep = s;
     };
@@ -210,51 +179,55 @@ async function train(
     const stop = watchInterrupts();
     const stopHere = async (s: number) => {
       if (s !== savedStep) await saveAt(s);
-      return new Interrupted(`saved checkpoint-${s} in ${cfg.outputDir}; continue with --resume`);
+      return new Interrupted(`saved checkpoint-${s} in ${cfg.output_dir}; continue with --resume`);
     };
     const progress = createProgress(total, "grpo", { keyMetric: "reward", start });
     try {
       for (step = start; step < total; step++) {
         if (await stop.poll()) throw await stopHere(step);
         const tStep = Date.now();
-        const batch = Array.from({ length: cfg.promptsPerStep }, (_, i) => question(step * cfg.promptsPerStep + i));
+        const batch = Array.from({ length: cfg.prompts_per_step }, (_, i) => question(step * cfg.prompts_per_step + i));
         const tRoll = Date.now();
         // With an environment, each task's prompt is its first observation and each row acts in its own instance.
-        const episodes = c.envs ? await openEpisodes(c.envs, batch.map((ex) => Number(ex.id)), cfg.samplesPerPrompt) : null;
+        const episodes = c.envs ? await openEpisodes(c.envs, batch.map((ex) => Number(ex.id)), cfg.samples_per_prompt) : null;
         let trajs: Trajectory[];
         try {
           const prompts = episodes
             ? episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT))
             : batch.map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer)));
           trajs = await rolloutGroups(model, tokenizer, prompts, {
-            samplesPerPrompt: cfg.samplesPerPrompt, maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns,
-            temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK, rng: new Rng(cfg.seed * 1_000_003 + step),
-            tools, toolsInPrompt: cfg.toolsInPrompt, envs: episodes?.envs,
+            samplesPerPrompt: cfg.samples_per_prompt, maxNewTokens: cfg.max_new_tokens, maxTurns: cfg.max_turns,
+            temperature: cfg.temperature, topP: cfg.top_p, topK: cfg.top_k, rng: new Rng(cfg.seed * 1_000_003 + step),
+            tools, toolsInPrompt: cfg.tools_in_prompt, envs: episodes?.envs,
           });
         } finally {
           await episodes?.close();
         }
         const rolloutSeconds = (Date.now() - tRoll) / 1000;
         for (const t of trajs) {
-          const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], cfg.rewardWeights);
+          const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], rewardWeights);
           t.reward = s.reward;
           t.rewardComponents = s.components;
         }
         const groups = batch.map((_, p) => trajs.filter((t) => t.promptIndex === p));
         const rewards = groups.map((g) => g.map((t) => t.reward!));
-        const adv = groupAdvantages(rewards, cfg.scaleRewards);
+        const adv = groupAdvantages(rewards, cfg.scale_rewards);
         const rollouts: GrpoRollout[] = groups.flatMap((g, p) =>
-          g.map((t, i) => ({ ids: [...t.promptIds, ...t.completionIds], lossMask: [...t.promptIds.map(() => 0), ...t.lossMask], advantage: adv[p][i] })),
+          g.map((t, i) => ({
+            ids: [...t.promptIds, ...t.completionIds], lossMask: [...t.promptIds.map(() => 0), ...t.lossMask], advantage: adv[p][i],
+            truncated: t.finishReason === "length" || t.finishReason === "max_turns",
+          })),
         );
         const tTrain = Date.now();
         const lr = lrAt(step, schedule);
         const s = await grpoStep(model, optimizer, rollouts, {
-          beta: cfg.beta, epsilon: cfg.epsilon, epsilonHigh: cfg.epsilonHigh, lossType: cfg.lossType, maxNewTokens: cfg.maxNewTokens,
-          numIterations: cfg.numIterations, maxGradNorm: cfg.maxGradNorm, lr, microBatchSize: cfg.microBatchSize, padTokenId: tokenizer.padTokenId,
+          beta: cfg.beta, epsilon: cfg.epsilon, epsilonHigh: cfg.epsilon_high, lossType: cfg.loss_type, maxNewTokens: cfg.max_new_tokens,
+          importanceSamplingLevel: cfg.importance_sampling_level, maskTruncatedCompletions: cfg.mask_truncated_completions,
+          numIterations: cfg.num_iterations, maxGradNorm: cfg.max_grad_norm, lr, microBatchSize: cfg.micro_batch_size, padTokenId: tokenizer.padTokenId,
         });
         const trainSeconds = (Date.now() - tTrain) / 1000;
         await trajectoryLog.append(step + 1, trajs, tokenizer);
-        const m = stepMetrics(trajs, rewards, s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 });
+        const m = { ...stepMetrics(trajs, rewards, s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 }), ...loss };
         metrics.log(step + 1, m);
         history.push({ step: step + 1, ...m });
         progress.update(step + 1, m);
@@ -266,28 +239,41 @@ async function train(
       if (savedStep !== total) await saveAt(total);
     } catch (err) {
       if (err instanceof NonFiniteError)
-        throw new Error(`${err.message} at step ${step + 1}: stopped; the last good checkpoint is kept in ${cfg.outputDir} (lower --learning_rate or check the data)`);
+        throw new Error(`${err.message} at step ${step + 1}: stopped; the last good checkpoint is kept in ${cfg.output_dir} (lower --learning_rate or check the data)`);
       throw err;
     } finally {
       progress.stop();
       stop.dispose();
     }
-    const finalDir = path.join(cfg.outputDir, "final");
+    const finalDir = path.join(cfg.output_dir, "final");
     await savePolicy(policy, finalDir, false);
     log(`saved adapter to ${finalDir}`);
     const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      maxNewTokens: cfg.maxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, tools, outputDir: cfg.outputDir, metrics, step: total, log,
+      maxNewTokens: cfg.max_new_tokens, maxTurns: cfg.max_turns, toolsInPrompt: cfg.tools_in_prompt, seed: cfg.seed, tools, outputDir: cfg.output_dir, metrics, step: total, log,
     });
-    await writeReport(cfg.outputDir, { title: `GRPO ${path.basename(policy.base)}` });
+    await writeReport(cfg.output_dir, { title: `GRPO ${path.basename(policy.base)}`, extra: { loss: describeLoss(loss) } });
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
   } catch (err) {
-    if (!ckpt) await discardFailedRun(cfg.outputDir); // failed before its first step: leave nothing behind
+    if (!ckpt) await discardFailedRun(cfg.output_dir); // failed before its first step: leave nothing behind
     throw err;
   } finally {
     optimizer.dispose();
     model.dispose();
-    releaseOutputDir(cfg.outputDir);
+    releaseOutputDir(cfg.output_dir);
   }
+}
+
+/** The loss a run trains with and its hyper-parameters, as metrics.jsonl holds them. */
+export function lossFields(cfg: GrpoRunConfig & { epsilon_high: number }): Record<string, string | number | boolean> {
+  return {
+    loss_type: cfg.loss_type, importance_sampling_level: cfg.importance_sampling_level, epsilon: cfg.epsilon, epsilon_high: cfg.epsilon_high,
+    beta: cfg.beta, mask_truncated_completions: cfg.mask_truncated_completions,
+  };
+}
+
+/** "minirl (ε 0.2, ε_high 0.3, β 0, token-level ratios, truncated rollouts trained)": the report's line. */
+export function describeLoss(f: ReturnType<typeof lossFields>): string {
+  return `${f.loss_type} (ε ${f.epsilon}, ε_high ${f.epsilon_high}, β ${f.beta}, ${f.importance_sampling_level}-level ratios, truncated rollouts ${f.mask_truncated_completions ? "masked" : "trained"})`;
 }
 
 /** Everything a step logs, with the names the step line and the report know. */
@@ -323,6 +309,7 @@ export function stepMetrics(
     tool_error_rate: calls ? failed / calls : 0,
     truncated: mean(trajs.map((x) => (x.truncated ? 1 : 0))),
     zero_signal_groups: mean(rewards.map((g) => (groupHasSignal(g) ? 0 : 1))),
+    masked_truncated: s.maskedTruncated / Math.max(1, s.rollouts),
     rollout_tokens_per_s: rolloutTokens / t.rolloutSeconds,
     train_tokens_per_s: s.tokens / Math.max(t.trainSeconds, 1e-9),
     rollout_time: t.rolloutSeconds,

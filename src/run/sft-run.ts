@@ -10,7 +10,8 @@ import { toolSchema } from "../agents/types.ts";
 import { openTools } from "../agents/toolset.ts";
 import { buildSftConversations } from "../datasets/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
-import type { ChatMessage, LoraConfig, LoraTarget, Quantize } from "../model/types.ts";
+import type { ChatMessage, LoraConfig } from "../model/types.ts";
+import { TINY_PROBLEMS } from "../presets/tiny.ts";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
 import { Interrupted, watchInterrupts } from "../shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";
@@ -19,51 +20,24 @@ import { formatStepLine, memoryFields, MetricsLogger, SFT_LINE } from "../traine
 import { AdamW } from "../trainer/optimizer.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { writeReport } from "../trainer/report.ts";
-import { lrAt, type ScheduleType } from "../trainer/schedule.ts";
+import { lrAt } from "../trainer/schedule.ts";
 import { sftStep, type SftBatch } from "../trainer/sft.ts";
 import { Rng } from "../util/rng.ts";
 import { loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir } from "./policy.ts";
+import { runIdentity } from "./flags.ts";
+import { defaultOutputDir, loraTargets } from "./options.ts";
+import { SFT_FLAGS, type SftFlags } from "./sft-flags.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
 import type { ThreadsSpec } from "../wasm-threads.ts";
 
-export interface SftRunConfig {
-  modelPath: string;
-  dataset: string;
-  synthetic?: Omit<SyntheticOptions, "n" | "seed">;
-  maxSamples?: number;
-  numEpochs: number;
-  batchSize: number; // sequences per micro-batch
-  gradientAccumulationSteps: number;
-  learningRate: number;
-  lrScheduler: ScheduleType;
-  warmupRatio: number;
-  weightDecay: number;
-  maxGradNorm: number;
-  maxLength: number; // longer conversations are dropped (counted), not cut: a cut loses the answer
-  inlineShare?: number; // share of calculator steps written as plain text instead of a tool call (default 0)
-  inlineOps?: string[]; // which steps may be: those using only these operators (default all)
-  loraR: number;
-  loraAlpha: number;
-  loraDropout: number;
-  loraTargets: LoraTarget[];
-  quantize: Quantize;
-  full: boolean;
-  toolsInPrompt: boolean;
-  evalSamples: number;
-  evalMaxNewTokens: number;
-  maxTurns: number;
-  saveSteps: number; // 0: only the final model
-  seed: number;
-  outputDir: string;
-  backend: string;
-  threads?: ThreadsSpec; // wasm threads (default auto)
-  unpackBase?: boolean; // for the final evaluation's generation (default true)
-  overwrite: boolean;
-  resume?: boolean;
+/** The run's configuration: the script's flags as parsed (sft-flags.ts), plus what only a program
+ *  passes. run.json holds it; a resumed run must match its `runIdentity`. */
+export type SftRunConfig = SftFlags & {
+  synthetic?: Omit<SyntheticOptions, "n" | "seed">; // default: the tiny preset's problems with --preset tiny
   quiet?: boolean;
-}
+};
 
 export interface SftRunResult {
   steps: number;
@@ -73,61 +47,65 @@ export interface SftRunResult {
   seconds: number;
 }
 
-/** The config fields a resumed run must share with the run it continues. */
+/** The config fields a resumed run must share with the run it continues (output_dir is free, so a
+ *  copied run folder resumes). */
 function identity(cfg: SftRunConfig): Record<string, unknown> {
-  // outputDir is left out so a copied run folder resumes.
-  const { overwrite, resume, quiet, saveSteps, evalSamples, evalMaxNewTokens, backend, threads, unpackBase, outputDir, ...rest } = cfg;
-  void overwrite, resume, quiet, saveSteps, evalSamples, evalMaxNewTokens, backend, threads, unpackBase, outputDir;
-  return rest;
+  return { ...runIdentity(SFT_FLAGS, cfg), synthetic: cfg.synthetic };
 }
 
-export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
+export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
   const t0 = Date.now();
+  // The values the flags leave open, settled once: what run.json and the resume check see.
+  const cfg: SftRunConfig & { output_dir: string } = {
+    ...options,
+    output_dir: options.output_dir ?? defaultOutputDir(options.model_path, "sft"),
+    synthetic: options.synthetic ?? (options.preset === "tiny" ? TINY_PROBLEMS : undefined),
+  };
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
   // Everything the user named is checked before the run folder is touched.
-  await checkModelSource(cfg.modelPath, "--model_path");
-  if (cfg.resume) await prepareOutputDir(cfg.outputDir, { resume: true, overwrite: cfg.overwrite, runKind: "sft" });
-  const ckpt = cfg.resume ? await loadCheckpoint(cfg.outputDir) : null;
-  if (ckpt) checkResumable(ckpt, identity(cfg), cfg.outputDir);
-  const lora: LoraConfig | undefined = cfg.full ? undefined : { r: cfg.loraR, alpha: cfg.loraAlpha, dropout: cfg.loraDropout, targetModules: cfg.loraTargets };
+  await checkModelSource(cfg.model_path, "--model_path");
+  if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "sft" });
+  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir) : null;
+  if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
+  const lora: LoraConfig | undefined = cfg.full ? undefined : { r: cfg.lora_r, alpha: cfg.lora_alpha, dropout: cfg.lora_dropout, targetModules: loraTargets(cfg.lora_targets) };
   // Held-out questions never include a training row; the split is logged and kept in run.json.
-  const { train: examples, heldOut, split } = await loadTrainingData({ dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.maxSamples, synthetic: cfg.synthetic }, cfg.evalSamples);
+  const { train: examples, heldOut, split } = await loadTrainingData({ dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.max_samples, synthetic: cfg.synthetic }, cfg.eval_samples);
   log(`data: ${split}`);
   // A resumed run continues the checkpoint: the full model saved there, or the base with its adapter.
-  const base = ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.modelPath) : cfg.modelPath;
+  const base = ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.model_path) : cfg.model_path;
   const open = () =>
     openPolicy({
       modelPath: ckpt && cfg.full ? ckpt.dir : base, adapter: ckpt && !cfg.full ? ckpt.dir : undefined,
-      quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpackBase,
+      quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpack_base,
     });
-  const policy = ckpt ? await open() : await withOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "sft" }, open);
+  const policy = ckpt ? await open() : await withOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "sft" }, open);
   if (ckpt) policy.base = base;
   const { model, tokenizer } = policy;
-  const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learningRate, weightDecay: cfg.weightDecay });
+  const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learning_rate, weightDecay: cfg.weight_decay });
   // SFT demonstrations are GSM8K's calculator annotations, so SFT knows one tool; the set stops its worker.
   const toolSet = await openTools(["calculator"]);
   try {
-    if (!ckpt) await writeRunConfig(cfg.outputDir, { ...cfg, base: policy.base, dataSplit: split }, "sft");
+    if (!ckpt) await writeRunConfig(cfg.output_dir, { ...cfg, base: policy.base, dataSplit: split }, "sft");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     // Conversations: every calculator call re-run, so tool messages show what rollouts will show.
-    const built = await buildSftConversations(examples, calculatorTool, { inlineShare: cfg.inlineShare, inlineOps: cfg.inlineOps, seed: cfg.seed });
-    const tools = cfg.toolsInPrompt ? [toolSchema(calculatorTool)] : undefined;
-    const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= cfg.maxLength);
+    const built = await buildSftConversations(examples, calculatorTool, { inlineShare: cfg.inline_share, inlineOps: cfg.inline_ops, seed: cfg.seed });
+    const tools = cfg.tools_in_prompt ? [toolSchema(calculatorTool)] : undefined;
+    const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= cfg.max_length);
     const tooLong = built.conversations.length - encoded.length;
-    log(`sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong annotations, ${tooLong} longer than --max_length ${cfg.maxLength})` +
+    log(`sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong annotations, ${tooLong} longer than --max_length ${cfg.max_length})` +
       (built.inlined > 0 ? `; ${built.inlined} of ${built.inlined + countCalls(built.conversations)} calculator steps written inline` : ""));
-    if (encoded.length === 0) throw new UsageError(`no training conversations left (check --max_length ${cfg.maxLength} and --dataset ${cfg.dataset})`);
+    if (encoded.length === 0) throw new UsageError(`no training conversations left (check --max_length ${cfg.max_length} and --dataset ${cfg.dataset})`);
 
-    const perStep = cfg.batchSize * cfg.gradientAccumulationSteps;
+    const perStep = cfg.batch_size * cfg.gradient_accumulation_steps;
     const stepsPerEpoch = Math.ceil(encoded.length / perStep);
-    const totalSteps = stepsPerEpoch * cfg.numEpochs;
+    const totalSteps = stepsPerEpoch * cfg.num_epochs;
     const start = ckpt?.state.global_step ?? 0;
     // A run killed after its last step (while writing final/, evaluating or reporting) is finished here.
-    if (start > totalSteps || (start === totalSteps && (await runFinished(cfg.outputDir))))
-      throw new UsageError(`--resume: ${cfg.outputDir} already ran ${start} of ${totalSteps} steps; start a new --output_dir to train further`);
-    const schedule = { type: cfg.lrScheduler, lr: cfg.learningRate, warmupSteps: Math.floor(cfg.warmupRatio * totalSteps), totalSteps };
-    const metrics = new MetricsLogger(path.join(cfg.outputDir, "metrics.jsonl"), { resumeStep: start });
-    const saves = new CheckpointSchedule(cfg.saveSteps, totalSteps);
+    if (start > totalSteps || (start === totalSteps && (await runFinished(cfg.output_dir))))
+      throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} of ${totalSteps} steps; start a new --output_dir to train further`);
+    const schedule = { type: cfg.lr_scheduler, lr: cfg.learning_rate, warmupSteps: Math.floor(cfg.warmup_ratio * totalSteps), totalSteps };
+    const metrics = new MetricsLogger(path.join(cfg.output_dir, "metrics.jsonl"), { resumeStep: start });
+    const saves = new CheckpointSchedule(cfg.save_steps, totalSteps);
     const padId = tokenizer.padTokenId;
     const rng = new Rng(cfg.seed);
     const progress = createProgress(totalSteps, "sft", { keyMetric: "loss", start });
@@ -135,7 +113,7 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
     let lastLoss = NaN;
     let savedStep = ckpt ? start : -1;
     const saveAt = async (s: number) => {
-      await saveCheckpoint(cfg.outputDir, {
+      await saveCheckpoint(cfg.output_dir, {
         saveModel: (dir) => savePolicy(policy, dir, cfg.full),
         state: {
           global_step: s, epoch: s / stepsPerEpoch, rng_state: { data: rng.getState() }, data_position: (s % stepsPerEpoch) * perStep,
@@ -150,10 +128,10 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
     const stop = watchInterrupts();
     const stopHere = async (s: number) => {
       if (s !== savedStep) await saveAt(s);
-      return new Interrupted(`saved checkpoint-${s} in ${cfg.outputDir}; continue with --resume`);
+      return new Interrupted(`saved checkpoint-${s} in ${cfg.output_dir}; continue with --resume`);
     };
     try {
-      for (let epoch = 0; epoch < cfg.numEpochs; epoch++) {
+      for (let epoch = 0; epoch < cfg.num_epochs; epoch++) {
         // Every epoch's order is drawn, also those a resumed run skips, so the stream matches.
         const order = rng.shuffle(encoded.map((_, i) => i));
         for (let s = 0; s < stepsPerEpoch; s++) {
@@ -162,12 +140,12 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
           const tStep = Date.now();
           const rows = order.slice(s * perStep, (s + 1) * perStep);
           const micro: SftBatch[] = [];
-          for (let i = 0; i < rows.length; i += cfg.batchSize) {
-            const part = rows.slice(i, i + cfg.batchSize).map((r) => encoded[r]);
+          for (let i = 0; i < rows.length; i += cfg.batch_size) {
+            const part = rows.slice(i, i + cfg.batch_size).map((r) => encoded[r]);
             micro.push(rightPad(part.map((e) => e.ids), part.map((e) => e.assistantMask), padId));
           }
           const lr = lrAt(step, schedule);
-          const r = await sftStep(model, optimizer, micro, { lr, maxGradNorm: cfg.maxGradNorm });
+          const r = await sftStep(model, optimizer, micro, { lr, maxGradNorm: cfg.max_grad_norm });
           step++;
           lastLoss = r.loss;
           const seconds = (Date.now() - tStep) / 1000;
@@ -186,23 +164,23 @@ export async function runSft(cfg: SftRunConfig): Promise<SftRunResult> {
       progress.stop();
       stop.dispose();
     }
-    const finalDir = path.join(cfg.outputDir, "final");
+    const finalDir = path.join(cfg.output_dir, "final");
     await savePolicy(policy, finalDir, cfg.full);
     log(`saved ${cfg.full ? "model" : "adapter"} to ${finalDir}`);
 
     const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      maxNewTokens: cfg.evalMaxNewTokens, maxTurns: cfg.maxTurns, toolsInPrompt: cfg.toolsInPrompt, seed: cfg.seed, tools: toolSet.tools, outputDir: cfg.outputDir, metrics, step, log,
+      maxNewTokens: cfg.eval_max_new_tokens, maxTurns: cfg.max_turns, toolsInPrompt: cfg.tools_in_prompt, seed: cfg.seed, tools: toolSet.tools, outputDir: cfg.output_dir, metrics, step, log,
     });
-    await writeReport(cfg.outputDir, { title: `SFT ${path.basename(policy.base)}` });
+    await writeReport(cfg.output_dir, { title: `SFT ${path.basename(policy.base)}` });
     return { steps: step, finalLoss: lastLoss, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
   } catch (err) {
-    if (!ckpt) await discardFailedRun(cfg.outputDir); // failed before its first step: leave nothing behind
+    if (!ckpt) await discardFailedRun(cfg.output_dir); // failed before its first step: leave nothing behind
     throw err;
   } finally {
     await toolSet.close();
     optimizer.dispose();
     model.dispose();
-    releaseOutputDir(cfg.outputDir);
+    releaseOutputDir(cfg.output_dir);
   }
 }
 

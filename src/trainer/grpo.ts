@@ -1,5 +1,6 @@
 /** One GRPO update over a batch of grouped rollouts (or numIterations updates on the same batch).
- *  Token-level clipped surrogate with an optional k3 KL to the adapter-free base (policy-loss.ts);
+ *  The policy loss is one of policy-loss.ts's table (clipped surrogate, GSPO, MINIRL, …) with an
+ *  optional k3 KL to the adapter-free base;
  *  micro-batched with gradients accumulated so the result equals one pass over the whole batch.
  *  Rollouts with zero advantage are skipped: with β = 0 they contribute exactly nothing, and their
  *  tokens still count in the denominators, so the loss is TRL's. With β > 0 this drops their KL pull
@@ -19,6 +20,7 @@ export interface GrpoRollout {
   ids: number[];
   lossMask: number[];
   advantage: number;
+  truncated?: boolean; // stopped by the token or turn limit: weight 0 with maskTruncatedCompletions
 }
 
 export interface GrpoConfig extends PolicyLossConfig {
@@ -28,6 +30,7 @@ export interface GrpoConfig extends PolicyLossConfig {
   microBatchSize: number; // rollouts per forward/backward
   padTokenId?: number; // any valid id (padding is masked); default 0
   skipZeroAdvantage?: boolean; // default true
+  maskTruncatedCompletions?: boolean; // truncated rollouts train nothing and count no tokens (DAPO's overlong filtering, as TRL)
 }
 
 export interface GrpoStats {
@@ -41,22 +44,25 @@ export interface GrpoStats {
   gradNorm: number; // mean over iterations, before clipping
   tokens: number; // counted tokens in the rollouts trained on (per iteration)
   rollouts: number; // rollouts in the batch
-  skipped: number; // rollouts skipped for zero advantage
+  skipped: number; // rollouts skipped: zero advantage, or no token left to train
+  maskedTruncated: number; // truncated rollouts given weight 0 (maskTruncatedCompletions)
 }
 
 export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRollout[], cfg: GrpoConfig): Promise<GrpoStats> {
   checkConfig(cfg);
   checkBatch(batch);
   const padId = cfg.padTokenId ?? 0;
-  // Position 0 has no logprob (nothing precedes it), so it can never be a trained token.
-  const masks: number[][] = batch.map((r) => r.lossMask.map((m, t) => (t > 0 && m ? 1 : 0)));
+  // Position 0 has no logprob (nothing precedes it), so it can never be a trained token. A masked
+  // truncated rollout still counts as a sequence (TRL: its mask is zeroed, the batch keeps its size).
+  const masks: number[][] = batch.map((r) => r.lossMask.map((m, t) => (t > 0 && m && !(cfg.maskTruncatedCompletions && r.truncated) ? 1 : 0)));
   const norm: LossNormalizer = {
     numSequences: batch.length,
     numTokens: masks.reduce((s, m) => s + m.reduce((a, x) => a + x, 0), 0),
   };
+  const maskedTruncated = cfg.maskTruncatedCompletions ? batch.filter((r) => r.truncated).length : 0;
   const skip = cfg.skipZeroAdvantage ?? true;
-  const kept = batch.map((_, i) => i).filter((i) => !skip || batch[i].advantage !== 0);
-  const empty: GrpoStats = { loss: 0, kl: 0, clipFrac: 0, clipFracLow: 0, clipFracHigh: 0, ratio: 1, entropy: 0, gradNorm: 0, tokens: 0, rollouts: batch.length, skipped: batch.length - kept.length };
+  const kept = batch.map((_, i) => i).filter((i) => (!skip || batch[i].advantage !== 0) && masks[i].some((m) => m === 1));
+  const empty: GrpoStats = { loss: 0, kl: 0, clipFrac: 0, clipFracLow: 0, clipFracHigh: 0, ratio: 1, entropy: 0, gradNorm: 0, tokens: 0, rollouts: batch.length, skipped: batch.length - kept.length, maskedTruncated };
   if (kept.length === 0 || norm.numTokens === 0) return empty; // no signal: no update, optimizer step not counted
 
   const mbIdx = chunks(kept, cfg.microBatchSize);
@@ -138,6 +144,7 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
     tokens: totals.tokens,
     rollouts: batch.length,
     skipped: empty.skipped,
+    maskedTruncated,
   };
 }
 

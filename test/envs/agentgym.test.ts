@@ -192,18 +192,17 @@ describe("GRPO against the environment", () => {
     const { runGrpo } = await import("../../src/run/grpo-run.ts");
     const { readMetrics } = await import("../../src/trainer/metrics.ts");
     const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
-    const { LORA_TARGETS } = await import("../../src/model/types.ts");
+    const { defaultsOf } = await import("../../src/run/flags.ts");
+    const { GRPO_FLAGS } = await import("../../src/run/grpo-flags.ts");
     await initBackend("wasm");
     const s = await serveGuessNumber(0, "env_idx");
     servers.push(s);
     const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "env-grpo-")), "run");
     await runGrpo({
-      modelPath: TINY_BASE_DIR, dataset: "synthetic", maxSamples: 4, totalEpochs: 1, promptsPerStep: 2, samplesPerPrompt: 2, maxNewTokens: 128, maxTurns: 2,
-      temperature: 1, topP: 1, topK: 0, beta: 0, epsilon: 0.2, epsilonHigh: 0.2, numIterations: 1, lossType: "grpo", scaleRewards: "group",
-      rewardWeights: { correctness: 0, format: 0, tool_use: 0, env: 1 }, learningRate: 1e-3, lrScheduler: "constant", warmupRatio: 0, weightDecay: 0,
-      maxGradNorm: 1, microBatchSize: 4, loraR: 2, loraAlpha: 4, loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "none", toolsInPrompt: false,
-      saveSteps: 0, saveTotalLimit: 1, evalSamples: 0, seed: 1, outputDir: out, backend: "wasm", overwrite: false, resume: false, quiet: true,
-      env: s.url, envDialect: "env_idx",
+      ...defaultsOf(GRPO_FLAGS), model_path: TINY_BASE_DIR, dataset: "synthetic", max_samples: 4, max_steps: 1, prompts_per_step: 2, samples_per_prompt: 2,
+      max_new_tokens: 128, max_turns: 2, temperature: 1, beta: 0, reward_weights: "correctness=0,format=0,tool_use=0,env=1", learning_rate: 1e-3,
+      micro_batch_size: 4, lora_r: 2, lora_alpha: 4, quantize: "none", tools_in_prompt: false, save_steps: 0, save_total_limit: 1, seed: 1,
+      output_dir: out, backend: "wasm", quiet: true, env: s.url, env_dialect: "env_idx",
     });
     const lines = (await fs.readFile(path.join(out, "trajectories.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
     expect(lines).toHaveLength(4);

@@ -11,7 +11,9 @@ import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
 import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
 import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
-import { LORA_TARGETS } from "../../src/model/types.ts";
+import { defaultsOf } from "../../src/run/flags.ts";
+import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
+import { SFT_FLAGS } from "../../src/run/sft-flags.ts";
 import { makeTinyModelDir } from "./tiny-fixture.ts";
 
 let base: string;
@@ -29,27 +31,23 @@ afterAll(async () => {
   await shutdownCalculator();
 });
 
-const sftCfg = (outputDir: string): SftRunConfig => ({
-  modelPath: base, dataset: "synthetic", synthetic: TINY_PROBLEMS, maxSamples: 8, numEpochs: 1, batchSize: 4, gradientAccumulationSteps: 1,
-  learningRate: 1e-3, lrScheduler: "constant", warmupRatio: 0, weightDecay: 0, maxGradNorm: 1, maxLength: 512, loraR: 4, loraAlpha: 8,
-  loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "none", full: true, toolsInPrompt: false, evalSamples: 4, evalMaxNewTokens: 24,
-  maxTurns: 3, saveSteps: 0, seed: 0, outputDir, backend: "wasm", overwrite: false, quiet: true,
+const sftCfg = (output_dir: string): SftRunConfig => ({
+  ...defaultsOf(SFT_FLAGS), model_path: base, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_samples: 8, batch_size: 4, learning_rate: 1e-3,
+  lr_scheduler: "constant", warmup_ratio: 0, max_length: 512, lora_r: 4, lora_alpha: 8, full: true, tools_in_prompt: false, eval_samples: 4,
+  eval_max_new_tokens: 24, max_turns: 3, output_dir, backend: "wasm", quiet: true,
 });
 
-const grpoCfg = (modelPath: string, outputDir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
-  modelPath, dataset: "synthetic", synthetic: TINY_PROBLEMS, totalEpochs: 2, promptsPerStep: 2, samplesPerPrompt: 3, maxNewTokens: 24, maxTurns: 3,
-  temperature: 1, topP: 1, topK: 0, beta: 0.04, epsilon: 0.2, epsilonHigh: 0.2, numIterations: 1, lossType: "grpo", scaleRewards: "group",
-  rewardWeights: { correctness: 1, format: 0.1, tool_use: 0 },
+const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
+  ...defaultsOf(GRPO_FLAGS), model_path, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_steps: 2, prompts_per_step: 2, samples_per_prompt: 3,
+  max_new_tokens: 24, max_turns: 3, temperature: 1, beta: 0.04, epsilon: 0.2, epsilon_high: 0.2, reward_weights: "correctness=1,format=0.1,tool_use=0",
   // Random weights never answer right, so every group would carry no signal: reward the share of
   // even token ids instead, which varies between samples.
   score: (t) => {
     const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
     const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
     return { reward: even, components: { even } };
-  }, learningRate: 1e-2, lrScheduler: "constant", warmupRatio: 0, weightDecay: 0,
-  maxGradNorm: 1, microBatchSize: 4, loraR: 4, loraAlpha: 8, loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "nf4",
-  toolsInPrompt: false, saveSteps: 1, saveTotalLimit: 3, evalSamples: 0, seed: 3, outputDir, backend: "wasm", overwrite: false, resume: false,
-  quiet: true, ...over,
+  }, learning_rate: 1e-2, micro_batch_size: 4, lora_r: 4, lora_alpha: 8, quantize: "nf4",
+  tools_in_prompt: false, save_steps: 1, save_total_limit: 3, seed: 3, output_dir, backend: "wasm", quiet: true, ...over,
 });
 
 describe("tiny pipeline", () => {
@@ -76,6 +74,11 @@ describe("tiny pipeline", () => {
     expect(m[1].kl as number).toBeGreaterThan(0);
     for (const key of ["reward", "reward_std", "accuracy", "reward_even", "kl", "clip_ratio", "entropy", "completion_len", "tool_calls", "tool_error_rate", "zero_signal_groups", "rollout_tokens_per_s", "step_time", "tensors", "rss_bytes"])
       expect(m[0], key).toHaveProperty(key);
+    // The loss and its settings: on every metrics line, in run.json (the flags, resolved) and the report.
+    expect(m[1]).toMatchObject({ loss_type: "grpo", importance_sampling_level: "token", epsilon: 0.2, epsilon_high: 0.2, beta: 0.04, mask_truncated_completions: false });
+    const run = JSON.parse(await fs.readFile(path.join(grpoDir, "run.json"), "utf8"));
+    expect(run.config).toMatchObject({ loss_type: "grpo", importance_sampling_level: "token", epsilon_high: 0.2, max_steps: 2, output_dir: grpoDir });
+    expect(await fs.readFile(path.join(grpoDir, "report.html"), "utf8")).toContain("grpo (ε 0.2, ε_high 0.2, β 0.04, token-level ratios, truncated rollouts trained)");
     const lines = (await fs.readFile(path.join(grpoDir, "trajectories.jsonl"), "utf8")).trim().split("\n");
     expect(lines).toHaveLength(2 * 2 * 3);
     // the report shows both steps' groups of rollouts, and the SFT report its held-out transcripts
@@ -90,9 +93,9 @@ describe("tiny pipeline", () => {
   it("GRPO resumed halfway makes the same adapter as an uninterrupted run", async () => {
     const whole = path.join(root, "whole");
     const halves = path.join(root, "halves");
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), whole, { totalEpochs: 2 }));
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { totalEpochs: 1 }));
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { totalEpochs: 2, resume: true }));
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), whole, { max_steps: 2 }));
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 1 }));
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 2, resume: true }));
     const a = await fs.readFile(path.join(whole, "final/adapter_model.safetensors"));
     const b = await fs.readFile(path.join(halves, "final/adapter_model.safetensors"));
     const init = await fs.readFile(path.join(halves, "checkpoint-1/adapter_model.safetensors"));
@@ -106,7 +109,7 @@ describe("tiny pipeline", () => {
     expect(await history(halves)).toEqual([1, 2]); // the resumed run keeps the first run's history
     expect(await history(halves)).toEqual(await history(whole));
     // Resuming with other settings names them; --overwrite with --resume is refused.
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { totalEpochs: 3, resume: true, learningRate: 5e-3 }))).rejects.toThrow(/other settings \(learningRate\)/);
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { totalEpochs: 3, resume: true, overwrite: true }))).rejects.toThrow(/--overwrite and --resume together/);
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, learning_rate: 5e-3 }))).rejects.toThrow(/other settings \(learning_rate\)/);
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, overwrite: true }))).rejects.toThrow(/--overwrite and --resume together/);
   });
 });

@@ -8,7 +8,9 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
-import { LORA_TARGETS } from "../../src/model/types.ts";
+import { defaultsOf } from "../../src/run/flags.ts";
+import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
+import { SFT_FLAGS } from "../../src/run/sft-flags.ts";
 import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
 import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
 import { Interrupted } from "../../src/shutdown.ts";
@@ -27,21 +29,18 @@ afterAll(async () => {
   await fs.rm(root, { recursive: true, force: true });
 });
 
-const sftCfg = (outputDir: string, over: Partial<SftRunConfig> = {}): SftRunConfig => ({
-  modelPath: base, dataset: "synthetic", synthetic: TINY_PROBLEMS, maxSamples: 8, numEpochs: 2, batchSize: 2, gradientAccumulationSteps: 1,
-  learningRate: 1e-3, lrScheduler: "cosine", warmupRatio: 0, weightDecay: 0, maxGradNorm: 1, maxLength: 512, loraR: 4, loraAlpha: 8,
-  loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "none", full: false, toolsInPrompt: false, evalSamples: 0, evalMaxNewTokens: 8,
-  maxTurns: 1, saveSteps: 0, seed: 0, outputDir, backend: "wasm", overwrite: false, quiet: true, ...over,
+const sftCfg = (output_dir: string, over: Partial<SftRunConfig> = {}): SftRunConfig => ({
+  ...defaultsOf(SFT_FLAGS), model_path: base, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_samples: 8, num_epochs: 2, batch_size: 2,
+  learning_rate: 1e-3, warmup_ratio: 0, max_length: 512, lora_r: 4, lora_alpha: 8, tools_in_prompt: false, eval_samples: 0,
+  eval_max_new_tokens: 8, max_turns: 1, output_dir, backend: "wasm", quiet: true, ...over,
 });
 
-const grpoCfg = (modelPath: string, outputDir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
-  modelPath, dataset: "synthetic", synthetic: TINY_PROBLEMS, totalEpochs: 2, promptsPerStep: 1, samplesPerPrompt: 2, maxNewTokens: 8, maxTurns: 1,
-  temperature: 1, topP: 1, topK: 0, beta: 0, epsilon: 0.2, epsilonHigh: 0.2, numIterations: 1, lossType: "grpo", scaleRewards: "group",
-  rewardWeights: { correctness: 1 },
+const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
+  ...defaultsOf(GRPO_FLAGS), model_path, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_steps: 2, prompts_per_step: 1, samples_per_prompt: 2,
+  max_new_tokens: 8, max_turns: 1, beta: 0, epsilon_high: 0.2, reward_weights: "correctness=1",
   score: (t) => ({ reward: t.completionIds.filter((id) => id % 2 === 0).length, components: {} }),
-  learningRate: 1e-2, lrScheduler: "constant", warmupRatio: 0, weightDecay: 0, maxGradNorm: 1, microBatchSize: 4, loraR: 4, loraAlpha: 8,
-  loraDropout: 0, loraTargets: [...LORA_TARGETS], quantize: "nf4", toolsInPrompt: false, saveSteps: 0, saveTotalLimit: 2, evalSamples: 0, seed: 3,
-  outputDir, backend: "wasm", overwrite: false, resume: false, quiet: true, ...over,
+  learning_rate: 1e-2, micro_batch_size: 4, lora_r: 4, lora_alpha: 8, quantize: "nf4", tools_in_prompt: false, save_steps: 0, seed: 3,
+  output_dir, backend: "wasm", quiet: true, ...over,
 });
 
 const read = (dir: string, f: string) => fs.readFile(path.join(dir, f));
@@ -90,7 +89,7 @@ describe("SFT --resume", () => {
 describe("a run killed after its last step", () => {
   it("is finished by --resume (GRPO and SFT), also from a copied run folder", async () => {
     const sftDir = path.join(root, "sft-end");
-    await runSft(sftCfg(sftDir, { numEpochs: 1 }));
+    await runSft(sftCfg(sftDir, { num_epochs: 1 }));
     const grpoDir = path.join(root, "grpo-end");
     await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir));
     const finals = { sft: await read(sftDir, "final/adapter_model.safetensors"), grpo: await read(grpoDir, "final/adapter_model.safetensors") };
@@ -101,7 +100,7 @@ describe("a run killed after its last step", () => {
       const copy = path.join(root, `${kind}-copy`);
       await fs.cp(dir, copy, { recursive: true });
       for (const d of [dir, copy]) {
-        if (kind === "sft") await runSft(sftCfg(d, { numEpochs: 1, resume: true }));
+        if (kind === "sft") await runSft(sftCfg(d, { num_epochs: 1, resume: true }));
         else await runGrpo(grpoCfg(path.join(sftDir, "final"), d, { resume: true }));
         expect(Buffer.compare(await read(d, "final/adapter_model.safetensors"), finals[kind]), `${kind} ${d}`).toBe(0);
         expect(await exists(path.join(d, "report.html"))).toBe(true);
@@ -109,7 +108,7 @@ describe("a run killed after its last step", () => {
     }
     // A checkpoint without optimizer state is refused instead of silently restarting AdamW.
     await fs.rm(path.join(grpoDir, "checkpoint-2", "optimizer.safetensors"));
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir, { totalEpochs: 3, resume: true }))).rejects.toThrow(/has no optimizer.safetensors/);
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir, { max_steps: 3, resume: true }))).rejects.toThrow(/has no optimizer.safetensors/);
   }, 120_000);
 });
 
@@ -123,7 +122,7 @@ describe("held-out evaluation with a .jsonl dataset", () => {
     const write = process.stderr.write;
     process.stderr.write = ((l: string) => (lines.push(String(l)), true)) as typeof process.stderr.write;
     try {
-      await runSft(sftCfg(out, { dataset: file, maxSamples: undefined, numEpochs: 1, batchSize: 4, evalSamples: 4, quiet: false }));
+      await runSft(sftCfg(out, { dataset: file, max_samples: undefined, num_epochs: 1, batch_size: 4, eval_samples: 4, quiet: false }));
     } finally {
       process.stderr.write = write;
     }

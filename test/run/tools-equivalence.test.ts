@@ -10,7 +10,8 @@ import { SYSTEM_PROMPT } from "../../src/agents/prompts.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
 import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
-import { LORA_TARGETS } from "../../src/model/types.ts";
+import { defaultsOf } from "../../src/run/flags.ts";
+import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 
 const ROOT = path.join(import.meta.dirname, "..", "..");
 const MCP_CALCULATOR = `mcp:${JSON.stringify(process.execPath)} --import tsx ${JSON.stringify(path.join(ROOT, "scripts", "mcp-tool-server.ts"))}`;
@@ -29,12 +30,10 @@ afterAll(async () => {
 // The shipped tiny base was pretrained on tool-calling text, so its rollouts call the calculator. The
 // tool schemas go into the prompt, so equal trajectories also mean equal <tools> blocks and system prompts.
 const cfg = (tools: string[], outputDir: string): GrpoRunConfig => ({
-  modelPath: TINY_BASE_DIR, dataset: "synthetic", synthetic: TINY_PROBLEMS, totalEpochs: 1, promptsPerStep: 2, samplesPerPrompt: 2,
-  maxNewTokens: 160, maxTurns: 5, temperature: 0.7, topP: 1, topK: 0, beta: 0, epsilon: 0.2, epsilonHigh: 0.2, numIterations: 1,
-  lossType: "dr_grpo", scaleRewards: "group", rewardWeights: { correctness: 1, format: 0.1, tool_use: 0 }, learningRate: 5e-4,
-  lrScheduler: "constant", warmupRatio: 0, weightDecay: 0, maxGradNorm: 1, microBatchSize: 8, loraR: 4, loraAlpha: 8, loraDropout: 0,
-  loraTargets: [...LORA_TARGETS], quantize: "none", toolsInPrompt: true, saveSteps: 0, saveTotalLimit: 1, evalSamples: 0, seed: 5,
-  outputDir, backend: "wasm", overwrite: false, resume: false, quiet: true, tools,
+  ...defaultsOf(GRPO_FLAGS), model_path: TINY_BASE_DIR, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_steps: 1, prompts_per_step: 2,
+  samples_per_prompt: 2, max_new_tokens: 160, max_turns: 5, temperature: 0.7, beta: 0, loss_type: "dr_grpo", learning_rate: 5e-4,
+  micro_batch_size: 8, lora_r: 4, lora_alpha: 8, quantize: "none", tools_in_prompt: true, save_steps: 0, save_total_limit: 1, seed: 5,
+  output_dir: outputDir, backend: "wasm", quiet: true, tools: tools.join(","),
 });
 
 describe("--tools mcp:<calculator server>", () => {

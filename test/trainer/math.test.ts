@@ -1,6 +1,7 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { groupAdvantages, groupHasSignal } from "../../src/trainer/advantages.ts";
+import { expectGradMatchesFd } from "./loss-fd.ts";
 import { aggregateLoss, perTokenLoss, policyLoss, readSums, statsFromSums, type PolicyLossConfig } from "../../src/trainer/policy-loss.ts";
 import { lrAt, lrLambda } from "../../src/trainer/schedule.ts";
 import { rightPad, microBatches } from "../../src/trainer/batch.ts";
@@ -138,28 +139,7 @@ describe("policyLoss gradients", () => {
   for (const lossType of ["grpo", "bnpo", "dr_grpo"] as const) {
     it(`match float64 finite differences (${lossType}, β = 0.05)`, () => {
       const cfg: PolicyLossConfig = { epsilon: 0.2, epsilonHigh: 0.28, beta: 0.05, lossType, maxNewTokens: 5 };
-      const before = tf.memory().numTensors;
-      const consts = { oldLogp: tf.tensor2d(old), refLogp: tf.tensor2d(ref), advantages: tf.tensor1d(A), mask: tf.tensor2d(mask) };
-      const x = tf.tensor2d(logp);
-      const g = tf.grad((lp: tf.Tensor) => {
-        const r = policyLoss({ ...consts, logp: lp as tf.Tensor2D }, cfg);
-        tf.dispose(Object.values(r.sums));
-        return r.loss;
-      })(x);
-      const got = g.arraySync() as number[][];
-      const value = tf.tidy(() => aggregateLoss(perTokenLoss({ ...consts, logp: x }, cfg).loss, consts.mask, cfg));
-      expect(value.dataSync()[0]).toBeCloseTo(refLoss(logp, old, ref, A, mask, cfg), 5);
-      const h = 1e-6;
-      logp.forEach((row, n) =>
-        row.forEach((_, t) => {
-          const up = logp.map((r) => [...r]), dn = logp.map((r) => [...r]);
-          up[n][t] += h; dn[n][t] -= h;
-          const fd = (refLoss(up, old, ref, A, mask, cfg) - refLoss(dn, old, ref, A, mask, cfg)) / (2 * h);
-          expect(got[n][t]).toBeCloseTo(fd, 5);
-        }),
-      );
-      tf.dispose([g, x, value, ...Object.values(consts)]);
-      expect(tf.memory().numTensors).toBe(before);
+      expectGradMatchesFd({ logp, old, ref, A, mask }, cfg, (lp) => refLoss(lp, old, ref, A, mask, cfg));
     });
   }
 

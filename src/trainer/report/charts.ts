@@ -31,7 +31,8 @@ const KNOWN: Array<{ key: string; title: string; unit?: Unit; band?: string }> =
   { key: "tensors", title: "Live tensors" },
   { key: "epoch", title: "Epoch" },
 ];
-const NOT_CURVES = new Set(["step", "time"]);
+// The loss's hyper-parameters ride on every GRPO step line; as constants they are no curves.
+const NOT_CURVES = new Set(["step", "time", "epsilon", "epsilon_high", "beta"]);
 
 /** The unit of a metric from its name, for keys the list above does not know. */
 export function unitOf(key: string): Unit {

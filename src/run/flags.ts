@@ -1,0 +1,131 @@
+/** Flags are the config. A script's flags are one table (`FlagTable`): each entry is the flag, its help
+ *  line, its parser and its default. The same table builds the commander command (so `--help` lists it)
+ *  and types the parsed options (`OptionsOf`), and those options are the run's configuration as they
+ *  are: run.json holds them under the flag names, and a resumed run compares them (less the entries
+ *  marked `free`). Adding a flag is one entry. Leaves out the value parsers themselves (cli.ts). */
+import { Command, CommanderError, Option } from "commander";
+import { UsageError } from "../cli.ts";
+
+export interface Flag<T> {
+  spec: string; // "--max_steps <n>", "--overwrite", "--no-tools_in_prompt"
+  help: string;
+  parse?: (value: string) => T;
+  default?: T; // shown by --help as "(default: …)"
+  alias?: string; // an older name still accepted, hidden from --help, e.g. "--total_epochs <n>"
+  free?: boolean; // may differ when a run is resumed (step count, saving, output, speed knobs)
+  readonly type?: T; // carries T for OptionsOf; never set
+}
+
+export type FlagTable = Record<string, Flag<any>>; // eslint-disable-line @typescript-eslint/no-explicit-any
+export type OptionsOf<F extends FlagTable> = { [K in keyof F]: F[K] extends Flag<infer T> ? T : never };
+
+type Extra = { alias?: string; free?: boolean };
+
+/** A flag with a value and a default. */
+export function flag<T>(spec: string, help: string, parse: ((value: string) => T) | undefined, def: T, extra: Extra = {}): Flag<T> {
+  return { spec, help, parse, default: def, ...extra };
+}
+
+/** A flag with a value and no default: undefined when not given. */
+export function optional<T = string>(spec: string, help: string, parse?: (value: string) => T, extra: Extra = {}): Flag<T | undefined> {
+  return { spec, help, parse, ...extra };
+}
+
+/** A switch: `--x` (false unless given; `def` shown in --help when passed) or `--no-x` (true unless given). */
+export function toggle(spec: string, help: string, def?: boolean, extra: Extra = {}): Flag<boolean> {
+  return { spec, help, default: def, ...extra };
+}
+
+/** Add a table's flags to a command, in table order. Each key must be the name commander stores the
+ *  flag under (--model_path → model_path, --no-tools_in_prompt → tools_in_prompt). */
+export function addFlags(cmd: Command, table: FlagTable): Command {
+  for (const [key, f] of Object.entries(table)) {
+    const opt = new Option(f.spec, f.help);
+    if (opt.attributeName() !== key) throw new Error(`flag table key ${key} does not match ${f.spec} (${opt.attributeName()})`);
+    if (f.parse) opt.argParser(f.parse);
+    if (f.default !== undefined) opt.default(f.default);
+    cmd.addOption(opt);
+    if (f.alias) {
+      const alias = new Option(f.alias).hideHelp();
+      if (f.parse) alias.argParser(f.parse);
+      cmd.addOption(alias);
+    }
+  }
+  return cmd;
+}
+
+/** A script's command: name, description, flags. Errors are thrown (parseFlags turns them into
+ *  UsageError) rather than printed, so the script prints one line and exits 2. */
+export function commandOf(name: string, description: string, table: FlagTable): Command {
+  const cmd = new Command().name(name).description(description).exitOverride().configureOutput({ outputError: () => {} });
+  return addFlags(cmd, table);
+}
+
+/** Parse argv into the table's options: commander errors become UsageError, --help exits 0, an alias
+ *  given on the command line sets its flag, and a preset fills every flag the user did not give
+ *  (commander's value source tells which), so explicit flags always win. */
+export function parseFlags<F extends FlagTable, P extends string>(
+  cmd: Command,
+  table: F,
+  argv: string[],
+  presets: Partial<Record<P, Partial<OptionsOf<F>>>> = {},
+): { preset: P | undefined; o: OptionsOf<F>; explicit: (key: string) => boolean } {
+  try {
+    cmd.parse(argv);
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      if (err.exitCode === 0) process.exit(0); // --help
+      throw new UsageError(err.message.replace(/^error: /, ""));
+    }
+    throw err;
+  }
+  const given = (k: string) => !["default", undefined].includes(cmd.getOptionValueSource(k));
+  for (const [key, f] of Object.entries(table)) {
+    if (!f.alias) continue;
+    const aliasKey = new Option(f.alias).attributeName();
+    if (given(aliasKey)) {
+      if (given(key)) throw new UsageError(`${f.alias.split(" ")[0]} is the older name of ${f.spec.split(" ")[0]}: give one of them`);
+      cmd.setOptionValueWithSource(key, cmd.getOptionValue(aliasKey), "cli");
+    }
+  }
+  const preset = cmd.getOptionValue("preset") as P | undefined;
+  const values = preset ? presets[preset] : undefined;
+  if (values) applyPreset(cmd, values);
+  const o = { ...cmd.opts() };
+  for (const f of Object.values(table)) if (f.alias) delete o[new Option(f.alias).attributeName()];
+  return { preset, o: o as OptionsOf<F>, explicit: given };
+}
+
+/** Set every option still at its default to the preset's value. Unknown keys are a programming error. */
+export function applyPreset(cmd: Command, values: Record<string, unknown>): void {
+  const known = new Set(cmd.options.map((o: Option) => o.attributeName()));
+  for (const [name, value] of Object.entries(values)) {
+    if (!known.has(name)) throw new Error(`preset sets unknown option ${name}`);
+    const source = cmd.getOptionValueSource(name);
+    if (source === undefined || source === "default") cmd.setOptionValueWithSource(name, value, "config");
+  }
+}
+
+/** The part of a run's options a resumed run must share with the run it continues: every flag not
+ *  marked `free`. Keys outside the table (values the run adds) are left out too. */
+export function runIdentity<F extends FlagTable>(table: F, o: Partial<OptionsOf<F>>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [key, f] of Object.entries(table)) if (!f.free && key in o) out[key] = (o as Record<string, unknown>)[key];
+  return out;
+}
+
+/** Run `fn`, turning its error into a UsageError about `flag` (a flag's value checked past parsing). */
+export function usage<T>(flag: string, fn: () => T): T {
+  try {
+    return fn();
+  } catch (err) {
+    throw new UsageError(`${flag}: ${(err as Error).message}`);
+  }
+}
+
+/** The options a command line with no flags gives: what a program calling a run starts from. */
+export function defaultsOf<F extends FlagTable>(table: F): OptionsOf<F> {
+  const out: Record<string, unknown> = {};
+  for (const [key, f] of Object.entries(table)) out[key] = f.default ?? (/^--no-/.test(f.spec) ? true : undefined);
+  return out as OptionsOf<F>;
+}

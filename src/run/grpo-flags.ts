@@ -1,0 +1,44 @@
+/** The flags of scripts/train-gsm8k-agent.ts, which are the GRPO run's configuration (flags.ts): run.json
+ *  holds them under these names, and a resumed run must match every one not marked `free`. */
+import { parseChoice, parseFloatArg, parseIntArg } from "../cli.ts";
+import { IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, type ImportanceSamplingLevel, type LossType } from "../trainer/policy-loss.ts";
+import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
+import { envFlags, toolFlags, trainingFlags } from "./options.ts";
+
+export const GRPO_FLAGS = {
+  ...trainingFlags({ quantize: "nf4", lr: 1e-5, scheduler: "constant", warmupRatio: 0 }),
+  init_adapter: optional("--init_adapter <dir>", "PEFT adapter to continue (default: the adapter at --model_path, if it is one; else a fresh adapter)"),
+  dataset: flag("--dataset <name|path>", "gsm8k (local HF cache or hub), synthetic, a GSM8K-format .jsonl/.parquet path, or a task .jsonl ({id, query, answer, scorer?, answer_schema?})", undefined, "gsm8k"),
+  max_samples: optional("--max_samples <n>", "use at most this many training questions (default: all; synthetic: 5000)", parseIntArg("max_samples", 1)),
+  max_steps: flag("--max_steps <n>", "RL steps; each is one rollout → train round", parseIntArg("max_steps", 1), 100, { alias: "--total_epochs <n>", free: true }),
+  prompts_per_step: flag("--prompts_per_step <n>", "questions per step", parseIntArg("prompts_per_step", 1), 4),
+  samples_per_prompt: flag("--samples_per_prompt <n>", "G: rollouts per question (the group)", parseIntArg("samples_per_prompt", 2), 8),
+  max_new_tokens: flag("--max_new_tokens <n>", "token budget per rollout over all turns (sampled + tool responses)", parseIntArg("max_new_tokens", 1), 512),
+  max_turns: flag("--max_turns <n>", "assistant turns per rollout", parseIntArg("max_turns", 1), 8),
+  temperature: flag("--temperature <x>", "sampling temperature", parseFloatArg("temperature", 0), 1.0),
+  top_p: flag("--top_p <x>", "nucleus sampling mass", parseFloatArg("top_p", 0, 1), 1.0),
+  top_k: flag("--top_k <n>", "sample among the k most likely tokens (0: off)", parseIntArg("top_k", 0), 0),
+  beta: flag("--beta <x>", "weight of the k3 KL to the adapter-free base (0: no reference pass)", parseFloatArg("beta", 0), 0.04),
+  epsilon: flag("--epsilon <x>", "lower clip range of the ratio", parseFloatArg("epsilon", 0), 0.2),
+  epsilon_high: optional("--epsilon_high <x>", "upper clip range (default: --epsilon; minirl: --epsilon + 0.1, AgentRL's window)", parseFloatArg("epsilon_high", 0)),
+  num_iterations: flag("--num_iterations <n>", "policy updates per batch of rollouts", parseIntArg("num_iterations", 1), 1),
+  loss_type: flag("--loss_type <kind>", `${LOSS_TYPES.join(", ")}`, parseChoice("loss_type", LOSS_TYPES), "grpo" as LossType),
+  importance_sampling_level: flag("--importance_sampling_level <level>", "token: one importance ratio per token; sequence: one per rollout, exp(mean log-ratio) (GSPO; --loss_type gspo always)", parseChoice("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS), "token" as ImportanceSamplingLevel),
+  mask_truncated_completions: toggle("--mask_truncated_completions", "rollouts stopped by --max_new_tokens or --max_turns train nothing (DAPO's overlong filtering)", false),
+  scale_rewards: flag("--scale_rewards <kind>", "group: divide advantages by the group's std; none: only centre them", parseChoice("scale_rewards", ["group", "none"] as const), "group" as "group" | "none"),
+  reward_weights: flag("--reward_weights <spec>", "weights of the reward components, e.g. correctness=1,format=0.1,tool_use=0 (with --env: env=1)", undefined, "correctness=1,format=0.1"),
+  micro_batch_size: flag("--micro_batch_size <n>", "rollouts per forward/backward (memory knob; results do not change)", parseIntArg("micro_batch_size", 1), 8),
+  save_steps: flag("--save_steps <n>", "checkpoint every N steps (and always at the end)", parseIntArg("save_steps", 0), 25, { free: true }),
+  save_total_limit: flag("--save_total_limit <n>", "keep only the newest N checkpoints", parseIntArg("save_total_limit", 1), 2, { free: true }),
+  eval_samples: flag("--eval_samples <n>", "held-out questions evaluated greedily at the end (0: skip)", parseIntArg("eval_samples", 0), 0, { free: true }),
+  ...toolFlags(),
+  ...envFlags(),
+  output_dir: optional("--output_dir <dir>", "run folder (default outputs/<model>/grpo)", undefined, { free: true }),
+  overwrite: toggle("--overwrite", "replace a run already in --output_dir", false, { free: true }),
+  resume: toggle("--resume", "continue the run in --output_dir from its latest checkpoint", false, { free: true }),
+} satisfies FlagTable;
+
+export type GrpoFlags = OptionsOf<typeof GRPO_FLAGS>;
+
+/** The script's command (its --help). */
+export const grpoCommand = () => commandOf("train-gsm8k-agent", "GRPO: teach the calculator agent from its own rollouts", GRPO_FLAGS);
