@@ -4,8 +4,9 @@
  *    npx tsx scripts/train-gsm8k-agent.ts --preset tiny --env http://127.0.0.1:36001 --max_turns 8
  *  Listens on 127.0.0.1 only. */
 import { Command } from "commander";
-import { parseChoice, parseIntArg, runMain, UsageError } from "../src/cli.ts";
+import { parseChoice, parseIntArg, runMain } from "../src/cli.ts";
 import { DIALECTS } from "../src/envs/agentgym.ts";
+import { parseFlags } from "../src/run/flags.ts";
 import { serveGuessNumber } from "../src/envs/guess-number.ts";
 
 const program = new Command()
@@ -17,12 +18,7 @@ const program = new Command()
   .configureOutput({ outputError: () => {} });
 
 await runMain(async () => {
-  try {
-    program.parse(process.argv);
-  } catch (err) {
-    if ((err as { exitCode?: number }).exitCode === 0) process.exit(0);
-    throw new UsageError((err as Error).message.replace(/^error: /, ""));
-  }
+  parseFlags(program, {}, process.argv); // commander errors → one-line usage error, --help → exit 0
   const o = program.opts();
   const server = await serveGuessNumber(o.port, o.dialect);
   process.stdout.write(`guess-number environment (${o.dialect} dialect) at ${server.url}\n`);

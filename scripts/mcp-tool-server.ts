@@ -6,6 +6,7 @@
  *  The served calculator gives the same text as the built-in one, so runs match. */
 import { Command } from "commander";
 import { runMain, parseIntArg, UsageError } from "../src/cli.ts";
+import { parseFlags } from "../src/run/flags.ts";
 import { serveHttp, serveStdio } from "../src/agents/mcp-serve.ts";
 import { getTool, listTools } from "../src/agents/registry.ts";
 import "../src/agents/calculator.ts";
@@ -20,12 +21,7 @@ const program = new Command()
   .configureOutput({ outputError: () => {} });
 
 await runMain(async () => {
-  try {
-    program.parse(process.argv);
-  } catch (err) {
-    if ((err as { exitCode?: number }).exitCode === 0) process.exit(0);
-    throw new UsageError((err as Error).message.replace(/^error: /, ""));
-  }
+  parseFlags(program, {}, process.argv); // commander errors → one-line usage error, --help → exit 0
   const o = program.opts();
   const tools = (o.tools as string).split(",").map((name) => {
     const tool = getTool(name.trim());
