@@ -2,11 +2,17 @@
  *  parallel, and each task's first observation (the same for its G instances: tasks are seeded).
  *  Used by the GRPO and eval runs with --env. Leaves out: reusing instances across steps. */
 import { UsageError } from "../cli.ts";
+import type { Task } from "../datasets/tasks.ts";
 import { agentGymEnvironments, type Dialect } from "./agentgym.ts";
 import type { Environment, EnvironmentFactory } from "./types.ts";
 
 export const ENV_SYSTEM_PROMPT =
   'You act in an environment. Read each observation and answer with one action, on a last line "Action: <action>".';
+
+/** An environment's first n tasks, data_idx 0..n-1: the id holds the index (the server has the task). */
+export function environmentTasks(n: number): Task[] {
+  return Array.from({ length: n }, (_, i) => ({ id: String(i), question: `task ${i}`, answer: "", gold: "" }));
+}
 
 export interface Episodes {
   envs: Environment[]; // envs[p·G + g]

@@ -6,21 +6,22 @@
  *  Interactive on a terminal (Ctrl-C stops a generation, twice at the prompt exits); with piped stdin
  *  one message per line, plain output, exit at EOF. Leaves out: history editing, multiple samples. */
 import * as readline from "node:readline";
-import { Command } from "commander";
 import { calculatorTool } from "../agents/calculator.ts";
 import { systemPromptFor } from "../agents/prompts.ts";
 import { openRunTools } from "../agents/toolset.ts";
 import type { Tool } from "../agents/types.ts";
-import { parseFloatArg, parseIntArg, UsageError } from "../cli.ts";
-import type { CausalLM, ChatMessage, Quantize, Tokenizer } from "../model/types.ts";
+import { UsageError } from "../cli.ts";
+import type { CausalLM, ChatMessage, Tokenizer } from "../model/types.ts";
 import { TINY_BASE_DIR } from "../presets/tiny.ts";
 import { rolloutGroups, stopTokenIds, type Trajectory } from "../rollout/rollout.ts";
 import { Rng } from "../util/rng.ts";
+import { CHAT_FLAGS, CHAT_HELP, chatCommand, TINY_CHAT_PRESET, type ChatFlags } from "./chat-flags.ts";
 import { TINY_EVAL_MODELS } from "./eval-run.ts";
-import { checkModelSource } from "./policy.ts";
-import { addModelOptions, addToolOptions, parseWithPreset, toolConfig } from "./options.ts";
-import { openPolicy } from "./policy.ts";
-import type { ThreadsSpec } from "../wasm-threads.ts";
+import { parseFlags } from "./flags.ts";
+import { toolConfig } from "./options.ts";
+import { checkModelSource, openPolicy } from "./policy.ts";
+
+export { CHAT_HELP, chatCommand };
 
 // ---------------------------------------------------------------- commands
 
@@ -32,8 +33,6 @@ export type ChatCommand =
   | { kind: "exit" }
   | { kind: "empty" }
   | { kind: "invalid"; message: string };
-
-export const CHAT_HELP = "commands: /reset (new conversation), /temp T (0 = greedy), /tools on|off, /exit";
 
 /** One input line → what to do. Anything not starting with "/" is a message to the model. */
 export function parseChatCommand(line: string): ChatCommand {
@@ -130,16 +129,11 @@ export class TokenStreamer {
 
 // ---------------------------------------------------------------- session
 
-export interface ChatOptions {
-  temperature: number;
-  topP: number;
-  maxNewTokens: number;
-  maxTurns: number;
-  toolsInPrompt: boolean;
-  seed: number;
+/** The session's settings, under the flags' names, and its open tools (default: the calculator). */
+export type ChatOptions = Pick<ChatFlags, "temperature" | "top_p" | "max_new_tokens" | "max_turns" | "tools_in_prompt" | "seed"> & {
   systemPrompt?: string;
   tools?: Tool[];
-}
+};
 
 /** The conversation and the settings the commands change. */
 export class ChatSession {
@@ -180,14 +174,14 @@ export class ChatSession {
     const conversation: ChatMessage[] = [...this.messages, { role: "user", content: text }];
     const [traj] = await rolloutGroups(this.model, this.tokenizer, [conversation], {
       samplesPerPrompt: 1,
-      maxNewTokens: this.o.maxNewTokens,
-      maxTurns: this.toolsOn ? this.o.maxTurns : 1, // tools off: the first turn is the answer
+      maxNewTokens: this.o.max_new_tokens,
+      maxTurns: this.toolsOn ? this.o.max_turns : 1, // tools off: the first turn is the answer
       temperature: this.temperature,
-      topP: this.o.topP,
+      topP: this.o.top_p,
       topK: 0,
       rng: this.rng,
       tools,
-      toolsInPrompt: this.toolsOn && this.o.toolsInPrompt,
+      toolsInPrompt: this.toolsOn && this.o.tools_in_prompt,
       onToken: (_row, id, forced) => streamer.push(id, forced),
       signal,
     });
@@ -199,60 +193,30 @@ export class ChatSession {
 
 // ---------------------------------------------------------------- flags and the loop
 
-export interface ChatRunConfig extends Omit<ChatOptions, "tools"> {
-  /** Tool specs (agents/toolset.ts; default calculator), per-call seconds, output cap. */
-  tools?: string[];
-  toolTimeout?: number;
-  toolMaxChars?: number;
-  modelPath: string;
-  adapter?: string;
-  quantize: Quantize;
-  backend: string;
-  threads?: ThreadsSpec; // wasm threads (default auto)
-  unpackBase?: boolean;
+/** The chat's configuration: the script's flags as parsed (chat-flags.ts), with the checkpoint a
+ *  preset picks settled in `model_path` and `quantize`. */
+export type ChatRunConfig = ChatFlags & {
   note?: string; // which checkpoint a preset picked, and why
-}
-
-export const TINY_CHAT_PRESET: Record<string, unknown> = { max_new_tokens: 160, max_turns: 5, tools_in_prompt: false };
-
-export function chatCommand(): Command {
-  const cmd = new Command()
-    .name("chat")
-    .description(`Chat with a checkpoint as a tool-using agent. ${CHAT_HELP}`)
-    .exitOverride()
-    .configureOutput({ outputError: () => {} });
-  addToolOptions(addModelOptions(cmd, { modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" }));
-  return cmd
-    .option("--adapter <dir>", "PEFT adapter folder to attach to --model_path")
-    .option("--temperature <t>", "sampling temperature; 0 = greedy (change with /temp)", parseFloatArg("temperature", 0, 10), 0)
-    .option("--top_p <p>", "nucleus sampling mass", parseFloatArg("top_p", 0, 1), 1)
-    .option("--max_new_tokens <n>", "token budget per reply over all turns, tool responses included", parseIntArg("max_new_tokens", 1), 512)
-    .option("--max_turns <n>", "assistant turns per reply (each tool call starts a new one)", parseIntArg("max_turns", 1), 8);
-}
+};
 
 /** argv → config; validates paths, writes nothing. `--preset tiny` picks the most trained tiny
  *  checkpoint that exists: RL (on its NF4 base), else SFT, else the base. */
 export async function parseChatArgs(argv: string[]): Promise<ChatRunConfig> {
-  const { preset, o, explicit } = parseWithPreset(chatCommand(), argv, { tiny: TINY_CHAT_PRESET });
-  let modelPath: string = o.model_path;
-  let quantize: Quantize = o.quantize;
-  let note: string | undefined;
-  if (preset === "tiny" && !explicit("model_path")) {
+  const { o, explicit } = parseFlags(chatCommand(), CHAT_FLAGS, argv, { tiny: TINY_CHAT_PRESET });
+  const cfg: ChatRunConfig = { ...o };
+  toolConfig(o); // a malformed --tools list is a usage error here
+  if (o.preset === "tiny" && !explicit("model_path")) {
     const fs = await import("node:fs");
     const order = [...TINY_EVAL_MODELS].reverse(); // rl, sft, base
     const pick = order.find((m) => fs.existsSync(m.modelPath));
     if (!pick) throw new UsageError(`--preset tiny: none of ${order.map((m) => m.modelPath).join(", ")} exists; run make-tiny-base first (base: ${TINY_BASE_DIR})`);
-    modelPath = pick.modelPath;
-    if (!explicit("quantize")) quantize = pick.quantize;
+    cfg.model_path = pick.modelPath;
+    if (!explicit("quantize")) cfg.quantize = pick.quantize;
     const missing = order.slice(0, order.indexOf(pick)).map((m) => m.name);
-    note = `tiny preset: chatting with ${pick.name} (${pick.modelPath}, quantize ${quantize})${missing.length ? `; not found: ${missing.join(", ")}` : ""}`;
+    cfg.note = `tiny preset: chatting with ${pick.name} (${pick.modelPath}, quantize ${cfg.quantize})${missing.length ? `; not found: ${missing.join(", ")}` : ""}`;
   }
-  await checkModelSource(modelPath, "--model_path", o.adapter);
-  return {
-    modelPath, adapter: o.adapter, quantize, backend: o.backend, threads: o.threads, unpackBase: o.unpack_base, note,
-    temperature: o.temperature, topP: o.top_p, maxNewTokens: o.max_new_tokens, maxTurns: o.max_turns,
-    toolsInPrompt: o.tools_in_prompt, seed: o.seed, ...toolConfig(o),
-  };
+  await checkModelSource(cfg.model_path, "--model_path", cfg.adapter);
+  return cfg;
 }
 
 export interface ChatIo {
@@ -266,7 +230,7 @@ export interface ChatIo {
 /** The REPL. Resolves when the user exits (/exit, Ctrl-C twice at the prompt, or end of input). */
 export async function runChat(cfg: ChatRunConfig, io: ChatIo): Promise<void> {
   if (cfg.note) io.err(cfg.note);
-  const toolSet = await openRunTools(cfg, io.err);
+  const toolSet = await openRunTools(toolConfig(cfg), io.err);
   try {
     io.err(`tools: ${toolSet.tools.map((t) => t.name).join(", ") || "(none)"}`);
     await chatLoop(cfg, io, toolSet.tools);
@@ -281,8 +245,7 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[]): Promise<
   const dim = (s: string) => `\x1b[2m${s}\x1b[0m`;
   // Notes about the session: dimmed in the terminal; on stderr when piped, so stdout holds only replies.
   const note = (s: string) => (interactive ? write(dim(`${s}\n`)) : io.err(s));
-  if (cfg.note) io.err(cfg.note);
-  const policy = await openPolicy({ modelPath: cfg.modelPath, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpackBase });
+  const policy = await openPolicy({ modelPath: cfg.model_path, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpack_base });
   const session = new ChatSession(policy.model, policy.tokenizer, { ...cfg, tools });
   const rl = readline.createInterface({ input: io.input, output: interactive ? io.output : undefined, terminal: interactive, prompt: "you> " });
   let generation: AbortController | null = null;
@@ -325,8 +288,8 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[]): Promise<
           const t = await session.send(c.text, write, generation.signal);
           io.onReply?.(t);
           if (t.finishReason === "aborted") note("(interrupted)");
-          else if (t.truncated) note(`(stopped at --max_new_tokens ${cfg.maxNewTokens})`);
-          else if (t.finishReason === "max_turns") note(`(stopped at --max_turns ${cfg.maxTurns})`);
+          else if (t.truncated) note(`(stopped at --max_new_tokens ${cfg.max_new_tokens})`);
+          else if (t.finishReason === "max_turns") note(`(stopped at --max_turns ${cfg.max_turns})`);
         } catch (err) {
           io.err(`error: ${(err as Error).message.split("\n")[0]}`);
         } finally {

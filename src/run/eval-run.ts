@@ -1,16 +1,19 @@
 /** The evaluation run behind scripts/eval.ts: flags → a validated config (nothing written yet) → each
- *  model opened, evaluated on the same held-out questions and disposed in turn → eval.json,
- *  samples-<name>.jsonl, report.html and a comparison table with paired improvements.
- *  `--preset tiny` compares the tiny base, its SFT output and its GRPO adapter, each quantized the way
- *  it runs in training; with `--model_path` it evaluates that model on the preset's questions instead. Leaves out: the accuracy math (evaluate.ts, stats.ts) and model loading
+ *  model opened, evaluated on the same held-out questions (or the episodes of an --env environment)
+ *  and disposed in turn → eval.json, samples-<name>.jsonl, report.html and a comparison table with
+ *  paired improvements. `--preset tiny` compares the tiny base, its SFT output and its GRPO adapter,
+ *  each quantized the way it runs in training; with `--model_path` it evaluates that model on the
+ *  preset's questions instead. Leaves out: the accuracy math (evaluate.ts, stats.ts) and model loading
  *  (policy.ts). */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { Command } from "commander";
-import { discardFailedRun, parseChoice, parseFloatArg, parseIntArg, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
 import type { Tool } from "../agents/types.ts";
 import { openRunTools } from "../agents/toolset.ts";
+import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { Task } from "../datasets/tasks.ts";
+import { environmentTasks, openEnvironmentServer } from "../envs/episodes.ts";
+import type { EnvironmentFactory } from "../envs/types.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
 import { writeEvalReport, type EvalRow } from "../trainer/report.ts";
@@ -19,10 +22,13 @@ import { createProgress } from "../trainer/progress.ts";
 import { meanCI, type Interval } from "../trainer/stats.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { checkDataset, loadExamples, type Purpose } from "./data.ts";
+import { EVAL_FLAGS, evalCommand, TINY_EVAL_PRESET, type EvalFlags } from "./eval-flags.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
-import { addModelOptions, addToolOptions, parseWithPreset, QUANTIZE_CHOICES, toolConfig } from "./options.ts";
+import { defaultsOf, parseFlags } from "./flags.ts";
+import { toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
-import type { ThreadsSpec } from "../wasm-threads.ts";
+
+export { evalCommand, TINY_EVAL_PRESET };
 
 export interface EvalModelSpec {
   name: string; // used in the table and in samples-<name>.jsonl
@@ -31,42 +37,17 @@ export interface EvalModelSpec {
   quantize: Quantize;
 }
 
-export interface EvalRunConfig {
+/** The evaluation's configuration: the script's flags as parsed (eval-flags.ts), with what they leave
+ *  open settled once: the output folder, the models (from --model_path/--adapter/--baseline or the
+ *  preset) and the pairs compared. eval.json and the report hold it as it is. */
+export type EvalRunConfig = EvalFlags & {
+  output_dir: string;
   models: EvalModelSpec[];
   /** [model, baseline] name pairs: the paired strict-accuracy difference model − baseline. */
   compare: Array<[string, string]>;
   /** Models a preset lists that do not exist (yet): reported, not evaluated. */
   skipped: Array<{ name: string; path: string }>;
-  dataset: string;
-  split: "test" | "train";
-  maxSamples?: number;
-  synthetic?: typeof TINY_PROBLEMS;
-  samplesPerPrompt: number;
-  temperature: number;
-  batchSize: number;
-  maxNewTokens: number;
-  maxTurns: number;
-  toolsInPrompt: boolean;
-  /** Tool specs (agents/toolset.ts; default calculator), per-call seconds, output cap. */
-  tools?: string[];
-  toolTimeout?: number;
-  toolMaxChars?: number;
-  seed: number;
-  backend: string;
-  threads?: ThreadsSpec; // wasm threads (default auto)
-  unpackBase?: boolean;
-  outputDir: string;
-  overwrite: boolean;
-}
-
-/** What `--preset tiny` sets (explicit flags still win). */
-export const TINY_EVAL_PRESET: Record<string, unknown> = {
-  dataset: "synthetic",
-  max_samples: 200,
-  max_new_tokens: 160,
-  max_turns: 5,
-  tools_in_prompt: false,
-  batch_size: 16,
+  synthetic?: Omit<SyntheticOptions, "n" | "seed">; // the preset's problems with --preset tiny
 };
 
 /** The three tiny checkpoints, in training order, each quantized the way it ran: base and SFT in f32,
@@ -78,40 +59,6 @@ export const TINY_EVAL_MODELS: ReadonlyArray<EvalModelSpec> = [
   { name: "rl", modelPath: path.join(TINY_OUTPUT_DIR, "grpo", "final"), quantize: "nf4" },
 ];
 
-export function evalCommand(): Command {
-  const cmd = new Command()
-    .name("eval")
-    .description("Accuracy of one or more checkpoints on held-out GSM8K-format questions or a task file, with the --tools tools")
-    .exitOverride()
-    .configureOutput({ outputError: () => {} }); // runMain prints the one error line
-  addToolOptions(addModelOptions(cmd, { modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" }));
-  return cmd
-    .option("--adapter <dir>", "PEFT adapter folder to attach to --model_path")
-    .option("--baseline <path>", "also evaluate this model or adapter folder on the same questions and print the paired improvement")
-    .option("--quantize_for <name=kind,...>", "per-model quantization overriding --quantize, e.g. rl=int8 (names as in the table)", parseQuantizeFor)
-    .option("--dataset <name>", "gsm8k, synthetic, a GSM8K .jsonl/.parquet path or folder, or a task .jsonl ({id, query, answer, scorer?, answer_schema?})", "gsm8k")
-    .option("--split <name>", "test (held out) or train (synthetic: the RL stream)", parseChoice("split", ["test", "train"] as const), "test")
-    .option("--max_samples <n>", "questions to evaluate (default: all of GSM8K's split, 500 synthetic)", parseIntArg("max_samples", 1))
-    .option("--samples_per_prompt <k>", "samples per question: pass@1 is estimated from all k, and pass@k is reported", parseIntArg("samples_per_prompt", 1), 1)
-    .option("--temperature <t>", "sampling temperature; 0 = greedy (then k must be 1)", parseFloatArg("temperature", 0, 10), 0)
-    .option("--batch_size <n>", "questions per decode batch (each with k rows)", parseIntArg("batch_size", 1), 8)
-    .option("--max_new_tokens <n>", "token budget per rollout over all turns, tool responses included", parseIntArg("max_new_tokens", 1), 512)
-    .option("--max_turns <n>", "assistant turns per rollout", parseIntArg("max_turns", 1), 8)
-    .option("--output_dir <dir>", "where eval.json, samples-*.jsonl and report.html go (default outputs/<model name>/eval; tiny: outputs/tiny/eval)")
-    .option("--overwrite", "replace an earlier evaluation in --output_dir", false);
-}
-
-function parseQuantizeFor(value: string): Record<string, Quantize> {
-  const out: Record<string, Quantize> = {};
-  for (const item of value.split(",")) {
-    const m = /^\s*([\w.-]+)\s*=\s*(\w+)\s*$/.exec(item);
-    if (!m || !(QUANTIZE_CHOICES as readonly string[]).includes(m[2]))
-      throw new UsageError(`--quantize_for ${JSON.stringify(value)}: expected name=kind pairs separated by commas, kind one of ${QUANTIZE_CHOICES.join(", ")}`);
-    out[m[1]] = m[2] as Quantize;
-  }
-  return out;
-}
-
 const exists = (p: string) => fs.stat(p).then(() => true, () => false);
 
 /** A name safe in a file name: Qwen/Qwen2.5-0.5B → Qwen2.5-0.5B. */
@@ -122,16 +69,21 @@ export function modelName(p: string): string {
 
 /** argv → a validated config. Writes nothing; every usage error is thrown from here. */
 export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
-  const { preset, o, explicit } = parseWithPreset(evalCommand(), argv, { tiny: TINY_EVAL_PRESET });
-  const tools = toolConfig(o);
+  const { o, explicit } = parseFlags(evalCommand(), EVAL_FLAGS, argv, { tiny: TINY_EVAL_PRESET });
+  return settleEvalConfig(o, explicit);
+}
+
+/** The flags with the models, comparisons and output folder settled and every value checked.
+ *  `explicit(flag)`: whether the user gave it (default: it differs from the flag's default). */
+export async function settleEvalConfig(o: EvalFlags, explicit: (flag: string) => boolean = (k) => o[k as keyof EvalFlags] !== defaultsOf(EVAL_FLAGS)[k as keyof EvalFlags]): Promise<EvalRunConfig> {
+  toolConfig(o); // a malformed --tools list is a usage error here
   if (o.samples_per_prompt > 1 && o.temperature === 0)
     throw new UsageError(`--samples_per_prompt ${o.samples_per_prompt} with --temperature 0: greedy samples are identical; use a temperature > 0 or k = 1`);
-  const quantizeFor: Record<string, Quantize> = o.quantize_for ?? {};
-
+  const tiny = o.preset === "tiny" && !explicit("model_path");
   const models: EvalModelSpec[] = [];
   const skipped: EvalRunConfig["skipped"] = [];
   const compare: Array<[string, string]> = [];
-  if (preset === "tiny" && !explicit("model_path")) {
+  if (tiny) {
     if (o.adapter || o.baseline)
       throw new UsageError(`--preset tiny without --model_path evaluates its own base, sft and rl checkpoints; name the model with --model_path to use --adapter/--baseline`);
     for (const m of TINY_EVAL_MODELS) {
@@ -158,33 +110,19 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
     }
     models.push({ name, modelPath: o.model_path, adapter: o.adapter, quantize: o.quantize });
   }
-  for (const [n, q] of Object.entries(quantizeFor)) {
+  for (const [n, q] of Object.entries(o.quantize_for ?? {})) {
     const m = models.find((x) => x.name === n);
     if (!m && !skipped.some((s) => s.name === n))
       throw new UsageError(`--quantize_for ${n}=${q}: no model named ${n}; models: ${models.map((x) => x.name).join(", ")}`);
     if (m) m.quantize = q;
   }
-  await checkDataset(o.dataset);
-  const outputDir = o.output_dir ?? (preset === "tiny" && !explicit("model_path") ? path.join(TINY_OUTPUT_DIR, "eval") : path.join("outputs", models[models.length - 1].name, "eval"));
+  if (o.env && !/^https?:\/\/[^/]/.test(o.env)) throw new UsageError(`--env ${o.env}: expected an http(s) URL of an AgentGym environment server`);
+  if (!o.env) await checkDataset(o.dataset);
   return {
+    ...o,
+    output_dir: o.output_dir ?? (tiny ? path.join(TINY_OUTPUT_DIR, "eval") : path.join("outputs", models[models.length - 1].name, "eval")),
     models, compare, skipped,
-    dataset: o.dataset,
-    split: o.split,
-    maxSamples: o.max_samples,
-    synthetic: preset === "tiny" ? TINY_PROBLEMS : undefined,
-    samplesPerPrompt: o.samples_per_prompt,
-    temperature: o.temperature,
-    batchSize: o.batch_size,
-    maxNewTokens: o.max_new_tokens,
-    maxTurns: o.max_turns,
-    toolsInPrompt: o.tools_in_prompt,
-    ...tools,
-    seed: o.seed,
-    backend: o.backend,
-    threads: o.threads,
-    unpackBase: o.unpack_base,
-    outputDir,
-    overwrite: o.overwrite,
+    synthetic: o.preset === "tiny" ? TINY_PROBLEMS : undefined,
   };
 }
 
@@ -214,9 +152,11 @@ export function formatImprovement(model: string, baseline: string, d: Interval &
 /** The comparison table, one row per model, columns padded to line up. */
 export function formatEvalTable(results: Array<{ name: string; result: EvalResult }>): string {
   const k = Math.max(1, ...results.map((r) => r.result.k));
-  const head = ["model", "strict acc [95% CI]", "lenient acc", `pass@${k}`, "format", "tools/rollout"];
+  const env = results.some((r) => r.result.envReward !== undefined); // episodes: success and mean reward
+  const head = ["model", "strict acc [95% CI]", "lenient acc", `pass@${k}`, "format", env ? "env reward" : "tools/rollout"];
   const rows = results.map(({ name, result: r }) => [
-    name, `${f3(r.strict.value)} [${f3(r.strict.lo)}, ${f3(r.strict.hi)}]`, f3(r.lenient.value), f3(r.passAtK), f3(r.formatValid), r.toolCallsPerRollout.toFixed(2),
+    name, `${f3(r.strict.value)} [${f3(r.strict.lo)}, ${f3(r.strict.hi)}]`, f3(r.lenient.value), f3(r.passAtK), f3(r.formatValid),
+    env ? f3(r.envReward ?? 0) : r.toolCallsPerRollout.toFixed(2),
   ]);
   const widths = head.map((h, c) => Math.max(h.length, ...rows.map((r) => r[c].length)));
   const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i])).join(" | ").trimEnd();
@@ -230,21 +170,24 @@ function summaryOf(r: EvalResult): EvalSummaryOnly {
   return rest;
 }
 
-/** How questions are asked and answers sampled: everything of an evaluation but the models and data. */
-export type EvalProtocol = Pick<EvalRunConfig, "samplesPerPrompt" | "temperature" | "batchSize" | "maxNewTokens" | "maxTurns" | "toolsInPrompt" | "tools" | "toolTimeout" | "toolMaxChars" | "seed" | "backend" | "threads" | "unpackBase">;
+/** How questions are asked and answers sampled: everything of an evaluation but the models and data,
+ *  under the flags' names (a grading server fixes it per scenario). */
+export type EvalProtocol = Pick<EvalFlags, "samples_per_prompt" | "temperature" | "batch_size" | "max_new_tokens" | "max_turns" | "tools_in_prompt" | "seed" | "backend">
+  & Partial<Pick<EvalFlags, "tools" | "tool_timeout" | "tool_max_chars" | "threads" | "unpack_base">>;
 
 /** One model opened, evaluated on `examples` and disposed again, so only one is in memory at a time.
  *  `onProgress` runs after each batch; an error it throws abandons the evaluation at that point.
- *  `tools` are the run's open tool set; without it the protocol's tools are opened for this call. */
-export async function evaluateModel(spec: EvalModelSpec, examples: Task[], p: EvalProtocol, onProgress?: (done: number, total: number) => void, tools?: Tool[]): Promise<EvalResult> {
-  const own = tools ? null : await openRunTools(p);
+ *  `run.tools` are the run's open tool set (without it the protocol's tools are opened for this call);
+ *  with `run.envs` the examples are that environment's tasks and no tools are offered. */
+export async function evaluateModel(spec: EvalModelSpec, examples: Task[], p: EvalProtocol, onProgress?: (done: number, total: number) => void, run: { tools?: Tool[]; envs?: EnvironmentFactory } = {}): Promise<EvalResult> {
+  const own = run.tools || run.envs ? null : await openRunTools(toolConfig(p));
   try {
-    const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: p.seed, backend: p.backend, threads: p.threads, unpackBase: p.unpackBase });
+    const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: p.seed, backend: p.backend, threads: p.threads, unpackBase: p.unpack_base });
     try {
       return await evaluate(policy.model, policy.tokenizer, examples, {
-        samplesPerPrompt: p.samplesPerPrompt, temperature: p.temperature, batchSize: p.batchSize,
-        maxNewTokens: p.maxNewTokens, maxTurns: p.maxTurns, toolsInPrompt: p.toolsInPrompt, seed: p.seed,
-        tools: tools ?? own!.tools, onProgress,
+        samplesPerPrompt: p.samples_per_prompt, temperature: p.temperature, batchSize: p.batch_size,
+        maxNewTokens: p.max_new_tokens, maxTurns: p.max_turns, toolsInPrompt: p.tools_in_prompt, seed: p.seed,
+        tools: run.tools ?? own?.tools ?? [], envs: run.envs, onProgress,
       });
     } finally {
       policy.model.dispose();
@@ -261,6 +204,7 @@ export function samplesJsonl(result: EvalResult): string {
     samples: q.samples.map((s) => ({
       text: s.text, finalText: s.finalText, strict: s.strict, lenient: s.lenient, formatValid: s.formatValid,
       toolCalls: s.toolCalls, toolErrors: s.toolErrors, parseErrors: s.parseErrors, truncated: s.truncated, turns: s.turns,
+      ...(s.envReward !== undefined ? { envReward: s.envReward } : {}), ...(s.envError ? { envError: s.envError } : {}),
     })),
   }));
   return lines.join("\n") + "\n";
@@ -277,37 +221,41 @@ export interface EvalRunIo {
 }
 
 export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => process.stdout.write(l + "\n") }): Promise<EvalRunOutput> {
+  const log = (line: string) => process.stderr.write(line + "\n");
+  // Environment and tool servers are checked before the output folder is touched: one that does not
+  // answer is a usage error.
+  const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.env_dialect, timeoutMs: cfg.tool_timeout * 1000, maxChars: cfg.tool_max_chars }) : undefined;
   const purpose: Purpose = cfg.split === "test" ? "eval" : "rl";
-  const examples: Task[] = await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.maxSamples, synthetic: cfg.synthetic });
+  const examples: Task[] = envs ? environmentTasks(cfg.max_samples ?? 100) : await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.max_samples, synthetic: cfg.synthetic });
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset} --split ${cfg.split}: no questions to evaluate`);
-  // Tool servers start before the output folder is touched: one that cannot start is a usage error.
-  const toolSet = await openRunTools(cfg, (line) => process.stderr.write(line + "\n"));
+  const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(toolConfig(cfg), log);
   try {
-    return await evaluateModels(cfg, io, examples, toolSet.tools);
+    return await evaluateModels(cfg, io, examples, { tools: toolSet.tools, envs });
   } finally {
     await toolSet.close();
   }
 }
 
-async function evaluateModels(cfg: EvalRunConfig, io: EvalRunIo, examples: Task[], tools: Tool[]): Promise<EvalRunOutput> {
-  await prepareOutputDir(cfg.outputDir, { overwrite: cfg.overwrite, runKind: "eval" });
+async function evaluateModels(cfg: EvalRunConfig, io: EvalRunIo, examples: Task[], run: { tools: Tool[]; envs?: EnvironmentFactory }): Promise<EvalRunOutput> {
+  await prepareOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "eval" });
   // An evaluation cannot be continued: if it fails, what it wrote goes, so the command can be rerun.
   try {
-    await writeRunConfig(cfg.outputDir, cfg, "eval");
+    await writeRunConfig(cfg.output_dir, cfg, "eval");
     for (const s of cfg.skipped) io.out(`note: ${s.name} skipped: ${s.path} does not exist`);
 
     const results: EvalRunOutput["results"] = [];
+    const what = run.envs ? `${examples.length} episodes of ${cfg.env}` : `${examples.length} questions`;
     for (const spec of cfg.models) {
-      io.out(`${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${examples.length} questions × ${cfg.samplesPerPrompt}`);
+      io.out(`${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${what} × ${cfg.samples_per_prompt}`);
       const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
       let result: EvalResult;
       try {
-        result = await evaluateModel(spec, examples, cfg, (done) => bar?.update(done), tools);
+        result = await evaluateModel(spec, examples, cfg, (done) => bar?.update(done), run);
       } finally {
         bar?.stop();
       }
       io.out(`${spec.name}: ${formatEvalLine(result)}`);
-      await writeFileAtomic(path.join(cfg.outputDir, `samples-${spec.name}.jsonl`), samplesJsonl(result));
+      await writeFileAtomic(path.join(cfg.output_dir, `samples-${spec.name}.jsonl`), samplesJsonl(result));
       results.push({ spec, result });
     }
 
@@ -318,31 +266,34 @@ async function evaluateModels(cfg: EvalRunConfig, io: EvalRunIo, examples: Task[
     for (const d of improvements) io.out(formatImprovement(d.model, d.baseline, d));
 
     const models = results.map(({ spec, result }) => ({ ...spec, ...summaryOf(result) }));
-    await writeFileAtomic(path.join(cfg.outputDir, "eval.json"), JSON.stringify({ config: cfg, models, improvements }, null, 2) + "\n");
+    await writeFileAtomic(path.join(cfg.output_dir, "eval.json"), JSON.stringify({ config: cfg, models, improvements }, null, 2) + "\n");
     await writeEvalRunReport(cfg, results.map(({ spec, result }) => ({ spec, summary: summaryOf(result), questions: result.questions })), improvements);
     return { results, improvements };
   } catch (err) {
-    await discardFailedRun(cfg.outputDir);
+    await discardFailedRun(cfg.output_dir);
     throw err;
   } finally {
-    releaseOutputDir(cfg.outputDir);
+    releaseOutputDir(cfg.output_dir);
   }
 }
 
 /** report.html of an evaluation: the accuracy table and chart, and every model's transcripts per
  *  question with a filter for each compared pair. */
 async function writeEvalRunReport(
-  cfg: Pick<EvalRunConfig, "dataset" | "split" | "models" | "compare" | "outputDir">,
+  cfg: Pick<EvalRunConfig, "dataset" | "split" | "env" | "models" | "compare" | "output_dir">,
   results: Array<{ spec: EvalModelSpec; summary: EvalSummaryOnly; questions: ModelQuestions["questions"] }>,
   improvements: EvalRunOutput["improvements"],
 ): Promise<string> {
   const rows: EvalRow[] = results.map(({ spec, summary: r }) => ({
     name: spec.name, n: r.strict.total, correct: r.strict.correct, interval: r.strict,
     passAtK: { [r.k]: r.passAtK },
-    extra: { lenient: Number(f3(r.lenient.value)), format: Number(f3(r.formatValid)), "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)), quantize: spec.quantize },
+    extra: {
+      lenient: Number(f3(r.lenient.value)), format: Number(f3(r.formatValid)), "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)),
+      ...(r.envReward !== undefined ? { "env reward": Number(f3(r.envReward)) } : {}), quantize: spec.quantize,
+    },
   }));
-  return writeEvalReport(path.join(cfg.outputDir, "report.html"), {
-    title: `Evaluation on ${cfg.dataset} (${cfg.split})`,
+  return writeEvalReport(path.join(cfg.output_dir, "report.html"), {
+    title: cfg.env ? `Evaluation on the environment ${cfg.env}` : `Evaluation on ${cfg.dataset} (${cfg.split})`,
     rows,
     questions: results.map(({ spec, questions }) => ({ name: spec.name, questions })),
     compare: cfg.compare,
@@ -362,5 +313,5 @@ export async function rewriteEvalReport(dir: string): Promise<string> {
     const lines = (await fs.readFile(path.join(dir, `samples-${m.name}.jsonl`), "utf8").catch(() => "")).split("\n").filter((l) => l.trim());
     results.push({ spec: m, summary: m, questions: lines.map((l) => JSON.parse(l) as ModelQuestions["questions"][number]) });
   }
-  return writeEvalRunReport({ ...saved.config, outputDir: dir }, results, saved.improvements);
+  return writeEvalRunReport({ ...saved.config, output_dir: dir }, results, saved.improvements);
 }

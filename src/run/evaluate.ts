@@ -2,12 +2,17 @@
  *  0), strict accuracy (the answer in the task's schema, \boxed{} by default, as SFT teaches) and
  *  lenient accuracy (the last number of the final text) separately — most early gains on GSM8K are
  *  format learning — plus pass@k, tool-call statistics and the format validity of the rollouts.
- *  Correct and well formed mean what they mean for the reward: both come from judgeRollout. */
+ *  Correct and well formed mean what they mean for the reward: both come from judgeRollout.
+ *  Against an environment (--env) each task is an episode: strict = success (the episode's reward
+ *  reaches 1, AgentGym's success rate), lenient = any reward, well formed = ended by the environment;
+ *  the mean episode reward is reported beside them. */
 import * as path from "node:path";
 import type { Tool } from "../agents/types.ts";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import type { AnswerSchema } from "../datasets/answer.ts";
 import type { Task } from "../datasets/tasks.ts";
+import { ENV_SYSTEM_PROMPT, openEpisodes } from "../envs/episodes.ts";
+import type { EnvironmentFactory } from "../envs/types.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import type { TurnRecord } from "../rollout/types.ts";
@@ -29,6 +34,8 @@ export interface EvalOptions {
   /** Default answer schema for tasks that name none (default boxed). */
   answerSchema?: AnswerSchema;
   tools: Tool[];
+  /** Roll out against this environment instead: each task's id is its data_idx. */
+  envs?: EnvironmentFactory;
   onProgress?: (done: number, total: number) => void;
 }
 
@@ -43,6 +50,8 @@ export interface EvalSample {
   parseErrors: number;
   truncated: boolean;
   turns: TurnRecord[]; // the same conversation, structured (the reports draw it)
+  envReward?: number; // the episode's summed reward (with an environment)
+  envError?: string; // why the environment ended the episode early
 }
 
 export interface EvalQuestion {
@@ -62,6 +71,7 @@ export interface EvalResult {
   toolCallsPerRollout: number;
   toolErrorRate: number; // failed calls / calls
   truncatedRate: number;
+  envReward?: number; // mean episode reward (with an environment)
   seconds: number;
   questions: EvalQuestion[];
 }
@@ -89,27 +99,57 @@ export function judge(t: Trajectory, task: Task, defaultSchema: AnswerSchema = "
   };
 }
 
+/** An episode against an environment: success is a summed reward of at least 1. */
+export function judgeEpisode(t: Trajectory): EvalSample {
+  const reward = t.envReward ?? 0;
+  return {
+    finalText: t.finalText,
+    text: t.turns.map((turn) => [turn.text, ...(turn.observation !== undefined ? [`[observation → ${turn.observation}]`] : [])].join("\n")).join("\n"),
+    strict: reward >= 1,
+    lenient: reward > 0,
+    formatValid: t.finishReason === "stop",
+    toolCalls: 0,
+    toolErrors: 0,
+    parseErrors: 0,
+    truncated: t.truncated,
+    turns: t.turns,
+    envReward: reward,
+    ...(t.envError ? { envError: t.envError } : {}),
+  };
+}
+
 export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: Task[], o: EvalOptions): Promise<EvalResult> {
   const t0 = Date.now();
   const schema = o.answerSchema ?? "boxed";
   const questions: EvalQuestion[] = [];
   for (let i = 0; i < examples.length; i += o.batchSize) {
     const batch = examples.slice(i, i + o.batchSize);
-    const prompts = batch.map((ex) => toPrompt(ex.question, systemPromptFor(o.tools, ex.answerSchema ?? schema)));
-    const trajs = await rolloutGroups(model, tokenizer, prompts, {
-      samplesPerPrompt: o.samplesPerPrompt,
-      maxNewTokens: o.maxNewTokens,
-      maxTurns: o.maxTurns,
-      temperature: o.temperature,
-      topP: o.topP ?? 1,
-      topK: 0,
-      rng: new Rng(o.seed + i), // per batch: the same question gets the same draws however batches run
-      tools: o.tools,
-      toolsInPrompt: o.toolsInPrompt,
-    });
+    // With an environment, a task's prompt is its first observation and each row acts in its own instance.
+    const episodes = o.envs ? await openEpisodes(o.envs, batch.map((ex) => Number(ex.id)), o.samplesPerPrompt) : null;
+    let trajs: Trajectory[];
+    try {
+      const prompts = episodes
+        ? episodes.observations.map((obs) => toPrompt(obs, ENV_SYSTEM_PROMPT))
+        : batch.map((ex) => toPrompt(ex.question, systemPromptFor(o.tools, ex.answerSchema ?? schema)));
+      trajs = await rolloutGroups(model, tokenizer, prompts, {
+        samplesPerPrompt: o.samplesPerPrompt,
+        maxNewTokens: o.maxNewTokens,
+        maxTurns: o.maxTurns,
+        temperature: o.temperature,
+        topP: o.topP ?? 1,
+        topK: 0,
+        rng: new Rng(o.seed + i), // per batch: the same question gets the same draws however batches run
+        tools: episodes ? [] : o.tools,
+        toolsInPrompt: o.toolsInPrompt,
+        envs: episodes?.envs,
+      });
+    } finally {
+      await episodes?.close();
+    }
     batch.forEach((ex, b) => {
-      const samples = trajs.filter((t) => t.promptIndex === b).map((t) => judge(t, ex, schema));
-      questions.push({ id: ex.id, question: ex.question, gold: ex.gold, samples });
+      const samples = trajs.filter((t) => t.promptIndex === b).map((t) => (episodes ? judgeEpisode(t) : judge(t, ex, schema)));
+      const question = episodes ? episodes.observations[b] : ex.question;
+      questions.push({ id: ex.id, question, gold: ex.gold, samples });
     });
     o.onProgress?.(Math.min(i + o.batchSize, examples.length), examples.length);
   }
@@ -134,6 +174,7 @@ export function summarize(questions: EvalQuestion[], k: number, seconds: number)
     toolCallsPerRollout: all.length ? calls / all.length : 0,
     toolErrorRate: calls ? errors / calls : 0,
     truncatedRate: all.length ? count((s) => s.truncated) / all.length : 0,
+    ...(all.some((s) => s.envReward !== undefined) ? { envReward: mean(all.map((s) => s.envReward ?? 0)) } : {}),
     seconds,
     questions,
   };
@@ -144,7 +185,7 @@ export function formatEvalLine(r: EvalResult): string {
   const pct = (x: number) => x.toFixed(3);
   return (
     `strict ${pct(r.strict.value)} [${pct(r.strict.lo)}, ${pct(r.strict.hi)}] | lenient ${pct(r.lenient.value)} | ` +
-    `format ${pct(r.formatValid)} | tools ${r.toolCallsPerRollout.toFixed(2)}/rollout | tool errors ${pct(r.toolErrorRate)} | ` +
+    `format ${pct(r.formatValid)} | ${r.envReward !== undefined ? `env reward ${pct(r.envReward)}` : `tools ${r.toolCallsPerRollout.toFixed(2)}/rollout | tool errors ${pct(r.toolErrorRate)}`} | ` +
     `n ${r.n}×${r.k} | ${r.seconds.toFixed(1)} s`
   );
 }

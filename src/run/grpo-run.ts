@@ -9,7 +9,7 @@ import * as path from "node:path";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { ENV_SYSTEM_PROMPT, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
+import { ENV_SYSTEM_PROMPT, environmentTasks, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig } from "../model/types.ts";
@@ -99,25 +99,19 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
     throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
   // Tool and environment servers are checked before the run folder is touched: one that does not
   // answer is a usage error.
-  const tc = toolConfig(cfg);
-  const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.env_dialect, timeoutMs: tc.toolTimeout * 1000, maxChars: tc.toolMaxChars }) : null;
+  const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.env_dialect, timeoutMs: cfg.tool_timeout * 1000, maxChars: cfg.tool_max_chars }) : null;
   // Held-out questions never include a training row; the split is logged and kept in run.json.
   const { train: examples, heldOut, split } = envs
-    ? { train: envTasks(cfg.max_samples ?? 100), heldOut: [] as Task[], split: `environment ${cfg.env}: data_idx 0-${(cfg.max_samples ?? 100) - 1}; none held out` }
+    ? { train: environmentTasks(cfg.max_samples ?? 100), heldOut: [] as Task[], split: `environment ${cfg.env}: data_idx 0-${(cfg.max_samples ?? 100) - 1}; none held out` }
     : await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.max_samples, synthetic: cfg.synthetic }, cfg.eval_samples);
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   log(`data: ${split}`);
-  const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(tc, log);
+  const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(toolConfig(cfg), log);
   try {
     return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs, rewardWeights });
   } finally {
     await toolSet.close();
   }
-}
-
-/** An environment's tasks are its data_idx values; the id holds the index. */
-function envTasks(n: number): Task[] {
-  return Array.from({ length: n }, (_, i) => ({ id: String(i), question: `task ${i}`, answer: "", gold: "" }));
 }
 
 async function train(

@@ -59,21 +59,20 @@ export function toolFlags() {
   } satisfies FlagTable;
 }
 
-export function addToolOptions(cmd: Command): Command {
-  return addFlags(cmd, toolFlags());
-}
+const ENV_HELP = "roll out against an AgentGym HTTP environment server instead of a dataset: each assistant turn is an action (its last \"Action:\" line), the environment's reward is the reward component env";
 
-/** --env URL and --env_dialect: roll out against an AgentGym environment server (GRPO). */
-export function envFlags() {
+/** --env URL and --env_dialect: roll out against an AgentGym environment server (GRPO, eval; `help`
+ *  says what the script does with it). */
+export function envFlags(help = ENV_HELP) {
   return {
-    env: optional("--env <url>", "roll out against an AgentGym HTTP environment server instead of a dataset: each assistant turn is an action (its last \"Action:\" line), the environment's reward is the reward component env"),
+    env: optional("--env <url>", help),
     env_dialect: flag("--env_dialect <kind>", "the server's API: id (TextCraft, BabyAI, ALFWorld, SciWorld) or env_idx (WebShop, SQLGym)", parseChoice("env_dialect", DIALECTS), "id" as Dialect),
   } satisfies FlagTable;
 }
 
 /** --tools/--tool_timeout/--tool_max_chars as the tool-set options of every run. */
-export function toolConfig(o: { tools?: unknown; tool_timeout?: unknown; tool_max_chars?: unknown }): { tools: string[]; toolTimeout: number; toolMaxChars: number } {
-  return { tools: splitToolSpecs(o.tools as string), toolTimeout: o.tool_timeout as number, toolMaxChars: o.tool_max_chars as number };
+export function toolConfig(o: { tools?: string; tool_timeout?: number; tool_max_chars?: number }): { tools: string[]; toolTimeout?: number; toolMaxChars?: number } {
+  return { tools: splitToolSpecs(o.tools ?? "calculator"), toolTimeout: o.tool_timeout, toolMaxChars: o.tool_max_chars };
 }
 
 /** LoRA flags shared by SFT and GRPO. */
@@ -116,7 +115,7 @@ export function defaultOutputDir(modelPath: string, stage: string): string {
   return `outputs/${name}/${stage}`;
 }
 
-/** Parse argv for a command built outside a flag table (eval, chat): commander errors become
+/** Parse argv for a command built outside a flag table (serve, report): commander errors become
  *  UsageError, --help exits 0, the preset fills the flags not given. */
 export function parseWithPreset(cmd: Command, argv: string[], presets: Partial<Record<PresetName, Record<string, unknown>>>) {
   const { preset, o, explicit } = parseFlags<FlagTable, PresetName>(cmd, {}, argv, presets);

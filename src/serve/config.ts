@@ -39,9 +39,10 @@ export function serveCommand(): Command {
 /** argv → ServeOptions (log goes to stderr). */
 export async function parseServeArgs(argv: string[], log: (line: string) => void = (l) => process.stderr.write(l + "\n")): Promise<ServeOptions> {
   const { o } = parseWithPreset(serveCommand(), argv, {});
+  // The protocol flags have the protocol's names.
   const overrides: Partial<ScenarioProtocol> = {
-    maxSamples: o.max_samples, samplesPerPrompt: o.samples_per_prompt, temperature: o.temperature, batchSize: o.batch_size,
-    maxNewTokens: o.max_new_tokens, maxTurns: o.max_turns, quantize: o.quantize, backend: o.backend, threads: o.threads, seed: o.seed,
+    max_samples: o.max_samples, samples_per_prompt: o.samples_per_prompt, temperature: o.temperature, batch_size: o.batch_size,
+    max_new_tokens: o.max_new_tokens, max_turns: o.max_turns, quantize: o.quantize, backend: o.backend, threads: o.threads, seed: o.seed,
   };
   if ((o.samples_per_prompt ?? 1) > 1 && !(o.temperature > 0))
     throw new UsageError(`--samples_per_prompt ${o.samples_per_prompt} with a greedy evaluation: the samples would be identical; add --temperature > 0`);

@@ -98,7 +98,7 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
       baseline_score: b.score,
       baseline: { status: b.status, score: b.score, source: b.record?.set ? "set" : "computed", computed: b.record?.computed ?? null, set: b.record?.set ?? null, ...(b.error ? { error: b.error } : {}) },
       metric: "strict_accuracy",
-      evaluation: describeProtocol(s, s.protocol.maxSamples ?? null),
+      evaluation: describeProtocol(s, s.protocol.max_samples ?? null),
       time: { timeout_s: grader.runMeta.timeout_s, remaining: grader.remaining() },
     };
   };

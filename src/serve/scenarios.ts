@@ -12,7 +12,8 @@ import { cachedSnapshot } from "../model/hub.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS, TINY_SEEDS } from "../presets/tiny.ts";
 import { loadExamples } from "../run/data.ts";
-import { TINY_EVAL_PRESET, type EvalProtocol } from "../run/eval-run.ts";
+import { TINY_EVAL_PRESET } from "../run/eval-flags.ts";
+import type { EvalProtocol } from "../run/eval-run.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { hubCacheDirs, isHubId } from "../util/hf-hub.ts";
 
@@ -24,9 +25,9 @@ export type ScenarioId = (typeof SCENARIO_IDS)[number];
 export interface ScenarioProtocol extends EvalProtocol {
   dataset: string; // as run/data.ts reads it: "synthetic", "gsm8k", or a GSM8K-format path
   split: "test";
-  maxSamples?: number; // n; undefined: the whole split
+  max_samples?: number; // n; undefined: the whole split
   quantize: Quantize; // how the base weights of every model are held while it is evaluated
-  answerSchema: "boxed";
+  answer_schema: "boxed";
   scorer: "math";
 }
 
@@ -58,16 +59,16 @@ export const TINY_TRAIN_SIZE = 5000;
 const defined = <T extends object>(o: T): Partial<T> => Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
 
 export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
-  const common = { samplesPerPrompt: 1, temperature: 0, seed: 0, backend: "auto", split: "test" as const, quantize: "none" as Quantize, answerSchema: "boxed" as const, scorer: "math" as const };
+  const common = { samples_per_prompt: 1, temperature: 0, seed: 0, backend: "auto" as const, split: "test" as const, quantize: "none" as Quantize, answer_schema: "boxed" as const, scorer: "math" as const };
   if (id === "tiny") {
     const protocol: ScenarioProtocol = {
       ...common,
       dataset: "synthetic",
-      maxSamples: TINY_EVAL_PRESET.max_samples as number,
-      batchSize: TINY_EVAL_PRESET.batch_size as number,
-      maxNewTokens: TINY_EVAL_PRESET.max_new_tokens as number,
-      maxTurns: TINY_EVAL_PRESET.max_turns as number,
-      toolsInPrompt: TINY_EVAL_PRESET.tools_in_prompt as boolean,
+      max_samples: TINY_EVAL_PRESET.max_samples,
+      batch_size: TINY_EVAL_PRESET.batch_size,
+      max_new_tokens: TINY_EVAL_PRESET.max_new_tokens,
+      max_turns: TINY_EVAL_PRESET.max_turns,
+      tools_in_prompt: TINY_EVAL_PRESET.tools_in_prompt,
       ...defined(o.overrides),
     };
     const trainFile = path.join(o.workspace, "data", "tiny", "train.jsonl");
@@ -78,7 +79,7 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
         "the final answer goes in \\boxed{}. The base is the tiny preset's 0.8 M-parameter Qwen2-architecture model. " +
         "Scored exactly like `scripts/eval.ts --preset tiny --model_path MODEL`.",
       baseModel: TINY_BASE_DIR,
-      questions: () => loadExamples({ dataset: "synthetic", purpose: "eval", maxSamples: protocol.maxSamples, synthetic: TINY_PROBLEMS }),
+      questions: () => loadExamples({ dataset: "synthetic", purpose: "eval", maxSamples: protocol.max_samples, synthetic: TINY_PROBLEMS }),
       trainData: async () => {
         if (!(await exists(trainFile))) {
           const rows = generateSynthetic({ n: TINY_TRAIN_SIZE, seed: TINY_SEEDS.sft, ...TINY_PROBLEMS });
@@ -88,7 +89,7 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
       },
     };
   }
-  const protocol: ScenarioProtocol = { ...common, dataset: o.gsm8kData, maxSamples: undefined, batchSize: 8, maxNewTokens: 512, maxTurns: 8, toolsInPrompt: true, ...defined(o.overrides) };
+  const protocol: ScenarioProtocol = { ...common, dataset: o.gsm8kData, max_samples: undefined, batch_size: 8, max_new_tokens: 512, max_turns: 8, tools_in_prompt: true, ...defined(o.overrides) };
   let train: Promise<string> | undefined;
   return {
     id, type: "offline", protocol,
@@ -96,7 +97,7 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
     description: "Grade-school math word problems (GSM8K test split), solved with a calculator tool; the final answer goes in \\boxed{}. " +
       "Scored like `scripts/eval.ts --model_path MODEL --dataset gsm8k` (greedy, tool schema in the system prompt).",
     baseModel: o.gsm8kModel,
-    questions: () => loadExamples({ dataset: protocol.dataset, purpose: "eval", maxSamples: protocol.maxSamples }),
+    questions: () => loadExamples({ dataset: protocol.dataset, purpose: "eval", maxSamples: protocol.max_samples }),
     // The file the train split resolves to (a cached parquet file for the dataset name).
     trainData: () => (train ??= loadGsm8kWithReport(protocol.dataset, { split: "train", maxSamples: 1 }).then((r) => path.resolve(r.file), (err) => {
       train = undefined;
@@ -126,14 +127,14 @@ export function describeProtocol(s: Scenario, n: number | null): Record<string, 
     split: p.split,
     dataset: p.dataset,
     n,
-    samples_per_prompt: p.samplesPerPrompt,
+    samples_per_prompt: p.samples_per_prompt,
     greedy: p.temperature === 0,
     temperature: p.temperature,
-    max_new_tokens: p.maxNewTokens,
-    max_turns: p.maxTurns,
+    max_new_tokens: p.max_new_tokens,
+    max_turns: p.max_turns,
     tools: ["calculator"],
-    tools_in_prompt: p.toolsInPrompt,
-    answer_schema: p.answerSchema,
+    tools_in_prompt: p.tools_in_prompt,
+    answer_schema: p.answer_schema,
     scorer: p.scorer,
     quantize: p.quantize,
     seed: p.seed,

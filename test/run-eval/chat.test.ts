@@ -146,7 +146,7 @@ describe("ChatSession", () => {
       vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"),
       scripts: [[tok.encode(call), tok.encode("She has \\boxed{13} eggs left.")]],
     });
-    const session = new ChatSession(scripted, tok, { temperature: 0, topP: 1, maxNewTokens: 200, maxTurns: 3, toolsInPrompt: false, seed: 0 });
+    const session = new ChatSession(scripted, tok, { temperature: 0, top_p: 1, max_new_tokens: 200, max_turns: 3, tools_in_prompt: false, seed: 0 });
     let shown = "";
     const t = await session.send("Janet has 16 eggs and sells 3. How many are left?", (s) => (shown += s));
     expect(shown).toBe(`${call}\n[calculator] 16-3 → 13\nShe has \\boxed{13} eggs left.\n`);

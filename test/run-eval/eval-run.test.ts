@@ -112,7 +112,7 @@ describe("--preset tiny with --model_path", () => {
     const name = path.basename(modelDir);
     expect(cfg.models.map((m) => [m.name, m.modelPath, m.quantize])).toEqual([[`${name}-baseline`, modelDir, "none"], [name, modelDir, "none"]]);
     expect(cfg.synthetic).toEqual(TINY_PROBLEMS);
-    expect(cfg).toMatchObject({ dataset: "synthetic", maxSamples: 3, maxNewTokens: 160, maxTurns: 5, toolsInPrompt: false, batchSize: 16, outputDir: path.join("outputs", name, "eval") });
+    expect(cfg).toMatchObject({ dataset: "synthetic", max_samples: 3, max_new_tokens: 160, max_turns: 5, tools_in_prompt: false, batch_size: 16, output_dir: path.join("outputs", name, "eval") });
     const err = await parseEvalArgs(["node", "eval", "--preset", "tiny", "--baseline", modelDir]).then(() => null, (e: Error) => e);
     expect(err?.message).toMatch(/^--preset tiny without --model_path evaluates its own base, sft and rl checkpoints/);
   });

@@ -23,11 +23,11 @@ describe("unpacking a quantized base for generation", () => {
     expect(parse().unpack_base).toBe(true);
     expect(parse("--no-unpack_base").unpack_base).toBe(false);
     const evalArgs = (...extra: string[]) => parseEvalArgs(["node", "eval", "--model_path", dir, "--dataset", "synthetic", "--output_dir", path.join(dir, "eval"), ...extra]);
-    expect((await evalArgs()).unpackBase).toBe(true);
-    expect((await evalArgs("--no-unpack_base")).unpackBase).toBe(false);
+    expect((await evalArgs()).unpack_base).toBe(true);
+    expect((await evalArgs("--no-unpack_base")).unpack_base).toBe(false);
     const chatArgs = (...extra: string[]) => parseChatArgs(["node", "chat", "--model_path", dir, ...extra]);
-    expect((await chatArgs()).unpackBase).toBe(true);
-    expect((await chatArgs("--no-unpack_base")).unpackBase).toBe(false);
+    expect((await chatArgs()).unpack_base).toBe(true);
+    expect((await chatArgs("--no-unpack_base")).unpack_base).toBe(false);
     for (const unpackBase of [undefined, true, false]) {
       const policy = await openPolicy({ modelPath: dir, quantize: "nf4", backend: "wasm", unpackBase });
       expect((policy.model as Qwen2ForCausalLM).unpackForGeneration).toBe(unpackBase ?? true);
