@@ -227,25 +227,28 @@ export interface ChatIo {
   onReply?: (t: Trajectory) => void;
 }
 
+/** Opens the model a chat talks to (openPolicy; tests pass a scripted stand-in). */
+export type OpenChatModel = (o: Parameters<typeof openPolicy>[0]) => Promise<{ model: CausalLM; tokenizer: Tokenizer }>;
+
 /** The REPL. Resolves when the user exits (/exit, Ctrl-C twice at the prompt, or end of input). */
-export async function runChat(cfg: ChatRunConfig, io: ChatIo): Promise<void> {
+export async function runChat(cfg: ChatRunConfig, io: ChatIo, open: OpenChatModel = openPolicy): Promise<void> {
   if (cfg.note) io.err(cfg.note);
   const toolSet = await openRunTools(toolConfig(cfg), io.err);
   try {
     io.err(`tools: ${toolSet.tools.map((t) => t.name).join(", ") || "(none)"}`);
-    await chatLoop(cfg, io, toolSet.tools);
+    await chatLoop(cfg, io, toolSet.tools, open);
   } finally {
     await toolSet.close();
   }
 }
 
-async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[]): Promise<void> {
+async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[], open: OpenChatModel): Promise<void> {
   const interactive = Boolean(io.input.isTTY && io.output.isTTY);
   const write = (s: string) => void io.output.write(s);
   const dim = (s: string) => `\x1b[2m${s}\x1b[0m`;
   // Notes about the session: dimmed in the terminal; on stderr when piped, so stdout holds only replies.
   const note = (s: string) => (interactive ? write(dim(`${s}\n`)) : io.err(s));
-  const policy = await openPolicy({ modelPath: cfg.model_path, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpack_base });
+  const policy = await open({ modelPath: cfg.model_path, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpack_base });
   const session = new ChatSession(policy.model, policy.tokenizer, { ...cfg, tools });
   const rl = readline.createInterface({ input: io.input, output: interactive ? io.output : undefined, terminal: interactive, prompt: "you> " });
   let generation: AbortController | null = null;

@@ -1,6 +1,7 @@
 /** The chat REPL's pieces: command parsing, trajectory → chat messages, incremental decoding of
  *  multi-byte text, the rollout's streaming and abort hooks, a scripted agent turn with a real
- *  calculator call, and the script fed by piped stdin. */
+ *  calculator call, one session using the built-in calculator and an MCP server's tool together, and
+ *  the script fed by piped stdin. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { spawn } from "node:child_process";
 import { promises as fs } from "node:fs";
@@ -158,6 +159,37 @@ describe("ChatSession", () => {
     session.reset();
     expect(session.messages).toEqual([{ role: "system", content: SYSTEM_PROMPT }]);
   });
+});
+
+describe("runChat with two tool sets", () => {
+  it("--tools calculator,mcp:<server>: lists both, and one reply calls each and reads its result", async () => {
+    // The project's MCP server (a real process over stdio) serves its calculator as remote_calculator.
+    const server = path.resolve("scripts/mcp-tool-server.ts");
+    const tools = `calculator,mcp:${JSON.stringify(process.execPath)} --import tsx ${JSON.stringify(server)} --prefix remote_`;
+    const cfg = await parseChatArgs(["node", "chat", "--model_path", modelDir, "--tools", tools, "--max_new_tokens", "400", "--backend", "wasm"]);
+    const call = (name: string, expression: string) => `<tool_call>\n{"name": "${name}", "arguments": {"expression": "${expression}"}}\n</tool_call>`;
+    const turns = [call("calculator", "17*23"), call("remote_calculator", "391-58"), "17*23-58 = \\boxed{333}"];
+    const scripted = new ScriptedModel({
+      vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [turns.map((t) => tok.encode(t))],
+    });
+    const input = new PassThrough();
+    const output = new PassThrough();
+    let stdout = "";
+    output.on("data", (d) => (stdout += d));
+    const errs: string[] = [];
+    const replies: Trajectory[] = [];
+    input.end("What is 17*23-58?\n");
+    await runChat(cfg, { input, output, err: (l) => errs.push(l), onReply: (t) => replies.push(t) }, async () => ({ model: scripted, tokenizer: tok }));
+    expect(errs).toEqual(["tools: calculator, remote_calculator"]);
+    // The transcript a person sees: each call as it runs, with the result the model reads next.
+    expect(stdout).toBe(`${turns[0]}\n[calculator] 17*23 → 391\n${turns[1]}\n[remote_calculator] 391-58 → 333\n${turns[2]}\n`);
+    const [t] = replies;
+    expect(t.turns.flatMap((x) => x.toolCalls.map((c) => [c.name, c.result, c.error]))).toEqual([["calculator", "391", false], ["remote_calculator", "333", false]]);
+    expect(t).toMatchObject({ finishReason: "stop", numToolCalls: 2, numToolErrors: 0 });
+    // Both tools' schemas are in the prompt's <tools> block.
+    const prompt = tok.decode(t.promptIds);
+    expect(prompt).toMatch(/<tools>[\s\S]*"name": ?"calculator"[\s\S]*"name": ?"remote_calculator"[\s\S]*<\/tools>/);
+  }, 120_000);
 });
 
 describe("runChat with piped input", () => {
