@@ -16,7 +16,7 @@ import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { rolloutGroups, type Trajectory } from "../../src/rollout/rollout.ts";
-import { ChatSession, parseChatArgs, parseChatCommand, printable, runChat, TokenStreamer, trajectoryToMessages } from "../../src/run/chat.ts";
+import { ChatSession, parseChatArgs, parseChatCommand, printable, runChat, TokenStreamer, trajectoryToMessages, type ChatRunConfig, type OpenChatModel } from "../../src/run/chat.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { ScriptedModel } from "../rollout/scripted-model.ts";
 import { makeSmallModelDir, SMALL_MODEL_CONFIG } from "../run/tiny-fixture.ts";
@@ -161,6 +161,19 @@ describe("ChatSession", () => {
   });
 });
 
+/** runChat fed `lines` as piped stdin: what it printed, its notes and errors, and each reply. */
+async function chatPiped(cfg: ChatRunConfig, lines: string, open?: OpenChatModel) {
+  const input = new PassThrough();
+  const output = new PassThrough();
+  let stdout = "";
+  output.on("data", (d) => (stdout += d));
+  const errs: string[] = [];
+  const replies: Trajectory[] = [];
+  input.end(lines);
+  await runChat(cfg, { input, output, err: (l) => errs.push(l), onReply: (t) => replies.push(t) }, open);
+  return { stdout, errs, replies };
+}
+
 describe("runChat with two tool sets", () => {
   it("--tools calculator,mcp:<server>: lists both, and one reply calls each and reads its result", async () => {
     // The project's MCP server (a real process over stdio) serves its calculator as remote_calculator.
@@ -172,14 +185,7 @@ describe("runChat with two tool sets", () => {
     const scripted = new ScriptedModel({
       vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [turns.map((t) => tok.encode(t))],
     });
-    const input = new PassThrough();
-    const output = new PassThrough();
-    let stdout = "";
-    output.on("data", (d) => (stdout += d));
-    const errs: string[] = [];
-    const replies: Trajectory[] = [];
-    input.end("What is 17*23-58?\n");
-    await runChat(cfg, { input, output, err: (l) => errs.push(l), onReply: (t) => replies.push(t) }, async () => ({ model: scripted, tokenizer: tok }));
+    const { stdout, errs, replies } = await chatPiped(cfg, "What is 17*23-58?\n", async () => ({ model: scripted, tokenizer: tok }));
     expect(errs).toEqual(["tools: calculator, remote_calculator"]);
     // The transcript a person sees: each call as it runs, with the result the model reads next.
     expect(stdout).toBe(`${turns[0]}\n[calculator] 17*23 → 391\n${turns[1]}\n[remote_calculator] 391-58 → 333\n${turns[2]}\n`);
@@ -194,15 +200,8 @@ describe("runChat with two tool sets", () => {
 
 describe("runChat with piped input", () => {
   it("answers each message line, applies commands, and returns at end of input", async () => {
-    const input = new PassThrough();
-    const output = new PassThrough();
-    let stdout = "";
-    output.on("data", (d) => (stdout += d));
-    const errs: string[] = [];
-    const replies: Trajectory[] = [];
     const cfg = await parseChatArgs(["node", "chat", "--model_path", modelDir, "--max_new_tokens", "4", "--backend", "wasm"]);
-    input.end("Janet has 16 eggs.\n/temp 0.7\n/tools off\n\nHow many are left?\n/temp x\n");
-    await runChat(cfg, { input, output, err: (l) => errs.push(l), onReply: (t) => replies.push(t) });
+    const { stdout, errs, replies } = await chatPiped(cfg, "Janet has 16 eggs.\n/temp 0.7\n/tools off\n\nHow many are left?\n/temp x\n");
     expect(replies).toHaveLength(2);
     expect(errs.filter((l) => !l.startsWith("(stopped at"))).toEqual(["tools: calculator", "(temperature 0.7)", "(tools off)", '/temp "x": expected one number between 0 and 10 (0 = greedy)']);
     expect(stdout).not.toMatch(/\x1b\[|you>/); // no prompts or ANSI when piped
