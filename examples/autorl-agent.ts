@@ -9,6 +9,7 @@
  *  Training runs the project's own scripts as child processes, the way an agent runs commands; the
  *  data comes from the scenario's `train_data`, and outputs go under `<workspace>/output/`. */
 import { spawn } from "node:child_process";
+import * as http from "node:http";
 import * as path from "node:path";
 import { Command } from "commander";
 import { parseIntArg, runMain } from "../src/cli.ts";
@@ -23,18 +24,37 @@ const o = new Command()
   .parse()
   .opts();
 
-async function api(method: "GET" | "POST", route: string, body?: unknown): Promise<any> {
-  const res = await fetch(o.server + route, { method, headers: { "Content-Type": "application/json" }, body: body === undefined ? undefined : JSON.stringify(body) });
-  const json = (await res.json()) as any;
-  if (!res.ok) throw new Error(`${method} ${route}: HTTP ${res.status}: ${json.error}`);
-  return json;
+/** One JSON request. node:http rather than fetch: a /submit is answered when its evaluation is done,
+ *  which on a busy CPU can take longer than fetch's fixed 300 s wait for the response headers. */
+function api(method: "GET" | "POST", route: string, body?: unknown): Promise<any> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(o.server + route, { method, headers: { "Content-Type": "application/json" } }, (res) => {
+      const chunks: Buffer[] = [];
+      res.on("data", (c: Buffer) => chunks.push(c));
+      res.on("error", reject);
+      res.on("end", () => {
+        let json: any;
+        try {
+          json = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+        } catch {
+          return reject(new Error(`${method} ${route}: HTTP ${res.statusCode}: the answer is not JSON`));
+        }
+        if (res.statusCode !== 200) return reject(new Error(`${method} ${route}: HTTP ${res.statusCode}: ${json.error}`));
+        resolve(json);
+      });
+    });
+    req.on("error", (err) => reject(new Error(`${method} ${o.server}${route}: ${err.message} (is scripts/serve.ts running?)`)));
+    req.end(body === undefined ? undefined : JSON.stringify(body));
+  });
 }
+
+const ROOT = path.resolve(import.meta.dirname, ".."); // the checkout: scripts/ and tsx are found from here
 
 /** Run one of the project's scripts; its output goes to this terminal. */
 function run(script: string, args: string[]): Promise<void> {
   console.log(`$ npx tsx ${script} ${args.join(" ")}`);
   return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, ["--import", "tsx", script, ...args], { stdio: "inherit" });
+    const p = spawn(process.execPath, ["--import", "tsx", script, ...args], { stdio: "inherit", cwd: ROOT });
     p.on("error", reject);
     p.on("close", (code) => (code === 0 ? resolve() : reject(new Error(`${script} exited with ${code}`))));
   });
@@ -52,7 +72,7 @@ await runMain(async () => {
     "--max_samples", String(o.sft_samples), "--eval_samples", "0", "--output_dir", out("sft"), "--overwrite"]);
   // 2. GRPO: LoRA on the NF4-quantized SFT model, rewards from the calculator-using rollouts.
   await run("scripts/train-gsm8k-agent.ts", ["--preset", "tiny", "--model_path", path.join(out("sft"), "final"), "--dataset", s.train_data,
-    "--total_epochs", String(o.grpo_steps), "--output_dir", out("grpo"), "--overwrite"]);
+    "--max_steps", String(o.grpo_steps), "--output_dir", out("grpo"), "--overwrite"]);
 
   // 3. Submit both, as an agent iterating within its budget would; the server keeps the best.
   for (const stage of ["sft", "grpo"]) {
