@@ -128,7 +128,8 @@ export class LoraAdapter {
             throw new Error(`${wFile}: ${ka} has shape [${A.shape}], expected [${config.r}, ${inD}] (r ${config.r} × ${m} in_features)`);
           if (B.shape.join() !== `${outD},${config.r}`)
             throw new Error(`${wFile}: ${kb} has shape [${B.shape}], expected [${outD}, ${config.r}] (${m} out_features × r ${config.r})`);
-          ad.set(l, m, tf.transpose(tf.tensor2d(A.data, [config.r, inD])), tf.transpose(tf.tensor2d(B.data, [outD, config.r])));
+          // torch layout → ours; tidy frees the untransposed copies (24 tensors a load for the tiny preset's adapter otherwise)
+          ad.set(l, m, tf.tidy(() => tf.transpose(tf.tensor2d(A.data, [config.r, inD]))), tf.tidy(() => tf.transpose(tf.tensor2d(B.data, [outD, config.r]))));
         }
       const extra = Object.keys(tensors).filter((k) => !expected.has(k));
       if (extra.length) throw new Error(`${wFile}: tensor ${extra[0]} does not match the model or the target modules ${targets.join(", ")}`);

@@ -184,7 +184,11 @@ describe("model folders and the Hugging Face cache", () => {
 });
 
 describe("PEFT adapters", () => {
-  it("load → save gives byte-identical tensors and the adapter_config.json PEFT writes", async () => {
+  it("load → save gives byte-identical tensors and the adapter_config.json PEFT writes; load + dispose keeps no tensor", async () => {
+    (await loadModel(FIX, { adapter: `${FIX}/lora` })).dispose(); // the backend is up and warm
+    const before = tf.memory().numTensors;
+    (await loadModel(FIX, { adapter: `${FIX}/lora` })).dispose();
+    expect(tf.memory().numTensors).toBe(before);
     const m = await loadModel(FIX, { adapter: `${FIX}/lora` });
     const out = path.join(tmp, "adapter-out");
     await m.saveAdapter(out);
