@@ -2,11 +2,17 @@
  *    npx tsx scripts/serve.ts --workspace ws                      # tiny scenario on 127.0.0.1:8000
  *    npx tsx scripts/serve.ts --workspace ws --scenarios gsm8k --time_budget 43200
  *  Agents read GET /scenarios/{id}, train in the workspace, and POST /submit or /evaluate a model
- *  folder there. Ctrl-C (or SIGTERM) abandons the running evaluation at its next batch and exits. */
-import { shutdownCalculator } from "../src/agents/calculator.ts";
-import { runMain } from "../src/cli.ts";
-import { parseServeArgs } from "../src/serve/config.ts";
-import { startServer } from "../src/serve/http.ts";
+ *  folder there. Ctrl-C (or SIGTERM) abandons the running evaluation at its next batch and exits.
+ *  The server runs in a child process (superviseSelf) so that this one, idle, takes each signal at
+ *  once and passes it on exactly once: an evaluation holds the event loop for a whole kernel, longer
+ *  than tsx waits before it kills a child that has not acknowledged a signal. */
+import { superviseSelf } from "../src/shutdown.ts";
+
+await superviseSelf(); // only the child loads the server and the model code
+const { shutdownCalculator } = await import("../src/agents/calculator.ts");
+const { runMain } = await import("../src/cli.ts");
+const { parseServeArgs } = await import("../src/serve/config.ts");
+const { startServer } = await import("../src/serve/http.ts");
 
 await runMain(async () => {
   const cfg = await parseServeArgs(process.argv);
