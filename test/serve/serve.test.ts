@@ -2,7 +2,9 @@
  *  scenario (baseline computed once; an adapter scores what scripts/eval.ts gives it), path escapes,
  *  oversized and broken bodies, unknown scenarios and fields, a model that does not load, two
  *  concurrent evaluations (one at a time), a client that goes away, and a restart that keeps the
- *  history. Evaluations use 4 questions so the file stays fast. */
+ *  history; full model folders (one file and sharded), re-evaluation when the weights' modification
+ *  time changes, and the tensor count across evaluations served in-process. Evaluations use 4
+ *  questions so the file stays fast. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { spawn } from "node:child_process";
 import * as http from "node:http";
@@ -12,6 +14,7 @@ import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { loadModel } from "../../src/model/load.ts";
+import { readSafetensorsAll, writeSafetensors } from "../../src/model/safetensors.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { parseServeArgs, serveCommand } from "../../src/serve/config.ts";
 import { startServer, type RunningServer } from "../../src/serve/http.ts";
@@ -282,6 +285,86 @@ describe("restart", () => {
     const best = await call("GET", "/best");
     expect(best.json.total_submissions).toBe(2);
   });
+});
+
+/** A full Hugging Face model folder of the tiny base's shape: its weights (each value moved by a
+ *  seeded ±`noise`), config and tokenizer; `shards` > 1 writes model.safetensors.index.json + shards. */
+async function makeFullModel(dir: string, noise: number, shards = 1): Promise<void> {
+  const tensors = await readSafetensorsAll(path.join(TINY_BASE_DIR, "model.safetensors"));
+  let s = 12345;
+  for (const t of Object.values(tensors))
+    for (let i = 0; i < t.data.length; i++) {
+      s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+      t.data[i] += noise * (s / 2 ** 32 - 0.5) * 2;
+    }
+  await fs.mkdir(dir, { recursive: true });
+  for (const f of ["config.json", "tokenizer.json", "tokenizer_config.json"]) await fs.copyFile(path.join(TINY_BASE_DIR, f), path.join(dir, f));
+  if (shards === 1) return writeSafetensors(path.join(dir, "model.safetensors"), tensors);
+  const names = Object.keys(tensors).sort();
+  const weightMap: Record<string, string> = {};
+  for (let j = 0; j < shards; j++) {
+    const file = `model-${String(j + 1).padStart(5, "0")}-of-${String(shards).padStart(5, "0")}.safetensors`;
+    const part = names.filter((_, i) => i % shards === j);
+    for (const n of part) weightMap[n] = file;
+    await writeSafetensors(path.join(dir, file), Object.fromEntries(part.map((n) => [n, tensors[n]])));
+  }
+  await fs.writeFile(path.join(dir, "model.safetensors.index.json"), JSON.stringify({ metadata: {}, weight_map: weightMap }));
+}
+
+const samplesOf = async (file: string): Promise<string[]> =>
+  (await fs.readFile(file, "utf8")).trim().split("\n").map((l) => JSON.parse(l).samples.map((x: any) => x.text).join("\n---\n"));
+
+describe("full model folders, cache by modification time, tensor counts", () => {
+  it("scores full Hugging Face folders (single file and sharded), evaluates again when a shard is touched, and holds no tensors after", async () => {
+    const exact = path.join(ws, "full", "exact"); // the base's weights, re-written
+    const moved = path.join(ws, "full", "moved"); // weights moved, in two shards with an index
+    await makeFullModel(exact, 0);
+    await makeFullModel(moved, 0.05, 2);
+    // A server with its own state (tiny only; the last --scenarios counts): the baseline is computed
+    // afresh and nothing is set over it.
+    const own = await start(["--state_dir", await fs.mkdtemp(path.join(os.tmpdir(), "serve-state-")), "--scenarios", "tiny"]);
+    const base = { base: own.url };
+    const idle = async () => {
+      for (let q = (await call("GET", "/health", undefined, base)).json.queue; q.running + q.waiting > 0; q = (await call("GET", "/health", undefined, base)).json.queue)
+        await new Promise((r) => setTimeout(r, 100));
+    };
+    try {
+      const tiny = await waitForBaseline("tiny", own.url);
+      await idle();
+      const tensors = tf.memory().numTensors;
+      const runs = (await call("GET", "/health", undefined, base)).json.evaluations_run;
+
+      const same = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "full/exact" }, base);
+      expect(same.status, same.json.error).toBe(200);
+      expect(same.json).toMatchObject({ model_kind: "model", cached: false, n: 4, score: tiny.baseline_score, baseline_source: "computed", improvement: 0 });
+      expect(same.json.adapter_base).toBeUndefined();
+      expect(same.json.improvement_ci).toMatchObject({ lo: 0, hi: 0, paired_over: 4 });
+      const baseSamples = await samplesOf(tiny.baseline.computed.samples_path);
+      expect(await samplesOf(same.json.samples_path)).toEqual(baseSamples); // question by question
+      expect((await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "full/exact" }, base)).json.cached).toBe(true);
+
+      const sub = await call("POST", "/submit", { model_path: "full/moved" }, base);
+      expect(sub.status, sub.json.error).toBe(200);
+      expect(sub.json).toMatchObject({ model_kind: "model", submission_id: 1, total_submissions: 1, cached: false, n: 4 });
+      expect(sub.json.improvement_ci.paired_over).toBe(4);
+      expect(await samplesOf(sub.json.samples_path)).not.toEqual(baseSamples); // its own weights were read
+      // One shard's modification time changed: evaluated again, and a new /submit entry.
+      const later = new Date(Date.now() + 60_000);
+      await fs.utimes(path.join(moved, "model-00002-of-00002.safetensors"), later, later);
+      const resub = await call("POST", "/submit", { model_path: "full/moved" }, base);
+      expect(resub.json).toMatchObject({ cached: false, submission_id: 2, total_submissions: 2, score: sub.json.score });
+      expect(resub.json.samples_path).not.toBe(sub.json.samples_path);
+
+      const adapter = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v1" }, base);
+      expect(adapter.json).toMatchObject({ model_kind: "adapter", cached: false });
+      await idle();
+      // Four evaluations served in this process (each loads and disposes a model): no tensor left behind.
+      expect((await call("GET", "/health", undefined, base)).json.evaluations_run).toBe(runs + 4);
+      expect(tf.memory().numTensors).toBe(tensors);
+    } finally {
+      await own.close();
+    }
+  }, 300_000);
 });
 
 describe("limits", () => {
