@@ -5,21 +5,22 @@ import type { ParsedToolCall, Tool } from "../agents/types.ts";
 import type { ChatMessage, Tokenizer } from "../model/types.ts";
 import type { ToolCallRecord } from "./types.ts";
 
-/** Run one parsed call. Never rejects: an unknown tool or a throwing tool becomes error text the
- *  model reads, so one bad call cannot stop the batch. */
+/** Run one parsed call: the one place a call becomes a record (rollouts, eval and chat go through
+ *  it). Never rejects: an unknown tool, a throwing tool or one that returns no text becomes error text
+ *  the model reads, so one bad call cannot stop the batch. The run's tools (agents/toolset.ts) already
+ *  never reject and cap their output; this also holds for a bare Tool a library user passes. */
 export async function runToolCall(call: ParsedToolCall, tools: ReadonlyMap<string, Tool>): Promise<ToolCallRecord> {
+  const record = (result: string, error: boolean): ToolCallRecord => ({ name: call.name, arguments: call.arguments, result, error });
   const tool = tools.get(call.name);
-  if (!tool) {
-    const known = [...tools.keys()].join(", ") || "(none)";
-    return { name: call.name, arguments: call.arguments, result: `Error: unknown tool "${call.name}"; known tools: ${known}`, error: true };
-  }
+  if (!tool) return record(`Error: unknown tool "${call.name}"; known tools: ${[...tools.keys()].join(", ") || "(none)"}`, true);
   try {
-    const result = String(await tool.run(call.arguments));
+    const result = await tool.run(call.arguments);
+    if (typeof result !== "string") return record(`Error: tool "${call.name}" returned no text`, true);
     // Tools report their own failures as text; "Error…" is the convention they share.
-    return { name: call.name, arguments: call.arguments, result, error: /^error\b/i.test(result.trimStart()) };
+    return record(result, /^error\b/i.test(result.trimStart()));
   } catch (err) {
     const msg = err instanceof Error ? err.message : String(err);
-    return { name: call.name, arguments: call.arguments, result: `Error: tool "${call.name}" failed: ${msg}`, error: true };
+    return record(`Error: tool "${call.name}" failed: ${msg.slice(0, 200)}`, true);
   }
 }
 
