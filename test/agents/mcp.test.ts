@@ -2,6 +2,8 @@
  *  and over Streamable HTTP on a loopback port, each in its own process. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { spawn, type ChildProcess } from "node:child_process";
+import * as http from "node:http";
+import type { AddressInfo } from "node:net";
 import * as path from "node:path";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { splitCommandLine } from "../../src/agents/mcp.ts";
@@ -82,6 +84,16 @@ describe("MCP over Streamable HTTP", () => {
     if (server.exitCode === null) server.kill();
   });
 
+  it("time-outs and oversized output become text for the model, as over stdio", async () => {
+    const set = await openTools([`mcp:${url}`], { timeoutMs: 2_000, maxChars: 1_000 });
+    try {
+      expect(await run(set, "slow", { ms: 10_000 })).toBe('Error: tool "slow" took longer than 2 s');
+      expect(await run(set, "big", { n: 5_000 })).toBe(`${"x".repeat(1_000)}\n[truncated: 4000 of 5000 characters not shown]`);
+      expect(await run(set, "echo", { text: "still serving" })).toBe("still serving");
+    } finally {
+      await set.close();
+    }
+  });
   it("lists, calls, reports isError; a server that is gone gives error text naming it", async () => {
     const notices: string[] = [];
     // A generous limit: the served calculator's worker may still be starting on a loaded machine.
@@ -107,6 +119,20 @@ describe("servers that cannot be used are usage errors", () => {
     ["an unreachable URL", "mcp:http://127.0.0.1:9/mcp", /--tools mcp:http:\/\/127\.0\.0\.1:9\/mcp: server did not start/],
   ])("%s", async (_what, spec, message) => {
     await expect(openTools([spec], { timeoutMs: 5_000 })).rejects.toThrow(message);
+  });
+  it("a URL that accepts connections and never answers: an error at the start-up limit, not a hang", async () => {
+    const { openMcpServer } = await import("../../src/agents/mcp.ts");
+    const hung = http.createServer(() => {}); // reads every request, answers none
+    await new Promise<void>((r) => hung.listen(0, "127.0.0.1", () => r()));
+    const url = `http://127.0.0.1:${(hung.address() as AddressInfo).port}/mcp`;
+    try {
+      const t0 = Date.now();
+      await expect(openMcpServer(url, { timeoutMs: 1_000, startupTimeoutMs: 1_000 })).rejects.toThrow(new RegExp(`^--tools mcp:${url.replace(/[./]/g, "\\$&")}: server did not start \\(`));
+      expect(Date.now() - t0).toBeLessThan(20_000);
+    } finally {
+      hung.closeAllConnections();
+      hung.close();
+    }
   });
   it("two tools with one name", async () => {
     await expect(openTools(["calculator", stdioSpec("--clash")])).rejects.toThrow(/tool "calculator" from mcp:.* clashes with the one from calculator/);
