@@ -1,10 +1,11 @@
 /** One step's environments: for B tasks × G samples, B·G server instances created and reset in
  *  parallel, and each task's first observation (the same for its G instances: tasks are seeded).
- *  Used by the GRPO and eval runs with --env. Leaves out: reusing instances across steps. */
+ *  Used by the GRPO and eval runs with --env. Leaves out: reusing instances across steps, retrying a
+ *  failed create or reset. */
 import { UsageError } from "../cli.ts";
 import type { Task } from "../datasets/tasks.ts";
 import { agentGymEnvironments, type Dialect } from "./agentgym.ts";
-import type { Environment, EnvironmentFactory } from "./types.ts";
+import { failedEnvironment, type Environment, type EnvironmentFactory } from "./types.ts";
 
 export const ENV_SYSTEM_PROMPT =
   'You act in an environment. Read each observation and answer with one action, on a last line "Action: <action>".';
@@ -15,26 +16,43 @@ export function environmentTasks(n: number): Task[] {
 }
 
 export interface Episodes {
-  envs: Environment[]; // envs[p·G + g]
-  observations: string[]; // per task: its first observation
+  /** envs[p·G + g]; a row whose instance could not be created or reset holds a failedEnvironment. */
+  envs: Environment[];
+  /** Per task: its first observation (a placeholder when none of its G instances started). */
+  observations: string[];
+  /** How many rows failed to start. */
+  failed: number;
   close(): Promise<void>;
 }
 
+/** Create and reset every row's instance, each on its own: a create or reset that fails (an HTTP
+ *  error, a malformed reply, the client's time limit) fails that row only, whose rollout then ends at
+ *  once with env_error. A task whose started instances disagree on the first observation is a broken
+ *  server (tasks must be seeded by data_idx), not a passing failure: that throws. */
 export async function openEpisodes(factory: EnvironmentFactory, dataIdxs: number[], G: number): Promise<Episodes> {
-  const created = await Promise.allSettled(dataIdxs.flatMap(() => Array.from({ length: G }, () => factory.create())));
-  const envs = created.flatMap((c) => (c.status === "fulfilled" ? [c.value] : []));
-  const close = async () => void (await Promise.allSettled(envs.map((e) => e.close())));
+  const started: Environment[] = [];
+  const close = async () => void (await Promise.allSettled(started.map((e) => e.close())));
+  const rows = await Promise.all(
+    dataIdxs.flatMap((idx) =>
+      Array.from({ length: G }, async (): Promise<{ env: Environment; observation?: string }> => {
+        try {
+          const env = await factory.create();
+          started.push(env);
+          return { env, observation: await env.reset(idx) };
+        } catch (err) {
+          return { env: failedEnvironment((err as Error).message) };
+        }
+      }),
+    ),
+  );
   try {
-    const failed = created.find((c) => c.status === "rejected");
-    if (failed) throw (failed as PromiseRejectedResult).reason;
-    const firsts = await Promise.all(envs.map((env, i) => env.reset(dataIdxs[Math.floor(i / G)])));
     const observations = dataIdxs.map((idx, p) => {
-      const group = firsts.slice(p * G, (p + 1) * G);
-      if (group.some((o) => o !== group[0]))
+      const firsts = rows.slice(p * G, (p + 1) * G).flatMap((r) => (r.observation === undefined ? [] : [r.observation]));
+      if (firsts.some((o) => o !== firsts[0]))
         throw new Error(`environment ${factory.label}: task ${idx} gave ${G} different first observations; its tasks must be seeded by data_idx`);
-      return group[0];
+      return firsts[0] ?? `(task ${idx}: the environment did not start)`;
     });
-    return { envs, observations, close };
+    return { envs: rows.map((r) => r.env), observations, failed: rows.filter((r) => r.env.failure !== undefined).length, close };
   } catch (err) {
     await close();
     throw err;

@@ -14,6 +14,19 @@ export interface Environment {
   reset(dataIdx: number): Promise<string>;
   step(action: string): Promise<StepResult>;
   close(): Promise<void>;
+  /** Set when this row's instance could not be created or reset: its rollout ends at once with
+   *  finishReason "env_error" and this message (failedEnvironment). */
+  readonly failure?: string;
+}
+
+/** Stands in for an instance that could not be created or reset, so the step goes on with the
+ *  other rows; the message is cut to 500 characters (it may quote a server's reply). */
+export function failedEnvironment(message: string): Environment {
+  const failure = message.length > 500 ? message.slice(0, 500) + "…" : message;
+  const fail = async (): Promise<never> => {
+    throw new EnvError(failure);
+  };
+  return { failure, reset: fail, step: fail, close: async () => {} };
 }
 
 /** Makes one Environment per rollout row (a server instance each). */

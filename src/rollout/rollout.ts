@@ -145,6 +145,14 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     row.turn++;
   };
 
+  // A row whose environment never started (envs/types.ts failedEnvironment) ends before its first token.
+  cfg.envs?.forEach((env, i) => {
+    if (env.failure === undefined) return;
+    rows[i].traj.envError = env.failure;
+    finish(rows[i], "env_error");
+  });
+  if (rows.every((r) => r.done)) return rows.map((r) => r.traj);
+
   let cacheRows = rows.map((_, i) => i); // cache position → row index
   const prefill = model.prefill(ids, mask, { adapters });
   let logits: tf.Tensor2D | null = prefill.logits; // [cacheRows, V]

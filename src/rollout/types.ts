@@ -20,7 +20,8 @@ export interface RolloutConfig {
   /** Roll out against environments instead of tools: envs[p·G + g] for sample g of prompt p, already
    *  reset (the prompt holds its first observation). Each assistant turn is an action (envs/types.ts
    *  actionOf); the observation comes back as a user message with loss mask 0; the episode ends on
-   *  `done`, the turn limit or the token budget; the rewards are summed into envReward. */
+   *  `done`, the turn limit or the token budget; the rewards are summed into envReward. A failing
+   *  step, or an environment that never started (its `failure` set), ends that row with "env_error". */
   envs?: Environment[];
   /** Render the tool schemas into the system prompt through the chat template's `tools`. Default true. */
   toolsInPrompt?: boolean;

@@ -33,6 +33,7 @@ export const GRPO_FLAGS = {
   eval_samples: flag("--eval_samples <n>", "held-out questions evaluated greedily at the end (0: skip)", parseIntArg("eval_samples", 0), 0, { free: true }),
   ...toolFlags(),
   ...envFlags(),
+  env_max_failed_steps: flag("--env_max_failed_steps <n>", "with --env: stop (checkpoint saved, continue with --resume) when every rollout failed on the environment in this many steps in a row (0: never)", parseIntArg("env_max_failed_steps", 0), 3, { free: true }),
   output_dir: optional("--output_dir <dir>", "run folder (default outputs/<model>/grpo)", undefined, { free: true }),
   overwrite: toggle("--overwrite", "replace a run already in --output_dir", false, { free: true }),
   resume: toggle("--resume", "continue the run in --output_dir from its latest checkpoint", false, { free: true }),

@@ -19,11 +19,11 @@ import { Interrupted, watchInterrupts } from "../shutdown.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import { TrajectoryLog } from "../rollout/trajectories.ts";
 import { parseRewardWeights, scoreRollout } from "../rollout/rewards.ts";
-import { groupAdvantages, groupHasSignal } from "../trainer/advantages.ts";
+import { countedGroupAdvantages, groupHasSignal } from "../trainer/advantages.ts";
 import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { NonFiniteError } from "../trainer/errors.ts";
-import { grpoStep, type GrpoRollout } from "../trainer/grpo.ts";
-import { formatStepLine, meanStd, memoryFields, MetricsLogger } from "../trainer/metrics.ts";
+import { grpoStep, noUpdateStats, type GrpoRollout } from "../trainer/grpo.ts";
+import { formatStepLine, GRPO_LINE, meanStd, memoryFields, MetricsLogger } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
 import { defaultEpsilonHigh, importanceLevel } from "../trainer/policy-loss.ts";
 import { createProgress } from "../trainer/progress.ts";
@@ -154,6 +154,7 @@ async function train(
     // The loss and its settings, on every metrics line (constants, not charted) and in the report.
     const loss = lossFields(cfg);
     let step = start;
+    let failedSteps = 0; // steps in a row in which every rollout failed on the environment
     // The last step whose checkpoint is on disk: an interrupt never rewrites a complete checkpoint.
     let savedStep = ckpt ? start : -1;
     const saveAt = async (s: number) => {
@@ -198,34 +199,48 @@ async function train(
           await episodes?.close();
         }
         const rolloutSeconds = (Date.now() - tRoll) / 1000;
+        // A rollout the environment failed scores 0, is kept in the log, trains nothing and is left out
+        // of its group's advantages (advantages.ts countedGroupAdvantages).
+        const envFailed = (t: Trajectory) => t.finishReason === "env_error";
         for (const t of trajs) {
           const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], rewardWeights);
-          t.reward = s.reward;
+          t.reward = envFailed(t) ? 0 : s.reward;
           t.rewardComponents = s.components;
         }
         const groups = batch.map((_, p) => trajs.filter((t) => t.promptIndex === p));
+        const counted = groups.map((g) => g.map((t) => !envFailed(t)));
         const rewards = groups.map((g) => g.map((t) => t.reward!));
-        const adv = groupAdvantages(rewards, cfg.scale_rewards);
+        const adv = countedGroupAdvantages(rewards, counted, cfg.scale_rewards);
         const rollouts: GrpoRollout[] = groups.flatMap((g, p) =>
-          g.map((t, i) => ({
+          g.flatMap((t, i) => (!counted[p][i] ? [] : [{
             ids: [...t.promptIds, ...t.completionIds], lossMask: [...t.promptIds.map(() => 0), ...t.lossMask], advantage: adv[p][i],
             truncated: t.finishReason === "length" || t.finishReason === "max_turns",
-          })),
+          }])),
         );
         const tTrain = Date.now();
         const lr = lrAt(step, schedule);
-        const s = await grpoStep(model, optimizer, rollouts, {
+        const s = rollouts.length === 0 ? noUpdateStats(0) : await grpoStep(model, optimizer, rollouts, {
           beta: cfg.beta, epsilon: cfg.epsilon, epsilonHigh: cfg.epsilon_high, lossType: cfg.loss_type, maxNewTokens: cfg.max_new_tokens,
           importanceSamplingLevel: cfg.importance_sampling_level, maskTruncatedCompletions: cfg.mask_truncated_completions,
           numIterations: cfg.num_iterations, maxGradNorm: cfg.max_grad_norm, lr, microBatchSize: cfg.micro_batch_size, padTokenId: tokenizer.padTokenId,
         });
         const trainSeconds = (Date.now() - tTrain) / 1000;
         await trajectoryLog.append(step + 1, trajs, tokenizer);
-        const m = { ...stepMetrics(trajs, rewards, s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 }), ...loss };
+        const m = { ...stepMetrics(trajs, rewards.map((g, p) => g.filter((_, i) => counted[p][i])), s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 }), ...loss };
         metrics.log(step + 1, m);
         history.push({ step: step + 1, ...m });
         progress.update(step + 1, m);
-        if (!cfg.quiet) progress.log(formatStepLine(step + 1, total, m));
+        if (!cfg.quiet) progress.log(formatStepLine(step + 1, total, m, c.envs ? ENV_LINE : GRPO_LINE));
+        const failures = trajs.filter(envFailed);
+        const lastError = (failures[0]?.envError ?? "").replace(/\s+/g, " ");
+        if (failures.length > 0 && !cfg.quiet) progress.log(`step ${step + 1}: ${failures.length} of ${trajs.length} rollouts failed on the environment: ${lastError}`);
+        failedSteps = failures.length === trajs.length ? failedSteps + 1 : 0;
+        if (cfg.env_max_failed_steps > 0 && failedSteps >= cfg.env_max_failed_steps) {
+          if (savedStep !== step + 1) await saveAt(step + 1);
+          throw new Error(
+            `environment ${cfg.env}: every rollout failed in ${failedSteps} steps in a row (last: ${lastError}); stopped after step ${step + 1} and saved checkpoint-${step + 1} in ${cfg.output_dir}; continue with --resume once the server answers`,
+          );
+        }
         if (saves.due(step + 1) && step + 1 < total) await saveAt(step + 1);
       }
       if (await stop.poll()) throw await stopHere(total);
@@ -270,6 +285,10 @@ export function describeLoss(f: ReturnType<typeof lossFields>): string {
   return `${f.loss_type} (ε ${f.epsilon}, ε_high ${f.epsilon_high}, β ${f.beta}, ${f.importance_sampling_level}-level ratios, truncated rollouts ${f.mask_truncated_completions ? "masked" : "trained"})`;
 }
 
+/** The step line of a run against an environment: the GRPO line with the share of rollouts the
+ *  environment failed. */
+const ENV_LINE = [...GRPO_LINE.slice(0, -1), { key: "env_error_rate", label: "env err" }, ...GRPO_LINE.slice(-1)];
+
 /** Everything a step logs, with the names the step line and the report know. */
 export function stepMetrics(
   trajs: Trajectory[],
@@ -301,6 +320,8 @@ export function stepMetrics(
     sampled_len: mean(trajs.map((x) => x.lossMask.reduce((a, b) => a + b, 0))),
     tool_calls: mean(trajs.map((x) => x.numToolCalls)),
     tool_error_rate: calls ? failed / calls : 0,
+    // Runs against an environment only, so a tool run's metrics stay as they were.
+    ...(trajs[0]?.envReward !== undefined ? { env_error_rate: mean(trajs.map((x) => (x.finishReason === "env_error" ? 1 : 0))) } : {}),
     truncated: mean(trajs.map((x) => (x.truncated ? 1 : 0))),
     zero_signal_groups: mean(rewards.map((g) => (groupHasSignal(g) ? 0 : 1))),
     masked_truncated: s.maskedTruncated / Math.max(1, s.rollouts),

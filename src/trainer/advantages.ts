@@ -21,6 +21,21 @@ export function groupAdvantages(rewards: number[][], scale: "group" | "none", ep
   });
 }
 
+/** groupAdvantages over the rollouts marked `counted` only; the others get 0 and leave the group's
+ *  mean and std alone. A rollout the environment failed (env_error) is neither the policy's success
+ *  nor its fault, so it must not make its siblings look better. With every rollout counted this is
+ *  groupAdvantages. */
+export function countedGroupAdvantages(rewards: number[][], counted: boolean[][], scale: "group" | "none", eps = 1e-4): number[][] {
+  return rewards.map((group, gi) => {
+    const idx = group.map((_, i) => i).filter((i) => counted[gi][i]);
+    const out = group.map(() => 0);
+    if (idx.length === 0) return out;
+    const a = groupAdvantages([idx.map((i) => group[i])], scale, eps)[0];
+    idx.forEach((i, k) => (out[i] = a[k]));
+    return out;
+  });
+}
+
 /** Whether a group can move the policy at all: false when every reward is the same. */
 export function groupHasSignal(rewards: number[]): boolean {
   return rewards.some((r) => r !== rewards[0]);

@@ -48,6 +48,11 @@ export interface GrpoStats {
   maskedTruncated: number; // truncated rollouts given weight 0 (maskTruncatedCompletions)
 }
 
+/** The stats of a step that updates nothing (no rollout carries signal or a token to train). */
+export function noUpdateStats(rollouts: number): GrpoStats {
+  return { loss: 0, kl: 0, clipFrac: 0, clipFracLow: 0, clipFracHigh: 0, ratio: 1, entropy: 0, gradNorm: 0, tokens: 0, rollouts, skipped: rollouts, maskedTruncated: 0 };
+}
+
 export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRollout[], cfg: GrpoConfig): Promise<GrpoStats> {
   checkConfig(cfg);
   checkBatch(batch);
@@ -62,7 +67,7 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
   const maskedTruncated = cfg.maskTruncatedCompletions ? batch.filter((r) => r.truncated).length : 0;
   const skip = cfg.skipZeroAdvantage ?? true;
   const kept = batch.map((_, i) => i).filter((i) => (!skip || batch[i].advantage !== 0) && masks[i].some((m) => m === 1));
-  const empty: GrpoStats = { loss: 0, kl: 0, clipFrac: 0, clipFracLow: 0, clipFracHigh: 0, ratio: 1, entropy: 0, gradNorm: 0, tokens: 0, rollouts: batch.length, skipped: batch.length - kept.length, maskedTruncated };
+  const empty: GrpoStats = { ...noUpdateStats(batch.length), skipped: batch.length - kept.length, maskedTruncated };
   if (kept.length === 0 || norm.numTokens === 0) return empty; // no signal: no update, optimizer step not counted
 
   const mbIdx = chunks(kept, cfg.microBatchSize);

