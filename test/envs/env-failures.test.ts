@@ -124,6 +124,23 @@ describe("create and reset failures are per rollout", () => {
     expect(model.lastCache).toBeNull(); // no prefill, no decode step
   });
 
+  it("eval --env: a sample whose instance did not start is a failed sample with its error, the others are judged", async () => {
+    const { evaluate } = await import("../../src/run/evaluate.ts");
+    const { environmentTasks } = await import("../../src/envs/episodes.ts");
+    const proxy = await faultyProxy(guess.url, (route, n) => (route === "/create" && n === 1 ? "http500" : "ok"));
+    proxies.push(proxy);
+    const say = tok.encode(`Action: guess ${secretFor(0)}`);
+    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[say], [say]] });
+    const r = await evaluate(model, tok, environmentTasks(1), {
+      samplesPerPrompt: 2, temperature: 1, batchSize: 1, maxNewTokens: 100, maxTurns: 2, toolsInPrompt: false, seed: 0, tools: [],
+      envs: agentGymEnvironments(proxy.url, { dialect: "id" }),
+    });
+    const samples = r.questions[0].samples;
+    expect(samples.map((x) => x.strict).sort()).toEqual([false, true]);
+    expect(samples.find((x) => !x.strict)).toMatchObject({ envReward: 0, envError: expect.stringMatching(/\/create: HTTP 500/) });
+    expect(r.strict.value).toBe(0.5);
+  });
+
   it("advantages leave env-failed rollouts out of the group's mean and std", () => {
     const rewards = [[1, 0, 0, 0]];
     // Row 3 failed on the environment: the group is [1, 0, 0] as far as the policy is concerned.
