@@ -85,13 +85,15 @@ describe("MCP over Streamable HTTP", () => {
   });
 
   it("time-outs and oversized output become text for the model, as over stdio", async () => {
-    const set = await openTools([`mcp:${url}`], { timeoutMs: 2_000, maxChars: 1_000 });
+    // Two sets: a short limit for the slow call, a generous one where a loaded machine must not time out.
+    const short = await openTools([`mcp:${url}`], { timeoutMs: 2_000 });
+    const capped = await openTools([`mcp:${url}`], { timeoutMs: 60_000, maxChars: 1_000 });
     try {
-      expect(await run(set, "slow", { ms: 10_000 })).toBe('Error: tool "slow" took longer than 2 s');
-      expect(await run(set, "big", { n: 5_000 })).toBe(`${"x".repeat(1_000)}\n[truncated: 4000 of 5000 characters not shown]`);
-      expect(await run(set, "echo", { text: "still serving" })).toBe("still serving");
+      expect(await run(short, "slow", { ms: 10_000 })).toBe('Error: tool "slow" took longer than 2 s');
+      expect(await run(capped, "big", { n: 5_000 })).toBe(`${"x".repeat(1_000)}\n[truncated: 4000 of 5000 characters not shown]`);
+      expect(await run(capped, "echo", { text: "still serving" })).toBe("still serving");
     } finally {
-      await set.close();
+      await Promise.all([short.close(), capped.close()]);
     }
   });
   it("lists, calls, reports isError; a server that is gone gives error text naming it", async () => {
