@@ -133,6 +133,10 @@ export interface MemoryStats {
   tensorBytes: number;
   rssBytes: number;
   heapBytes: number;
+  /** Memory of C++ objects bound to JS (array buffers included), outside the JS heap. */
+  externalBytes: number;
+  /** Backing stores of ArrayBuffers (typed arrays read back from tensors, file buffers). */
+  arrayBufferBytes: number;
   /** Size of the wasm backend's linear memory (it grows, never shrinks; 0 on other backends). */
   wasmBytes: number;
 }
@@ -141,11 +145,14 @@ export function memoryStats(): MemoryStats {
   const m = tf.memory();
   const p = process.memoryUsage();
   const wasm = (tf.engine().backend as { wasm?: { HEAPU8?: Uint8Array } }).wasm?.HEAPU8?.length ?? 0;
-  return { tensors: m.numTensors, tensorBytes: m.numBytes, rssBytes: p.rss, heapBytes: p.heapUsed, wasmBytes: wasm };
+  return { tensors: m.numTensors, tensorBytes: m.numBytes, rssBytes: p.rss, heapBytes: p.heapUsed, externalBytes: p.external, arrayBufferBytes: p.arrayBuffers, wasmBytes: wasm };
 }
 
 /** memoryStats as step-metric fields: RSS split into the JS heap and the wasm heap, to tell a leak's kind. */
 export function memoryFields(): Record<string, number> {
   const m = memoryStats();
-  return { tensors: m.tensors, tensor_bytes: m.tensorBytes, rss_bytes: m.rssBytes, heap_bytes: m.heapBytes, wasm_bytes: m.wasmBytes };
+  return {
+    tensors: m.tensors, tensor_bytes: m.tensorBytes, rss_bytes: m.rssBytes, heap_bytes: m.heapBytes, external_bytes: m.externalBytes,
+    array_buffer_bytes: m.arrayBufferBytes, wasm_bytes: m.wasmBytes,
+  };
 }
