@@ -29,6 +29,7 @@ import { defaultEpsilonHigh, importanceLevel } from "../trainer/policy-loss.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { writeReport } from "../trainer/report.ts";
 import { lrAt } from "../trainer/schedule.ts";
+import { collectGarbage } from "../util/gc.ts";
 import { Rng } from "../util/rng.ts";
 import { loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
@@ -226,6 +227,7 @@ async function train(
         });
         const trainSeconds = (Date.now() - tTrain) / 1000;
         await trajectoryLog.append(step + 1, trajs, tokenizer);
+        collectGarbage(); // the step's dead objects go now, not in a sawtooth over many steps (util/gc.ts)
         const m = { ...stepMetrics(trajs, rewards.map((g, p) => g.filter((_, i) => counted[p][i])), s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 }), ...loss };
         metrics.log(step + 1, m);
         history.push({ step: step + 1, ...m });

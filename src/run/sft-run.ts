@@ -16,6 +16,7 @@ import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, write
 import { Interrupted, watchInterrupts } from "../shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";
 import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
+import { collectGarbage } from "../util/gc.ts";
 import { formatStepLine, memoryFields, MetricsLogger, SFT_LINE } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
 import { createProgress } from "../trainer/progress.ts";
@@ -148,6 +149,7 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
           const r = await sftStep(model, optimizer, micro, { lr, maxGradNorm: cfg.max_grad_norm });
           step++;
           lastLoss = r.loss;
+          collectGarbage(); // the step's dead objects go now, not in a sawtooth over many steps (util/gc.ts)
           const seconds = (Date.now() - tStep) / 1000;
           const tokensSeen = micro.reduce((a, b) => a + b.ids.length * b.ids[0].length, 0);
           const m = { loss: r.loss, lr, grad_norm: r.gradNorm, tokens: r.tokens, tokens_per_s: tokensSeen / seconds, epoch: step / stepsPerEpoch, step_time: seconds, ...memoryFields() };
