@@ -1,7 +1,8 @@
 /** Memory soak of the tiny GRPO run: the preset's settings for many steps, then the RSS curve (and
  *  its JS-heap and wasm-heap parts) every --every steps, and the growth against step 20. Memory is
  *  measured here, outside the test suite (the suite only checks that a short run does not grow).
- *  npx tsx scripts/bench-soak.ts --steps 500 [--model_path outputs/tiny/sft/final] [--output_dir DIR] [--prompts_per_step N] */
+ *  npx tsx scripts/bench-soak.ts --steps 500 [--model_path outputs/tiny/sft/final] [--output_dir DIR] [--prompts_per_step N]
+ *  npx tsx scripts/bench-soak.ts --from DIR/metrics.jsonl   (the table of a run stopped early) */
 import { Command } from "commander";
 import { existsSync } from "node:fs";
 import * as os from "node:os";
@@ -23,22 +24,25 @@ const program = new Command("bench-soak")
   .option("--model_path <dir>", "policy to start from (default: the tiny SFT output if present, else the tiny base)", existsSync(sftOut) ? sftOut : TINY_BASE_DIR)
   .option("--output_dir <dir>", "run folder (default: a temp folder)")
   .option("--prompts_per_step <n>", "questions per step (default: the preset's); 2 with 8 samples is one micro-batch of 16, the preset's, at a quarter of the rollout time", parseIntArg("prompts_per_step", 1))
-  .option("--backend <name>", "tfjs backend", "wasm");
+  .option("--backend <name>", "tfjs backend", "wasm")
+  .option("--from <metrics.jsonl>", "print the table of an earlier (or stopped) run's metrics instead of running");
 
 await runMain(async () => {
   const o = program.parse(process.argv).opts();
-  const out = o.output_dir ?? path.join(await fs.mkdtemp(path.join(os.tmpdir(), "marl-soak-")), "grpo");
-  try {
-    // The preset's run, longer: its flags with the step count, start and folder of this bench.
-    await runGrpo({
-      ...defaultsOf(GRPO_FLAGS), ...TINY_GRPO, synthetic: TINY_PROBLEMS, model_path: o.model_path, max_steps: o.steps, output_dir: out,
-      ...(o.prompts_per_step ? { prompts_per_step: o.prompts_per_step } : {}),
-      backend: o.backend, quiet: true,
-    });
-  } finally {
-    await shutdownCalculator();
+  const out = o.from ? path.dirname(o.from) : o.output_dir ?? path.join(await fs.mkdtemp(path.join(os.tmpdir(), "marl-soak-")), "grpo");
+  if (!o.from) {
+    try {
+      // The preset's run, longer: its flags with the step count, start and folder of this bench.
+      await runGrpo({
+        ...defaultsOf(GRPO_FLAGS), ...TINY_GRPO, synthetic: TINY_PROBLEMS, model_path: o.model_path, max_steps: o.steps, output_dir: out,
+        ...(o.prompts_per_step ? { prompts_per_step: o.prompts_per_step } : {}),
+        backend: o.backend, quiet: true,
+      });
+    } finally {
+      await shutdownCalculator();
+    }
   }
-  const m = (await readMetrics(path.join(out, "metrics.jsonl"))).filter((r) => typeof r.rss_bytes === "number");
+  const m = (await readMetrics(o.from ?? path.join(out, "metrics.jsonl"))).filter((r) => typeof r.rss_bytes === "number");
   const mb = (x: unknown) => (typeof x === "number" ? (x / 1024 / 1024).toFixed(0) : "-");
   const ref = m.find((r) => r.step === 20) ?? m[0];
   const cols: [string, string][] = [["rss_MB", "rss_bytes"], ["heap_MB", "heap_bytes"], ["ext_MB", "external_bytes"], ["abuf_MB", "array_buffer_bytes"], ["wasm_MB", "wasm_bytes"]];
