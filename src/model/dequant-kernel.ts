@@ -39,16 +39,16 @@ export function dequantizeInto(out: Float32Array, packed: Int32Array, scales: Fl
  *  is allocated, since an allocation can grow and move the heap), cpu as the arrays it holds. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Backend = any;
-const IO: Record<string, { output: (b: Backend, shape: number[]) => tf.TensorInfo; view: (b: Backend, t: tf.TensorInfo) => any }> = {
+export const CPU_IO: Record<string, { output: (b: Backend, shape: number[]) => tf.TensorInfo; view: (b: Backend, t: tf.TensorInfo) => any }> = {
   wasm: { output: (b, shape) => b.makeOutput(shape, "float32"), view: (b, t) => b.typedArrayFromHeap(t) },
-  cpu: { output: (b, shape) => b.makeTensorInfo(shape, "float32", new Float32Array(shape[0] * shape[1])), view: (b, t) => b.data.get(t.dataId).values },
+  cpu: { output: (b, shape) => b.makeTensorInfo(shape, "float32", new Float32Array(shape.reduce((n, d) => n * d, 1))), view: (b, t) => b.data.get(t.dataId).values },
 };
 
 let registered = false;
 export function registerDequantizeKernels(): void {
   if (registered) return;
   registered = true;
-  for (const [backendName, io] of Object.entries(IO)) {
+  for (const [backendName, io] of Object.entries(CPU_IO)) {
     tf.registerKernel({
       kernelName: DEQUANTIZE,
       backendName,

@@ -20,6 +20,7 @@ import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { checkpoint } from "./checkpoint.ts";
 import { bmm, matMulAT, matMulBT, matMulUncached } from "./matmul.ts";
 import { backendProfile } from "./profile.ts";
+import { rmsNorm } from "./rmsnorm.ts";
 import { BaseWeight, type CustomGradFn } from "./weight.ts";
 import { FUSED, FUSED_MODULES, type CausalLM, type ForwardOptions, type FusedModule, type KVCache, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
 
@@ -134,8 +135,7 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   private rmsNorm(x: tf.Tensor2D, w: tf.Tensor1D): tf.Tensor2D {
-    const v = tf.mean(tf.square(x), -1, true);
-    return tf.mul(tf.mul(x, tf.rsqrt(tf.add(v, this.config.rmsNormEps))), w);
+    return rmsNorm(x, w, this.config.rmsNormEps);
   }
 
   /** One fused module: x [N, in] → [N, out] (its members' outputs side by side), with the q/k/v
