@@ -160,6 +160,33 @@ export class LoraAdapter {
     return tf.mul(mm(mm(xin, p.a as tf.Tensor as tf.Tensor2D), p.b as tf.Tensor as tf.Tensor2D), this.scaling);
   }
 
+  /** The LoRA terms of a fused module's members for x [N, in] → [N, Σout]: the members' outputs side
+   *  by side (zeros for a member without adapter), or null when none has one. Without dropout the
+   *  members share one product x·[A₁|A₂|…] [in, k·r] and one with the block-diagonal B
+   *  [k·r, Σout] (each Bᵢ padded with zero columns to its place): two matMuls per fused module instead
+   *  of two per member. While training with dropout each member draws its own mask (PEFT has one
+   *  lora_dropout per module), so each takes its own products. */
+  fusedDelta(layer: number, members: readonly LoraTarget[], outDims: number[], x: tf.Tensor2D, training: boolean): tf.Tensor2D | null {
+    const pairs = members.map((m) => this.pairs.get(`${layer}.${m}`));
+    if (!pairs.some((p) => p)) return null;
+    if (members.length === 1 || (training && this.config.dropout > 0)) {
+      const ds = members.map((m, i) => this.delta(layer, m, x, training) ?? tf.zeros([x.shape[0], outDims[i]]));
+      return ds.length === 1 ? (ds[0] as tf.Tensor2D) : (tf.concat(ds, 1) as tf.Tensor2D);
+    }
+    const total = outDims.reduce((a, b) => a + b, 0);
+    const as: tf.Tensor2D[] = [], bs: tf.Tensor2D[] = [];
+    let off = 0;
+    pairs.forEach((p, i) => {
+      if (p) {
+        as.push(p.a as tf.Tensor as tf.Tensor2D);
+        bs.push(tf.pad(p.b as tf.Tensor as tf.Tensor2D, [[0, 0], [off, total - off - outDims[i]]])); // [r, Σout]
+      }
+      off += outDims[i];
+    });
+    const xa = tf.mul(mm(x, as.length === 1 ? as[0] : tf.concat(as, 1)), this.scaling) as tf.Tensor2D; // [N, k·r]
+    return mm(xa, bs.length === 1 ? bs[0] : tf.concat(bs, 0)); // [N, Σout]
+  }
+
   variables(): tf.Variable[] {
     return [...this.pairs.values()].flatMap((p) => [p.a, p.b]);
   }

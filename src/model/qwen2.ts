@@ -139,19 +139,15 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   /** One fused module: x [N, in] → [N, out] (its members' outputs side by side), with the q/k/v
-   *  bias and each member's LoRA term (members without an adapter add zeros). */
+   *  bias and its members' LoRA terms as one tensor (lora.ts fusedDelta). */
   private proj(layer: number, f: FusedModule, x: tf.Tensor2D, opts: ForwardOptions): tf.Tensor2D {
     const lw = this.weights.layers[layer];
     let y = lw.proj[f].matmul(x);
     if (f === "qkv_proj") y = tf.add(y, lw.qkvBias);
     const ad = this.adapter;
     if (ad && opts.adapters !== false) {
-      const members = FUSED[f];
-      const ds = members.map((m) => ad.delta(layer, m, x, opts.training === true));
-      if (ds.some((d) => d)) {
-        const all = ds.map((d, i) => d ?? tf.zeros([x.shape[0], moduleDims(this.config, members[i])[1]]));
-        y = tf.add(y, all.length === 1 ? all[0] : tf.concat(all, 1));
-      }
+      const d = ad.fusedDelta(layer, FUSED[f], FUSED[f].map((m) => moduleDims(this.config, m)[1]), x, opts.training === true);
+      if (d) y = tf.add(y, d);
     }
     return y;
   }
