@@ -28,7 +28,7 @@ for (const c of configs) {
   const ctx = benchContext(c, opts.quantize as Quantize);
   if (opts.profile) {
     const k = await kernelCounts(ctx);
-    process.stderr.write(`${c}: ${k.decodeStep} kernels per decode step (${k.decodeTop}), ${k.trainStep} per training step (${k.trainTop})\n`);
+    process.stderr.write(`${c}: ${k.decodeStep} kernels per decode step (${k.decodeTop}), ${k.decodeStepLora} with LoRA, ${k.trainStep} per training step (${k.trainTop})\n`);
   }
   for (const w of WORKLOADS.filter((x) => names.includes(x.name))) {
     if (opts.profile) {

@@ -188,10 +188,11 @@ export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ va
   return { value: value as T, kernels };
 }
 
-/** Kernels run by one decode step (batch 8 after a 128-token prefill, base unpacked as in rollouts)
+/** Kernels run by one decode step (batch 8 after a 128-token prefill, base unpacked as in rollouts;
+ *  without and with LoRA r16 on all 7 modules)
  *  and by one training step (LoRA gradients of the mean token log-prob, batch 2 × 256): what the
  *  per-kernel overhead of small models scales with. Also the kinds that occur most in each. */
-export async function kernelCounts(ctx: BenchContext): Promise<{ decodeStep: number; trainStep: number; decodeTop: string; trainTop: string }> {
+export async function kernelCounts(ctx: BenchContext): Promise<{ decodeStep: number; decodeStepLora: number; trainStep: number; decodeTop: string; trainTop: string }> {
   const count = async (f: () => void) => {
     const info = await tf.profile(() => f());
     const kinds = new Map<string, number>();
@@ -200,21 +201,25 @@ export async function kernelCounts(ctx: BenchContext): Promise<{ decodeStep: num
     return { n: info.kernels.length, top };
   };
   const V = ctx.config.vocabSize;
-  let model = await ctx.model(false);
-  const release = model.unpackBase?.() ?? (() => {});
-  const ids = tokenBatch(8, 128, V, 7);
-  const { logits, cache } = model.prefill(ids, ids.map((r) => r.map(() => 1)));
-  logits.dispose();
-  const dec = await count(() => model.decodeStep(ids.map((r) => r[0]), cache).dispose());
-  cache.dispose();
-  release();
-  model = await ctx.model(true);
+  const decodeCount = async (model: Qwen2ForCausalLM) => {
+    const release = model.unpackBase?.() ?? (() => {});
+    const ids = tokenBatch(8, 128, V, 7);
+    const { logits, cache } = model.prefill(ids, ids.map((r) => r.map(() => 1)));
+    logits.dispose();
+    const n = await count(() => model.decodeStep(ids.map((r) => r[0]), cache).dispose());
+    cache.dispose();
+    release();
+    return n;
+  };
+  const dec = await decodeCount(await ctx.model(false));
+  const model = await ctx.model(true);
+  const decLora = await decodeCount(model);
   const tids = tokenBatch(2, 256, V), mask = tids.map((r) => r.map(() => 1));
   const train = await count(() => {
     const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(model.tokenLogprobs(tids, mask, { training: true }).logprobs)) as tf.Scalar, model.trainableVariables());
     tf.dispose([value, grads]);
   });
-  return { decodeStep: dec.n, trainStep: train.n, decodeTop: dec.top, trainTop: train.top };
+  return { decodeStep: dec.n, decodeStepLora: decLora.n, trainStep: train.n, decodeTop: dec.top, trainTop: train.top };
 }
 
 /** Context for one (config, quantize): models are created lazily and reused across workloads. */

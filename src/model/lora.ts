@@ -60,6 +60,9 @@ export class LoraAdapter {
   private readonly pairs = new Map<string, Pair>();
   private dropoutRng: Rng;
   private readonly uid = ++adapterCount;
+  /** Fused factors kept for generation (holdFactors, fusedDelta), by layer and module. */
+  private holding = false;
+  private readonly fusedCache = new Map<string, { ids: object[]; a: tf.Tensor2D; b: tf.Tensor2D }>();
 
   private constructor(readonly config: LoraConfig, readonly numLayers: number, seed: number) {
     checkConfig(config);
@@ -157,7 +160,8 @@ export class LoraAdapter {
     const p = this.pairs.get(`${layer}.${m}`);
     if (!p) return null;
     const xin = training && this.config.dropout > 0 ? (tf.dropout(x, this.config.dropout, undefined, this.dropoutRng.int(0, 2 ** 31 - 1)) as tf.Tensor2D) : x;
-    return tf.mul(mm(mm(xin, p.a as tf.Tensor as tf.Tensor2D), p.b as tf.Tensor as tf.Tensor2D), this.scaling);
+    // scaled between the products, as fusedDelta does, so every path rounds alike
+    return mm(tf.mul(mm(xin, p.a as tf.Tensor as tf.Tensor2D), this.scaling), p.b as tf.Tensor as tf.Tensor2D);
   }
 
   /** The LoRA terms of a fused module's members for x [N, in] → [N, Σout]: the members' outputs side
@@ -165,26 +169,61 @@ export class LoraAdapter {
    *  members share one product x·[A₁|A₂|…] [in, k·r] and one with the block-diagonal B
    *  [k·r, Σout] (each Bᵢ padded with zero columns to its place): two matMuls per fused module instead
    *  of two per member. While training with dropout each member draws its own mask (PEFT has one
-   *  lora_dropout per module), so each takes its own products. */
+   *  lora_dropout per module), so each takes its own products. While generation holds the factors
+   *  (holdFactors) and no gradient tape records, they are built once and rebuilt only when a
+   *  variable changes (an assign gives it a new dataId); the products are the same either way. */
   fusedDelta(layer: number, members: readonly LoraTarget[], outDims: number[], x: tf.Tensor2D, training: boolean): tf.Tensor2D | null {
     const pairs = members.map((m) => this.pairs.get(`${layer}.${m}`));
     if (!pairs.some((p) => p)) return null;
-    if (members.length === 1 || (training && this.config.dropout > 0)) {
+    const held = this.holding && tf.engine().state.gradientDepth === 0;
+    if ((members.length === 1 && !held) || (training && this.config.dropout > 0)) {
       const ds = members.map((m, i) => this.delta(layer, m, x, training) ?? tf.zeros([x.shape[0], outDims[i]]));
       return ds.length === 1 ? (ds[0] as tf.Tensor2D) : (tf.concat(ds, 1) as tf.Tensor2D);
     }
     const total = outDims.reduce((a, b) => a + b, 0);
-    const as: tf.Tensor2D[] = [], bs: tf.Tensor2D[] = [];
-    let off = 0;
-    pairs.forEach((p, i) => {
-      if (p) {
-        as.push(p.a as tf.Tensor as tf.Tensor2D);
-        bs.push(tf.pad(p.b as tf.Tensor as tf.Tensor2D, [[0, 0], [off, total - off - outDims[i]]])); // [r, Σout]
-      }
-      off += outDims[i];
-    });
-    const xa = tf.mul(mm(x, as.length === 1 ? as[0] : tf.concat(as, 1)), this.scaling) as tf.Tensor2D; // [N, k·r]
-    return mm(xa, bs.length === 1 ? bs[0] : tf.concat(bs, 0)); // [N, Σout]
+    const fuse = () => {
+      const as: tf.Tensor2D[] = [], bs: tf.Tensor2D[] = [];
+      let off = 0;
+      pairs.forEach((p, i) => {
+        if (p) {
+          as.push(p.a as tf.Tensor as tf.Tensor2D);
+          bs.push(tf.pad(p.b as tf.Tensor as tf.Tensor2D, [[0, 0], [off, total - off - outDims[i]]])); // [r, Σout]
+        }
+        off += outDims[i];
+      });
+      return { a: as.length === 1 ? as[0] : tf.concat(as, 1), b: bs.length === 1 ? bs[0] : tf.concat(bs, 0) }; // [in, k·r], [k·r, Σout]
+    };
+    if (!held) {
+      const f = fuse();
+      return mm(tf.mul(mm(x, f.a), this.scaling) as tf.Tensor2D, f.b); // [N, k·r] → [N, Σout]
+    }
+    const key = `${layer}.${members.join()}`, ids = pairs.flatMap((p) => (p ? [p.a.dataId, p.b.dataId] : []));
+    let c = this.fusedCache.get(key);
+    if (!c || c.ids.some((id, i) => id !== ids[i])) {
+      if (c) tf.dispose([c.a, c.b]);
+      // clones: a lone member's A is the variable itself, which the cache must not dispose
+      const f = tf.tidy(() => { const t = fuse(); return { a: tf.clone(t.a), b: tf.clone(t.b) }; });
+      c = { ids, a: tf.keep(f.a), b: tf.keep(f.b) };
+      this.fusedCache.set(key, c);
+    }
+    return tf.matMul(tf.mul(tf.matMul(x, c.a), this.scaling), c.b);
+  }
+
+  /** Keep each fused module's factors between products without a gradient tape (a decode step
+   *  would otherwise rebuild them every step) until the returned function is called. Nested holds
+   *  are no-ops, as nested unpackBase calls are. */
+  holdFactors(): () => void {
+    if (this.holding) return () => {}; // nested: the first hold's release drops them
+    this.holding = true;
+    return () => {
+      this.holding = false;
+      this.dropFactors();
+    };
+  }
+
+  private dropFactors(): void {
+    for (const c of this.fusedCache.values()) tf.dispose([c.a, c.b]);
+    this.fusedCache.clear();
   }
 
   variables(): tf.Variable[] {
@@ -212,6 +251,7 @@ export class LoraAdapter {
   }
 
   dispose(): void {
+    this.dropFactors();
     for (const p of this.pairs.values()) tf.dispose([p.a, p.b]);
     this.pairs.clear();
   }

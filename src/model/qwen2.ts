@@ -386,7 +386,9 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  release) for an f32 base, when already unpacked, or when unpackForGeneration is false. left:
    *  the layout (default: by size). */
   unpackBase(left?: boolean): () => void {
-    if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return () => {};
+    // The adapter's fused factors are held for generation too (lora.ts holdFactors).
+    const releaseFactors = this.adapter?.holdFactors() ?? (() => {});
+    if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return releaseFactors;
     const mats = this.weights.layers.flatMap((l) => FUSED_MODULES.map((f) => l.proj[f]));
     // Over the profile's leftLayoutBytes of f32: held [out, in] as the left operand, like large f32 models (weight.ts).
     left ??= 4 * mats.reduce((n, w) => n + w.inDim * w.outDim, 0) > backendProfile().leftLayoutBytes;
@@ -395,6 +397,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     return () => {
       for (const w of mats) w.pack();
       this.unpacked = false;
+      releaseFactors();
     };
   }
 

@@ -58,4 +58,26 @@ describe("LoRA on fused modules", () => {
     tf.dispose([x, evalD, trainD]);
     ad.dispose();
   });
+
+  it("holds the fused factors for generation: same terms, rebuilt after an assign, released without a leak", async () => {
+    await initBackend("wasm");
+    const { ad, v } = adapter(["q_proj", "v_proj", "o_proj"]);
+    const x = randn([3, cfg.hiddenSize], 1) as tf.Tensor2D;
+    const terms = () => (["qkv_proj", "o_proj"] as const).map((f) => { const ms = FUSED[f]; return tf.tidy(() => ad.fusedDelta(0, ms, ms.map((m) => moduleDims(cfg, m)[1]), x, false)!); });
+    const perMember = () => [tf.tidy(() => tf.concat([ad.delta(0, "q_proj", x, false)!, tf.zeros([3, 16]), ad.delta(0, "v_proj", x, false)!], 1)), tf.tidy(() => ad.delta(0, "o_proj", x, false)!)];
+    const before = tf.memory().numTensors;
+    const release = ad.holdFactors();
+    for (let round = 0; round < 2; round++) {
+      const [got, ref] = [terms(), perMember()];
+      got.forEach((g, i) => expect(maxDiff(g, ref[i]), `round ${round} term ${i}`).toBeLessThan(1e-5));
+      tf.dispose([...got, ...ref]);
+      tf.tidy(() => v("v_proj", "B").assign(tf.mul(v("v_proj", "B"), 2))); // the held factors must follow
+      tf.tidy(() => v("o_proj", "A").assign(tf.mul(v("o_proj", "A"), -1)));
+    }
+    release();
+    expect(tf.memory().numTensors).toBe(before);
+    expect(v("o_proj", "A").isDisposed).toBe(false);
+    tf.dispose(x);
+    ad.dispose();
+  });
 });
