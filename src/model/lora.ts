@@ -180,8 +180,19 @@ export class LoraAdapter {
       const ds = members.map((m, i) => this.delta(layer, m, x, training) ?? tf.zeros([x.shape[0], outDims[i]]));
       return ds.length === 1 ? (ds[0] as tf.Tensor2D) : (tf.concat(ds, 1) as tf.Tensor2D);
     }
+    const fuse = this.fuser(pairs, outDims);
+    if (!held) {
+      const f = fuse();
+      return mm(tf.mul(mm(x, f.a), this.scaling) as tf.Tensor2D, f.b); // [N, k·r] → [N, Σout]
+    }
+    const c = this.heldFactors(layer, members, pairs, fuse);
+    return tf.matMul(tf.mul(tf.matMul(x, c.a), this.scaling), c.b);
+  }
+
+  /** [A₁|A₂|…] [in, k·r] and the block-diagonal B [k·r, Σout] of a fused module's members. */
+  private fuser(pairs: (Pair | undefined)[], outDims: number[]): () => { a: tf.Tensor2D; b: tf.Tensor2D } {
     const total = outDims.reduce((a, b) => a + b, 0);
-    const fuse = () => {
+    return () => {
       const as: tf.Tensor2D[] = [], bs: tf.Tensor2D[] = [];
       let off = 0;
       pairs.forEach((p, i) => {
@@ -193,10 +204,10 @@ export class LoraAdapter {
       });
       return { a: as.length === 1 ? as[0] : tf.concat(as, 1), b: bs.length === 1 ? bs[0] : tf.concat(bs, 0) }; // [in, k·r], [k·r, Σout]
     };
-    if (!held) {
-      const f = fuse();
-      return mm(tf.mul(mm(x, f.a), this.scaling) as tf.Tensor2D, f.b); // [N, k·r] → [N, Σout]
-    }
+  }
+
+  /** The held factors of one fused module, built when missing or when a variable was assigned since. */
+  private heldFactors(layer: number, members: readonly LoraTarget[], pairs: (Pair | undefined)[], fuse: () => { a: tf.Tensor2D; b: tf.Tensor2D }) {
     const key = `${layer}.${members.join()}`, ids = pairs.flatMap((p) => (p ? [p.a.dataId, p.b.dataId] : []));
     let c = this.fusedCache.get(key);
     if (!c || c.ids.some((id, i) => id !== ids[i])) {
@@ -206,15 +217,22 @@ export class LoraAdapter {
       c = { ids, a: tf.keep(f.a), b: tf.keep(f.b) };
       this.fusedCache.set(key, c);
     }
-    return tf.matMul(tf.mul(tf.matMul(x, c.a), this.scaling), c.b);
+    return c;
   }
 
   /** Keep each fused module's factors between products without a gradient tape (a decode step
-   *  would otherwise rebuild them every step) until the returned function is called. Nested holds
-   *  are no-ops, as nested unpackBase calls are. */
-  holdFactors(): () => void {
+   *  would otherwise rebuild them every step) until the returned function is called; `modules` (with
+   *  their members' output sizes) are built at once. Nested holds are no-ops, as nested unpackBase
+   *  calls are. */
+  holdFactors(modules: readonly (readonly LoraTarget[])[] = [], outDim: (m: LoraTarget) => number = () => 0): () => void {
     if (this.holding) return () => {}; // nested: the first hold's release drops them
     this.holding = true;
+    // Built now, as unpackBase dequantizes now: the tensors live from hold to release.
+    for (let l = 0; l < this.numLayers; l++)
+      for (const members of modules) {
+        const pairs = members.map((m) => this.pairs.get(`${l}.${m}`));
+        if (pairs.some((p) => p)) this.heldFactors(l, members, pairs, this.fuser(pairs, members.map(outDim)));
+      }
     return () => {
       this.holding = false;
       this.dropFactors();

@@ -387,7 +387,7 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  the layout (default: by size). */
   unpackBase(left?: boolean): () => void {
     // The adapter's fused factors are held for generation too (lora.ts holdFactors).
-    const releaseFactors = this.adapter?.holdFactors() ?? (() => {});
+    const releaseFactors = this.adapter?.holdFactors(FUSED_MODULES.map((f) => FUSED[f]), (m) => moduleDims(this.config, m)[1]) ?? (() => {});
     if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return releaseFactors;
     const mats = this.weights.layers.flatMap((l) => FUSED_MODULES.map((f) => l.proj[f]));
     // Over the profile's leftLayoutBytes of f32: held [out, in] as the left operand, like large f32 models (weight.ts).

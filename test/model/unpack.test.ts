@@ -39,9 +39,11 @@ describe("unpackBase", () => {
     const packed = await run();
     const before = tf.memory().numTensors;
     const release = m.unpackBase(left);
-    expect(tf.memory().numTensors).toBe(before + FUSED_MODULES.length * m.config.numHiddenLayers); // one f32 matrix per (fused) linear module
+    // per (fused) linear module: one f32 matrix, and the adapter's two held factors (lora.ts holdFactors)
+    const held = 3 * FUSED_MODULES.length * m.config.numHiddenLayers;
+    expect(tf.memory().numTensors).toBe(before + held);
     m.unpackBase(); // nested: a no-op
-    expect(tf.memory().numTensors).toBe(before + FUSED_MODULES.length * m.config.numHiddenLayers);
+    expect(tf.memory().numTensors).toBe(before + held);
     const unpacked = await run();
     release();
     expect(tf.memory().numTensors).toBe(before);
