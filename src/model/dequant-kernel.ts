@@ -39,31 +39,10 @@ export function dequantizeInto(out: Float32Array, packed: Int32Array, scales: Fl
  *  is allocated, since an allocation can grow and move the heap), cpu as the arrays it holds. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type Backend = any;
-const CPU_IO: Record<string, { output: (b: Backend, shape: number[]) => tf.TensorInfo; view: (b: Backend, t: tf.TensorInfo) => any }> = {
+export const CPU_IO: Record<string, { output: (b: Backend, shape: number[]) => tf.TensorInfo; view: (b: Backend, t: tf.TensorInfo) => any }> = {
   wasm: { output: (b, shape) => b.makeOutput(shape, "float32"), view: (b, t) => b.typedArrayFromHeap(t) },
   cpu: { output: (b, shape) => b.makeTensorInfo(shape, "float32", new Float32Array(shape.reduce((n, d) => n * d, 1))), view: (b, t) => b.data.get(t.dataId).values },
 };
-
-/** Registers a float32 kernel on the CPU backends: its outputs (shapes from the inputs) are allocated
- *  first, then `compute` gets views of the outputs and of the inputs (in `names` order). */
-export function registerCpuKernel(
-  kernelName: string,
-  names: string[],
-  outShapes: (ins: tf.TensorInfo[]) => number[][],
-  compute: (outs: Float32Array[], ins: Float32Array[], attrs: Record<string, unknown>) => void,
-): void {
-  for (const [backendName, io] of Object.entries(CPU_IO))
-    tf.registerKernel({
-      kernelName,
-      backendName,
-      kernelFunc: ({ inputs, backend, attrs }) => {
-        const ins = names.map((n) => (inputs as Record<string, tf.TensorInfo>)[n]);
-        const outs = outShapes(ins).map((shape) => io.output(backend, shape));
-        compute(outs.map((o) => io.view(backend, o)), ins.map((t) => io.view(backend, t)), (attrs ?? {}) as Record<string, unknown>);
-        return outs.length === 1 ? outs[0] : outs;
-      },
-    });
-}
 
 let registered = false;
 export function registerDequantizeKernels(): void {

@@ -21,7 +21,6 @@ import { checkpoint } from "./checkpoint.ts";
 import { bmm, matMulAT, matMulBT, matMulUncached } from "./matmul.ts";
 import { backendProfile } from "./profile.ts";
 import { rmsNorm } from "./rmsnorm.ts";
-import { swiGlu } from "./swiglu.ts";
 import { BaseWeight, type CustomGradFn } from "./weight.ts";
 import { FUSED, FUSED_MODULES, type CausalLM, type ForwardOptions, type FusedModule, type KVCache, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
 
@@ -226,7 +225,8 @@ export class Qwen2ForCausalLM implements CausalLM {
     const att = tf.reshape<tf.Rank.R2>(perm(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
     x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
     const n = this.rmsNorm(x, lw.postNorm);
-    const act = swiGlu(this.proj(l, "gate_up_proj", n, opts)); // [N, 2I] = [gate | up] → silu(gate)·up [N, I]
+    const [gate, up] = tf.split(this.proj(l, "gate_up_proj", n, opts), 2, 1); // [N, I] each
+    const act = tf.mul(tf.mul(gate, tf.sigmoid(gate)), up) as tf.Tensor2D; // silu(gate)·up
     x = tf.add(x, this.proj(l, "down_proj", act, opts)) as tf.Tensor2D;
     return { x, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };
   }

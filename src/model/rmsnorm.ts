@@ -5,7 +5,7 @@
  *  step spent 40 of its 230 kernels here. Other backends (webgpu) keep the op path, whose gradient
  *  tfjs derives. Sums run in float64, so results differ from the op path by float32 rounding only. */
 import * as tf from "@tensorflow/tfjs";
-import { registerCpuKernel } from "./dequant-kernel.ts";
+import { CPU_IO } from "./dequant-kernel.ts";
 import type { CustomGradFn } from "./weight.ts";
 
 const RMS_NORM = "MarlRmsNorm";
@@ -44,8 +44,28 @@ let registered = false;
 function register(): void {
   if (registered) return;
   registered = true;
-  registerCpuKernel(RMS_NORM, ["x", "w"], ([x]) => [x.shape], ([y], [x, w], a) => rmsNormInto(y, x, w, w.length, a.eps as number));
-  registerCpuKernel(RMS_NORM_GRAD, ["x", "w", "dy"], ([x, w]) => [x.shape, w.shape], ([dx, dw], [x, w, dy], a) => rmsNormGradInto(dx, dw, x, w, dy, w.length, a.eps as number));
+  for (const [backendName, io] of Object.entries(CPU_IO)) {
+    tf.registerKernel({
+      kernelName: RMS_NORM,
+      backendName,
+      kernelFunc: ({ inputs, backend, attrs }) => {
+        const { x, w } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo };
+        const y = io.output(backend, x.shape); // views after every allocation: the wasm heap may move
+        rmsNormInto(io.view(backend, y), io.view(backend, x), io.view(backend, w), w.shape[0], attrs!.eps as number);
+        return y;
+      },
+    });
+    tf.registerKernel({
+      kernelName: RMS_NORM_GRAD,
+      backendName,
+      kernelFunc: ({ inputs, backend, attrs }) => {
+        const { x, w, dy } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo; dy: tf.TensorInfo };
+        const dx = io.output(backend, x.shape), dw = io.output(backend, w.shape);
+        rmsNormGradInto(io.view(backend, dx), io.view(backend, dw), io.view(backend, x), io.view(backend, w), io.view(backend, dy), w.shape[0], attrs!.eps as number);
+        return [dx, dw];
+      },
+    });
+  }
 }
 
 /** The tfjs-op form (every backend; the reference the kernels are tested against). */

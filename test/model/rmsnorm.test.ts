@@ -2,7 +2,6 @@ import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
 import { rmsNorm, rmsNormOps } from "../../src/model/rmsnorm.ts";
-import { swiGlu, swiGluOps } from "../../src/model/swiglu.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const randn = (n: number, seed: number, scale = 1) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => scale * r.normal()); };
@@ -57,48 +56,5 @@ describe("rmsNorm kernels", () => {
     const fd = (v: Float64Array, k: number) => { const o = v[k]; v[k] = o + h; const up = loss(x, w); v[k] = o - h; const dn = loss(x, w); v[k] = o; return (up - dn) / (2 * h); };
     for (const k of [0, 7, 23, 50, 119]) expect(got[2][k], `dx[${k}]`).toBeCloseTo(fd(x, k), 3);
     for (const k of [0, 5, 23]) expect(got[3][k], `dw[${k}]`).toBeCloseTo(fd(w, k), 3);
-  });
-});
-
-describe("swiGlu kernels", () => {
-  const N = 4, I = 10;
-  const zs = randn(N * 2 * I, 4, 3), cs = randn(N * I, 5);
-  const run = (f: typeof swiGlu) => tf.tidy(() => {
-    const z = tf.tensor2d(zs, [N, 2 * I]), c = tf.tensor2d(cs, [N, I]);
-    const { value, grads } = tf.valueAndGrads((zz: tf.Tensor) => tf.sum(tf.mul(f(zz as tf.Tensor2D), c)) as tf.Scalar)([z]);
-    return [f(z), value, grads[0]].map((t) => t.dataSync().slice());
-  });
-
-  it("match the tfjs-op form and central finite differences, on cpu and wasm, one kernel each way", async () => {
-    await initBackend("wasm");
-    const ref = run(swiGluOps);
-    for (const backend of ["cpu", "wasm"]) {
-      await tf.setBackend(backend);
-      const got = run(swiGlu);
-      ["y", "loss", "dz"].forEach((name, i) => expect(maxDiff(got[i], ref[i]), `${backend} ${name}`).toBeLessThan(1e-5 * Math.max(1, ...Array.from(ref[i], Math.abs))));
-      const z = tf.tensor2d(zs, [N, 2 * I]);
-      const before = tf.memory().numTensors;
-      const prof = await tf.profile(() => {
-        const { value, grads } = tf.valueAndGrads((zz: tf.Tensor) => tf.sum(swiGlu(zz as tf.Tensor2D)) as tf.Scalar)([z]);
-        tf.dispose([value, ...grads]);
-      });
-      const names = prof.kernels.map((k) => k.name);
-      expect(names.filter((n) => n.startsWith("MarlSwiGlu")), backend).toEqual(["MarlSwiGlu", "MarlSwiGluGrad"]);
-      expect(names.filter((n) => ["Sigmoid", "SplitV"].includes(n)), backend).toEqual([]);
-      expect(tf.memory().numTensors).toBe(before);
-      z.dispose();
-    }
-    await tf.setBackend("wasm");
-    const loss = (z: Float64Array) => {
-      let s = 0;
-      for (let i = 0; i < N; i++) for (let j = 0; j < I; j++) { const g = z[i * 2 * I + j]; s += (g / (1 + Math.exp(-g))) * z[i * 2 * I + I + j] * cs[i * I + j]; }
-      return s;
-    };
-    const z = Float64Array.from(zs), h = 1e-5;
-    for (const k of [0, 3, 12, 25, 79]) {
-      const o = z[k]; z[k] = o + h; const up = loss(z); z[k] = o - h; const dn = loss(z); z[k] = o;
-      expect(ref[2][k], `dz[${k}] (op form)`).toBeCloseTo((up - dn) / (2 * h), 3);
-      expect(run(swiGlu)[2][k], `dz[${k}]`).toBeCloseTo((up - dn) / (2 * h), 3);
-    }
   });
 });
