@@ -10,9 +10,55 @@ import { failedEnvironment, type Environment, type EnvironmentFactory } from "./
 export const ENV_SYSTEM_PROMPT =
   'You act in an environment. Read each observation and answer with one action, on a last line "Action: <action>".';
 
-/** An environment's first n tasks, data_idx 0..n-1: the id holds the index (the server has the task). */
-export function environmentTasks(n: number): Task[] {
-  return Array.from({ length: n }, (_, i) => ({ id: String(i), question: `task ${i}`, answer: "", gold: "" }));
+/** Tasks for the given data_idx values: the id holds the index (the server has the task). */
+export function environmentTasks(idxs: number[]): Task[] {
+  return idxs.map((i) => ({ id: String(i), question: `task ${i}`, answer: "", gold: "" }));
+}
+
+/** Where held-out data_idx start by default: GRPO's held-out evaluation and eval.ts --env use data_idx
+ *  1000 on, so neither scores a model on the tasks GRPO trains on by default (0 to --max_samples - 1). */
+export const HELD_OUT_START = 1000;
+const MAX_TASKS = 1_000_000;
+
+/** data_idx ranges as `0-99,200-249,300` → the indices, in order, each once. */
+export function expandRanges(spec: string): number[] {
+  const seen = new Set<number>();
+  for (const part of spec.split(",")) {
+    const [a, b = a] = part.trim().split("-").map(Number);
+    for (let i = a; i <= b; i++) seen.add(i);
+  }
+  return [...seen];
+}
+
+/** Indices as their shortest range list (`0-99,200-249`). */
+export function formatRanges(idxs: number[]): string {
+  const sorted = [...new Set(idxs)].sort((x, y) => x - y);
+  const parts: string[] = [];
+  for (let k = 0; k < sorted.length; ) {
+    let e = k;
+    while (e + 1 < sorted.length && sorted[e + 1] === sorted[e] + 1) e++;
+    parts.push(sorted[k] === sorted[e] ? String(sorted[k]) : `${sorted[k]}-${sorted[e]}`);
+    k = e + 1;
+  }
+  return parts.join(",");
+}
+
+/** Flag parser for data_idx ranges: checks the syntax and returns the list normalised. */
+export function parseTaskRanges(name: string): (value: string) => string {
+  return (value: string) => {
+    const bad = (why: string) => new UsageError(`--${name} ${JSON.stringify(value)}: ${why}; expected data_idx ranges like 0-99,200-249 (whole numbers >= 0, start <= end)`);
+    let total = 0;
+    for (const part of value.split(",")) {
+      const m = /^\s*(\d+)(?:\s*-\s*(\d+))?\s*$/.exec(part);
+      if (!m) throw bad(`${JSON.stringify(part)} is not a number or a range`);
+      const a = Number(m[1]);
+      const b = m[2] === undefined ? a : Number(m[2]);
+      if (a > b) throw bad(`${part.trim()} ends before it starts`);
+      total += b - a + 1;
+      if (total > MAX_TASKS) throw bad(`more than ${MAX_TASKS} tasks`);
+    }
+    return formatRanges(expandRanges(value));
+  };
 }
 
 export interface Episodes {

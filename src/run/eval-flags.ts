@@ -3,6 +3,7 @@
 import { parseChoice, parseFloatArg, parseIntArg, UsageError } from "../cli.ts";
 import type { Quantize } from "../model/types.ts";
 import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
+import { HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";
 import { envFlags, modelFlags, QUANTIZE_CHOICES, toolFlags } from "./options.ts";
 
 export const EVAL_FLAGS = {
@@ -19,7 +20,8 @@ export const EVAL_FLAGS = {
   batch_size: flag("--batch_size <n>", "questions per decode batch (each with k rows)", parseIntArg("batch_size", 1), 8),
   max_new_tokens: flag("--max_new_tokens <n>", "token budget per rollout over all turns, tool responses included", parseIntArg("max_new_tokens", 1), 512),
   max_turns: flag("--max_turns <n>", "assistant turns per rollout", parseIntArg("max_turns", 1), 8),
-  ...envFlags("evaluate on an AgentGym HTTP environment server instead of a dataset: its tasks data_idx 0 to --max_samples - 1 (default 100), each assistant turn an action (its last \"Action:\" line); a sample succeeds when the episode's reward reaches 1"),
+  ...envFlags("evaluate on an AgentGym HTTP environment server instead of a dataset: its tasks are --env_tasks, each assistant turn an action (its last \"Action:\" line); a sample succeeds when the episode's reward reaches 1"),
+  env_tasks: optional("--env_tasks <ranges>", `with --env: the data_idx to evaluate, as ranges like 0-99,200-249 (default: ${HELD_OUT_START} to ${HELD_OUT_START} + --max_samples - 1, held out from GRPO's default training tasks 0 to --max_samples - 1)`, parseTaskRanges("env_tasks")),
   output_dir: optional("--output_dir <dir>", "where eval.json, samples-*.jsonl and report.html go (default outputs/<model name>/eval; tiny: outputs/tiny/eval)"),
   overwrite: toggle("--overwrite", "replace an earlier evaluation in --output_dir", false),
 } satisfies FlagTable;

@@ -12,7 +12,7 @@ import type { Tool } from "../agents/types.ts";
 import { openRunTools } from "../agents/toolset.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { environmentTasks, openEnvironmentServer } from "../envs/episodes.ts";
+import { environmentTasks, expandRanges, HELD_OUT_START, openEnvironmentServer } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
@@ -220,13 +220,15 @@ export interface EvalRunIo {
   progress?: boolean; // show a progress bar on stderr (default true)
 }
 
-export async function runEval(cfg: EvalRunConfig, io: EvalRunIo = { out: (l) => process.stdout.write(l + "\n") }): Promise<EvalRunOutput> {
+export async function runEval(options: EvalRunConfig, io: EvalRunIo = { out: (l) => process.stdout.write(l + "\n") }): Promise<EvalRunOutput> {
   const log = (line: string) => process.stderr.write(line + "\n");
+  // With --env, the tasks as run.json records them: by default held out from GRPO's default training tasks.
+  const cfg: EvalRunConfig = options.env ? { ...options, env_tasks: options.env_tasks ?? `${HELD_OUT_START}-${HELD_OUT_START + (options.max_samples ?? 100) - 1}` } : options;
   // Environment and tool servers are checked before the output folder is touched: one that does not
   // answer is a usage error.
   const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.env_dialect, timeoutMs: cfg.tool_timeout * 1000, maxChars: cfg.tool_max_chars }) : undefined;
   const purpose: Purpose = cfg.split === "test" ? "eval" : "rl";
-  const examples: Task[] = envs ? environmentTasks(cfg.max_samples ?? 100) : await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.max_samples, synthetic: cfg.synthetic });
+  const examples: Task[] = envs ? environmentTasks(expandRanges(cfg.env_tasks!)) : await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.max_samples, synthetic: cfg.synthetic });
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset} --split ${cfg.split}: no questions to evaluate`);
   const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(toolConfig(cfg), log);
   try {

@@ -196,11 +196,11 @@ export async function finalEvaluation(
   model: CausalLM,
   tokenizer: Tokenizer,
   heldOut: Task[],
-  o: { maxNewTokens: number; maxTurns: number; toolsInPrompt: boolean; seed: number; tools: Tool[]; outputDir: string; metrics: MetricsLogger; step: number; log: (line: string) => void },
+  o: { maxNewTokens: number; maxTurns: number; toolsInPrompt: boolean; seed: number; tools: Tool[]; envs?: EnvironmentFactory; outputDir: string; metrics: MetricsLogger; step: number; log: (line: string) => void },
 ): Promise<EvalResult | null> {
   if (heldOut.length === 0) return null;
   const r = await evaluate(model, tokenizer, heldOut, {
-    samplesPerPrompt: 1, temperature: 0, batchSize: 64, maxNewTokens: o.maxNewTokens, maxTurns: o.maxTurns, toolsInPrompt: o.toolsInPrompt, seed: o.seed, tools: o.tools,
+    samplesPerPrompt: 1, temperature: 0, batchSize: 64, maxNewTokens: o.maxNewTokens, maxTurns: o.maxTurns, toolsInPrompt: o.toolsInPrompt, seed: o.seed, tools: o.tools, envs: o.envs,
   });
   o.log(`eval (held-out, greedy): ${formatEvalLine(r)}`);
   o.metrics.log(o.step, { eval_accuracy: r.strict.value, eval_lenient_accuracy: r.lenient.value, eval_format_valid: r.formatValid, eval_tool_calls: r.toolCallsPerRollout });

@@ -3,6 +3,7 @@
 import { parseChoice, parseFloatArg, parseIntArg } from "../cli.ts";
 import { IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, type ImportanceSamplingLevel, type LossType } from "../trainer/policy-loss.ts";
 import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
+import { HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";
 import { envFlags, toolFlags, trainingFlags } from "./options.ts";
 
 export const GRPO_FLAGS = {
@@ -33,6 +34,8 @@ export const GRPO_FLAGS = {
   eval_samples: flag("--eval_samples <n>", "held-out questions evaluated greedily at the end (0: skip)", parseIntArg("eval_samples", 0), 0, { free: true }),
   ...toolFlags(),
   ...envFlags(),
+  env_tasks: optional("--env_tasks <ranges>", "with --env: the data_idx to train on, as ranges like 0-99,200-249 (default: 0 to --max_samples - 1, 100 tasks)", parseTaskRanges("env_tasks")),
+  env_eval_tasks: optional("--env_eval_tasks <ranges>", `with --env: held-out data_idx; the first --eval_samples of them are evaluated at the end; must not overlap --env_tasks (default: ${HELD_OUT_START} on, the range eval.ts --env uses)`, parseTaskRanges("env_eval_tasks")),
   env_max_failed_steps: flag("--env_max_failed_steps <n>", "with --env: stop (checkpoint saved, continue with --resume) when every rollout failed on the environment in this many steps in a row (0: never)", parseIntArg("env_max_failed_steps", 0), 3, { free: true }),
   output_dir: optional("--output_dir <dir>", "run folder (default outputs/<model>/grpo)", undefined, { free: true }),
   overwrite: toggle("--overwrite", "replace a run already in --output_dir", false, { free: true }),

@@ -9,7 +9,7 @@ import * as path from "node:path";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { ENV_SYSTEM_PROMPT, environmentTasks, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
+import { ENV_SYSTEM_PROMPT, environmentTasks, expandRanges, formatRanges, HELD_OUT_START, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig } from "../model/types.ts";
@@ -62,6 +62,23 @@ function identity(cfg: GrpoRunConfig): Record<string, unknown> {
   return { ...runIdentity(GRPO_FLAGS, cfg), synthetic: cfg.synthetic };
 }
 
+/** --env's training and held-out tasks: the held-out ones are the first --eval_samples of
+ *  --env_eval_tasks, and the two range lists may not share a data_idx. */
+function environmentSplit(env: string, trainSpec: string, heldOutSpec: string, evalSamples: number) {
+  const train = expandRanges(trainSpec);
+  const heldOut = expandRanges(heldOutSpec);
+  const trainSet = new Set(train);
+  const shared = heldOut.filter((i) => trainSet.has(i));
+  if (shared.length > 0)
+    throw new UsageError(`--env_tasks ${trainSpec} and --env_eval_tasks ${heldOutSpec} share data_idx ${formatRanges(shared)}; held-out tasks must not be trained on`);
+  const evaluated = heldOut.slice(0, evalSamples);
+  return {
+    train: environmentTasks(train),
+    heldOut: environmentTasks(evaluated),
+    split: `environment ${env}: train data_idx ${trainSpec}; ${evaluated.length > 0 ? `held out data_idx ${formatRanges(evaluated)}` : "none held out (--eval_samples 0)"}`,
+  };
+}
+
 /** The i-th question of an endless stream: the data in a fresh seeded order every pass. */
 function dataStream(examples: Task[], seed: number) {
   const orders = new Map<number, number[]>();
@@ -81,6 +98,10 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
     epsilon_high: options.epsilon_high ?? defaultEpsilonHigh(options.loss_type, options.epsilon),
     importance_sampling_level: importanceLevel({ lossType: options.loss_type, importanceSamplingLevel: options.importance_sampling_level }),
     synthetic: options.synthetic ?? (options.preset === "tiny" ? TINY_PROBLEMS : undefined),
+    // With --env, the task ranges as run.json records them (and the resume check compares).
+    ...(options.env
+      ? { env_tasks: options.env_tasks ?? `0-${(options.max_samples ?? 100) - 1}`, env_eval_tasks: options.env_eval_tasks ?? `${HELD_OUT_START}-${HELD_OUT_START + 999}` }
+      : {}),
   };
   // With an environment and the default weights, the reward is the environment's.
   const weightSpec = cfg.env && cfg.reward_weights === GRPO_FLAGS.reward_weights.default ? "env=1" : cfg.reward_weights;
@@ -103,7 +124,7 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.env_dialect, timeoutMs: cfg.tool_timeout * 1000, maxChars: cfg.tool_max_chars }) : null;
   // Held-out questions never include a training row; the split is logged and kept in run.json.
   const { train: examples, heldOut, split } = envs
-    ? { train: environmentTasks(cfg.max_samples ?? 100), heldOut: [] as Task[], split: `environment ${cfg.env}: data_idx 0-${(cfg.max_samples ?? 100) - 1}; none held out` }
+    ? environmentSplit(cfg.env!, cfg.env_tasks!, cfg.env_eval_tasks!, cfg.eval_samples)
     : await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.max_samples, synthetic: cfg.synthetic }, cfg.eval_samples);
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   log(`data: ${split}`);
@@ -260,7 +281,7 @@ async function train(
     await savePolicy(policy, finalDir, false);
     log(`saved adapter to ${finalDir}`);
     const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      maxNewTokens: cfg.max_new_tokens, maxTurns: cfg.max_turns, toolsInPrompt: cfg.tools_in_prompt, seed: cfg.seed, tools, outputDir: cfg.output_dir, metrics, step: total, log,
+      maxNewTokens: cfg.max_new_tokens, maxTurns: cfg.max_turns, toolsInPrompt: cfg.tools_in_prompt, seed: cfg.seed, tools, envs: c.envs ?? undefined, outputDir: cfg.output_dir, metrics, step: total, log,
     });
     await writeReport(cfg.output_dir, { title: `GRPO ${path.basename(policy.base)}`, extra: { loss: describeLoss(loss) } });
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };

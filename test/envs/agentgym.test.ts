@@ -184,12 +184,16 @@ describe("rollouts against the environment", () => {
 });
 
 describe("GRPO against the environment", () => {
-  it("one step: prompts are first observations, turns are actions, reward_env is logged", async () => {
+  it("one step: prompts are first observations, turns are actions, reward_env is logged; held-out tasks are evaluated", async () => {
     const { runGrpo } = await import("../../src/run/grpo-run.ts");
     const { readMetrics } = await import("../../src/trainer/metrics.ts");
     const s = await serveGuessNumber(0, "env_idx");
     servers.push(s);
-    const cfg = await tinyEnvRunConfig(s.url, "env_idx", { reward_weights: "correctness=0,format=0,tool_use=0,env=1" });
+    // Training and held-out ranges that share a data_idx: a usage error before the run folder exists.
+    const clash = await tinyEnvRunConfig(s.url, "env_idx", { env_tasks: "0-3", env_eval_tasks: "2-5", eval_samples: 1 });
+    await expect(runGrpo(clash)).rejects.toThrow(/^--env_tasks 0-3 and --env_eval_tasks 2-5 share data_idx 2-3; held-out tasks must not be trained on$/);
+    expect(await fs.stat(clash.output_dir).then(() => true, () => false)).toBe(false);
+    const cfg = await tinyEnvRunConfig(s.url, "env_idx", { reward_weights: "correctness=0,format=0,tool_use=0,env=1", env_tasks: "5,7", eval_samples: 2, max_new_tokens: 48 });
     const out = cfg.output_dir;
     await runGrpo(cfg);
     const lines = (await fs.readFile(path.join(out, "trajectories.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
@@ -204,6 +208,12 @@ describe("GRPO against the environment", () => {
     expect(lines.some((t) => t.turns[0].ended)).toBe(true); // the tiny base ends its turns
     const [m] = await readMetrics(path.join(out, "metrics.jsonl"));
     expect(m).toHaveProperty("reward_env");
+    // Trained on data_idx 5 and 7 (run.json); the held-out evaluation ran the first two of the default range.
+    const runJson = JSON.parse(await fs.readFile(path.join(out, "run.json"), "utf8"));
+    expect(JSON.stringify(runJson)).toContain('"env_tasks":"5,7"');
+    expect(JSON.stringify(runJson)).toContain('"env_eval_tasks":"1000-1999"');
+    const evalJson = JSON.parse(await fs.readFile(path.join(out, "eval.json"), "utf8"));
+    expect(evalJson.samples.map((q: { id: string }) => q.id)).toEqual(["1000", "1001"]);
     await fs.rm(path.dirname(out), { recursive: true, force: true });
   });
 });
@@ -219,7 +229,7 @@ describe("evaluation against the environment", () => {
     // Rows: task 0 × (binary search, always "guess 1"), task 1 × (binary search, always "guess 1").
     const scripts = [0, 1].flatMap((idx) => [binarySearch(secretFor(idx)).map(say), Array.from({ length: 10 }, () => say(secretFor(idx) === 1 ? 2 : 1))]);
     const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: scripts.map((turns) => turns.map((t) => tok.encode(t))) });
-    const r = await evaluate(model, tok, environmentTasks(2), {
+    const r = await evaluate(model, tok, environmentTasks([0, 1]), {
       samplesPerPrompt: 2, temperature: 1, batchSize: 2, maxNewTokens: 400, maxTurns: 10, toolsInPrompt: false, seed: 0, tools: [],
       envs: agentGymEnvironments(s.url, { dialect: "id" }),
     });
@@ -259,7 +269,8 @@ describe("evaluation against the environment", () => {
     expect(evalJson.config).toMatchObject({ env: s.url, env_dialect: "env_idx", max_samples: 2, samples_per_prompt: 2, output_dir: out });
     expect(evalJson.models[0]).toHaveProperty("envReward");
     const rows = (await fs.readFile(path.join(out, `samples-${evalJson.models[0].name}.jsonl`), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
-    expect(rows.map((r) => r.id)).toEqual(["0", "1"]);
+    expect(rows.map((r) => r.id)).toEqual(["1000", "1001"]); // held out from GRPO's default training tasks
+    expect(evalJson.config).toMatchObject({ env_tasks: "1000-1001" });
     for (const r of rows) {
       expect(r.question).toMatch(/^Guess the secret whole number/);
       for (const x of r.samples) {

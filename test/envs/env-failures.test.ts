@@ -131,7 +131,7 @@ describe("create and reset failures are per rollout", () => {
     proxies.push(proxy);
     const say = tok.encode(`Action: guess ${secretFor(0)}`);
     const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[say], [say]] });
-    const r = await evaluate(model, tok, environmentTasks(1), {
+    const r = await evaluate(model, tok, environmentTasks([0]), {
       samplesPerPrompt: 2, temperature: 1, batchSize: 1, maxNewTokens: 100, maxTurns: 2, toolsInPrompt: false, seed: 0, tools: [],
       envs: agentGymEnvironments(proxy.url, { dialect: "id" }),
     });

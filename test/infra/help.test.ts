@@ -19,8 +19,8 @@ const FIXTURES = path.join(ROOT, "test", "fixtures", "help");
 const TOOL_FLAGS = ["--tools <list>", "--tool_timeout <s>", "--tool_max_chars <n>"];
 const ADDED: Record<string, string[]> = {
   "train-sft": [],
-  "train-gsm8k-agent": ["--importance_sampling_level <level>", "--mask_truncated_completions", ...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_max_failed_steps <n>"],
-  eval: [...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>"],
+  "train-gsm8k-agent": ["--importance_sampling_level <level>", "--mask_truncated_completions", ...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_max_failed_steps <n>", "--env_tasks <ranges>", "--env_eval_tasks <ranges>"],
+  eval: [...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_tasks <ranges>"],
   chat: TOOL_FLAGS,
 };
 
