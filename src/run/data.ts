@@ -2,7 +2,7 @@
  *  with its own scorers, datasets/tasks.ts; the same file serves every purpose) or the seeded synthetic
  *  generator. Synthetic streams are disjoint per purpose (SFT, RL, evaluation), so held-out means
  *  held out. */
-import { promises as fs } from "node:fs";
+import { promises as fs, statSync } from "node:fs";
 import { UsageError } from "../cli.ts";
 import { loadGsm8k } from "../datasets/gsm8k.ts";
 import { generateSynthetic, type SyntheticOptions } from "../datasets/synthetic.ts";
@@ -57,6 +57,18 @@ export interface TrainingData {
   heldOut: Task[];
   /** Where each part came from, for the log and run.json. */
   split: string;
+}
+
+/** Whether `--eval_samples` decides which rows train: held-out rows are cut from the end of a single
+ *  data file, so changing it on --resume would silently train on other rows. A folder, GSM8K and the
+ *  synthetic generator hold out from their own test stream instead. */
+export function heldOutCutsTraining(dataset: string): boolean {
+  if (dataset === "synthetic" || isNamed(dataset)) return false;
+  try {
+    return statSync(dataset).isFile();
+  } catch {
+    return false;
+  }
 }
 
 /** Training questions and `heldOutN` held-out ones that never overlap. GSM8K by name or a folder has

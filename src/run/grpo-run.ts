@@ -31,7 +31,7 @@ import { writeReport } from "../trainer/report.ts";
 import { lrAt } from "../trainer/schedule.ts";
 import { collectGarbage } from "../util/gc.ts";
 import { Rng } from "../util/rng.ts";
-import { loadTrainingData } from "./data.ts";
+import { heldOutCutsTraining, loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
 import { runIdentity, usage } from "./flags.ts";
@@ -59,7 +59,8 @@ export interface GrpoRunResult {
 /** The config fields a resumed run must share with the run it continues (output_dir is free, so a
  *  copied run folder resumes). */
 function identity(cfg: GrpoRunConfig): Record<string, unknown> {
-  return { ...runIdentity(GRPO_FLAGS, cfg), synthetic: cfg.synthetic };
+  const cut = heldOutCutsTraining(cfg.dataset) ? { eval_samples: cfg.eval_samples } : {}; // otherwise a free flag
+  return { ...runIdentity(GRPO_FLAGS, cfg), synthetic: cfg.synthetic, ...cut };
 }
 
 /** --env's training and held-out tasks: the held-out ones are the first --eval_samples of

@@ -24,7 +24,7 @@ import { writeReport } from "../trainer/report.ts";
 import { lrAt } from "../trainer/schedule.ts";
 import { sftStep, type SftBatch } from "../trainer/sft.ts";
 import { Rng } from "../util/rng.ts";
-import { loadTrainingData } from "./data.ts";
+import { heldOutCutsTraining, loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir } from "./policy.ts";
 import { runIdentity } from "./flags.ts";
@@ -51,7 +51,8 @@ export interface SftRunResult {
 /** The config fields a resumed run must share with the run it continues (output_dir is free, so a
  *  copied run folder resumes). */
 function identity(cfg: SftRunConfig): Record<string, unknown> {
-  return { ...runIdentity(SFT_FLAGS, cfg), synthetic: cfg.synthetic };
+  const cut = heldOutCutsTraining(cfg.dataset) ? { eval_samples: cfg.eval_samples } : {}; // otherwise a free flag
+  return { ...runIdentity(SFT_FLAGS, cfg), synthetic: cfg.synthetic, ...cut };
 }
 
 export async function runSft(options: SftRunConfig): Promise<SftRunResult> {

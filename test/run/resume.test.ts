@@ -131,5 +131,8 @@ describe("held-out evaluation with a .jsonl dataset", () => {
     const split = (await readRunConfig(out)).config as { dataSplit: string };
     expect(split.dataSplit).toMatch(/rows 1-8 for training \(8 used\), the last 4 held out/);
     expect(lines.join("")).toContain(`data: ${split.dataSplit}`);
+    // Held-out rows are cut from this file's end, so another --eval_samples would train on other rows.
+    await expect(runSft(sftCfg(out, { dataset: file, max_samples: undefined, num_epochs: 1, batch_size: 4, eval_samples: 2, resume: true })))
+      .rejects.toThrow(/^--resume: .* was run with other settings \(eval_samples\)/);
   }, 120_000);
 });
