@@ -118,13 +118,12 @@ export class BaseWeight {
   backward(dy: tf.Tensor2D): tf.Tensor2D {
     if (!this.parts) return matMulBT(dy, this.value());
     let off = 0;
-    const sum = tf.addN(this.parts.map((p) => {
+    return sumOf(this.parts.map((p) => {
       const n = p.shape[1];
       const d = matMulBT(tf.slice(dy, [0, off], [dy.shape[0], n]), p);
       off += n;
       return d;
     }));
-    return sum as tf.Tensor2D;
   }
 
   /** The matrix as torch stores it, [out, in] row-major on the host (for saving). */
@@ -155,9 +154,9 @@ export class BaseWeight {
         const local = tf.clipByValue(tf.sub(ids, tf.scalar(off, "int32")), 0, n - 1);
         const mine = tf.cast(tf.logicalAnd(tf.greaterEqual(ids, off), tf.less(ids, off + n)), "float32"); // [N]
         off += n;
-        return tf.mul(tf.transpose(tf.gather(p, local, 1)), tf.expandDims(mine, 1)); // [N, in]
+        return tf.mul(tf.transpose(tf.gather(p, local, 1)), tf.expandDims(mine, 1)) as tf.Tensor2D; // [N, in]
       });
-      return tf.addN(rows) as tf.Tensor2D;
+      return sumOf(rows);
     }
     if (this.left) return tf.gather(this.left, ids, 0) as tf.Tensor2D;
     const u = this.unpacked;
@@ -186,4 +185,10 @@ function columnBlocks(data: Float32Array, rows: number, cols: number, maxFloats:
     out.push(tf.tensor2d(block, [rows, n]));
   }
   return out;
+}
+
+/** Σ of same-shape tensors by pairwise adds: tfjs' AddN binds every input in one webgpu kernel, and a
+ *  stage binds at most 8–16 buffers (a large head can have more blocks). Call inside tf.tidy. */
+function sumOf(ts: tf.Tensor2D[]): tf.Tensor2D {
+  return ts.reduce((acc, t) => tf.add(acc, t));
 }
