@@ -23,6 +23,7 @@ import { calculatorTool, shutdownCalculator } from "../src/agents/calculator.ts"
 import { DelegatingLM, RowStateCache } from "../src/model/delegate.ts";
 import { BENCH_CONFIGS } from "../src/model/bench.ts";
 import { createModel } from "../src/model/load.ts";
+import { backendProfile } from "../src/model/profile.ts";
 import { buildTinyTokenizer, saveTinyTokenizer } from "../src/model/tiny-tokenizer.ts";
 import { loadTokenizerFromDir } from "../src/model/tokenizer.ts";
 import type { CausalLM, ChatMessage, ForwardOptions, KVCache, Quantize, Tokenizer } from "../src/model/types.ts";
@@ -33,7 +34,7 @@ import { wasmThreads, type ThreadsSpec } from "../src/wasm-threads.ts";
 
 const defaults = {
   config: "tiny,0.5b", layers: "2", prompts: "4", samples: "8", maxNewTokens: "96", quantize: "none",
-  backend: "wasm", workloads: "rollout,rollout_free", compactFraction: "0.25", temperature: "1", toolsInPrompt: "true",
+  backend: "wasm", workloads: "rollout,rollout_free", compactFraction: "0.25", temperature: "1", toolsInPrompt: "true", sampling: "auto",
 };
 const opts = new Command()
   .description("Benchmark batched multi-turn rollouts (sampling, forced tool responses, KV cache) on random-weight Qwen2 models")
@@ -47,6 +48,7 @@ const opts = new Command()
   .option("--compact-fraction <f>", "drop finished rows from the cache once this fraction has finished", defaults.compactFraction)
   .option("--tools-in-prompt <bool>", "render the tool schema into the system prompt of the rollout workload (longer prompts)", defaults.toolsInPrompt)
   .option("--workloads <list>", "rollout | rollout_free (comma list)", defaults.workloads)
+  .option("--sampling <where>", "auto (the backend's choice) | host (read all logits) | device (read each row's top candidates)", defaults.sampling)
   .option("--backend <name>", BACKEND_NAMES.join(" | "), defaults.backend)
   .addOption(threadsOption())
   .parse()
@@ -57,6 +59,8 @@ const layers = int("layers", opts.layers);
 const B = int("prompts", opts.prompts), G = int("samples", opts.samples), maxNewTokens = int("max-new-tokens", opts.maxNewTokens);
 const workloads = opts.workloads.split(",").map((s) => s.trim());
 for (const w of workloads) if (w !== "rollout" && w !== "rollout_free") throw new Error(`unknown workload "${w}"; accepted: rollout, rollout_free`);
+if (!["auto", "host", "device"].includes(opts.sampling)) throw new Error(`--sampling ${opts.sampling} is invalid; accepted: auto, host, device`);
+const deviceSampling = opts.sampling === "auto" ? undefined : opts.sampling === "device";
 
 const QUESTIONS = [
   "Janet's ducks lay 16 eggs per day. She eats three for breakfast and bakes muffins with four. She sells the rest for $2 each. How much does she make every day?",
@@ -138,19 +142,21 @@ for (const name of configs) {
   await calculatorTool.run({ expression: "1+1" }); // start the calculator's worker outside the timing
   for (const w of workloads) {
     const steered = w === "rollout" ? new Steered(model, tok) : null;
-    let sampled = 0, forced = 0, steps = 0, firstStep = 0;
+    let sampled = 0, forced = 0, steps = 0, firstStep = 0, readFloats = 0;
     const t0 = performance.now();
     const cfg: RolloutConfig = {
       samplesPerPrompt: G, maxNewTokens, maxTurns: 3, temperature: Number(opts.temperature), topP: 1, topK: 0,
       rng: new Rng(1), tools: steered ? [calculatorTool] : [], toolsInPrompt: steered !== null && opts.toolsInPrompt !== "false",
-      compactFraction: Number(opts.compactFraction),
-      onStep: (s) => { if (steps++ === 0) firstStep = performance.now(); sampled += s.sampled; forced += s.forced; },
+      compactFraction: Number(opts.compactFraction), deviceSampling,
+      onStep: (s) => { if (steps++ === 0) firstStep = performance.now(); sampled += s.sampled; forced += s.forced; readFloats += s.readFloats; },
     };
     const out = await rolloutGroups(steered ?? model, tok, prompts, cfg);
     const seconds = (performance.now() - t0) / 1000;
     const tokens = sampled + forced;
     console.log(JSON.stringify({
       workload: w, backend: tf.getBackend(), threads: wasmThreads(), config: label, quantize: opts.quantize, batch: B * G, prompts: B, samples: G,
+      sampling: deviceSampling === undefined ? (backendProfile().deviceSampling ? "device" : "host") : opts.sampling,
+      read_kb_per_step: Math.round((readFloats * 4) / 1024 / steps * 10) / 10, // what the sampler read back from the backend
       tokens, sampled, forced, steps, seconds: Math.round(seconds * 100) / 100, tokens_per_s: Math.round((tokens / seconds) * 10) / 10,
       prefill_seconds: Math.round((firstStep - t0) / 10) / 100, // prefill + the first sampling
       prompt_tokens: Math.max(...out.map((t) => t.promptIds.length)),

@@ -26,6 +26,11 @@ export interface BackendProfile {
    *  matMul's transposeB flag: tfjs-backend-webgpu 4.22's split-K program (one batch, K ≥ 2000, small
    *  output) gives wrong sums with it (errors of 100s at K 2048). */
   matMulForm: "plain-2d" | "batched";
+  /** Where the rollout sampler works (rollout/sampler.ts): false = read the logits [B, V] and draw on
+   *  the host (wasm, cpu: the read is a memory copy and a JS pass beats tfjs' reductions there);
+   *  true = the device computes each row's normaliser and top candidates and the host reads those
+   *  (a GPU: a read is a transfer and a sync, 19 MB of logits per step at B 32 × 152k). Same draws. */
+  deviceSampling: boolean;
 }
 
 const CPU: BackendProfile = {
@@ -34,6 +39,7 @@ const CPU: BackendProfile = {
   maxBindingFloats: Infinity,
   exactIntGather: true,
   matMulForm: "plain-2d",
+  deviceSampling: false,
 };
 
 /** The profile of the current tfjs backend. */
@@ -47,5 +53,6 @@ export function backendProfile(): BackendProfile {
     maxBindingFloats,
     exactIntGather: false,
     matMulForm: "batched",
+    deviceSampling: true,
   };
 }

@@ -171,9 +171,11 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       const drawIndex = new Array<number>(cacheRows.length).fill(-1); // cache position → row of `drawn`
       samplers.forEach((pos, k) => (drawIndex[pos] = k));
       let drawn = null as Awaited<ReturnType<typeof sampleTokens>> | null;
+      let readFloats = 0;
       if (samplers.length > 0) {
         const sub = samplers.length === cacheRows.length ? logits! : (gather(logits!, samplers) as tf.Tensor2D);
-        drawn = await sampleTokens(sub, sampling, cfg.rng);
+        drawn = await sampleTokens(sub, sampling, cfg.rng, { onDevice: cfg.deviceSampling });
+        readFloats = drawn.readFloats;
         if (sub !== logits) sub.dispose();
       }
       logits!.dispose();
@@ -208,7 +210,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       await Promise.all(closing.map(endTurn));
 
       const live = rows.filter((r) => !r.done).length;
-      cfg.onStep?.({ step, live, total: rows.length, cacheRows: cacheRows.length, sampled: nSampled, forced: nForced });
+      cfg.onStep?.({ step, live, total: rows.length, cacheRows: cacheRows.length, sampled: nSampled, forced: nForced, readFloats });
       if (live === 0) break;
 
       // Drop finished rows once enough have piled up: select copies the cache, so not every step.

@@ -1,29 +1,32 @@
 /** Next-token sampling for a decode batch: temperature, top-k and top-p (nucleus) over logits [B, V],
  *  driven by a seeded Rng so a run can be replayed. Temperature 0 is greedy argmax (lowest id on ties).
+ *  What a seed draws is defined in sample-row.ts (rank-order inverse CDF, one rng draw per sampled
+ *  row, in row order); this file decides where the work happens.
  *
  *  Returns, per row, the token, its log-probability under the distribution actually sampled from
  *  (after temperature, top-k and top-p renormalisation; the "old policy" log-prob) and the plain
- *  log_softmax(logits / T) value (what the trainer recomputes). Top-k is applied before top-p, and the
- *  nucleus is measured on the top-k-renormalised mass, as Hugging Face orders its warpers.
- *  Leaves out: repetition penalties, min-p, stop ids (the rollout loop owns stopping).
+ *  log_softmax(logits / T) value (what the trainer recomputes).
  *
- *  Where the work happens, measured at B 32 × V 151,669 on 2 cores: on the wasm backend logSumExp
- *  takes ~150 ms and topk ~30 ms, on the cpu backend ~900 / ~700 ms, while one read of the logits
- *  (~30 ms on wasm, free on cpu) and a JS pass over them cost ~100 ms, less when the distribution is
- *  peaked because exp is skipped where it cannot matter. So the logits are read once and each row is
- *  handled in JS: one pass for max, one for the normaliser, a quickselect for top-k candidates. */
+ *  Two paths, the same draws:
+ *  - host: read the logits [B, V] once and draw each row in JS. On wasm and cpu that read is a copy
+ *    of memory the engine already holds, and a JS pass beats tfjs' reductions (at B 32 × V 151,669 on
+ *    2 cores: logSumExp ~150 ms and topk ~30 ms on wasm, ~900 / ~700 ms on cpu; read + JS ~130 ms).
+ *  - candidates (a GPU, where a read is a transfer and a sync): the device computes per row the top K
+ *    logits with their ids, the normaliser's part below them (Σ exp((x − max)/T) over x < the K-th
+ *    value) and the count of ties at the K-th value; one read of B·(2 + 2K) floats (K = 64: 17 KB at
+ *    B 32, instead of 19 MB of logits). The host adds the candidates' weights in float64 and draws
+ *    with the host path's own code; a row whose draw or nucleus reaches past its candidates (flat
+ *    distributions, ties at the K-th value) reads its logits row and is drawn by the host path, all
+ *    such rows in one more read. Token ids are the host path's; the tail of the normaliser is summed in
+ *    float32 instead of float64, so log-probs agree to ~1e-6 and a draw within ~1e-7 of a boundary
+ *    could in principle go the other way. GRPO recomputes its old log-probs with the trainer's forward
+ *    (trainer/grpo.ts); these are the logged sampling log-probs. */
 import * as tf from "@tensorflow/tfjs";
-import { NonFiniteError } from "../trainer/errors.ts";
+import { backendProfile } from "../model/profile.ts";
 import type { Rng } from "../util/rng.ts";
+import { checkSamplingParams, drawPrefix, sampleRow, Scratch, uniformFor, weightOf, type RowDraw, type SamplingParams } from "./sample-row.ts";
 
-export interface SamplingParams {
-  /** 0 = greedy. */
-  temperature: number;
-  /** Nucleus mass in (0, 1]; 1 = off. */
-  topP?: number;
-  /** Keep the k most likely tokens; 0 = off. */
-  topK?: number;
-}
+export { checkSamplingParams, sampleRow, topIndices, type SamplingParams } from "./sample-row.ts";
 
 export interface SampleResult {
   tokens: number[];
@@ -31,193 +34,102 @@ export interface SampleResult {
   logprobs: number[];
   /** log_softmax(logits / T)[token], no top-k/top-p truncation (T = 1 for greedy). */
   rawLogprobs: number[];
+  /** Floats read back from the backend: B·V on the host path; B·(2 + 2K) on the candidate path,
+   *  plus V for each row drawn from its whole row. */
+  readFloats: number;
 }
 
-export function checkSamplingParams(p: SamplingParams): void {
-  if (!(Number.isFinite(p.temperature) && p.temperature >= 0))
-    throw new Error(`temperature ${p.temperature} is invalid; accepted: a finite number >= 0 (0 = greedy)`);
-  const topP = p.topP ?? 1;
-  if (!(topP > 0 && topP <= 1)) throw new Error(`topP ${topP} is invalid; accepted: a number in (0, 1]`);
-  const topK = p.topK ?? 0;
-  if (!(Number.isInteger(topK) && topK >= 0)) throw new Error(`topK ${topK} is invalid; accepted: an integer >= 0 (0 = off)`);
+export interface SampleOptions {
+  /** Draw from candidates computed on the device. Default: the backend profile's `deviceSampling`. */
+  onDevice?: boolean;
 }
 
-/** Sample one token per row of logits [B, V]. Does not dispose `logits`; leaks no tensors. The logits
- *  are read once for all rows, asynchronously (a GPU backend has no synchronous read in Node). */
-export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, rng: Rng): Promise<SampleResult> {
+/** K, the candidates per row on the device path (more when top-k needs them: topK + 1, so the k-th
+ *  is known to be above the rest). A trained model's draw at T = 1 lands in its top 64 nearly always. */
+export const CANDIDATES = 64;
+
+/** Sample one token per row of logits [B, V]. Does not dispose `logits`; leaks no tensors. Reads are
+ *  asynchronous and batched over rows (a GPU backend has no synchronous read in Node). */
+export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, rng: Rng, opts: SampleOptions = {}): Promise<SampleResult> {
   checkSamplingParams(params);
   const [B, V] = logits.shape;
-  const f32 = logits.dtype === "float32" ? logits : tf.cast(logits, "float32");
-  const data = (await f32.data()) as Float32Array;
-  if (f32 !== logits) f32.dispose();
-  const scratch = new Scratch(V);
-  const out: SampleResult = { tokens: [], logprobs: [], rawLogprobs: [] };
-  for (let b = 0; b < B; b++) {
-    const r = sampleRow(data.subarray(b * V, (b + 1) * V), params, rng, scratch);
-    out.tokens.push(r.token);
-    out.logprobs.push(r.logprob);
-    out.rawLogprobs.push(r.rawLogprob);
+  const us = Array.from({ length: B }, () => uniformFor(params, rng)); // row order, as the host path draws
+  const onDevice = opts.onDevice ?? backendProfile().deviceSampling;
+  const { draws, floats } = onDevice ? await fromCandidates(logits, params, us) : { draws: new Array<RowDraw | null>(B).fill(null), floats: 0 };
+
+  const rest = draws.flatMap((d, b) => (d === null ? [b] : []));
+  if (rest.length > 0) {
+    const sub = tf.tidy(() => {
+      const x = rest.length === B ? logits : tf.gather(logits, rest);
+      return x.dtype === "float32" ? x : tf.cast(x, "float32");
+    });
+    const data = (await sub.data()) as Float32Array;
+    if (sub !== logits) sub.dispose();
+    const scratch = new Scratch(V);
+    rest.forEach((b, i) => (draws[b] = sampleRow(data.subarray(i * V, (i + 1) * V), params, us[b], scratch)));
+  }
+  const out: SampleResult = { tokens: [], logprobs: [], rawLogprobs: [], readFloats: floats + rest.length * V };
+  for (const d of draws as RowDraw[]) {
+    out.tokens.push(d.token);
+    out.logprobs.push(d.logprob);
+    out.rawLogprobs.push(d.rawLogprob);
   }
   return out;
 }
 
-/** Below this (in units of log-prob relative to the max) exp() is skipped: e^-40·V < 1e-12 even at
- *  V = 152k, far under float32 resolution, so the normaliser is unchanged in practice. */
-const NEGLIGIBLE = -40;
-
-/** Buffers reused across the rows of one call. */
-class Scratch {
-  e: Float64Array; // exp((x - max) / T), 0 where negligible
-  copy: Float32Array; // quickselect works on a copy
-  idx: Uint32Array; // token ids, permuted by the nucleus select
-  constructor(V: number) {
-    this.idx = new Uint32Array(V);
-    this.e = new Float64Array(V);
-    this.copy = new Float32Array(V);
-  }
-}
-
-export function sampleRow(
-  row: Float32Array<ArrayBufferLike>, params: SamplingParams, rng: Rng, scratch = new Scratch(row.length),
-): { token: number; logprob: number; rawLogprob: number } {
-  const V = row.length;
-  const T = params.temperature === 0 ? 1 : params.temperature;
-  let max = -Infinity, argmax = 0;
-  for (let j = 0; j < V; j++) if (row[j] > max) { max = row[j]; argmax = j; } // strict >: lowest id on ties
-  if (!Number.isFinite(max)) throw new NonFiniteError("the largest logit of a sampled row", max); // weights blew up (learning rate) or bad input
-  const e = scratch.e;
-  let sum = 0;
-  for (let j = 0; j < V; j++) {
-    const z = (row[j] - max) / T;
-    sum += e[j] = z > NEGLIGIBLE ? Math.exp(z) : 0;
-  }
-  const logZ = Math.log(sum); // log p_j = (x_j - max)/T - logZ
-  const raw = (j: number) => (row[j] - max) / T - logZ;
-  if (params.temperature === 0) return { token: argmax, logprob: 0, rawLogprob: raw(argmax) };
-
+/** The candidate path: one device pass and one read for all rows; null for a row the candidates
+ *  cannot decide (the caller reads that row). */
+async function fromCandidates(logits: tf.Tensor2D, params: SamplingParams, us: number[]): Promise<{ draws: (RowDraw | null)[]; floats: number }> {
+  const [B, V] = logits.shape;
+  const greedy = params.temperature === 0;
+  const T = greedy ? 1 : params.temperature;
   const topP = params.topP ?? 1;
   const topK = Math.min(params.topK ?? 0, V);
-  if (topK === 0 && topP === 1) {
-    // Inverse CDF over the whole vocabulary.
-    const u = rng.next() * sum;
-    let acc = 0, tok = argmax;
-    for (let j = 0; j < V; j++) {
-      if (e[j] === 0) continue;
-      acc += e[j];
-      tok = j;
-      if (u < acc) break;
-    }
-    return { token: tok, logprob: raw(tok), rawLogprob: raw(tok) };
-  }
+  const K = Math.min(V, greedy ? 2 : Math.max(CANDIDATES, topK + 1)); // greedy: is the max unique?
+  const packed = tf.tidy(() => {
+    const x = logits.dtype === "float32" ? logits : tf.cast(logits, "float32");
+    const { values, indices } = tf.topk(x, K); // [B, K], value descending (ties in any order)
+    const max = tf.slice(values, [0, 0], [B, 1]); // [B, 1]
+    const kth = tf.slice(values, [0, K - 1], [B, 1]); // [B, 1]
+    // The normaliser's part below the candidates, in float32; the host adds the candidates' own
+    // weights in float64, so a peaked row's log-probs keep full precision.
+    const w = tf.mul(tf.exp(tf.div(tf.sub(x, max), T)), tf.cast(tf.less(x, kth), "float32")); // [B, V]
+    // Summed in blocks of 256, then over blocks: a float32 running sum over 152k terms drifts ~1e-4.
+    const n = Math.ceil(V / 256);
+    const blocks = tf.reshape(n * 256 === V ? w : tf.pad(w, [[0, 0], [0, n * 256 - V]]), [B, n, 256]); // [B, n, 256]
+    const below = tf.sum(tf.sum(blocks, 2), 1, true); // [B, 1]
+    const atKth = tf.sum(tf.cast(tf.equal(x, kth), "float32"), 1, true); // [B, 1]: tokens tied at the K-th value
+    return tf.concat([below, atKth, values, tf.cast(indices, "float32")], 1); // [B, 2 + 2K]; ids < 2^24 are exact
+  });
+  const data = (await packed.data()) as Float32Array;
+  packed.dispose();
 
-  if (topK === 0) {
-    // Nucleus without top-k: find the boundary value by a mass-weighted select (no sort of V), then
-    // keep everything above it and, among ties at it, the lowest ids until the mass is reached.
-    const need = topP * sum;
-    const { value, before } = nucleusBoundary(row, e, need, scratch);
-    let mass = before;
-    const kept: number[] = [];
-    for (let j = 0; j < V; j++) {
-      if (row[j] > value) kept.push(j);
-      else if (row[j] === value && mass < need) { kept.push(j); mass += e[j]; }
-    }
-    return drawFrom(kept, e, mass, rng, raw);
-  }
-  const cand = topIndices(row, topK, scratch.copy); // descending
-  const need = topP * massOf(cand, e);
-  let kept = 0, mass = 0;
-  while (kept < cand.length) {
-    mass += e[cand[kept++]];
-    if (topP < 1 && mass >= need) break;
-  }
-  return drawFrom(cand.slice(0, kept), e, mass, rng, raw);
-}
-
-/** Inverse-CDF draw among `kept` (weights e, total mass). */
-function drawFrom(
-  kept: number[], e: Float64Array, mass: number, rng: Rng, raw: (j: number) => number,
-): { token: number; logprob: number; rawLogprob: number } {
-  const u = rng.next() * mass;
-  let acc = 0, i = 0;
-  for (; i < kept.length - 1; i++) {
-    acc += e[kept[i]];
-    if (u < acc) break;
-  }
-  while (i > 0 && e[kept[i]] === 0) i--; // float round-off ran past the last token with mass
-  const tok = kept[i];
-  return { token: tok, logprob: Math.log(e[tok] / mass), rawLogprob: raw(tok) };
-}
-
-/** The value v of the last token the nucleus needs (tokens sorted by value descending): the mass of
- *  values > v is below `need`, of values >= v reaches it. Returns v and the mass strictly above it.
- *  Three-way quickselect over indices, weighted by e; linear on average. */
-function nucleusBoundary(row: Float32Array<ArrayBufferLike>, e: Float64Array, need: number, scratch: Scratch): { value: number; before: number } {
-  const idx = scratch.idx;
-  let n = 0;
-  for (let j = 0; j < row.length; j++) if (e[j] > 0) idx[n++] = j; // zero-mass tokens are never needed
-  let lo = 0, hi = n - 1, before = 0;
-  for (;;) {
-    const mid = (lo + hi) >>> 1;
-    const x = row[idx[lo]], y = row[idx[mid]], z = row[idx[hi]];
-    const pivot = x > y ? (y > z ? y : x > z ? z : x) : (x > z ? x : y > z ? z : y);
-    // Partition descending: [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot.
-    let lt = lo, i = lo, gt = hi, massGt = 0, massEq = 0;
-    while (i <= gt) {
-      const id = idx[i], v = row[id];
-      if (v > pivot) { idx[i] = idx[lt]; idx[lt] = id; lt++; i++; massGt += e[id]; }
-      else if (v < pivot) { idx[i] = idx[gt]; idx[gt] = id; gt--; }
-      else { i++; massEq += e[id]; }
-    }
-    if (before + massGt >= need && lt > lo) hi = lt - 1; // the boundary is among the larger values
-    else if (before + massGt + massEq >= need || gt >= hi) return { value: pivot, before: before + massGt };
-    else { before += massGt + massEq; lo = gt + 1; }
-  }
-}
-
-function massOf(idx: ArrayLike<number>, e: Float64Array): number {
-  let m = 0;
-  for (let i = 0; i < idx.length; i++) m += e[idx[i]];
-  return m;
-}
-
-/** Indices of the k largest values, by value descending then id ascending (ties keep lower ids). */
-export function topIndices(row: Float32Array<ArrayBufferLike>, k: number, copy: Float32Array<ArrayBufferLike> = new Float32Array(row.length)): number[] {
-  const V = row.length;
-  let kth: number;
-  if (k >= V) kth = -Infinity;
-  else {
-    copy.set(row);
-    kth = kthLargest(copy, k);
-  }
-  const above: number[] = [], equal: number[] = [];
-  for (let j = 0; j < V; j++) {
-    if (row[j] > kth) above.push(j);
-    else if (row[j] === kth && equal.length < k) equal.push(j);
-  }
-  const idx = above.concat(equal.slice(0, k - above.length));
-  idx.sort((a, b) => row[b] - row[a] || a - b);
-  return idx;
-}
-
-/** The k-th largest value (1-based), by three-way quickselect in place; linear on average, and ties
- *  (flat rows) cost nothing extra. Median-of-three pivots keep it deterministic. */
-function kthLargest(a: Float32Array<ArrayBufferLike>, k: number): number {
-  let lo = 0, hi = a.length - 1, want = k - 1; // index in descending order
-  for (;;) {
-    if (lo >= hi) return a[lo];
-    const mid = (lo + hi) >>> 1;
-    const x = a[lo], y = a[mid], z = a[hi];
-    const pivot = x > y ? (y > z ? y : x > z ? z : x) : (x > z ? x : y > z ? z : y);
-    // Partition descending: [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot.
-    let lt = lo, i = lo, gt = hi;
-    while (i <= gt) {
-      const v = a[i];
-      if (v > pivot) { a[i] = a[lt]; a[lt] = v; lt++; i++; }
-      else if (v < pivot) { a[i] = a[gt]; a[gt] = v; gt--; }
-      else i++;
-    }
-    if (want < lt) hi = lt - 1;
-    else if (want > gt) lo = gt + 1;
-    else return pivot;
-  }
+  const W = 2 + 2 * K;
+  const draws = us.map((u, b): RowDraw | null => {
+    const row = data.subarray(b * W, (b + 1) * W);
+    const vals = row.subarray(2, 2 + K), ids = row.subarray(2 + K);
+    const order = Array.from({ length: K }, (_, i) => i).sort((i, j) => vals[j] - vals[i] || ids[i] - ids[j]); // rank order
+    const max = vals[order[0]], kth = vals[order[K - 1]];
+    if (!Number.isFinite(max) || vals.some(Number.isNaN)) return null; // non-finite logits: the host path says what is wrong
+    // Tokens above the K-th value are all here and in rank order; tokens tied at it may not all be.
+    let certain = K;
+    if (K < V) while (certain > 0 && vals[order[certain - 1]] === kth) certain--;
+    const wAll = order.map((i) => weightOf(vals[i], max, T));
+    let sum = row[0], here = 0; // here: candidates tied at the K-th value
+    for (let i = 0; i < K; i++) { sum += wAll[i]; if (vals[order[i]] === kth) here++; }
+    sum += (row[1] - here) * weightOf(kth, max, T); // ties at the K-th value that did not fit
+    const w = wAll.slice(0, certain);
+    const logZ = Math.log(sum);
+    const drawn = (i: number, logprob: (raw: number) => number): RowDraw => {
+      const raw = (vals[order[i]] - max) / T - logZ;
+      return { token: ids[order[i]], logprob: logprob(raw), rawLogprob: raw };
+    };
+    if (greedy) return certain > 0 ? drawn(0, () => 0) : null;
+    const d = topK > 0
+      ? (topK <= certain ? drawPrefix(w.slice(0, topK), topP, u) : null)
+      : drawPrefix(w, topP, u, sum);
+    if (d === null) return null;
+    return drawn(d.index, (raw) => (topK === 0 && topP === 1 ? raw : Math.log(w[d.index] / d.mass)));
+  });
+  return { draws, floats: B * W };
 }

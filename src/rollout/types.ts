@@ -27,6 +27,9 @@ export interface RolloutConfig {
   toolsInPrompt?: boolean;
   /** false = sample from the base with LoRA switched off. Default true. */
   adapters?: boolean;
+  /** Sample from candidates computed on the device (rollout/sampler.ts); same draws either way.
+   *  Default: the backend profile's choice (webgpu yes, wasm/cpu no). */
+  deviceSampling?: boolean;
   /** Drop finished rows from the KV cache once this fraction of its rows has finished. Default 0.25. */
   compactFraction?: number;
   onStep?: (info: RolloutStepInfo) => void;
@@ -47,6 +50,8 @@ export interface RolloutStepInfo {
   cacheRows: number;
   sampled: number;
   forced: number;
+  /** Floats the sampler read back from the backend this step (rollout/sampler.ts readFloats). */
+  readFloats: number;
 }
 
 /** aborted: RolloutConfig.signal fired; the turn in progress is kept unparsed, as for "length". */

@@ -129,6 +129,8 @@ describe("rolloutGroups with a scripted policy", () => {
     expect(sampled).toBe(out.reduce((a, t) => a + t.lossMask.filter((m) => m === 1).length, 0));
     expect(forced).toBe(out.reduce((a, t) => a + t.lossMask.filter((m) => m === 0).length, 0));
     expect(steps.length).toBe(Math.max(...out.map((t) => t.completionIds.length)));
+    // The host sampler (this backend's profile) reads the logits of the rows that sampled, once a step.
+    steps.forEach((x) => expect(x.readFloats).toBe(x.sampled * tok.vocabSize));
   });
 
   it("keeps the sampling log-prob of each sampled token (temperature, top-k renormalisation)", async () => {

@@ -1,7 +1,13 @@
-import { describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
+import { initBackend } from "../../src/backend.ts";
 import { sampleTokens, topIndices } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
+import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, structuredLogits } from "./sampler-suite.ts";
+
+beforeAll(async () => {
+  await initBackend("wasm");
+});
 
 function logSoftmax(row: number[], T = 1): number[] {
   const s = row.map((x) => x / T);
@@ -11,26 +17,28 @@ function logSoftmax(row: number[], T = 1): number[] {
 }
 
 /** Draw `n` samples from one logits row (as a batch of identical rows) and count tokens. */
-async function frequencies(row: number[], n: number, params: Parameters<typeof sampleTokens>[1], seed = 1) {
+async function frequencies(row: number[], n: number, params: Parameters<typeof sampleTokens>[1], seed = 1, onDevice = false) {
   const rng = new Rng(seed);
   const B = 500;
   const logits = tf.tensor2d(Array.from({ length: B }, () => row));
   const counts = new Array(row.length).fill(0);
   const logprobOf = new Map<number, number>();
   for (let i = 0; i < n / B; i++) {
-    const r = await sampleTokens(logits, params, rng);
+    const r = await sampleTokens(logits, params, rng, { onDevice });
     r.tokens.forEach((t, b) => { counts[t]++; logprobOf.set(t, r.logprobs[b]); });
   }
   logits.dispose();
   return { freq: counts.map((c) => c / n), logprobOf };
 }
 
-describe("sampleTokens", () => {
+// Both paths: the host's (whole logits read) and the candidates' (statistics on the backend).
+describe.each([false, true])("sampleTokens (candidates on the backend: %s)", (onDevice) => {
   const row = [0.5, 2.0, -1.0, 1.2, 0.0];
+  const opts = { onDevice };
 
   it("temperature 0 is argmax with the lowest id on ties, and reports log_softmax(logits)", async () => {
     const logits = tf.tensor2d([[1, 3, 3, 0], [5, 1, 1, 5], [-2, -1, -3, -1.5]]);
-    const r = await sampleTokens(logits, { temperature: 0 }, new Rng(0));
+    const r = await sampleTokens(logits, { temperature: 0 }, new Rng(0), opts);
     expect(r.tokens).toEqual([1, 0, 1]);
     expect(r.logprobs).toEqual([0, 0, 0]);
     const expected = [[1, 3, 3, 0], [5, 1, 1, 5], [-2, -1, -3, -1.5]].map((l, b) => logSoftmax(l)[r.tokens[b]]);
@@ -41,7 +49,7 @@ describe("sampleTokens", () => {
   it("top-k 1 and a tiny top-p both give the argmax with sampling log-prob 0", async () => {
     const logits = tf.tensor2d([row, [3, 1, 4, 1, 5]]);
     for (const params of [{ temperature: 0.7, topK: 1 }, { temperature: 1.3, topP: 1e-6 }]) {
-      const r = await sampleTokens(logits, params, new Rng(5));
+      const r = await sampleTokens(logits, params, new Rng(5), opts);
       expect(r.tokens).toEqual([1, 4]);
       r.logprobs.forEach((v) => expect(v).toBeCloseTo(0, 6));
       expect(r.rawLogprobs[0]).toBeCloseTo(logSoftmax(row, params.temperature)[1], 5);
@@ -53,7 +61,7 @@ describe("sampleTokens", () => {
   it("empirical frequencies match softmax(logits / T) and logprobs are its logs", async () => {
     const T = 0.7;
     const p = logSoftmax(row, T).map(Math.exp);
-    const { freq, logprobOf } = await frequencies(row, 20000, { temperature: T });
+    const { freq, logprobOf } = await frequencies(row, 20000, { temperature: T }, 1, onDevice);
     freq.forEach((f, i) => expect(Math.abs(f - p[i])).toBeLessThan(0.012));
     for (const [t, lp] of logprobOf) expect(lp).toBeCloseTo(Math.log(p[t]), 5);
   });
@@ -63,18 +71,18 @@ describe("sampleTokens", () => {
     // top-k 3 keeps {1, 3, 0}
     const k3 = [1, 3, 0];
     const zk = k3.reduce((a, i) => a + p[i], 0);
-    const a = await frequencies(row, 20000, { temperature: 1, topK: 3 }, 2);
+    const a = await frequencies(row, 20000, { temperature: 1, topK: 3 }, 2, onDevice);
     a.freq.forEach((f, i) => expect(Math.abs(f - (k3.includes(i) ? p[i] / zk : 0))).toBeLessThan(0.012));
     for (const [t, lp] of a.logprobOf) expect(lp).toBeCloseTo(Math.log(p[t] / zk), 5);
     // top-p 0.85: p1≈0.54, +p3≈0.24 → 0.78 < 0.85, +p0≈0.12 → 0.90: keeps {1, 3, 0}
     const nuc = [1, 3, 0];
     expect(p[1] + p[3]).toBeLessThan(0.85);
     expect(p[1] + p[3] + p[0]).toBeGreaterThan(0.85);
-    const b = await frequencies(row, 20000, { temperature: 1, topP: 0.85 }, 3);
+    const b = await frequencies(row, 20000, { temperature: 1, topP: 0.85 }, 3, onDevice);
     b.freq.forEach((f, i) => expect(Math.abs(f - (nuc.includes(i) ? p[i] / zk : 0))).toBeLessThan(0.012));
     // top-k 3, then top-p 0.85 of the top-3 mass (Hugging Face's order): 0.78 ≥ 0.85·0.90 → {1, 3}
     expect(p[1] + p[3]).toBeGreaterThan(0.85 * zk);
-    const c = await frequencies(row, 10000, { temperature: 1, topK: 3, topP: 0.85 }, 4);
+    const c = await frequencies(row, 10000, { temperature: 1, topK: 3, topP: 0.85 }, 4, onDevice);
     const z2 = p[1] + p[3];
     c.freq.forEach((f, i) => expect(Math.abs(f - ([1, 3].includes(i) ? p[i] / z2 : 0))).toBeLessThan(0.015));
     for (const [t, lp] of c.logprobOf) expect(lp).toBeCloseTo(Math.log(p[t] / z2), 5);
@@ -83,7 +91,7 @@ describe("sampleTokens", () => {
   it("widens the top-p candidate set when the nucleus is larger than the first guess", async () => {
     const V = 1000;
     const logits = tf.zeros([4, V]) as tf.Tensor2D; // flat: the 0.9 nucleus holds ~900 tokens
-    const r = await sampleTokens(logits, { temperature: 1, topP: 0.9 }, new Rng(9));
+    const r = await sampleTokens(logits, { temperature: 1, topP: 0.9 }, new Rng(9), opts);
     for (let b = 0; b < 4; b++) {
       expect(r.tokens[b]).toBeLessThan(902); // ties sort lower ids first, so the nucleus is ids 0..~900
       expect(Math.abs(r.logprobs[b] + Math.log(900))).toBeLessThan(3e-3);
@@ -99,7 +107,7 @@ describe("sampleTokens", () => {
     // p ∝ e^2, e, e, e, 1: top-p just above p0 needs exactly one of the tied tokens, the lowest id.
     const row = [2, 1, 1, 1, 0];
     const p = logSoftmax(row).map(Math.exp);
-    const { freq, logprobOf } = await frequencies(row, 5000, { temperature: 1, topP: p[0] + 0.5 * p[1] });
+    const { freq, logprobOf } = await frequencies(row, 5000, { temperature: 1, topP: p[0] + 0.5 * p[1] }, 1, onDevice);
     expect(freq[0] + freq[1]).toBe(1);
     expect(Math.abs(freq[0] - p[0] / (p[0] + p[1]))).toBeLessThan(0.02);
     expect(logprobOf.get(1)).toBeCloseTo(Math.log(p[1] / (p[0] + p[1])), 5);
@@ -111,7 +119,7 @@ describe("sampleTokens", () => {
     const draw = async (seed: number, params: Parameters<typeof sampleTokens>[1]) => {
       const rng = new Rng(seed);
       const out: number[] = [];
-      for (let i = 0; i < 3; i++) out.push(...(await sampleTokens(logits, params, rng)).tokens);
+      for (let i = 0; i < 3; i++) out.push(...(await sampleTokens(logits, params, rng, opts)).tokens);
       return out;
     };
     for (const params of [{ temperature: 1 }, { temperature: 0.8, topK: 3 }, { temperature: 1, topP: 0.9 }, { temperature: 0 }]) {
@@ -124,9 +132,37 @@ describe("sampleTokens", () => {
 
   it("rejects bad parameters with the value and what is accepted", async () => {
     const logits = tf.tensor2d([row]);
-    await expect(sampleTokens(logits, { temperature: -1 }, new Rng(0))).rejects.toThrow(/temperature -1 .*>= 0/);
-    await expect(sampleTokens(logits, { temperature: 1, topP: 0 }, new Rng(0))).rejects.toThrow(/topP 0 .*\(0, 1\]/);
-    await expect(sampleTokens(logits, { temperature: 1, topK: 1.5 }, new Rng(0))).rejects.toThrow(/topK 1.5/);
+    await expect(sampleTokens(logits, { temperature: -1 }, new Rng(0), opts)).rejects.toThrow(/temperature -1 .*>= 0/);
+    await expect(sampleTokens(logits, { temperature: 1, topP: 0 }, new Rng(0), opts)).rejects.toThrow(/topP 0 .*\(0, 1\]/);
+    await expect(sampleTokens(logits, { temperature: 1, topK: 1.5 }, new Rng(0), opts)).rejects.toThrow(/topK 1.5/);
     logits.dispose();
+  });
+});
+
+describe("the candidate path draws the host path's tokens (wasm)", () => {
+  it("same seed, same tokens, log-probs to float32 rounding, for every kind of row and option", async () => {
+    const B = 12, V = 3000;
+    const logits = tf.tensor2d(structuredLogits(B, V), [B, V]);
+    const before = tf.memory().numTensors;
+    for (const params of PARAM_SETS) {
+      const device = await drawSteps(logits, params, true);
+      expectSameDraws(device, await drawSteps(logits, params, false), JSON.stringify(params));
+      // The flat rows fall back to their whole row; the peaked ones are decided by their candidates.
+      expect(device[0].readFloats).toBeGreaterThan(2 * V);
+      expect(device[0].readFloats).toBeLessThan(B * V);
+    }
+    expect(tf.memory().numTensors).toBe(before);
+    logits.dispose();
+  });
+
+  it("a non-finite row is a NonFiniteError on both paths", async () => {
+    const logits = tf.tensor2d([[1, 2, 3], [NaN, NaN, NaN]]);
+    for (const onDevice of [false, true])
+      await expect(sampleTokens(logits, { temperature: 1 }, new Rng(0), { onDevice })).rejects.toThrow(/largest logit of a sampled row/);
+    logits.dispose();
+  });
+
+  it("reads B·(2 + 2K) floats per step, plus the whole row only for rows the candidates cannot decide", async () => {
+    await expectCandidateReads(4, 5000);
   });
 });

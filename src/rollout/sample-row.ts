@@ -1,0 +1,207 @@
+/** Sampling one row of logits on the host, given the whole row: the reference that defines what a
+ *  seed draws. Every mode is an inverse-CDF draw over a prefix of the row's tokens in *rank order*
+ *  (value descending, lower id first among ties), so a draw only ever needs the most likely tokens:
+ *  - greedy (temperature 0): the first token in rank order;
+ *  - top-k: the first k; then top-p of their renormalised mass (Hugging Face's warper order);
+ *  - top-p alone: the shortest prefix whose mass reaches topP;
+ *  - neither: the whole vocabulary.
+ *  The draw takes the first token whose cumulative mass exceeds u·(prefix mass), u uniform in [0, 1).
+ *  sampler.ts draws the same way from candidates computed on the device and comes here for a row
+ *  only when the prefix reaches past its candidates.
+ *  Leaves out: repetition penalties, min-p, stop ids (the rollout loop owns stopping). */
+import { NonFiniteError } from "../trainer/errors.ts";
+
+export interface SamplingParams {
+  /** 0 = greedy. */
+  temperature: number;
+  /** Nucleus mass in (0, 1]; 1 = off. */
+  topP?: number;
+  /** Keep the k most likely tokens; 0 = off. */
+  topK?: number;
+}
+
+export interface RowDraw {
+  token: number;
+  /** log p(token) under the distribution drawn from (after top-k/top-p renormalisation); 0 for greedy. */
+  logprob: number;
+  /** log_softmax(logits / T)[token], no truncation (T = 1 for greedy). */
+  rawLogprob: number;
+}
+
+export function checkSamplingParams(p: SamplingParams): void {
+  if (!(Number.isFinite(p.temperature) && p.temperature >= 0))
+    throw new Error(`temperature ${p.temperature} is invalid; accepted: a finite number >= 0 (0 = greedy)`);
+  const topP = p.topP ?? 1;
+  if (!(topP > 0 && topP <= 1)) throw new Error(`topP ${topP} is invalid; accepted: a number in (0, 1]`);
+  const topK = p.topK ?? 0;
+  if (!(Number.isInteger(topK) && topK >= 0)) throw new Error(`topK ${topK} is invalid; accepted: an integer >= 0 (0 = off)`);
+}
+
+/** Below this (in units of log-prob relative to the max) exp() is skipped: e^-40·V < 1e-12 even at
+ *  V = 152k, far under float32 resolution, so the normaliser is unchanged in practice. */
+const NEGLIGIBLE = -40;
+
+/** exp((x − max) / T), 0 where negligible: the unnormalised weight of a logit. */
+export function weightOf(x: number, max: number, T: number): number {
+  const z = (x - max) / T;
+  return z > NEGLIGIBLE ? Math.exp(z) : 0;
+}
+
+/** Buffers reused across the rows of one call. */
+export class Scratch {
+  e: Float64Array; // weightOf(row[j]), 0 where negligible
+  copy: Float32Array; // quickselect works on a copy
+  idx: Uint32Array; // token ids, permuted by the rank select
+  constructor(V: number) {
+    this.idx = new Uint32Array(V);
+    this.e = new Float64Array(V);
+    this.copy = new Float32Array(V);
+  }
+}
+
+/** The uniform a row consumes: one rng draw, none when greedy (so greedy rows leave the stream alone). */
+export function uniformFor(params: SamplingParams, rng: { next(): number }): number {
+  return params.temperature === 0 ? 0 : rng.next();
+}
+
+/** Draw one token from a whole row with the uniform `u` (see uniformFor). */
+export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingParams, u: number, scratch = new Scratch(row.length)): RowDraw {
+  const V = row.length;
+  const T = params.temperature === 0 ? 1 : params.temperature;
+  let max = -Infinity, argmax = 0;
+  for (let j = 0; j < V; j++) if (row[j] > max) { max = row[j]; argmax = j; } // strict >: lowest id on ties
+  if (!Number.isFinite(max)) throw new NonFiniteError("the largest logit of a sampled row", max); // weights blew up (learning rate) or bad input
+  const e = scratch.e;
+  let sum = 0;
+  for (let j = 0; j < V; j++) sum += e[j] = weightOf(row[j], max, T);
+  const logZ = Math.log(sum); // log p_j = (x_j - max)/T - logZ
+  const raw = (j: number) => (row[j] - max) / T - logZ;
+  if (params.temperature === 0) return { token: argmax, logprob: 0, rawLogprob: raw(argmax) };
+
+  const topP = params.topP ?? 1;
+  const topK = Math.min(params.topK ?? 0, V);
+  if (topK > 0) {
+    const cand = topIndices(row, topK, scratch.copy); // rank order
+    const { index, mass } = drawPrefix(cand.map((j) => e[j]), topP, u)!; // whole: never null
+    return { token: cand[index], logprob: Math.log(e[cand[index]] / mass), rawLogprob: raw(cand[index]) };
+  }
+  // The whole vocabulary in rank order, or its nucleus: find the boundary value by a mass-weighted
+  // select (no sort of V), then walk the ties at it by id.
+  let mass = sum;
+  if (topP < 1) {
+    const need = topP * sum;
+    const b = rankBoundary(row, e, need, false, scratch);
+    mass = b.before;
+    for (let j = 0; j < V && mass < need; j++) if (row[j] === b.value) mass += e[j];
+  }
+  const target = u * mass;
+  const b = rankBoundary(row, e, target, true, scratch);
+  let acc = b.before, tok = -1;
+  for (let j = 0; j < V; j++) {
+    if (row[j] !== b.value || e[j] === 0) continue;
+    tok = j;
+    acc += e[j];
+    if (target < acc) break; // else float round-off ran past the last tie: keep the last one
+  }
+  return { token: tok, logprob: topP < 1 ? Math.log(e[tok] / mass) : raw(tok), rawLogprob: raw(tok) };
+}
+
+/** Inverse-CDF draw over weights `w` in rank order: keep the shortest prefix whose mass reaches topP
+ *  of `total` (everything when topP is 1), then take the first index whose cumulative weight exceeds
+ *  u·(kept mass). Returns that index and the kept mass. `total` given: w are only the first of more
+ *  tokens whose weights sum to total, and null means the prefix or the draw reaches past them.
+ *  Shared by the host path and the candidate path (sampler.ts), so both draw alike. */
+export function drawPrefix(w: ArrayLike<number>, topP: number, u: number, total?: number): { index: number; mass: number } | null {
+  const whole = total === undefined;
+  let mass = 0;
+  if (whole) for (let i = 0; i < w.length; i++) mass += w[i];
+  else mass = total;
+  let kept = w.length;
+  if (topP < 1) {
+    const need = topP * mass;
+    mass = 0;
+    kept = 0;
+    while (kept < w.length && mass < need) mass += w[kept++];
+    if (mass < need && !whole) return null; // the nucleus is wider than the candidates
+  }
+  const target = u * mass;
+  let acc = 0;
+  for (let i = 0; i < kept; i++) {
+    acc += w[i];
+    if (target < acc) return { index: i, mass };
+  }
+  if (!whole && topP === 1) return null; // the draw lands past the candidates
+  let i = kept - 1;
+  while (i > 0 && w[i] === 0) i--; // float round-off ran past the last token with mass
+  return { index: i, mass };
+}
+
+/** The value v at which rank order's cumulative mass crosses `need`, and the mass strictly above v.
+ *  inclusive = false (a nucleus): mass(> v) < need ≤ mass(≥ v). strict = true (a draw):
+ *  mass(> v) ≤ need < mass(≥ v). Three-way quickselect over the ids with mass, weighted by e;
+ *  linear on average. */
+function rankBoundary(row: Float32Array<ArrayBufferLike>, e: Float64Array, need: number, strict: boolean, scratch: Scratch): { value: number; before: number } {
+  const idx = scratch.idx;
+  let n = 0;
+  for (let j = 0; j < row.length; j++) if (e[j] > 0) idx[n++] = j; // zero-mass tokens are never needed
+  const crosses = strict ? (m: number) => m > need : (m: number) => m >= need;
+  let lo = 0, hi = n - 1, before = 0;
+  for (;;) {
+    const mid = (lo + hi) >>> 1;
+    const x = row[idx[lo]], y = row[idx[mid]], z = row[idx[hi]];
+    const pivot = x > y ? (y > z ? y : x > z ? z : x) : (x > z ? x : y > z ? z : y);
+    // Partition descending: [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot.
+    let lt = lo, i = lo, gt = hi, massGt = 0, massEq = 0;
+    while (i <= gt) {
+      const id = idx[i], v = row[id];
+      if (v > pivot) { idx[i] = idx[lt]; idx[lt] = id; lt++; i++; massGt += e[id]; }
+      else if (v < pivot) { idx[i] = idx[gt]; idx[gt] = id; gt--; }
+      else { i++; massEq += e[id]; }
+    }
+    if (crosses(before + massGt) && lt > lo) hi = lt - 1; // the boundary is among the larger values
+    else if (crosses(before + massGt + massEq) || gt >= hi) return { value: pivot, before: before + massGt };
+    else { before += massGt + massEq; lo = gt + 1; }
+  }
+}
+
+/** Indices of the k largest values in rank order (value descending, lower id first among ties). */
+export function topIndices(row: Float32Array<ArrayBufferLike>, k: number, copy: Float32Array<ArrayBufferLike> = new Float32Array(row.length)): number[] {
+  const V = row.length;
+  let kth: number;
+  if (k >= V) kth = -Infinity;
+  else {
+    copy.set(row);
+    kth = kthLargest(copy, k);
+  }
+  const above: number[] = [], equal: number[] = [];
+  for (let j = 0; j < V; j++) {
+    if (row[j] > kth) above.push(j);
+    else if (row[j] === kth && equal.length < k) equal.push(j);
+  }
+  const idx = above.concat(equal.slice(0, k - above.length));
+  idx.sort((a, b) => row[b] - row[a] || a - b);
+  return idx;
+}
+
+/** The k-th largest value (1-based), by three-way quickselect in place; linear on average, and ties
+ *  (flat rows) cost nothing extra. Median-of-three pivots keep it deterministic. */
+function kthLargest(a: Float32Array<ArrayBufferLike>, k: number): number {
+  let lo = 0, hi = a.length - 1, want = k - 1; // index in descending order
+  for (;;) {
+    if (lo >= hi) return a[lo];
+    const mid = (lo + hi) >>> 1;
+    const x = a[lo], y = a[mid], z = a[hi];
+    const pivot = x > y ? (y > z ? y : x > z ? z : x) : (x > z ? x : y > z ? z : y);
+    // Partition descending: [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot.
+    let lt = lo, i = lo, gt = hi;
+    while (i <= gt) {
+      const v = a[i];
+      if (v > pivot) { a[i] = a[lt]; a[lt] = v; lt++; i++; }
+      else if (v < pivot) { a[i] = a[gt]; a[gt] = v; gt--; }
+      else i++;
+    }
+    if (want < lt) hi = lt - 1;
+    else if (want > gt) lo = gt + 1;
+    else return pivot;
+  }
+}
