@@ -47,15 +47,22 @@ export function weightOf(x: number, max: number, T: number): number {
   return z > NEGLIGIBLE ? Math.exp(z) : 0;
 }
 
+/** Rank order is found through buckets of (max − x)/T, PER_UNIT to a unit: a bucket's tokens all rank
+ *  above the next bucket's, so only the one bucket where the cumulative mass crosses is sorted. */
+const PER_UNIT = 16;
+const BUCKETS = -NEGLIGIBLE * PER_UNIT + 1;
+
 /** Buffers reused across the rows of one call. */
 export class Scratch {
   e: Float64Array; // weightOf(row[j]), 0 where negligible
   copy: Float32Array; // quickselect works on a copy
-  idx: Uint32Array; // token ids, permuted by the rank select
+  bucket: Uint16Array; // rank bucket of each token with mass
+  bucketMass: Float64Array;
   constructor(V: number) {
-    this.idx = new Uint32Array(V);
     this.e = new Float64Array(V);
     this.copy = new Float32Array(V);
+    this.bucket = new Uint16Array(V);
+    this.bucketMass = new Float64Array(BUCKETS);
   }
 }
 
@@ -71,39 +78,50 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
   let max = -Infinity, argmax = 0;
   for (let j = 0; j < V; j++) if (row[j] > max) { max = row[j]; argmax = j; } // strict >: lowest id on ties
   if (!Number.isFinite(max)) throw new NonFiniteError("the largest logit of a sampled row", max); // weights blew up (learning rate) or bad input
-  const e = scratch.e;
+  const topP = params.topP ?? 1;
+  const topK = Math.min(params.topK ?? 0, V);
+  const { e, bucket, bucketMass } = scratch;
+  const ranked = params.temperature > 0 && topK === 0; // a draw over the whole row in rank order
+  if (ranked) bucketMass.fill(0);
   let sum = 0;
-  for (let j = 0; j < V; j++) sum += e[j] = weightOf(row[j], max, T);
+  for (let j = 0; j < V; j++) {
+    const z = (row[j] - max) / T; // weightOf, inlined to bucket in the same pass
+    if (!(z > NEGLIGIBLE)) { e[j] = 0; continue; }
+    sum += e[j] = Math.exp(z);
+    if (ranked) bucketMass[bucket[j] = Math.min(BUCKETS - 1, Math.floor(-z * PER_UNIT))] += e[j];
+  }
   const logZ = Math.log(sum); // log p_j = (x_j - max)/T - logZ
   const raw = (j: number) => (row[j] - max) / T - logZ;
   if (params.temperature === 0) return { token: argmax, logprob: 0, rawLogprob: raw(argmax) };
 
-  const topP = params.topP ?? 1;
-  const topK = Math.min(params.topK ?? 0, V);
   if (topK > 0) {
     const cand = topIndices(row, topK, scratch.copy); // rank order
     const { index, mass } = drawPrefix(cand.map((j) => e[j]), topP, u)!; // whole: never null
     return { token: cand[index], logprob: Math.log(e[cand[index]] / mass), rawLogprob: raw(cand[index]) };
   }
-  // The whole vocabulary in rank order, or its nucleus: find the boundary value by a mass-weighted
-  // select (no sort of V), then walk the ties at it by id.
-  let mass = sum;
-  if (topP < 1) {
-    const need = topP * sum;
-    const b = rankBoundary(row, e, need, false, scratch);
-    mass = b.before;
-    for (let j = 0; j < V && mass < need; j++) if (row[j] === b.value) mass += e[j];
-  }
-  const target = u * mass;
-  const b = rankBoundary(row, e, target, true, scratch);
-  let acc = b.before, tok = -1;
-  for (let j = 0; j < V; j++) {
-    if (row[j] !== b.value || e[j] === 0) continue;
-    tok = j;
-    acc += e[j];
-    if (target < acc) break; // else float round-off ran past the last tie: keep the last one
-  }
+  // The whole vocabulary in rank order, or its nucleus (its mass: where the cumulative reaches topP).
+  const mass = topP < 1 ? crossing(row, topP * sum, false, scratch).through : sum;
+  const tok = crossing(row, u * mass, true, scratch).token;
   return { token: tok, logprob: topP < 1 ? Math.log(e[tok] / mass) : raw(tok), rawLogprob: raw(tok) };
+}
+
+/** The token at which rank order's cumulative mass crosses `need` (exceeds it when strict, a draw;
+ *  reaches it otherwise, a nucleus) and the cumulative mass through that token. */
+function crossing(row: Float32Array<ArrayBufferLike>, need: number, strict: boolean, scratch: Scratch): { token: number; through: number } {
+  const { e, bucket, bucketMass } = scratch;
+  const crosses = (m: number) => (strict ? m > need : m >= need);
+  let b = 0, before = 0;
+  while (b < BUCKETS - 1 && !crosses(before + bucketMass[b])) before += bucketMass[b++];
+  while (b > 0 && bucketMass[b] === 0) before -= bucketMass[--b]; // float round-off ran past the last token with mass
+  const ids: number[] = [];
+  for (let j = 0; j < row.length; j++) if (e[j] > 0 && bucket[j] === b) ids.push(j);
+  ids.sort((i, j) => row[j] - row[i] || i - j); // rank order within the bucket (ids arrive ascending)
+  let acc = before;
+  for (const j of ids) {
+    acc += e[j];
+    if (crosses(acc)) return { token: j, through: acc };
+  }
+  return { token: ids[ids.length - 1], through: acc }; // round-off again: the bucket's last token
 }
 
 /** Inverse-CDF draw over weights `w` in rank order: keep the shortest prefix whose mass reaches topP
@@ -134,34 +152,6 @@ export function drawPrefix(w: ArrayLike<number>, topP: number, u: number, total?
   let i = kept - 1;
   while (i > 0 && w[i] === 0) i--; // float round-off ran past the last token with mass
   return { index: i, mass };
-}
-
-/** The value v at which rank order's cumulative mass crosses `need`, and the mass strictly above v.
- *  inclusive = false (a nucleus): mass(> v) < need ≤ mass(≥ v). strict = true (a draw):
- *  mass(> v) ≤ need < mass(≥ v). Three-way quickselect over the ids with mass, weighted by e;
- *  linear on average. */
-function rankBoundary(row: Float32Array<ArrayBufferLike>, e: Float64Array, need: number, strict: boolean, scratch: Scratch): { value: number; before: number } {
-  const idx = scratch.idx;
-  let n = 0;
-  for (let j = 0; j < row.length; j++) if (e[j] > 0) idx[n++] = j; // zero-mass tokens are never needed
-  const crosses = strict ? (m: number) => m > need : (m: number) => m >= need;
-  let lo = 0, hi = n - 1, before = 0;
-  for (;;) {
-    const mid = (lo + hi) >>> 1;
-    const x = row[idx[lo]], y = row[idx[mid]], z = row[idx[hi]];
-    const pivot = x > y ? (y > z ? y : x > z ? z : x) : (x > z ? x : y > z ? z : y);
-    // Partition descending: [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot.
-    let lt = lo, i = lo, gt = hi, massGt = 0, massEq = 0;
-    while (i <= gt) {
-      const id = idx[i], v = row[id];
-      if (v > pivot) { idx[i] = idx[lt]; idx[lt] = id; lt++; i++; massGt += e[id]; }
-      else if (v < pivot) { idx[i] = idx[gt]; idx[gt] = id; gt--; }
-      else { i++; massEq += e[id]; }
-    }
-    if (crosses(before + massGt) && lt > lo) hi = lt - 1; // the boundary is among the larger values
-    else if (crosses(before + massGt + massEq) || gt >= hi) return { value: pivot, before: before + massGt };
-    else { before += massGt + massEq; lo = gt + 1; }
-  }
 }
 
 /** Indices of the k largest values in rank order (value descending, lower id first among ties). */
