@@ -1,13 +1,16 @@
-/** Sampling one row of logits on the host, given the whole row: the reference that defines what a
- *  seed draws. Every mode is an inverse-CDF draw over a prefix of the row's tokens in *rank order*
- *  (value descending, lower id first among ties), so a draw only ever needs the most likely tokens:
- *  - greedy (temperature 0): the first token in rank order;
- *  - top-k: the first k; then top-p of their renormalised mass (Hugging Face's warper order);
- *  - top-p alone: the shortest prefix whose mass reaches topP;
- *  - neither: the whole vocabulary.
- *  The draw takes the first token whose cumulative mass exceeds u·(prefix mass), u uniform in [0, 1).
- *  sampler.ts draws the same way from candidates computed on the device and comes here for a row
- *  only when the prefix reaches past its candidates.
+/** Sampling one row of logits on the host, given the whole row. Two walks, both inverse-CDF draws
+ *  (the first token whose cumulative mass exceeds u·(kept mass), u uniform in [0, 1)) from the same
+ *  distribution, differing only in the order the tokens are walked, so a seed maps to different tokens:
+ *  - "id" (the host sampler: wasm, cpu; every earlier version's draws, bit for bit): the whole
+ *    vocabulary, or the top-p nucleus, is walked in id order; top-k candidates in rank order.
+ *  - "rank" (the device sampler's, webgpu): every mode walks a prefix of the tokens in *rank order*
+ *    (value descending, lower id first among ties), so a draw only needs the most likely tokens, which
+ *    is all the device path reads back; sampler.ts comes here for a row only when the prefix reaches
+ *    past its candidates.
+ *  Modes (both walks): greedy (temperature 0) is the argmax, lowest id on ties, and draws no uniform;
+ *  top-k keeps the k most likely, then top-p of their renormalised mass (Hugging Face's warper order);
+ *  top-p alone keeps the most likely tokens until their mass reaches topP (ties at the boundary: lower
+ *  ids first); neither keeps the whole vocabulary.
  *  Leaves out: repetition penalties, min-p, stop ids (the rollout loop owns stopping). */
 import { NonFiniteError } from "../trainer/errors.ts";
 
@@ -52,17 +55,22 @@ export function weightOf(x: number, max: number, T: number): number {
 const PER_UNIT = 16;
 const BUCKETS = -NEGLIGIBLE * PER_UNIT + 1;
 
+/** The order a whole-vocabulary or top-p draw walks (see the header). */
+export type Walk = "id" | "rank";
+
 /** Buffers reused across the rows of one call. */
 export class Scratch {
   e: Float64Array; // weightOf(row[j]), 0 where negligible
   copy: Float32Array; // quickselect works on a copy
-  bucket: Uint16Array; // rank bucket of each token with mass
-  bucketMass: Float64Array;
-  constructor(V: number) {
+  idx: Uint32Array; // token ids, permuted by the nucleus select (id walk)
+  private ranks?: { bucket: Uint16Array; bucketMass: Float64Array }; // rank walk only
+  constructor(readonly V: number) {
     this.e = new Float64Array(V);
     this.copy = new Float32Array(V);
-    this.bucket = new Uint16Array(V);
-    this.bucketMass = new Float64Array(BUCKETS);
+    this.idx = new Uint32Array(V);
+  }
+  get rank(): { bucket: Uint16Array; bucketMass: Float64Array } {
+    return (this.ranks ??= { bucket: new Uint16Array(this.V), bucketMass: new Float64Array(BUCKETS) });
   }
 }
 
@@ -71,8 +79,8 @@ export function uniformFor(params: SamplingParams, rng: { next(): number }): num
   return params.temperature === 0 ? 0 : rng.next();
 }
 
-/** Draw one token from a whole row with the uniform `u` (see uniformFor). */
-export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingParams, u: number, scratch = new Scratch(row.length)): RowDraw {
+/** Draw one token from a whole row with the uniform `u` (see uniformFor), walking `walk` order. */
+export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingParams, u: number, scratch = new Scratch(row.length), walk: Walk = "id"): RowDraw {
   const V = row.length;
   const T = params.temperature === 0 ? 1 : params.temperature;
   let max = -Infinity, argmax = 0;
@@ -80,35 +88,101 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
   if (!Number.isFinite(max)) throw new NonFiniteError("the largest logit of a sampled row", max); // weights blew up (learning rate) or bad input
   const topP = params.topP ?? 1;
   const topK = Math.min(params.topK ?? 0, V);
-  const { e, bucket, bucketMass } = scratch;
-  const ranked = params.temperature > 0 && topK === 0; // a draw over the whole row in rank order
-  if (ranked) bucketMass.fill(0);
+  const e = scratch.e;
+  const ranked = walk === "rank" && params.temperature > 0 && topK === 0; // a draw over the whole row in rank order
   let sum = 0;
-  for (let j = 0; j < V; j++) {
-    const z = (row[j] - max) / T; // weightOf, inlined to bucket in the same pass
-    if (!(z > NEGLIGIBLE)) { e[j] = 0; continue; }
-    sum += e[j] = Math.exp(z);
-    if (ranked) bucketMass[bucket[j] = Math.min(BUCKETS - 1, Math.floor(-z * PER_UNIT))] += e[j];
+  if (ranked) {
+    const { bucket, bucketMass } = scratch.rank;
+    bucketMass.fill(0);
+    for (let j = 0; j < V; j++) {
+      const z = (row[j] - max) / T; // weightOf, inlined to bucket in the same pass
+      if (!(z > NEGLIGIBLE)) { e[j] = 0; continue; }
+      sum += e[j] = Math.exp(z);
+      bucketMass[bucket[j] = Math.min(BUCKETS - 1, Math.floor(-z * PER_UNIT))] += e[j];
+    }
+  } else {
+    for (let j = 0; j < V; j++) {
+      const z = (row[j] - max) / T;
+      sum += e[j] = z > NEGLIGIBLE ? Math.exp(z) : 0;
+    }
   }
   const logZ = Math.log(sum); // log p_j = (x_j - max)/T - logZ
   const raw = (j: number) => (row[j] - max) / T - logZ;
   if (params.temperature === 0) return { token: argmax, logprob: 0, rawLogprob: raw(argmax) };
 
   if (topK > 0) {
-    const cand = topIndices(row, topK, scratch.copy); // rank order
+    const cand = topIndices(row, topK, scratch.copy); // rank order (both walks)
     const { index, mass } = drawPrefix(cand.map((j) => e[j]), topP, u)!; // whole: never null
     return { token: cand[index], logprob: Math.log(e[cand[index]] / mass), rawLogprob: raw(cand[index]) };
   }
-  // The whole vocabulary in rank order, or its nucleus (its mass: where the cumulative reaches topP).
-  const mass = topP < 1 ? crossing(row, topP * sum, false, scratch).through : sum;
-  const tok = crossing(row, u * mass, true, scratch).token;
-  return { token: tok, logprob: topP < 1 ? Math.log(e[tok] / mass) : raw(tok), rawLogprob: raw(tok) };
+  if (ranked) {
+    // The whole vocabulary in rank order, or its nucleus (its mass: where the cumulative reaches topP).
+    const mass = topP < 1 ? crossing(row, topP * sum, false, scratch).through : sum;
+    const tok = crossing(row, u * mass, true, scratch).token;
+    return { token: tok, logprob: topP < 1 ? Math.log(e[tok] / mass) : raw(tok), rawLogprob: raw(tok) };
+  }
+  if (topP === 1) {
+    // Inverse CDF over the whole vocabulary in id order.
+    const target = u * sum;
+    let acc = 0, tok = argmax;
+    for (let j = 0; j < V; j++) {
+      if (e[j] === 0) continue;
+      acc += e[j];
+      tok = j;
+      if (target < acc) break;
+    }
+    return { token: tok, logprob: raw(tok), rawLogprob: raw(tok) };
+  }
+  // Nucleus: find the boundary value by a mass-weighted select (no sort of V), keep everything above
+  // it and, among ties at it, the lowest ids until the mass is reached; walk the kept ids in id order.
+  const need = topP * sum;
+  const { value, before } = nucleusBoundary(row, e, need, scratch.idx);
+  let mass = before;
+  const kept: number[] = [];
+  for (let j = 0; j < V; j++) {
+    if (row[j] > value) kept.push(j);
+    else if (row[j] === value && mass < need) { kept.push(j); mass += e[j]; }
+  }
+  const target = u * mass;
+  let acc = 0, i = 0;
+  for (; i < kept.length - 1; i++) {
+    acc += e[kept[i]];
+    if (target < acc) break;
+  }
+  while (i > 0 && e[kept[i]] === 0) i--; // float round-off ran past the last token with mass
+  const tok = kept[i];
+  return { token: tok, logprob: Math.log(e[tok] / mass), rawLogprob: raw(tok) };
+}
+
+/** The value v of the last token the nucleus needs (tokens sorted by value descending): the mass of
+ *  values > v is below `need`, of values >= v reaches it. Returns v and the mass strictly above it.
+ *  Three-way quickselect over indices (`idx`, scratch of length V), weighted by e; linear on average. */
+function nucleusBoundary(row: Float32Array<ArrayBufferLike>, e: Float64Array, need: number, idx: Uint32Array): { value: number; before: number } {
+  let n = 0;
+  for (let j = 0; j < row.length; j++) if (e[j] > 0) idx[n++] = j; // zero-mass tokens are never needed
+  let lo = 0, hi = n - 1, before = 0;
+  for (;;) {
+    const mid = (lo + hi) >>> 1;
+    const x = row[idx[lo]], y = row[idx[mid]], z = row[idx[hi]];
+    const pivot = x > y ? (y > z ? y : x > z ? z : x) : (x > z ? x : y > z ? z : y);
+    // Partition descending: [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot.
+    let lt = lo, i = lo, gt = hi, massGt = 0, massEq = 0;
+    while (i <= gt) {
+      const id = idx[i], v = row[id];
+      if (v > pivot) { idx[i] = idx[lt]; idx[lt] = id; lt++; i++; massGt += e[id]; }
+      else if (v < pivot) { idx[i] = idx[gt]; idx[gt] = id; gt--; }
+      else { i++; massEq += e[id]; }
+    }
+    if (before + massGt >= need && lt > lo) hi = lt - 1; // the boundary is among the larger values
+    else if (before + massGt + massEq >= need || gt >= hi) return { value: pivot, before: before + massGt };
+    else { before += massGt + massEq; lo = gt + 1; }
+  }
 }
 
 /** The token at which rank order's cumulative mass crosses `need` (exceeds it when strict, a draw;
  *  reaches it otherwise, a nucleus) and the cumulative mass through that token. */
 function crossing(row: Float32Array<ArrayBufferLike>, need: number, strict: boolean, scratch: Scratch): { token: number; through: number } {
-  const { e, bucket, bucketMass } = scratch;
+  const e = scratch.e, { bucket, bucketMass } = scratch.rank;
   const crosses = (m: number) => (strict ? m > need : m >= need);
   let b = 0, before = 0;
   while (b < BUCKETS - 1 && !crosses(before + bucketMass[b])) before += bucketMass[b++];

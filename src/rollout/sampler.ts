@@ -1,32 +1,37 @@
 /** Next-token sampling for a decode batch: temperature, top-k and top-p (nucleus) over logits [B, V],
  *  driven by a seeded Rng so a run can be replayed. Temperature 0 is greedy argmax (lowest id on ties).
- *  What a seed draws is defined in sample-row.ts (rank-order inverse CDF, one rng draw per sampled
- *  row, in row order); this file decides where the work happens.
+ *  How a seed maps to tokens is defined in sample-row.ts; this file decides where the work happens.
  *
  *  Returns, per row, the token, its log-probability under the distribution actually sampled from
  *  (after temperature, top-k and top-p renormalisation; the "old policy" log-prob) and the plain
  *  log_softmax(logits / T) value (what the trainer recomputes).
  *
- *  Two paths, the same draws:
- *  - host: read the logits [B, V] once and draw each row in JS. On wasm and cpu that read is a copy
- *    of memory the engine already holds, and a JS pass beats tfjs' reductions (at B 32 × V 151,669 on
- *    2 cores: logSumExp ~150 ms and topk ~30 ms on wasm, ~900 / ~700 ms on cpu; read + JS ~130 ms).
- *  - candidates (a GPU, where a read is a transfer and a sync): the device computes per row the top K
- *    logits with their ids, the normaliser's part below them (Σ exp((x − max)/T) over x < the K-th
- *    value) and the count of ties at the K-th value; one read of B·(2 + 2K) floats (K = 64: 17 KB at
- *    B 32, instead of 19 MB of logits). The host adds the candidates' weights in float64 and draws
- *    with the host path's own code; a row whose draw or nucleus reaches past its candidates (flat
- *    distributions, ties at the K-th value) reads its logits row and is drawn by the host path, all
- *    such rows in one more read. Token ids are the host path's; the tail of the normaliser is summed in
- *    float32 instead of float64, so log-probs agree to ~1e-6 and a draw within ~1e-7 of a boundary
- *    could in principle go the other way. GRPO recomputes its old log-probs with the trainer's forward
- *    (trainer/grpo.ts); these are the logged sampling log-probs. */
+ *  Two paths, the same distribution, different draws for a seed (one uniform per sampled row, in row
+ *  order, on both):
+ *  - host (wasm, cpu): read the logits [B, V] once and draw each row in JS, walking ids (sample-row.ts's
+ *    "id" walk): the same tokens for a seed as every earlier version. On wasm and cpu that read is a
+ *    copy of memory the engine already holds, and a JS pass beats tfjs' reductions (at B 32 ×
+ *    V 151,669 on 2 cores: logSumExp ~150 ms and topk ~30 ms on wasm, ~900 / ~700 ms on cpu; read + JS
+ *    ~130 ms).
+ *  - candidates (webgpu, where a read is a transfer and a sync): draws walk ranks ("rank" walk), since
+ *    only the most likely tokens reach the host. The device computes per row the top K logits with
+ *    their ids, the normaliser's part below them (Σ exp((x − max)/T) over x < the K-th value) and the
+ *    count of ties at the K-th value; one read of B·(2 + 2K) floats (K = 64: 17 KB at B 32, instead of
+ *    19 MB of logits). The host adds the candidates' weights in float64 and draws with the rank walk's
+ *    own code; a row whose draw or nucleus reaches past its candidates (flat distributions, ties at the
+ *    K-th value) reads its logits row and is drawn by the host's rank walk, all such rows in one more
+ *    read. Token ids are the rank walk's on the host (`walk: "rank"`, what the tests compare with); the
+ *    tail of the normaliser is summed in float32 instead of float64, so log-probs agree to ~1e-6 and a
+ *    draw within ~1e-7 of a boundary could in principle go the other way. So webgpu's tokens for a seed
+ *    differ from wasm's outside greedy and top-k (as float rounding alone would make them anyway).
+ *    GRPO recomputes its old log-probs with the trainer's forward (trainer/grpo.ts); these are the
+ *    logged sampling log-probs. */
 import * as tf from "@tensorflow/tfjs";
 import { backendProfile } from "../model/profile.ts";
 import type { Rng } from "../util/rng.ts";
-import { checkSamplingParams, drawPrefix, sampleRow, Scratch, uniformFor, weightOf, type RowDraw, type SamplingParams } from "./sample-row.ts";
+import { checkSamplingParams, drawPrefix, sampleRow, Scratch, uniformFor, weightOf, type RowDraw, type SamplingParams, type Walk } from "./sample-row.ts";
 
-export { checkSamplingParams, sampleRow, topIndices, type SamplingParams } from "./sample-row.ts";
+export { checkSamplingParams, sampleRow, topIndices, type SamplingParams, type Walk } from "./sample-row.ts";
 
 export interface SampleResult {
   tokens: number[];
@@ -42,6 +47,10 @@ export interface SampleResult {
 export interface SampleOptions {
   /** Draw from candidates computed on the device. Default: the backend profile's `deviceSampling`. */
   onDevice?: boolean;
+  /** The host path's walk: "id" (default: the host sampler's own draws) or "rank" (the device path's
+   *  draws, computed from the whole rows: the reference the tests compare the device path with). The
+   *  device path always walks ranks. */
+  walk?: Walk;
 }
 
 /** K, the candidates per row on the device path (more when top-k needs them: topK + 1, so the k-th
@@ -66,7 +75,8 @@ export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, 
     const data = (await sub.data()) as Float32Array;
     if (sub !== logits) sub.dispose();
     const scratch = new Scratch(V);
-    rest.forEach((b, i) => (draws[b] = sampleRow(data.subarray(i * V, (i + 1) * V), params, us[b], scratch)));
+    const walk = onDevice ? "rank" : (opts.walk ?? "id");
+    rest.forEach((b, i) => (draws[b] = sampleRow(data.subarray(i * V, (i + 1) * V), params, us[b], scratch, walk)));
   }
   const out: SampleResult = { tokens: [], logprobs: [], rawLogprobs: [], readFloats: floats + rest.length * V };
   for (const d of draws as RowDraw[]) {

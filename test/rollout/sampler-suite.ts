@@ -1,9 +1,10 @@
 /** Shared checks of the two sampling paths (rollout/sampler.ts): the candidate path (statistics on the
- *  device) draws the host path's tokens for the same seed, and reads back what it says it reads. Run
+ *  device) draws the tokens of the host path's rank walk (`walk: "rank"`; the host sampler's default
+ *  walks ids, so its tokens differ) for the same seed, and reads back what it says it reads. Run
  *  on wasm by test/rollout/sampler.test.ts and on webgpu by test/webgpu/sampler.test.ts. */
 import { expect, vi } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { CANDIDATES, sampleTokens, type SampleResult, type SamplingParams } from "../../src/rollout/sampler.ts";
+import { CANDIDATES, sampleTokens, type SampleOptions, type SampleResult, type SamplingParams } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 /** Rows of every kind the candidate path must decide or hand back: peaked (the draw lands among the
@@ -35,12 +36,15 @@ export const PARAM_SETS: SamplingParams[] = [
 ];
 
 /** `steps` successive draws from one stream, as a decode loop makes them. */
-export async function drawSteps(logits: tf.Tensor2D, params: SamplingParams, onDevice: boolean, steps = 3, seed = 17): Promise<SampleResult[]> {
+export async function drawSteps(logits: tf.Tensor2D, params: SamplingParams, opts: SampleOptions, steps = 3, seed = 17): Promise<SampleResult[]> {
   const rng = new Rng(seed);
   const out: SampleResult[] = [];
-  for (let s = 0; s < steps; s++) out.push(await sampleTokens(logits, params, rng, { onDevice }));
+  for (let s = 0; s < steps; s++) out.push(await sampleTokens(logits, params, rng, opts));
   return out;
 }
+
+/** What the device path is compared with: the host path walking ranks, from the whole rows. */
+export const RANK_REFERENCE: SampleOptions = { onDevice: false, walk: "rank" };
 
 /** Same tokens; log-probs equal to float32 rounding of the normaliser (the device sums in float32). */
 export function expectSameDraws(device: SampleResult[], host: SampleResult[], label: string): void {

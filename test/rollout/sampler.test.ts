@@ -1,9 +1,9 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
-import { sampleTokens, topIndices } from "../../src/rollout/sampler.ts";
+import { sampleTokens, topIndices, type SampleOptions } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, structuredLogits } from "./sampler-suite.ts";
+import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "./sampler-suite.ts";
 
 beforeAll(async () => {
   await initBackend("wasm");
@@ -17,24 +17,25 @@ function logSoftmax(row: number[], T = 1): number[] {
 }
 
 /** Draw `n` samples from one logits row (as a batch of identical rows) and count tokens. */
-async function frequencies(row: number[], n: number, params: Parameters<typeof sampleTokens>[1], seed = 1, onDevice = false) {
+async function frequencies(row: number[], n: number, params: Parameters<typeof sampleTokens>[1], seed: number, opts: SampleOptions) {
   const rng = new Rng(seed);
   const B = 500;
   const logits = tf.tensor2d(Array.from({ length: B }, () => row));
   const counts = new Array(row.length).fill(0);
   const logprobOf = new Map<number, number>();
   for (let i = 0; i < n / B; i++) {
-    const r = await sampleTokens(logits, params, rng, { onDevice });
+    const r = await sampleTokens(logits, params, rng, opts);
     r.tokens.forEach((t, b) => { counts[t]++; logprobOf.set(t, r.logprobs[b]); });
   }
   logits.dispose();
   return { freq: counts.map((c) => c / n), logprobOf };
 }
 
-// Both paths: the host's (whole logits read) and the candidates' (statistics on the backend).
-describe.each([false, true])("sampleTokens (candidates on the backend: %s)", (onDevice) => {
+// Every path: the host's (whole logits read) walking ids (its default) or ranks, and the candidates'
+// (statistics on the backend, rank walk).
+const PATHS: [string, SampleOptions][] = [["host, id walk", { onDevice: false }], ["host, rank walk", RANK_REFERENCE], ["candidates", { onDevice: true }]];
+describe.each(PATHS)("sampleTokens (%s)", (_, opts) => {
   const row = [0.5, 2.0, -1.0, 1.2, 0.0];
-  const opts = { onDevice };
 
   it("temperature 0 is argmax with the lowest id on ties, and reports log_softmax(logits)", async () => {
     const logits = tf.tensor2d([[1, 3, 3, 0], [5, 1, 1, 5], [-2, -1, -3, -1.5]]);
@@ -61,7 +62,7 @@ describe.each([false, true])("sampleTokens (candidates on the backend: %s)", (on
   it("empirical frequencies match softmax(logits / T) and logprobs are its logs", async () => {
     const T = 0.7;
     const p = logSoftmax(row, T).map(Math.exp);
-    const { freq, logprobOf } = await frequencies(row, 20000, { temperature: T }, 1, onDevice);
+    const { freq, logprobOf } = await frequencies(row, 20000, { temperature: T }, 1, opts);
     freq.forEach((f, i) => expect(Math.abs(f - p[i])).toBeLessThan(0.012));
     for (const [t, lp] of logprobOf) expect(lp).toBeCloseTo(Math.log(p[t]), 5);
   });
@@ -71,18 +72,18 @@ describe.each([false, true])("sampleTokens (candidates on the backend: %s)", (on
     // top-k 3 keeps {1, 3, 0}
     const k3 = [1, 3, 0];
     const zk = k3.reduce((a, i) => a + p[i], 0);
-    const a = await frequencies(row, 20000, { temperature: 1, topK: 3 }, 2, onDevice);
+    const a = await frequencies(row, 20000, { temperature: 1, topK: 3 }, 2, opts);
     a.freq.forEach((f, i) => expect(Math.abs(f - (k3.includes(i) ? p[i] / zk : 0))).toBeLessThan(0.012));
     for (const [t, lp] of a.logprobOf) expect(lp).toBeCloseTo(Math.log(p[t] / zk), 5);
     // top-p 0.85: p1≈0.54, +p3≈0.24 → 0.78 < 0.85, +p0≈0.12 → 0.90: keeps {1, 3, 0}
     const nuc = [1, 3, 0];
     expect(p[1] + p[3]).toBeLessThan(0.85);
     expect(p[1] + p[3] + p[0]).toBeGreaterThan(0.85);
-    const b = await frequencies(row, 20000, { temperature: 1, topP: 0.85 }, 3, onDevice);
+    const b = await frequencies(row, 20000, { temperature: 1, topP: 0.85 }, 3, opts);
     b.freq.forEach((f, i) => expect(Math.abs(f - (nuc.includes(i) ? p[i] / zk : 0))).toBeLessThan(0.012));
     // top-k 3, then top-p 0.85 of the top-3 mass (Hugging Face's order): 0.78 ≥ 0.85·0.90 → {1, 3}
     expect(p[1] + p[3]).toBeGreaterThan(0.85 * zk);
-    const c = await frequencies(row, 10000, { temperature: 1, topK: 3, topP: 0.85 }, 4, onDevice);
+    const c = await frequencies(row, 10000, { temperature: 1, topK: 3, topP: 0.85 }, 4, opts);
     const z2 = p[1] + p[3];
     c.freq.forEach((f, i) => expect(Math.abs(f - ([1, 3].includes(i) ? p[i] / z2 : 0))).toBeLessThan(0.015));
     for (const [t, lp] of c.logprobOf) expect(lp).toBeCloseTo(Math.log(p[t] / z2), 5);
@@ -107,7 +108,7 @@ describe.each([false, true])("sampleTokens (candidates on the backend: %s)", (on
     // p ∝ e^2, e, e, e, 1: top-p just above p0 needs exactly one of the tied tokens, the lowest id.
     const row = [2, 1, 1, 1, 0];
     const p = logSoftmax(row).map(Math.exp);
-    const { freq, logprobOf } = await frequencies(row, 5000, { temperature: 1, topP: p[0] + 0.5 * p[1] }, 1, onDevice);
+    const { freq, logprobOf } = await frequencies(row, 5000, { temperature: 1, topP: p[0] + 0.5 * p[1] }, 1, opts);
     expect(freq[0] + freq[1]).toBe(1);
     expect(Math.abs(freq[0] - p[0] / (p[0] + p[1]))).toBeLessThan(0.02);
     expect(logprobOf.get(1)).toBeCloseTo(Math.log(p[1] / (p[0] + p[1])), 5);
@@ -139,14 +140,14 @@ describe.each([false, true])("sampleTokens (candidates on the backend: %s)", (on
   });
 });
 
-describe("the candidate path draws the host path's tokens (wasm)", () => {
+describe("the candidate path draws the host rank walk's tokens (wasm)", () => {
   it("same seed, same tokens, log-probs to float32 rounding, for every kind of row and option", async () => {
     const B = 12, V = 3000;
     const logits = tf.tensor2d(structuredLogits(B, V), [B, V]);
     const before = tf.memory().numTensors;
     for (const params of PARAM_SETS) {
-      const device = await drawSteps(logits, params, true);
-      expectSameDraws(device, await drawSteps(logits, params, false), JSON.stringify(params));
+      const device = await drawSteps(logits, params, { onDevice: true });
+      expectSameDraws(device, await drawSteps(logits, params, RANK_REFERENCE), JSON.stringify(params));
       // The flat rows fall back to their whole row; the peaked ones are decided by their candidates.
       expect(device[0].readFloats).toBeGreaterThan(2 * V);
       expect(device[0].readFloats).toBeLessThan(B * V);
@@ -164,5 +165,35 @@ describe("the candidate path draws the host path's tokens (wasm)", () => {
 
   it("reads B·(2 + 2K) floats per step, plus the whole row only for rows the candidates cannot decide", async () => {
     await expectCandidateReads(4, 5000);
+  });
+});
+
+describe("the host sampler's draws for a seed are every earlier version's", () => {
+  it("same logits and seed: the token ids main's sampler (before device sampling) gave, in every mode", async () => {
+    // Expected ids computed with main's src/rollout/sampler.ts at 75e13f8 (the id-order walk, unchanged
+    // since b1dafa2; before device sampling) on these
+    // logits: 3 steps of 4 rows from Rng(17). They pin the published seeded runs (README results) on
+    // wasm/cpu; the rank walk (the device path's) gives other ids in the first three modes.
+    const B = 4, V = 50;
+    const data = new Float32Array(B * V).map((_, i) => {
+      const b = (i / V) | 0, j = i % V;
+      return Math.sin(j * 12.9898 + b * 78.233) * (1 + b) + (j % 7 === b ? 2 : 0);
+    });
+    const logits = tf.tensor2d(data, [B, V]);
+    const cases: [Parameters<typeof sampleTokens>[1], number[]][] = [
+      [{ temperature: 1 }, [35, 12, 23, 13, 3, 42, 16, 29, 14, 40, 37, 15]],
+      [{ temperature: 0.7 }, [35, 15, 33, 13, 3, 43, 19, 31, 17, 43, 37, 27]],
+      [{ temperature: 1, topP: 0.9 }, [35, 13, 23, 13, 2, 43, 9, 30, 14, 41, 37, 15]],
+      [{ temperature: 0.8, topK: 5 }, [21, 43, 20, 45, 49, 15, 37, 28, 49, 29, 35, 45]],
+      [{ temperature: 1.2, topK: 10, topP: 0.8 }, [7, 43, 35, 45, 49, 27, 20, 13, 49, 12, 49, 43]],
+      [{ temperature: 0 }, [49, 43, 37, 45, 49, 43, 37, 45, 49, 43, 37, 45]],
+    ];
+    for (const [params, want] of cases) {
+      const got = (await drawSteps(logits, params, {}, 3, 17)).flatMap((r) => r.tokens); // default: the host path on wasm
+      expect(got, JSON.stringify(params)).toEqual(want);
+    }
+    const rank = (await drawSteps(logits, { temperature: 1 }, RANK_REFERENCE, 3, 17)).flatMap((r) => r.tokens);
+    expect(rank).not.toEqual(cases[0][1]); // the two walks are different maps from seeds to tokens
+    logits.dispose();
   });
 });

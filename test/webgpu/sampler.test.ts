@@ -1,22 +1,23 @@
 /** Sampling on webgpu: the default path there computes each row's candidates on the device and reads
- *  B·(2 + 2K) floats per step; its tokens for a seed are the host path's on wasm, for every option
+ *  B·(2 + 2K) floats per step; its tokens for a seed are those of the host path's rank walk on wasm (not the wasm default's,
+ *  which walks ids), for every option
  *  and kind of row, also at Qwen2.5's vocabulary (151,936 ids: tfjs-webgpu's top-k pads rows to 2^18). */
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend, registerWasmExtras } from "../../src/backend.ts";
 import { backendProfile } from "../../src/model/profile.ts";
 import type { SampleResult, SamplingParams } from "../../src/rollout/sampler.ts";
-import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, structuredLogits } from "../rollout/sampler-suite.ts";
+import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "../rollout/sampler-suite.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 const gpu = await webgpuForTests();
 
-/** The host path's draws on wasm for the same logits and seed. */
+/** The host path's rank-walk draws on wasm for the same logits and seed. */
 async function onWasm(data: Float32Array, shape: [number, number], params: SamplingParams, steps: number): Promise<SampleResult[]> {
   await tf.setBackend("wasm");
   const logits = tf.tensor2d(data, shape);
   try {
-    return await drawSteps(logits, params, false, steps);
+    return await drawSteps(logits, params, RANK_REFERENCE, steps);
   } finally {
     logits.dispose();
     await tf.setBackend("webgpu");
@@ -24,7 +25,7 @@ async function onWasm(data: Float32Array, shape: [number, number], params: Sampl
 }
 
 describe.skipIf(!gpu)("sampling on webgpu", () => {
-  it("draws from device candidates by default, with the host path's tokens on wasm", async () => {
+  it("draws from device candidates by default, with the host rank walk's tokens on wasm", async () => {
     expect(await initBackend("webgpu")).toBe("webgpu");
     registerWasmExtras();
     expect(backendProfile().deviceSampling).toBe(true);
@@ -33,7 +34,7 @@ describe.skipIf(!gpu)("sampling on webgpu", () => {
     const logits = tf.tensor2d(data, [B, V]);
     const n0 = tf.memory().numTensors;
     for (const params of PARAM_SETS) {
-      const device = await drawSteps(logits, params, true);
+      const device = await drawSteps(logits, params, { onDevice: true });
       expectSameDraws(device, await onWasm(data, [B, V], params, 3), `webgpu ${JSON.stringify(params)}`);
       expect(device[0].readFloats).toBeLessThan(B * V);
     }
@@ -46,7 +47,7 @@ describe.skipIf(!gpu)("sampling on webgpu", () => {
     const data = structuredLogits(B, V, 5);
     const logits = tf.tensor2d(data, [B, V]);
     for (const params of [{ temperature: 0 }, { temperature: 1 }, { temperature: 0.7, topK: 50, topP: 0.9 }]) {
-      const device = await drawSteps(logits, params, true, 2);
+      const device = await drawSteps(logits, params, { onDevice: true }, 2);
       expectSameDraws(device, await onWasm(data, [B, V], params, 2), `V ${V} ${JSON.stringify(params)}`);
     }
     logits.dispose();
