@@ -61,6 +61,8 @@ async function trainSteps(quantize: Quantize) {
   const sft = await sftStep(m, opt, [batch], { maxGradNorm: 1, lr: 2e-2 });
   const afterSft = await adapterValues(m);
   const adv = groupAdvantages([[1, 0, 0]], "group");
+  // Fixed rollouts, not sampled: the backends' samplers walk different orders (webgpu ranks, wasm ids)
+  // and would draw other tokens for a seed; this compares the update alone.
   const rollouts: GrpoRollout[] = [
     { ids: [5, 6, 7, 100, 101, 102], lossMask: [0, 0, 0, 1, 1, 1] },
     { ids: [5, 6, 7, 110, 111], lossMask: [0, 0, 0, 1, 1] },
