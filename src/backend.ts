@@ -10,6 +10,7 @@ import * as tf from "@tensorflow/tfjs";
 import "@tensorflow/tfjs-backend-wasm";
 import { UsageError } from "./cli.ts";
 import { registerWebgpu } from "./backend-webgpu.ts";
+import { registerWasmGemm } from "./model/wasm-gemm.ts";
 import { resolveThreads, startWasm, wasmThreads, type ThreadsSpec } from "./wasm-threads.ts";
 
 export type BackendName = "tensorflow" | "webgpu" | "wasm" | "cpu" | "auto";
@@ -91,6 +92,7 @@ async function done(): Promise<string> {
  *  trainable embedding uses it, so simplicity beats speed here). */
 export function registerWasmExtras(): void {
   registerFastSlice();
+  registerWasmGemm();
   if (tf.getKernel("UnsortedSegmentSum", "wasm")) return;
   tf.registerKernel({
     kernelName: "UnsortedSegmentSum",

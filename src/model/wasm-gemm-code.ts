@@ -1,0 +1,185 @@
+/** The bytes of a small WebAssembly module with one float32 matrix product kernel, written here as
+ *  instructions (no compiler or binary ships with the project). It imports the memory it works on, so
+ *  it runs directly on tfjs-backend-wasm's heap (shared memory in the threaded build).
+ *
+ *  Exports, all pointers and strides in bytes, C[M, N] (+)= A[M, K] · B[K, N], row-major with strides:
+ *  - `tile(a, b, c, M, N, K, lda, ldb, ldc, acc)`: M a multiple of MR, N of NR = 8. Column panels of 8
+ *    outer, row groups of MR inner, each output block summed over all of K in 2·MR vector registers.
+ *  - `tile1(...)`: the same with one row (the rows left after the groups of MR).
+ *  - `edge(...)`: any M and N, one output at a time (the columns left after the panels of 8).
+ *  acc ≠ 0 adds to C instead of overwriting it. Each output is the sum over k in order 0..K−1, so a
+ *  result does not depend on how a caller splits M or N. */
+
+const I32 = 0x7f, F32 = 0x7d, V128 = 0x7b;
+
+function uleb(n: number): number[] {
+  const out: number[] = [];
+  do {
+    let b = n & 0x7f;
+    n >>>= 7;
+    if (n) b |= 0x80;
+    out.push(b);
+  } while (n);
+  return out;
+}
+function sleb(n: number): number[] {
+  const out: number[] = [];
+  for (;;) {
+    const b = n & 0x7f;
+    n >>= 7;
+    if ((n === 0 && !(b & 0x40)) || (n === -1 && b & 0x40)) return out.push(b), out;
+    out.push(b | 0x80);
+  }
+}
+const str = (s: string) => [...uleb(s.length), ...Buffer.from(s, "utf8")];
+const section = (id: number, body: number[]) => [id, ...uleb(body.length), ...body];
+const vec = (items: number[][]) => [...uleb(items.length), ...items.flat()];
+
+/** Instruction helpers (only what the kernels use). */
+const op = {
+  get: (i: number) => [0x20, ...uleb(i)],
+  set: (i: number) => [0x21, ...uleb(i)],
+  tee: (i: number) => [0x22, ...uleb(i)],
+  i32: (n: number) => [0x41, ...sleb(n)],
+  add: [0x6a],
+  mul: [0x6c],
+  ltU: [0x49],
+  eqz: [0x45],
+  block: [0x02, 0x40],
+  loop: [0x03, 0x40],
+  if: [0x04, 0x40],
+  else: [0x05],
+  end: [0x0b],
+  br: (d: number) => [0x0c, ...uleb(d)],
+  brIf: (d: number) => [0x0d, ...uleb(d)],
+  f32load: (off = 0) => [0x2a, 2, ...uleb(off)],
+  f32store: (off = 0) => [0x38, 2, ...uleb(off)],
+  f32add: [0x92],
+  f32mul: [0x94],
+  f32const0: [0x43, 0, 0, 0, 0],
+  simd: (code: number) => [0xfd, ...uleb(code)],
+};
+const v = {
+  load: (off = 0) => [...op.simd(0x00), 2, ...uleb(off)],
+  store: (off = 0) => [...op.simd(0x0b), 2, ...uleb(off)],
+  splat32: (off = 0) => [...op.simd(0x09), 2, ...uleb(off)], // v128.load32_splat
+  zero: [...op.simd(0x0c), ...new Array(16).fill(0)],
+  fadd: op.simd(0xe4),
+  fmul: op.simd(0xe6),
+};
+
+/** for (x = from; x < limit; x += step) body — x, limit and step are locals or code. */
+function forLoop(x: number, from: number[], limit: number[], step: number[], body: number[]): number[] {
+  return [
+    ...from, ...op.set(x),
+    ...op.get(x), ...limit, ...op.ltU, ...op.if,
+    ...op.loop,
+    ...body,
+    ...op.get(x), ...step, ...op.add, ...op.tee(x), ...limit, ...op.ltU, ...op.brIf(0),
+    ...op.end,
+    ...op.end,
+  ];
+}
+
+// Parameters of every export.
+const P = { a: 0, b: 1, c: 2, M: 3, N: 4, K: 5, lda: 6, ldb: 7, ldc: 8, acc: 9 };
+const NPARAMS = 10;
+
+/** tile / tile1: MR rows × 8 columns per block. Per step of k: B's row k as two vectors (b0, b1),
+ *  then per row r, a = splat(A[r, k]) once and acc[r] += a · b0, a · b1 (multiply, then add: on x64
+ *  the fused form is no faster here, and it would need relaxed SIMD, which Node 20 keeps off). */
+function tileBody(MR: number): { locals: number[][]; code: number[] } {
+  let n = NPARAMS;
+  const j = n++, i = n++, k = n++, pb = n++, pc = n++, rowA = n++, pbj = n++;
+  const pa = Array.from({ length: MR }, () => n++);
+  const nI32 = n - NPARAMS;
+  const accs = Array.from({ length: 2 * MR }, () => n++);
+  const b0 = n++, b1 = n++, sp = n++;
+  const nV = n - NPARAMS - nI32;
+  const mac = (acc: number, b: number) => [...op.get(acc), ...op.get(sp), ...op.get(b), ...v.fmul, ...v.fadd, ...op.set(acc)];
+  const kBody = [
+    ...op.get(pb), ...v.load(0), ...op.set(b0),
+    ...op.get(pb), ...v.load(16), ...op.set(b1),
+    ...Array.from({ length: MR }, (_, r) => [...op.get(pa[r]), ...v.splat32(), ...op.set(sp), ...mac(accs[2 * r], b0), ...mac(accs[2 * r + 1], b1)]).flat(),
+    ...pa.flatMap((p) => [...op.get(p), ...op.i32(4), ...op.add, ...op.set(p)]),
+    ...op.get(pb), ...op.get(P.ldb), ...op.add, ...op.set(pb),
+  ];
+  // C rows: overwritten, or (acc ≠ 0) added to.
+  const storeAll = Array.from({ length: MR }, (_, r) => {
+    const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
+    const one = (acc: number, off: number) => [
+      ...op.get(P.acc), ...op.if, ...rowAddr, ...v.load(off), ...op.get(acc), ...v.fadd, ...op.set(acc), ...op.end,
+      ...rowAddr, ...op.get(acc), ...v.store(off),
+    ];
+    return [...one(accs[2 * r], 0), ...one(accs[2 * r + 1], 16)];
+  }).flat();
+  const block = [
+    // pa[r] = rowA + r·lda; pb = pbj; acc = 0
+    ...Array.from({ length: MR }, (_, r) => [...op.get(rowA), ...(r ? [...op.get(P.lda), ...op.i32(r), ...op.mul, ...op.add] : []), ...op.set(pa[r])]).flat(),
+    ...op.get(pbj), ...op.set(pb),
+    ...accs.flatMap((a) => [...v.zero, ...op.set(a)]),
+    ...forLoop(k, op.i32(0), op.get(P.K), op.i32(1), kBody),
+    ...storeAll,
+  ];
+  const rows = [
+    ...op.get(P.a), ...op.set(rowA),
+    ...op.get(P.c), ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pc),
+    ...forLoop(i, op.i32(0), op.get(P.M), op.i32(MR), [
+      ...block,
+      ...op.get(rowA), ...op.get(P.lda), ...op.i32(MR), ...op.mul, ...op.add, ...op.set(rowA),
+      ...op.get(pc), ...op.get(P.ldc), ...op.i32(MR), ...op.mul, ...op.add, ...op.set(pc),
+    ]),
+  ];
+  const code = forLoop(j, op.i32(0), op.get(P.N), op.i32(8), [
+    ...op.get(P.b), ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pbj),
+    ...rows,
+  ]);
+  return { locals: [[nI32, I32], [nV, V128]], code };
+}
+
+/** edge: one output at a time. */
+function edgeBody(): { locals: number[][]; code: number[] } {
+  let n = NPARAMS;
+  const i = n++, j = n++, k = n++, pa = n++, pb = n++, pc = n++;
+  const s = n++;
+  const inner = [
+    ...op.get(P.a), ...op.get(P.lda), ...op.get(i), ...op.mul, ...op.add, ...op.set(pa),
+    ...op.get(P.b), ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pb),
+    ...op.f32const0, ...op.set(s),
+    ...forLoop(k, op.i32(0), op.get(P.K), op.i32(1), [
+      ...op.get(pa), ...op.f32load(), ...op.get(pb), ...op.f32load(), ...op.f32mul, ...op.get(s), ...op.f32add, ...op.set(s),
+      ...op.get(pa), ...op.i32(4), ...op.add, ...op.set(pa),
+      ...op.get(pb), ...op.get(P.ldb), ...op.add, ...op.set(pb),
+    ]),
+    ...op.get(P.c), ...op.get(P.ldc), ...op.get(i), ...op.mul, ...op.add, ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pc),
+    ...op.get(P.acc), ...op.if, ...op.get(pc), ...op.f32load(), ...op.get(s), ...op.f32add, ...op.set(s), ...op.end,
+    ...op.get(pc), ...op.get(s), ...op.f32store(),
+  ];
+  const code = forLoop(i, op.i32(0), op.get(P.M), op.i32(1), forLoop(j, op.i32(0), op.get(P.N), op.i32(1), inner));
+  return { locals: [[6, I32], [1, F32]], code };
+}
+
+export interface GemmModuleOptions {
+  /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
+  mr: number;
+  /** The imported memory: shared (the threaded build) or not, and its page limits. */
+  memory: { shared: boolean; initial: number; maximum: number };
+}
+
+export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
+  const sig = [0x60, ...vec(new Array(NPARAMS).fill([I32])), 0];
+  const limits = o.memory.shared ? [0x03, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)] : [0x01, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)];
+  const bodies = [tileBody(o.mr), tileBody(1), edgeBody()].map(({ locals, code }) => {
+    const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
+    return [...uleb(body.length), ...body];
+  });
+  const names = ["tile", "tile1", "edge"];
+  return Uint8Array.from([
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+    ...section(1, vec([sig])),
+    ...section(2, vec([[...str("env"), ...str("memory"), 0x02, ...limits]])),
+    ...section(3, vec(names.map(() => [0]))),
+    ...section(7, vec(names.map((nm, idx) => [...str(nm), 0x00, idx]))),
+    ...section(10, vec(bodies)),
+  ]);
+}
