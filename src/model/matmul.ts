@@ -1,18 +1,12 @@
-/** Matrix products routed to the wasm backend's fast path: a plain 2-D matMul(a[M,K], b[K,N]).
- *  Measured on tfjs 4.22 wasm, transposeA/transposeB and 3-D batched matMuls are 4–16× slower than
- *  that, and tfjs' own matMul gradient uses them. So the gradients here materialise the transpose of
- *  the smaller operand and call the plain product, and batched products loop over 2-D slices.
- *  Results are identical to tf.matMul up to float32 summation order. Backends without that penalty
- *  (backendProfile().matMulForm "batched": webgpu) keep batches whole and materialise transposes. */
+/** Matrix products routed to the wasm backend's fast path: a plain matMul(a[…, M, K], b[…, K, N])
+ *  (wasm-gemm.ts; 2-D or batched). Transposed products fall to tfjs' kernel, 4–16× slower, and tfjs'
+ *  own matMul gradient uses them. So the gradients here materialise the transpose of the smaller
+ *  operand and call the plain product. Results are identical to tf.matMul up to float32 summation
+ *  order. webgpu (backendProfile().matMulForm "batched") materialises transposes too. */
 import * as tf from "@tensorflow/tfjs";
 import { backendProfile } from "./profile.ts";
 
 type CustomGradFn = Parameters<typeof tf.customGrad>[0];
-
-/** Multiply-adds per slice below which bmm uses the batched kernel. */
-const SMALL_PRODUCT = 64 * 1024;
-/** Rows per slice up to which bmm uses the batched kernel (a decode step's query heads per KV head). */
-const FEW_ROWS = 16;
 
 /** a [M, K] · bᵀ where b is [N, K] → [M, N], transposing whichever side is cheaper. */
 export function matMulBT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
@@ -82,30 +76,10 @@ export function mmFrozen(x: tf.Tensor2D, w: () => tf.Tensor2D, wForward?: tf.Ten
   return f(x) as tf.Tensor2D;
 }
 
-/** Batched a [G, M, K] · b [G, K, N] → [G, M, N] as G plain 2-D products (a loop beats the batched
- *  kernel by ~4× on wasm). One custom gradient for the whole product, so the backward pass does not
- *  pad every slice's gradient back to full size. */
+/** Batched a [G, M, K] · b [G, K, N] → [G, M, N] as one batched product, with a gradient whose
+ *  transposes are materialised (no transposed matMul: slow on wasm, wrong on webgpu, see profile.ts).
+ *  wasm runs the batch slice by slice on heap offsets (wasm-gemm.ts), without slicing copies. */
 export function bmm(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
-  // A decode step (a few query rows per slice, whatever the context length) and other small products:
-  // the one batched kernel is as fast or faster than G slices (7 rows × 64 × 200 keys, 16 slices:
-  // 2.6 vs 5.5 ms), and decoding records no gradient.
-  if (backendProfile().matMulForm === "batched") return bmmBatched(a, b);
-  if (a.shape[1] <= FEW_ROWS || a.shape[1] * a.shape[2] * b.shape[2] <= SMALL_PRODUCT) return tf.matMul(a, b);
-  const f = tf.customGrad(((x: tf.Tensor3D, y: tf.Tensor3D, save: tf.GradSaveFunc) => {
-    save([x, y]);
-    return {
-      value: loop(x, y, (p, q) => tf.matMul(p, q)),
-      gradFunc: (dy: tf.Tensor3D, saved: tf.Tensor[]) => {
-        const [sx, sy] = saved as tf.Tensor3D[];
-        return [loop(dy, sy, matMulBT), loop(sx, dy, matMulAT)];
-      },
-    };
-  }) as unknown as CustomGradFn);
-  return f(a, b) as tf.Tensor3D;
-}
-
-/** bmm as one batched kernel, with a gradient whose transposes are materialised (profile.ts: webgpu). */
-function bmmBatched(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
   const f = tf.customGrad(((x: tf.Tensor3D, y: tf.Tensor3D, save: tf.GradSaveFunc) => {
     save([x, y]);
     return {
@@ -117,20 +91,4 @@ function bmmBatched(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
     };
   }) as unknown as CustomGradFn);
   return f(a, b) as tf.Tensor3D;
-}
-
-/** out[i] = f(a[i], b[i]) over the leading axis, with tf.slice (not split/unstack: those call the wasm
- *  slice function directly and bypass the faster Slice kernel registered in src/backend.ts). */
-function loop(a: tf.Tensor3D, b: tf.Tensor3D, f: (p: tf.Tensor2D, q: tf.Tensor2D) => tf.Tensor2D): tf.Tensor3D {
-  return tf.tidy(() => {
-    const G = a.shape[0];
-    const outs: tf.Tensor3D[] = [];
-    for (let i = 0; i < G; i++) {
-      const p = tf.reshape<tf.Rank.R2>(tf.slice(a, [i, 0, 0], [1, a.shape[1], a.shape[2]]), [a.shape[1], a.shape[2]]);
-      const q = tf.reshape<tf.Rank.R2>(tf.slice(b, [i, 0, 0], [1, b.shape[1], b.shape[2]]), [b.shape[1], b.shape[2]]);
-      const r = f(p, q);
-      outs.push(tf.reshape(r, [1, ...r.shape]));
-    }
-    return G === 1 ? outs[0] : (tf.concat(outs, 0) as tf.Tensor3D);
-  });
 }

@@ -19,10 +19,10 @@ export interface BackendProfile {
   /** Whether GatherV2 moves int32 values exactly (webgpu's moves them through f32 and rounds words of
    *  packed codes above 2^24), so packed columns can be gathered before unpacking. */
   exactIntGather: boolean;
-  /** How matmul.ts forms products with a transposed operand and batched products:
-   *  "plain-2d" (wasm): transposeA/B and 3-D batched matMuls are 4–16× slower than a plain 2-D product,
-   *  so the smaller operand's transpose is materialised and batches loop over 2-D slices;
-   *  "batched" (webgpu): one batched kernel, transposes materialised as their own kernels, never
+  /** How matmul.ts forms products with a transposed operand (batched products are one kernel on
+   *  both): "plain-2d" (wasm): transposeA/B matMuls are 4–16× slower than the plain product
+   *  (wasm-gemm.ts), so the smaller operand's transpose is materialised;
+   *  "batched" (webgpu): transposes materialised as their own kernels, never
    *  matMul's transposeB flag: tfjs-backend-webgpu 4.22's split-K program (one batch, K ≥ 2000, small
    *  output) gives wrong sums with it (errors of 100s at K 2048). */
   matMulForm: "plain-2d" | "batched";
