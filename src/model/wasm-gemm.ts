@@ -74,7 +74,10 @@ function part(k: Kernels, a: number, b: number, c: number, M: number, K: number,
   const M4 = M - (M % 4), panels = (N - (N % 8)) / 8;
   const per = Math.ceil(panels / parts), j0 = Math.min(panels, index * per) * 8, j1 = Math.min(panels, (index + 1) * per) * 8;
   if (j1 <= j0) return;
-  if (M4 > 0) k.tile(a, b + 4 * j0, c + 4 * j0, M4, j1 - j0, K, lda, ldb, ldb, 0);
+  // Rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
+  // (else a tall A, such as a vocab head held [vocab, hidden], is read from memory once per panel).
+  const mc = Math.max(4, Math.floor(65536 / K) - (Math.floor(65536 / K) % 4));
+  for (let i0 = 0; i0 < M4; i0 += mc) k.tile(a + i0 * lda, b + 4 * j0, c + i0 * ldb + 4 * j0, Math.min(mc, M4 - i0), j1 - j0, K, lda, ldb, ldb, 0);
   if (M4 < M) k.tile1(a + M4 * lda, b + 4 * j0, c + M4 * ldb + 4 * j0, M - M4, j1 - j0, K, lda, ldb, ldb, 0);
 }
 
