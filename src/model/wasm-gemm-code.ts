@@ -2,13 +2,13 @@
  *  instructions (no compiler or binary ships with the project). It imports the memory it works on, so
  *  it runs directly on tfjs-backend-wasm's heap (shared memory in the threaded build).
  *
- *  Exports, all pointers and strides in bytes, C[M, N] (+)= A[M, K] · B[K, N], row-major with strides:
- *  - `tile(a, b, c, M, N, K, lda, ldb, ldc, acc)`: M a multiple of MR, N of NR = 8. Column panels of 8
+ *  Exports, all pointers and strides in bytes, C[M, N] = A[M, K] · B[K, N], row-major with strides:
+ *  - `tile(a, b, c, M, N, K, lda, ldb, ldc)`: M a multiple of MR, N of NR = 8. Column panels of 8
  *    outer, row groups of MR inner, each output block summed over all of K in 2·MR vector registers.
  *  - `tile1(...)`: the same with one row (the rows left after the groups of MR).
  *  - `edge(...)`: any M and N, one output at a time (the columns left after the panels of 8).
- *  acc ≠ 0 adds to C instead of overwriting it. Each output is the sum over k in order 0..K−1, so a
- *  result does not depend on how a caller splits M or N. */
+ *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
+ *  M or N. */
 
 const I32 = 0x7f, F32 = 0x7d, V128 = 0x7b;
 
@@ -44,13 +44,9 @@ const op = {
   add: [0x6a],
   mul: [0x6c],
   ltU: [0x49],
-  eqz: [0x45],
-  block: [0x02, 0x40],
   loop: [0x03, 0x40],
   if: [0x04, 0x40],
-  else: [0x05],
   end: [0x0b],
-  br: (d: number) => [0x0c, ...uleb(d)],
   brIf: (d: number) => [0x0d, ...uleb(d)],
   f32load: (off = 0) => [0x2a, 2, ...uleb(off)],
   f32store: (off = 0) => [0x38, 2, ...uleb(off)],
@@ -82,8 +78,8 @@ function forLoop(x: number, from: number[], limit: number[], step: number[], bod
 }
 
 // Parameters of every export.
-const P = { a: 0, b: 1, c: 2, M: 3, N: 4, K: 5, lda: 6, ldb: 7, ldc: 8, acc: 9 };
-const NPARAMS = 10;
+const P = { a: 0, b: 1, c: 2, M: 3, N: 4, K: 5, lda: 6, ldb: 7, ldc: 8 };
+const NPARAMS = 9;
 
 /** tile / tile1: MR rows × 8 columns per block. Per step of k: B's row k as two vectors (b0, b1),
  *  then per row r, a = splat(A[r, k]) once and acc[r] += a · b0, a · b1 (multiply, then add: on x64
@@ -104,14 +100,9 @@ function tileBody(MR: number): { locals: number[][]; code: number[] } {
     ...pa.flatMap((p) => [...op.get(p), ...op.i32(4), ...op.add, ...op.set(p)]),
     ...op.get(pb), ...op.get(P.ldb), ...op.add, ...op.set(pb),
   ];
-  // C rows: overwritten, or (acc ≠ 0) added to.
   const storeAll = Array.from({ length: MR }, (_, r) => {
     const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
-    const one = (acc: number, off: number) => [
-      ...op.get(P.acc), ...op.if, ...rowAddr, ...v.load(off), ...op.get(acc), ...v.fadd, ...op.set(acc), ...op.end,
-      ...rowAddr, ...op.get(acc), ...v.store(off),
-    ];
-    return [...one(accs[2 * r], 0), ...one(accs[2 * r + 1], 16)];
+    return [...rowAddr, ...op.get(accs[2 * r]), ...v.store(0), ...rowAddr, ...op.get(accs[2 * r + 1]), ...v.store(16)];
   }).flat();
   const block = [
     // pa[r] = rowA + r·lda; pb = pbj; acc = 0
@@ -152,7 +143,6 @@ function edgeBody(): { locals: number[][]; code: number[] } {
       ...op.get(pb), ...op.get(P.ldb), ...op.add, ...op.set(pb),
     ]),
     ...op.get(P.c), ...op.get(P.ldc), ...op.get(i), ...op.mul, ...op.add, ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pc),
-    ...op.get(P.acc), ...op.if, ...op.get(pc), ...op.f32load(), ...op.get(s), ...op.f32add, ...op.set(s), ...op.end,
     ...op.get(pc), ...op.get(s), ...op.f32store(),
   ];
   const code = forLoop(i, op.i32(0), op.get(P.M), op.i32(1), forLoop(j, op.i32(0), op.get(P.N), op.i32(1), inner));

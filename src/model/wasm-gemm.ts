@@ -18,7 +18,7 @@ const MR = 4;
 const NR = 8;
 
 interface Kernels {
-  tile: (a: number, b: number, c: number, M: number, N: number, K: number, lda: number, ldb: number, ldc: number, acc: number) => void;
+  tile: (a: number, b: number, c: number, M: number, N: number, K: number, lda: number, ldb: number, ldc: number) => void;
   tile1: Kernels["tile"];
   edge: Kernels["tile"];
 }
@@ -48,15 +48,11 @@ interface Engine {
 }
 let engine: Engine | null = null;
 
-function moduleBytes(shared: boolean): Uint8Array {
-  return gemmModuleBytes({ mr: MR, memory: { shared, initial: 1, maximum: 65536 } });
-}
-
 function start(backend: WasmBackend): Engine {
   const memory = heapMemory(backend);
   if (engine && engine.memory === memory) return engine;
   const shared = typeof SharedArrayBuffer === "function" && memory.buffer instanceof SharedArrayBuffer;
-  const bytes = moduleBytes(shared);
+  const bytes = gemmModuleBytes({ mr: MR, memory: { shared, initial: 1, maximum: 65536 } });
   const k = new WA.Instance(new WA.Module(bytes), { env: { memory } }).exports as Kernels;
   const threads = wasmThreads();
   engine = { memory, k, pool: shared && threads > 1 ? startPool(memory, bytes, threads - 1) : null };
@@ -77,8 +73,8 @@ function part(k: Kernels, a: number, b: number, c: number, M: number, K: number,
   // Rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
   // (else a tall A, such as a vocab head held [vocab, hidden], is read from memory once per panel).
   const mc = Math.max(4, Math.floor(65536 / K) - (Math.floor(65536 / K) % 4));
-  for (let i0 = 0; i0 < M4; i0 += mc) k.tile(a + i0 * lda, b + 4 * j0, c + i0 * ldb + 4 * j0, Math.min(mc, M4 - i0), j1 - j0, K, lda, ldb, ldb, 0);
-  if (M4 < M) k.tile1(a + M4 * lda, b + 4 * j0, c + M4 * ldb + 4 * j0, M - M4, j1 - j0, K, lda, ldb, ldb, 0);
+  for (let i0 = 0; i0 < M4; i0 += mc) k.tile(a + i0 * lda, b + 4 * j0, c + i0 * ldb + 4 * j0, Math.min(mc, M4 - i0), j1 - j0, K, lda, ldb, ldb);
+  if (M4 < M) k.tile1(a + M4 * lda, b + 4 * j0, c + M4 * ldb + 4 * j0, M - M4, j1 - j0, K, lda, ldb, ldb);
 }
 
 const HELPER = `
@@ -100,6 +96,7 @@ for (;;) {
 
 interface Pool {
   ctrl: Int32Array;
+  args: Uint32Array; // the same block, for the pointers (up to 4 GiB)
   size: number;
 }
 
@@ -112,7 +109,7 @@ function startPool(memory: WasmMemory, bytes: Uint8Array, size: number): Pool {
     w.unref();
     w.on("error", () => Atomics.sub(ctrl, READY, 1 << 20)); // a failed helper: no more parallel products
   }
-  return { ctrl, size };
+  return { ctrl, args: new Uint32Array(ctrl.buffer), size };
 }
 
 /** Multiply-adds below which a product stays on the calling thread (a hand-off costs ~10–50 µs). */
@@ -123,8 +120,8 @@ function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, 
   const N8 = N - (N % NR), pool = e.pool;
   const parts = pool && M * N * K >= PARALLEL_MACS && Atomics.load(pool.ctrl, READY) === pool.size ? Math.min(pool.size + 1, N8 / NR) : 1;
   if (parts > 1) {
-    const ctrl = pool!.ctrl, u = new Uint32Array(ctrl.buffer);
-    [a, b, c, M, K, N, parts].forEach((x, i) => Atomics.store(u, ARGS + i, x));
+    const { ctrl, args } = pool!;
+    [a, b, c, M, K, N, parts].forEach((x, i) => Atomics.store(args, ARGS + i, x));
     Atomics.store(ctrl, DONE, 0);
     Atomics.add(ctrl, SEQ, 1);
     Atomics.notify(ctrl, SEQ);
@@ -135,7 +132,7 @@ function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, 
       Atomics.wait(ctrl, DONE, d, 1000);
     }
   } else if (N8 > 0) part(e.k, a, b, c, M, K, N, 0, 1);
-  if (N8 < N) e.k.edge(a, b + 4 * N8, c + 4 * N8, M, N - N8, K, 4 * K, 4 * N, 4 * N, 0);
+  if (N8 < N) e.k.edge(a, b + 4 * N8, c + 4 * N8, M, N - N8, K, 4 * K, 4 * N, 4 * N);
 }
 
 let original: tf.KernelConfig | undefined;
