@@ -2,11 +2,20 @@
  *  instructions (no compiler or binary ships with the project). It imports the memory it works on, so
  *  it runs directly on tfjs-backend-wasm's heap (shared memory in the threaded build).
  *
- *  Exports, all pointers and strides in bytes, C[M, N] = A[M, K] · B[K, N], row-major with strides:
- *  - `tile(a, b, c, M, N, K, lda, ldb, ldc)`: M a multiple of MR, N of NR = 8. Column panels of 8
- *    outer, row groups of MR inner, each output block summed over all of K in 2·MR vector registers.
+ *  Exports, all pointers and strides in bytes, C[M, N] = A[M, K] · B[K, N]:
+ *  - `tile(a, b, c, M, N, K, ars, aks, ldb, ldc, ps)`: M a multiple of MR, N of NR = 8. A[i, k] is at
+ *    a + i·ars + k·aks (ars = 4K, aks = 4 for A row-major; ars = 4, aks = 4M for A stored transposed).
+ *    Row k of column panel p of B (8 floats) is at b + p·ps + k·ldb: ps = 32, ldb = 4N for B in place;
+ *    ps = 32K, ldb = 32 for B packed by `pack`/`packT`. C is row-major with row stride ldc.
+ *    Column panels outer, row groups of MR inner, each output block summed over all of K in 2·MR
+ *    vector registers.
  *  - `tile1(...)`: the same with one row (the rows left after the groups of MR).
- *  - `edge(...)`: any M and N, one output at a time (the columns left after the panels of 8).
+ *  - `edge(...)`: any M and N, one output at a time (the columns left after the panels of 8);
+ *    B[k, j] at b + k·ldb + j·ps.
+ *  - `pack(b, dst, K, ldb, panels)`: copies `panels` 8-column panels of row-major B (row stride ldb)
+ *    to dst, each K rows of 8 contiguous floats, so a panel read by every row block is one run of
+ *    memory. `packT(b, dst, K, ldb, panels)`: the same from B stored transposed, [N, K] with row
+ *    stride ldb.
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N. */
 
@@ -44,6 +53,7 @@ const op = {
   add: [0x6a],
   mul: [0x6c],
   ltU: [0x49],
+  shrU: [0x76],
   loop: [0x03, 0x40],
   if: [0x04, 0x40],
   end: [0x0b],
@@ -78,8 +88,8 @@ function forLoop(x: number, from: number[], limit: number[], step: number[], bod
 }
 
 // Parameters of every export.
-const P = { a: 0, b: 1, c: 2, M: 3, N: 4, K: 5, lda: 6, ldb: 7, ldc: 8 };
-const NPARAMS = 9;
+const P = { a: 0, b: 1, c: 2, M: 3, N: 4, K: 5, ars: 6, aks: 7, ldb: 8, ldc: 9, ps: 10 };
+const NPARAMS = 11;
 
 /** tile / tile1: MR rows × 8 columns per block. Per step of k: B's row k as two vectors (b0, b1),
  *  then per row r, a = splat(A[r, k]) once and acc[r] += a · b0, a · b1 (multiply, then add: on x64
@@ -97,7 +107,7 @@ function tileBody(MR: number): { locals: number[][]; code: number[] } {
     ...op.get(pb), ...v.load(0), ...op.set(b0),
     ...op.get(pb), ...v.load(16), ...op.set(b1),
     ...Array.from({ length: MR }, (_, r) => [...op.get(pa[r]), ...v.splat32(), ...op.set(sp), ...mac(accs[2 * r], b0), ...mac(accs[2 * r + 1], b1)]).flat(),
-    ...pa.flatMap((p) => [...op.get(p), ...op.i32(4), ...op.add, ...op.set(p)]),
+    ...pa.flatMap((p) => [...op.get(p), ...op.get(P.aks), ...op.add, ...op.set(p)]),
     ...op.get(pb), ...op.get(P.ldb), ...op.add, ...op.set(pb),
   ];
   const storeAll = Array.from({ length: MR }, (_, r) => {
@@ -105,8 +115,8 @@ function tileBody(MR: number): { locals: number[][]; code: number[] } {
     return [...rowAddr, ...op.get(accs[2 * r]), ...v.store(0), ...rowAddr, ...op.get(accs[2 * r + 1]), ...v.store(16)];
   }).flat();
   const block = [
-    // pa[r] = rowA + r·lda; pb = pbj; acc = 0
-    ...Array.from({ length: MR }, (_, r) => [...op.get(rowA), ...(r ? [...op.get(P.lda), ...op.i32(r), ...op.mul, ...op.add] : []), ...op.set(pa[r])]).flat(),
+    // pa[r] = rowA + r·ars; pb = pbj; acc = 0
+    ...Array.from({ length: MR }, (_, r) => [...op.get(rowA), ...(r ? [...op.get(P.ars), ...op.i32(r), ...op.mul, ...op.add] : []), ...op.set(pa[r])]).flat(),
     ...op.get(pbj), ...op.set(pb),
     ...accs.flatMap((a) => [...v.zero, ...op.set(a)]),
     ...forLoop(k, op.i32(0), op.get(P.K), op.i32(1), kBody),
@@ -117,12 +127,12 @@ function tileBody(MR: number): { locals: number[][]; code: number[] } {
     ...op.get(P.c), ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pc),
     ...forLoop(i, op.i32(0), op.get(P.M), op.i32(MR), [
       ...block,
-      ...op.get(rowA), ...op.get(P.lda), ...op.i32(MR), ...op.mul, ...op.add, ...op.set(rowA),
+      ...op.get(rowA), ...op.get(P.ars), ...op.i32(MR), ...op.mul, ...op.add, ...op.set(rowA),
       ...op.get(pc), ...op.get(P.ldc), ...op.i32(MR), ...op.mul, ...op.add, ...op.set(pc),
     ]),
   ];
   const code = forLoop(j, op.i32(0), op.get(P.N), op.i32(8), [
-    ...op.get(P.b), ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pbj),
+    ...op.get(P.b), ...op.get(j), ...op.i32(3), ...op.shrU, ...op.get(P.ps), ...op.mul, ...op.add, ...op.set(pbj),
     ...rows,
   ]);
   return { locals: [[nI32, I32], [nV, V128]], code };
@@ -134,12 +144,12 @@ function edgeBody(): { locals: number[][]; code: number[] } {
   const i = n++, j = n++, k = n++, pa = n++, pb = n++, pc = n++;
   const s = n++;
   const inner = [
-    ...op.get(P.a), ...op.get(P.lda), ...op.get(i), ...op.mul, ...op.add, ...op.set(pa),
-    ...op.get(P.b), ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pb),
+    ...op.get(P.a), ...op.get(P.ars), ...op.get(i), ...op.mul, ...op.add, ...op.set(pa),
+    ...op.get(P.b), ...op.get(j), ...op.get(P.ps), ...op.mul, ...op.add, ...op.set(pb),
     ...op.f32const0, ...op.set(s),
     ...forLoop(k, op.i32(0), op.get(P.K), op.i32(1), [
       ...op.get(pa), ...op.f32load(), ...op.get(pb), ...op.f32load(), ...op.f32mul, ...op.get(s), ...op.f32add, ...op.set(s),
-      ...op.get(pa), ...op.i32(4), ...op.add, ...op.set(pa),
+      ...op.get(pa), ...op.get(P.aks), ...op.add, ...op.set(pa),
       ...op.get(pb), ...op.get(P.ldb), ...op.add, ...op.set(pb),
     ]),
     ...op.get(P.c), ...op.get(P.ldc), ...op.get(i), ...op.mul, ...op.add, ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pc),
@@ -147,6 +157,41 @@ function edgeBody(): { locals: number[][]; code: number[] } {
   ];
   const code = forLoop(i, op.i32(0), op.get(P.M), op.i32(1), forLoop(j, op.i32(0), op.get(P.N), op.i32(1), inner));
   return { locals: [[6, I32], [1, F32]], code };
+}
+
+/** pack(b, dst, K, ldb, panels): panel after panel, row after row, two vectors per row. */
+function packBody(): { locals: number[][]; code: number[] } {
+  const b = 0, dst = 1, K = 2, ldb = 3, panels = 4;
+  const p = 5, k = 6, s = 7;
+  const code = forLoop(p, op.i32(0), op.get(panels), op.i32(1), [
+    ...op.get(b), ...op.get(p), ...op.i32(32), ...op.mul, ...op.add, ...op.set(s),
+    ...forLoop(k, op.i32(0), op.get(K), op.i32(1), [
+      ...op.get(dst), ...op.get(s), ...v.load(0), ...v.store(0),
+      ...op.get(dst), ...op.get(s), ...v.load(16), ...v.store(16),
+      ...op.get(s), ...op.get(ldb), ...op.add, ...op.set(s),
+      ...op.get(dst), ...op.i32(32), ...op.add, ...op.set(dst),
+    ]),
+  ]);
+  return { locals: [[3, I32]], code };
+}
+
+/** packT(b, dst, K, ldb, panels): B stored [N, K]; per panel, per k, the 8 floats B[8p..8p+7, k]. */
+function packTBody(): { locals: number[][]; code: number[] } {
+  const b = 0, dst = 1, K = 2, ldb = 3, panels = 4;
+  const p = 5, k = 6, s = 7;
+  const code = forLoop(p, op.i32(0), op.get(panels), op.i32(1), [
+    ...op.get(b), ...op.get(p), ...op.get(ldb), ...op.i32(8), ...op.mul, ...op.mul, ...op.add, ...op.set(s),
+    ...forLoop(k, op.i32(0), op.get(K), op.i32(1), [
+      ...Array.from({ length: 8 }, (_, c) => [
+        ...op.get(dst),
+        ...op.get(s), ...(c ? [...op.get(ldb), ...op.i32(c), ...op.mul, ...op.add] : []), ...op.f32load(),
+        ...op.f32store(4 * c),
+      ]).flat(),
+      ...op.get(s), ...op.i32(4), ...op.add, ...op.set(s),
+      ...op.get(dst), ...op.i32(32), ...op.add, ...op.set(dst),
+    ]),
+  ]);
+  return { locals: [[3, I32]], code };
 }
 
 export interface GemmModuleOptions {
@@ -158,17 +203,18 @@ export interface GemmModuleOptions {
 
 export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const sig = [0x60, ...vec(new Array(NPARAMS).fill([I32])), 0];
+  const packSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
   const limits = o.memory.shared ? [0x03, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)] : [0x01, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)];
-  const bodies = [tileBody(o.mr), tileBody(1), edgeBody()].map(({ locals, code }) => {
+  const bodies = [tileBody(o.mr), tileBody(1), edgeBody(), packBody(), packTBody()].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
   });
-  const names = ["tile", "tile1", "edge"];
+  const names = ["tile", "tile1", "edge", "pack", "packT"];
   return Uint8Array.from([
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vec([sig])),
+    ...section(1, vec([sig, packSig])),
     ...section(2, vec([[...str("env"), ...str("memory"), 0x02, ...limits]])),
-    ...section(3, vec(names.map(() => [0]))),
+    ...section(3, vec(names.map((nm) => [nm.startsWith("pack") ? 1 : 0]))),
     ...section(7, vec(names.map((nm, idx) => [...str(nm), 0x00, idx]))),
     ...section(10, vec(bodies)),
   ]);

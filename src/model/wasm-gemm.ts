@@ -1,12 +1,15 @@
-/** The wasm backend's BatchMatMul for the plain product (float32, no transposes): the kernel of
- *  wasm-gemm-code.ts run directly on tfjs' heap, C = A · B over blocks of 4 rows × 8 columns held in
- *  vector registers. Measured at 1 thread on the shapes of the bench's configs it does 1.5–2× the
- *  floating-point work per second of tfjs' XNNPACK product (45–52 against 21–35 GFLOP/s), and it packs
- *  no copy of B, so a weight costs no cached copy on the heap. Batched products (equal batch dims, or
- *  a batch of one on either side) run slice by slice on heap offsets. Transposed products and int32
- *  operands go to tfjs' kernel, which matmul.ts avoids (it materialises transposes).
- *  Each output is summed over k in order, whatever the row and column split, so results do not depend
- *  on the thread count. */
+/** The wasm backend's BatchMatMul (float32): the kernel of wasm-gemm-code.ts run directly on tfjs'
+ *  heap, C = op(A) · op(B) over blocks of 4 rows × 8 columns held in vector registers. At 1 thread on
+ *  the shapes of the bench's configs it does 50–54 GFLOP/s, against 21–38 for tfjs' XNNPACK product.
+ *  - B is read in place for few rows; for more it is first packed, panel by panel (K × 8 floats each,
+ *    ≤ 512 KB at a time), into a scratch buffer, so a panel is one run of memory whatever B's row
+ *    stride (a 4 KB stride put every row of a panel in the same cache sets: a third of the speed).
+ *  - Transposed operands cost nothing extra: a transposed A is read in place with swapped strides, a
+ *    transposed B is transposed while it is packed. No copy of a weight outlives the product.
+ *  - Batched products (equal batch dims, or a batch of one on either side) run slice by slice on
+ *    heap offsets. int32 operands go to tfjs' kernel.
+ *  Each output is summed over k in order, whatever the row and column split or the packing, so
+ *  results do not depend on the thread count. */
 import * as tf from "@tensorflow/tfjs";
 import { Worker } from "node:worker_threads";
 import { wasmThreads } from "../wasm-threads.ts";
@@ -18,9 +21,11 @@ const MR = 4;
 const NR = 8;
 
 interface Kernels {
-  tile: (a: number, b: number, c: number, M: number, N: number, K: number, lda: number, ldb: number, ldc: number) => void;
+  tile: (a: number, b: number, c: number, M: number, N: number, K: number, ars: number, aks: number, ldb: number, ldc: number, ps: number) => void;
   tile1: Kernels["tile"];
   edge: Kernels["tile"];
+  pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
+  packT: Kernels["pack"];
 }
 
 // Node's WebAssembly, typed here (the project compiles without the DOM library).
@@ -45,6 +50,10 @@ interface Engine {
   memory: WasmMemory;
   k: Kernels;
   pool: Pool | null;
+  malloc: (bytes: number) => number;
+  free: (ptr: number) => void;
+  scratch: number;
+  scratchBytes: number;
 }
 let engine: Engine | null = null;
 
@@ -55,27 +64,46 @@ function start(backend: WasmBackend): Engine {
   const bytes = gemmModuleBytes({ mr: MR, memory: { shared, initial: 1, maximum: 65536 } });
   const k = new WA.Instance(new WA.Module(bytes), { env: { memory } }).exports as Kernels;
   const threads = wasmThreads();
-  engine = { memory, k, pool: shared && threads > 1 ? startPool(memory, bytes, threads - 1) : null };
+  const pool = shared && threads > 1 ? startPool(memory, bytes, threads - 1) : null;
+  engine = { memory, k, pool, malloc: (n) => backend.wasm._malloc(n), free: (p) => backend.wasm._free(p), scratch: 0, scratchBytes: 0 };
   return engine;
 }
 
 /** The control block shared with the helpers (Int32 slots). */
-const SEQ = 0, DONE = 1, READY = 2, ARGS = 3; // ARGS: a, b, c, M, K, N, parts
-const CTRL_SLOTS = ARGS + 7;
+const SEQ = 0, DONE = 1, READY = 2, ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes
+const CTRL_SLOTS = ARGS + 9;
 
-/** Columns [j0, j1) of one part of C = A · B, parts of whole 8-column panels. Runs on every thread,
- *  so it is also the helpers' code (stringified below): only plain JS, no imports. */
-function part(k: Kernels, a: number, b: number, c: number, M: number, K: number, N: number, index: number, parts: number): void {
-  const lda = 4 * K, ldb = 4 * N;
+/** Columns [j0, j1) of one part of C = op(A) · op(B), parts of whole 8-column panels. Runs on every
+ *  thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
+ *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]).
+ *  scratch ≠ 0: B's panels are first packed, up to 512 KB of them at a time, into this part's slice of
+ *  the scratch buffer (packBytes(K) each), so the kernel reads each panel as one run of memory (a
+ *  transposed B is always packed); scratch = 0: B is read in place. */
+function part(k: Kernels, a: number, b: number, c: number, M: number, K: number, N: number, index: number, parts: number, scratch: number, t: number): void {
+  const ars = t & 1 ? 4 : 4 * K, aks = t & 1 ? 4 * M : 4, ldc = 4 * N;
   const M4 = M - (M % 4), panels = (N - (N % 8)) / 8;
   const per = Math.ceil(panels / parts), j0 = Math.min(panels, index * per) * 8, j1 = Math.min(panels, (index + 1) * per) * 8;
   if (j1 <= j0) return;
   // Rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
   // (else a tall A, such as a vocab head held [vocab, hidden], is read from memory once per panel).
   const mc = Math.max(4, Math.floor(65536 / K) - (Math.floor(65536 / K) % 4));
-  for (let i0 = 0; i0 < M4; i0 += mc) k.tile(a + i0 * lda, b + 4 * j0, c + i0 * ldb + 4 * j0, Math.min(mc, M4 - i0), j1 - j0, K, lda, ldb, ldb);
-  if (M4 < M) k.tile1(a + M4 * lda, b + 4 * j0, c + M4 * ldb + 4 * j0, M - M4, j1 - j0, K, lda, ldb, ldb);
+  const nc = scratch ? Math.max(8, Math.floor(16384 / K) * 8) : j1 - j0;
+  const buf = scratch + index * nc * K * 4;
+  for (let jc = j0; jc < j1; jc += nc) {
+    const n = Math.min(nc, j1 - jc);
+    let pb = b + 4 * jc, ldb = ldc, ps = 32;
+    if (scratch) {
+      if (t & 2) k.packT(b + 4 * K * jc, buf, K, 4 * K, n / 8);
+      else k.pack(pb, buf, K, ldc, n / 8);
+      pb = buf, ldb = 32, ps = 32 * K;
+    }
+    for (let i0 = 0; i0 < M4; i0 += mc) k.tile(a + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, M4 - i0), n, K, ars, aks, ldb, ldc, ps);
+    if (M4 < M) k.tile1(a + M4 * ars, pb, c + M4 * ldc + 4 * jc, M - M4, n, K, ars, aks, ldb, ldc, ps);
+  }
 }
+
+/** Bytes of one part's packing buffer for depth K (the nc of part(): ≤ 512 KB, at least one panel). */
+const packBytes = (K: number) => Math.max(8, Math.floor(16384 / K) * 8) * K * 4;
 
 const HELPER = `
 const { workerData } = require("node:worker_threads");
@@ -89,7 +117,7 @@ for (;;) {
   Atomics.wait(c, ${SEQ}, seq);
   seq = Atomics.load(c, ${SEQ});
   const at = (i) => Atomics.load(u, ${ARGS} + i);
-  part(k, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6));
+  part(k, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8));
   Atomics.add(c, ${DONE}, 1);
   Atomics.notify(c, ${DONE});
 }`;
@@ -114,25 +142,51 @@ function startPool(memory: WasmMemory, bytes: Uint8Array, size: number): Pool {
 
 /** Multiply-adds below which a product stays on the calling thread (a hand-off costs ~10–50 µs). */
 const PARALLEL_MACS = 4 * 1024 * 1024;
+/** Whether B is packed first: only when its panels are read by enough row groups to repay the copy
+ *  (1 thread, GFLOP/s: 32×896×4864 40 packed vs 35 in place, 16×4864×896 35 vs 22, but 16×256×512 38
+ *  vs 46, 8×256×1376 30 vs 38). */
+let packRows = 32;
+const packs = (M: number, K: number) => M >= packRows || (M >= 8 && K >= 2048);
+/** For the kernel's tests and A/B benchmarks: pack from this many rows (Infinity: never). */
+export function setPackRows(rows: number): void {
+  packRows = rows;
+}
 
-/** C [M, N] = A [M, K] · B [K, N] at byte offsets of the heap (row-major, dense). */
-function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number): void {
+/** The packing buffer on the backend's heap (grown on demand, never shrunk). */
+function scratchFor(e: Engine, bytes: number): number {
+  if (e.scratchBytes < bytes) {
+    if (e.scratch) e.free(e.scratch);
+    e.scratch = e.malloc(bytes) >>> 0;
+    if (!e.scratch) throw new Error(`wasm matmul: could not allocate ${bytes} bytes of packing buffer`);
+    e.scratchBytes = bytes;
+  }
+  return e.scratch;
+}
+
+/** C [M, N] = op(A) · op(B) at byte offsets of the heap, dense; A is [M, K] or, with t & 1, [K, M];
+ *  B is [K, N] or, with t & 2, [N, K]. */
+function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
   const N8 = N - (N % NR), pool = e.pool;
   const parts = pool && M * N * K >= PARALLEL_MACS && Atomics.load(pool.ctrl, READY) === pool.size ? Math.min(pool.size + 1, N8 / NR) : 1;
+  const scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
   if (parts > 1) {
     const { ctrl, args } = pool!;
-    [a, b, c, M, K, N, parts].forEach((x, i) => Atomics.store(args, ARGS + i, x));
+    [a, b, c, M, K, N, parts, scratch, t].forEach((x, i) => Atomics.store(args, ARGS + i, x));
     Atomics.store(ctrl, DONE, 0);
     Atomics.add(ctrl, SEQ, 1);
     Atomics.notify(ctrl, SEQ);
-    part(e.k, a, b, c, M, K, N, 0, parts);
+    part(e.k, a, b, c, M, K, N, 0, parts, scratch, t);
     // Every helper answers, including those with no columns this time (index ≥ parts).
     for (let d = Atomics.load(ctrl, DONE); d < pool!.size; d = Atomics.load(ctrl, DONE)) {
       if (Atomics.load(ctrl, READY) < 0) throw new Error("wasm matmul: a helper thread failed");
       Atomics.wait(ctrl, DONE, d, 1000);
     }
-  } else if (N8 > 0) part(e.k, a, b, c, M, K, N, 0, 1);
-  if (N8 < N) e.k.edge(a, b + 4 * N8, c + 4 * N8, M, N - N8, K, 4 * K, 4 * N, 4 * N);
+  } else if (N8 > 0) part(e.k, a, b, c, M, K, N, 0, 1, scratch, t);
+  if (N8 < N) {
+    const [ars, aks] = t & 1 ? [4, 4 * M] : [4 * K, 4];
+    const [ldb, cs] = t & 2 ? [4, 4 * K] : [4 * N, 4];
+    e.k.edge(a, b + N8 * cs, c + 4 * N8, M, N - N8, K, ars, aks, ldb, 4 * N, cs);
+  }
 }
 
 let original: tf.KernelConfig | undefined;
@@ -158,10 +212,11 @@ export function registerWasmGemm(): void {
       const ra = a.shape.length, rb = b.shape.length;
       const batchA = a.shape.slice(0, -2).reduce((p, d) => p * d, 1), batchB = b.shape.slice(0, -2).reduce((p, d) => p * d, 1);
       const sameBatch = ra === rb && a.shape.slice(0, -2).every((d, i) => d === b.shape[i]);
-      if (!enabled || transposeA || transposeB || a.dtype !== "float32" || b.dtype !== "float32" || !(sameBatch || batchA === 1 || batchB === 1) || ra < 2 || rb < 2)
+      if (!enabled || a.dtype !== "float32" || b.dtype !== "float32" || !(sameBatch || batchA === 1 || batchB === 1) || ra < 2 || rb < 2)
         return fallback(args);
-      const M = a.shape[ra - 2], K = a.shape[ra - 1], N = b.shape[rb - 1];
-      if (b.shape[rb - 2] !== K) return fallback(args); // tfjs' kernel reports the mismatch
+      const [M, K] = transposeA ? [a.shape[ra - 1], a.shape[ra - 2]] : [a.shape[ra - 2], a.shape[ra - 1]];
+      const [Kb, N] = transposeB ? [b.shape[rb - 1], b.shape[rb - 2]] : [b.shape[rb - 2], b.shape[rb - 1]];
+      if (Kb !== K) return fallback(args); // tfjs' kernel reports the mismatch
       const backend = args.backend as WasmBackend;
       const batch = Math.max(batchA, batchB);
       const outShape = [...(batchA >= batchB ? a.shape : b.shape).slice(0, -2), M, N];
@@ -175,8 +230,9 @@ export function registerWasmGemm(): void {
         backend.typedArrayFromHeap(out).fill(0);
         return out;
       }
+      const t = (transposeA ? 1 : 0) | (transposeB ? 2 : 0);
       for (let s = 0; s < batch; s++)
-        gemm(e, pa + (batchA === 1 ? 0 : s * M * K * 4), pb + (batchB === 1 ? 0 : s * K * N * 4), pc + s * M * N * 4, M, K, N);
+        gemm(e, pa + (batchA === 1 ? 0 : s * M * K * 4), pb + (batchB === 1 ? 0 : s * K * N * 4), pc + s * M * N * 4, M, K, N, t);
       return out;
     },
   });

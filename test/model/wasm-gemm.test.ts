@@ -1,11 +1,11 @@
 /** The wasm BatchMatMul kernel (src/model/wasm-gemm.ts): plain and batched products against a float64
  *  reference and tfjs' own kernel, on every remainder of rows (4 per block) and columns (8 per panel),
- *  K of 1, empty products, broadcast batches; transposed products still reach tfjs' kernel; no tensor
- *  is left behind. The threaded split is covered by wasm-threads.test.ts (1 and 2 threads bit-equal). */
+ *  K of 1, empty products, broadcast batches and transposed operands, with B read in place and packed;
+ *  no tensor is left behind. The threaded split is covered by wasm-threads.test.ts (1 and 2 threads bit-equal). */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
-import { useWasmGemm } from "../../src/model/wasm-gemm.ts";
+import { setPackRows, useWasmGemm } from "../../src/model/wasm-gemm.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const randn = (n: number, seed: number) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => r.normal()); };
@@ -29,27 +29,52 @@ describe("wasm matmul kernel", () => {
   beforeAll(async () => {
     await initBackend("wasm");
   });
-  afterAll(() => useWasmGemm(true));
+  afterAll(() => {
+    useWasmGemm(true);
+    setPackRows(32);
+  });
 
-  it("matches a float64 reference on every row and column remainder, K = 1, and batches", () => {
+  it.each([["in place", Infinity], ["packed", 1]])("matches a float64 reference on every row and column remainder, K = 1, batches and transposed operands (B %s)", (_, packRows) => {
+    setPackRows(packRows);
     const cases: [number[], number[]][] = [];
     for (const M of [1, 2, 3, 4, 5, 7, 9]) for (const N of [1, 5, 8, 13, 16, 27]) cases.push([[M, 11], [11, N]]);
     cases.push([[6, 1], [1, 19]], [[33, 64], [64, 40]], [[3, 5, 24], [3, 24, 17]], [[2, 7, 9], [1, 9, 16]], [[1, 6, 9], [4, 9, 8]], [[4, 2, 3, 8], [4, 2, 8, 9]], [[5, 300], [300, 24]]);
+    const swapLast = (t: tf.Tensor) => tf.transpose(t, [...t.shape.keys()].map((i, _, all) => (i < all.length - 2 ? i : 2 * all.length - 3 - i)));
     const before = tf.memory().numTensors;
     cases.forEach(([sa, sb], n) => {
       const a = randn(sa.reduce((p, d) => p * d, 1), 2 * n + 1), b = randn(sb.reduce((p, d) => p * d, 1), 2 * n + 2);
       const M = sa[sa.length - 2], K = sa[sa.length - 1], N = sb[sb.length - 1];
       const batchA = sa.slice(0, -2).reduce((p, d) => p * d, 1), batchB = sb.slice(0, -2).reduce((p, d) => p * d, 1);
       const ref = reference(a, b, batchA, batchB, M, K, N);
-      const { shape, got } = tf.tidy(() => {
-        const c = tf.matMul(tf.tensor(a, sa), tf.tensor(b, sb));
-        return { shape: c.shape, got: c.dataSync() };
-      });
-      expect(shape, `${sa} · ${sb}`).toEqual([...(batchA >= batchB ? sa : sb).slice(0, -2), M, N]);
-      const worst = Array.from(got).reduce((m, x, i) => Math.max(m, Math.abs(x - ref[i]) / Math.sqrt(K)), 0);
-      expect(worst, `${sa} · ${sb}`).toBeLessThan(1e-5);
+      for (const [tA, tB] of [[false, false], [true, false], [false, true], [true, true]]) {
+        const what = `${tA ? "(" + sa + ")ᵀ" : sa} · ${tB ? "(" + sb + ")ᵀ" : sb}`;
+        const { shape, got } = tf.tidy(() => {
+          // a transposed operand is handed over stored transposed, with the flag that undoes it
+          const ta = tf.tensor(a, sa), tb = tf.tensor(b, sb);
+          const c = tf.matMul(tA ? tf.clone(swapLast(ta)) : ta, tB ? tf.clone(swapLast(tb)) : tb, tA, tB);
+          return { shape: c.shape, got: c.dataSync() };
+        });
+        expect(shape, what).toEqual([...(batchA >= batchB ? sa : sb).slice(0, -2), M, N]);
+        const worst = Array.from(got).reduce((m, x, i) => Math.max(m, Math.abs(x - ref[i]) / Math.sqrt(K)), 0);
+        expect(worst, what).toBeLessThan(1e-5);
+      }
     });
     expect(tf.memory().numTensors).toBe(before);
+  });
+
+  it("gives the same bits with B packed as with B read in place, over several packing chunks", () => {
+    // K = 3000: 40 columns per 512 KB chunk, so N = 100 is chunks of 40, 40 and 16 plus 4 edge columns;
+    // K = 20000 needs a larger buffer than any product before it (one panel is 640 KB).
+    for (const [M, K, N] of [[9, 3000, 100], [33, 64, 300], [4, 20000, 17], [1, 128, 8]]) {
+      const a = tf.tensor2d(randn(M * K, K), [M, K]), b = tf.tensor2d(randn(K * N, N), [K, N]);
+      setPackRows(Infinity);
+      const inPlace = tf.matMul(a, b).dataSync();
+      setPackRows(1);
+      const packed = tf.matMul(a, b).dataSync();
+      expect(Array.from(packed), `${M}×${K}×${N}`).toEqual(Array.from(inPlace));
+      tf.dispose([a, b]);
+    }
+    setPackRows(32);
   });
 
   it("agrees with tfjs' own kernel on the bench's shapes, and an empty product is empty", () => {
@@ -69,12 +94,18 @@ describe("wasm matmul kernel", () => {
     expect(Array.from(z.dataSync())).toEqual([0, 0, 0, 0, 0, 0]);
   });
 
-  it("leaves transposed products to tfjs' kernel, with the same results", () => {
-    const a = tf.tensor2d(randn(6 * 5, 7), [6, 5]), b = tf.tensor2d(randn(9 * 5, 8), [9, 5]);
-    const viaT = tf.matMul(a, b, false, true).dataSync();
-    const plain = tf.matMul(a, tf.transpose(b)).dataSync();
-    const worst = Array.from(viaT).reduce((m, x, i) => Math.max(m, Math.abs(x - plain[i])), 0);
-    expect(worst).toBeLessThan(1e-5);
+  it("runs transposed products itself, bit-equal to the plain product of the materialised transpose", () => {
+    const a = tf.tensor2d(randn(37 * 300, 7), [37, 300]), b = tf.tensor2d(randn(45 * 300, 8), [45, 300]), c = tf.tensor2d(randn(37 * 50, 9), [37, 50]);
+    const pairs: [tf.Tensor, tf.Tensor][] = [
+      [tf.matMul(a, b, false, true), tf.matMul(a, tf.transpose(b))], // [37, 45]
+      [tf.matMul(a, c, true, false), tf.matMul(tf.transpose(a), c)], // [300, 50]
+      [tf.matMul(c, b.slice([0, 0], [45, 37]), true, true), tf.matMul(tf.transpose(c), tf.transpose(b.slice([0, 0], [45, 37])))], // [50, 45]
+    ];
+    for (const [viaFlags, plain] of pairs) {
+      expect(viaFlags.shape).toEqual(plain.shape);
+      expect(Array.from(viaFlags.dataSync())).toEqual(Array.from(plain.dataSync()));
+    }
+    tf.dispose([a, b, c, ...pairs.flat()]);
   });
 
   it("keeps tensor counts flat over repeated products", () => {
