@@ -20,12 +20,12 @@ export interface BackendProfile {
    *  packed codes above 2^24), so packed columns can be gathered before unpacking. */
   exactIntGather: boolean;
   /** How matmul.ts forms products with a transposed operand (batched products are one kernel on
-   *  both): "plain-2d" (wasm): transposeA/B matMuls are 4–16× slower than the plain product
-   *  (wasm-gemm.ts), so the smaller operand's transpose is materialised;
+   *  both): "flags" (wasm, cpu, tensorflow): matMul's transposeA/B flags (wasm-gemm.ts reads a
+   *  transposed A in place and packs a transposed B, at the plain product's speed);
    *  "batched" (webgpu): transposes materialised as their own kernels, never
    *  matMul's transposeB flag: tfjs-backend-webgpu 4.22's split-K program (one batch, K ≥ 2000, small
    *  output) gives wrong sums with it (errors of 100s at K 2048). */
-  matMulForm: "plain-2d" | "batched";
+  matMulForm: "flags" | "batched";
   /** Where the rollout sampler works (rollout/sampler.ts): false = read the logits [B, V] and draw on
    *  the host (wasm, cpu: the read is a memory copy and a JS pass beats tfjs' reductions there);
    *  true = the device computes each row's normaliser and top candidates and the host reads those
@@ -38,7 +38,7 @@ const CPU: BackendProfile = {
   logitChunkFloats: 4 * 1024 * 1024,
   maxBindingFloats: Infinity,
   exactIntGather: true,
-  matMulForm: "plain-2d",
+  matMulForm: "flags",
   deviceSampling: false,
 };
 

@@ -18,7 +18,7 @@ import { configToJson } from "./config.ts";
 import { adapterConfigJson, LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { checkpoint } from "./checkpoint.ts";
-import { bmm, matMulAT, matMulBT, matMulUncached } from "./matmul.ts";
+import { bmm, matMulAT, matMulBT, matMulXWT } from "./matmul.ts";
 import { backendProfile } from "./profile.ts";
 import { rmsNorm } from "./rmsnorm.ts";
 import { BaseWeight, type CustomGradFn } from "./weight.ts";
@@ -440,16 +440,16 @@ function dLogitsOf(logits: tf.Tensor2D, targets: number[], dy: tf.Tensor2D): tf.
 }
 
 /** logprobChunk for a frozen head held [vocab, hidden] (large f32 models, see weight.ts): the logits
- *  come from (w · hᵀ)ᵀ and the backward pass uses the uncached product. */
+ *  are h · wᵀ and the input gradient dLogits · w. */
 function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[]): tf.Tensor2D {
   const V = wLeft.shape[0];
   const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
-  const logitsOf = (hh: tf.Tensor2D) => tf.transpose(tf.matMul(wLeft, tf.transpose(hh))) as tf.Tensor2D; // [n, V]
+  const logitsOf = (hh: tf.Tensor2D) => matMulXWT(hh, wLeft); // [n, V]
   const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
     save([hh]);
     return {
       value: tf.tidy(() => logpAndEntropy(logitsOf(hh), flat)),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => matMulUncached(dLogitsOf(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => tf.matMul(dLogitsOf(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
     };
   }) as unknown as CustomGradFn);
   return f(h) as tf.Tensor2D;

@@ -4,7 +4,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
 import { createModel } from "../../src/model/load.ts";
-import { matMulUncached } from "../../src/model/matmul.ts";
+import { mmFrozenLeft } from "../../src/model/matmul.ts";
 import { BaseWeight } from "../../src/model/weight.ts";
 import { Rng } from "../../src/util/rng.ts";
 
@@ -52,14 +52,19 @@ describe("frozen base weights (wasm)", () => {
     b.dispose();
   });
 
-  it("matMulUncached equals tf.matMul, frees its slices, and leaks nothing", async () => {
-    const a = tf.tensor2d(randn(7 * 50, 2), [7, 50]), w = tf.tensor2d(randn(50 * 9, 3), [50, 9]);
-    const want = tf.matMul(a, w);
-    const before = tf.memory().numTensors;
-    const got = matMulUncached(a, w, 9 * 8); // 8 rows of w per slice: 7 slices, the last one short
-    expect(tf.memory().numTensors).toBe(before + 1);
-    const d = await tf.tidy(() => tf.max(tf.abs(tf.sub(got, want)))).data();
-    expect(d[0]).toBeLessThanOrEqual(1e-5);
-    tf.dispose([a, w, want, got]);
+  it("x · wᵀ for a weight held [out, in] (mmFrozenLeft) matches the plain product, value and input gradient, for few rows and many", async () => {
+    for (const M of [5, 70]) {
+      const x = tf.tensor2d(randn(M * 50, 2), [M, 50]), w = tf.tensor2d(randn(50 * 9, 3), [9, 50]), dy = tf.tensor2d(randn(M * 9, 4), [M, 9]);
+      const before = tf.memory().numTensors;
+      const { value, grads } = tf.tidy(() => {
+        const g = tf.grads((xx: tf.Tensor) => tf.sum(tf.mul(mmFrozenLeft(xx as tf.Tensor2D, w), dy)));
+        return { value: mmFrozenLeft(x, w), grads: g([x])[0] };
+      });
+      expect(tf.memory().numTensors).toBe(before + 2);
+      const [v, g] = await Promise.all([tf.tidy(() => tf.max(tf.abs(tf.sub(value, tf.matMul(x, tf.transpose(w)))))).data(), tf.tidy(() => tf.max(tf.abs(tf.sub(grads, tf.matMul(dy, w))))).data()]);
+      expect(v[0], `M ${M}`).toBeLessThanOrEqual(1e-5);
+      expect(g[0], `M ${M}`).toBeLessThanOrEqual(1e-5);
+      tf.dispose([x, w, dy, value, grads]);
+    }
   });
 });
