@@ -18,12 +18,16 @@ export interface Measurement {
   seconds: number;
   tokens_per_s: number;
   peak_heap_bytes?: number;
+  /** Seconds of every timed run when there were several (`seconds` is their median). */
+  runs?: number[];
   note?: string;
 }
 export interface BenchContext {
   configName: string;
   config: Qwen2Config;
   quantize: Quantize;
+  /** Timed runs per workload (after a warm-up on the small config); the median is reported. */
+  repeat: number;
   /** A model with random weights; LoRA r16/alpha32 on all 7 modules when `lora` is set. Cached per kind. */
   model(lora: boolean): Promise<Qwen2ForCausalLM>;
   measure(m: Omit<Measurement, "backend" | "threads" | "config" | "quantize" | "tokens_per_s" | "peak_heap_bytes">): Measurement;
@@ -63,6 +67,16 @@ export function tokenBatch(batch: number, len: number, vocab: number, seed = 1):
 
 const now = () => performance.now() / 1000;
 
+/** Runs `once` n times; per key, the median seconds and (when n > 1) every run. */
+async function timed<K extends string>(n: number, once: () => Promise<Record<K, number>>): Promise<Record<K, { seconds: number; runs?: number[] }>> {
+  const all: Record<string, number>[] = [];
+  for (let i = 0; i < n; i++) all.push(await once());
+  return Object.fromEntries(Object.keys(all[0]).map((k) => {
+    const runs = all.map((r) => r[k]), sorted = [...runs].sort((a, b) => a - b);
+    return [k, { seconds: sorted[Math.floor(sorted.length / 2)], runs: n > 1 ? runs.map((x) => Math.round(x * 1e4) / 1e4) : undefined }];
+  })) as Record<K, { seconds: number; runs?: number[] }>;
+}
+
 /** Usable wasm heap: 4 GiB minus room for fragmentation. An out-of-memory abort kills the wasm module,
  *  so batches are sized from an estimate up front instead of by trial. */
 const HEAP_BUDGET = 3.4 * 2 ** 30;
@@ -93,7 +107,8 @@ registerWorkload({
     // full logits, a transposed copy and the hidden states of one layer per row
     const { batch, note } = fitBatch(model, 8, 256 * (2.2 * V * 4 + 40 * ctx.config.intermediateSize));
     if (ctx.configName === "small") await once(batch); // warm-up
-    return [ctx.measure({ workload: "forward", batch, tokens: batch * 256, seconds: await once(batch), note })];
+    const { t } = await timed(ctx.repeat, async () => ({ t: await once(batch) }));
+    return [ctx.measure({ workload: "forward", batch, tokens: batch * 256, ...t, note })];
   },
 });
 
@@ -122,7 +137,8 @@ registerWorkload({
     const perRow = 256 * 4 * (2 * layer + 4 * c.numHiddenLayers * c.hiddenSize);
     const { batch, note } = fitBatch(model, 8, perRow, 8 * 16 * 2 ** 20);
     if (ctx.configName === "small") await once(batch);
-    return [ctx.measure({ workload: "fwd_bwd", batch, tokens: batch * 256, seconds: await once(batch), note })];
+    const { t } = await timed(ctx.repeat, async () => ({ t: await once(batch) }));
+    return [ctx.measure({ workload: "fwd_bwd", batch, tokens: batch * 256, ...t, note })];
   },
 });
 
@@ -154,12 +170,12 @@ registerWorkload({
     };
     try {
       if (ctx.configName === "small") await once(8);
-      const r = await once(8);
+      const r = await timed(ctx.repeat, () => once(8));
       const note = model.quantize === "none" ? undefined : `base unpacked for generation in ${unpackSeconds.toFixed(2)} s`;
       return [
-        ctx.measure({ workload: "prefill", batch: 8, tokens: 8 * 128, seconds: r.prefill, note }),
+        ctx.measure({ workload: "prefill", batch: 8, tokens: 8 * 128, ...r.prefill, note }),
         // 63 decode steps after the token that prefill produced: 64 new tokens per row in all
-        ctx.measure({ workload: "decode", batch: 8, tokens: 8 * 63, seconds: r.decode, note }),
+        ctx.measure({ workload: "decode", batch: 8, tokens: 8 * 63, ...r.decode, note }),
       ];
     } finally {
       release();
@@ -223,7 +239,7 @@ export async function kernelCounts(ctx: BenchContext): Promise<{ decodeStep: num
 }
 
 /** Context for one (config, quantize): models are created lazily and reused across workloads. */
-export function benchContext(configName: string, quantize: Quantize, seed = 0): BenchContext & { dispose(): void } {
+export function benchContext(configName: string, quantize: Quantize, repeat = 1, seed = 0): BenchContext & { dispose(): void } {
   const config = BENCH_CONFIGS[configName];
   if (!config) throw new Error(`unknown bench config "${configName}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}`);
   const models = new Map<boolean, Qwen2ForCausalLM>();
@@ -231,6 +247,7 @@ export function benchContext(configName: string, quantize: Quantize, seed = 0): 
     configName,
     config,
     quantize,
+    repeat,
     async model(lora) {
       if (!models.has(lora)) {
         // one model at a time: the 0.5B f32 weights alone are 2 GB of a 4 GiB heap
