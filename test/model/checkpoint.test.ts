@@ -1,12 +1,12 @@
 /** Activation checkpointing: gradients equal the recorded-whole ones (LoRA on f32 and nf4 bases, full
- *  training), the tape holds less, dropout falls back to whole layers, no tensors leak, and the
+ *  training), the tape holds less, "auto" checkpoints only a large tape, dropout falls back to whole layers, no tensors leak, and the
  *  engine's tape survives a gradient computed inside a backward pass. */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
 import { checkpoint } from "../../src/model/checkpoint.ts";
 import { createModel, type ModelOptions } from "../../src/model/load.ts";
-import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { AUTO_CHECKPOINT_BYTES, layerTapeBytes, type Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { LORA_TARGETS, type Qwen2Config } from "../../src/model/types.ts";
 import { Rng } from "../../src/util/rng.ts";
 
@@ -127,11 +127,11 @@ describe("activation checkpointing (wasm)", () => {
     b.dispose();
   });
 
-  it("the tape holds less: peak bytes of a LoRA step are lower with checkpointing", async () => {
+  it("the tape holds less: peak bytes of a LoRA step are lower with checkpointing; auto records small steps whole", async () => {
     const m = await createModel({ ...cfg, numHiddenLayers: 6, intermediateSize: 512 }, { seed: 1, lora });
     const ids8 = Array.from({ length: 4 }, (_, b) => Array.from({ length: 64 }, (_, t) => (b * 31 + t * 7) % 97));
     const mask8 = ids8.map((r) => r.map(() => 1));
-    const peak = async (on: boolean) => {
+    const peak = async (on: boolean | "auto") => {
       m.activationCheckpointing = on;
       const info = await tf.profile(() => {
         const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(m.tokenLogprobs(ids8, mask8).logprobs)) as tf.Scalar, m.trainableVariables());
@@ -142,6 +142,16 @@ describe("activation checkpointing (wasm)", () => {
     const on = await peak(true), off = await peak(false);
     console.log(`peak bytes of a 6-layer 4×64 LoRA step: ${on} checkpointed vs ${off} recorded whole`);
     expect(on).toBeLessThan(0.6 * off);
+    // "auto" records this small step whole, as off does, and checkpoints one whose estimated tape
+    // passes a quarter of the wasm heap; the estimate is within a factor of two of the measured peak.
+    const est = m.config.numHiddenLayers * layerTapeBytes(m.config, 4, 64);
+    console.log(`estimated tape ${est} bytes`);
+    expect(est).toBeGreaterThan(0.4 * off);
+    expect(est).toBeLessThan(1.5 * off);
+    expect(await peak("auto")).toBe(off);
+    expect(m.checkpointsLayers(4, 64)).toBe(false);
+    expect(m.checkpointsLayers(64, 2048)).toBe(true);
+    expect(m.config.numHiddenLayers * layerTapeBytes(m.config, 64, 2048)).toBeGreaterThan(AUTO_CHECKPOINT_BYTES);
     m.dispose();
   });
 });
