@@ -1,16 +1,19 @@
-/** Threaded wasm in Node: starts tfjs-backend-wasm's threaded-SIMD build (XNNPACK on a pthread pool of
- *  Web Workers) with worker_threads standing in for the browser's Worker. tfjs only enables that build
- *  in browsers, so this file supplies what its Emscripten glue expects there:
+/** Threaded wasm in Node: starts tfjs-backend-wasm's threaded-SIMD build with worker_threads standing
+ *  in for the browser's Web Workers, for what that build brings: a heap on shared memory, on which
+ *  the matrix kernel's helper threads (model/wasm-gemm.ts) work beside the main thread. tfjs' own
+ *  thread pool is kept at one thread: its element-wise kernels are too small to repay a hand-off
+ *  (XNNPACK's pool made each Add/Multiply of a decode step 5× slower at 2 threads, and its threads
+ *  spinning after a kernel took the core the matrix helpers needed: small config, 2 threads, decode
+ *  1,148–1,366 tokens/s with tfjs' pool at 2, 1,557–1,882 at 1; forward the same within noise).
+ *  tfjs only enables that build in browsers, so this file supplies what its Emscripten glue expects:
  *  - `globalThis.Worker`: pthread workers are started from a `blob:` URL, which worker_threads rejects;
  *    the package's own worker script is run instead (`eval`), and the `load` message is pointed at the
  *    threaded glue file on disk. The glue assigns `globalThis.Worker` at start-up: the stand-in stays.
  *  - `ref()` is a no-op: Emscripten refs a worker while its pthread runs, and pool threads never end,
  *    so the process could never exit. The threads only wait on atomics; the main thread owns the work.
- *  - the C++ side sizes its pool to min(N, logical cores / 2, 8) once, at instantiation: `os.cpus()`
- *    reports at least 2N cores while the module starts, so N threads means N.
- *  The glue pre-spawns 8 workers and every pool keeps its threads for good: the backend is started
- *  once per process (src/backend.ts holds that promise). Results are bit-identical to 1 thread
- *  (XNNPACK splits outputs into tiles; each output is summed the same way). */
+ *  The glue pre-spawns 8 workers and keeps them: the backend is started once per process
+ *  (src/backend.ts holds that promise). Results are bit-identical to 1 thread (the matrix kernel sums
+ *  every output in the same order however it is split). */
 import * as tf from "@tensorflow/tfjs";
 import * as wasmBackend from "@tensorflow/tfjs-backend-wasm";
 import { createRequire } from "node:module";
@@ -19,7 +22,7 @@ import * as path from "node:path";
 import { Worker as NodeWorker } from "node:worker_threads";
 import { UsageError } from "./cli.ts";
 
-/** The glue pre-spawns this many workers; the C++ side caps its pool at the same number. */
+/** Most threads a run asks for (the matrix kernel splits products into at most this many parts). */
 export const MAX_WASM_THREADS = 8;
 
 export type ThreadsSpec = number | "auto";
@@ -29,7 +32,7 @@ export function resolveThreads(spec: ThreadsSpec | string): number {
   if (spec === "auto") return Math.max(1, Math.min(MAX_WASM_THREADS, os.availableParallelism()));
   const n = typeof spec === "number" ? spec : /^\d+$/.test(spec.trim()) ? Number(spec) : NaN;
   if (!(Number.isInteger(n) && n >= 1 && n <= MAX_WASM_THREADS))
-    throw new Error(`threads ${JSON.stringify(spec)}: expected auto or a whole number from 1 to ${MAX_WASM_THREADS} (the threaded wasm build's worker pool)`);
+    throw new Error(`threads ${JSON.stringify(spec)}: expected auto or a whole number from 1 to ${MAX_WASM_THREADS}`);
   return n;
 }
 
@@ -84,20 +87,16 @@ async function preflight(timeoutMs: number): Promise<string | null> {
   return answer;
 }
 
-/** Start the wasm backend on the threaded build with n ≥ 2 threads. Resolves to null when it runs
- *  with n threads, or to the reason it could not start (the caller falls back or reports it). */
+let threads = 1;
+
+/** Start the wasm backend on the threaded build for n ≥ 2 threads. Resolves to null when it runs on a
+ *  shared heap, or to the reason it could not start (the caller falls back or reports it). */
 export async function startThreadedWasm(n: number, timeoutMs = 60_000): Promise<string | null> {
   const why = await preflight(Math.min(timeoutMs, 20_000));
   if (why) return why;
   installWorkerShim();
   tf.env().set("WASM_HAS_MULTITHREAD_SUPPORT", true);
-  wasmBackend.setThreadsCount(n);
-  const cpus = os.cpus;
-  os.cpus = () => {
-    const c = cpus();
-    while (c.length < 2 * n) c.push(c[0]);
-    return c;
-  };
+  wasmBackend.setThreadsCount(1); // tfjs' own kernels on the calling thread (see the file header)
   let timer: NodeJS.Timeout | undefined;
   try {
     const ok = await Promise.race([
@@ -110,11 +109,12 @@ export async function startThreadedWasm(n: number, timeoutMs = 60_000): Promise<
     return `the threaded build failed to initialise (${(err as Error).message})`;
   } finally {
     clearTimeout(timer);
-    os.cpus = cpus;
     tf.env().set("WASM_HAS_MULTITHREAD_SUPPORT", false); // a later wasm start (the fallback) is single-threaded
   }
-  const got = wasmBackend.getThreadsCount();
-  return got === n ? null : `the threaded build started ${got} threads, not ${n}`;
+  const wasm = (tf.backend() as unknown as { wasm?: { wasmMemory?: { buffer: unknown } } }).wasm;
+  if (!(wasm?.wasmMemory?.buffer instanceof SharedArrayBuffer)) return "the threaded build started without a shared heap";
+  threads = n;
+  return null;
 }
 
 /** Set the wasm backend with `spec` threads: the single-threaded SIMD build for 1, the threaded build
@@ -132,7 +132,8 @@ export async function startWasm(spec: ThreadsSpec): Promise<boolean> {
   return tf.setBackend("wasm").catch(() => false);
 }
 
-/** Threads the wasm backend runs (1 on the single-threaded build or another backend). */
+/** Threads the wasm backend runs: the main thread and the matrix kernel's helpers (1 on the
+ *  single-threaded build or another backend). */
 export function wasmThreads(): number {
-  return tf.getBackend() === "wasm" ? Math.max(1, wasmBackend.getThreadsCount()) : 1;
+  return tf.getBackend() === "wasm" ? threads : 1;
 }

@@ -140,6 +140,12 @@ function startPool(memory: WasmMemory, bytes: Uint8Array, size: number): Pool {
   return { ctrl, args: new Uint32Array(ctrl.buffer), size };
 }
 
+let splitProducts = 0;
+/** Products split over the helper threads so far in this process (tests check that the split ran). */
+export function splitProductCount(): number {
+  return splitProducts;
+}
+
 /** Multiply-adds below which a product stays on the calling thread (a hand-off costs ~10–50 µs). */
 const PARALLEL_MACS = 4 * 1024 * 1024;
 /** Whether B is packed first: only when its panels are read by enough row groups to repay the copy
@@ -170,6 +176,7 @@ function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, 
   const parts = pool && M * N * K >= PARALLEL_MACS && Atomics.load(pool.ctrl, READY) === pool.size ? Math.min(pool.size + 1, N8 / NR) : 1;
   const scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
   if (parts > 1) {
+    splitProducts++;
     const { ctrl, args } = pool!;
     [a, b, c, M, K, N, parts, scratch, t].forEach((x, i) => Atomics.store(args, ARGS + i, x));
     Atomics.store(ctrl, DONE, 0);

@@ -49,7 +49,7 @@ describe("threaded wasm", () => {
     try {
       const [one, two] = await Promise.all([run(dir, "1"), run(dir, "2")]);
       for (const [r, n] of [[one, 1], [two, 2]] as const) {
-        expect({ code: r.code, signal: r.signal, stdout: r.stdout.trim() }, r.stderr).toEqual({ code: 0, signal: null, stdout: `threads ${n}` });
+        expect({ code: r.code, signal: r.signal, stdout: r.stdout.trim() }, r.stderr).toEqual({ code: 0, signal: null, stdout: `threads ${n}, split products ${n > 1 ? "yes" : "no"}` });
         expect(r.stderr).toContain(`tfjs backend: wasm (${n} thread`);
       }
       const a = new Float32Array(one.bytes!.buffer, one.bytes!.byteOffset, one.bytes!.length / 4);
@@ -72,7 +72,7 @@ describe("threaded wasm", () => {
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), "threads-"));
     try {
       const [auto, two] = await Promise.all([run(dir, "auto", true), run(dir, "2", true)]);
-      expect({ code: auto.code, signal: auto.signal, stdout: auto.stdout.trim() }, auto.stderr).toEqual({ code: 0, signal: null, stdout: "threads 1" });
+      expect({ code: auto.code, signal: auto.signal, stdout: auto.stdout.trim() }, auto.stderr).toEqual({ code: 0, signal: null, stdout: "threads 1, split products no" });
       const warnings = auto.stderr.split("\n").filter((l) => l.startsWith("warning:"));
       if (resolveThreads("auto") > 1)
         expect(warnings).toEqual([`warning: threaded wasm with ${resolveThreads("auto")} threads cannot start: this runtime has no SharedArrayBuffer; using the single-threaded build`]);
