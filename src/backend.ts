@@ -10,6 +10,7 @@ import * as tf from "@tensorflow/tfjs";
 import "@tensorflow/tfjs-backend-wasm";
 import { UsageError } from "./cli.ts";
 import { registerWebgpu } from "./backend-webgpu.ts";
+import { registerWasmConcat } from "./model/wasm-concat.ts";
 import { registerWasmGemm } from "./model/wasm-gemm.ts";
 import { resolveThreads, startWasm, wasmThreads, type ThreadsSpec } from "./wasm-threads.ts";
 
@@ -93,6 +94,7 @@ async function done(): Promise<string> {
 export function registerWasmExtras(): void {
   registerFastSlice();
   registerWasmGemm();
+  registerWasmConcat();
   if (tf.getKernel("UnsortedSegmentSum", "wasm")) return;
   tf.registerKernel({
     kernelName: "UnsortedSegmentSum",

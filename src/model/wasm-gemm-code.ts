@@ -16,6 +16,8 @@
  *    to dst, each K rows of 8 contiguous floats, so a panel read by every row block is one run of
  *    memory. `packT(b, dst, K, ldb, panels)`: the same from B stored transposed, [N, K] with row
  *    stride ldb.
+ *  - `copyRows(dst, dstStride, src, srcStride, rowBytes, rows)`: rows of bytes between strided
+ *    places (memory.copy per row), for the Concat kernel (wasm-concat.ts).
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N. */
 
@@ -54,6 +56,7 @@ const op = {
   mul: [0x6c],
   ltU: [0x49],
   shrU: [0x76],
+  memoryCopy: [0xfc, 0x0a, 0x00, 0x00],
   loop: [0x03, 0x40],
   if: [0x04, 0x40],
   end: [0x0b],
@@ -194,6 +197,18 @@ function packTBody(): { locals: number[][]; code: number[] } {
   return { locals: [[3, I32]], code };
 }
 
+/** copyRows(dst, dstStride, src, srcStride, rowBytes, rows). */
+function copyRowsBody(): { locals: number[][]; code: number[] } {
+  const dst = 0, ds = 1, src = 2, ss = 3, n = 4, rows = 5;
+  const r = 6;
+  const code = forLoop(r, op.i32(0), op.get(rows), op.i32(1), [
+    ...op.get(dst), ...op.get(src), ...op.get(n), ...op.memoryCopy,
+    ...op.get(dst), ...op.get(ds), ...op.add, ...op.set(dst),
+    ...op.get(src), ...op.get(ss), ...op.add, ...op.set(src),
+  ]);
+  return { locals: [[1, I32]], code };
+}
+
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
   mr: number;
@@ -204,17 +219,18 @@ export interface GemmModuleOptions {
 export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const sig = [0x60, ...vec(new Array(NPARAMS).fill([I32])), 0];
   const packSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
+  const copySig = [0x60, ...vec(new Array(6).fill([I32])), 0];
   const limits = o.memory.shared ? [0x03, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)] : [0x01, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)];
-  const bodies = [tileBody(o.mr), tileBody(1), edgeBody(), packBody(), packTBody()].map(({ locals, code }) => {
+  const bodies = [tileBody(o.mr), tileBody(1), edgeBody(), packBody(), packTBody(), copyRowsBody()].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
   });
-  const names = ["tile", "tile1", "edge", "pack", "packT"];
+  const names = ["tile", "tile1", "edge", "pack", "packT", "copyRows"];
   return Uint8Array.from([
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vec([sig, packSig])),
+    ...section(1, vec([sig, packSig, copySig])),
     ...section(2, vec([[...str("env"), ...str("memory"), 0x02, ...limits]])),
-    ...section(3, vec(names.map((nm) => [nm.startsWith("pack") ? 1 : 0]))),
+    ...section(3, vec(names.map((nm) => [nm.startsWith("pack") ? 1 : nm === "copyRows" ? 2 : 0]))),
     ...section(7, vec(names.map((nm, idx) => [...str(nm), 0x00, idx]))),
     ...section(10, vec(bodies)),
   ]);

@@ -20,12 +20,13 @@ import { gemmModuleBytes } from "./wasm-gemm-code.ts";
 const MR = 4;
 const NR = 8;
 
-interface Kernels {
+export interface Kernels {
   tile: (a: number, b: number, c: number, M: number, N: number, K: number, ars: number, aks: number, ldb: number, ldc: number, ps: number) => void;
   tile1: Kernels["tile"];
   edge: Kernels["tile"];
   pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
   packT: Kernels["pack"];
+  copyRows: (dst: number, dstStride: number, src: number, srcStride: number, rowBytes: number, rows: number) => void;
 }
 
 // Node's WebAssembly, typed here (the project compiles without the DOM library).
@@ -194,6 +195,11 @@ function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, 
     const [ldb, cs] = t & 2 ? [4, 4 * K] : [4 * N, 4];
     e.k.edge(a, b + N8 * cs, c + 4 * N8, M, N - N8, K, ars, aks, ldb, 4 * N, cs);
   }
+}
+
+/** The module's kernels on the backend's heap (started on first use), for the other heap kernels. */
+export function heapKernels(backend: unknown): Kernels {
+  return start(backend).k;
 }
 
 let original: tf.KernelConfig | undefined;
