@@ -93,6 +93,7 @@ async function done(): Promise<string> {
  *  trainable embedding uses it, so simplicity beats speed here). */
 export function registerWasmExtras(): void {
   registerFastSlice();
+  registerSharedIdentity();
   registerWasmGemm();
   registerWasmConcat();
   if (tf.getKernel("UnsortedSegmentSum", "wasm")) return;
@@ -118,6 +119,27 @@ export function registerWasmExtras(): void {
         for (let j = 0; j < inner; j++) ov[dst + j] += xv[src + j];
       }
       return out;
+    },
+  });
+}
+
+let sharedIdentity = false;
+/** tfjs-backend-wasm's Identity copies its input. The engine runs it for every tensor a gradient tape
+ *  saves (tf.clone), so a small-config training step made 448 copies (45 ms, and the tape's memory
+ *  twice over). Data on the heap is never written after its kernel made it, so the clone shares it
+ *  with a reference count, as the wasm Reshape and the cpu backend's Identity do. */
+function registerSharedIdentity(): void {
+  const original = tf.getKernel("Identity", "wasm");
+  if (sharedIdentity || !original) return;
+  sharedIdentity = true;
+  tf.unregisterKernel("Identity", "wasm");
+  tf.registerKernel({
+    ...original,
+    kernelFunc: (args) => {
+      const x = (args.inputs as { x: tf.TensorInfo }).x;
+      if (x.dtype === "string") return original.kernelFunc(args);
+      (args.backend as unknown as { incRef(id: tf.DataId): void }).incRef(x.dataId);
+      return { dataId: x.dataId, shape: x.shape, dtype: x.dtype };
     },
   });
 }

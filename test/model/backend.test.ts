@@ -70,4 +70,26 @@ describe("wasm kernels from src/backend.ts", () => {
     expect(await s.array()).toEqual([[3, 4], [0, 0], [6, 8]]);
     tf.dispose([x, s]);
   });
+
+  it("Identity (tf.clone, what a gradient tape saves) shares the heap data; each tensor outlives the other's disposal", async () => {
+    // eslint-disable-next-line @typescript-eslint/no-explicit-any
+    const b = tf.backend() as any;
+    const bytes = tf.memory().numBytes;
+    const x = tf.tensor2d([[1, 2, 3], [4, 5, 6]]);
+    const y = tf.clone(x);
+    expect(b.getMemoryOffset(y.dataId)).toBe(b.getMemoryOffset(x.dataId));
+    x.dispose();
+    expect(await y.array()).toEqual([[1, 2, 3], [4, 5, 6]]);
+    const z = tf.add(y, 1); // a new tensor gets its own memory
+    expect(b.getMemoryOffset(z.dataId)).not.toBe(b.getMemoryOffset(y.dataId));
+    y.dispose();
+    expect(await z.array()).toEqual([[2, 3, 4], [5, 6, 7]]);
+    z.dispose();
+    expect(tf.memory().numBytes).toBe(bytes);
+    const i0 = tf.tensor1d([7, 8], "int32"), c0 = tf.tensor1d(["a", "b"], "string");
+    const i = tf.clone(i0), c = tf.clone(c0);
+    tf.dispose([i0, c0]);
+    expect([await i.array(), await c.array()]).toEqual([[7, 8], ["a", "b"]]);
+    tf.dispose([i, c]);
+  });
 });
