@@ -18,6 +18,7 @@ import { configToJson } from "./config.ts";
 import { adapterConfigJson, LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { checkpoint } from "./checkpoint.ts";
+import { rope, swiglu } from "./fused-act.ts";
 import { bmm, matMulAT, matMulBT, matMulXWT } from "./matmul.ts";
 import { backendProfile } from "./profile.ts";
 import { rmsNorm } from "./rmsnorm.ts";
@@ -171,12 +172,6 @@ export class Qwen2ForCausalLM implements CausalLM {
     return y;
   }
 
-  /** x [B, T, heads, hd] rotated by the per-row tables [B, T, 1, hd]. */
-  private rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
-    const [x1, x2] = tf.split(x, 2, 3);
-    return tf.add(tf.mul(x, cos), tf.mul(tf.concat([x2, x1], 3), sin));
-  }
-
   /** The decoder stack: new tokens (after `cache`, if any) → final-normed hidden [B·T, hidden], and the
    *  updated keys/values per layer when `cache` is given. Call inside tf.tidy. */
   private run(ids: number[][], mask: number[][], opts: ForwardOptions, cache: Qwen2KVCache | null) {
@@ -229,7 +224,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     const perm = (t: tf.Tensor, p: number[]): tf.Tensor => (T === 1 ? tf.reshape(t, p.map((a) => t.shape[a])) : tf.transpose(t, p));
     const h = this.rmsNorm(x, lw.inputNorm);
     const [qk, vFlat] = tf.split(this.proj(l, "qkv_proj", h, opts), [(nH + nKv) * hd, nKv * hd], 1); // [N, (nH+nKv)·hd], [N, nKv·hd]
-    const [qr, k] = tf.split(this.rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)
+    const [qr, k] = tf.split(rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)
     const q = perm(tf.mul(qr, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)
     let kT: tf.Tensor = perm(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
     let v: tf.Tensor = perm(tf.reshape(vFlat, [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
@@ -244,8 +239,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     const att = tf.reshape<tf.Rank.R2>(perm(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
     x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
     const n = this.rmsNorm(x, lw.postNorm);
-    const [gate, up] = tf.split(this.proj(l, "gate_up_proj", n, opts), 2, 1); // [N, I] each
-    const act = tf.mul(tf.mul(gate, tf.sigmoid(gate)), up) as tf.Tensor2D; // silu(gate)·up
+    const act = swiglu(this.proj(l, "gate_up_proj", n, opts)); // silu(gate)·up, [N, I]
     x = tf.add(x, this.proj(l, "down_proj", act, opts)) as tf.Tensor2D;
     return { x, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };
   }

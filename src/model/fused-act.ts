@@ -1,0 +1,136 @@
+/** RoPE (rotate-half) and SwiGLU (silu(gate)·up) as one kernel each way on the CPU backends (wasm,
+ *  cpu) for small inputs: a JS pass over heap views, as rmsnorm.ts does. Through tfjs ops RoPE is five
+ *  kernels (SplitV, Concat, two Multiply, Add) and SwiGLU four (SplitV, Sigmoid, two Multiply); a
+ *  small model's decode step launched 36 of its ~200 kernels for them, each costing more to launch
+ *  than its few thousand elements take. Large inputs (prefill, training) and other backends keep the
+ *  op path, whose SIMD kernels win there; results agree with it to float32 rounding. */
+import * as tf from "@tensorflow/tfjs";
+import { CPU_IO } from "./dequant-kernel.ts";
+import type { CustomGradFn } from "./weight.ts";
+
+/** Elements up to which the JS kernels run (a decode step's rows; prefill and training use ops). */
+const MAX_KERNEL_ELEMENTS = 64 * 1024;
+
+/** out = x·cos + rot(x)·sin over the last axis (hd): rot(x)[j] = x[(j + hd/2) mod hd], the sign of
+ *  rotate-half being in the sin table's first half (attention.ts ropeTables). x [rows·heads·hd],
+ *  tables [rows·hd]. With `transpose`, the adjoint: dx[j] = dy[j]·cos[j] + dy[j']·sin[j'], j' = (j +
+ *  hd/2) mod hd, the gradient of the same rotation. */
+export function ropeInto(out: Float32Array, x: Float32Array, cos: Float32Array, sin: Float32Array, heads: number, hd: number, transpose: boolean): void {
+  const half = hd / 2, rows = cos.length / hd;
+  for (let r = 0; r < rows; r++) {
+    const t = r * hd;
+    for (let h = 0; h < heads; h++) {
+      const o = (r * heads + h) * hd;
+      for (let j = 0; j < hd; j++) {
+        const jr = j < half ? j + half : j - half;
+        out[o + j] = x[o + j] * cos[t + j] + x[o + jr] * (transpose ? sin[t + jr] : sin[t + j]);
+      }
+    }
+  }
+}
+
+/** y [N·I] = silu(g)·u from gu [N·2I] (each row: gate, then up). */
+export function swigluInto(y: Float32Array, gu: Float32Array, I: number): void {
+  for (let n = 0, N = gu.length / (2 * I); n < N; n++) {
+    const o = 2 * n * I;
+    for (let j = 0; j < I; j++) {
+      const g = gu[o + j];
+      y[n * I + j] = (g / (1 + Math.exp(-g))) * gu[o + I + j];
+    }
+  }
+}
+
+/** dgu [N·2I] from gu and dy [N·I]: d gate = dy·u·s·(1 + g·(1 − s)), d up = dy·g·s, s = sigmoid(g). */
+export function swigluGradInto(dgu: Float32Array, gu: Float32Array, dy: Float32Array, I: number): void {
+  for (let n = 0, N = gu.length / (2 * I); n < N; n++) {
+    const o = 2 * n * I;
+    for (let j = 0; j < I; j++) {
+      const g = gu[o + j], u = gu[o + I + j], d = dy[n * I + j];
+      const s = 1 / (1 + Math.exp(-g));
+      dgu[o + j] = d * u * s * (1 + g * (1 - s));
+      dgu[o + I + j] = d * g * s;
+    }
+  }
+}
+
+const ROPE = "MarlRope", SWIGLU = "MarlSwiglu", SWIGLU_GRAD = "MarlSwigluGrad";
+
+let registered = false;
+function register(): void {
+  if (registered) return;
+  registered = true;
+  for (const [backendName, io] of Object.entries(CPU_IO)) {
+    tf.registerKernel({
+      kernelName: ROPE,
+      backendName,
+      kernelFunc: ({ inputs, backend, attrs }) => {
+        const { x, cos, sin } = inputs as { x: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+        const out = io.output(backend, x.shape); // views after every allocation: the wasm heap may move
+        const heads = x.shape[2], hd = x.shape[3];
+        ropeInto(io.view(backend, out), io.view(backend, x), io.view(backend, cos), io.view(backend, sin), heads, hd, attrs!.transpose as boolean);
+        return out;
+      },
+    });
+    tf.registerKernel({
+      kernelName: SWIGLU,
+      backendName,
+      kernelFunc: ({ inputs, backend }) => {
+        const { gu } = inputs as { gu: tf.TensorInfo };
+        const I = gu.shape[1] / 2, y = io.output(backend, [gu.shape[0], I]);
+        swigluInto(io.view(backend, y), io.view(backend, gu), I);
+        return y;
+      },
+    });
+    tf.registerKernel({
+      kernelName: SWIGLU_GRAD,
+      backendName,
+      kernelFunc: ({ inputs, backend }) => {
+        const { gu, dy } = inputs as { gu: tf.TensorInfo; dy: tf.TensorInfo };
+        const dgu = io.output(backend, gu.shape);
+        swigluGradInto(io.view(backend, dgu), io.view(backend, gu), io.view(backend, dy), gu.shape[1] / 2);
+        return dgu;
+      },
+    });
+  }
+}
+
+const kernels = (x: tf.Tensor) => {
+  register();
+  return x.size <= MAX_KERNEL_ELEMENTS && x.dtype === "float32" && tf.getKernel(ROPE, tf.getBackend()) !== undefined;
+};
+
+/** The tfjs-op forms (every backend; the references the kernels are tested against). */
+export function ropeOps(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
+  const [x1, x2] = tf.split(x, 2, 3);
+  return tf.add(tf.mul(x, cos), tf.mul(tf.concat([x2, x1], 3), sin));
+}
+export function swigluOps(gu: tf.Tensor2D): tf.Tensor2D {
+  const [gate, up] = tf.split(gu, 2, 1);
+  return tf.mul(tf.mul(gate, tf.sigmoid(gate)), up);
+}
+
+const ropeKernel = tf.customGrad(((x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D, save: tf.GradSaveFunc) => {
+  save([cos, sin]);
+  return {
+    value: tf.engine().runKernel(ROPE, { x, cos, sin }, { transpose: false }) as tf.Tensor4D,
+    gradFunc: (dy: tf.Tensor4D, [c, s]: tf.Tensor[]) => [tf.engine().runKernel(ROPE, { x: dy, cos: c, sin: s }, { transpose: true }) as tf.Tensor, tf.zerosLike(c), tf.zerosLike(s)],
+  };
+}) as unknown as CustomGradFn) as unknown as (x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D) => tf.Tensor4D;
+
+const swigluKernel = tf.customGrad(((gu: tf.Tensor2D, save: tf.GradSaveFunc) => {
+  save([gu]);
+  return {
+    value: tf.engine().runKernel(SWIGLU, { gu }) as tf.Tensor2D,
+    gradFunc: (dy: tf.Tensor2D, [g]: tf.Tensor[]) => tf.engine().runKernel(SWIGLU_GRAD, { gu: g, dy }) as tf.Tensor,
+  };
+}) as unknown as CustomGradFn) as unknown as (gu: tf.Tensor2D) => tf.Tensor2D;
+
+/** x [B, T, heads, hd] rotated by the per-row tables cos, sin [B, T, 1, hd] (rotate-half). */
+export function rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
+  return kernels(x) ? ropeKernel(x, cos, sin) : ropeOps(x, cos, sin);
+}
+
+/** silu(gate)·up for gu [N, 2I] holding gate and up side by side (the fused gate_up projection). */
+export function swiglu(gu: tf.Tensor2D): tf.Tensor2D {
+  return kernels(gu) ? swigluKernel(gu) : swigluOps(gu);
+}

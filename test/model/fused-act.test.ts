@@ -1,0 +1,87 @@
+/** RoPE and SwiGLU kernels (src/model/fused-act.ts): value and gradients against the tfjs-op forms on
+ *  cpu and wasm, one kernel each way below the size limit, the op path above it, SwiGLU's gradient
+ *  against central finite differences, flat tensor counts. */
+import { describe, expect, it } from "vitest";
+import * as tf from "@tensorflow/tfjs";
+import { initBackend } from "../../src/backend.ts";
+import { ropeTables } from "../../src/model/attention.ts";
+import { rope, ropeOps, swiglu, swigluOps } from "../../src/model/fused-act.ts";
+import { Rng } from "../../src/util/rng.ts";
+
+const randn = (n: number, seed: number, scale = 1) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => scale * r.normal()); };
+const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => Array.from(a).reduce((m, v, i) => Math.max(m, Math.abs(v - b[i])), 0);
+const maxAbs = (a: ArrayLike<number>) => Math.max(1, ...Array.from(a, Math.abs));
+
+// RoPE: x [B, T, heads, hd] with real tables; SwiGLU: gu [N, 2I]. loss = Σ y·c for a fixed random c.
+const B = 2, T = 3, heads = 5, hd = 8, N = 4, I = 6;
+const invFreq = Float32Array.from({ length: hd / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / hd));
+const tables = ropeTables([0, 1, 2, 7, 8, 9], invFreq);
+const xs = randn(B * T * heads * hd, 1), cr = randn(B * T * heads * hd, 2), gus = randn(N * 2 * I, 3, 2), cs = randn(N * I, 4);
+
+function ropeRun(f: typeof rope, rows = B) {
+  return tf.tidy(() => {
+    const x = tf.tensor4d(rows === B ? xs : Float32Array.from({ length: rows * T * heads * hd }, (_, i) => xs[i % xs.length]), [rows, T, heads, hd]);
+    const tab = (a: Float32Array) => tf.tensor4d(Float32Array.from({ length: rows * T * hd }, (_, i) => a[i % a.length]), [rows, T, 1, hd]);
+    const cos = tab(tables.cos), sin = tab(tables.sin), c = tf.tensor4d(Float32Array.from({ length: x.size }, (_, i) => cr[i % cr.length]), x.shape);
+    const { value, grads } = tf.valueAndGrads((xx: tf.Tensor) => tf.sum(tf.mul(f(xx as tf.Tensor4D, cos, sin), c)) as tf.Scalar)([x]);
+    return [f(x, cos, sin), value, grads[0]].map((t) => t.dataSync().slice());
+  });
+}
+function swigluRun(f: typeof swiglu) {
+  return tf.tidy(() => {
+    const gu = tf.tensor2d(gus, [N, 2 * I]), c = tf.tensor2d(cs, [N, I]);
+    const { value, grads } = tf.valueAndGrads((g: tf.Tensor) => tf.sum(tf.mul(f(g as tf.Tensor2D), c)) as tf.Scalar)([gu]);
+    return [f(gu), value, grads[0]].map((t) => t.dataSync().slice());
+  });
+}
+
+describe("RoPE and SwiGLU kernels", () => {
+  it("match the tfjs-op forms in value and gradient, on cpu and wasm, one kernel each way", async () => {
+    await initBackend("wasm");
+    const refs = { rope: ropeRun(ropeOps), swiglu: swigluRun(swigluOps) };
+    for (const backend of ["cpu", "wasm"]) {
+      await tf.setBackend(backend);
+      const got = { rope: ropeRun(rope), swiglu: swigluRun(swiglu) };
+      for (const op of ["rope", "swiglu"] as const)
+        ["y", "loss", "dx"].forEach((name, i) => expect(maxDiff(got[op][i], refs[op][i]), `${backend} ${op} ${name}`).toBeLessThan(2e-6 * maxAbs(refs[op][i])));
+      const before = tf.memory().numTensors;
+      const gu = tf.tensor2d(gus, [N, 2 * I]), x = tf.tensor4d(xs, [B, T, heads, hd]), cos = tf.tensor4d(tables.cos, [B, T, 1, hd]), sin = tf.tensor4d(tables.sin, [B, T, 1, hd]);
+      const prof = await tf.profile(() => {
+        const a = tf.valueAndGrads((g: tf.Tensor) => tf.sum(swiglu(g as tf.Tensor2D)) as tf.Scalar)([gu]);
+        const b = tf.valueAndGrads((xx: tf.Tensor) => tf.sum(rope(xx as tf.Tensor4D, cos, sin)) as tf.Scalar)([x]);
+        tf.dispose([a.value, ...a.grads, b.value, ...b.grads]);
+      });
+      const names = prof.kernels.map((k) => k.name);
+      expect(names.filter((n) => n.startsWith("Marl")), backend).toEqual(["MarlSwiglu", "MarlSwigluGrad", "MarlRope", "MarlRope"]);
+      expect(names.filter((n) => ["SplitV", "Sigmoid", "Concat"].includes(n)), backend).toEqual([]);
+      tf.dispose([gu, x, cos, sin]);
+      expect(tf.memory().numTensors).toBe(before);
+    }
+    await tf.setBackend("wasm");
+  });
+
+  it("above the size limit (prefill, training) the op path runs", async () => {
+    await initBackend("wasm");
+    const rows = 2000; // 2000 × 3 × 5 × 8 = 240 000 elements
+    const prof = await tf.profile(() => { ropeRun(rope, rows); });
+    const names = prof.kernels.map((k) => k.name);
+    expect(names).not.toContain("MarlRope");
+    expect(names).toContain("Concat");
+  });
+
+  it("SwiGLU's gradient agrees with central finite differences (float64 on the host)", async () => {
+    await initBackend("wasm");
+    const [, , dgu] = swigluRun(swiglu);
+    const loss = (g: Float64Array) => {
+      let s = 0;
+      for (let n = 0; n < N; n++) for (let j = 0; j < I; j++) { const a = g[n * 2 * I + j]; s += (a / (1 + Math.exp(-a))) * g[n * 2 * I + I + j] * cs[n * I + j]; }
+      return s;
+    };
+    const g = Float64Array.from(gus), h = 1e-5;
+    for (const k of [0, 3, 5, 6, 11, 13, 30, 47]) {
+      const o = g[k];
+      g[k] = o + h; const up = loss(g); g[k] = o - h; const dn = loss(g); g[k] = o;
+      expect(dgu[k], `dgu[${k}]`).toBeCloseTo((up - dn) / (2 * h), 3);
+    }
+  });
+});
