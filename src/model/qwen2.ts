@@ -277,7 +277,8 @@ export class Qwen2ForCausalLM implements CausalLM {
       const targets = inputIds.flatMap((r) => r.slice(1));
       // Rows of logits materialised at once (wasm: 4M floats, 16 MB per chunk; the forward and
       // backward of a chunk hold ~7 such tensors: ~110 MB, 27 rows of the 0.5B vocab).
-      const rows = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V));
+      // (a multiple of 8 rows where it can be: the wasm kernel's row and column blocks are whole then)
+      const fit = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V)), rows = fit >= 8 ? fit - (fit % 8) : fit;
       const head = this.head, left = head.left;
       const w = left || head.parts ? null : head.value();
       const outs: tf.Tensor2D[] = [];

@@ -10,8 +10,6 @@
  *    Column panels outer, row groups of MR inner, each output block summed over all of K in 2·MR
  *    vector registers.
  *  - `tile1(...)`: the same with one row (the rows left after the groups of MR).
- *  - `edge(...)`: any M and N, one output at a time (the columns left after the panels of 8);
- *    B[k, j] at b + k·ldb + j·ps.
  *  - `pack(b, dst, K, ldb, panels)`: copies `panels` 8-column panels of row-major B (row stride ldb)
  *    to dst, each K rows of 8 contiguous floats, so a panel read by every row block is one run of
  *    memory. `packT(b, dst, K, ldb, panels)`: the same from B stored transposed, [N, K] with row
@@ -21,7 +19,7 @@
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N. */
 
-const I32 = 0x7f, F32 = 0x7d, V128 = 0x7b;
+const I32 = 0x7f, V128 = 0x7b;
 
 function uleb(n: number): number[] {
   const out: number[] = [];
@@ -63,9 +61,6 @@ const op = {
   brIf: (d: number) => [0x0d, ...uleb(d)],
   f32load: (off = 0) => [0x2a, 2, ...uleb(off)],
   f32store: (off = 0) => [0x38, 2, ...uleb(off)],
-  f32add: [0x92],
-  f32mul: [0x94],
-  f32const0: [0x43, 0, 0, 0, 0],
   simd: (code: number) => [0xfd, ...uleb(code)],
 };
 const v = {
@@ -141,27 +136,6 @@ function tileBody(MR: number): { locals: number[][]; code: number[] } {
   return { locals: [[nI32, I32], [nV, V128]], code };
 }
 
-/** edge: one output at a time. */
-function edgeBody(): { locals: number[][]; code: number[] } {
-  let n = NPARAMS;
-  const i = n++, j = n++, k = n++, pa = n++, pb = n++, pc = n++;
-  const s = n++;
-  const inner = [
-    ...op.get(P.a), ...op.get(P.ars), ...op.get(i), ...op.mul, ...op.add, ...op.set(pa),
-    ...op.get(P.b), ...op.get(j), ...op.get(P.ps), ...op.mul, ...op.add, ...op.set(pb),
-    ...op.f32const0, ...op.set(s),
-    ...forLoop(k, op.i32(0), op.get(P.K), op.i32(1), [
-      ...op.get(pa), ...op.f32load(), ...op.get(pb), ...op.f32load(), ...op.f32mul, ...op.get(s), ...op.f32add, ...op.set(s),
-      ...op.get(pa), ...op.get(P.aks), ...op.add, ...op.set(pa),
-      ...op.get(pb), ...op.get(P.ldb), ...op.add, ...op.set(pb),
-    ]),
-    ...op.get(P.c), ...op.get(P.ldc), ...op.get(i), ...op.mul, ...op.add, ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pc),
-    ...op.get(pc), ...op.get(s), ...op.f32store(),
-  ];
-  const code = forLoop(i, op.i32(0), op.get(P.M), op.i32(1), forLoop(j, op.i32(0), op.get(P.N), op.i32(1), inner));
-  return { locals: [[6, I32], [1, F32]], code };
-}
-
 /** pack(b, dst, K, ldb, panels): panel after panel, row after row, two vectors per row. */
 function packBody(): { locals: number[][]; code: number[] } {
   const b = 0, dst = 1, K = 2, ldb = 3, panels = 4;
@@ -221,11 +195,11 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const packSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
   const copySig = [0x60, ...vec(new Array(6).fill([I32])), 0];
   const limits = o.memory.shared ? [0x03, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)] : [0x01, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)];
-  const bodies = [tileBody(o.mr), tileBody(1), edgeBody(), packBody(), packTBody(), copyRowsBody()].map(({ locals, code }) => {
+  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody()].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
   });
-  const names = ["tile", "tile1", "edge", "pack", "packT", "copyRows"];
+  const names = ["tile", "tile1", "pack", "packT", "copyRows"];
   return Uint8Array.from([
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
     ...section(1, vec([sig, packSig, copySig])),

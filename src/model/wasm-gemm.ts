@@ -23,7 +23,6 @@ const NR = 8;
 export interface Kernels {
   tile: (a: number, b: number, c: number, M: number, N: number, K: number, ars: number, aks: number, ldb: number, ldc: number, ps: number) => void;
   tile1: Kernels["tile"];
-  edge: Kernels["tile"];
   pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
   packT: Kernels["pack"];
   copyRows: (dst: number, dstStride: number, src: number, srcStride: number, rowBytes: number, rows: number) => void;
@@ -190,10 +189,28 @@ function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, 
       Atomics.wait(ctrl, DONE, d, 1000);
     }
   } else if (N8 > 0) part(e.k, a, b, c, M, K, N, 0, 1, scratch, t);
-  if (N8 < N) {
-    const [ars, aks] = t & 1 ? [4, 4 * M] : [4 * K, 4];
-    const [ldb, cs] = t & 2 ? [4, 4 * K] : [4 * N, 4];
-    e.k.edge(a, b + N8 * cs, c + 4 * N8, M, N - N8, K, ars, aks, ldb, 4 * N, cs);
+  if (N8 < N) edgeColumns(e, a, b, c, M, K, N, t);
+}
+
+/** The last N mod 8 columns (after every part is done, so the scratch buffer is free): B's columns
+ *  packed into one zero-padded panel, the vector kernel run on it into a [rows, 8] block of scratch,
+ *  and the valid columns copied out. Lanes past N add zeros to nothing, so each output is summed as
+ *  the panels' are (a one-output-at-a-time loop here ran at ~1 GFLOP/s: a 27-row vocab-head chunk
+ *  spent 3 of its 27 columns' worth of work in it, most of its time). */
+function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
+  const N8 = N - (N % NR), n = N - N8, ldc = 4 * N;
+  const ars = t & 1 ? 4 : 4 * K, aks = t & 1 ? 4 * M : 4;
+  const mc = Math.max(4, Math.floor(65536 / K) - (Math.floor(65536 / K) % 4));
+  const buf = scratchFor(e, 32 * (K + mc)), cbuf = buf + 32 * K;
+  // B[k, j] is float b/4 + k·ldb + j·cs
+  const [ldb, cs] = t & 2 ? [1, K] : [N, 1];
+  const heap = new Float32Array(e.memory.buffer), p = buf / 4, q = b / 4 + N8 * cs;
+  for (let k = 0; k < K; k++) for (let j = 0; j < 8; j++) heap[p + 8 * k + j] = j < n ? heap[q + k * ldb + j * cs] : 0;
+  for (let i0 = 0; i0 < M; i0 += mc) {
+    const rows = Math.min(mc, M - i0), r4 = rows - (rows % 4);
+    if (r4) e.k.tile(a + i0 * ars, buf, cbuf, r4, 8, K, ars, aks, 32, 32, 32 * K);
+    if (r4 < rows) e.k.tile1(a + (i0 + r4) * ars, buf, cbuf + 32 * r4, rows - r4, 8, K, ars, aks, 32, 32, 32 * K);
+    e.k.copyRows(c + i0 * ldc + 4 * N8, ldc, cbuf, 32, 4 * n, rows);
   }
 }
 
