@@ -3,12 +3,13 @@
  *  it runs directly on tfjs-backend-wasm's heap (shared memory in the threaded build).
  *
  *  Exports, all pointers and strides in bytes, C[M, N] = A[M, K] · B[K, N]:
- *  - `tile(a, b, c, M, N, K, ars, aks, ldb, ldc, ps)`: M a multiple of MR, N of NR = 8. A[i, k] is at
+ *  - `tile(a, b, c, M, N, K, ars, aks, ldb, ldc, ps, acc)`: M a multiple of MR, N of NR = 8. A[i, k] is at
  *    a + i·ars + k·aks (ars = 4K, aks = 4 for A row-major; ars = 4, aks = 4M for A stored transposed).
  *    Row k of column panel p of B (8 floats) is at b + p·ps + k·ldb: ps = 32, ldb = 4N for B in place;
  *    ps = 32K, ldb = 32 for B packed by `pack`/`packT`. C is row-major with row stride ldc.
  *    Column panels outer, row groups of MR inner, each output block summed over all of K in 2·MR
- *    vector registers.
+ *    vector registers, starting from zero (acc = 0) or from C (acc ≠ 0: C holds the sum over earlier
+ *    k; float32 in registers and in memory, so splitting K this way changes no bit).
  *  - `tile1(...)`: the same with one row (the rows left after the groups of MR).
  *  - `pack(b, dst, K, ldb, panels)`: copies `panels` 8-column panels of row-major B (row stride ldb)
  *    to dst, each K rows of 8 contiguous floats, so a panel read by every row block is one run of
@@ -57,6 +58,7 @@ const op = {
   memoryCopy: [0xfc, 0x0a, 0x00, 0x00],
   loop: [0x03, 0x40],
   if: [0x04, 0x40],
+  else: [0x05],
   end: [0x0b],
   brIf: (d: number) => [0x0d, ...uleb(d)],
   f32load: (off = 0) => [0x2a, 2, ...uleb(off)],
@@ -86,8 +88,8 @@ function forLoop(x: number, from: number[], limit: number[], step: number[], bod
 }
 
 // Parameters of every export.
-const P = { a: 0, b: 1, c: 2, M: 3, N: 4, K: 5, ars: 6, aks: 7, ldb: 8, ldc: 9, ps: 10 };
-const NPARAMS = 11;
+const P = { a: 0, b: 1, c: 2, M: 3, N: 4, K: 5, ars: 6, aks: 7, ldb: 8, ldc: 9, ps: 10, acc: 11 };
+const NPARAMS = 12;
 
 /** tile / tile1: MR rows × 8 columns per block. Per step of k: B's row k as two vectors (b0, b1),
  *  then per row r, a = splat(A[r, k]) once and acc[r] += a · b0, a · b1 (multiply, then add: on x64
@@ -116,7 +118,15 @@ function tileBody(MR: number): { locals: number[][]; code: number[] } {
     // pa[r] = rowA + r·ars; pb = pbj; acc = 0
     ...Array.from({ length: MR }, (_, r) => [...op.get(rowA), ...(r ? [...op.get(P.ars), ...op.i32(r), ...op.mul, ...op.add] : []), ...op.set(pa[r])]).flat(),
     ...op.get(pbj), ...op.set(pb),
+    // acc = 0: start from zero; else from C (the sum over earlier blocks of k)
+    ...op.get(P.acc), ...op.if,
+    ...Array.from({ length: MR }, (_, r) => {
+      const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
+      return [...rowAddr, ...v.load(0), ...op.set(accs[2 * r]), ...rowAddr, ...v.load(16), ...op.set(accs[2 * r + 1])];
+    }).flat(),
+    ...op.else,
     ...accs.flatMap((a) => [...v.zero, ...op.set(a)]),
+    ...op.end,
     ...forLoop(k, op.i32(0), op.get(P.K), op.i32(1), kBody),
     ...storeAll,
   ];

@@ -21,7 +21,7 @@ const MR = 4;
 const NR = 8;
 
 export interface Kernels {
-  tile: (a: number, b: number, c: number, M: number, N: number, K: number, ars: number, aks: number, ldb: number, ldc: number, ps: number) => void;
+  tile: (a: number, b: number, c: number, M: number, N: number, K: number, ars: number, aks: number, ldb: number, ldc: number, ps: number, acc: number) => void;
   tile1: Kernels["tile"];
   pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
   packT: Kernels["pack"];
@@ -84,26 +84,31 @@ function part(k: Kernels, a: number, b: number, c: number, M: number, K: number,
   const M4 = M - (M % 4), panels = (N - (N % 8)) / 8;
   const per = Math.ceil(panels / parts), j0 = Math.min(panels, index * per) * 8, j1 = Math.min(panels, (index + 1) * per) * 8;
   if (j1 <= j0) return;
-  // Rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
+  // K in blocks of ≤ 1024, so a packed panel (32 KB) stays in L1 while the row groups pass over it;
+  // rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
   // (else a tall A, such as a vocab head held [vocab, hidden], is read from memory once per panel).
-  const mc = Math.max(4, Math.floor(65536 / K) - (Math.floor(65536 / K) % 4));
-  const nc = scratch ? Math.max(8, Math.floor(16384 / K) * 8) : j1 - j0;
-  const buf = scratch + index * nc * K * 4;
+  const kc = Math.min(K, 1024);
+  const mc = Math.max(4, Math.floor(65536 / kc) - (Math.floor(65536 / kc) % 4));
+  const nc = scratch ? Math.max(8, Math.floor(16384 / kc) * 8) : j1 - j0;
+  const buf = scratch + index * nc * kc * 4;
   for (let jc = j0; jc < j1; jc += nc) {
     const n = Math.min(nc, j1 - jc);
-    let pb = b + 4 * jc, ldb = ldc, ps = 32;
-    if (scratch) {
-      if (t & 2) k.packT(b + 4 * K * jc, buf, K, 4 * K, n / 8);
-      else k.pack(pb, buf, K, ldc, n / 8);
-      pb = buf, ldb = 32, ps = 32 * K;
+    for (let k0 = 0; k0 < K; k0 += kc) {
+      const kn = Math.min(kc, K - k0), acc = k0 > 0 ? 1 : 0, ak = a + k0 * aks;
+      let pb = b + k0 * ldc + 4 * jc, ldb = ldc, ps = 32;
+      if (scratch) {
+        if (t & 2) k.packT(b + 4 * K * jc + 4 * k0, buf, kn, 4 * K, n / 8);
+        else k.pack(pb, buf, kn, ldc, n / 8);
+        pb = buf, ldb = 32, ps = 32 * kn;
+      }
+      for (let i0 = 0; i0 < M4; i0 += mc) k.tile(ak + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, M4 - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
+      if (M4 < M) k.tile1(ak + M4 * ars, pb, c + M4 * ldc + 4 * jc, M - M4, n, kn, ars, aks, ldb, ldc, ps, acc);
     }
-    for (let i0 = 0; i0 < M4; i0 += mc) k.tile(a + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, M4 - i0), n, K, ars, aks, ldb, ldc, ps);
-    if (M4 < M) k.tile1(a + M4 * ars, pb, c + M4 * ldc + 4 * jc, M - M4, n, K, ars, aks, ldb, ldc, ps);
   }
 }
 
-/** Bytes of one part's packing buffer for depth K (the nc of part(): ≤ 512 KB, at least one panel). */
-const packBytes = (K: number) => Math.max(8, Math.floor(16384 / K) * 8) * K * 4;
+/** Bytes of one part's packing buffer for depth K (the nc × kc of part(): ≤ 512 KB, at least one panel). */
+const packBytes = (K: number) => Math.max(8, Math.floor(16384 / Math.min(K, 1024)) * 8) * Math.min(K, 1024) * 4;
 
 const HELPER = `
 const { workerData } = require("node:worker_threads");
@@ -208,8 +213,8 @@ function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: n
   for (let k = 0; k < K; k++) for (let j = 0; j < 8; j++) heap[p + 8 * k + j] = j < n ? heap[q + k * ldb + j * cs] : 0;
   for (let i0 = 0; i0 < M; i0 += mc) {
     const rows = Math.min(mc, M - i0), r4 = rows - (rows % 4);
-    if (r4) e.k.tile(a + i0 * ars, buf, cbuf, r4, 8, K, ars, aks, 32, 32, 32 * K);
-    if (r4 < rows) e.k.tile1(a + (i0 + r4) * ars, buf, cbuf + 32 * r4, rows - r4, 8, K, ars, aks, 32, 32, 32 * K);
+    if (r4) e.k.tile(a + i0 * ars, buf, cbuf, r4, 8, K, ars, aks, 32, 32, 32 * K, 0);
+    if (r4 < rows) e.k.tile1(a + (i0 + r4) * ars, buf, cbuf + 32 * r4, rows - r4, 8, K, ars, aks, 32, 32, 32 * K, 0);
     e.k.copyRows(c + i0 * ldc + 4 * N8, ldc, cbuf, 32, 4 * n, rows);
   }
 }
