@@ -92,6 +92,11 @@ export function layerTapeBytes(c: Qwen2Config, B: number, T: number): number {
  *  tokens: 1.2 s instead of 1.5 s per step); 0.5B is above it from one 256-token row. */
 export const AUTO_CHECKPOINT_BYTES = 2 ** 30;
 
+/** Activation bytes a prefill may hold at once (see prefillBytes): 32 rollouts of a 0.5B, ~300-token
+ *  prompts, in one pass needed ~5 GB beside the unpacked 2 GB base and stalled the wasm heap's
+ *  allocator at its 4 GiB limit for good. */
+export const PREFILL_BYTES = 512 * 2 ** 20;
+
 export class Qwen2ForCausalLM implements CausalLM {
   readonly lora: LoraConfig | null;
   /** Keep only each layer's input on a gradient tape and recompute the layer in the backward pass
@@ -298,10 +303,31 @@ export class Qwen2ForCausalLM implements CausalLM {
     return { logprobs: res.lp };
   }
 
+  /** Rows of a prefill are run in groups whose one-layer activations (layerTapeBytes) stay below
+   *  this; rows are independent, so the result is the same bits as one pass. */
+  prefillBytes = PREFILL_BYTES;
+
   prefill(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions = {}) {
     const mask = this.checkBatch(inputIds, attentionMask);
-    const cache = new Qwen2KVCache([], [], inputIds.map(() => []), inputIds.map(() => 0));
-    const logits = this.step(inputIds, mask, cache, opts);
+    const B = inputIds.length, rows = Math.max(1, Math.floor(this.prefillBytes / layerTapeBytes(this.config, 1, inputIds[0].length)));
+    const parts: { logits: tf.Tensor2D; cache: Qwen2KVCache }[] = [];
+    for (let r = 0; r < B; r += rows) {
+      const cache = new Qwen2KVCache([], [], inputIds.slice(r, r + rows).map(() => []), inputIds.slice(r, r + rows).map(() => 0));
+      parts.push({ logits: this.step(inputIds.slice(r, r + rows), mask.slice(r, r + rows), cache, opts), cache });
+    }
+    if (parts.length === 1) return parts[0];
+    const join = <T extends tf.Tensor>(ts: T[]): T => tf.concat(ts, 0) as T;
+    const cache = new Qwen2KVCache(
+      parts[0].cache.k.map((_, l) => join(parts.map((p) => p.cache.k[l]))),
+      parts[0].cache.v.map((_, l) => join(parts.map((p) => p.cache.v[l]))),
+      parts.flatMap((p) => p.cache.mask),
+      parts.flatMap((p) => p.cache.count),
+    );
+    const logits = join(parts.map((p) => p.logits));
+    for (const p of parts) {
+      p.logits.dispose();
+      p.cache.dispose();
+    }
     return { logits, cache };
   }
 
