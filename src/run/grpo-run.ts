@@ -341,6 +341,7 @@ export function stepMetrics(
     grad_norm: s.gradNorm,
     lr: t.lr,
     completion_len: mean(trajs.map((x) => x.completionIds.length)),
+    completion_len_max: Math.max(0, ...trajs.map((x) => x.completionIds.length)),
     sampled_len: mean(trajs.map((x) => x.lossMask.reduce((a, b) => a + b, 0))),
     tool_calls: mean(trajs.map((x) => x.numToolCalls)),
     tool_error_rate: calls ? failed / calls : 0,

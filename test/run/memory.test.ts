@@ -48,16 +48,23 @@ describe("GRPO run memory", () => {
     const m = await readMetrics(path.join(out, "metrics.jsonl"));
     const col = (k: string) => m.filter((r) => typeof r[k] === "number").map((r) => r[k] as number);
     expect(col("tensors")).toHaveLength(steps);
-    const show = ["tensors", "tensor_bytes", "wasm_bytes", "heap_bytes", "completion_len"].map((k) => `${k}: ${col(k).join(" ")}`).join("\n");
+    const show = ["tensors", "tensor_bytes", "wasm_bytes", "heap_bytes", "completion_len_max"].map((k) => `${k}: ${col(k).join(" ")}`).join("\n");
     expect(new Set(col("tensors")).size, show).toBe(1);
     expect(new Set(col("tensor_bytes")).size, show).toBe(1);
-    // The wasm heap grows to the largest micro-batch's peak and never shrinks: no rollout is longer than
-    // the token limit, which step 1 reached, so it stays.
-    expect(new Set(col("wasm_bytes")).size, show).toBe(1);
+    // The wasm heap grows to the largest batch's peak and never shrinks. It may grow until the step
+    // after the first one whose longest rollout is the run's longest (the first update leaves long-lived
+    // blocks, AdamW's moments among them, between its freed buffers, so the next peak can need one more
+    // growth), and must stay flat from there on: at least three steps of the same shapes.
+    const heap = col("wasm_bytes");
+    const longest = col("completion_len_max");
+    const first = longest.indexOf(Math.max(...longest));
+    expect(first, show).toBeLessThanOrEqual(steps - 4);
+    expect(new Set(heap.slice(first + 1)).size, show).toBe(1);
+    for (let i = 1; i <= first; i++) expect(heap[i], show).toBeGreaterThanOrEqual(heap[i - 1]);
     // The JS heap after each step's collection holds no per-step garbage: without the collection it
     // rose and fell by ~18 MB over these steps (a step's garbage is ~1.6 MB here, ~7 MB in the preset).
-    const heap = col("heap_bytes").slice(1);
-    expect(Math.max(...heap) - Math.min(...heap), show).toBeLessThan(3 * 2 ** 20);
-    expect((heap[heap.length - 1] - heap[0]) / (heap.length - 1), show).toBeLessThan(256 * 1024);
+    const js = col("heap_bytes").slice(1);
+    expect(Math.max(...js) - Math.min(...js), show).toBeLessThan(3 * 2 ** 20);
+    expect((js[js.length - 1] - js[0]) / (js.length - 1), show).toBeLessThan(256 * 1024);
   }, 300_000);
 });
