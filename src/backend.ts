@@ -74,7 +74,10 @@ async function pick(name: BackendName, threads: ThreadsSpec): Promise<string> {
   }
   if (name === "wasm" || name === "auto") {
     registerWasmExtras();
-    if (await startWasm(threads)) return done();
+    if (await startWasm(threads)) {
+      guardWasmMalloc();
+      return done();
+    }
     if (name === "wasm") throw new Error("backend wasm failed to initialise");
   }
   await tf.setBackend("cpu");
@@ -121,6 +124,24 @@ export function registerWasmExtras(): void {
       return out;
     },
   });
+}
+
+/** tfjs-backend-wasm does not check malloc's result: when the heap cannot grow (4 GiB), a tensor gets
+ *  offset 0 and its kernel writes over the module's static data, malloc's own lock among it, and the
+ *  next allocation spins forever. A failed allocation throws here instead, with what to change. */
+function guardWasmMalloc(): void {
+  type Malloc = ((n: number) => number) & { guarded?: true };
+  const wasm = (tf.backend() as unknown as { wasm: { _malloc: Malloc; asm?: { malloc?: Malloc }; HEAPU8: Uint8Array } }).wasm;
+  if (wasm._malloc.guarded) return;
+  // The module's _malloc starts as a stub that replaces itself with the export on first call.
+  const malloc = wasm.asm?.malloc ?? wasm._malloc;
+  const guarded = Object.assign((n: number) => {
+    const p = malloc(n);
+    if (p === 0 && n > 0)
+      throw new Error(`wasm heap out of memory: ${(n / 2 ** 20).toFixed(1)} MB more did not fit (heap ${(wasm.HEAPU8.length / 2 ** 30).toFixed(2)} GiB, limit 4 GiB); use a smaller --micro_batch_size, fewer or shorter rollouts, or a GPU backend`);
+    return p;
+  }, { guarded: true as const });
+  wasm._malloc = guarded;
 }
 
 let sharedIdentity = false;

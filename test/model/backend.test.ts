@@ -22,6 +22,17 @@ describe("wasm kernels from src/backend.ts", () => {
     expect(await initBackend("wasm")).toBe("wasm"); // idempotent
   });
 
+  it("an allocation the 4 GiB heap cannot hold throws a clear error, and the heap keeps working", async () => {
+    // Unchecked, tfjs gave such a tensor offset 0 and its kernel wrote over the module's static data:
+    // the next allocation spun forever on malloc's overwritten lock.
+    const before = tf.memory().numTensors;
+    expect(() => tf.zeros([2 ** 30 - 2 ** 14])).toThrow(/^wasm heap out of memory: 4095\.9 MB more did not fit .*--micro_batch_size/);
+    expect(tf.memory().numTensors).toBe(before);
+    const y = tf.add(tf.tensor1d([1, 2, 3]), 1);
+    expect(Array.from(await y.data())).toEqual([2, 3, 4]);
+    y.dispose();
+  });
+
   it("Slice matches the host for contiguous and strided slices of rank 1–5", async () => {
     const cases: [number[], number[], number[]][] = [
       [[10], [3], [4]],
