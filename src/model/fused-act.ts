@@ -29,6 +29,25 @@ export function ropeInto(out: Float32Array, x: Float32Array, cos: Float32Array, 
   }
 }
 
+/** A decode step's heads from the fused projection qkv [B, (nH + 2·nKv)·hd] (one position per row):
+ *  q = rope(q)·scale, k = rope(k) and v, each [B, heads, hd] in memory (the layouts attention reads at
+ *  T = 1: no transposes). Each value is rounded to float32 as the op path rounds it (rope,
+ *  then the scale as a float32 multiply), so the two agree bit for bit. cos, sin [B·hd]. */
+export function decodeHeadsInto(q: Float32Array, k: Float32Array, v: Float32Array, qkv: Float32Array, cos: Float32Array, sin: Float32Array, nH: number, nKv: number, hd: number, scale: number): void {
+  const half = hd / 2, width = (nH + 2 * nKv) * hd, s = Math.fround(scale);
+  for (let b = 0; b < cos.length / hd; b++) {
+    const row = b * width, t = b * hd;
+    for (let h = 0; h < nH + nKv; h++) {
+      const o = row + h * hd, out = h < nH ? q : k, d = h < nH ? (b * nH + h) * hd : (b * nKv + h - nH) * hd;
+      for (let j = 0; j < hd; j++) {
+        const r = Math.fround(qkv[o + j] * cos[t + j] + qkv[o + (j < half ? j + half : j - half)] * sin[t + j]);
+        out[d + j] = h < nH ? r * s : r;
+      }
+    }
+    v.set(qkv.subarray(row + (nH + nKv) * hd, row + width), b * nKv * hd);
+  }
+}
+
 /** y [N·I] = silu(g)·u from gu [N·2I] (each row: gate, then up). */
 export function swigluInto(y: Float32Array, gu: Float32Array, I: number): void {
   for (let n = 0, N = gu.length / (2 * I); n < N; n++) {
@@ -53,7 +72,7 @@ export function swigluGradInto(dgu: Float32Array, gu: Float32Array, dy: Float32A
   }
 }
 
-const ROPE = "MarlRope", SWIGLU = "MarlSwiglu", SWIGLU_GRAD = "MarlSwigluGrad";
+const DECODE_HEADS = "MarlDecodeHeads", ROPE = "MarlRope", SWIGLU = "MarlSwiglu", SWIGLU_GRAD = "MarlSwigluGrad";
 
 let registered = false;
 function register(): void {
@@ -69,6 +88,19 @@ function register(): void {
         const heads = x.shape[2], hd = x.shape[3];
         ropeInto(io.view(backend, out), io.view(backend, x), io.view(backend, cos), io.view(backend, sin), heads, hd, attrs!.transpose as boolean);
         return out;
+      },
+    });
+    tf.registerKernel({
+      kernelName: DECODE_HEADS,
+      backendName,
+      kernelFunc: ({ inputs, backend, attrs }) => {
+        const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+        const { nH, nKv, hd, scale } = attrs as { nH: number; nKv: number; hd: number; scale: number };
+        const B = qkv.shape[0];
+        const outs = [io.output(backend, [B * nKv, nH / nKv, hd]), io.output(backend, [B, nKv, hd, 1]), io.output(backend, [B, nKv, 1, hd])];
+        const [q, k, v] = outs.map((t) => io.view(backend, t)); // views after every allocation: the wasm heap may move
+        decodeHeadsInto(q, k, v, io.view(backend, qkv), io.view(backend, cos), io.view(backend, sin), nH, nKv, hd, scale);
+        return outs;
       },
     });
     tf.registerKernel({
@@ -128,6 +160,19 @@ const swigluKernel = tf.customGrad(((gu: tf.Tensor2D, save: tf.GradSaveFunc) => 
 /** x [B, T, heads, hd] rotated by the per-row tables cos, sin [B, T, 1, hd] (rotate-half). */
 export function rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
   return kernels(x) ? ropeKernel(x, cos, sin) : ropeOps(x, cos, sin);
+}
+
+/** One position per row (a decode step; no gradient): the fused projection qkv [B, (nH + 2·nKv)·hd]
+ *  split into heads, q and k rotated by cos, sin [B, 1, 1, hd] and q scaled, in the layouts attention
+ *  reads: q [B·nKv, g, hd] (the g = nH/nKv query heads of a kv head as rows), kᵀ [B, nKv, hd, 1],
+ *  v [B, nKv, 1, hd]. One kernel on wasm/cpu (the op path is ten: two SplitV, RoPE, the scale and six
+ *  reshapes) with the same values bit for bit; the ops elsewhere. */
+export function decodeHeads(qkv: tf.Tensor2D, cos: tf.Tensor4D, sin: tf.Tensor4D, nH: number, nKv: number, hd: number, scale: number): [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D] {
+  const B = qkv.shape[0];
+  if (kernels(qkv)) return tf.engine().runKernel(DECODE_HEADS, { qkv, cos, sin }, { nH, nKv, hd, scale }) as unknown as [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D];
+  const [qk, v] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1);
+  const [q, k] = tf.split(rope(tf.reshape(qk, [B, 1, nH + nKv, hd]), cos, sin), [nH, nKv], 2);
+  return [tf.reshape(tf.mul(q, scale), [B * nKv, nH / nKv, hd]), tf.reshape(k, [B, nKv, hd, 1]), tf.reshape(v, [B, nKv, 1, hd])];
 }
 
 /** silu(gate)·up for gu [N, 2I] holding gate and up side by side (the fused gate_up projection). */

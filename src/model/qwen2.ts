@@ -18,7 +18,7 @@ import { configToJson } from "./config.ts";
 import { adapterConfigJson, LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { checkpoint } from "./checkpoint.ts";
-import { rope, swiglu } from "./fused-act.ts";
+import { decodeHeads, rope, swiglu } from "./fused-act.ts";
 import { bmm, matMulAT, matMulBT, matMulXWT } from "./matmul.ts";
 import { backendProfile } from "./profile.ts";
 import { rmsNorm } from "./rmsnorm.ts";
@@ -228,20 +228,26 @@ export class Qwen2ForCausalLM implements CausalLM {
     // With one position (a decode step) moving the T axis keeps the element order: a reshape does it.
     const perm = (t: tf.Tensor, p: number[]): tf.Tensor => (T === 1 ? tf.reshape(t, p.map((a) => t.shape[a])) : tf.transpose(t, p));
     const h = this.rmsNorm(x, lw.inputNorm);
-    const [qk, vFlat] = tf.split(this.proj(l, "qkv_proj", h, opts), [(nH + nKv) * hd, nKv * hd], 1); // [N, (nH+nKv)·hd], [N, nKv·hd]
-    const [qr, k] = tf.split(rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)
-    const q = perm(tf.mul(qr, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)
-    let kT: tf.Tensor = perm(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
-    let v: tf.Tensor = perm(tf.reshape(vFlat, [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
+    const qkv = this.proj(l, "qkv_proj", h, opts); // [N, (nH + 2·nKv)·hd]
+    // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows, qg.
+    let qg: tf.Tensor3D, kT: tf.Tensor, v: tf.Tensor;
+    if (T === 1 && cache) [qg, kT, v] = decodeHeads(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd));
+    else {
+      const [qk, vFlat] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1); // [N, (nH+nKv)·hd], [N, nKv·hd]
+      const [qr, k] = tf.split(rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)
+      const q = perm(tf.mul(qr, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)
+      kT = perm(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
+      v = perm(tf.reshape(vFlat, [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
+      qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
+    }
     if (cache && cache.length) {
       kT = tf.concat([cache.k[l], kT], 3); // (B, nKv, hd, S)
       v = tf.concat([cache.v[l], v], 2); // (B, nKv, S, hd)
     }
-    // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows.
-    const qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
     const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
     const probs = tf.reshape<tf.Rank.R3>(tf.softmax(scores), [B * nKv, g * T, S]);
-    const att = tf.reshape<tf.Rank.R2>(perm(tf.reshape(bmm(probs, tf.reshape(v, [B * nKv, S, hd])), [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
+    const ctxv = bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
+    const att = tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
     x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
     const n = this.rmsNorm(x, lw.postNorm);
     const act = swiglu(this.proj(l, "gate_up_proj", n, opts)); // silu(gate)·up, [N, I]
