@@ -3,6 +3,7 @@
  *  (import another workload file here to register it). */
 import { Command } from "commander";
 import { BACKEND_NAMES, initBackend } from "../src/backend.ts";
+import { runMain, UsageError } from "../src/cli.ts";
 import { benchContext, BENCH_CONFIGS, kernelCounts, profileTop, WORKLOADS } from "../src/model/bench.ts";
 import type { Quantize } from "../src/model/types.ts";
 import { threadsOption } from "../src/run/options.ts";
@@ -21,23 +22,26 @@ const opts = new Command()
   .parse()
   .opts<typeof defaults & { threads: ThreadsSpec; repeat?: string }>();
 
-const configs = opts.config === "all" ? Object.keys(BENCH_CONFIGS) : opts.config.split(",");
-const names = opts.workloads.split(",").map((s) => s.trim());
-if (opts.repeat !== undefined && !/^[1-9][0-9]*$/.test(opts.repeat)) throw new Error(`--repeat must be a whole number ≥ 1, got "${opts.repeat}"`);
-for (const n of names) if (!WORKLOADS.some((w) => w.name === n)) throw new Error(`unknown workload "${n}"; accepted: ${WORKLOADS.map((w) => w.name).join(", ")}`);
-await initBackend(opts.backend, { threads: opts.threads });
-for (const c of configs) {
-  const ctx = benchContext(c, opts.quantize as Quantize, opts.repeat ? Number(opts.repeat) : c === "small" ? 5 : 1);
-  if (opts.profile) {
-    const k = await kernelCounts(ctx);
-    process.stderr.write(`${c}: ${k.decodeStep} kernels per decode step (${k.decodeTop}), ${k.decodeStepLora} with LoRA, ${k.trainStep} per training step (${k.trainTop})\n`);
-  }
-  for (const w of WORKLOADS.filter((x) => names.includes(x.name))) {
+await runMain(async () => {
+  const configs = opts.config === "all" ? Object.keys(BENCH_CONFIGS) : opts.config.split(",");
+  const names = opts.workloads.split(",").map((s) => s.trim());
+  if (opts.repeat !== undefined && !/^[1-9][0-9]*$/.test(opts.repeat)) throw new UsageError(`--repeat must be a whole number ≥ 1, got "${opts.repeat}"`);
+  for (const c of configs) if (!BENCH_CONFIGS[c]) throw new UsageError(`unknown bench config "${c}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}, all`);
+  for (const n of names) if (!WORKLOADS.some((w) => w.name === n)) throw new UsageError(`unknown workload "${n}"; accepted: ${WORKLOADS.map((w) => w.name).join(", ")}`);
+  await initBackend(opts.backend, { threads: opts.threads });
+  for (const c of configs) {
+    const ctx = benchContext(c, opts.quantize as Quantize, opts.repeat ? Number(opts.repeat) : c === "small" ? 5 : 1);
     if (opts.profile) {
-      const { value, kernels } = await profileTop(() => w.run(ctx));
-      process.stderr.write(`${c} ${w.name}: slowest kernels\n  ${kernels.join("\n  ")}\n`);
-      for (const m of value) console.log(JSON.stringify({ ...m, note: "profiled run (slower)" }));
-    } else for (const m of await w.run(ctx)) console.log(JSON.stringify(m));
+      const k = await kernelCounts(ctx);
+      process.stderr.write(`${c}: ${k.decodeStep} kernels per decode step (${k.decodeTop}), ${k.decodeStepLora} with LoRA, ${k.trainStep} per training step (${k.trainTop})\n`);
+    }
+    for (const w of WORKLOADS.filter((x) => names.includes(x.name))) {
+      if (opts.profile) {
+        const { value, kernels } = await profileTop(() => w.run(ctx));
+        process.stderr.write(`${c} ${w.name}: slowest kernels\n  ${kernels.join("\n  ")}\n`);
+        for (const m of value) console.log(JSON.stringify({ ...m, note: "profiled run (slower)" }));
+      } else for (const m of await w.run(ctx)) console.log(JSON.stringify(m));
+    }
+    ctx.dispose();
   }
-  ctx.dispose();
-}
+});

@@ -79,6 +79,23 @@ describe.each([
   });
 });
 
+describe("npm run bench", () => {
+  it("answers an unknown workload or config with one error line and exit 2, before starting a backend", async () => {
+    for (const [args, message] of [
+      [["--workloads", "forward,prefill"], /^error: unknown workload "prefill"; accepted: forward, fwd_bwd, decode$/],
+      [["--config", "7b"], /^error: unknown bench config "7b"; accepted: small, 0\.5b, all$/],
+      [["--repeat", "0"], /^error: --repeat must be a whole number ≥ 1, got "0"$/],
+    ] as const) {
+      const r = await run("bench.ts", [...args]);
+      expect(r.code, r.stderr).toBe(2);
+      expect(errorLines(r.stderr), r.stderr).toHaveLength(1);
+      expect(errorLines(r.stderr)[0]).toMatch(message);
+      expect(r.stderr).not.toMatch(/tfjs backend|\n\s+at /);
+      expect(r.stdout).toBe("");
+    }
+  });
+});
+
 describe("a folder that holds another run", () => {
   it("is refused without --overwrite or --resume and left as it was", async () => {
     for (const script of ["train-sft.ts", "train-gsm8k-agent.ts"]) {
