@@ -31,6 +31,11 @@ export interface BackendProfile {
    *  true = the device computes each row's normaliser and top candidates and the host reads those
    *  (a GPU: a read is a transfer and a sync, 19 MB of logits per step at B 32 × 152k). Same draws. */
   deviceSampling: boolean;
+  /** Bytes of one decoder layer's gradient tape (qwen2.ts layerTapeBytes) a training micro-batch may
+   *  hold; GRPO splits a micro-batch above it into smaller ones (same gradients). wasm and cpu:
+   *  1 GiB, so a 0.5B micro-batch stays inside wasm's 4 GiB heap beside the base (4 rollouts × 498
+   *  tokens, 0.98 GiB, trained; 8 ran out of heap). webgpu: no limit (the user's micro-batch). */
+  trainLayerBytes: number;
 }
 
 const CPU: BackendProfile = {
@@ -40,6 +45,7 @@ const CPU: BackendProfile = {
   exactIntGather: true,
   matMulForm: "flags",
   deviceSampling: false,
+  trainLayerBytes: 2 ** 30,
 };
 
 /** The profile of the current tfjs backend. */
@@ -54,5 +60,6 @@ export function backendProfile(): BackendProfile {
     exactIntGather: false,
     matMulForm: "batched",
     deviceSampling: true,
+    trainLayerBytes: Infinity,
   };
 }

@@ -309,6 +309,14 @@ export class Qwen2ForCausalLM implements CausalLM {
     return { logprobs: res.lp };
   }
 
+  /** Bytes of one layer's gradient tape (layerTapeBytes) a training micro-batch may hold; undefined:
+   *  the backend profile's trainLayerBytes. */
+  trainLayerBytes: number | undefined = undefined;
+
+  trainRowsFor(length: number): number {
+    return Math.max(1, Math.floor((this.trainLayerBytes ?? backendProfile().trainLayerBytes) / layerTapeBytes(this.config, 1, length)));
+  }
+
   /** Rows of a prefill are run in groups whose one-layer activations (layerTapeBytes) stay below
    *  this; rows are independent, so the result is the same bits as one pass. */
   prefillBytes = PREFILL_BYTES;

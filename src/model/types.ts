@@ -85,6 +85,10 @@ export interface CausalLM {
    *  (same outputs, faster decoding, f32 memory meanwhile). rolloutGroups calls it when present. */
   unpackBase?(): () => void;
 
+  /** Optional: the most rows of `length` tokens one training forward and backward should hold on the
+   *  current backend (its memory); GRPO splits larger micro-batches. Absent: no limit. */
+  trainRowsFor?(length: number): number;
+
   /** LoRA A/B variables when an adapter is attached (base frozen); every weight when trained in full. */
   trainableVariables(): tf.Variable[];
 

@@ -28,7 +28,7 @@ export const GRPO_FLAGS = {
   mask_truncated_completions: toggle("--mask_truncated_completions", "rollouts stopped by --max_new_tokens or --max_turns train nothing (DAPO's overlong filtering)", false),
   scale_rewards: flag("--scale_rewards <kind>", "group: divide advantages by the group's std; none: only centre them", parseChoice("scale_rewards", ["group", "none"] as const), "group" as "group" | "none"),
   reward_weights: flag("--reward_weights <spec>", "weights of the reward components, e.g. correctness=1,format=0.1,tool_use=0 (with --env: env=1)", undefined, "correctness=1,format=0.1"),
-  micro_batch_size: flag("--micro_batch_size <n>", "rollouts per forward/backward (memory knob; results do not change)", parseIntArg("micro_batch_size", 1), 8),
+  micro_batch_size: flag("--micro_batch_size <n>", "rollouts per forward/backward, at most (memory knob; results do not change). On wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 tokens)", parseIntArg("micro_batch_size", 1), 8),
   save_steps: flag("--save_steps <n>", "checkpoint every N steps (and always at the end)", parseIntArg("save_steps", 0), 25, { free: true }),
   save_total_limit: flag("--save_total_limit <n>", "keep only the newest N checkpoints", parseIntArg("save_total_limit", 1), 2, { free: true }),
   eval_samples: flag("--eval_samples <n>", "held-out questions evaluated greedily at the end (0: skip)", parseIntArg("eval_samples", 0), 0, { free: true }),

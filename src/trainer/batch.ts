@@ -35,8 +35,19 @@ export function chunks<T>(items: T[], size: number): T[][] {
   return out;
 }
 
-/** Micro-batches of at most `microBatchSize` sequences, each right-padded to its own longest row. */
-export function microBatches(seqs: number[][], lossMasks: number[][], padId: number, microBatchSize: number): PaddedBatch[] {
-  const idx = chunks(seqs.map((_, i) => i), microBatchSize);
+/** Indices of the sequences in each micro-batch: consecutive chunks of at most `microBatchSize`, a
+ *  chunk split again into equal parts when its longest sequence allows fewer rows (`maxRows`, the
+ *  rows of that length one forward and backward may hold; at least 1 whatever it says). */
+export function microBatchRows(lengths: number[], microBatchSize: number, maxRows?: (length: number) => number): number[][] {
+  return chunks(lengths.map((_, i) => i), microBatchSize).flatMap((rows) => {
+    const cap = maxRows ? Math.max(1, Math.floor(maxRows(Math.max(...rows.map((r) => lengths[r]))))) : rows.length;
+    return rows.length <= cap ? [rows] : chunks(rows, Math.ceil(rows.length / Math.ceil(rows.length / cap)));
+  });
+}
+
+/** Micro-batches of at most `microBatchSize` sequences (fewer where `maxRows` says so, see
+ *  microBatchRows), each right-padded to its own longest row. */
+export function microBatches(seqs: number[][], lossMasks: number[][], padId: number, microBatchSize: number, maxRows?: (length: number) => number): PaddedBatch[] {
+  const idx = microBatchRows(seqs.map((s) => s.length), microBatchSize, maxRows);
   return idx.map((rows) => rightPad(rows.map((r) => seqs[r]), rows.map((r) => lossMasks[r]), padId));
 }

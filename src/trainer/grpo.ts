@@ -8,7 +8,7 @@
  *  (advantages.ts) and sampling (rollout/). */
 import * as tf from "@tensorflow/tfjs";
 import type { CausalLM } from "../model/types.ts";
-import { chunks, microBatches, type PaddedBatch } from "./batch.ts";
+import { microBatches, microBatchRows, type PaddedBatch } from "./batch.ts";
 import { NonFiniteError } from "./errors.ts";
 import { accumulateGrads, stopGradient } from "./grads.ts";
 import type { AdamW } from "./optimizer.ts";
@@ -27,7 +27,7 @@ export interface GrpoConfig extends PolicyLossConfig {
   numIterations: number; // optimizer updates on this batch (TRL's num_iterations, μ)
   maxGradNorm: number; // ≤ 0 or Infinity: no clipping
   lr: number;
-  microBatchSize: number; // rollouts per forward/backward
+  microBatchSize: number; // rollouts per forward/backward (fewer where model.trainRowsFor says so)
   padTokenId?: number; // any valid id (padding is masked); default 0
   skipZeroAdvantage?: boolean; // default true
   maskTruncatedCompletions?: boolean; // truncated rollouts train nothing and count no tokens (DAPO's overlong filtering, as TRL)
@@ -70,8 +70,11 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
   const empty: GrpoStats = { ...noUpdateStats(batch.length), skipped: batch.length - kept.length, maskedTruncated };
   if (kept.length === 0 || norm.numTokens === 0) return empty; // no signal: no update, optimizer step not counted
 
-  const mbIdx = chunks(kept, cfg.microBatchSize);
-  const mbs: PaddedBatch[] = microBatches(kept.map((i) => batch[i].ids), kept.map((i) => masks[i]), padId, cfg.microBatchSize);
+  // Fewer rows per micro-batch where the backend's memory needs it (the losses are normalised over
+  // the whole batch, so how it is split changes no gradient).
+  const maxRows = model.trainRowsFor?.bind(model);
+  const mbIdx = microBatchRows(kept.map((i) => batch[i].ids.length), cfg.microBatchSize, maxRows).map((rows) => rows.map((r) => kept[r]));
+  const mbs: PaddedBatch[] = microBatches(kept.map((i) => batch[i].ids), kept.map((i) => masks[i]), padId, cfg.microBatchSize, maxRows);
   const advs = mbIdx.map((rows) => rows.map((i) => batch[i].advantage));
 
   // Fixed for all iterations: π_old (only needed when the policy moves between iterations) and π_ref.

@@ -154,4 +154,18 @@ describe("activation checkpointing (wasm)", () => {
     expect(m.config.numHiddenLayers * layerTapeBytes(m.config, 64, 2048)).toBeGreaterThan(AUTO_CHECKPOINT_BYTES);
     m.dispose();
   });
+
+  it("training rows per micro-batch: one layer's tape within the backend's budget (0.5B at 498 tokens: 4 rows)", async () => {
+    const m = await createModel(cfg, { seed: 1, lora });
+    const perRow = layerTapeBytes(m.config, 1, 300);
+    expect(m.trainRowsFor(300)).toBe(Math.floor(2 ** 30 / perRow)); // wasm and cpu: 1 GiB
+    m.trainLayerBytes = 3.5 * perRow;
+    expect(m.trainRowsFor(300)).toBe(3);
+    m.trainLayerBytes = perRow / 10;
+    expect(m.trainRowsFor(300)).toBe(1); // always at least one row
+    m.dispose();
+    const q05 = { ...cfg, vocabSize: 151936, hiddenSize: 896, intermediateSize: 4864, numHiddenLayers: 24, numAttentionHeads: 14, numKeyValueHeads: 2, headDim: 64 };
+    // 4 rollouts × 498 tokens trained inside the 4 GiB heap beside an NF4 base; 8 ran out of it
+    expect([256, 498, 800].map((T) => Math.floor(2 ** 30 / layerTapeBytes(q05, 1, T)))).toEqual([8, 4, 2]);
+  });
 });

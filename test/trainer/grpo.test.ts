@@ -102,6 +102,25 @@ describe("grpoStep on a stand-in model", () => {
     });
   }
 
+  it("splits micro-batches where the model's trainRowsFor allows fewer rows, with the same update", async () => {
+    const a = new BigramLM(V, init(), init()), b = new BigramLM(V, init(), init());
+    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }), ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
+    const rows: number[] = [];
+    const seen = b.tokenLogprobs.bind(b);
+    b.tokenLogprobs = (ids, mask, opts) => (rows.push(ids.length), seen(ids, mask, opts));
+    (b as BigramLM & { trainRowsFor(length: number): number }).trainRowsFor = (length) => (length >= 5 ? 2 : 8);
+    const c = { ...cfg, beta: 0.05, microBatchSize: 6 };
+    const rollouts = batch([[1, 0, 0.2], [0, 2, 1.5]]); // lengths 5, 4, 7, 2, 4, 3: one chunk of 6, longest 7
+    expect(rollouts.every((r) => r.advantage !== 0)).toBe(true); // none skipped
+    const sa = await grpoStep(a, oa, rollouts, c);
+    const sb = await grpoStep(b, ob, rollouts, c);
+    expect(rows).toEqual([2, 2, 2, 2, 2, 2]); // the reference pass, then the training pass, in 3 parts each
+    for (const k of ["loss", "gradNorm", "kl", "ratio", "entropy", "tokens"] as const) expect(sb[k]).toBeCloseTo(sa[k], 5);
+    const wa = a.delta.dataSync(), wb = b.delta.dataSync();
+    wa.forEach((x, i) => expect(wb[i]).toBeCloseTo(x, 5));
+    [oa, ob, a, b].forEach((x) => x.dispose());
+  });
+
   it("skips zero-advantage rollouts yet, with β = 0, equals the loss that keeps them", async () => {
     const a = new BigramLM(V, undefined, init()), b = new BigramLM(V, undefined, init());
     const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }), ob = new AdamW(b.trainableVariables(), { lr: 0.05 });

@@ -4,7 +4,7 @@ import { groupAdvantages, groupHasSignal } from "../../src/trainer/advantages.ts
 import { expectGradMatchesFd } from "./loss-fd.ts";
 import { aggregateLoss, perTokenLoss, policyLoss, readSums, statsFromSums, type PolicyLossConfig } from "../../src/trainer/policy-loss.ts";
 import { lrAt, lrLambda } from "../../src/trainer/schedule.ts";
-import { rightPad, microBatches } from "../../src/trainer/batch.ts";
+import { rightPad, microBatches, microBatchRows } from "../../src/trainer/batch.ts";
 
 beforeAll(async () => {
   await tf.setBackend("cpu");
@@ -193,5 +193,17 @@ describe("batch padding", () => {
     expect(microBatches([[1], [2, 3], [4]], [[1], [1, 1], [0]], 9, 2).map((m) => m.ids)).toEqual([[[1, 9], [2, 3]], [[4]]]);
     expect(() => rightPad([[1, 2]], [[1]], 0)).toThrow(/sequence 0 has 2 tokens but its loss mask has 1/);
     expect(() => rightPad([[1, 2]], [[1, 1]], 0, 1)).toThrow(/length 1 is shorter/);
+  });
+
+  it("splits a micro-batch into equal parts where its longest row allows fewer rows", () => {
+    const lengths = [3, 9, 4, 4, 2, 2, 2, 2, 5];
+    expect(microBatchRows(lengths, 4)).toEqual([[0, 1, 2, 3], [4, 5, 6, 7], [8]]);
+    // rows of ≥ 9 tokens: 3 at a time, so 4 rows go as 2 + 2 (not 3 + 1); shorter chunks stay whole
+    const cap = (len: number) => (len >= 9 ? 3 : len >= 5 ? 1 : 8);
+    expect(microBatchRows(lengths, 4, cap)).toEqual([[0, 1], [2, 3], [4, 5, 6, 7], [8]]);
+    expect(microBatchRows(lengths, 9, cap)).toEqual([[0, 1, 2], [3, 4, 5], [6, 7, 8]]);
+    expect(microBatchRows([7, 7, 7], 3, () => 0)).toEqual([[0], [1], [2]]); // at least one row
+    expect(microBatchRows([7, 7], 2, () => Infinity)).toEqual([[0, 1]]);
+    expect(microBatches([[1], [2, 3], [4]], [[1], [1, 1], [0]], 9, 3, (len) => (len > 1 ? 1 : 3)).map((m) => m.ids)).toEqual([[[1]], [[2, 3]], [[4]]]);
   });
 });
