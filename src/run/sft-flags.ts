@@ -10,7 +10,7 @@ export const SFT_FLAGS = {
   dataset: flag("--dataset <name|path>", "gsm8k (local HF cache or hub), synthetic, or a GSM8K-format .jsonl/.parquet path", undefined, "gsm8k"),
   max_samples: optional("--max_samples <n>", "use at most this many training examples (default: all; synthetic: 5000)", parseIntArg("max_samples", 1)),
   num_epochs: flag("--num_epochs <n>", "passes over the training conversations", parseIntArg("num_epochs", 1), 1),
-  batch_size: flag("--batch_size <n>", "conversations per micro-batch", parseIntArg("batch_size", 1), 8),
+  batch_size: flag("--batch_size <n>", "conversations per micro-batch (on wasm, fewer where one layer of it would hold over 1 GiB; results do not change)", parseIntArg("batch_size", 1), 8),
   gradient_accumulation_steps: flag("--gradient_accumulation_steps <n>", "micro-batches per optimizer step", parseIntArg("gradient_accumulation_steps", 1), 1),
   max_length: flag("--max_length <n>", "drop conversations longer than this many tokens (counted in the log)", parseIntArg("max_length", 8), 1024),
   inline_share: flag("--inline_share <p>", "share of calculator steps written as plain text with the result inline (as GSM8K's text reads) instead of a tool call", parseFloatArg("inline_share", 0, 1), 0),

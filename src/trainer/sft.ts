@@ -3,6 +3,7 @@
  *  label smoothing. */
 import * as tf from "@tensorflow/tfjs";
 import type { CausalLM } from "../model/types.ts";
+import { microBatchRows } from "./batch.ts";
 import { NonFiniteError } from "./errors.ts";
 import { accumulateGrads } from "./grads.ts";
 import type { AdamW } from "./optimizer.ts";
@@ -51,10 +52,22 @@ export function sftLoss(model: CausalLM, batch: SftBatch, opts: { tokenTotal?: n
   });
 }
 
+/** The batch's rows in parts of at most `maxRows(L)` rows (all of them when it allows that many). */
+export function splitRows(batch: SftBatch, maxRows?: (length: number) => number): SftBatch[] {
+  const B = batch.ids.length;
+  if (!maxRows || B === 0) return [batch];
+  const parts = microBatchRows(new Array<number>(B).fill(batch.ids[0].length), B, maxRows);
+  if (parts.length === 1) return [batch];
+  return parts.map((rows) => ({ ids: rows.map((r) => batch.ids[r]), attentionMask: rows.map((r) => batch.attentionMask[r]), lossMask: rows.map((r) => batch.lossMask[r]) }));
+}
+
 /** One optimizer step over micro-batches. Each micro-batch's loss is divided by the token count of
- *  all of them, so the summed gradients equal those of one big batch. NaN/Inf loss or gradient norm
- *  throws NonFiniteError before any weight changes. */
-export async function sftStep(model: CausalLM, optimizer: AdamW, microBatches: SftBatch[], cfg: SftStepConfig): Promise<SftStepResult> {
+ *  all of them, so the summed gradients equal those of one big batch; that also lets a micro-batch
+ *  with more rows than the model's trainRowsFor allows (the backend's memory) run in parts with the
+ *  same result. NaN/Inf loss or gradient norm throws NonFiniteError before any weight changes. */
+export async function sftStep(model: CausalLM, optimizer: AdamW, batches: SftBatch[], cfg: SftStepConfig): Promise<SftStepResult> {
+  const maxRows = model.trainRowsFor?.bind(model);
+  const microBatches = batches.flatMap((b) => splitRows(b, maxRows));
   const counts = microBatches.map(countTokens);
   const tokens = counts.reduce((a, b) => a + b, 0);
   if (tokens === 0) throw new Error(`SFT step got ${microBatches.length} micro-batches with no token under lossMask 1; nothing to learn from`);

@@ -32,6 +32,10 @@ const HEADS: Record<string, string> = {
 
 /** Entries whose text changed on purpose: old flag → the whole new entry, whitespace collapsed. */
 const CHANGED: Record<string, Record<string, string>> = {
+  "train-sft": {
+    // Micro-batches split by memory on wasm.
+    "--batch_size <n>": "--batch_size <n> conversations per micro-batch (on wasm, fewer where one layer of it would hold over 1 GiB; results do not change) (default: 8)",
+  },
   eval: {
     "--dataset <name>": '--dataset <name> gsm8k, synthetic, a GSM8K .jsonl/.parquet path or folder, or a task .jsonl ({id, query, answer, scorer?, answer_schema?}) (default: "gsm8k")',
   },

@@ -80,6 +80,28 @@ describe("sftStep", () => {
     [oa, ob, a, b].forEach((x) => x.dispose());
   });
 
+  it("runs a micro-batch in parts where the model's trainRowsFor allows fewer rows, with the same update", async () => {
+    const init = Array.from({ length: V }, (_, i) => Array.from({ length: V }, (_, j) => Math.cos(i * 3 + j * 5)));
+    const a = new BigramLM(V, undefined, init), b = new BigramLM(V, undefined, init);
+    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }), ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
+    const rows: number[] = [];
+    const seen = b.tokenLogprobs.bind(b);
+    b.tokenLogprobs = (ids, mask, opts) => (rows.push(ids.length), seen(ids, mask, opts));
+    (b as BigramLM & { trainRowsFor(length: number): number }).trainRowsFor = (length) => (length >= 5 ? 2 : 8);
+    const short = rightPad([[1, 2], [3, 4]], [[0, 1], [0, 1]], 0); // length 2: stays whole
+    for (let i = 0; i < 2; i++) {
+      const ra = await sftStep(a, oa, [full(), short], { maxGradNorm: 0.5, lr: 0.05 });
+      const rb = await sftStep(b, ob, [full(), short], { maxGradNorm: 0.5, lr: 0.05 });
+      expect(rb.tokens).toBe(ra.tokens);
+      expect(rb.loss).toBeCloseTo(ra.loss, 5);
+      expect(rb.gradNorm).toBeCloseTo(ra.gradNorm, 5);
+    }
+    expect(rows).toEqual([2, 1, 2, 2, 1, 2]); // full() (3 rows of 5 tokens) as 2 + 1, then short whole
+    const wa = a.delta.dataSync(), wb = b.delta.dataSync();
+    wa.forEach((x, i) => expect(wb[i]).toBeCloseTo(x, 5));
+    [oa, ob, a, b].forEach((x) => x.dispose());
+  });
+
   it("throws NonFiniteError on a NaN loss and leaves the weights alone", async () => {
     const d = Array.from({ length: V }, () => new Array(V).fill(0));
     d[1][2] = NaN;
