@@ -11,6 +11,7 @@ import "@tensorflow/tfjs-backend-wasm";
 import { UsageError } from "./cli.ts";
 import { registerWebgpu } from "./backend-webgpu.ts";
 import { registerWasmConcat } from "./model/wasm-concat.ts";
+import { registerWasmGather } from "./model/wasm-gather.ts";
 import { registerWasmGemm } from "./model/wasm-gemm.ts";
 import { resolveThreads, startWasm, wasmThreads, type ThreadsSpec } from "./wasm-threads.ts";
 
@@ -99,6 +100,7 @@ export function registerWasmExtras(): void {
   registerSharedIdentity();
   registerWasmGemm();
   registerWasmConcat();
+  registerWasmGather();
   if (tf.getKernel("UnsortedSegmentSum", "wasm")) return;
   tf.registerKernel({
     kernelName: "UnsortedSegmentSum",
