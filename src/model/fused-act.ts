@@ -165,14 +165,12 @@ export function rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Ten
 /** One position per row (a decode step; no gradient): the fused projection qkv [B, (nH + 2·nKv)·hd]
  *  split into heads, q and k rotated by cos, sin [B, 1, 1, hd] and q scaled, in the layouts attention
  *  reads: q [B·nKv, g, hd] (the g = nH/nKv query heads of a kv head as rows), kᵀ [B, nKv, hd, 1],
- *  v [B, nKv, 1, hd]. One kernel on wasm/cpu (the op path is ten: two SplitV, RoPE, the scale and six
- *  reshapes) with the same values bit for bit; the ops elsewhere. */
-export function decodeHeads(qkv: tf.Tensor2D, cos: tf.Tensor4D, sin: tf.Tensor4D, nH: number, nKv: number, hd: number, scale: number): [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D] {
-  const B = qkv.shape[0];
-  if (kernels(qkv)) return tf.engine().runKernel(DECODE_HEADS, { qkv, cos, sin }, { nH, nKv, hd, scale }) as unknown as [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D];
-  const [qk, v] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1);
-  const [q, k] = tf.split(rope(tf.reshape(qk, [B, 1, nH + nKv, hd]), cos, sin), [nH, nKv], 2);
-  return [tf.reshape(tf.mul(q, scale), [B * nKv, nH / nKv, hd]), tf.reshape(k, [B, nKv, hd, 1]), tf.reshape(v, [B, nKv, 1, hd])];
+ *  v [B, nKv, 1, hd]. One kernel on wasm/cpu, where the layer's op path is ten (two SplitV, RoPE,
+ *  the scale and six reshapes), with the same values bit for bit; null elsewhere (the layer then
+ *  takes its op path). */
+export function decodeHeads(qkv: tf.Tensor2D, cos: tf.Tensor4D, sin: tf.Tensor4D, nH: number, nKv: number, hd: number, scale: number): [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D] | null {
+  if (!kernels(qkv)) return null;
+  return tf.engine().runKernel(DECODE_HEADS, { qkv, cos, sin }, { nH, nKv, hd, scale }) as unknown as [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D];
 }
 
 /** silu(gate)·up for gu [N, 2I] holding gate and up side by side (the fused gate_up projection). */

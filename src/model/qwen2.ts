@@ -231,7 +231,8 @@ export class Qwen2ForCausalLM implements CausalLM {
     const qkv = this.proj(l, "qkv_proj", h, opts); // [N, (nH + 2·nKv)·hd]
     // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows, qg.
     let qg: tf.Tensor3D, kT: tf.Tensor, v: tf.Tensor;
-    if (T === 1 && cache) [qg, kT, v] = decodeHeads(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd));
+    const heads = T === 1 && cache ? decodeHeads(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd)) : null;
+    if (heads) [qg, kT, v] = heads;
     else {
       const [qk, vFlat] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1); // [N, (nH+nKv)·hd], [N, nKv·hd]
       const [qr, k] = tf.split(rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)

@@ -9,23 +9,17 @@ import * as tf from "@tensorflow/tfjs";
 /** Slice lengths (elements) from which a slice is copied with copyWithin instead of element by element. */
 const ROW_COPY = 16;
 
-/** out[o, n, :] = x[o, ids[n], :] for x [outer, dim, inner] and out [outer, ids.length, inner] as
- *  int32 views of the same heap (or of any arrays): the bits of float32 values are moved unchanged. */
-export function gatherInto(out: Int32Array, outOff: number, heap: Int32Array, xOff: number, ids: Int32Array, outer: number, dim: number, inner: number): void {
+/** out[o, n, :] = x[o, ids[n], :] for x [outer, dim, inner] at xOff and out [outer, ids.length, inner]
+ *  at outOff, both in `heap` (int32 view: the bits of float32 values are moved unchanged). */
+export function gatherInto(heap: Int32Array, outOff: number, xOff: number, ids: Int32Array, outer: number, dim: number, inner: number): void {
   const N = ids.length;
   for (let o = 0; o < outer; o++) {
     const src = xOff + o * dim * inner;
     let dst = outOff + o * N * inner;
-    if (inner >= ROW_COPY) {
-      for (let n = 0; n < N; n++, dst += inner) {
-        const s = src + ids[n] * inner;
-        out.copyWithin(dst, s, s + inner);
-      }
-    } else {
-      for (let n = 0; n < N; n++) {
-        const s = src + ids[n] * inner;
-        for (let j = 0; j < inner; j++) out[dst++] = heap[s + j];
-      }
+    for (let n = 0; n < N; n++) {
+      const s = src + ids[n] * inner;
+      if (inner >= ROW_COPY) heap.copyWithin(dst, s, s + inner), (dst += inner);
+      else for (let j = 0; j < inner; j++) heap[dst++] = heap[s + j];
     }
   }
 }
@@ -52,7 +46,7 @@ export function registerWasmGather(): void {
       const backend = args.backend as any;
       const ax = tf.util.parseAxisParam(axis, x.shape)[0];
       const dim = x.shape[ax];
-      const ids = (backend.readSync(indices.dataId) as Int32Array).slice(); // a copy: the heap may move below
+      const ids = backend.readSync(indices.dataId) as Int32Array; // a copy off the heap, which may move below
       for (const i of ids) tf.util.assert(i <= dim - 1 && i >= 0, () => `GatherV2: the index value ${i} is not in [0, ${dim - 1}]`);
       const outer = x.shape.slice(0, ax).reduce((p, d) => p * d, 1);
       const inner = x.shape.slice(ax + 1).reduce((p, d) => p * d, 1);
@@ -60,7 +54,7 @@ export function registerWasmGather(): void {
       if (outer * ids.length * inner === 0) return out;
       const heap = new Int32Array(backend.wasm.HEAPU8.buffer);
       const at = (t: tf.TensorInfo) => (backend.dataIdMap.get(t.dataId).memoryOffset as number) / 4;
-      gatherInto(heap, at(out), heap, at(x), ids, outer, dim, inner);
+      gatherInto(heap, at(out), at(x), ids, outer, dim, inner);
       return out;
     },
   });

@@ -44,10 +44,3 @@ export function microBatchRows(lengths: number[], microBatchSize: number, maxRow
     return rows.length <= cap ? [rows] : chunks(rows, Math.ceil(rows.length / Math.ceil(rows.length / cap)));
   });
 }
-
-/** Micro-batches of at most `microBatchSize` sequences (fewer where `maxRows` says so, see
- *  microBatchRows), each right-padded to its own longest row. */
-export function microBatches(seqs: number[][], lossMasks: number[][], padId: number, microBatchSize: number, maxRows?: (length: number) => number): PaddedBatch[] {
-  const idx = microBatchRows(seqs.map((s) => s.length), microBatchSize, maxRows);
-  return idx.map((rows) => rightPad(rows.map((r) => seqs[r]), rows.map((r) => lossMasks[r]), padId));
-}

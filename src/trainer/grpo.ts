@@ -8,7 +8,7 @@
  *  (advantages.ts) and sampling (rollout/). */
 import * as tf from "@tensorflow/tfjs";
 import type { CausalLM } from "../model/types.ts";
-import { microBatches, microBatchRows, type PaddedBatch } from "./batch.ts";
+import { microBatchRows, rightPad, type PaddedBatch } from "./batch.ts";
 import { NonFiniteError } from "./errors.ts";
 import { accumulateGrads, stopGradient } from "./grads.ts";
 import type { AdamW } from "./optimizer.ts";
@@ -72,9 +72,8 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
 
   // Fewer rows per micro-batch where the backend's memory needs it (the losses are normalised over
   // the whole batch, so how it is split changes no gradient).
-  const maxRows = model.trainRowsFor?.bind(model);
-  const mbIdx = microBatchRows(kept.map((i) => batch[i].ids.length), cfg.microBatchSize, maxRows).map((rows) => rows.map((r) => kept[r]));
-  const mbs: PaddedBatch[] = microBatches(kept.map((i) => batch[i].ids), kept.map((i) => masks[i]), padId, cfg.microBatchSize, maxRows);
+  const mbIdx = microBatchRows(kept.map((i) => batch[i].ids.length), cfg.microBatchSize, model.trainRowsFor?.bind(model)).map((rows) => rows.map((r) => kept[r]));
+  const mbs: PaddedBatch[] = mbIdx.map((rows) => rightPad(rows.map((i) => batch[i].ids), rows.map((i) => masks[i]), padId));
   const advs = mbIdx.map((rows) => rows.map((i) => batch[i].advantage));
 
   // Fixed for all iterations: π_old (only needed when the policy moves between iterations) and π_ref.

@@ -66,7 +66,7 @@ describe("RoPE and SwiGLU kernels", () => {
     const qkvs = randn(rows * width, 9, 3), tab = ropeTables([5, 17, 300], invFreq);
     const run = (viaOps: boolean) => tf.tidy(() => {
       const qkv = tf.tensor2d(qkvs, [rows, width]), cos = tf.tensor4d(tab.cos, [rows, 1, 1, hd]), sin = tf.tensor4d(tab.sin, [rows, 1, 1, hd]);
-      if (!viaOps) return decodeHeads(qkv, cos, sin, nH, nKv, hd, scale).map((t) => ({ shape: t.shape, data: t.dataSync().slice() }));
+      if (!viaOps) return decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)!.map((t) => ({ shape: t.shape, data: t.dataSync().slice() }));
       // The layer's op path at T = 1 (its RoPE kernel): split, rope, split, scale, the attention layouts.
       const [qk, v] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1);
       const [q, k] = tf.split(rope(tf.reshape(qk, [rows, 1, nH + nKv, hd]), cos, sin), [nH, nKv], 2);
@@ -85,7 +85,7 @@ describe("RoPE and SwiGLU kernels", () => {
         expect(Array.from(g.data), `${backend} output ${i}`).toEqual(Array.from(ref[i].data));
       });
       const qkv = tf.tensor2d(qkvs, [rows, width]), cos = tf.tensor4d(tab.cos, [rows, 1, 1, hd]), sin = tf.tensor4d(tab.sin, [rows, 1, 1, hd]);
-      const prof = await tf.profile(() => { tf.dispose(decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)); });
+      const prof = await tf.profile(() => { tf.dispose(decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)!); });
       expect(prof.kernels.map((k) => k.name), backend).toEqual(["MarlDecodeHeads"]);
       tf.dispose([qkv, cos, sin]);
       expect(tf.memory().numTensors, backend).toBe(before);

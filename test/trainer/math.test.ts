@@ -4,7 +4,7 @@ import { groupAdvantages, groupHasSignal } from "../../src/trainer/advantages.ts
 import { expectGradMatchesFd } from "./loss-fd.ts";
 import { aggregateLoss, perTokenLoss, policyLoss, readSums, statsFromSums, type PolicyLossConfig } from "../../src/trainer/policy-loss.ts";
 import { lrAt, lrLambda } from "../../src/trainer/schedule.ts";
-import { rightPad, microBatches, microBatchRows } from "../../src/trainer/batch.ts";
+import { rightPad, microBatchRows } from "../../src/trainer/batch.ts";
 
 beforeAll(async () => {
   await tf.setBackend("cpu");
@@ -190,7 +190,10 @@ describe("batch padding", () => {
   it("right-pads ids and masks", () => {
     const b = rightPad([[5, 6, 7], [8]], [[0, 1, 1], [1]], 0);
     expect(b).toEqual({ ids: [[5, 6, 7], [8, 0, 0]], attentionMask: [[1, 1, 1], [1, 0, 0]], lossMask: [[0, 1, 1], [1, 0, 0]] });
-    expect(microBatches([[1], [2, 3], [4]], [[1], [1, 1], [0]], 9, 2).map((m) => m.ids)).toEqual([[[1, 9], [2, 3]], [[4]]]);
+    // micro-batches as GRPO forms them: index groups, each right-padded to its own longest row
+    const seqs = [[1], [2, 3], [4]], masks = [[1], [1, 1], [0]];
+    const padded = (groups: number[][]) => groups.map((g) => rightPad(g.map((r) => seqs[r]), g.map((r) => masks[r]), 9).ids);
+    expect(padded(microBatchRows(seqs.map((q) => q.length), 2))).toEqual([[[1, 9], [2, 3]], [[4]]]);
     expect(() => rightPad([[1, 2]], [[1]], 0)).toThrow(/sequence 0 has 2 tokens but its loss mask has 1/);
     expect(() => rightPad([[1, 2]], [[1, 1]], 0, 1)).toThrow(/length 1 is shorter/);
   });
@@ -204,6 +207,8 @@ describe("batch padding", () => {
     expect(microBatchRows(lengths, 9, cap)).toEqual([[0, 1, 2], [3, 4, 5], [6, 7, 8]]);
     expect(microBatchRows([7, 7, 7], 3, () => 0)).toEqual([[0], [1], [2]]); // at least one row
     expect(microBatchRows([7, 7], 2, () => Infinity)).toEqual([[0, 1]]);
-    expect(microBatches([[1], [2, 3], [4]], [[1], [1, 1], [0]], 9, 3, (len) => (len > 1 ? 1 : 3)).map((m) => m.ids)).toEqual([[[1]], [[2, 3]], [[4]]]);
+    const seqs = [[1], [2, 3], [4]], masks = [[1], [1, 1], [0]];
+    const groups = microBatchRows(seqs.map((q) => q.length), 3, (len) => (len > 1 ? 1 : 3));
+    expect(groups.map((g) => rightPad(g.map((r) => seqs[r]), g.map((r) => masks[r]), 9).ids)).toEqual([[[1]], [[2, 3]], [[4]]]);
   });
 });
