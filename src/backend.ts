@@ -12,7 +12,7 @@ import { UsageError } from "./cli.ts";
 import { registerWebgpu } from "./backend-webgpu.ts";
 import { registerWasmConcat } from "./model/wasm-concat.ts";
 import { registerWasmGather } from "./model/wasm-gather.ts";
-import { registerWasmGemm } from "./model/wasm-gemm.ts";
+import { heapKernels, registerWasmGemm } from "./model/wasm-gemm.ts";
 import { resolveThreads, startWasm, wasmThreads, type ThreadsSpec } from "./wasm-threads.ts";
 
 export type BackendName = "tensorflow" | "webgpu" | "wasm" | "cpu" | "auto";
@@ -221,22 +221,32 @@ function sliceView(backend: unknown, x: tf.TensorInfo, b0: number[], s0: number[
   }
   const xv = be.typedArrayFromHeap(x) as Float32Array;
   const ov = be.typedArrayFromHeap(out) as Float32Array;
-  const strides = tf.util.computeStrides(x.shape);
+  const strides = [...tf.util.computeStrides(x.shape), 1];
   if (tf.slice_util.isSliceContinous(x.shape, b0, s0)) {
     // one block (e.g. rows off the leading axis): a single copy
     const off = tf.slice_util.computeFlatOffset(b0, strides);
     ov.set(xv.subarray(off, off + ov.length));
     return out;
   }
-  // copy runs along the last axis, looping over all leading indices
-  const inner = s0[rank - 1];
-  const lead = s0.slice(0, rank - 1), idx = new Array(rank - 1).fill(0);
+  // Axes after the last partial one (a) are whole, so each run over axes a.. is contiguous.
+  let a = rank - 1;
+  while (a > 0 && s0[a] === x.shape[a]) a--;
+  const run = s0.slice(a).reduce((p, d) => p * d, 1);
+  if (a > 0 && x.dtype !== "complex64" && s0.slice(0, a).every((d, i) => d === x.shape[i])) {
+    // whole leading axes (a split's pieces, RoPE's halves): rows of `run` at one stride, one strided
+    // memory.copy in the heap module instead of a typed-array view and a set() per row
+    const e = tf.util.bytesPerElement(x.dtype), offset = (t: tf.TensorInfo) => be.dataIdMap.get(t.dataId).memoryOffset as number;
+    heapKernels(be).copyRows(offset(out), e * run, offset(x) + e * b0[a] * strides[a], e * strides[a - 1], e * run, ov.length / run);
+    return out;
+  }
+  // runs over axes a.., looping over the leading indices
+  const lead = s0.slice(0, a), idx = new Array(a).fill(0);
   const rows = lead.reduce((p, d) => p * d, 1);
-  for (let r = 0, o = 0; r < rows; r++, o += inner) {
-    let off = b0[rank - 1];
-    for (let d = 0; d < rank - 1; d++) off += (b0[d] + idx[d]) * strides[d];
-    ov.set(xv.subarray(off, off + inner), o);
-    for (let d = rank - 2; d >= 0; d--) {
+  for (let r = 0, o = 0; r < rows; r++, o += run) {
+    let off = b0[a] * strides[a];
+    for (let d = 0; d < a; d++) off += (b0[d] + idx[d]) * strides[d];
+    ov.set(xv.subarray(off, off + run), o);
+    for (let d = a - 1; d >= 0; d--) {
       if (++idx[d] < lead[d]) break;
       idx[d] = 0;
     }

@@ -41,6 +41,9 @@ describe("wasm kernels from src/backend.ts", () => {
       [[2, 3, 4, 6], [0, 1, 1, 3], [2, 2, 3, 3]],
       [[2, 2, 3, 2, 4], [1, 0, 1, 1, 1], [1, 2, 2, 1, 2]],
       [[4, 5], [0, 0], [4, 5]],
+      [[3, 4, 5], [0, 0, 2], [3, 4, 3]], // whole leading axes: one strided copy
+      [[2, 6, 4], [0, 2, 0], [2, 3, 4]], // partial middle axis, whole inner runs
+      [[2, 3, 4, 2], [0, 0, 1, 0], [2, 3, 2, 2]],
     ];
     for (const [shape, begin, size] of cases) {
       const n = shape.reduce((p, d) => p * d, 1);
@@ -52,7 +55,10 @@ describe("wasm kernels from src/backend.ts", () => {
       const xi = tf.tensor(data.map((v) => Math.round(v * 2)), shape, "int32");
       const yi = tf.slice(xi, begin, size);
       expect(Array.from(await yi.data())).toEqual(hostSlice(data.map((v) => Math.round(v * 2)), shape, begin, size));
-      tf.dispose([x, y, xi, yi]);
+      const xb = tf.tensor(data.map((v) => v > 0), shape, "bool");
+      const yb = tf.slice(xb, begin, size);
+      expect(Array.from(await yb.data())).toEqual(hostSlice(data.map((v) => (v > 0 ? 1 : 0)), shape, begin, size));
+      tf.dispose([x, y, xi, yi, xb, yb]);
     }
   });
 
