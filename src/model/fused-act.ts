@@ -3,9 +3,14 @@
  *  kernels (SplitV, Concat, two Multiply, Add) and SwiGLU four (SplitV, Sigmoid, two Multiply); a
  *  small model's decode step launched 36 of its ~200 kernels for them, each costing more to launch
  *  than its few thousand elements take. Large inputs (prefill, training) and other backends keep the
- *  op path, whose SIMD kernels win there; results agree with it to float32 rounding. */
+ *  op path, whose SIMD kernels win there; results agree with it to float32 rounding. The exception is
+ *  SwiGLU on wasm: there the heap module's vector kernel (wasm-gemm-code.ts) runs at every size, split
+ *  over the helper threads by rows, in place of the op path's SplitV, Sigmoid, two Multiply and a
+ *  backward of seven kernels (a small training step's 32 Multiply, 4 Sigmoid, 4 SplitV and 4 Concat
+ *  of [2048, 688] became 8 kernel calls). */
 import * as tf from "@tensorflow/tfjs";
 import { CPU_IO } from "./dequant-kernel.ts";
+import { heapSwiglu } from "./wasm-gemm.ts";
 import type { CustomGradFn } from "./weight.ts";
 
 /** Elements up to which the JS kernels run (a decode step's rows; prefill and training use ops). */
@@ -72,6 +77,12 @@ export function swigluGradInto(dgu: Float32Array, gu: Float32Array, dy: Float32A
   }
 }
 
+/** wasm runs SwiGLU on the heap module's vector kernel (any size, rows split over the helper threads)
+ *  where I is a multiple of 4; the JS loop covers the rest. */
+const heapKernel = (backendName: string, I: number) => backendName === "wasm" && I % 4 === 0;
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+const offset = (backend: any, t: tf.TensorInfo) => backend.dataIdMap.get(t.dataId).memoryOffset as number;
+
 const DECODE_HEADS = "MarlDecodeHeads", ROPE = "MarlRope", SWIGLU = "MarlSwiglu", SWIGLU_GRAD = "MarlSwigluGrad";
 
 let registered = false;
@@ -109,7 +120,8 @@ function register(): void {
       kernelFunc: ({ inputs, backend }) => {
         const { gu } = inputs as { gu: tf.TensorInfo };
         const I = gu.shape[1] / 2, y = io.output(backend, [gu.shape[0], I]);
-        swigluInto(io.view(backend, y), io.view(backend, gu), I);
+        if (heapKernel(backendName, I)) heapSwiglu(backend, offset(backend, gu), null, offset(backend, y), gu.shape[0], I);
+        else swigluInto(io.view(backend, y), io.view(backend, gu), I);
         return y;
       },
     });
@@ -118,8 +130,9 @@ function register(): void {
       backendName,
       kernelFunc: ({ inputs, backend }) => {
         const { gu, dy } = inputs as { gu: tf.TensorInfo; dy: tf.TensorInfo };
-        const dgu = io.output(backend, gu.shape);
-        swigluGradInto(io.view(backend, dgu), io.view(backend, gu), io.view(backend, dy), gu.shape[1] / 2);
+        const dgu = io.output(backend, gu.shape), I = gu.shape[1] / 2;
+        if (heapKernel(backendName, I)) heapSwiglu(backend, offset(backend, gu), offset(backend, dy), offset(backend, dgu), gu.shape[0], I);
+        else swigluGradInto(io.view(backend, dgu), io.view(backend, gu), io.view(backend, dy), I);
         return dgu;
       },
     });
@@ -175,5 +188,6 @@ export function decodeHeads(qkv: tf.Tensor2D, cos: tf.Tensor4D, sin: tf.Tensor4D
 
 /** silu(gate)·up for gu [N, 2I] holding gate and up side by side (the fused gate_up projection). */
 export function swiglu(gu: tf.Tensor2D): tf.Tensor2D {
-  return kernels(gu) ? swigluKernel(gu) : swigluOps(gu);
+  const b = tf.getBackend();
+  return kernels(gu) || (gu.dtype === "float32" && heapKernel(b, gu.shape[1] / 2) && tf.getKernel(SWIGLU, b) !== undefined) ? swigluKernel(gu) : swigluOps(gu);
 }

@@ -16,7 +16,12 @@
  *    memory. `packT(b, dst, K, ldb, panels)`: the same from B stored transposed, [N, K] with row
  *    stride ldb.
  *  - `copyRows(dst, dstStride, src, srcStride, rowBytes, rows)`: rows of bytes between strided
- *    places (memory.copy per row), for the Concat kernel (wasm-concat.ts).
+ *    places (memory.copy per row), for the Concat and Slice kernels (wasm-concat.ts, backend.ts).
+ *  - `swiglu(gu, y, rows, I)`: y[r, j] = g / (1 + exp(−g)) · u for g = gu[r, j], u = gu[r, I + j]
+ *    (gu [rows, 2I], y [rows, I]; I a multiple of 4), four lanes at a time. exp is Cephes' expf
+ *    (a degree-5 polynomial on the reduced argument, within 2 ulp), its argument clamped to
+ *    [−87, 88] so that 2^n stays a normal float (silu's value moves by ~1e-37 at most for that).
+ *  - `swigluGrad(gu, dy, dgu, rows, I)`: d gate = dy·u·s·(1 + g·(1 − s)), d up = dy·g·s, s = 1 / (1 + exp(−g)).
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N. */
 
@@ -65,6 +70,9 @@ const op = {
   f32store: (off = 0) => [0x38, 2, ...uleb(off)],
   simd: (code: number) => [0xfd, ...uleb(code)],
 };
+/** A v128 constant of four equal float32 (or int32) lanes. */
+const f32x4 = (x: number) => [...op.simd(0x0c), ...[...new Uint8Array(new Float32Array([x, x, x, x]).buffer)]];
+const i32x4 = (x: number) => [...op.simd(0x0c), ...[...new Uint8Array(new Int32Array([x, x, x, x]).buffer)]];
 const v = {
   load: (off = 0) => [...op.simd(0x00), 2, ...uleb(off)],
   store: (off = 0) => [...op.simd(0x0b), 2, ...uleb(off)],
@@ -72,7 +80,32 @@ const v = {
   zero: [...op.simd(0x0c), ...new Array(16).fill(0)],
   fadd: op.simd(0xe4),
   fmul: op.simd(0xe6),
+  fsub: op.simd(0xe5),
+  fdiv: op.simd(0xe7),
+  fneg: op.simd(0xe1),
+  fmin: op.simd(0xe8),
+  fmax: op.simd(0xe9),
+  fnearest: op.simd(0x6a),
+  truncSatS: op.simd(0xf8), // i32x4.trunc_sat_f32x4_s
+  iadd: op.simd(0xae),
+  ishl: op.simd(0xab),
 };
+
+/** exp of the four lanes on the stack (Cephes expf), using v128 locals x and n as scratch. The
+ *  argument is clamped to [−87, 88]; NaN stays NaN. */
+function vexp(x: number, n: number): number[] {
+  const poly = [1.987569150e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1];
+  return [
+    ...f32x4(-87), ...v.fmax, ...f32x4(88), ...v.fmin, ...op.set(x),
+    ...op.get(x), ...f32x4(Math.LOG2E), ...v.fmul, ...v.fnearest, ...op.set(n),
+    // x − n·ln2 in two parts (0.693359375 is exact in few bits)
+    ...op.get(x), ...op.get(n), ...f32x4(0.693359375), ...v.fmul, ...v.fsub, ...op.get(n), ...f32x4(-2.12194440e-4), ...v.fmul, ...v.fsub, ...op.set(x),
+    ...f32x4(poly[0]), ...poly.slice(1).flatMap((c) => [...op.get(x), ...v.fmul, ...f32x4(c), ...v.fadd]),
+    ...op.get(x), ...v.fmul, ...op.get(x), ...v.fmul, ...op.get(x), ...v.fadd, ...f32x4(1), ...v.fadd,
+    // · 2^n, built in the exponent bits
+    ...op.get(n), ...v.truncSatS, ...i32x4(127), ...v.iadd, ...op.i32(23), ...v.ishl, ...v.fmul,
+  ];
+}
 
 /** for (x = from; x < limit; x += step) body — x, limit and step are locals or code. */
 function forLoop(x: number, from: number[], limit: number[], step: number[], body: number[]): number[] {
@@ -193,6 +226,45 @@ function copyRowsBody(): { locals: number[][]; code: number[] } {
   return { locals: [[1, I32]], code };
 }
 
+/** swiglu(gu, y, rows, I) and, with grad, swigluGrad(gu, dy, dgu, rows, I): row by row, four lanes
+ *  at a time. Pointers in bytes; I in floats. */
+function swigluBody(grad: boolean): { locals: number[][]; code: number[] } {
+  const gu = 0, dy = 1, out = grad ? 2 : 1, rows = grad ? 3 : 2, I = grad ? 4 : 3;
+  let n = I + 1;
+  const r = n++, j = n++, pg = n++, pd = n++, po = n++, half = n++;
+  const nI32 = n - I - 1;
+  const g = n++, u = n++, s = n++, x = n++, e = n++, d = n++;
+  const at = (p: number, extra: number[] = []) => [...op.get(p), ...op.get(j), ...op.add, ...extra];
+  const sigmoid = [...op.get(g), ...v.fneg, ...vexp(x, e), ...op.set(e)];
+  const body = grad
+    ? [
+        ...at(pg), ...v.load(), ...op.set(g), ...at(pg, [...op.get(half), ...op.add]), ...v.load(), ...op.set(u), ...at(pd), ...v.load(), ...op.set(d),
+        ...sigmoid, ...f32x4(1), ...f32x4(1), ...op.get(e), ...v.fadd, ...v.fdiv, ...op.set(s),
+        // d gate = d·u·s·(1 + g·(1 − s)), d up = d·g·s
+        ...at(po), ...op.get(d), ...op.get(u), ...v.fmul, ...op.get(s), ...v.fmul,
+        ...f32x4(1), ...op.get(g), ...f32x4(1), ...op.get(s), ...v.fsub, ...v.fmul, ...v.fadd, ...v.fmul, ...v.store(),
+        ...at(po, [...op.get(half), ...op.add]), ...op.get(d), ...op.get(g), ...v.fmul, ...op.get(s), ...v.fmul, ...v.store(),
+      ]
+    : [
+        ...at(pg), ...v.load(), ...op.set(g), ...at(pg, [...op.get(half), ...op.add]), ...v.load(), ...op.set(u),
+        ...sigmoid,
+        // g / (1 + e) · u
+        ...at(po), ...op.get(g), ...f32x4(1), ...op.get(e), ...v.fadd, ...v.fdiv, ...op.get(u), ...v.fmul, ...v.store(),
+      ];
+  // po/pd advance by a row of the output/dy (4I bytes, or 8I for dgu); pg by a row of gu (8I)
+  const code = [
+    ...op.get(I), ...op.i32(4), ...op.mul, ...op.set(half),
+    ...op.get(gu), ...op.set(pg), ...op.get(out), ...op.set(po), ...(grad ? [...op.get(dy), ...op.set(pd)] : []),
+    ...forLoop(r, op.i32(0), op.get(rows), op.i32(1), [
+      ...forLoop(j, op.i32(0), op.get(half), op.i32(16), body),
+      ...op.get(pg), ...op.get(half), ...op.get(half), ...op.add, ...op.add, ...op.set(pg),
+      ...op.get(po), ...op.get(half), ...(grad ? [...op.get(half), ...op.add] : []), ...op.add, ...op.set(po),
+      ...(grad ? [...op.get(pd), ...op.get(half), ...op.add, ...op.set(pd)] : []),
+    ]),
+  ];
+  return { locals: [[nI32, I32], [n - I - 1 - nI32, V128]], code };
+}
+
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
   mr: number;
@@ -205,16 +277,19 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const packSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
   const copySig = [0x60, ...vec(new Array(6).fill([I32])), 0];
   const limits = o.memory.shared ? [0x03, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)] : [0x01, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)];
-  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody()].map(({ locals, code }) => {
+  const swigluSig = [0x60, ...vec(new Array(4).fill([I32])), 0];
+  const swigluGradSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
+  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody(), swigluBody(false), swigluBody(true)].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
   });
-  const names = ["tile", "tile1", "pack", "packT", "copyRows"];
+  const names = ["tile", "tile1", "pack", "packT", "copyRows", "swiglu", "swigluGrad"];
+  const types: Record<string, number> = { tile: 0, tile1: 0, pack: 1, packT: 1, copyRows: 2, swiglu: 3, swigluGrad: 4 };
   return Uint8Array.from([
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vec([sig, packSig, copySig])),
+    ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig])),
     ...section(2, vec([[...str("env"), ...str("memory"), 0x02, ...limits]])),
-    ...section(3, vec(names.map((nm) => [nm.startsWith("pack") ? 1 : nm === "copyRows" ? 2 : 0]))),
+    ...section(3, vec(names.map((nm) => [types[nm]]))),
     ...section(7, vec(names.map((nm, idx) => [...str(nm), 0x00, idx]))),
     ...section(10, vec(bodies)),
   ]);

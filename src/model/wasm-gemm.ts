@@ -26,6 +26,8 @@ export interface Kernels {
   pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
   packT: Kernels["pack"];
   copyRows: (dst: number, dstStride: number, src: number, srcStride: number, rowBytes: number, rows: number) => void;
+  swiglu: (gu: number, y: number, rows: number, I: number) => void;
+  swigluGrad: (gu: number, dy: number, dgu: number, rows: number, I: number) => void;
 }
 
 // Node's WebAssembly, typed here (the project compiles without the DOM library).
@@ -70,8 +72,10 @@ function start(backend: WasmBackend): Engine {
 }
 
 /** The control block shared with the helpers (Int32 slots). */
-const SEQ = 0, DONE = 1, READY = 2, ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes
-const CTRL_SLOTS = ARGS + 9;
+const SEQ = 0, DONE = 1, READY = 2, ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job
+const CTRL_SLOTS = ARGS + 10;
+/** Jobs the helpers run: a product's columns, or rows of an element-wise kernel. */
+const JOB_GEMM = 0, JOB_SWIGLU = 1, JOB_SWIGLU_GRAD = 2;
 
 /** Columns [j0, j1) of one part of C = op(A) · op(B), parts of whole 8-column panels. Runs on every
  *  thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
@@ -107,6 +111,17 @@ function part(k: Kernels, a: number, b: number, c: number, M: number, K: number,
   }
 }
 
+/** Rows [r0, r1) of one part of an element-wise kernel over [rows, I] (a job of the helpers too, so
+ *  plain JS; the job numbers are JOB_SWIGLU = 1 and JOB_SWIGLU_GRAD = 2). a: gu [rows, 2I], b: dy
+ *  [rows, I], c: the output. */
+function rowsPart(k: Kernels, job: number, a: number, b: number, c: number, rows: number, I: number, index: number, parts: number): void {
+  if (index >= parts) return;
+  const r0 = Math.floor((rows * index) / parts), r1 = Math.floor((rows * (index + 1)) / parts);
+  if (r1 <= r0) return;
+  if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, r1 - r0, I);
+  else k.swigluGrad(a + 8 * I * r0, b + 4 * I * r0, c + 8 * I * r0, r1 - r0, I);
+}
+
 /** Bytes of one part's packing buffer for depth K (the nc × kc of part(): ≤ 512 KB, at least one panel). */
 const packBytes = (K: number) => Math.max(8, Math.floor(16384 / Math.min(K, 1024)) * 8) * Math.min(K, 1024) * 4;
 
@@ -116,13 +131,15 @@ const { memory, bytes, ctrl, index } = workerData;
 const k = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports;
 const c = new Int32Array(ctrl), u = new Uint32Array(ctrl);
 const part = ${part.toString()};
+const rowsPart = ${rowsPart.toString()};
 Atomics.add(c, ${READY}, 1);
 let seq = 0;
 for (;;) {
   Atomics.wait(c, ${SEQ}, seq);
   seq = Atomics.load(c, ${SEQ});
   const at = (i) => Atomics.load(u, ${ARGS} + i);
-  part(k, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8));
+  if (at(9) === ${JOB_GEMM}) part(k, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8));
+  else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6));
   Atomics.add(c, ${DONE}, 1);
   Atomics.notify(c, ${DONE});
 }`;
@@ -178,23 +195,44 @@ function scratchFor(e: Engine, bytes: number): number {
  *  B is [K, N] or, with t & 2, [N, K]. */
 function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
   const N8 = N - (N % NR), pool = e.pool;
-  const parts = pool && M * N * K >= PARALLEL_MACS && Atomics.load(pool.ctrl, READY) === pool.size ? Math.min(pool.size + 1, N8 / NR) : 1;
+  const parts = ready(pool) && M * N * K >= PARALLEL_MACS ? Math.min(pool.size + 1, N8 / NR) : 1;
   const scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
   if (parts > 1) {
     splitProducts++;
-    const { ctrl, args } = pool!;
-    [a, b, c, M, K, N, parts, scratch, t].forEach((x, i) => Atomics.store(args, ARGS + i, x));
-    Atomics.store(ctrl, DONE, 0);
-    Atomics.add(ctrl, SEQ, 1);
-    Atomics.notify(ctrl, SEQ);
-    part(e.k, a, b, c, M, K, N, 0, parts, scratch, t);
-    // Every helper answers, including those with no columns this time (index ≥ parts).
-    for (let d = Atomics.load(ctrl, DONE); d < pool!.size; d = Atomics.load(ctrl, DONE)) {
-      if (Atomics.load(ctrl, READY) < 0) throw new Error("wasm matmul: a helper thread failed");
-      Atomics.wait(ctrl, DONE, d, 1000);
-    }
+    fanOut(pool!, [a, b, c, M, K, N, parts, scratch, t, JOB_GEMM], () => part(e.k, a, b, c, M, K, N, 0, parts, scratch, t));
   } else if (N8 > 0) part(e.k, a, b, c, M, K, N, 0, 1, scratch, t);
   if (N8 < N) edgeColumns(e, a, b, c, M, K, N, t);
+}
+
+/** Hands a job (args: the ARGS slots) to every helper, runs part 0 here (own), and waits for all. */
+function fanOut(pool: Pool, args: number[], own: () => void): void {
+  const { ctrl, args: slots } = pool;
+  args.forEach((x, i) => Atomics.store(slots, ARGS + i, x));
+  Atomics.store(ctrl, DONE, 0);
+  Atomics.add(ctrl, SEQ, 1);
+  Atomics.notify(ctrl, SEQ);
+  own();
+  // Every helper answers, including those with no part this time (index ≥ parts).
+  for (let d = Atomics.load(ctrl, DONE); d < pool.size; d = Atomics.load(ctrl, DONE)) {
+    if (Atomics.load(ctrl, READY) < 0) throw new Error("wasm kernels: a helper thread failed");
+    Atomics.wait(ctrl, DONE, d, 1000);
+  }
+}
+
+const ready = (pool: Pool | null): pool is Pool => pool !== null && Atomics.load(pool.ctrl, READY) === pool.size;
+
+/** Elements from which an element-wise kernel is split over the helpers (its work then outweighs the
+ *  ~10–50 µs hand-off). */
+const PARALLEL_ELEMENTS = 64 * 1024;
+
+/** SwiGLU on the heap module, rows split over the helper threads when large: y [rows, I] from gu
+ *  [rows, 2I] (grad null), or dgu [rows, 2I] from gu and dy [rows, I]. Byte offsets of the backend's
+ *  heap; I a multiple of 4. Each row is computed the same way on any thread. */
+export function heapSwiglu(backend: unknown, gu: number, dy: number | null, out: number, rows: number, I: number): void {
+  const e = start(backend), job = dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, b = dy ?? 0;
+  const parts = ready(e.pool) && rows * I >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, rows) : 1;
+  if (parts > 1) fanOut(e.pool!, [gu, b, out, rows, I, 0, parts, 0, 0, job], () => rowsPart(e.k, job, gu, b, out, rows, I, 0, parts));
+  else rowsPart(e.k, job, gu, b, out, rows, I, 0, 1);
 }
 
 /** The last N mod 8 columns (after every part is done, so the scratch buffer is free): B's columns

@@ -102,6 +102,46 @@ describe("RoPE and SwiGLU kernels", () => {
     expect(names).toContain("Concat");
   });
 
+  it("on wasm, SwiGLU with I a multiple of 4 runs on the heap module's vector kernel at any size: value and gradient within float32 rounding of float64, NaN kept, silu's ends", async () => {
+    await initBackend("wasm");
+    const rows = 150, I4 = 344; // 103 200 outputs: above the JS kernel's limit and the thread split's
+    const g = Float32Array.from({ length: rows * 2 * I4 }, (_, i) => Math.sin(i * 1.7) * (i % 97 === 0 ? 120 : 9));
+    g[5] = NaN; g[6] = -0; g[7] = 1e-30; g[8] = 87.5; g[9] = -88.5;
+    const c = Float32Array.from({ length: rows * I4 }, (_, i) => Math.cos(i));
+    const before = tf.memory().numTensors;
+    let y: Float32Array = new Float32Array(), d: Float32Array = new Float32Array();
+    const prof = await tf.profile(() => {
+      [y, d] = tf.tidy(() => {
+        const gu = tf.tensor2d(g, [rows, 2 * I4]), ct = tf.tensor2d(c, [rows, I4]);
+        const { grads } = tf.valueAndGrads((x: tf.Tensor) => tf.sum(tf.mul(swiglu(x as tf.Tensor2D), ct)) as tf.Scalar)([gu]);
+        return [swiglu(gu).dataSync().slice() as Float32Array, grads[0].dataSync().slice() as Float32Array];
+      });
+    });
+    expect(tf.memory().numTensors).toBe(before);
+    const names = prof.kernels.map((k) => k.name);
+    expect(names.filter((n) => n.startsWith("Marl"))).toEqual(["MarlSwiglu", "MarlSwigluGrad", "MarlSwiglu"]);
+    expect(names.filter((n) => ["SplitV", "Sigmoid"].includes(n))).toEqual([]);
+    const bad: string[] = [];
+    for (let n = 0; n < rows; n++)
+      for (let j = 0; j < I4; j++) {
+        const a = g[n * 2 * I4 + j], u = g[n * 2 * I4 + I4 + j], w = c[n * I4 + j], s = 1 / (1 + Math.exp(-a));
+        const got = [y[n * I4 + j], d[n * 2 * I4 + j], d[n * 2 * I4 + I4 + j]];
+        if (Number.isNaN(a)) {
+          if (!got.every(Number.isNaN)) bad.push(`row ${n}, column ${j}: NaN gate gave ${got}`);
+          continue;
+        }
+        // float32 rounding of each term (the gate's gradient cancels near g ≈ −1.28); below −87 the
+        // clamped exp moves values of ~1e-37
+        const want = [a * s * u, w * u * s * (1 + a * (1 - s)), w * a * s];
+        const tol = [Math.abs(a * s * u), Math.abs(w * u * s) * (1 + Math.abs(a)), Math.abs(w * a * s)].map((t) => 1e-6 * t + 1e-35);
+        want.forEach((x, i) => { if (!(Math.abs(got[i] - x) <= tol[i])) bad.push(`row ${n}, column ${j}, gate ${a}, output ${i}: ${got[i]} vs ${x}`); });
+      }
+    expect(bad.slice(0, 5)).toEqual([]);
+    // A width that is not a multiple of 4 takes the op path at this size.
+    const odd = await tf.profile(() => { tf.tidy(() => { swiglu(tf.zeros([20000, 12])); }); });
+    expect(odd.kernels.map((k) => k.name)).toContain("Sigmoid");
+  });
+
   it("SwiGLU's gradient agrees with central finite differences (float64 on the host)", async () => {
     await initBackend("wasm");
     const [, , dgu] = swigluRun(swiglu);
