@@ -19,6 +19,7 @@ import { adapterConfigJson, LoraAdapter, moduleDims, moduleGroup } from "./lora.
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { checkpoint } from "./checkpoint.ts";
 import { decodeHeads, rope, swiglu } from "./fused-act.ts";
+import { dLogits, logpEntropy } from "./logprob.ts";
 import { bmm, matMulAT, matMulBT, matMulXWT } from "./matmul.ts";
 import { backendProfile } from "./profile.ts";
 import { rmsNorm } from "./rmsnorm.ts";
@@ -476,35 +477,15 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 }
 
-/** From logits [n, V]: [n, 2] = log p(target) and the entropy of each row. */
-function logpAndEntropy(logits: tf.Tensor2D, flatTargets: tf.Tensor1D): tf.Tensor2D {
-  return tf.tidy(() => {
-    const lse = tf.logSumExp(logits, 1); // [n]
-    const picked = tf.gather(tf.reshape(logits, [-1]), flatTargets); // [n]
-    const p = tf.exp(tf.sub(logits, tf.expandDims(lse, 1)));
-    const ent = tf.sub(lse, tf.sum(tf.mul(p, logits), 1));
-    return tf.stack([tf.sub(picked, lse), ent], 1) as tf.Tensor2D;
-  });
-}
-
-/** The gradient with respect to the logits [n, V] of dy [n, 2]: only log p is differentiated. */
-function dLogitsOf(logits: tf.Tensor2D, targets: number[], dy: tf.Tensor2D): tf.Tensor2D {
-  const [n, V] = logits.shape;
-  const onehot = tf.cast(tf.oneHot(tf.tensor1d(targets, "int32"), V), "float32");
-  return tf.mul(tf.sub(onehot, tf.softmax(logits)), tf.slice(dy, [0, 0], [n, 1])) as tf.Tensor2D;
-}
-
 /** logprobChunk for a frozen head held [vocab, hidden] (large f32 models, see weight.ts): the logits
  *  are h · wᵀ and the input gradient dLogits · w. */
 function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[]): tf.Tensor2D {
-  const V = wLeft.shape[0];
-  const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
   const logitsOf = (hh: tf.Tensor2D) => matMulXWT(hh, wLeft); // [n, V]
   const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
     save([hh]);
     return {
-      value: tf.tidy(() => logpAndEntropy(logitsOf(hh), flat)),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => tf.matMul(dLogitsOf(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
+      value: tf.tidy(() => logpEntropy(logitsOf(hh), targets)),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => tf.matMul(dLogits(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
     };
   }) as unknown as CustomGradFn);
   return f(h) as tf.Tensor2D;
@@ -513,13 +494,11 @@ function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[])
 /** logprobChunk for a frozen head held in column blocks (weight.ts): logits and the backward product
  *  go block by block, so no kernel binds the whole head. */
 function logprobChunkBlocks(h: tf.Tensor2D, head: BaseWeight, targets: number[]): tf.Tensor2D {
-  const V = head.outDim;
-  const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
   const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
     save([hh]);
     return {
-      value: tf.tidy(() => logpAndEntropy(head.matmul(hh), flat)),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => head.backward(dLogitsOf(head.matmul(saved[0] as tf.Tensor2D), targets, dy))),
+      value: tf.tidy(() => logpEntropy(head.matmul(hh), targets)),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => head.backward(dLogits(head.matmul(saved[0] as tf.Tensor2D), targets, dy))),
     };
   }) as unknown as CustomGradFn);
   return f(h) as tf.Tensor2D;
@@ -530,10 +509,8 @@ function logprobChunkBlocks(h: tf.Tensor2D, head: BaseWeight, targets: number[])
  *  gradient only when it is trainable (full mode). A frozen w is fetched again by `weightAgain` in the
  *  backward pass (a dequantized head is gone by then). Entropy carries no gradient. */
 function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tensor2D, targets: number[], wTrainable: boolean): tf.Tensor2D {
-  const V = w.shape[1];
-  const flat = tf.tensor1d(targets.map((t, i) => i * V + t), "int32");
-  const fwd = (hh: tf.Tensor2D, ww: tf.Tensor2D) => tf.tidy(() => logpAndEntropy(tf.matMul(hh, ww), flat));
-  const dLogits = (hh: tf.Tensor2D, ww: tf.Tensor2D, dy: tf.Tensor2D) => dLogitsOf(tf.matMul(hh, ww), targets, dy);
+  const fwd = (hh: tf.Tensor2D, ww: tf.Tensor2D) => tf.tidy(() => logpEntropy(tf.matMul(hh, ww), targets));
+  const dLogitsFor = (hh: tf.Tensor2D, ww: tf.Tensor2D, dy: tf.Tensor2D) => dLogits(tf.matMul(hh, ww), targets, dy);
   if (wTrainable) {
     const f = tf.customGrad(((hh: tf.Tensor2D, ww: tf.Tensor2D, save: tf.GradSaveFunc) => {
       save([hh, ww]);
@@ -542,7 +519,7 @@ function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tens
         gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
           tf.tidy(() => {
             const [hs, ws] = saved as tf.Tensor2D[];
-            const g = dLogits(hs, ws, dy);
+            const g = dLogitsFor(hs, ws, dy);
             return [matMulBT(g, ws), matMulAT(hs, g)];
           }),
       };
@@ -556,7 +533,7 @@ function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tens
       gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
         tf.tidy(() => {
           const wb = weightAgain();
-          return matMulBT(dLogits(saved[0] as tf.Tensor2D, wb, dy), wb);
+          return matMulBT(dLogitsFor(saved[0] as tf.Tensor2D, wb, dy), wb);
         }),
     };
   }) as unknown as CustomGradFn);

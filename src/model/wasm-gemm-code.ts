@@ -22,10 +22,16 @@
  *    (a degree-5 polynomial on the reduced argument, within 2 ulp), its argument clamped to
  *    [−87, 88] so that 2^n stays a normal float (silu's value moves by ~1e-37 at most for that).
  *  - `swigluGrad(gu, dy, dgu, rows, I)`: d gate = dy·u·s·(1 + g·(1 − s)), d up = dy·g·s, s = 1 / (1 + exp(−g)).
+ *  - `rowStats(x, out, rows, V)`: per row of x [rows, V] (V a multiple of 4), out[3r..3r+2] = m, s, t:
+ *    m = max x, s = Σ exp(x − m), t = Σ exp(x − m)·x (log-sum-exp = m + log s, Σ softmax·x = t / s).
+ *  - `softmaxRows(x, coef, out, rows, V)`: out[r, :] = exp(x[r, :] − m) · (coef[r] / s), m and s as above:
+ *    softmax times a per-row coefficient.
+ *  Sums over a row go four lanes at a time, lane sums added last as (l0 + l1) + (l2 + l3), so a row's
+ *  result does not depend on which thread computes it.
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N. */
 
-const I32 = 0x7f, V128 = 0x7b;
+const I32 = 0x7f, F32 = 0x7d, V128 = 0x7b;
 
 function uleb(n: number): number[] {
   const out: number[] = [];
@@ -86,6 +92,8 @@ const v = {
   fmin: op.simd(0xe8),
   fmax: op.simd(0xe9),
   fnearest: op.simd(0x6a),
+  fsplat: op.simd(0x13),
+  lane: (i: number) => [...op.simd(0x1f), i], // f32x4.extract_lane
   truncSatS: op.simd(0xf8), // i32x4.trunc_sat_f32x4_s
   iadd: op.simd(0xae),
   ishl: op.simd(0xab),
@@ -265,6 +273,51 @@ function swigluBody(grad: boolean): { locals: number[][]; code: number[] } {
   return { locals: [[nI32, I32], [n - I - 1 - nI32, V128]], code };
 }
 
+/** Horizontal reduction of the v128 local acc with the scalar op f (f32.add 0x92, f32.max 0x97):
+ *  f(f(l0, l1), f(l2, l3)). */
+const hreduce = (acc: number, f: number) => [...op.get(acc), ...v.lane(0), ...op.get(acc), ...v.lane(1), f, ...op.get(acc), ...v.lane(2), ...op.get(acc), ...v.lane(3), f, f];
+
+/** rowStats(x, out, rows, V) and, with softmax, softmaxRows(x, coef, out, rows, V). */
+function rowsBody(softmax: boolean): { locals: number[][]; code: number[] } {
+  const x = 0, coef = 1, out = softmax ? 2 : 1, rows = softmax ? 3 : 2, V = softmax ? 4 : 3;
+  let n = V + 1;
+  const r = n++, j = n++, px = n++, po = n++, vb = n++;
+  const nI32 = n - V - 1;
+  const m = n++, c = n++;
+  const acc = n++, acc2 = n++, xv = n++, mv = n++, t1 = n++, t2 = n++, cv = n++;
+  const at = (p: number) => [...op.get(p), ...op.get(j), ...op.add];
+  const rowLoop = (body: number[]) => forLoop(j, op.i32(0), op.get(vb), op.i32(16), body);
+  const ex = [...at(px), ...v.load(), ...op.tee(xv), ...op.get(mv), ...v.fsub, ...vexp(t1, t2)]; // exp(x − m)
+  const code = [
+    ...op.get(V), ...op.i32(4), ...op.mul, ...op.set(vb),
+    ...op.get(x), ...op.set(px), ...op.get(out), ...op.set(po),
+    ...forLoop(r, op.i32(0), op.get(rows), op.i32(1), [
+      ...f32x4(-Infinity), ...op.set(acc),
+      ...rowLoop([...op.get(acc), ...at(px), ...v.load(), ...v.fmax, ...op.set(acc)]),
+      ...hreduce(acc, 0x97), ...op.tee(m), ...v.fsplat, ...op.set(mv),
+      ...v.zero, ...op.set(acc), ...v.zero, ...op.set(acc2),
+      ...(softmax
+        ? [
+            ...rowLoop([...ex, ...op.get(acc), ...v.fadd, ...op.set(acc)]),
+            // c = coef[r] / s
+            ...op.get(coef), ...op.get(r), ...op.i32(4), ...op.mul, ...op.add, ...op.f32load(), ...hreduce(acc, 0x92), 0x95, ...op.set(c),
+            ...op.get(c), ...v.fsplat, ...op.set(cv),
+            ...rowLoop([...at(po), ...ex, ...op.get(cv), ...v.fmul, ...v.store()]),
+            ...op.get(po), ...op.get(vb), ...op.add, ...op.set(po),
+          ]
+        : [
+            ...rowLoop([...ex, ...op.tee(t1), ...op.get(acc), ...v.fadd, ...op.set(acc), ...op.get(t1), ...op.get(xv), ...v.fmul, ...op.get(acc2), ...v.fadd, ...op.set(acc2)]),
+            ...op.get(po), ...op.get(m), ...op.f32store(0),
+            ...op.get(po), ...hreduce(acc, 0x92), ...op.f32store(4),
+            ...op.get(po), ...hreduce(acc2, 0x92), ...op.f32store(8),
+            ...op.get(po), ...op.i32(12), ...op.add, ...op.set(po),
+          ]),
+      ...op.get(px), ...op.get(vb), ...op.add, ...op.set(px),
+    ]),
+  ];
+  return { locals: [[nI32, I32], [2, F32], [7, V128]], code };
+}
+
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
   mr: number;
@@ -279,12 +332,12 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const limits = o.memory.shared ? [0x03, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)] : [0x01, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)];
   const swigluSig = [0x60, ...vec(new Array(4).fill([I32])), 0];
   const swigluGradSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
-  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody(), swigluBody(false), swigluBody(true)].map(({ locals, code }) => {
+  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody(), swigluBody(false), swigluBody(true), rowsBody(false), rowsBody(true)].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
   });
-  const names = ["tile", "tile1", "pack", "packT", "copyRows", "swiglu", "swigluGrad"];
-  const types: Record<string, number> = { tile: 0, tile1: 0, pack: 1, packT: 1, copyRows: 2, swiglu: 3, swigluGrad: 4 };
+  const names = ["tile", "tile1", "pack", "packT", "copyRows", "swiglu", "swigluGrad", "rowStats", "softmaxRows"];
+  const types: Record<string, number> = { tile: 0, tile1: 0, pack: 1, packT: 1, copyRows: 2, swiglu: 3, swigluGrad: 4, rowStats: 3, softmaxRows: 4 };
   return Uint8Array.from([
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
     ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig])),

@@ -28,6 +28,8 @@ export interface Kernels {
   copyRows: (dst: number, dstStride: number, src: number, srcStride: number, rowBytes: number, rows: number) => void;
   swiglu: (gu: number, y: number, rows: number, I: number) => void;
   swigluGrad: (gu: number, dy: number, dgu: number, rows: number, I: number) => void;
+  rowStats: (x: number, out: number, rows: number, V: number) => void;
+  softmaxRows: (x: number, coef: number, out: number, rows: number, V: number) => void;
 }
 
 // Node's WebAssembly, typed here (the project compiles without the DOM library).
@@ -75,7 +77,7 @@ function start(backend: WasmBackend): Engine {
 const SEQ = 0, DONE = 1, READY = 2, ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job
 const CTRL_SLOTS = ARGS + 10;
 /** Jobs the helpers run: a product's columns, or rows of an element-wise kernel. */
-const JOB_GEMM = 0, JOB_SWIGLU = 1, JOB_SWIGLU_GRAD = 2;
+const JOB_GEMM = 0, JOB_SWIGLU = 1, JOB_SWIGLU_GRAD = 2, JOB_ROW_STATS = 3, JOB_SOFTMAX = 4;
 
 /** Columns [j0, j1) of one part of C = op(A) · op(B), parts of whole 8-column panels. Runs on every
  *  thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
@@ -111,15 +113,17 @@ function part(k: Kernels, a: number, b: number, c: number, M: number, K: number,
   }
 }
 
-/** Rows [r0, r1) of one part of an element-wise kernel over [rows, I] (a job of the helpers too, so
- *  plain JS; the job numbers are JOB_SWIGLU = 1 and JOB_SWIGLU_GRAD = 2). a: gu [rows, 2I], b: dy
- *  [rows, I], c: the output. */
+/** Rows [r0, r1) of one part of a row kernel over [rows, I] (a job of the helpers too, so plain JS;
+ *  the job numbers are those of JOB_*). SwiGLU: a gu [rows, 2I], b dy [rows, I], c the output;
+ *  rowStats: a x [rows, I], c out [rows, 3]; softmaxRows: a x, b coef [rows], c out [rows, I]. */
 function rowsPart(k: Kernels, job: number, a: number, b: number, c: number, rows: number, I: number, index: number, parts: number): void {
   if (index >= parts) return;
-  const r0 = Math.floor((rows * index) / parts), r1 = Math.floor((rows * (index + 1)) / parts);
-  if (r1 <= r0) return;
-  if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, r1 - r0, I);
-  else k.swigluGrad(a + 8 * I * r0, b + 4 * I * r0, c + 8 * I * r0, r1 - r0, I);
+  const r0 = Math.floor((rows * index) / parts), r1 = Math.floor((rows * (index + 1)) / parts), n = r1 - r0;
+  if (n <= 0) return;
+  if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, n, I);
+  else if (job === 2) k.swigluGrad(a + 8 * I * r0, b + 4 * I * r0, c + 8 * I * r0, n, I);
+  else if (job === 3) k.rowStats(a + 4 * I * r0, c + 12 * r0, n, I);
+  else k.softmaxRows(a + 4 * I * r0, b + 4 * r0, c + 4 * I * r0, n, I);
 }
 
 /** Bytes of one part's packing buffer for depth K (the nc × kc of part(): ≤ 512 KB, at least one panel). */
@@ -229,10 +233,36 @@ const PARALLEL_ELEMENTS = 64 * 1024;
  *  [rows, 2I] (grad null), or dgu [rows, 2I] from gu and dy [rows, I]. Byte offsets of the backend's
  *  heap; I a multiple of 4. Each row is computed the same way on any thread. */
 export function heapSwiglu(backend: unknown, gu: number, dy: number | null, out: number, rows: number, I: number): void {
-  const e = start(backend), job = dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, b = dy ?? 0;
+  rowsJob(start(backend), dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, gu, dy ?? 0, out, rows, I);
+}
+
+function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: number, I: number): void {
   const parts = ready(e.pool) && rows * I >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, rows) : 1;
-  if (parts > 1) fanOut(e.pool!, [gu, b, out, rows, I, 0, parts, 0, 0, job], () => rowsPart(e.k, job, gu, b, out, rows, I, 0, parts));
-  else rowsPart(e.k, job, gu, b, out, rows, I, 0, 1);
+  if (parts > 1) fanOut(e.pool!, [a, b, c, rows, I, 0, parts, 0, 0, job], () => rowsPart(e.k, job, a, b, c, rows, I, 0, parts));
+  else rowsPart(e.k, job, a, b, c, rows, I, 0, 1);
+}
+
+/** Per row of x [rows, V] at heap offset x (V a multiple of 4): [m, s, t] with m = max, s = Σ exp(x −
+ *  m), t = Σ exp(x − m)·x, from the heap module's kernel (rows split over the helper threads). */
+export function heapRowStats(backend: unknown, x: number, rows: number, V: number): Float32Array {
+  const e = start(backend), out = e.malloc(12 * rows) >>> 0;
+  try {
+    rowsJob(e, JOB_ROW_STATS, x, 0, out, rows, V);
+    return new Float32Array(e.memory.buffer, out, 3 * rows).slice();
+  } finally {
+    e.free(out);
+  }
+}
+
+/** out [rows, V] = softmax(x) · coef[r] per row, at heap offsets (V a multiple of 4). */
+export function heapSoftmaxRows(backend: unknown, x: number, coef: Float32Array, out: number, rows: number, V: number): void {
+  const e = start(backend), c = e.malloc(4 * rows) >>> 0;
+  try {
+    new Float32Array(e.memory.buffer, c, rows).set(coef);
+    rowsJob(e, JOB_SOFTMAX, x, c, out, rows, V);
+  } finally {
+    e.free(c);
+  }
 }
 
 /** The last N mod 8 columns (after every part is done, so the scratch buffer is free): B's columns
