@@ -3,10 +3,18 @@
  *  does. Through tfjs ops the forward is 6 kernels (Square, Mean, Add, Rsqrt, Mul, Mul) and its
  *  gradient about 15 more, each a full pass over [N, H] plus a kernel launch; a small model's decode
  *  step spent 40 of its 230 kernels here. Other backends (webgpu) keep the op path, whose gradient
- *  tfjs derives. Sums run in float64, so results differ from the op path by float32 rounding only. */
+ *  tfjs derives. Sums run in float64 (JS) or in four float32 lanes (wasm's vector kernel), so results
+ *  differ from the op path by float32 rounding only. */
 import * as tf from "@tensorflow/tfjs";
 import { CPU_IO } from "./dequant-kernel.ts";
+import { heapRmsNorm, heapRmsNormGrad } from "./wasm-gemm.ts";
 import type { CustomGradFn } from "./weight.ts";
+
+/** On wasm with H a multiple of 4 the heap module's vector kernels run at every size, rows split over
+ *  the helper threads (a small training step: 9 norms of [2048, 256] each way). */
+const heapKernel = (backendName: string, H: number) => backendName === "wasm" && H % 4 === 0;
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+const offset = (backend: any, t: tf.TensorInfo) => backend.dataIdMap.get(t.dataId).memoryOffset as number;
 
 const RMS_NORM = "MarlRmsNorm";
 const RMS_NORM_GRAD = "MarlRmsNormGrad";
@@ -50,8 +58,9 @@ function register(): void {
       backendName,
       kernelFunc: ({ inputs, backend, attrs }) => {
         const { x, w } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo };
-        const y = io.output(backend, x.shape); // views after every allocation: the wasm heap may move
-        rmsNormInto(io.view(backend, y), io.view(backend, x), io.view(backend, w), w.shape[0], attrs!.eps as number);
+        const y = io.output(backend, x.shape), H = w.shape[0], eps = attrs!.eps as number; // views after every allocation: the wasm heap may move
+        if (heapKernel(backendName, H)) heapRmsNorm(backend, offset(backend, x), offset(backend, w), offset(backend, y), x.shape[0], H, eps);
+        else rmsNormInto(io.view(backend, y), io.view(backend, x), io.view(backend, w), H, eps);
         return y;
       },
     });
@@ -60,8 +69,11 @@ function register(): void {
       backendName,
       kernelFunc: ({ inputs, backend, attrs }) => {
         const { x, w, dy } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo; dy: tf.TensorInfo };
-        const dx = io.output(backend, x.shape), dw = io.output(backend, w.shape);
-        rmsNormGradInto(io.view(backend, dx), io.view(backend, dw), io.view(backend, x), io.view(backend, w), io.view(backend, dy), w.shape[0], attrs!.eps as number);
+        const dx = io.output(backend, x.shape), dw = io.output(backend, w.shape), H = w.shape[0], eps = attrs!.eps as number;
+        if (heapKernel(backendName, H)) {
+          const g = heapRmsNormGrad(backend, offset(backend, x), offset(backend, w), offset(backend, dy), offset(backend, dx), x.shape[0], H, eps);
+          io.view(backend, dw).set(g);
+        } else rmsNormGradInto(io.view(backend, dx), io.view(backend, dw), io.view(backend, x), io.view(backend, w), io.view(backend, dy), H, eps);
         return [dx, dw];
       },
     });
@@ -96,10 +108,12 @@ function fused(eps: number): (x: tf.Tensor2D, w: tf.Tensor1D) => tf.Tensor2D {
  *  kernels' SIMD passes outweigh the launches. */
 const MAX_KERNEL_ROWS = 256;
 
-/** RMSNorm of x [N, H] with weight w [H]: one kernel each way on wasm and cpu for up to
- *  MAX_KERNEL_ROWS rows (decode steps, small batches), tfjs ops otherwise and on other backends. */
+/** RMSNorm of x [N, H] with weight w [H]: one kernel each way on wasm (the heap module's, any size,
+ *  where H is a multiple of 4) and on cpu for up to MAX_KERNEL_ROWS rows (decode steps, small
+ *  batches), tfjs ops otherwise and on other backends. */
 export function rmsNorm(x: tf.Tensor2D, w: tf.Tensor1D, eps: number): tf.Tensor2D {
   register();
-  if (x.shape[0] > MAX_KERNEL_ROWS || tf.getKernel(RMS_NORM, tf.getBackend()) === undefined || x.dtype !== "float32") return rmsNormOps(x, w, eps);
+  const b = tf.getBackend();
+  if ((x.shape[0] > MAX_KERNEL_ROWS && !heapKernel(b, x.shape[1])) || tf.getKernel(RMS_NORM, b) === undefined || x.dtype !== "float32") return rmsNormOps(x, w, eps);
   return fused(eps)(x, w);
 }

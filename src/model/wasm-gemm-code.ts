@@ -26,6 +26,10 @@
  *    m = max x, s = Σ exp(x − m), t = Σ exp(x − m)·x (log-sum-exp = m + log s, Σ softmax·x = t / s).
  *  - `softmaxRows(x, coef, out, rows, V)`: out[r, :] = exp(x[r, :] − m) · (coef[r] / s), m and s as above:
  *    softmax times a per-row coefficient.
+ *  - `rmsNorm(x, w, y, rows, H, eps)`: y = x · r · w per row of x [rows, H] (H a multiple of 4),
+ *    r = 1 / √(Σx² / H + eps) (f32).
+ *  - `rmsNormGrad(x, w, dy, dx, dw, rows, H, eps)`: dx = r·dy·w − c·x with c = r³·Σ(dy·w·x) / H, and
+ *    dw [H] = Σ over these rows of dy·x·r, from zero (callers add up fixed blocks of rows).
  *  Sums over a row go four lanes at a time, lane sums added last as (l0 + l1) + (l2 + l3), so a row's
  *  result does not depend on which thread computes it.
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
@@ -318,6 +322,52 @@ function rowsBody(softmax: boolean): { locals: number[][]; code: number[] } {
   return { locals: [[nI32, I32], [2, F32], [7, V128]], code };
 }
 
+/** rmsNorm(x, w, y, rows, H, eps) and, with grad, rmsNormGrad(x, w, dy, dx, dw, rows, H, eps). */
+function rmsNormBody(grad: boolean): { locals: number[][]; code: number[] } {
+  const x = 0, w = 1, dy = 2, out = grad ? 3 : 2, dw = 4, rows = grad ? 5 : 3, H = grad ? 6 : 4, eps = grad ? 7 : 5;
+  let n = eps + 1;
+  const r = n++, j = n++, px = n++, pd = n++, po = n++, hb = n++;
+  const rr = n++, c = n++;
+  const acc = n++, acc2 = n++, xv = n++, dv = n++, rv = n++, cv = n++;
+  const at = (p: number) => [...op.get(p), ...op.get(j), ...op.add];
+  const rowLoop = (body: number[]) => forLoop(j, op.i32(0), op.get(hb), op.i32(16), body);
+  const f32 = { add: [0x92], mul: [0x94], div: [0x95], sqrt: [0x91], fromI32: [0xb2], one: [0x43, ...new Uint8Array(new Float32Array([1]).buffer)] };
+  // rr = 1 / √(Σx² / H + eps)
+  const rms = [...f32.one, ...hreduce(acc, 0x92), ...op.get(H), ...f32.fromI32, ...f32.div, ...op.get(eps), ...f32.add, ...f32.sqrt, ...f32.div, ...op.set(rr)];
+  const code = [
+    ...op.get(H), ...op.i32(4), ...op.mul, ...op.set(hb),
+    ...op.get(x), ...op.set(px), ...op.get(out), ...op.set(po), ...(grad ? [...op.get(dy), ...op.set(pd), ...rowLoop([...at(dw), ...v.zero, ...v.store()])] : []),
+    ...forLoop(r, op.i32(0), op.get(rows), op.i32(1), [
+      ...v.zero, ...op.set(acc), ...v.zero, ...op.set(acc2),
+      ...(grad
+        ? [
+            ...rowLoop([
+              ...at(px), ...v.load(), ...op.tee(xv), ...op.get(xv), ...v.fmul, ...op.get(acc), ...v.fadd, ...op.set(acc),
+              ...at(pd), ...v.load(), ...at(w), ...v.load(), ...v.fmul, ...op.get(xv), ...v.fmul, ...op.get(acc2), ...v.fadd, ...op.set(acc2),
+            ]),
+            ...rms,
+            // c = rr³ · Σ(dy·w·x) / H
+            ...op.get(rr), ...op.get(rr), ...f32.mul, ...op.get(rr), ...f32.mul, ...hreduce(acc2, 0x92), ...f32.mul, ...op.get(H), ...f32.fromI32, ...f32.div, ...op.set(c),
+            ...op.get(rr), ...v.fsplat, ...op.set(rv), ...op.get(c), ...v.fsplat, ...op.set(cv),
+            ...rowLoop([
+              ...at(px), ...v.load(), ...op.set(xv), ...at(pd), ...v.load(), ...op.set(dv),
+              ...at(po), ...op.get(rv), ...op.get(dv), ...v.fmul, ...at(w), ...v.load(), ...v.fmul, ...op.get(cv), ...op.get(xv), ...v.fmul, ...v.fsub, ...v.store(),
+              ...at(dw), ...at(dw), ...v.load(), ...op.get(dv), ...op.get(xv), ...v.fmul, ...op.get(rv), ...v.fmul, ...v.fadd, ...v.store(),
+            ]),
+            ...op.get(pd), ...op.get(hb), ...op.add, ...op.set(pd),
+          ]
+        : [
+            ...rowLoop([...at(px), ...v.load(), ...op.tee(xv), ...op.get(xv), ...v.fmul, ...op.get(acc), ...v.fadd, ...op.set(acc)]),
+            ...rms, ...op.get(rr), ...v.fsplat, ...op.set(rv),
+            ...rowLoop([...at(po), ...at(px), ...v.load(), ...op.get(rv), ...v.fmul, ...at(w), ...v.load(), ...v.fmul, ...v.store()]),
+          ]),
+      ...op.get(px), ...op.get(hb), ...op.add, ...op.set(px),
+      ...op.get(po), ...op.get(hb), ...op.add, ...op.set(po),
+    ]),
+  ];
+  return { locals: [[6, I32], [2, F32], [6, V128]], code };
+}
+
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
   mr: number;
@@ -332,15 +382,17 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const limits = o.memory.shared ? [0x03, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)] : [0x01, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)];
   const swigluSig = [0x60, ...vec(new Array(4).fill([I32])), 0];
   const swigluGradSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
-  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody(), swigluBody(false), swigluBody(true), rowsBody(false), rowsBody(true)].map(({ locals, code }) => {
+  const normSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [F32]]), 0];
+  const normGradSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [I32], [I32], [F32]]), 0];
+  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody(), swigluBody(false), swigluBody(true), rowsBody(false), rowsBody(true), rmsNormBody(false), rmsNormBody(true)].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
   });
-  const names = ["tile", "tile1", "pack", "packT", "copyRows", "swiglu", "swigluGrad", "rowStats", "softmaxRows"];
-  const types: Record<string, number> = { tile: 0, tile1: 0, pack: 1, packT: 1, copyRows: 2, swiglu: 3, swigluGrad: 4, rowStats: 3, softmaxRows: 4 };
+  const names = ["tile", "tile1", "pack", "packT", "copyRows", "swiglu", "swigluGrad", "rowStats", "softmaxRows", "rmsNorm", "rmsNormGrad"];
+  const types: Record<string, number> = { tile: 0, tile1: 0, pack: 1, packT: 1, copyRows: 2, swiglu: 3, swigluGrad: 4, rowStats: 3, softmaxRows: 4, rmsNorm: 5, rmsNormGrad: 6 };
   return Uint8Array.from([
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig])),
+    ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig, normSig, normGradSig])),
     ...section(2, vec([[...str("env"), ...str("memory"), 0x02, ...limits]])),
     ...section(3, vec(names.map((nm) => [types[nm]]))),
     ...section(7, vec(names.map((nm, idx) => [...str(nm), 0x00, idx]))),

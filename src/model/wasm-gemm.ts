@@ -30,6 +30,8 @@ export interface Kernels {
   swigluGrad: (gu: number, dy: number, dgu: number, rows: number, I: number) => void;
   rowStats: (x: number, out: number, rows: number, V: number) => void;
   softmaxRows: (x: number, coef: number, out: number, rows: number, V: number) => void;
+  rmsNorm: (x: number, w: number, y: number, rows: number, H: number, eps: number) => void;
+  rmsNormGrad: (x: number, w: number, dy: number, dx: number, dw: number, rows: number, H: number, eps: number) => void;
 }
 
 // Node's WebAssembly, typed here (the project compiles without the DOM library).
@@ -77,7 +79,10 @@ function start(backend: WasmBackend): Engine {
 const SEQ = 0, DONE = 1, READY = 2, ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job
 const CTRL_SLOTS = ARGS + 10;
 /** Jobs the helpers run: a product's columns, or rows of an element-wise kernel. */
-const JOB_GEMM = 0, JOB_SWIGLU = 1, JOB_SWIGLU_GRAD = 2, JOB_ROW_STATS = 3, JOB_SOFTMAX = 4;
+const JOB_GEMM = 0, JOB_SWIGLU = 1, JOB_SWIGLU_GRAD = 2, JOB_ROW_STATS = 3, JOB_SOFTMAX = 4, JOB_RMS_NORM = 5, JOB_RMS_NORM_GRAD = 6;
+/** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
+ *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
+const NORM_BLOCK = 64;
 
 /** Columns [j0, j1) of one part of C = op(A) · op(B), parts of whole 8-column panels. Runs on every
  *  thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
@@ -115,12 +120,24 @@ function part(k: Kernels, a: number, b: number, c: number, M: number, K: number,
 
 /** Rows [r0, r1) of one part of a row kernel over [rows, I] (a job of the helpers too, so plain JS;
  *  the job numbers are those of JOB_*). SwiGLU: a gu [rows, 2I], b dy [rows, I], c the output;
- *  rowStats: a x [rows, I], c out [rows, 3]; softmaxRows: a x, b coef [rows], c out [rows, I]. */
-function rowsPart(k: Kernels, job: number, a: number, b: number, c: number, rows: number, I: number, index: number, parts: number): void {
+ *  rowStats: a x [rows, I], c out [rows, 3]; softmaxRows: a x, b coef [rows], c out [rows, I];
+ *  RMSNorm: a x, w the weight, c y or dx, b dy, aux dw's blocks [⌈rows / 64⌉, I], eps as float32 bits.
+ *  The gradient is shared out by blocks of 64 rows (NORM_BLOCK), the others by rows. */
+function rowsPart(k: Kernels, job: number, a: number, b: number, c: number, rows: number, I: number, index: number, parts: number, w: number, aux: number, bits: number): void {
   if (index >= parts) return;
+  const eps = new Float32Array(new Uint32Array([bits]).buffer)[0];
+  if (job === 6) {
+    const blocks = Math.ceil(rows / 64);
+    for (let blk = Math.floor((blocks * index) / parts), end = Math.floor((blocks * (index + 1)) / parts); blk < end; blk++) {
+      const r0 = 64 * blk;
+      k.rmsNormGrad(a + 4 * I * r0, w, b + 4 * I * r0, c + 4 * I * r0, aux + 4 * I * blk, Math.min(64, rows - r0), I, eps);
+    }
+    return;
+  }
   const r0 = Math.floor((rows * index) / parts), r1 = Math.floor((rows * (index + 1)) / parts), n = r1 - r0;
   if (n <= 0) return;
-  if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, n, I);
+  if (job === 5) k.rmsNorm(a + 4 * I * r0, w, c + 4 * I * r0, n, I, eps);
+  else if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, n, I);
   else if (job === 2) k.swigluGrad(a + 8 * I * r0, b + 4 * I * r0, c + 8 * I * r0, n, I);
   else if (job === 3) k.rowStats(a + 4 * I * r0, c + 12 * r0, n, I);
   else k.softmaxRows(a + 4 * I * r0, b + 4 * r0, c + 4 * I * r0, n, I);
@@ -143,7 +160,7 @@ for (;;) {
   seq = Atomics.load(c, ${SEQ});
   const at = (i) => Atomics.load(u, ${ARGS} + i);
   if (at(9) === ${JOB_GEMM}) part(k, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8));
-  else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6));
+  else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6), at(5), at(7), at(8));
   Atomics.add(c, ${DONE}, 1);
   Atomics.notify(c, ${DONE});
 }`;
@@ -236,10 +253,32 @@ export function heapSwiglu(backend: unknown, gu: number, dy: number | null, out:
   rowsJob(start(backend), dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, gu, dy ?? 0, out, rows, I);
 }
 
-function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: number, I: number): void {
-  const parts = ready(e.pool) && rows * I >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, rows) : 1;
-  if (parts > 1) fanOut(e.pool!, [a, b, c, rows, I, 0, parts, 0, 0, job], () => rowsPart(e.k, job, a, b, c, rows, I, 0, parts));
-  else rowsPart(e.k, job, a, b, c, rows, I, 0, 1);
+function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: number, I: number, w = 0, aux = 0, eps = 0): void {
+  const units = job === JOB_RMS_NORM_GRAD ? Math.ceil(rows / NORM_BLOCK) : rows;
+  const parts = ready(e.pool) && rows * I >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, units) : 1;
+  const bits = new Uint32Array(new Float32Array([eps]).buffer)[0];
+  if (parts > 1) fanOut(e.pool!, [a, b, c, rows, I, w, parts, aux, bits, job], () => rowsPart(e.k, job, a, b, c, rows, I, 0, parts, w, aux, bits));
+  else rowsPart(e.k, job, a, b, c, rows, I, 0, 1, w, aux, bits);
+}
+
+/** RMSNorm of x [rows, H] with weight w [H] into y, at heap offsets (H a multiple of 4); rows split
+ *  over the helper threads when large. */
+export function heapRmsNorm(backend: unknown, x: number, w: number, y: number, rows: number, H: number, eps: number): void {
+  rowsJob(start(backend), JOB_RMS_NORM, x, 0, y, rows, H, w, 0, eps);
+}
+
+/** RMSNorm's gradient: dx [rows, H] into its heap offset, dw [H] returned (the blocks of 64 rows
+ *  summed in order, in float64). */
+export function heapRmsNormGrad(backend: unknown, x: number, w: number, dy: number, dx: number, rows: number, H: number, eps: number): Float32Array {
+  const e = start(backend), blocks = Math.ceil(rows / NORM_BLOCK), part = e.malloc(4 * H * blocks) >>> 0;
+  try {
+    rowsJob(e, JOB_RMS_NORM_GRAD, x, dy, dx, rows, H, w, part, eps);
+    const p = new Float32Array(e.memory.buffer, part, H * blocks), dw = new Float64Array(H);
+    for (let b = 0; b < blocks; b++) for (let j = 0; j < H; j++) dw[j] += p[b * H + j];
+    return Float32Array.from(dw);
+  } finally {
+    e.free(part);
+  }
 }
 
 /** Per row of x [rows, V] at heap offset x (V a multiple of 4): [m, s, t] with m = max, s = Σ exp(x −

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/backend.ts";
-import { rmsNorm, rmsNormOps } from "../../src/model/rmsnorm.ts";
+import { rmsNorm, rmsNormGradInto, rmsNormInto, rmsNormOps } from "../../src/model/rmsnorm.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const randn = (n: number, seed: number, scale = 1) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => scale * r.normal()); };
@@ -37,6 +37,30 @@ describe("rmsNorm kernels", () => {
       tf.dispose([x, w]);
     }
     await tf.setBackend("wasm");
+  });
+
+  it("on wasm, any number of rows runs on the heap module's vector kernels (rows split over threads, dw summed by blocks of 64) within float32 rounding of the float64 JS kernels", async () => {
+    await initBackend("wasm");
+    const rows = 300, W = 256; // 76,800 elements: split over the helper threads; 5 blocks of dw
+    const x = randn(rows * W, 4, 2), w = randn(W, 5), c = randn(rows * W, 6);
+    const before = tf.memory().numTensors;
+    let got: Float32Array[] = [];
+    const prof = await tf.profile(() => {
+      got = tf.tidy(() => {
+        const xt = tf.tensor2d(x, [rows, W]), wt = tf.tensor1d(w), ct = tf.tensor2d(c, [rows, W]);
+        const { grads } = tf.valueAndGrads((xx: tf.Tensor, ww: tf.Tensor) => tf.sum(tf.mul(rmsNorm(xx as tf.Tensor2D, ww as tf.Tensor1D, eps), ct)) as tf.Scalar)([xt, wt]);
+        return [rmsNorm(xt, wt, eps), ...grads].map((t) => t.dataSync().slice() as Float32Array);
+      });
+    });
+    expect(prof.kernels.map((k) => k.name).filter((n) => n.startsWith("MarlRmsNorm"))).toEqual(["MarlRmsNorm", "MarlRmsNormGrad", "MarlRmsNorm"]);
+    expect(tf.memory().numTensors).toBe(before);
+    const y = new Float32Array(rows * W), dx = new Float32Array(rows * W), dw = new Float32Array(W);
+    rmsNormInto(y, x, w, W, eps);
+    rmsNormGradInto(dx, dw, x, w, c, W, eps);
+    const scale = (a: Float32Array) => Math.max(...Array.from(a, Math.abs));
+    expect(maxDiff(got[0], y) / scale(y)).toBeLessThan(1e-6);
+    expect(maxDiff(got[1], dx) / scale(dx)).toBeLessThan(1e-6);
+    expect(maxDiff(got[2], dw) / scale(dw)).toBeLessThan(1e-6);
   });
 
   it("gradients agree with central finite differences (float64 on the host)", async () => {

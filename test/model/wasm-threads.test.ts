@@ -54,11 +54,11 @@ describe("threaded wasm", () => {
       }
       const a = new Float32Array(one.bytes!.buffer, one.bytes!.byteOffset, one.bytes!.length / 4);
       const b = new Float32Array(two.bytes!.buffer, two.bytes!.byteOffset, two.bytes!.length / 4);
-      // logits [3, 48, 512], then the gradients of A [in, 8] and B [8, out] on 7 modules of 2 layers
+      // logits [3, 96, 512], then the gradients of A [in, 8] and B [8, out] on 7 modules of 2 layers
       const lora = LORA_TARGETS.reduce((s, m) => s + 8 * moduleDims(BENCH_CONFIGS.small, m).reduce((x, y) => x + y), 0);
-      expect(a.length).toBe(3 * 48 * 512 + 2 * lora);
+      expect(a.length).toBe(3 * 96 * 512 + 2 * lora);
       expect(a.every(Number.isFinite)).toBe(true);
-      expect(a.subarray(3 * 48 * 512).filter((v) => v !== 0).length).toBeGreaterThan(1000); // gradients of A and B, not zeros
+      expect(a.subarray(3 * 96 * 512).filter((v) => v !== 0).length).toBeGreaterThan(1000); // gradients of A and B, not zeros
       let diff = 0;
       for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) diff++;
       expect(diff).toBe(0);
