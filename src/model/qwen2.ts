@@ -23,6 +23,7 @@ import { dLogits, logpEntropy } from "./logprob.ts";
 import { bmm, matMulAT, matMulBT, matMulXWT } from "./matmul.ts";
 import { backendProfile } from "./profile.ts";
 import { rmsNorm } from "./rmsnorm.ts";
+import { softmax } from "./softmax.ts";
 import { BaseWeight, type CustomGradFn } from "./weight.ts";
 import { FUSED, FUSED_MODULES, type CausalLM, type ForwardOptions, type FusedModule, type KVCache, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
 
@@ -247,7 +248,7 @@ export class Qwen2ForCausalLM implements CausalLM {
       v = tf.concat([cache.v[l], v], 2); // (B, nKv, S, hd)
     }
     const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
-    const probs = tf.reshape<tf.Rank.R3>(tf.softmax(scores), [B * nKv, g * T, S]);
+    const probs = tf.reshape<tf.Rank.R3>(softmax(scores), [B * nKv, g * T, S]);
     const ctxv = bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
     const att = tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
     x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;

@@ -19,13 +19,15 @@
  *    places (memory.copy per row), for the Concat and Slice kernels (wasm-concat.ts, backend.ts).
  *  - `swiglu(gu, y, rows, I)`: y[r, j] = g / (1 + exp(−g)) · u for g = gu[r, j], u = gu[r, I + j]
  *    (gu [rows, 2I], y [rows, I]; I a multiple of 4), four lanes at a time. exp is Cephes' expf
- *    (a degree-5 polynomial on the reduced argument, within 2 ulp), its argument clamped to
- *    [−87, 88] so that 2^n stays a normal float (silu's value moves by ~1e-37 at most for that).
+ *    (a degree-5 polynomial on the reduced argument, within 2 ulp; 0 below −87, its argument clamped
+ *    at 88 so that 2^n stays a normal float: silu's value moves by ~1e-37 at most for that).
  *  - `swigluGrad(gu, dy, dgu, rows, I)`: d gate = dy·u·s·(1 + g·(1 − s)), d up = dy·g·s, s = 1 / (1 + exp(−g)).
  *  - `rowStats(x, out, rows, V)`: per row of x [rows, V] (V a multiple of 4), out[3r..3r+2] = m, s, t:
  *    m = max x, s = Σ exp(x − m), t = Σ exp(x − m)·x (log-sum-exp = m + log s, Σ softmax·x = t / s).
  *  - `softmaxRows(x, coef, out, rows, V)`: out[r, :] = exp(x[r, :] − m) · (coef[r] / s), m and s as above:
- *    softmax times a per-row coefficient.
+ *    softmax times a per-row coefficient (exp stored, then scaled in place).
+ *  - `softmaxGrad(y, dy, dx, rows, S)`: dx = y · (dy − Σ y·dy) per row (softmax's backward from its
+ *    output y).
  *  - `rmsNorm(x, w, y, rows, H, eps)`: y = x · r · w per row of x [rows, H] (H a multiple of 4),
  *    r = 1 / √(Σx² / H + eps) (f32).
  *  - `rmsNormGrad(x, w, dy, dx, dw, rows, H, eps)`: dx = r·dy·w − c·x with c = r³·Σ(dy·w·x) / H, and
@@ -95,31 +97,72 @@ const v = {
   fneg: op.simd(0xe1),
   fmin: op.simd(0xe8),
   fmax: op.simd(0xe9),
-  fnearest: op.simd(0x6a),
   fsplat: op.simd(0x13),
   lane: (i: number) => [...op.simd(0x1f), i], // f32x4.extract_lane
-  truncSatS: op.simd(0xf8), // i32x4.trunc_sat_f32x4_s
+  pmin: op.simd(0xea),
+  pmax: op.simd(0xeb),
+  flt: op.simd(0x43), // f32x4.lt
+  andnot: op.simd(0x4f), // v128.andnot: a & ~b
   iadd: op.simd(0xae),
   ishl: op.simd(0xab),
 };
 
-/** exp of the four lanes on the stack (Cephes expf), using v128 locals x and n as scratch. The
- *  argument is clamped to [−87, 88]; NaN stays NaN. */
-function vexp(x: number, n: number): number[] {
+/** v128 constants of one function held in locals that are set once at its start: x64's code
+ *  generator rebuilds a v128.const at every use, several instructions each time, inside the loops
+ *  (exp's dozen constants made it ~3x slower). Locals from `first` on, after all the others. */
+class Consts {
+  private readonly slots = new Map<string, number>();
+  private readonly values: number[][] = [];
+  constructor(private readonly first: number) {}
+  f32(x: number): number[] {
+    return this.local(f32x4(x));
+  }
+  i32(x: number): number[] {
+    return this.local(i32x4(x));
+  }
+  private local(bytes: number[]): number[] {
+    const key = bytes.join(",");
+    let i = this.slots.get(key);
+    if (i === undefined) {
+      i = this.first + this.values.length;
+      this.slots.set(key, i);
+      this.values.push(bytes);
+    }
+    return op.get(i);
+  }
+  get count(): number {
+    return this.values.length;
+  }
+  /** The code that sets every local used so far (put it first in the function). */
+  init(): number[] {
+    return this.values.flatMap((b, k) => [...b, ...op.set(this.first + k)]);
+  }
+}
+
+/** exp of the four lanes on the stack (Cephes expf), using v128 locals x, n, o and f as scratch. The
+ *  argument is clamped to [−87, 88] (2^n stays a normal float) and lanes below −87 give exactly 0,
+ *  as a masked attention score (−1e9) must; NaN stays NaN. Written for x64's code generator: pmin/pmax
+ *  (one instruction each, where min/max take ~8 for their NaN rules) and n rounded by adding and
+ *  subtracting 1.5·2^23 (the float's low bits then hold n, so 2^n needs no float-to-int conversion). */
+function vexp(c: Consts, x: number, n: number, o: number, f: number): number[] {
   const poly = [1.987569150e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1];
+  const MAGIC = 12582912; // 1.5 · 2^23
   return [
-    ...f32x4(-87), ...v.fmax, ...f32x4(88), ...v.fmin, ...op.set(x),
-    ...op.get(x), ...f32x4(Math.LOG2E), ...v.fmul, ...v.fnearest, ...op.set(n),
-    // x − n·ln2 in two parts (0.693359375 is exact in few bits)
-    ...op.get(x), ...op.get(n), ...f32x4(0.693359375), ...v.fmul, ...v.fsub, ...op.get(n), ...f32x4(-2.12194440e-4), ...v.fmul, ...v.fsub, ...op.set(x),
-    ...f32x4(poly[0]), ...poly.slice(1).flatMap((c) => [...op.get(x), ...v.fmul, ...f32x4(c), ...v.fadd]),
-    ...op.get(x), ...v.fmul, ...op.get(x), ...v.fmul, ...op.get(x), ...v.fadd, ...f32x4(1), ...v.fadd,
-    // · 2^n, built in the exponent bits
-    ...op.get(n), ...v.truncSatS, ...i32x4(127), ...v.iadd, ...op.i32(23), ...v.ishl, ...v.fmul,
+    // pmax(x, −87) = x < −87 ? −87 : x; pmin(x, 88) = 88 < x ? 88 : x (NaN passes both)
+    ...op.tee(o), ...c.f32(-87), ...v.pmax, ...c.f32(88), ...v.pmin, ...op.set(x),
+    // n = round(x·log2 e), as n + 1.5·2^23 (kept in n: its bits hold 0x4B400000 + n)
+    ...op.get(x), ...c.f32(Math.LOG2E), ...v.fmul, ...c.f32(MAGIC), ...v.fadd, ...op.set(n),
+    // x − n·ln2 in two parts (0.693359375 is exact in few bits), n as a float on the stack twice
+    ...op.get(x), ...op.get(n), ...c.f32(MAGIC), ...v.fsub, ...op.tee(f), ...c.f32(0.693359375), ...v.fmul, ...v.fsub, ...op.get(f), ...c.f32(-2.12194440e-4), ...v.fmul, ...v.fsub, ...op.set(x),
+    ...c.f32(poly[0]), ...poly.slice(1).flatMap((p) => [...op.get(x), ...v.fmul, ...c.f32(p), ...v.fadd]),
+    ...op.get(x), ...v.fmul, ...op.get(x), ...v.fmul, ...op.get(x), ...v.fadd, ...c.f32(1), ...v.fadd,
+    // · 2^n: (bits + 127) << 23 drops the magic number's bits and leaves n + 127 in the exponent
+    ...op.get(n), ...c.i32(127), ...v.iadd, ...op.i32(23), ...v.ishl, ...v.fmul,
+    // and 0 where the argument was below −87 (a NaN argument compares false: kept)
+    ...op.get(o), ...c.f32(-87), ...v.flt, ...v.andnot,
   ];
 }
 
-/** for (x = from; x < limit; x += step) body — x, limit and step are locals or code. */
 function forLoop(x: number, from: number[], limit: number[], step: number[], body: number[]): number[] {
   return [
     ...from, ...op.set(x),
@@ -245,26 +288,28 @@ function swigluBody(grad: boolean): { locals: number[][]; code: number[] } {
   let n = I + 1;
   const r = n++, j = n++, pg = n++, pd = n++, po = n++, half = n++;
   const nI32 = n - I - 1;
-  const g = n++, u = n++, s = n++, x = n++, e = n++, d = n++;
+  const g = n++, u = n++, s = n++, x = n++, e = n++, d = n++, o = n++, f = n++;
+  const c = new Consts(n), one = c.f32(1);
   const at = (p: number, extra: number[] = []) => [...op.get(p), ...op.get(j), ...op.add, ...extra];
-  const sigmoid = [...op.get(g), ...v.fneg, ...vexp(x, e), ...op.set(e)];
+  const sigmoid = [...op.get(g), ...v.fneg, ...vexp(c, x, e, o, f), ...op.set(e)];
   const body = grad
     ? [
         ...at(pg), ...v.load(), ...op.set(g), ...at(pg, [...op.get(half), ...op.add]), ...v.load(), ...op.set(u), ...at(pd), ...v.load(), ...op.set(d),
-        ...sigmoid, ...f32x4(1), ...f32x4(1), ...op.get(e), ...v.fadd, ...v.fdiv, ...op.set(s),
+        ...sigmoid, ...one, ...one, ...op.get(e), ...v.fadd, ...v.fdiv, ...op.set(s),
         // d gate = d·u·s·(1 + g·(1 − s)), d up = d·g·s
         ...at(po), ...op.get(d), ...op.get(u), ...v.fmul, ...op.get(s), ...v.fmul,
-        ...f32x4(1), ...op.get(g), ...f32x4(1), ...op.get(s), ...v.fsub, ...v.fmul, ...v.fadd, ...v.fmul, ...v.store(),
+        ...one, ...op.get(g), ...one, ...op.get(s), ...v.fsub, ...v.fmul, ...v.fadd, ...v.fmul, ...v.store(),
         ...at(po, [...op.get(half), ...op.add]), ...op.get(d), ...op.get(g), ...v.fmul, ...op.get(s), ...v.fmul, ...v.store(),
       ]
     : [
         ...at(pg), ...v.load(), ...op.set(g), ...at(pg, [...op.get(half), ...op.add]), ...v.load(), ...op.set(u),
         ...sigmoid,
         // g / (1 + e) · u
-        ...at(po), ...op.get(g), ...f32x4(1), ...op.get(e), ...v.fadd, ...v.fdiv, ...op.get(u), ...v.fmul, ...v.store(),
+        ...at(po), ...op.get(g), ...one, ...op.get(e), ...v.fadd, ...v.fdiv, ...op.get(u), ...v.fmul, ...v.store(),
       ];
   // po/pd advance by a row of the output/dy (4I bytes, or 8I for dgu); pg by a row of gu (8I)
   const code = [
+    ...c.init(),
     ...op.get(I), ...op.i32(4), ...op.mul, ...op.set(half),
     ...op.get(gu), ...op.set(pg), ...op.get(out), ...op.set(po), ...(grad ? [...op.get(dy), ...op.set(pd)] : []),
     ...forLoop(r, op.i32(0), op.get(rows), op.i32(1), [
@@ -274,7 +319,7 @@ function swigluBody(grad: boolean): { locals: number[][]; code: number[] } {
       ...(grad ? [...op.get(pd), ...op.get(half), ...op.add, ...op.set(pd)] : []),
     ]),
   ];
-  return { locals: [[nI32, I32], [n - I - 1 - nI32, V128]], code };
+  return { locals: [[nI32, I32], [n - I - 1 - nI32 + c.count, V128]], code };
 }
 
 /** Horizontal reduction of the v128 local acc with the scalar op f (f32.add 0x92, f32.max 0x97):
@@ -288,25 +333,26 @@ function rowsBody(softmax: boolean): { locals: number[][]; code: number[] } {
   const r = n++, j = n++, px = n++, po = n++, vb = n++;
   const nI32 = n - V - 1;
   const m = n++, c = n++;
-  const acc = n++, acc2 = n++, xv = n++, mv = n++, t1 = n++, t2 = n++, cv = n++;
+  const acc = n++, acc2 = n++, xv = n++, mv = n++, t1 = n++, t2 = n++, cv = n++, t3 = n++, t4 = n++;
+  const k = new Consts(n);
   const at = (p: number) => [...op.get(p), ...op.get(j), ...op.add];
   const rowLoop = (body: number[]) => forLoop(j, op.i32(0), op.get(vb), op.i32(16), body);
-  const ex = [...at(px), ...v.load(), ...op.tee(xv), ...op.get(mv), ...v.fsub, ...vexp(t1, t2)]; // exp(x − m)
+  const ex = [...at(px), ...v.load(), ...op.tee(xv), ...op.get(mv), ...v.fsub, ...vexp(k, t1, t2, t3, t4)]; // exp(x − m)
   const code = [
     ...op.get(V), ...op.i32(4), ...op.mul, ...op.set(vb),
     ...op.get(x), ...op.set(px), ...op.get(out), ...op.set(po),
     ...forLoop(r, op.i32(0), op.get(rows), op.i32(1), [
       ...f32x4(-Infinity), ...op.set(acc),
-      ...rowLoop([...op.get(acc), ...at(px), ...v.load(), ...v.fmax, ...op.set(acc)]),
+      ...rowLoop([...at(px), ...v.load(), ...op.get(acc), ...v.pmax, ...op.set(acc)]),
       ...hreduce(acc, 0x97), ...op.tee(m), ...v.fsplat, ...op.set(mv),
       ...v.zero, ...op.set(acc), ...v.zero, ...op.set(acc2),
       ...(softmax
         ? [
-            ...rowLoop([...ex, ...op.get(acc), ...v.fadd, ...op.set(acc)]),
-            // c = coef[r] / s
+            // out = exp(x − m), summed; then out ·= coef[r] / s in place
+            ...rowLoop([...at(po), ...ex, ...op.tee(t1), ...v.store(), ...op.get(t1), ...op.get(acc), ...v.fadd, ...op.set(acc)]),
             ...op.get(coef), ...op.get(r), ...op.i32(4), ...op.mul, ...op.add, ...op.f32load(), ...hreduce(acc, 0x92), 0x95, ...op.set(c),
             ...op.get(c), ...v.fsplat, ...op.set(cv),
-            ...rowLoop([...at(po), ...ex, ...op.get(cv), ...v.fmul, ...v.store()]),
+            ...rowLoop([...at(po), ...at(po), ...v.load(), ...op.get(cv), ...v.fmul, ...v.store()]),
             ...op.get(po), ...op.get(vb), ...op.add, ...op.set(po),
           ]
         : [
@@ -319,7 +365,27 @@ function rowsBody(softmax: boolean): { locals: number[][]; code: number[] } {
       ...op.get(px), ...op.get(vb), ...op.add, ...op.set(px),
     ]),
   ];
-  return { locals: [[nI32, I32], [2, F32], [7, V128]], code };
+  return { locals: [[nI32, I32], [2, F32], [9 + k.count, V128]], code: [...k.init(), ...code] };
+}
+
+/** softmaxGrad(y, dy, dx, rows, S). */
+function softmaxGradBody(): { locals: number[][]; code: number[] } {
+  const y = 0, dy = 1, dx = 2, rows = 3, S = 4;
+  const r = 5, j = 6, sb = 7;
+  const acc = 8, dot = 9;
+  const at = (p: number) => [...op.get(p), ...op.get(j), ...op.add];
+  const rowLoop = (body: number[]) => forLoop(j, op.i32(0), op.get(sb), op.i32(16), body);
+  const code = [
+    ...op.get(S), ...op.i32(4), ...op.mul, ...op.set(sb),
+    ...forLoop(r, op.i32(0), op.get(rows), op.i32(1), [
+      ...v.zero, ...op.set(acc),
+      ...rowLoop([...at(y), ...v.load(), ...at(dy), ...v.load(), ...v.fmul, ...op.get(acc), ...v.fadd, ...op.set(acc)]),
+      ...hreduce(acc, 0x92), ...v.fsplat, ...op.set(dot),
+      ...rowLoop([...at(dx), ...at(dy), ...v.load(), ...op.get(dot), ...v.fsub, ...at(y), ...v.load(), ...v.fmul, ...v.store()]),
+      ...[y, dy, dx].flatMap((p) => [...op.get(p), ...op.get(sb), ...op.add, ...op.set(p)]),
+    ]),
+  ];
+  return { locals: [[3, I32], [2, V128]], code };
 }
 
 /** rmsNorm(x, w, y, rows, H, eps) and, with grad, rmsNormGrad(x, w, dy, dx, dw, rows, H, eps). */
@@ -384,12 +450,12 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const swigluGradSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
   const normSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [F32]]), 0];
   const normGradSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [I32], [I32], [F32]]), 0];
-  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody(), swigluBody(false), swigluBody(true), rowsBody(false), rowsBody(true), rmsNormBody(false), rmsNormBody(true)].map(({ locals, code }) => {
+  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody(), swigluBody(false), swigluBody(true), rowsBody(false), rowsBody(true), rmsNormBody(false), rmsNormBody(true), softmaxGradBody()].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
   });
-  const names = ["tile", "tile1", "pack", "packT", "copyRows", "swiglu", "swigluGrad", "rowStats", "softmaxRows", "rmsNorm", "rmsNormGrad"];
-  const types: Record<string, number> = { tile: 0, tile1: 0, pack: 1, packT: 1, copyRows: 2, swiglu: 3, swigluGrad: 4, rowStats: 3, softmaxRows: 4, rmsNorm: 5, rmsNormGrad: 6 };
+  const names = ["tile", "tile1", "pack", "packT", "copyRows", "swiglu", "swigluGrad", "rowStats", "softmaxRows", "rmsNorm", "rmsNormGrad", "softmaxGrad"];
+  const types: Record<string, number> = { tile: 0, tile1: 0, pack: 1, packT: 1, copyRows: 2, swiglu: 3, swigluGrad: 4, rowStats: 3, softmaxRows: 4, rmsNorm: 5, rmsNormGrad: 6, softmaxGrad: 4 };
   return Uint8Array.from([
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
     ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig, normSig, normGradSig])),

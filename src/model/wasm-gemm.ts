@@ -30,6 +30,7 @@ export interface Kernels {
   swigluGrad: (gu: number, dy: number, dgu: number, rows: number, I: number) => void;
   rowStats: (x: number, out: number, rows: number, V: number) => void;
   softmaxRows: (x: number, coef: number, out: number, rows: number, V: number) => void;
+  softmaxGrad: (y: number, dy: number, dx: number, rows: number, S: number) => void;
   rmsNorm: (x: number, w: number, y: number, rows: number, H: number, eps: number) => void;
   rmsNormGrad: (x: number, w: number, dy: number, dx: number, dw: number, rows: number, H: number, eps: number) => void;
 }
@@ -79,7 +80,7 @@ function start(backend: WasmBackend): Engine {
 const SEQ = 0, DONE = 1, READY = 2, ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job
 const CTRL_SLOTS = ARGS + 10;
 /** Jobs the helpers run: a product's columns, or rows of an element-wise kernel. */
-const JOB_GEMM = 0, JOB_SWIGLU = 1, JOB_SWIGLU_GRAD = 2, JOB_ROW_STATS = 3, JOB_SOFTMAX = 4, JOB_RMS_NORM = 5, JOB_RMS_NORM_GRAD = 6;
+const JOB_GEMM = 0, JOB_SWIGLU = 1, JOB_SWIGLU_GRAD = 2, JOB_ROW_STATS = 3, JOB_SOFTMAX = 4, JOB_RMS_NORM = 5, JOB_RMS_NORM_GRAD = 6, JOB_SOFTMAX_GRAD = 8;
 /** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
@@ -121,6 +122,7 @@ function part(k: Kernels, a: number, b: number, c: number, M: number, K: number,
 /** Rows [r0, r1) of one part of a row kernel over [rows, I] (a job of the helpers too, so plain JS;
  *  the job numbers are those of JOB_*). SwiGLU: a gu [rows, 2I], b dy [rows, I], c the output;
  *  rowStats: a x [rows, I], c out [rows, 3]; softmaxRows: a x, b coef [rows], c out [rows, I];
+ *  softmaxGrad: a y, b dy, c dx, all [rows, I];
  *  RMSNorm: a x, w the weight, c y or dx, b dy, aux dw's blocks [⌈rows / 64⌉, I], eps as float32 bits.
  *  The gradient is shared out by blocks of 64 rows (NORM_BLOCK), the others by rows. */
 function rowsPart(k: Kernels, job: number, a: number, b: number, c: number, rows: number, I: number, index: number, parts: number, w: number, aux: number, bits: number): void {
@@ -138,6 +140,7 @@ function rowsPart(k: Kernels, job: number, a: number, b: number, c: number, rows
   if (n <= 0) return;
   if (job === 5) k.rmsNorm(a + 4 * I * r0, w, c + 4 * I * r0, n, I, eps);
   else if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, n, I);
+  else if (job === 8) k.softmaxGrad(a + 4 * I * r0, b + 4 * I * r0, c + 4 * I * r0, n, I);
   else if (job === 2) k.swigluGrad(a + 8 * I * r0, b + 4 * I * r0, c + 8 * I * r0, n, I);
   else if (job === 3) k.rowStats(a + 4 * I * r0, c + 12 * r0, n, I);
   else k.softmaxRows(a + 4 * I * r0, b + 4 * r0, c + 4 * I * r0, n, I);
@@ -259,6 +262,11 @@ function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: 
   const bits = new Uint32Array(new Float32Array([eps]).buffer)[0];
   if (parts > 1) fanOut(e.pool!, [a, b, c, rows, I, w, parts, aux, bits, job], () => rowsPart(e.k, job, a, b, c, rows, I, 0, parts, w, aux, bits));
   else rowsPart(e.k, job, a, b, c, rows, I, 0, 1, w, aux, bits);
+}
+
+/** Softmax's backward dx = y · (dy − Σ y·dy) per row of [rows, S] at heap offsets (S a multiple of 4). */
+export function heapSoftmaxGrad(backend: unknown, y: number, dy: number, dx: number, rows: number, S: number): void {
+  rowsJob(start(backend), JOB_SOFTMAX_GRAD, y, dy, dx, rows, S);
 }
 
 /** RMSNorm of x [rows, H] with weight w [H] into y, at heap offsets (H a multiple of 4); rows split
