@@ -458,6 +458,15 @@ export class Qwen2ForCausalLM implements CausalLM {
     };
   }
 
+  /** Attach another adapter (or none) and hand back the one attached before, not disposed: a server
+   *  holding several adapters switches between them per decode batch (serve/openai/engine.ts). */
+  swapAdapter(adapter: LoraAdapter | null): LoraAdapter | null {
+    const before = this.adapter;
+    this.adapter = adapter;
+    (this as { lora: LoraConfig | null }).lora = adapter ? adapter.config : null;
+    return before;
+  }
+
   /** Replace (or remove, with null) the attached adapter; the old one is disposed. */
   setAdapter(adapter: LoraAdapter | null): void {
     this.adapter?.dispose();

@@ -1,0 +1,314 @@
+/** The generation engine behind the OpenAI-compatible server: a FIFO of requests, each one or more
+ *  rows (prompt × n), decoded as shared batches over one KV cache. When the engine is idle it waits
+ *  `batchWaitMs` for more arrivals, then takes every queued request of the same adapter (up to
+ *  `maxBatchRows` rows, in arrival order) into one batch; requests that arrive meanwhile form the next.
+ *  Every row has its own sampling settings, stop conditions and seeded Rng (one per request, drawn in
+ *  row order), so what a request gets does not depend on what it was batched with.
+ *  LoRA adapters are held by name and swapped into the model per batch (vLLM's runtime LoRA
+ *  updating); one unloaded while a batch uses it is freed when that batch ends.
+ *  Leaves out: continuous batching (joining a running batch), prefix caching, penalties. */
+import * as tf from "@tensorflow/tfjs";
+import { LoraAdapter } from "../../model/lora.ts";
+import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
+import type { Tokenizer } from "../../model/types.ts";
+import { sampleRow, Scratch, topIndices, uniformFor } from "../../rollout/sample-row.ts";
+import { Rng } from "../../util/rng.ts";
+import { ApiError } from "./errors.ts";
+
+export interface GenParams {
+  temperature: number; // 0 = greedy
+  topP: number;
+  topK: number; // 0 = off
+  maxTokens: number;
+  stop: string[]; // stop strings: the text ends before the first one
+  stopTokenIds: number[]; // beside the tokenizer's eos and <|endoftext|>
+  seed?: number;
+  topLogprobs: number; // alternatives reported per token (0: none)
+}
+
+export interface GenToken {
+  id: number;
+  logprob: number; // log_softmax(logits)[id] at temperature 1, as vLLM reports by default
+  top: { id: number; logprob: number }[];
+}
+
+export interface GenChoice {
+  promptIndex: number;
+  tokens: GenToken[]; // what was generated, a closing stop token included
+  text: string; // decoded without special tokens, cut before a stop string
+  finishReason: "stop" | "length";
+}
+
+export interface GenRequest {
+  adapter: string | null; // a loaded adapter's name; null: the model as started
+  prompts: number[][];
+  n: number;
+  params: GenParams;
+  /** Each token as it is taken (streaming): choice index = promptIndex·n + sample. */
+  onToken?: (choice: number, token: GenToken) => void;
+  signal?: AbortSignal;
+}
+
+export interface EngineOptions {
+  maxQueue: number; // requests that may wait; more get 429
+  maxBatchRows: number;
+  batchWaitMs: number;
+}
+
+interface Pending {
+  req: GenRequest;
+  resolve: (c: GenChoice[]) => void;
+  reject: (e: Error) => void;
+}
+
+interface Row {
+  p: Pending;
+  choice: number;
+  prompt: number[];
+  rng: Rng;
+  tokens: GenToken[];
+  text: string;
+  done: boolean;
+  finish: "stop" | "length";
+}
+
+interface Held {
+  adapter: LoraAdapter;
+  path: string;
+  users: number;
+  unloaded: boolean;
+}
+
+export class Engine {
+  private readonly queue: Pending[] = [];
+  private readonly adapters = new Map<string, Held>();
+  private busy = false;
+  private readonly startAdapter: LoraAdapter | null;
+  readonly stopIds: Set<number>; // tokens that end a row: eos (<|im_end|>) and <|endoftext|>
+  /** Batches run and rows decoded so far (tests and /health read them). */
+  readonly stats = { batches: 0, rows: 0, maxRowsInBatch: 0 };
+
+  constructor(readonly model: Qwen2ForCausalLM, readonly tokenizer: Tokenizer, readonly o: EngineOptions) {
+    this.startAdapter = model.loraAdapter;
+    this.stopIds = new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
+    // The server never trains: a quantized base is unpacked once, for good (adapter factors are held per batch).
+    model.swapAdapter(null);
+    model.unpackBase();
+    model.swapAdapter(this.startAdapter);
+  }
+
+  get contextLength(): number {
+    return this.model.config.maxPositionEmbeddings;
+  }
+
+  get waiting(): number {
+    return this.queue.length;
+  }
+
+  adapterNames(): { name: string; path: string }[] {
+    return [...this.adapters].filter(([, h]) => !h.unloaded).map(([name, h]) => ({ name, path: h.path }));
+  }
+
+  hasAdapter(name: string): boolean {
+    return this.adapters.has(name) && !this.adapters.get(name)!.unloaded;
+  }
+
+  async loadAdapter(name: string, dir: string): Promise<void> {
+    if (this.hasAdapter(name)) throw new ApiError(400, `the LoRA adapter "${name}" has already been loaded; unload it first or use another lora_name`, "lora_name");
+    let adapter: LoraAdapter;
+    try {
+      adapter = await LoraAdapter.load(dir, this.model.config);
+    } catch (err) {
+      throw new ApiError(400, `lora_path ${dir}: ${(err as Error).message.split("\n")[0]}`, "lora_path");
+    }
+    if (this.hasAdapter(name)) {
+      adapter.dispose(); // loaded twice at once: the first one wins
+      throw new ApiError(400, `the LoRA adapter "${name}" has already been loaded`, "lora_name");
+    }
+    this.adapters.set(name, { adapter, path: dir, users: 0, unloaded: false });
+  }
+
+  unloadAdapter(name: string): void {
+    const h = this.adapters.get(name);
+    if (!h || h.unloaded) throw new ApiError(404, `the LoRA adapter "${name}" cannot be found`, "lora_name", "model_not_found");
+    h.unloaded = true;
+    if (h.users === 0) this.free(name, h);
+  }
+
+  private free(name: string, h: Held): void {
+    h.adapter.dispose();
+    if (this.adapters.get(name) === h) this.adapters.delete(name);
+  }
+
+  /** Free the model and every adapter; requests still queued are refused. */
+  dispose(): void {
+    for (const p of this.queue.splice(0)) p.reject(new ApiError(503, "the server is shutting down"));
+    for (const [name, h] of this.adapters) this.free(name, h);
+    this.model.dispose(); // with the adapter it was started with
+  }
+
+  /** Queue a request; resolves with its choices (prompt-major, n per prompt). */
+  generate(req: GenRequest): Promise<GenChoice[]> {
+    if (this.queue.length >= this.o.maxQueue)
+      throw new ApiError(429, `${this.queue.length} requests are waiting (--max_queue ${this.o.maxQueue}); retry later`, null, "rate_limit_exceeded", "rate_limit_error");
+    return new Promise((resolve, reject) => {
+      this.queue.push({ req, resolve, reject });
+      if (!this.busy) void this.pump();
+    });
+  }
+
+  private async pump(): Promise<void> {
+    this.busy = true;
+    try {
+      while (this.queue.length > 0) {
+        await new Promise((r) => setTimeout(r, this.o.batchWaitMs)); // let requests sent together arrive
+        const batch = this.take();
+        await this.run(batch);
+      }
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  /** The next batch: the oldest request's adapter, and every queued request of it that fits. */
+  private take(): Pending[] {
+    const key = this.queue[0].req.adapter;
+    const out: Pending[] = [];
+    let rows = 0;
+    for (let i = 0; i < this.queue.length; ) {
+      const p = this.queue[i];
+      const n = p.req.prompts.length * p.req.n;
+      if (p.req.adapter === key && (out.length === 0 || rows + n <= this.o.maxBatchRows)) {
+        out.push(p);
+        rows += n;
+        this.queue.splice(i, 1);
+      } else i++;
+    }
+    return out;
+  }
+
+  private async run(batch: Pending[]): Promise<void> {
+    const name = batch[0].req.adapter;
+    const held = name === null ? null : this.adapters.get(name);
+    if (name !== null && (!held || held.unloaded)) {
+      for (const p of batch) p.reject(new ApiError(404, `the model "${name}" does not exist (its adapter was unloaded)`, "model", "model_not_found"));
+      return;
+    }
+    if (held) held.users++;
+    const rows: Row[] = [];
+    for (const p of batch) {
+      const rng = new Rng(p.req.params.seed ?? Math.floor(Math.random() * 2 ** 32));
+      p.req.prompts.forEach((prompt, i) => {
+        for (let k = 0; k < p.req.n; k++) rows.push({ p, choice: i * p.req.n + k, prompt, rng, tokens: [], text: "", done: false, finish: "length" });
+      });
+    }
+    this.stats.batches++;
+    this.stats.rows += rows.length;
+    this.stats.maxRowsInBatch = Math.max(this.stats.maxRowsInBatch, rows.length);
+    this.model.swapAdapter(held ? held.adapter : this.startAdapter);
+    const release = this.model.unpackBase(); // holds this adapter's fused factors for the batch
+    try {
+      await this.decode(rows);
+      for (const p of batch) {
+        const mine = rows.filter((r) => r.p === p).sort((a, b) => a.choice - b.choice);
+        p.resolve(mine.map((r) => ({ promptIndex: Math.floor(r.choice / p.req.n), tokens: r.tokens, text: r.text, finishReason: r.finish })));
+      }
+    } catch (err) {
+      for (const p of batch) p.reject(err as Error);
+    } finally {
+      release();
+      this.model.swapAdapter(this.startAdapter);
+      if (held) {
+        held.users--;
+        if (held.unloaded && held.users === 0) this.free(name!, held);
+      }
+    }
+  }
+
+  /** One decode batch: left-padded prefill, then one token per live row per step. */
+  private async decode(rows: Row[]): Promise<void> {
+    const V = this.model.config.vocabSize;
+    const pad = this.tokenizer.padTokenId;
+    const maxPrompt = Math.max(...rows.map((r) => r.prompt.length));
+    const ids = rows.map((r) => [...new Array(maxPrompt - r.prompt.length).fill(pad), ...r.prompt]);
+    const mask = rows.map((r) => [...new Array(maxPrompt - r.prompt.length).fill(0), ...r.prompt.map(() => 1)]);
+    const scratch = new Scratch(V);
+    let cacheRows = rows.map((_, i) => i); // cache position → row
+    const prefill = this.model.prefill(ids, mask);
+    let logits: tf.Tensor2D | null = prefill.logits; // [cacheRows, V]
+    const cache = prefill.cache;
+    try {
+      for (;;) {
+        const data = (await logits!.data()) as Float32Array;
+        logits!.dispose();
+        logits = null;
+        const feed: number[] = [];
+        cacheRows.forEach((r, pos) => {
+          const row = rows[r];
+          if (!row.done && row.p.req.signal?.aborted) row.done = true;
+          if (row.done) return void feed.push(pad);
+          const tok = this.sample(row, data.subarray(pos * V, (pos + 1) * V), scratch);
+          feed.push(tok.id);
+          this.take1(row, tok);
+        });
+        if (rows.every((r) => r.done)) break;
+        const keep = cacheRows.map((r, pos) => (rows[r].done ? -1 : pos)).filter((p) => p >= 0);
+        if (cacheRows.length - keep.length >= Math.max(1, 0.25 * cacheRows.length)) {
+          cache.select(keep);
+          cacheRows = keep.map((p) => cacheRows[p]);
+          logits = this.model.decodeStep(keep.map((p) => feed[p]), cache);
+        } else {
+          logits = this.model.decodeStep(feed, cache);
+        }
+      }
+    } finally {
+      logits?.dispose();
+      cache.dispose();
+    }
+  }
+
+  private sample(row: Row, logits: Float32Array, scratch: Scratch): GenToken {
+    const prm = row.p.req.params;
+    const params = { temperature: prm.temperature, topP: prm.topP, topK: prm.topK };
+    const draw = sampleRow(logits, params, uniformFor(params, row.rng), scratch);
+    const { max, logZ } = logSoftmaxStats(logits);
+    const lp = (j: number) => logits[j] - max - logZ;
+    const top = prm.topLogprobs > 0 ? topIndices(logits, prm.topLogprobs).map((j) => ({ id: j, logprob: lp(j) })) : [];
+    return { id: draw.token, logprob: lp(draw.token), top };
+  }
+
+  /** Append a sampled token to its row and decide whether the row is finished. */
+  private take1(row: Row, tok: GenToken): void {
+    const prm = row.p.req.params;
+    row.tokens.push(tok);
+    row.p.req.onToken?.(row.choice, tok);
+    const isStop = this.stopIds.has(tok.id) || prm.stopTokenIds.includes(tok.id);
+    if (!isStop || prm.stop.length > 0) {
+      const text = this.tokenizer.decode(row.tokens.map((t) => t.id), { skipSpecialTokens: true });
+      const cut = firstStop(text, prm.stop);
+      row.text = cut === -1 ? text : text.slice(0, cut);
+      if (cut !== -1) return void Object.assign(row, { done: true, finish: "stop" });
+    }
+    if (isStop) return void Object.assign(row, { done: true, finish: "stop" });
+    if (row.tokens.length >= prm.maxTokens || row.prompt.length + row.tokens.length >= this.contextLength) Object.assign(row, { done: true, finish: "length" });
+  }
+}
+
+/** Max and log-sum-exp of a row of logits (temperature 1). */
+function logSoftmaxStats(row: Float32Array): { max: number; logZ: number } {
+  let max = -Infinity;
+  for (let j = 0; j < row.length; j++) if (row[j] > max) max = row[j];
+  let sum = 0;
+  for (let j = 0; j < row.length; j++) sum += Math.exp(row[j] - max);
+  return { max, logZ: Math.log(sum) };
+}
+
+/** Index of the earliest stop string in `text`, or -1. */
+export function firstStop(text: string, stops: string[]): number {
+  let at = -1;
+  for (const s of stops) {
+    const i = text.indexOf(s);
+    if (i !== -1 && (at === -1 || i < at)) at = i;
+  }
+  return at;
+}
