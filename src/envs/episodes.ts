@@ -1,14 +1,33 @@
 /** One step's environments: for B tasks × G samples, B·G server instances created and reset in
- *  parallel, and each task's first observation (the same for its G instances: tasks are seeded).
- *  Used by the GRPO and eval runs with --env. Leaves out: reusing instances across steps, retrying a
- *  failed create or reset. */
+ *  parallel, and each task's first observation (the same for its G instances: tasks are seeded); the
+ *  episode's opening messages; the --env server opened by family with a probe that does one real
+ *  reset; task ranges checked against the family's size. Used by the GRPO and eval runs with --env.
+ *  Leaves out: reusing instances across steps, retrying a failed create or reset. */
+import { toPrompt } from "../agents/prompts.ts";
 import { UsageError } from "../cli.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { agentGymEnvironments, type Dialect } from "./agentgym.ts";
+import type { ChatMessage } from "../model/types.ts";
+import { agentGymEnvironments, serverBanner } from "./agentgym.ts";
+import { FAMILIES, familyOfBanner, type Dialect, type Family } from "./families.ts";
 import { failedEnvironment, type Environment, type EnvironmentFactory } from "./types.ts";
 
+/** The system prompt of the generic dialects (the shipped guess-number server), whose servers bring
+ *  no instruction of their own. */
 export const ENV_SYSTEM_PROMPT =
   'You act in an environment. Read each observation and answer with one action, on a last line "Action: <action>".';
+
+/** An episode's opening messages: AgentGym's own for its families (its instruction turn, the
+ *  assistant's acknowledgement, then the first observation, no system message: AgentGym's
+ *  conversation_start), else ENV_SYSTEM_PROMPT and the observation. */
+export function episodePrompt(factory: EnvironmentFactory, observation: string): ChatMessage[] {
+  const ins = factory.family?.instruction;
+  if (!ins) return toPrompt(observation, ENV_SYSTEM_PROMPT);
+  return [
+    { role: "user", content: ins.instruction },
+    { role: "assistant", content: ins.ack },
+    { role: "user", content: observation },
+  ];
+}
 
 /** Tasks for the given data_idx values: the id holds the index (the server has the task). */
 export function environmentTasks(idxs: number[]): Task[] {
@@ -16,8 +35,36 @@ export function environmentTasks(idxs: number[]): Task[] {
 }
 
 /** Where held-out data_idx start by default: GRPO's held-out evaluation and eval.ts --env use data_idx
- *  1000 on, so neither scores a model on the tasks GRPO trains on by default (0 to --max_samples - 1). */
+ *  1000 on, so neither scores a model on the tasks GRPO trains on by default (0 to --max_samples - 1).
+ *  A family with fewer tasks (TextCraft: 544, and it wraps larger data_idx onto them) holds out its
+ *  upper half instead (heldOutStart). */
 export const HELD_OUT_START = 1000;
+
+/** The first held-out data_idx for a server with `size` tasks (undefined: unknown, unbounded). */
+export function heldOutStart(size: number | undefined): number {
+  return size !== undefined && size < 2 * HELD_OUT_START ? Math.floor(size / 2) : HELD_OUT_START;
+}
+
+/** The default task ranges: GRPO trains on 0…maxSamples−1 (never into the held-out part) and holds
+ *  out heldOutStart on (1,000 of them at most); eval.ts evaluates maxSamples from heldOutStart. */
+export function defaultTaskRanges(size: number | undefined, maxSamples: number): { train: string; heldOut: string; evaluate: string } {
+  const start = heldOutStart(size);
+  const end = Math.min(start + 999, (size ?? Infinity) - 1);
+  return {
+    train: `0-${Math.max(0, Math.min(maxSamples, start) - 1)}`,
+    heldOut: `${start}-${end}`,
+    evaluate: `${start}-${Math.max(start, Math.min(start + maxSamples - 1, end))}`,
+  };
+}
+
+/** Ranges past the family's size are a usage error: the server would wrap them onto other tasks
+ *  (TextCraft) or refuse them, and a held-out task could be a training task in disguise. */
+export function checkTaskRange(family: Family | undefined, flag: string, spec: string): void {
+  if (family?.size === undefined) return;
+  const past = expandRanges(spec).filter((i) => i >= family.size!);
+  if (past.length > 0)
+    throw new UsageError(`${flag} ${spec}: the ${family.name} server has ${family.size} tasks (data_idx 0-${family.size - 1}); data_idx ${formatRanges(past)} would repeat tasks ${past[0] % family.size}… (it wraps them modulo ${family.size})`);
+}
 const MAX_TASKS = 1_000_000;
 
 /** data_idx ranges as `0-99,200-249,300` → the indices, in order, each once. */
@@ -105,16 +152,30 @@ export async function openEpisodes(factory: EnvironmentFactory, dataIdxs: number
   }
 }
 
-/** --env URL and --env_dialect as a factory, checked by creating and closing one instance: a server
- *  that does not answer is a usage error before anything is written. */
-export async function openEnvironmentServer(url: string, o: { dialect: Dialect; timeoutMs: number; maxChars: number }): Promise<EnvironmentFactory> {
+/** --env URL and --env_dialect as a factory, checked by one real episode start (create, reset to
+ *  `probeIdx`, close): a server that does not answer, or does not take the family's request shapes,
+ *  is a usage error before anything is written, naming the field the server wanted. "auto" picks the
+ *  family from the server's GET / banner (TextCraft, BabyAI, SciWorld, ALFWorld name themselves),
+ *  else the generic `id` dialect. */
+export async function openEnvironmentServer(url: string, o: { dialect: Dialect; timeoutMs: number; maxChars: number; probeIdx?: number }): Promise<EnvironmentFactory> {
   if (!/^https?:\/\/[^/]/.test(url)) throw new UsageError(`--env ${url}: expected an http(s) URL of an AgentGym environment server`);
-  const factory = agentGymEnvironments(url, o);
+  let family = FAMILIES[o.dialect];
+  if (o.dialect === "auto") {
+    const banner = await serverBanner(url, o.timeoutMs).catch((err: Error) => {
+      throw new UsageError(`--env ${url}: ${err.message} (is the server running?)`);
+    });
+    family = familyOfBanner(banner) ?? FAMILIES.id;
+  }
+  if (!family) throw new UsageError(`--env_dialect ${o.dialect}: expected one of ${Object.keys(FAMILIES).join(", ")}, auto`);
+  const factory = agentGymEnvironments(url, { family, timeoutMs: o.timeoutMs, maxChars: o.maxChars });
+  let env: Environment | null = null;
   try {
-    const env = await factory.create();
-    await env.close();
+    env = await factory.create();
+    await env.reset(o.probeIdx ?? 0);
   } catch (err) {
-    throw new UsageError(`--env ${url}: ${(err as Error).message} (is the server running, and is --env_dialect ${o.dialect} its dialect?)`);
+    throw new UsageError(`--env ${url}: ${(err as Error).message.replace(/ \(is --env_dialect .*\)$/, "")} (is the server running, and is --env_dialect ${family.name}${o.dialect === "auto" ? ", picked from its banner," : ""} its family?)`);
+  } finally {
+    await env?.close();
   }
   return factory;
 }

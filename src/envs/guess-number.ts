@@ -7,7 +7,6 @@
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 import { Rng } from "../util/rng.ts";
-import type { Dialect } from "./agentgym.ts";
 
 export const GUESS_MAX = 100;
 export const GUESS_TURNS = 10;
@@ -54,7 +53,7 @@ export interface GuessServer {
 }
 
 /** Serve on host:port (0: any free port). */
-export async function serveGuessNumber(port: number, dialect: Dialect = "id", host = "127.0.0.1"): Promise<GuessServer> {
+export async function serveGuessNumber(port: number, dialect: "id" | "env_idx" = "id", host = "127.0.0.1"): Promise<GuessServer> {
   const episodes = new Map<number, Episode>();
   let nextId = 0;
   const key = dialect === "id" ? "id" : "env_idx";

@@ -1,18 +1,26 @@
 /** A multi-turn, stateful environment the agent acts in (AgentGym / Gym style): reset to a task gives
  *  the first observation; each assistant turn is one action; step returns the next observation, a
- *  reward and whether the episode is over. The environment's reward becomes the rollout's `env`
- *  reward component. Implementations: agentgym.ts (HTTP servers). Leaves out: vectorised stepping. */
+ *  reward, whether the episode is over and the episode's score by the environment's own rule. The
+ *  score becomes the rollout's `env` reward component. Implementations: agentgym.ts (HTTP servers).
+ *  Leaves out: vectorised stepping. */
+import type { Family } from "./families.ts";
 
 export interface StepResult {
+  /** The action sent, as the family's parser read it from the turn ("" when the turn had none). */
+  action: string;
   observation: string;
   reward: number;
   done: boolean;
+  /** The episode's score so far by its family's rule (families.ts), and whether that is a success. */
+  score: number;
+  success: boolean;
 }
 
 export interface Environment {
   /** Start the episode for task `dataIdx`; resolves to the first observation. */
   reset(dataIdx: number): Promise<string>;
-  step(action: string): Promise<StepResult>;
+  /** One assistant turn (the whole text): the environment's client reads the action out of it. */
+  step(turn: string): Promise<StepResult>;
   close(): Promise<void>;
   /** Set when this row's instance could not be created or reset: its rollout ends at once with
    *  finishReason "env_error" and this message (failedEnvironment). */
@@ -33,6 +41,8 @@ export function failedEnvironment(message: string): Environment {
 export interface EnvironmentFactory {
   /** What the environment is called in messages (its URL). */
   label: string;
+  /** The server's family (request shapes, action format, scoring, instruction); absent: generic. */
+  family?: Family;
   create(): Promise<Environment>;
 }
 
@@ -42,15 +52,4 @@ export class EnvError extends Error {
     super(message);
     this.name = "EnvError";
   }
-}
-
-/** The action in an assistant turn: the text after the last line starting with "Action:" (AgentGym's
- *  ReAct format, "Thought: … Action: …"), or the whole turn when it has no such line; trimmed. */
-export function actionOf(turnText: string): string {
-  const lines = turnText.split("\n");
-  for (let i = lines.length - 1; i >= 0; i--) {
-    const m = /^\s*Action:\s*(.*)$/i.exec(lines[i]);
-    if (m) return m[1].trim();
-  }
-  return turnText.trim();
 }

@@ -352,7 +352,9 @@ export class Qwen2ForCausalLM implements CausalLM {
     if (!(cache instanceof Qwen2KVCache)) throw new Error("decodeStep needs the cache returned by prefill()");
     if (tokens.length !== cache.batchSize) throw new Error(`decodeStep got ${tokens.length} tokens for a cache of ${cache.batchSize} rows`);
     const ids = tokens.map((t) => [t]);
-    return this.step(ids, this.checkBatch(ids), cache, opts);
+    const hold = opts.hold;
+    if (hold && hold.length !== tokens.length) throw new Error(`decodeStep got ${hold.length} hold flags for ${tokens.length} rows`);
+    return this.step(ids, this.checkBatch(ids, hold ? hold.map((h) => [h ? 0 : 1]) : undefined), cache, opts);
   }
 
   private step(ids: number[][], mask: number[][], cache: Qwen2KVCache, opts: ForwardOptions): tf.Tensor2D {

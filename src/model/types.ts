@@ -55,6 +55,10 @@ export interface ForwardOptions {
   adapters?: boolean;
   /** true while training: enables LoRA dropout. Default false. */
   training?: boolean;
+  /** decodeStep only: rows marked true read nothing this step (a rollout row waiting for its
+   *  environment): their token is stored masked out, unseen by every later query, and their position
+   *  id does not advance, so the row's context is as if the step never happened. Its logits are junk. */
+  hold?: boolean[];
 }
 
 /** A causal LM the trainers and the rollout engine drive. Qwen2 is the one implementation. */

@@ -7,6 +7,11 @@
  *  calls, the calls of all rows closing a turn in this step run concurrently, and their rendered
  *  results are queued. A turn without calls or parse errors is the final answer.
  *  Finished rows are dropped from the cache in bulk (cache.select) once enough of them pile up.
+ *  With environments a closed turn is an action: its step runs while the other rows keep decoding,
+ *  the row held meanwhile (it reads nothing: ForwardOptions.hold), so the steps of rows that close
+ *  their turns at different tokens overlap; the loop waits only when every live row is waiting. Each
+ *  row then draws from its own random stream, so which row samples when does not change its tokens.
+ *  A row whose first observation cannot fit the context with maxNewTokens fails alone (env_error).
  *  Leaves out: rewards (rewards.ts), the JSONL log (trajectories.ts), speculative or paged decoding. */
 import { parseToolCalls } from "../agents/toolcall.ts";
 import { toolSchema, type Tool } from "../agents/types.ts";
@@ -15,7 +20,7 @@ import type * as tf from "@tensorflow/tfjs";
 import { gather } from "@tensorflow/tfjs";
 import { sampleTokens, checkSamplingParams } from "./sampler.ts";
 import { runToolCall, ToolResponseRenderer } from "./tool-messages.ts";
-import { actionOf } from "../envs/types.ts";
+import { Rng } from "../util/rng.ts";
 import type { FinishReason, RolloutConfig, Trajectory, TurnRecord } from "./types.ts";
 
 export type { RolloutConfig, RolloutStepInfo, Trajectory, TurnRecord, ToolCallRecord, FinishReason } from "./types.ts";
@@ -66,9 +71,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     });
     return tokenizer.encode(text);
   });
-  const maxPrompt = Math.max(...promptIds.map((p) => p.length));
-  if (maxPrompt + cfg.maxNewTokens > model.config.maxPositionEmbeddings)
-    throw new Error(`longest prompt (${maxPrompt} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's max_position_embeddings ${model.config.maxPositionEmbeddings}`);
+  const context = model.config.maxPositionEmbeddings;
 
   const rows: Row[] = [];
   for (let p = 0; p < prompts.length; p++)
@@ -81,11 +84,6 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
         },
         forced: [], turnIds: [], turn: 1, done: false,
       });
-
-  // Left-pad so every row's last prompt token sits at the same position.
-  const pad = tokenizer.padTokenId;
-  const ids = rows.map((r) => [...new Array(maxPrompt - r.traj.promptIds.length).fill(pad), ...r.traj.promptIds]);
-  const mask = rows.map((r) => [...new Array(maxPrompt - r.traj.promptIds.length).fill(0), ...r.traj.promptIds.map(() => 1)]);
 
   const finish = (row: Row, reason: FinishReason) => {
     row.done = true;
@@ -101,16 +99,20 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     row.traj.finalText = last ? last.content : "";
   };
 
-  // With environments, a closed turn is an action: step the row's environment, queue its observation.
+  // With environments, a closed turn is an action: the row's environment reads it from the turn and
+  // steps; its observation is queued. The episode's score is the environment's own (envs/families.ts).
   const envTurn = async (row: Row, r: number, text: string) => {
-    const turn: TurnRecord = { text, content: text, toolCalls: [], parseErrors: [], ended: true, action: actionOf(text) };
+    const turn: TurnRecord = { text, content: text, toolCalls: [], parseErrors: [], ended: true };
     row.traj.turns.push(turn);
     try {
-      const out = await cfg.envs![r].step(turn.action!);
-      Object.assign(turn, { observation: out.observation, reward: out.reward });
-      row.traj.envReward = (row.traj.envReward ?? 0) + out.reward;
+      const out = await cfg.envs![r].step(text);
+      if (row.done) return; // aborted while the step ran
+      Object.assign(turn, { action: out.action, observation: out.observation, reward: out.reward });
+      row.traj.envReward = out.score;
+      row.traj.envSuccess = out.success;
       if (out.done) return finish(row, "stop");
     } catch (err) {
+      if (row.done) return;
       row.traj.envError = (err as Error).message;
       return finish(row, "env_error");
     }
@@ -151,9 +153,34 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     rows[i].traj.envError = env.failure;
     finish(rows[i], "env_error");
   });
+  // An observation is the environment's text, not the run's configuration: a row it makes too long
+  // for the context fails alone, as a row whose environment failed does.
+  if (cfg.envs)
+    for (const r of rows)
+      if (!r.done && r.traj.promptIds.length + cfg.maxNewTokens > context) {
+        r.traj.envError = `the first observation makes a prompt of ${r.traj.promptIds.length} tokens; with maxNewTokens ${cfg.maxNewTokens} it passes the model's context of ${context} tokens`;
+        finish(r, "env_error");
+      }
   if (rows.every((r) => r.done)) return rows.map((r) => r.traj);
 
   let cacheRows = rows.map((_, i) => i); // cache position → row index
+  // A row that ended before its first token is prefilled as its last prompt token alone (it is
+  // dropped from the cache at the first compaction; its prompt may not even fit the context).
+  const inputs = rows.map((r) => (r.done ? r.traj.promptIds.slice(-1) : r.traj.promptIds));
+  const maxPrompt = Math.max(...inputs.map((p) => p.length));
+  if (maxPrompt + cfg.maxNewTokens > context)
+    throw new Error(`longest prompt (${maxPrompt} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's max_position_embeddings ${context}`);
+  // Left-pad so every row's last prompt token sits at the same position.
+  const pad = tokenizer.padTokenId;
+  const ids = inputs.map((p) => [...new Array(maxPrompt - p.length).fill(pad), ...p]);
+  const mask = inputs.map((p) => [...new Array(maxPrompt - p.length).fill(0), ...p.map(() => 1)]);
+  // Environment rows draw from a stream each (see the header); tool rows share cfg.rng, row order.
+  const rowRngs = cfg.envs ? rows.map(() => new Rng(Math.floor(cfg.rng.next() * 2 ** 32))) : null;
+  // Rows whose environment step is in flight. Past holdSteps decode steps rows stop riding along held
+  // (each held step lengthens the cache by one masked position) and a closing turn is waited for.
+  const pending = new Map<Row, Promise<void>>();
+  const holdSteps = 2 * cfg.maxNewTokens;
+
   const prefill = model.prefill(ids, mask, { adapters });
   let logits: tf.Tensor2D | null = prefill.logits; // [cacheRows, V]
   const cache: KVCache = prefill.cache;
@@ -166,15 +193,22 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
           break;
         }
       }
-      // Sample only for rows that are not reading forced tokens.
-      const samplers = cacheRows.map((r, pos) => (!rows[r].done && rows[r].forced.length === 0 ? pos : -1)).filter((p) => p >= 0);
+      // No live row can take a token while all of them wait for their environment: wait for one.
+      if (pending.size > 0 && rows.every((r) => r.done || pending.has(r))) {
+        await Promise.race(pending.values());
+        if (rows.every((r) => r.done)) break;
+      }
+      // Sample only for rows that are not reading forced tokens or waiting for their environment.
+      const samplers = cacheRows.map((r, pos) => (!rows[r].done && rows[r].forced.length === 0 && !pending.has(rows[r]) ? pos : -1)).filter((p) => p >= 0);
       const drawIndex = new Array<number>(cacheRows.length).fill(-1); // cache position → row of `drawn`
       samplers.forEach((pos, k) => (drawIndex[pos] = k));
       let drawn = null as Awaited<ReturnType<typeof sampleTokens>> | null;
       let readFloats = 0;
       if (samplers.length > 0) {
         const sub = samplers.length === cacheRows.length ? logits! : (gather(logits!, samplers) as tf.Tensor2D);
-        drawn = await sampleTokens(sub, sampling, cfg.rng, { onDevice: cfg.deviceSampling });
+        let k = 0; // sampleTokens draws one uniform per row of `sub`, in order
+        const rng = rowRngs ? ({ next: () => rowRngs[cacheRows[samplers[k++]]].next() } as unknown as Rng) : cfg.rng;
+        drawn = await sampleTokens(sub, sampling, rng, { onDevice: cfg.deviceSampling });
         readFloats = drawn.readFloats;
         if (sub !== logits) sub.dispose();
       }
@@ -182,11 +216,13 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       logits = null;
 
       const feed: number[] = [];
+      const hold: boolean[] = new Array<boolean>(cacheRows.length).fill(false);
       const closing: Row[] = [];
       let nSampled = 0, nForced = 0;
       cacheRows.forEach((r, pos) => {
         const row = rows[r];
         if (row.done) return void feed.push(pad); // waits to be dropped from the cache; output ignored
+        if (pending.has(row) && row.forced.length === 0) return void feed.push(pad), void (hold[pos] = true); // reads nothing this step
         const t = row.traj;
         let tok: number;
         if (row.forced.length > 0) {
@@ -207,7 +243,10 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
         // A closing turn is judged in endTurn: a final answer on the last budgeted token is a "stop".
         if (closing[closing.length - 1] !== row && t.completionIds.length >= cfg.maxNewTokens) finish(row, "length");
       });
-      await Promise.all(closing.map(endTurn));
+      if (cfg.envs) {
+        for (const row of closing) pending.set(row, endTurn(row).finally(() => pending.delete(row)));
+        if (step >= holdSteps) await Promise.all(pending.values());
+      } else await Promise.all(closing.map(endTurn));
 
       const live = rows.filter((r) => !r.done).length;
       cfg.onStep?.({ step, live, total: rows.length, cacheRows: cacheRows.length, sampled: nSampled, forced: nForced, readFloats });
@@ -215,17 +254,19 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
 
       // Drop finished rows once enough have piled up: select copies the cache, so not every step.
       const keep = cacheRows.map((r, pos) => (rows[r].done ? -1 : pos)).filter((p) => p >= 0);
+      const held = (ps: number[]) => (ps.some((p) => hold[p]) ? { hold: ps.map((p) => hold[p]) } : {});
       if (cacheRows.length - keep.length >= Math.max(1, compactFraction * cacheRows.length)) {
         cache.select(keep);
         cacheRows = keep.map((p) => cacheRows[p]);
-        logits = model.decodeStep(keep.map((p) => feed[p]), cache, { adapters });
+        logits = model.decodeStep(keep.map((p) => feed[p]), cache, { adapters, ...held(keep) });
       } else {
-        logits = model.decodeStep(feed, cache, { adapters });
+        logits = model.decodeStep(feed, cache, { adapters, ...held(feed.map((_, p) => p)) });
       }
     }
   } finally {
     logits?.dispose();
     cache.dispose();
+    await Promise.allSettled(pending.values()); // an aborted row's step still in flight (bounded by its time limit)
   }
   return rows.map((r) => r.traj);
 }

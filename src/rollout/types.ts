@@ -18,10 +18,11 @@ export interface RolloutConfig {
   rng: Rng;
   tools: Tool[];
   /** Roll out against environments instead of tools: envs[p·G + g] for sample g of prompt p, already
-   *  reset (the prompt holds its first observation). Each assistant turn is an action (envs/types.ts
-   *  actionOf); the observation comes back as a user message with loss mask 0; the episode ends on
-   *  `done`, the turn limit or the token budget; the rewards are summed into envReward. A failing
-   *  step, or an environment that never started (its `failure` set), ends that row with "env_error". */
+   *  reset (the prompt holds its first observation). Each assistant turn is an action (the
+   *  environment's client reads it from the turn); the observation comes back as a user message with
+   *  loss mask 0; the episode ends on `done`, the turn limit or the token budget; envReward is the
+   *  episode's score. A failing step, an environment that never started (its `failure` set) or a
+   *  first observation too long for the context ends that row with "env_error". */
   envs?: Environment[];
   /** Render the tool schemas into the system prompt through the chat template's `tools`. Default true. */
   toolsInPrompt?: boolean;
@@ -100,8 +101,10 @@ export interface Trajectory {
   numParseErrors: number;
   /** Well-formed calls naming a tool the rollout does not have (also counted in numToolErrors). */
   numUnknownTools: number;
-  /** With an environment: the sum of its step rewards, and the error that ended the episode, if any. */
+  /** With an environment: the episode's score by the environment's own rule (envs/families.ts; the
+   *  summed reward for the generic dialects), whether it succeeded, and the error that ended it. */
   envReward?: number;
+  envSuccess?: boolean;
   envError?: string;
   /** Filled by the caller after scoring. */
   reward?: number;

@@ -12,7 +12,7 @@ import type { Tool } from "../agents/types.ts";
 import { openRunTools } from "../agents/toolset.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { environmentTasks, expandRanges, HELD_OUT_START, openEnvironmentServer } from "../envs/episodes.ts";
+import { checkTaskRange, defaultTaskRanges, environmentTasks, expandRanges, openEnvironmentServer } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
@@ -153,10 +153,10 @@ export function formatImprovement(model: string, baseline: string, d: Interval &
 export function formatEvalTable(results: Array<{ name: string; result: EvalResult }>): string {
   const k = Math.max(1, ...results.map((r) => r.result.k));
   const env = results.some((r) => r.result.envReward !== undefined); // episodes: success and mean reward
-  const head = ["model", "strict acc [95% CI]", "lenient acc", `pass@${k}`, "format", env ? "env reward" : "tools/rollout"];
+  const head = ["model", "strict acc [95% CI]", "lenient acc", `pass@${k}`, "format", ...(env ? ["env reward", "env errors"] : ["tools/rollout"])];
   const rows = results.map(({ name, result: r }) => [
     name, `${f3(r.strict.value)} [${f3(r.strict.lo)}, ${f3(r.strict.hi)}]`, f3(r.lenient.value), f3(r.passAtK), f3(r.formatValid),
-    env ? f3(r.envReward ?? 0) : r.toolCallsPerRollout.toFixed(2),
+    ...(env ? [f3(r.envReward ?? 0), f3(r.envErrorRate ?? 0)] : [r.toolCallsPerRollout.toFixed(2)]),
   ]);
   const widths = head.map((h, c) => Math.max(h.length, ...rows.map((r) => r[c].length)));
   const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i])).join(" | ").trimEnd();
@@ -222,11 +222,15 @@ export interface EvalRunIo {
 
 export async function runEval(options: EvalRunConfig, io: EvalRunIo = { out: (l) => process.stdout.write(l + "\n") }): Promise<EvalRunOutput> {
   const log = (line: string) => process.stderr.write(line + "\n");
-  // With --env, the tasks as run.json records them: by default held out from GRPO's default training tasks.
-  const cfg: EvalRunConfig = options.env ? { ...options, env_tasks: options.env_tasks ?? `${HELD_OUT_START}-${HELD_OUT_START + (options.max_samples ?? 100) - 1}` } : options;
   // Environment and tool servers are checked before the output folder is touched: one that does not
-  // answer is a usage error.
-  const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.env_dialect, timeoutMs: cfg.tool_timeout * 1000, maxChars: cfg.tool_max_chars }) : undefined;
+  // answer, or refuses its family's requests (one real reset), is a usage error.
+  const envs = options.env
+    ? await openEnvironmentServer(options.env, { dialect: options.env_dialect, timeoutMs: options.tool_timeout * 1000, maxChars: options.tool_max_chars, probeIdx: options.env_tasks ? expandRanges(options.env_tasks)[0] : 0 })
+    : undefined;
+  // With --env, the tasks as run.json records them: by default held out from GRPO's default training
+  // tasks, inside the server's size where its family has one.
+  const cfg: EvalRunConfig = envs ? { ...options, env_tasks: options.env_tasks ?? defaultTaskRanges(envs.family?.size, options.max_samples ?? 100).evaluate } : options;
+  if (envs) checkTaskRange(envs.family, "--env_tasks", cfg.env_tasks!);
   const purpose: Purpose = cfg.split === "test" ? "eval" : "rl";
   const examples: Task[] = envs ? environmentTasks(expandRanges(cfg.env_tasks!)) : await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.max_samples, synthetic: cfg.synthetic });
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset} --split ${cfg.split}: no questions to evaluate`);
@@ -257,6 +261,11 @@ async function evaluateModels(cfg: EvalRunConfig, io: EvalRunIo, examples: Task[
         bar?.stop();
       }
       io.out(`${spec.name}: ${formatEvalLine(result)}`);
+      // Scores over episodes the environment refused would read as a model's zero: not a result.
+      if (result.envErrorRate === 1) {
+        const first = result.questions.flatMap((q) => q.samples).find((s) => s.envError)?.envError;
+        throw new Error(`environment ${cfg.env}: all ${result.strict.total} episodes failed on the environment, none was played (first: ${first})`);
+      }
       await writeFileAtomic(path.join(cfg.output_dir, `samples-${spec.name}.jsonl`), samplesJsonl(result));
       results.push({ spec, result });
     }
@@ -291,7 +300,7 @@ async function writeEvalRunReport(
     passAtK: { [r.k]: r.passAtK },
     extra: {
       lenient: Number(f3(r.lenient.value)), format: Number(f3(r.formatValid)), "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)),
-      ...(r.envReward !== undefined ? { "env reward": Number(f3(r.envReward)) } : {}), quantize: spec.quantize,
+      ...(r.envReward !== undefined ? { "env reward": Number(f3(r.envReward)), "env errors": Number(f3(r.envErrorRate ?? 0)) } : {}), quantize: spec.quantize,
     },
   }));
   return writeEvalReport(path.join(cfg.output_dir, "report.html"), {

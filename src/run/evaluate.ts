@@ -11,7 +11,7 @@ import type { Tool } from "../agents/types.ts";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import type { AnswerSchema } from "../datasets/answer.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { ENV_SYSTEM_PROMPT, openEpisodes } from "../envs/episodes.ts";
+import { episodePrompt, openEpisodes } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
@@ -72,6 +72,7 @@ export interface EvalResult {
   toolErrorRate: number; // failed calls / calls
   truncatedRate: number;
   envReward?: number; // mean episode reward (with an environment)
+  envErrorRate?: number; // share of episodes the environment failed (with an environment)
   seconds: number;
   questions: EvalQuestion[];
 }
@@ -99,13 +100,13 @@ export function judge(t: Trajectory, task: Task, defaultSchema: AnswerSchema = "
   };
 }
 
-/** An episode against an environment: success is a summed reward of at least 1. */
+/** An episode against an environment: success and score by the environment's own rule (envs/families.ts). */
 export function judgeEpisode(t: Trajectory): EvalSample {
   const reward = t.envReward ?? 0;
   return {
     finalText: t.finalText,
     text: t.turns.map((turn) => [turn.text, ...(turn.observation !== undefined ? [`[observation → ${turn.observation}]`] : [])].join("\n")).join("\n"),
-    strict: reward >= 1,
+    strict: t.envSuccess ?? reward >= 1,
     lenient: reward > 0,
     formatValid: t.finishReason === "stop",
     toolCalls: 0,
@@ -129,7 +130,7 @@ export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: 
     let trajs: Trajectory[];
     try {
       const prompts = episodes
-        ? episodes.observations.map((obs) => toPrompt(obs, ENV_SYSTEM_PROMPT))
+        ? episodes.observations.map((obs) => episodePrompt(o.envs!, obs))
         : batch.map((ex) => toPrompt(ex.question, systemPromptFor(o.tools, ex.answerSchema ?? schema)));
       trajs = await rolloutGroups(model, tokenizer, prompts, {
         samplesPerPrompt: o.samplesPerPrompt,
@@ -174,7 +175,7 @@ export function summarize(questions: EvalQuestion[], k: number, seconds: number)
     toolCallsPerRollout: all.length ? calls / all.length : 0,
     toolErrorRate: calls ? errors / calls : 0,
     truncatedRate: all.length ? count((s) => s.truncated) / all.length : 0,
-    ...(all.some((s) => s.envReward !== undefined) ? { envReward: mean(all.map((s) => s.envReward ?? 0)) } : {}),
+    ...(all.some((s) => s.envReward !== undefined) ? { envReward: mean(all.map((s) => s.envReward ?? 0)), envErrorRate: mean(all.map((s) => (s.envError ? 1 : 0))) } : {}),
     seconds,
     questions,
   };
@@ -185,7 +186,7 @@ export function formatEvalLine(r: EvalResult): string {
   const pct = (x: number) => x.toFixed(3);
   return (
     `strict ${pct(r.strict.value)} [${pct(r.strict.lo)}, ${pct(r.strict.hi)}] | lenient ${pct(r.lenient.value)} | ` +
-    `format ${pct(r.formatValid)} | ${r.envReward !== undefined ? `env reward ${pct(r.envReward)}` : `tools ${r.toolCallsPerRollout.toFixed(2)}/rollout | tool errors ${pct(r.toolErrorRate)}`} | ` +
+    `format ${pct(r.formatValid)} | ${r.envReward !== undefined ? `env reward ${pct(r.envReward)} | env errors ${pct(r.envErrorRate ?? 0)}` : `tools ${r.toolCallsPerRollout.toFixed(2)}/rollout | tool errors ${pct(r.toolErrorRate)}`} | ` +
     `n ${r.n}×${r.k} | ${r.seconds.toFixed(1)} s`
   );
 }

@@ -9,7 +9,7 @@ import * as path from "node:path";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { ENV_SYSTEM_PROMPT, environmentTasks, expandRanges, formatRanges, HELD_OUT_START, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
+import { checkTaskRange, defaultTaskRanges, environmentTasks, episodePrompt, expandRanges, formatRanges, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig } from "../model/types.ts";
@@ -92,6 +92,13 @@ function dataStream(examples: Task[], seed: number) {
 
 export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   const t0 = Date.now();
+  // The environment server is checked first, by one real reset (its family also fixes the default
+  // task ranges): one that does not answer or refuses its family's requests is a usage error before
+  // anything is written.
+  const envs = options.env
+    ? await openEnvironmentServer(options.env, { dialect: options.env_dialect, timeoutMs: options.tool_timeout * 1000, maxChars: options.tool_max_chars, probeIdx: options.env_tasks ? expandRanges(options.env_tasks)[0] : 0 })
+    : null;
+  const ranges = envs ? defaultTaskRanges(envs.family?.size, options.max_samples ?? 100) : null;
   // The values the flags leave open, settled once: what run.json and the resume check see.
   const cfg: GrpoRunConfig & { output_dir: string; epsilon_high: number } = {
     ...options,
@@ -100,10 +107,12 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
     importance_sampling_level: importanceLevel({ lossType: options.loss_type, importanceSamplingLevel: options.importance_sampling_level }),
     synthetic: options.synthetic ?? (options.preset === "tiny" ? TINY_PROBLEMS : undefined),
     // With --env, the task ranges as run.json records them (and the resume check compares).
-    ...(options.env
-      ? { env_tasks: options.env_tasks ?? `0-${(options.max_samples ?? 100) - 1}`, env_eval_tasks: options.env_eval_tasks ?? `${HELD_OUT_START}-${HELD_OUT_START + 999}` }
-      : {}),
+    ...(ranges ? { env_tasks: options.env_tasks ?? ranges.train, env_eval_tasks: options.env_eval_tasks ?? ranges.heldOut } : {}),
   };
+  if (envs) {
+    checkTaskRange(envs.family, "--env_tasks", cfg.env_tasks!);
+    checkTaskRange(envs.family, "--env_eval_tasks", cfg.env_eval_tasks!);
+  }
   // With an environment and the default weights, the reward is the environment's.
   const weightSpec = cfg.env && cfg.reward_weights === GRPO_FLAGS.reward_weights.default ? "env=1" : cfg.reward_weights;
   const rewardWeights = usage("--reward_weights", () => parseRewardWeights(weightSpec));
@@ -120,9 +129,7 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   // --resume; a finished one only continues with more steps.
   if (start > total || (start === total && (await runFinished(cfg.output_dir))))
     throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
-  // Tool and environment servers are checked before the run folder is touched: one that does not
-  // answer is a usage error.
-  const envs = cfg.env ? await openEnvironmentServer(cfg.env, { dialect: cfg.env_dialect, timeoutMs: cfg.tool_timeout * 1000, maxChars: cfg.tool_max_chars }) : null;
+  // Tool servers are checked before the run folder is touched (the environment server was, above).
   // Held-out questions never include a training row; the split is logged and kept in run.json.
   const { train: examples, heldOut, split } = envs
     ? environmentSplit(cfg.env!, cfg.env_tasks!, cfg.env_eval_tasks!, cfg.eval_samples)
@@ -211,7 +218,7 @@ async function train(
         let trajs: Trajectory[];
         try {
           const prompts = episodes
-            ? episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT))
+            ? episodes.observations.map((o) => episodePrompt(c.envs!, o))
             : batch.map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer)));
           trajs = await rolloutGroups(model, tokenizer, prompts, {
             samplesPerPrompt: cfg.samples_per_prompt, maxNewTokens: cfg.max_new_tokens, maxTurns: cfg.max_turns,

@@ -5,7 +5,7 @@ import { Option, type Command } from "commander";
 import { AUTO_ORDER, BACKEND_NAMES } from "../backend.ts";
 import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
 import { splitToolSpecs } from "../agents/toolset.ts";
-import { DIALECTS, type Dialect } from "../envs/agentgym.ts";
+import { DIALECTS, type Dialect } from "../envs/families.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
 import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../wasm-threads.ts";
@@ -59,14 +59,14 @@ export function toolFlags() {
   } satisfies FlagTable;
 }
 
-const ENV_HELP = "roll out against an AgentGym HTTP environment server instead of a dataset: each assistant turn is an action (its last \"Action:\" line), the environment's reward is the reward component env";
+const ENV_HELP = "roll out against an AgentGym HTTP environment server instead of a dataset: each assistant turn is an action, read as the environment's AgentGym client reads it; the episode's score by the environment's own rule is the reward component env";
 
 /** --env URL and --env_dialect: roll out against an AgentGym environment server (GRPO, eval; `help`
  *  says what the script does with it). */
 export function envFlags(help = ENV_HELP) {
   return {
     env: optional("--env <url>", help),
-    env_dialect: flag("--env_dialect <kind>", "the server's API: id (TextCraft, BabyAI, ALFWorld, SciWorld) or env_idx (WebShop, SQLGym)", parseChoice("env_dialect", DIALECTS), "id" as Dialect),
+    env_dialect: flag("--env_dialect <kind>", "the server's family, which fixes its request shapes, action format, scoring and instruction: textcraft, babyai, sciworld, alfworld, webshop, sqlgym (AgentGym's servers), id or env_idx (generic: the shipped guess-number server), auto (from the server's GET / banner; generic id when it names no family)", parseChoice("env_dialect", DIALECTS), "auto" as Dialect),
   } satisfies FlagTable;
 }
 

@@ -7,10 +7,11 @@ import type { AddressInfo } from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
-import { agentGymEnvironments, type Dialect } from "../../src/envs/agentgym.ts";
+import { agentGymEnvironments } from "../../src/envs/agentgym.ts";
+import { FAMILIES, genericAction } from "../../src/envs/families.ts";
 import { openEnvironmentServer, openEpisodes, ENV_SYSTEM_PROMPT } from "../../src/envs/episodes.ts";
 import { GUESS_MAX, secretFor, serveGuessNumber, type GuessServer } from "../../src/envs/guess-number.ts";
-import { actionOf, EnvError, type Environment } from "../../src/envs/types.ts";
+import { EnvError, type Environment } from "../../src/envs/types.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
 import { scoreRollout } from "../../src/rollout/rewards.ts";
@@ -41,7 +42,7 @@ afterAll(async () => {
   for (const s of raw) { s.closeAllConnections(); s.close(); }
 });
 
-describe.each(["id", "env_idx"] as Dialect[])("the shipped server, %s dialect", (dialect) => {
+describe.each(["id", "env_idx"] as const)("the shipped server, %s dialect", (dialect) => {
   let url: string;
   beforeAll(async () => {
     const s = await serveGuessNumber(0, dialect);
@@ -50,14 +51,14 @@ describe.each(["id", "env_idx"] as Dialect[])("the shipped server, %s dialect", 
   });
 
   it("a policy that reads the observations reaches the optimal reward in at most 7 steps", async () => {
-    const factory = agentGymEnvironments(url, { dialect, timeoutMs: 5_000 });
+    const factory = agentGymEnvironments(url, { family: FAMILIES[dialect], timeoutMs: 5_000 });
     for (const idx of [0, 1, 2, 3, 4]) {
       const env = await factory.create();
       expect(await env.reset(idx)).toMatch(/^Guess the secret whole number between 1 and 100/);
       let lo = 1, hi = GUESS_MAX, steps = 0, total = 0, done = false;
       while (!done) {
         const mid = Math.floor((lo + hi) / 2);
-        const r = await env.step(actionOf(`Thought: halve the range.\nAction: guess ${mid}`));
+        const r = await env.step(`Thought: halve the range.\nAction: guess ${mid}`);
         steps++;
         total += r.reward;
         done = r.done;
@@ -72,7 +73,7 @@ describe.each(["id", "env_idx"] as Dialect[])("the shipped server, %s dialect", 
     }
   });
   it("invalid actions and running out of guesses: no reward, the episode ends", async () => {
-    const env = await agentGymEnvironments(url, { dialect }).create();
+    const env = await agentGymEnvironments(url, { family: FAMILIES[dialect] }).create();
     await env.reset(9);
     expect((await env.step("look around")).observation).toMatch(/^Invalid action "look around"/);
     let last = { observation: "", reward: 0, done: false };
@@ -111,19 +112,19 @@ describe("broken servers give an EnvError, never a hang", () => {
   it("a hung server: a time-out", async () => {
     const url = await brokenServer(null);
     const t0 = Date.now();
-    await expect(agentGymEnvironments(url, { dialect: "id", timeoutMs: 300 }).create()).rejects.toThrow(/\/create: no reply within 0\.3 s/);
+    await expect(agentGymEnvironments(url, { family: FAMILIES.id, timeoutMs: 300 }).create()).rejects.toThrow(/\/create: no reply within 0\.3 s/);
     expect(Date.now() - t0).toBeLessThan(5_000);
   });
   it("malformed replies: not JSON, missing fields, HTTP errors", async () => {
     const notJson = await brokenServer(() => [200, "<html>"]);
-    await expect(agentGymEnvironments(notJson, { dialect: "id" }).create()).rejects.toThrow(/\/create: reply is not JSON: "<html>"/);
+    await expect(agentGymEnvironments(notJson, { family: FAMILIES.id }).create()).rejects.toThrow(/\/create: reply is not JSON: "<html>"/);
     const noDone = await brokenServer((route) => [200, route === "/create" ? '{"id": 1}' : '{"observation": "x", "reward": 1}']);
-    const env = await agentGymEnvironments(noDone, { dialect: "id" }).create();
+    const env = await agentGymEnvironments(noDone, { family: FAMILIES.id }).create();
     await expect(env.step("guess 1")).rejects.toThrow(EnvError);
     await expect(env.step("guess 1")).rejects.toThrow(/\/step: "done" is undefined, expected true or false/);
     const fails = await brokenServer(() => [500, '{"detail": "boom"}']);
-    await expect(agentGymEnvironments(fails, { dialect: "env_idx" }).create()).rejects.toThrow(/\/create: HTTP 500/);
-    await expect(openEnvironmentServer(fails, { dialect: "id", timeoutMs: 1000, maxChars: 100 })).rejects.toThrow(/--env http.*HTTP 500.*is --env_dialect id its dialect/);
+    await expect(agentGymEnvironments(fails, { family: FAMILIES.env_idx }).create()).rejects.toThrow(/\/create: HTTP 500/);
+    await expect(openEnvironmentServer(fails, { dialect: "id", timeoutMs: 1000, maxChars: 100 })).rejects.toThrow(/--env http.*HTTP 500.*is --env_dialect id its family/);
   });
 });
 
@@ -138,7 +139,7 @@ describe("rollouts against the environment", () => {
   });
 
   it("turns are actions, observations come back with mask 0, the env reward is the component env", async () => {
-    const factory = agentGymEnvironments(url, { dialect: "id" });
+    const factory = agentGymEnvironments(url, { family: FAMILIES.id });
     const tasks = [3, 5];
     const episodes = await openEpisodes(factory, tasks, 2);
     // Row 0 of each task plays binary search (scripted from the known secret); row 1 guesses 1 forever.
@@ -169,7 +170,7 @@ describe("rollouts against the environment", () => {
   });
 
   it("an environment that fails mid-episode ends that rollout with env_error, the others go on", async () => {
-    const ok = (await openEpisodes(agentGymEnvironments(url, { dialect: "id" }), [3], 1)).envs[0];
+    const ok = (await openEpisodes(agentGymEnvironments(url, { family: FAMILIES.id }), [3], 1)).envs[0];
     const failing: Environment = { reset: async () => "", step: async () => { throw new EnvError("environment x/step: no reply within 1 s"); }, close: async () => {} };
     const say = tok.encode("Action: guess 50");
     const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[say, say], [say, say]] });
@@ -231,7 +232,7 @@ describe("evaluation against the environment", () => {
     const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: scripts.map((turns) => turns.map((t) => tok.encode(t))) });
     const r = await evaluate(model, tok, environmentTasks([0, 1]), {
       samplesPerPrompt: 2, temperature: 1, batchSize: 2, maxNewTokens: 400, maxTurns: 10, toolsInPrompt: false, seed: 0, tools: [],
-      envs: agentGymEnvironments(s.url, { dialect: "id" }),
+      envs: agentGymEnvironments(s.url, { family: FAMILIES.id }),
     });
     expect(r.questions.map((q) => q.samples.map((x) => [x.strict, x.envReward, x.formatValid]))).toEqual([[[true, 1, true], [false, 0, true]], [[true, 1, true], [false, 0, true]]]);
     expect(r.questions[0].question).toMatch(/^Guess the secret whole number/);
@@ -284,9 +285,11 @@ describe("evaluation against the environment", () => {
   }, 120_000);
 });
 
-describe("actionOf", () => {
-  it("takes the last Action: line, else the whole turn", () => {
-    expect(actionOf("Thought: x\nAction: guess 1\nmore\nAction:  guess 2 ")).toBe("guess 2");
-    expect(actionOf("  guess 7 \n")).toBe("guess 7");
+describe("the generic dialects' action", () => {
+  it("the first non-empty line after the last Action:, else the whole turn; a trailing period dropped", () => {
+    const act = (t: string) => (genericAction(t) as { action: string }).action;
+    expect(act("Thought: x\nAction: guess 1\nmore\nAction:  guess 2 ")).toBe("guess 2");
+    expect(act("Thought: x\n\nAction:\nguess 3.\n")).toBe("guess 3"); // AgentGym's layout: the action on the next line
+    expect(act("  guess 7 \n")).toBe("guess 7");
   });
 });

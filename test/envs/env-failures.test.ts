@@ -12,6 +12,7 @@ import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { toPrompt } from "../../src/agents/prompts.ts";
 import { agentGymEnvironments } from "../../src/envs/agentgym.ts";
+import { FAMILIES } from "../../src/envs/families.ts";
 import { ENV_SYSTEM_PROMPT, openEpisodes } from "../../src/envs/episodes.ts";
 import { secretFor, serveGuessNumber, type GuessServer } from "../../src/envs/guess-number.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
@@ -79,7 +80,7 @@ describe("create and reset failures are per rollout", () => {
     proxies.push(proxy);
     const t0 = Date.now();
     // A limit well above a loaded machine's loopback round trip, since the rows' steps share it.
-    const episodes = await openEpisodes(agentGymEnvironments(proxy.url, { dialect: "id", timeoutMs: 3_000 }), [3, 5], 3);
+    const episodes = await openEpisodes(agentGymEnvironments(proxy.url, { family: FAMILIES.id, timeoutMs: 3_000 }), [3, 5], 3);
     expect(Date.now() - t0).toBeLessThan(30_000); // the hung reset is cut at its time limit
     expect(episodes.failed).toBe(3);
     const failures = episodes.envs.map((e) => e.failure).filter((f) => f !== undefined);
@@ -112,7 +113,7 @@ describe("create and reset failures are per rollout", () => {
   it("when no row of a task starts, its prompt is a placeholder and nothing is decoded", async () => {
     const proxy = await faultyProxy(guess.url, (route) => (route === "/create" ? "http500" : "ok"));
     proxies.push(proxy);
-    const episodes = await openEpisodes(agentGymEnvironments(proxy.url, { dialect: "id" }), [4], 2);
+    const episodes = await openEpisodes(agentGymEnvironments(proxy.url, { family: FAMILIES.id }), [4], 2);
     expect(episodes.failed).toBe(2);
     expect(episodes.observations).toEqual(["(task 4: the environment did not start)"]);
     const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[[1]], [[1]]] });
@@ -133,7 +134,7 @@ describe("create and reset failures are per rollout", () => {
     const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[say], [say]] });
     const r = await evaluate(model, tok, environmentTasks([0]), {
       samplesPerPrompt: 2, temperature: 1, batchSize: 1, maxNewTokens: 100, maxTurns: 2, toolsInPrompt: false, seed: 0, tools: [],
-      envs: agentGymEnvironments(proxy.url, { dialect: "id" }),
+      envs: agentGymEnvironments(proxy.url, { family: FAMILIES.id }),
     });
     const samples = r.questions[0].samples;
     expect(samples.map((x) => x.strict).sort()).toEqual([false, true]);
@@ -157,11 +158,11 @@ describe("GRPO against a failing environment server", () => {
   it("partial failures train on the rest; all-failed steps in a row stop the run with a checkpoint to resume", async () => {
     const { runGrpo } = await import("../../src/run/grpo-run.ts");
     const { readMetrics } = await import("../../src/trainer/metrics.ts");
-    // /create #1 is the start-up check. Step 1 creates #2–#5 and resets #1–#4: reset #2 fails.
-    // Steps 2 and 3: every create fails (the server is down) until `healthy`.
+    // /create #1 and /reset #1 are the start-up check. Step 1 creates #2–#5 and resets #2–#5: reset
+    // #3 fails. Steps 2 and 3: every create fails (the server is down) until `healthy`.
     let healthy = false;
     const proxy = await faultyProxy(guess.url, (route, n) =>
-      healthy ? "ok" : route === "/reset" && n === 2 ? "http500" : route === "/create" && n >= 6 ? "http500" : "ok",
+      healthy ? "ok" : route === "/reset" && n === 3 ? "http500" : route === "/create" && n >= 6 ? "http500" : "ok",
     );
     proxies.push(proxy);
     const cfg = await tinyEnvRunConfig(proxy.url, "id", {

@@ -5,7 +5,7 @@
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import type { Dialect } from "../../src/envs/agentgym.ts";
+import type { Dialect } from "../../src/envs/families.ts";
 import type { GrpoRunConfig } from "../../src/run/grpo-run.ts";
 
 export async function tinyEnvRunConfig(env: string, dialect: Dialect, overrides: Partial<GrpoRunConfig> = {}) {

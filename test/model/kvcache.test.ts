@@ -87,6 +87,26 @@ describe("KV cache (wasm)", () => {
     expect(tf.memory().numTensors).toBe(before);
   });
 
+  it("a held row reads nothing: its next logits are those of the same context without the held steps", async () => {
+    // Row 0 is held for two steps (a rollout row waiting for its environment) while row 1 decodes on.
+    const { logits, cache } = model.prefill([[0, 56, 61, 139], [16, 217, 62, 54]], [[0, 1, 1, 1], [1, 1, 1, 1]]);
+    logits.dispose();
+    const steps: [number[], boolean[] | undefined][] = [[[5, 6], undefined], [[0, 7], [true, false]], [[0, 8], [true, false]], [[9, 10], undefined]];
+    let l: tf.Tensor2D | null = null;
+    for (const [tokens, hold] of steps) {
+      l?.dispose();
+      l = model.decodeStep(tokens, cache, hold ? { hold } : {});
+    }
+    const got = (await l!.array()) as number[][];
+    l!.dispose();
+    cache.dispose();
+    const want0 = await lastLogits(model, [[0, 56, 61, 139, 5, 9]], [[0, 1, 1, 1, 1, 1]]);
+    const want1 = await lastLogits(model, [[16, 217, 62, 54, 6, 7, 8, 10]], [[1, 1, 1, 1, 1, 1, 1, 1]]);
+    expect(maxDiff([got[0]], want0)).toBeLessThanOrEqual(1e-4);
+    expect(maxDiff([got[1]], want1)).toBeLessThanOrEqual(1e-4);
+    expect(() => model.decodeStep([1, 2], model.prefill([[1], [2]], [[1], [1]]).cache, { hold: [true] })).toThrow(/1 hold flags for 2 rows/);
+  });
+
   it("50 decode steps leave the tensor count unchanged", async () => {
     const before = tf.memory().numTensors;
     const { logits, cache } = model.prefill([[1, 2, 3], [0, 4, 5]], [[1, 1, 1], [0, 1, 1]]);

@@ -4,7 +4,7 @@
  *  So forced tokens (tool responses and the next header) move it to the next turn exactly as they
  *  would a real model's context. Or, with `fixed`, every step returns the same distribution. */
 import * as tf from "@tensorflow/tfjs";
-import type { CausalLM, KVCache, Qwen2Config } from "../../src/model/types.ts";
+import type { CausalLM, ForwardOptions, KVCache, Qwen2Config } from "../../src/model/types.ts";
 
 class ScriptedCache implements KVCache {
   constructor(public rows: number[], public contexts: number[][], public length: number) {}
@@ -53,11 +53,11 @@ export class ScriptedModel implements CausalLM {
     return { logits: this.logits(cache), cache };
   }
 
-  decodeStep(tokens: number[], cache: KVCache): tf.Tensor2D {
+  decodeStep(tokens: number[], cache: KVCache, o: ForwardOptions = {}): tf.Tensor2D {
     const c = cache as ScriptedCache;
     if (tokens.length !== c.rows.length) throw new Error(`decodeStep: ${tokens.length} tokens for ${c.rows.length} rows`);
     this.decodeBatchSizes.push(tokens.length);
-    tokens.forEach((t, i) => c.contexts[i].push(t));
+    tokens.forEach((t, i) => o.hold?.[i] || c.contexts[i].push(t)); // a held row reads nothing (ForwardOptions.hold)
     c.length++;
     return this.logits(c);
   }
