@@ -17,7 +17,7 @@ export function serveCommand(): Command {
     .requiredOption("--workspace <dir>", "the agents' folder: submitted model paths must resolve inside it (made if missing)")
     .option("--port <n>", "TCP port (0: any free one)", parseIntArg("port", 0, 65535), 8000)
     .option("--host <addr>", "address to bind; the default answers this machine only", "127.0.0.1")
-    .option("--scenarios <list>", `scenarios to serve, comma-separated (${SCENARIO_IDS.join(", ")}); the first is the default of /submit`, parseList("scenarios", SCENARIO_IDS), ["tiny"])
+    .option("--scenarios <list>", `scenarios to serve, comma-separated (${SCENARIO_IDS.join(", ")}); the first is the default of /submit (default: tiny, and gsm8k where its model and data are on this machine)`, parseList("scenarios", SCENARIO_IDS))
     .option("--time_budget <seconds>", "agents' time budget from the server's first start (kept in <workspace>/run_meta.json across restarts); evaluations are refused once it is spent (default: none)", parseIntArg("time_budget", 1))
     .option("--state_dir <dir>", "where baselines, the submission history and cached evaluations go (default <workspace>/grading)")
     .option("--max_queue <n>", "evaluations that may wait behind the running one; more get 429 with Retry-After", parseIntArg("max_queue", 0), 8)
@@ -46,7 +46,8 @@ export async function parseServeArgs(argv: string[], log: (line: string) => void
   };
   if ((o.samples_per_prompt ?? 1) > 1 && !(o.temperature > 0))
     throw new UsageError(`--samples_per_prompt ${o.samples_per_prompt} with a greedy evaluation: the samples would be identical; add --temperature > 0`);
-  const ids = [...new Set(o.scenarios as ScenarioId[])];
+  const explicit = o.scenarios !== undefined;
+  const ids = explicit ? [...new Set(o.scenarios as ScenarioId[])] : [...SCENARIO_IDS];
 
   const stat = await fs.stat(o.workspace).catch(() => null);
   if (stat && !stat.isDirectory()) throw new UsageError(`--workspace ${o.workspace} is a file; expected a folder`);
@@ -55,7 +56,7 @@ export async function parseServeArgs(argv: string[], log: (line: string) => void
   const stateDir = path.resolve(o.state_dir ?? path.join(workspace, "grading"));
   if (o.gsm8k_data !== "gsm8k" && o.gsm8k_data !== "openai/gsm8k" && ids.includes("gsm8k") && !(await fs.stat(o.gsm8k_data).catch(() => null)))
     throw new UsageError(`--gsm8k_data ${o.gsm8k_data}: no such file or folder; expected gsm8k or a GSM8K .jsonl/.parquet path or folder`);
-  const scenarios = ids.map((id) => makeScenario(id, { workspace, gsm8kModel: o.gsm8k_model, gsm8kData: o.gsm8k_data, overrides }));
+  const scenarios = ids.map((id) => makeScenario(id, { stateDir, explicit, gsm8kModel: o.gsm8k_model, gsm8kData: o.gsm8k_data, overrides }));
   return {
     host: o.host, port: o.port, workspace, stateDir, scenarios,
     maxQueue: o.max_queue, maxModelBytes: Math.floor(o.max_model_gb * 2 ** 30),

@@ -67,9 +67,9 @@ export class Grader {
   private baselines = new Map<string, Promise<StoredEvaluation>>();
   private baselineErrors = new Map<string, string>();
   private baselineReady = new Map<string, StoredEvaluation>();
+  private unavailable = new Set<string>(); // scenarios listed by default whose model or data are not on this machine
   private historyTail: Promise<unknown> = Promise.resolve();
   private closing = false;
-  runMeta!: RunMeta;
   counters = { evaluations_run: 0, cache_hits: 0 };
 
   private constructor(readonly o: GraderOptions) {
@@ -77,17 +77,21 @@ export class Grader {
     this.queue = new EvalQueue(o.maxQueue);
   }
 
-  /** Reads the run's clock (kept across restarts) and starts each scenario's baseline. */
+  /** Reads the run's clock (AutoRL-Bench's harness writes `<workspace>/run_meta.json` before the
+   *  server starts: it is read and kept; only fields it lacks are filled — the start time, and the
+   *  budget from --time_budget) and starts each scenario's baseline. */
   static async open(o: GraderOptions): Promise<Grader> {
     const g = new Grader(o);
     const meta = await g.store.readRunMeta();
-    g.runMeta = {
-      start_time: typeof meta?.start_time === "number" ? meta.start_time : Math.floor(Date.now() / 1000),
-      timeout_s: o.timeBudget,
-      last_submit_time: meta?.last_submit_time ?? null,
-      end_time: null,
-    };
-    await g.store.writeRunMeta(g.runMeta);
+    const fill: RunMeta = {};
+    if (meta === null) Object.assign(fill, { start_time: Math.floor(Date.now() / 1000), timeout_s: o.timeBudget, last_submit_time: null, end_time: null });
+    else {
+      if (!Number.isFinite(meta.start_time)) fill.start_time = Math.floor(Date.now() / 1000);
+      if ((meta.timeout_s === undefined || meta.timeout_s === null) && o.timeBudget !== null) fill.timeout_s = o.timeBudget;
+      else if (o.timeBudget !== null && meta.timeout_s !== o.timeBudget)
+        o.log(`--time_budget ${o.timeBudget} ignored: ${g.store.runMetaPath()} already sets timeout_s ${JSON.stringify(meta.timeout_s)}`);
+    }
+    if (Object.keys(fill).length > 0) await g.store.updateRunMeta(fill);
     for (const s of o.scenarios) g.baseline(s).catch(() => undefined); // failures are kept and shown
     return g;
   }
@@ -155,6 +159,11 @@ export class Grader {
     let p = this.baselines.get(s.id);
     if (!p) {
       p = (async () => {
+        const missing = s.explicit ? null : await s.missing();
+        if (missing !== null) {
+          this.unavailable.add(s.id);
+          throw new HttpError(503, `scenario ${s.id} is unavailable on this server: ${missing}; start it with --scenarios ${s.id} to fetch what is missing`);
+        }
         let dir: string;
         try {
           dir = await resolveModelDir(s.baseModel);
@@ -168,7 +177,7 @@ export class Grader {
         if (old?.computed?.key !== key) {
           await this.store.writeBaseline({
             scenario_id: s.id, model: s.baseModel, set: old?.set ?? null,
-            computed: { key, score: ev.result.strict.value, n: ev.result.n, k: ev.result.k, samples_path: this.store.samplesPath(key), protocol: ev.protocol, computed_at: ev.computed_at },
+            computed: { key, score: pct(ev.result.strict.value), accuracy: ev.result.strict.value, n: ev.result.n, k: ev.result.k, samples_path: this.store.samplesPath(key), protocol: ev.protocol, computed_at: ev.computed_at },
           });
         }
         this.baselineErrors.delete(s.id);
@@ -177,21 +186,21 @@ export class Grader {
       })();
       this.baselines.set(s.id, p);
       p.catch((err: Error) => {
-        this.baselines.delete(s.id); // tried again on the next request that needs it
+        if (!this.unavailable.has(s.id)) this.baselines.delete(s.id); // tried again on the next request that needs it
         this.baselineErrors.set(s.id, err.message);
-        if (!this.closing) this.o.log(`baseline of ${s.id} failed: ${err.message}`);
+        if (!this.closing) this.o.log(`baseline of ${s.id} ${this.unavailable.has(s.id) ? "unavailable" : "failed"}: ${err.message}`);
       });
     }
     return p;
   }
 
-  /** What GET /scenarios/{id} shows of the baseline, without waiting for it. */
-  async baselineInfo(s: Scenario): Promise<{ score: number | null; status: "ready" | "computing" | "failed"; record: BaselineRecord | null; error?: string }> {
+  /** What GET /scenarios/{id} shows of the baseline (percent), without waiting for it. */
+  async baselineInfo(s: Scenario): Promise<{ score: number | null; status: "ready" | "computing" | "failed" | "unavailable"; record: BaselineRecord | null; error?: string }> {
     const record = await this.store.readBaseline(s.id);
     const ready = this.baselineReady.get(s.id);
     const error = ready ? undefined : this.baselineErrors.get(s.id);
-    const status = ready ? "ready" : error ? "failed" : "computing";
-    return { score: record?.set?.score ?? ready?.result.strict.value ?? null, status, record, ...(error ? { error } : {}) };
+    const status = ready ? "ready" : this.unavailable.has(s.id) ? "unavailable" : error ? "failed" : "computing";
+    return { score: record?.set?.score ?? (ready ? pct(ready.result.strict.value) : null), status, record, ...(error ? { error } : {}) };
   }
 
   async setBaseline(s: Scenario, score: number): Promise<BaselineRecord> {
@@ -203,14 +212,18 @@ export class Grader {
 
   // ------------------------------------------------------------------ submissions
 
-  private checkBudget(): void {
-    const left = this.remaining();
-    if (left !== null && left <= 0) throw new HttpError(403, `the time budget of ${this.runMeta.timeout_s} s is spent; no more evaluations are accepted`);
+  /** run_meta.json as /time shows it (the real server's fields), with `now` and `remaining`. */
+  async time(): Promise<Record<string, unknown>> {
+    const meta = (await this.store.readRunMeta()) ?? {};
+    const now = Math.floor(Date.now() / 1000);
+    const { start_time: start, timeout_s: budget } = meta;
+    const remaining = typeof start === "number" && typeof budget === "number" && Number.isFinite(start + budget) ? Math.max(0, budget - (now - start)) : null;
+    return { ...meta, now, remaining };
   }
 
-  remaining(): number | null {
-    if (this.runMeta.timeout_s === null) return null;
-    return Math.max(0, this.runMeta.timeout_s - (Math.floor(Date.now() / 1000) - this.runMeta.start_time));
+  private async checkBudget(): Promise<void> {
+    const t = await this.time();
+    if (t.remaining === 0) throw new HttpError(403, `the time budget of ${t.timeout_s} s is spent; no more evaluations are accepted`);
   }
 
   private async inspect(s: Scenario, modelPath: string): Promise<ModelFolder> {
@@ -218,39 +231,50 @@ export class Grader {
     return inspectModelFolder(dir, { workspace: this.o.workspace, scenarioBase: s.baseModel, scenarioBaseDir: await localModelDir(s.baseModel), maxBytes: this.o.maxModelBytes });
   }
 
-  /** Evaluate a submitted folder and score it against the baseline (both dialects' fields). */
+  /** Evaluate a submitted folder and score it against the baseline (both dialects' fields). Scores
+   *  are percent, as AutoRL-Bench's evaluators give them; `accuracy` keeps the fraction. With no
+   *  baseline (none set, and the base model's evaluation failed or is unavailable) `baseline_score`
+   *  and `improvement` are null, as on the real server before /set_baseline. */
   async grade(s: Scenario, modelPath: string): Promise<{ fields: Record<string, unknown>; key: string }> {
-    this.checkBudget();
+    await this.checkBudget();
+    const missing = s.explicit ? null : await s.missing();
+    if (missing !== null) throw new HttpError(503, `scenario ${s.id} is unavailable on this server: ${missing}`);
     const t0 = Date.now();
     const folder = await this.inspect(s, modelPath);
     const key = this.key(s, { fingerprint: folder.fingerprint });
     const fail = (err: Error) => new HttpError(422, `model_path ${JSON.stringify(modelPath)} could not be loaded or evaluated: ${err.message.split("\n")[0]}`);
     const stillSame = async () => (await this.inspect(s, modelPath).then((f) => f.fingerprint, () => null)) === folder.fingerprint;
-    const [{ ev, cached }, base] = await Promise.all([this.evaluation(s, key, { path: folder.dir, kind: folder.kind, base: folder.base }, fail, stillSame), this.baseline(s)]);
+    const [{ ev, cached }, base] = await Promise.all([
+      this.evaluation(s, key, { path: folder.dir, kind: folder.kind, base: folder.base }, fail, stillSame),
+      this.baseline(s).catch(() => null),
+    ]);
     const r = ev.result;
     const set = (await this.store.readBaseline(s.id))?.set ?? null;
-    const baselineScore = set ? set.score : base.result.strict.value;
-    const improvement = r.strict.value - baselineScore;
-    const paired = set ? null : pairedImprovement(r, base.result);
+    const score = pct(r.strict.value);
+    const baselineScore = set ? set.score : base ? pct(base.result.strict.value) : null;
+    const improvement = baselineScore === null ? null : round6(score - baselineScore);
+    const paired = set || !base ? null : pairedImprovement(r, base.result);
     const fields = {
       scenario_id: s.id,
       model_path: modelPath,
       resolved_model_path: folder.dir,
       model_kind: folder.kind,
       ...(folder.base ? { adapter_base: folder.base } : {}),
-      score: r.strict.value,
-      score_ci: { lo: r.strict.lo, hi: r.strict.hi, level: 0.95 },
-      metric: "strict_accuracy",
+      score,
+      score_ci: { lo: pct(r.strict.lo), hi: pct(r.strict.hi), level: 0.95 },
+      score_unit: "percent",
+      accuracy: r.strict.value,
+      metric: "accuracy", // strict: the \boxed{} answer (the protocol's answer_schema and scorer)
       n: r.n,
       k: r.k,
       baseline_score: baselineScore,
       baseline: baselineScore,
-      baseline_source: set ? "set" : "computed",
+      baseline_source: set ? "set" : base ? "computed" : null,
       improvement,
-      improvement_ci: paired ? { lo: paired.lo, hi: paired.hi, level: 0.95, paired_over: paired.n } : null,
-      improvement_pct: baselineScore > 0 ? `${improvement >= 0 ? "+" : ""}${((improvement / baselineScore) * 100).toFixed(1)}%` : "N/A",
+      improvement_ci: paired ? { lo: pct(paired.lo), hi: pct(paired.hi), level: 0.95, paired_over: paired.n } : null,
+      improvement_pct: baselineScore !== null && improvement !== null && baselineScore > 0 ? `${improvement >= 0 ? "+" : ""}${((improvement / baselineScore) * 100).toFixed(1)}%` : "N/A",
       details: {
-        lenient_accuracy: r.lenient.value, pass_at_k: r.passAtK, format_valid: r.formatValid, tool_calls_per_rollout: r.toolCallsPerRollout,
+        accuracy: score, correct: r.strict.correct, total: r.strict.total, lenient_accuracy: r.lenient.value, pass_at_k: r.passAtK, format_valid: r.formatValid, tool_calls_per_rollout: r.toolCallsPerRollout,
         tool_error_rate: r.toolErrorRate, truncated_rate: r.truncatedRate, eval_seconds: r.seconds,
       },
       samples_path: this.store.samplesPath(key),
@@ -261,19 +285,38 @@ export class Grader {
   }
 
   /** /submit: grade, then record in the history (a resubmission of unchanged weights returns the
-   *  earlier entry instead of a new one, as AutoRL-Bench does). */
+   *  earlier entry instead of a new one, as AutoRL-Bench does). A model that does not load or
+   *  evaluate is answered and recorded as AutoRL-Bench records it: score 0 with an `error`, not
+   *  cached, so it may be submitted again. */
   async submit(s: Scenario, modelPath: string): Promise<Record<string, unknown>> {
-    const { fields, key } = await this.grade(s, modelPath);
+    const t0 = Date.now();
+    let graded: { fields: Record<string, unknown>; key: string };
+    try {
+      graded = await this.grade(s, modelPath);
+    } catch (err) {
+      if (!(err instanceof HttpError) || err.status !== 422) throw err;
+      const set = (await this.store.readBaseline(s.id))?.set ?? null;
+      const ready = this.baselineReady.get(s.id);
+      const baselineScore = set ? set.score : ready ? pct(ready.result.strict.value) : null;
+      return this.record(s, null, {
+        scenario_id: s.id, model_path: modelPath, score: 0, baseline_score: baselineScore,
+        improvement: baselineScore === null ? null : round6(0 - baselineScore), elapsed_seconds: (Date.now() - t0) / 1000, error: err.message,
+      });
+    }
+    return this.record(s, graded.key, graded.fields);
+  }
+
+  private record(s: Scenario, key: string | null, fields: Record<string, unknown>): Promise<Record<string, unknown>> {
     return this.withHistory(s, async (history) => {
-      const earlier = history.find((e) => e.key === key);
+      const earlier = key === null ? undefined : history.find((e) => e.key === key && e.error === undefined);
       if (earlier) return { ...earlier, cached: true, best: bestOf(history), total_submissions: history.length };
-      const { cached: _c, ...rest } = fields;
-      const entry: SubmissionEntry = { submission_id: history.length + 1, timestamp: new Date().toISOString(), key, ...rest, model_path: modelPath, score: fields.score as number };
+      const { cached, ...rest } = fields;
+      const entry: SubmissionEntry = { submission_id: history.length + 1, timestamp: new Date().toISOString(), ...(key ? { key } : {}), ...rest, model_path: fields.model_path as string, score: fields.score as number };
       history.push(entry);
       await this.store.writeHistory(s.id, history);
-      this.runMeta.last_submit_time = Math.floor(Date.now() / 1000);
-      await this.store.writeRunMeta(this.runMeta);
-      return { ...entry, cached: fields.cached, best: bestOf(history), total_submissions: history.length };
+      if (s === this.o.scenarios[0]) await this.store.writeWorkspaceScores(history);
+      await this.store.updateRunMeta({ last_submit_time: Math.floor(Date.now() / 1000) });
+      return { ...entry, ...(cached === undefined ? {} : { cached }), best: bestOf(history), total_submissions: history.length };
     });
   }
 
@@ -289,6 +332,10 @@ export class Grader {
     this.closing = true;
   }
 }
+
+/** A fraction as percent, rounded to 4 decimals (0.345 -> 34.5, not 34.49999999999999). */
+export const pct = (x: number): number => Math.round(x * 100 * 1e4) / 1e4;
+const round6 = (x: number): number => Math.round(x * 1e6) / 1e6;
 
 export function bestOf(history: SubmissionEntry[]): SubmissionEntry | null {
   return history.reduce<SubmissionEntry | null>((b, e) => (b === null || e.score > b.score ? e : b), null);

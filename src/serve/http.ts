@@ -3,8 +3,10 @@
  *    current: POST /submit {model_path, scenario_id?}, POST /set_baseline {score, scenario_id?},
  *             GET /health, GET /time, GET /history, GET /best
  *  Every answer is JSON; every error is `{"error": "..."}` with a 4xx/5xx status, and the server keeps
- *  serving. Bodies are capped; unknown fields, wrong types and broken JSON are refused by name. A
- *  client that disconnects does not stop its evaluation (the result is cached for the retry). */
+ *  serving. Bodies are capped (413 before a byte of an oversized body is read); wrong types and broken
+ *  JSON are refused by name; unknown fields are logged and ignored, as AutoRL-Bench's server ignores
+ *  them (LLM agents add some). A client that disconnects does not stop its evaluation (the result is
+ *  cached for the retry). Where this server differs from AutoRL-Bench's, the README's table says why. */
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 import { HttpError } from "./errors.ts";
@@ -12,7 +14,9 @@ import { bestOf, Grader, type GraderOptions } from "./grader.ts";
 import { describeProtocol, localModelDir, type Scenario } from "./scenarios.ts";
 
 export const MAX_BODY_BYTES = 64 * 1024;
-const DRAIN_LIMIT = 64 * 1024 * 1024; // past this an oversized body is cut off instead of read to its end
+// After a 413 the rest of an oversized body is read and dropped for this long, so a client that sends
+// its whole body before it reads (Python's requests, curl) gets the answer instead of a reset.
+const DRAIN_MS = 10_000;
 
 export interface ServeOptions extends GraderOptions {
   host: string;
@@ -29,11 +33,14 @@ export interface RunningServer {
 type Body = Record<string, unknown>;
 type Handler = (body: Body, req: http.IncomingMessage) => Promise<unknown>;
 
-/** Field checks: name → expected type; unknown names are refused. */
-function checkFields(body: Body, spec: Record<string, { type: "string" | "number"; required?: boolean }>): void {
-  for (const k of Object.keys(body)) {
-    if (!(k in spec)) throw new HttpError(400, `unknown field ${JSON.stringify(k)}; accepted: ${Object.keys(spec).join(", ")}`);
-  }
+type FieldType = "string" | "number" | "number-like" | "string-or-int";
+
+/** Field checks: name → expected type. Unknown names are returned (the caller logs them) and
+ *  dropped; "number-like" takes a number or a numeric string (AutoRL-Bench's `float(score)`),
+ *  "string-or-int" a string or an integer, kept as its string (`str(gpu)`). */
+function checkFields(body: Body, spec: Record<string, { type: FieldType; required?: boolean }>): string[] {
+  const unknown = Object.keys(body).filter((k) => !(k in spec));
+  for (const k of unknown) delete body[k];
   for (const [k, s] of Object.entries(spec)) {
     const v = body[k];
     if (v === undefined || v === null) {
@@ -41,23 +48,39 @@ function checkFields(body: Body, spec: Record<string, { type: "string" | "number
       delete body[k];
       continue;
     }
-    if (typeof v !== s.type || (s.type === "number" && !Number.isFinite(v)))
-      throw new HttpError(400, `field ${JSON.stringify(k)} must be a ${s.type}, got ${Array.isArray(v) ? "an array" : typeof v}`);
+    const got = Array.isArray(v) ? "an array" : typeof v;
+    if (s.type === "number-like") {
+      const x = typeof v === "number" ? v : typeof v === "string" && v.trim() !== "" ? Number(v) : NaN;
+      if (!Number.isFinite(x)) throw new HttpError(400, `field ${JSON.stringify(k)} must be a number (or a numeric string), got ${typeof v === "string" ? JSON.stringify(v.slice(0, 40)) : got}`);
+      body[k] = x;
+    } else if (s.type === "string-or-int") {
+      if (!(typeof v === "string" || Number.isInteger(v))) throw new HttpError(400, `field ${JSON.stringify(k)} must be a string or an integer, got ${got}`);
+      body[k] = String(v);
+    } else if (typeof v !== s.type || (s.type === "number" && !Number.isFinite(v))) throw new HttpError(400, `field ${JSON.stringify(k)} must be a ${s.type}, got ${got}`);
   }
+  return unknown;
 }
 
+const tooLarge = (size: number | string) => new HttpError(413, `request body is ${size} bytes; the limit is ${MAX_BODY_BYTES}`, {}, { Connection: "close" });
+
+/** The JSON object a request carries. A declared length over the cap is refused before the body is
+ *  read; a body without one is read up to the cap and no further. */
 function readBody(req: http.IncomingMessage): Promise<Body> {
+  const declared = Number(req.headers["content-length"] ?? NaN);
+  if (declared > MAX_BODY_BYTES) return Promise.reject(tooLarge(declared));
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
-    req.on("data", (c: Buffer) => {
+    const onData = (c: Buffer) => {
       size += c.length;
-      if (size <= MAX_BODY_BYTES) chunks.push(c);
-      else if (size > DRAIN_LIMIT) req.destroy();
-    });
+      if (size <= MAX_BODY_BYTES) return void chunks.push(c);
+      req.off("data", onData);
+      reject(tooLarge(`more than ${MAX_BODY_BYTES}`));
+    };
+    req.on("data", onData);
     req.on("error", reject);
     req.on("end", () => {
-      if (size > MAX_BODY_BYTES) return reject(new HttpError(413, `request body is ${size} bytes; the limit is ${MAX_BODY_BYTES}`));
+      if (size > MAX_BODY_BYTES) return;
       const text = Buffer.concat(chunks).toString("utf8");
       if (text.trim() === "") return resolve({});
       let v: unknown;
@@ -81,6 +104,11 @@ function send(res: http.ServerResponse, status: number, body: unknown, headers: 
 
 export async function startServer(o: ServeOptions): Promise<RunningServer> {
   const grader = await Grader.open(o);
+  const ignore = (route: string, unknown: string[]) => {
+    if (unknown.length) o.log(`${route}: ignored unknown field${unknown.length > 1 ? "s" : ""} ${unknown.map((k) => JSON.stringify(k)).join(", ")}`);
+  };
+  // Both dialects' fields: the early server's get_info (name, base_model_path, train_data_path,
+  // test_data_path, baseline_score, metric, data_format, reward) and this server's own.
   const describe = async (s: Scenario) => {
     const b = await grader.baselineInfo(s);
     const trainData = await s.trainData().then((p) => ({ path: p }), (err: Error) => ({ path: null, error: err.message.split("\n")[0] }));
@@ -94,12 +122,17 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
       train_data: trainData.path,
       train_data_path: trainData.path,
       ...(trainData.path === null ? { train_data_error: trainData.error } : {}),
+      // The held-out questions are the server's: agents train on train_data and are scored on these.
+      test_data_path: null,
+      test_data: `held out by the server (${s.protocol.max_samples ?? "the whole"} ${s.id === "tiny" ? "synthetic problems" : "test split"}); not given to agents`,
       data_format: { type: "jsonl", fields: { question: "problem text", answer: "worked solution with <<expr=result>> calculator annotations, ending in '#### N'" } },
+      reward: { type: "binary", description: "1 when the final \\boxed{} answer equals the gold answer, else 0; the score is the percent of held-out questions answered so" },
       baseline_score: b.score,
       baseline: { status: b.status, score: b.score, source: b.record?.set ? "set" : "computed", computed: b.record?.computed ?? null, set: b.record?.set ?? null, ...(b.error ? { error: b.error } : {}) },
-      metric: "strict_accuracy",
+      metric: "accuracy",
+      score_unit: "percent",
       evaluation: describeProtocol(s, s.protocol.max_samples ?? null),
-      time: { timeout_s: grader.runMeta.timeout_s, remaining: grader.remaining() },
+      time: await grader.time(),
     };
   };
 
@@ -107,6 +140,7 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
     "/": {
       GET: async () => ({
         name: "mini-agentic-rl grading server (AutoRL-Bench API)",
+        version: "0.1.0",
         scenarios: grader.scenarios.map((s) => s.id),
         endpoints: ["GET /scenarios", "GET /scenarios/{id}", "POST /evaluate", "POST /interact", "POST /submit", "POST /set_baseline", "GET /health", "GET /time", "GET /history", "GET /best"],
       }),
@@ -115,36 +149,35 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
       GET: async () => ({
         scenarios: await Promise.all(grader.scenarios.map(async (s) => {
           const b = await grader.baselineInfo(s);
-          return { id: s.id, name: s.name, type: s.type, base_model: s.baseModel, baseline_score: b.score, baseline_status: b.status, metric: "strict_accuracy" };
+          return { id: s.id, name: s.name, type: s.type, base_model: s.baseModel, baseline: b.score, baseline_score: b.score, baseline_status: b.status, ...(b.error ? { baseline_error: b.error } : {}), metric: "accuracy", score_unit: "percent" };
         })),
       }),
     },
     "/evaluate": {
       POST: async (body) => {
-        checkFields(body, { scenario_id: { type: "string", required: true }, model_path: { type: "string", required: true } });
+        ignore("/evaluate", checkFields(body, { scenario_id: { type: "string", required: true }, model_path: { type: "string", required: true } }));
         const s = grader.scenario(body.scenario_id);
         return (await grader.grade(s, body.model_path as string)).fields;
       },
     },
     "/interact": {
       POST: async (body) => {
-        checkFields(body, { scenario_id: { type: "string" }, session_id: { type: "string" }, action: { type: "string" } });
+        ignore("/interact", checkFields(body, { scenario_id: { type: "string" }, session_id: { type: "string" }, action: { type: "string" } }));
         const s = grader.scenario(body.scenario_id);
         throw new HttpError(400, `scenario ${s.id} is offline: /interact is not supported for offline scenarios; train on its train_data and POST /evaluate or /submit`);
       },
     },
     "/submit": {
       POST: async (body) => {
-        // gpu: AutoRL-Bench's device choice; accepted for compatibility and ignored (the backend is set at start).
-        checkFields(body, { model_path: { type: "string", required: true }, scenario_id: { type: "string" }, gpu: { type: "string" } });
+        // gpu: AutoRL-Bench's device choice ("0", "0,1" or 0); accepted and ignored (the backend is set at start).
+        ignore("/submit", checkFields(body, { model_path: { type: "string", required: true }, scenario_id: { type: "string" }, gpu: { type: "string-or-int" } }));
         return grader.submit(grader.scenario(body.scenario_id), body.model_path as string);
       },
     },
     "/set_baseline": {
       POST: async (body) => {
-        checkFields(body, { score: { type: "number", required: true }, scenario_id: { type: "string" } });
-        const score = body.score as number;
-        if (score < 0 || score > 1) throw new HttpError(400, `score ${score}: expected strict accuracy in [0, 1] (this server does not use percent)`);
+        ignore("/set_baseline", checkFields(body, { score: { type: "number-like", required: true }, scenario_id: { type: "string" } }));
+        const score = body.score as number; // percent, as the scores this server gives
         const s = grader.scenario(body.scenario_id);
         await grader.setBaseline(s, score);
         return { baseline_score: score, status: "set", scenario_id: s.id };
@@ -162,7 +195,7 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
       }),
     },
     "/time": {
-      GET: async () => ({ ...grader.runMeta, now: Math.floor(Date.now() / 1000), remaining: grader.remaining() }),
+      GET: async () => grader.time(),
     },
     "/history": {
       GET: async (_b, req) => grader.store.readHistory(grader.scenario(scenarioParam(req)).id),
@@ -223,6 +256,15 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
     });
     res.on("error", () => undefined); // a client gone mid-answer is not the server's problem
     handle(req, res).catch((err: unknown) => {
+      if (err instanceof HttpError && err.status === 413) {
+        // Answered before the body is read; the rest is read and dropped for a while, then the
+        // connection closes (Connection: close), whatever its size.
+        send(res, 413, { error: err.message }, err.headers);
+        const cut = setTimeout(() => req.destroy(), DRAIN_MS);
+        req.on("close", () => clearTimeout(cut));
+        req.resume();
+        return;
+      }
       if (err instanceof HttpError) return send(res, err.status, { error: err.message, ...err.extra }, err.headers);
       o.log(`error: ${req.method} ${req.url}: ${(err as Error)?.stack ?? String(err)}`);
       send(res, 500, { error: `internal error: ${(err as Error)?.message ?? String(err)}` });

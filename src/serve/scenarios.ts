@@ -8,7 +8,8 @@ import * as path from "node:path";
 import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import { loadGsm8kWithReport } from "../datasets/gsm8k.ts";
 import { generateSynthetic } from "../datasets/synthetic.ts";
-import { cachedSnapshot } from "../model/hub.ts";
+import { resolveGsm8kSplit } from "../datasets/hub.ts";
+import { cachedSnapshot, resolveModelDir } from "../model/hub.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS, TINY_SEEDS } from "../presets/tiny.ts";
 import { loadExamples } from "../run/data.ts";
@@ -42,10 +43,17 @@ export interface Scenario {
   questions(): Promise<Gsm8kExample[]>;
   /** A GSM8K-format file a trainer can read (written on first use where it has to be made). */
   trainData(): Promise<string>;
+  /** Named with --scenarios: its model and data may be downloaded. Listed by default only: it is
+   *  served when they are on this machine, and shown as unavailable otherwise. */
+  explicit: boolean;
+  /** Why the scenario cannot be served from what is on this machine (no download tried), or null. */
+  missing(): Promise<string | null>;
 }
 
 export interface ScenarioOptions {
-  workspace: string; // where generated training data goes (data/<scenario>/train.jsonl)
+  stateDir: string; // where generated training data goes (<state>/<scenario>/train.jsonl), never the
+  // workspace's data/ (in AutoRL-Bench's layout a symlink to a folder shared by every run)
+  explicit: boolean;
   gsm8kModel: string;
   gsm8kData: string; // "gsm8k" (the Hugging Face cache) or a GSM8K .jsonl/.parquet path or folder
   /** Protocol fields to override in every scenario (the flags of scripts/serve.ts). */
@@ -71,9 +79,9 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
       tools_in_prompt: TINY_EVAL_PRESET.tools_in_prompt,
       ...defined(o.overrides),
     };
-    const trainFile = path.join(o.workspace, "data", "tiny", "train.jsonl");
+    const trainFile = path.join(o.stateDir, "tiny", "train.jsonl");
     return {
-      id, type: "offline", protocol,
+      id, type: "offline", protocol, explicit: o.explicit, missing: async () => null,
       name: "Tiny synthetic arithmetic (offline preset)",
       description: "GSM8K-format word problems with 1-2 steps on numbers up to 999, solved with a calculator tool; " +
         "the final answer goes in \\boxed{}. The base is the tiny preset's 0.8 M-parameter Qwen2-architecture model. " +
@@ -91,15 +99,30 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
   }
   const protocol: ScenarioProtocol = { ...common, dataset: o.gsm8kData, max_samples: undefined, batch_size: 8, max_new_tokens: 512, max_turns: 8, tools_in_prompt: true, ...defined(o.overrides) };
   let train: Promise<string> | undefined;
+  // Resolved with downloads off: what is on this machine.
+  const offline = { ...process.env, HF_HUB_OFFLINE: "1" };
+  const missing = async (): Promise<string | null> => {
+    const why: string[] = [];
+    await resolveModelDir(o.gsm8kModel, offline).catch(() => why.push(`base model ${o.gsm8kModel} is not on this machine`));
+    if (isHubId(protocol.dataset) || protocol.dataset === "gsm8k")
+      await resolveGsm8kSplit(protocol.dataset, "test", offline).catch(() => why.push(`GSM8K (${protocol.dataset}) is not in the Hugging Face cache`));
+    else if (!(await exists(protocol.dataset))) why.push(`${protocol.dataset} does not exist`);
+    return why.length ? why.join("; ") : null;
+  };
+  const ifPresent = async <T>(f: () => Promise<T>): Promise<T> => {
+    const why = o.explicit ? null : await missing();
+    if (why !== null) throw new Error(`unavailable: ${why}`);
+    return f();
+  };
   return {
-    id, type: "offline", protocol,
+    id, type: "offline", protocol, explicit: o.explicit, missing,
     name: "GSM8K with a calculator",
     description: "Grade-school math word problems (GSM8K test split), solved with a calculator tool; the final answer goes in \\boxed{}. " +
       "Scored like `scripts/eval.ts --model_path MODEL --dataset gsm8k` (greedy, tool schema in the system prompt).",
     baseModel: o.gsm8kModel,
-    questions: () => loadExamples({ dataset: protocol.dataset, purpose: "eval", maxSamples: protocol.max_samples }),
+    questions: () => ifPresent(() => loadExamples({ dataset: protocol.dataset, purpose: "eval", maxSamples: protocol.max_samples })),
     // The file the train split resolves to (a cached parquet file for the dataset name).
-    trainData: () => (train ??= loadGsm8kWithReport(protocol.dataset, { split: "train", maxSamples: 1 }).then((r) => path.resolve(r.file), (err) => {
+    trainData: () => (train ??= ifPresent(() => loadGsm8kWithReport(protocol.dataset, { split: "train", maxSamples: 1 })).then((r) => path.resolve(r.file), (err) => {
       train = undefined;
       throw err;
     })),

@@ -2,8 +2,12 @@
  *    <state>/evaluations/<key>/result.json, samples.jsonl   one evaluation (the cache: key = scenario,
  *                                                            protocol and the weights' sizes and mtimes)
  *    <state>/<scenario>/baseline.json                        the base model's evaluation, or a set score
- *    <state>/<scenario>/scores.json                          the /submit history, as AutoRL-Bench keeps it
- *    <workspace>/run_meta.json                               start time and time budget (AutoRL-Bench's)
+ *    <state>/<scenario>/scores.json                          the /submit history of each scenario
+ *    <state>/<scenario>/train.jsonl                          training data the server makes (tiny)
+ *    <workspace>/scores.json                                 the default scenario's history, where
+ *                                                            AutoRL-Bench's harness reads it
+ *    <workspace>/run_meta.json                               the harness's clock: read, never rewritten
+ *                                                            but for last_submit_time (and fields missing)
  *  A restart reads them back: history, best score, baseline and cached results survive. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
@@ -25,25 +29,23 @@ export interface StoredEvaluation {
 export interface BaselineRecord {
   scenario_id: string;
   model: string;
-  computed: { key: string; score: number; n: number; k: number; samples_path: string; protocol: Record<string, unknown>; computed_at: string } | null;
-  set: { score: number; set_at: string } | null;
+  computed: { key: string; score: number; accuracy?: number; n: number; k: number; samples_path: string; protocol: Record<string, unknown>; computed_at: string } | null;
+  set: { score: number; set_at: string } | null; // percent
 }
 
 export interface SubmissionEntry {
   submission_id: number;
   timestamp: string;
   model_path: string; // as submitted
-  key: string; // evaluation key: a resubmission of unchanged weights returns this entry
-  score: number;
+  key?: string; // evaluation key: a resubmission of unchanged weights returns this entry (none for a failed one)
+  score: number; // percent
+  error?: string; // the evaluation failed: score 0
   [field: string]: unknown;
 }
 
-export interface RunMeta {
-  start_time: number;
-  timeout_s: number | null;
-  last_submit_time: number | null;
-  end_time: number | null;
-}
+/** `<workspace>/run_meta.json` as AutoRL-Bench's harness writes it (`init_run_meta`): start_time,
+ *  timeout_s, last_submit_time, end_time, and whatever else it holds, kept as it is. */
+export type RunMeta = Record<string, unknown> & { start_time?: unknown; timeout_s?: unknown };
 
 async function readJson<T>(file: string): Promise<T | null> {
   let text: string;
@@ -96,6 +98,10 @@ export class GradingStore {
     return writeFileAtomic(this.scenarioFile(b.scenario_id, "baseline.json"), json(b));
   }
 
+  trainDataPath(scenario: string): string {
+    return this.scenarioFile(scenario, "train.jsonl");
+  }
+
   async readHistory(scenario: string): Promise<SubmissionEntry[]> {
     const h = await readJson<SubmissionEntry[]>(this.scenarioFile(scenario, "scores.json"));
     if (h !== null && !Array.isArray(h)) throw new Error(`${this.scenarioFile(scenario, "scores.json")}: expected a JSON list of submissions`);
@@ -110,11 +116,21 @@ export class GradingStore {
     return path.join(this.workspace, "run_meta.json");
   }
 
-  readRunMeta(): Promise<RunMeta | null> {
-    return readJson<RunMeta>(this.runMetaPath());
+  async readRunMeta(): Promise<RunMeta | null> {
+    const m = await readJson<RunMeta>(this.runMetaPath());
+    if (m !== null && (typeof m !== "object" || Array.isArray(m))) throw new Error(`${this.runMetaPath()}: expected a JSON object`);
+    return m;
   }
 
-  writeRunMeta(m: RunMeta): Promise<void> {
-    return writeFileAtomic(this.runMetaPath(), json(m));
+  /** Set some fields of run_meta.json and keep the rest, as AutoRL-Bench's `update_run_meta` does. */
+  async updateRunMeta(fields: RunMeta): Promise<RunMeta> {
+    const meta = { ...((await this.readRunMeta()) ?? {}), ...fields };
+    await writeFileAtomic(this.runMetaPath(), json(meta));
+    return meta;
+  }
+
+  /** The history where AutoRL-Bench's harness reads it at the end of a run (`<workspace>/scores.json`). */
+  writeWorkspaceScores(h: SubmissionEntry[]): Promise<void> {
+    return writeFileAtomic(path.join(this.workspace, "scores.json"), json(h));
   }
 }

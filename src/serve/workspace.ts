@@ -1,9 +1,13 @@
 /** Model paths that arrive over HTTP, checked before anything is loaded: the path resolves (through
  *  every symlink) inside the workspace, is a Hugging Face model folder or a PEFT adapter folder, every
- *  file the loader reads there (shards named by an index too) also resolves inside the workspace, an
- *  adapter's base is the scenario's base model or lies in the workspace, and the weights are not
- *  larger than the cap. The result carries a fingerprint (each file's size and modification time) that
- *  keys the evaluation cache. Leaves out: what is inside the files (the loader checks that). */
+ *  file the loader reads there (shards named by an index too) is a regular file, its JSON files parse,
+ *  an adapter's base is the scenario's base model or lies in the workspace, and the weights are not
+ *  larger than the cap. Files in the folder may link outside the workspace: in AutoRL-Bench's layout
+ *  `models/<base>` links to a shared folder, and a trained output often links its unchanged tokenizer
+ *  and config files there. Such files are only read (never written), count toward the size cap, and
+ *  an error about one names it but never quotes it, so a link to a secret file leaks nothing. The
+ *  result carries a fingerprint (each file's size and modification time) that keys the evaluation
+ *  cache. Leaves out: the meaning of what is inside the files (the loader checks that). */
 import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
@@ -42,34 +46,46 @@ export async function resolveInWorkspace(workspace: string, modelPath: string, f
   return real;
 }
 
-async function realInside(workspace: string, file: string, what: string): Promise<string> {
-  const real = await fs.realpath(file).catch(() => null);
-  if (real === null) throw new HttpError(400, `${what} ${file} cannot be read (a broken symlink?)`);
-  if (!isInside(workspace, real)) throw new HttpError(403, `${what} ${file} resolves to ${real}, outside the workspace ${workspace}`);
-  return real;
+/** A file the loader will read: followed through symlinks (anywhere), it must be a regular file. */
+async function regularFile(file: string): Promise<{ size: number; mtimeMs: number }> {
+  const st = await fs.stat(file).catch(() => null);
+  if (st === null) throw new HttpError(400, `file ${file} cannot be read (a broken symlink?)`);
+  if (!st.isFile()) throw new HttpError(400, `file ${file} is not a regular file`);
+  return { size: st.size, mtimeMs: st.mtimeMs };
+}
+
+const MAX_JSON_BYTES = 64 * 2 ** 20; // config, tokenizer (Qwen2.5's tokenizer.json is 7 MB), index
+
+/** Parse a JSON file of a submitted folder. The error names the file only: V8's message quotes the
+ *  text it could not parse, and the file may be a link to something that must not be shown. */
+async function parseJsonFile(file: string, size: number): Promise<unknown> {
+  if (size > MAX_JSON_BYTES) throw new HttpError(413, `file ${file} is ${size} bytes; JSON files of a model folder may hold at most ${MAX_JSON_BYTES}`);
+  try {
+    return JSON.parse(await fs.readFile(file, "utf8"));
+  } catch {
+    throw new HttpError(400, `file ${file} is not valid JSON`);
+  }
 }
 
 /** Files of a folder the loader may read, with their stats: configs, weights, tokenizer, template. */
-async function loaderFiles(workspace: string, dir: string): Promise<Array<{ name: string; size: number; mtimeMs: number }>> {
+async function loaderFiles(dir: string): Promise<Array<{ name: string; size: number; mtimeMs: number }>> {
   const out: Array<{ name: string; size: number; mtimeMs: number }> = [];
   for (const name of (await fs.readdir(dir)).sort()) {
     if (!/\.(json|safetensors|jinja|bin|model|txt)$/.test(name)) continue;
-    const real = await realInside(workspace, path.join(dir, name), "file");
-    const st = await fs.stat(real);
-    if (st.isFile()) out.push({ name, size: st.size, mtimeMs: st.mtimeMs });
+    const file = path.join(dir, name);
+    const lst = await fs.lstat(file);
+    if (lst.isDirectory()) continue;
+    const st = await regularFile(file);
+    if (name.endsWith(".json")) await parseJsonFile(file, st.size);
+    out.push({ name, ...st });
   }
   // A sharded checkpoint names its shards in the index: each must be a file of this folder.
   const index = out.find((f) => f.name === "model.safetensors.index.json");
   if (index) {
-    let map: unknown;
-    try {
-      map = (JSON.parse(await fs.readFile(path.join(dir, index.name), "utf8")) as { weight_map?: unknown }).weight_map;
-    } catch (err) {
-      throw new HttpError(400, `${path.join(dir, index.name)} is not valid JSON (${(err as Error).message.split("\n")[0]})`);
-    }
+    const map = (((await parseJsonFile(path.join(dir, index.name), index.size)) ?? {}) as { weight_map?: unknown }).weight_map;
     for (const shard of new Set(Object.values((map ?? {}) as Record<string, unknown>))) {
       if (typeof shard !== "string" || shard !== path.basename(shard) || !out.some((f) => f.name === shard))
-        throw new HttpError(400, `${path.join(dir, index.name)} names shard ${JSON.stringify(shard)}, which is not a file of that folder`);
+        throw new HttpError(400, `${path.join(dir, index.name)} names shard ${JSON.stringify(String(shard).slice(0, 100))}, which is not a file of that folder`);
     }
   }
   return out;
@@ -86,7 +102,7 @@ export interface InspectOptions {
 export async function inspectModelFolder(dir: string, o: InspectOptions): Promise<ModelFolder> {
   const st = await fs.stat(dir);
   if (!st.isDirectory()) throw new HttpError(400, `model_path ${dir} is a file; expected a Hugging Face model folder or a PEFT adapter folder`);
-  const files = await loaderFiles(o.workspace, dir);
+  const files = await loaderFiles(dir);
   const has = (n: string) => files.some((f) => f.name === n);
   const kind = has("adapter_config.json") ? "adapter" : has("config.json") ? "model" : null;
   if (!kind) throw new HttpError(400, `model_path ${dir} holds no config.json or adapter_config.json; expected a Hugging Face model folder or a PEFT adapter folder`);
@@ -102,7 +118,7 @@ export async function inspectModelFolder(dir: string, o: InspectOptions): Promis
     }
     base = await checkAdapterBase(named, dir, o);
     if (base !== o.scenarioBase) {
-      const bf = await loaderFiles(o.workspace, base);
+      const bf = await loaderFiles(base);
       bytes += bf.reduce((a, f) => a + f.size, 0);
       baseFiles = bf;
     } else if (o.scenarioBaseDir) baseFiles = await statFiles(o.scenarioBaseDir);
