@@ -6,6 +6,8 @@ import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } fro
 import { HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";
 import { envFlags, toolFlags, trainingFlags } from "./options.ts";
 
+export const ROLLOUT_ENGINES = ["local", "openai"] as const;
+
 export const GRPO_FLAGS = {
   ...trainingFlags({ quantize: "nf4", lr: 1e-5, scheduler: "constant", warmupRatio: 0 }),
   init_adapter: optional("--init_adapter <dir>", "PEFT adapter to continue (default: the adapter at --model_path, if it is one; else a fresh adapter)"),
@@ -37,6 +39,11 @@ export const GRPO_FLAGS = {
   env_tasks: optional("--env_tasks <ranges>", "with --env: the data_idx to train on, as ranges like 0-99,200-249 (default: 0 to --max_samples - 1, 100 tasks)", parseTaskRanges("env_tasks")),
   env_eval_tasks: optional("--env_eval_tasks <ranges>", `with --env: held-out data_idx; the first --eval_samples of them are evaluated at the end; must not overlap --env_tasks (default: ${HELD_OUT_START} on, the range eval.ts --env uses)`, parseTaskRanges("env_eval_tasks")),
   env_max_failed_steps: flag("--env_max_failed_steps <n>", "with --env: stop (checkpoint saved, continue with --resume) when every rollout failed on the environment in this many steps in a row (0: never)", parseIntArg("env_max_failed_steps", 0), 3, { free: true }),
+  rollout_engine: flag("--rollout_engine <kind>", "where rollouts are generated: local (this process) or openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with --enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)", parseChoice("rollout_engine", ROLLOUT_ENGINES), "local" as (typeof ROLLOUT_ENGINES)[number], { free: true }),
+  rollout_url: optional("--rollout_url <url>", "with --rollout_engine openai: the engine's base URL, e.g. http://127.0.0.1:8001/v1 (an API key, if it needs one, from ROLLOUT_API_KEY)", undefined, { free: true }),
+  rollout_model: optional("--rollout_model <name>", "the engine's name for the base model this run trains on (default: the first of its GET /v1/models)", undefined, { free: true }),
+  rollout_timeout: flag("--rollout_timeout <s>", "seconds one engine request may take; a slower or cut-off answer stops the run with a checkpoint", parseFloatArg("rollout_timeout", 0.001), 600, { free: true }),
+  async_rollouts: flag("--async_rollouts <k>", "with --rollout_engine openai: the next k steps' rollouts are generated while this step trains (at most k versions old; the loss corrects with the ratio to their behaviour log-probs); 0: none", parseIntArg("async_rollouts", 0), 0, { free: true }),
   output_dir: optional("--output_dir <dir>", "run folder (default outputs/<model>/grpo)", undefined, { free: true }),
   overwrite: toggle("--overwrite", "replace a run already in --output_dir", false, { free: true }),
   resume: toggle("--resume", "continue the run in --output_dir from its latest checkpoint", false, { free: true }),

@@ -36,6 +36,7 @@ import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
 import { runIdentity, usage } from "./flags.ts";
 import { GRPO_FLAGS, type GrpoFlags } from "./grpo-flags.ts";
+import { EngineError, openRemoteRollouts, type RemoteRollouts, type StepRollouts } from "./grpo-remote.ts";
 import { defaultOutputDir, loraTargets, toolConfig } from "./options.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
 import type { ThreadsSpec } from "../wasm-threads.ts";
@@ -136,11 +137,13 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
     : await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.max_samples, synthetic: cfg.synthetic }, cfg.eval_samples);
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   log(`data: ${split}`);
+  const remote = await openRemoteRollouts(cfg, null, log); // --rollout_engine openai: an engine that does not answer is a usage error
   const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(toolConfig(cfg), log);
   try {
-    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs, rewardWeights });
+    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs, rewardWeights, remote });
   } finally {
     await toolSet.close();
+    await remote?.close();
   }
 }
 
@@ -148,7 +151,7 @@ async function train(
   cfg: GrpoRunConfig & { output_dir: string; epsilon_high: number },
   c: {
     t0: number; log: (line: string) => void; ckpt: Awaited<ReturnType<typeof loadCheckpoint>> | null; start: number; examples: Task[]; heldOut: Task[];
-    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet; envs: EnvironmentFactory | null; rewardWeights: Record<string, number>;
+    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet; envs: EnvironmentFactory | null; rewardWeights: Record<string, number>; remote: RemoteRollouts | null;
   },
 ): Promise<GrpoRunResult> {
   const { t0, log, ckpt, start, examples, heldOut, split, rewardWeights } = c;
@@ -176,6 +179,7 @@ async function train(
     if (!ckpt) await writeRunConfig(cfg.output_dir, { ...cfg, base: policy.base, adapter: policy.adapterDir, dataSplit: split }, "grpo");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     const question = dataStream(examples, cfg.seed);
+    const remoteRun = { model, tokenizer, tools, outputDir: cfg.output_dir, steps: total, question, cfg };
     const schedule = { type: cfg.lr_scheduler, lr: cfg.learning_rate, warmupSteps: Math.floor(cfg.warmup_ratio * total), totalSteps: total };
     const metrics = new MetricsLogger(path.join(cfg.output_dir, "metrics.jsonl"), { resumeStep: start });
     const trajectoryLog = new TrajectoryLog(path.join(cfg.output_dir, "trajectories.jsonl"), { resumeStep: start });
@@ -216,11 +220,15 @@ async function train(
         // With an environment, each task's prompt is its first observation and each row acts in its own instance.
         const episodes = c.envs ? await openEpisodes(c.envs, batch.map((ex) => Number(ex.id)), cfg.samples_per_prompt) : null;
         let trajs: Trajectory[];
+        let remoteStep: StepRollouts | null = null; // --rollout_engine openai: the engine's rollouts and their version
         try {
           const prompts = episodes
             ? episodes.observations.map((o) => episodePrompt(c.envs!, o))
             : batch.map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer)));
-          trajs = await rolloutGroups(model, tokenizer, prompts, {
+          if (c.remote) {
+            remoteStep = await c.remote.rollouts(remoteRun, step);
+            trajs = remoteStep.trajs;
+          } else trajs = await rolloutGroups(model, tokenizer, prompts, {
             samplesPerPrompt: cfg.samples_per_prompt, maxNewTokens: cfg.max_new_tokens, maxTurns: cfg.max_turns,
             temperature: cfg.temperature, topP: cfg.top_p, topK: cfg.top_k, rng: new Rng(cfg.seed * 1_000_003 + step),
             tools, toolsInPrompt: cfg.tools_in_prompt, envs: episodes?.envs,
@@ -245,6 +253,8 @@ async function train(
           g.flatMap((t, i) => (!counted[p][i] ? [] : [{
             ids: [...t.promptIds, ...t.completionIds], lossMask: [...t.promptIds.map(() => 0), ...t.lossMask], advantage: adv[p][i],
             truncated: t.finishReason === "length" || t.finishReason === "max_turns",
+            // The engine's log-probs of what it sampled: compared with the trainer's, and π_old when off-policy.
+            behaviourLogprobs: remoteStep ? [...t.promptIds.map(() => NaN), ...t.sampleLogprobs.map((x, k) => (t.lossMask[k] ? x : NaN))] : undefined,
           }])),
         );
         const tTrain = Date.now();
@@ -253,11 +263,12 @@ async function train(
           beta: cfg.beta, epsilon: cfg.epsilon, epsilonHigh: cfg.epsilon_high, lossType: cfg.loss_type, maxNewTokens: cfg.max_new_tokens,
           importanceSamplingLevel: cfg.importance_sampling_level, maskTruncatedCompletions: cfg.mask_truncated_completions,
           numIterations: cfg.num_iterations, maxGradNorm: cfg.max_grad_norm, lr, microBatchSize: cfg.micro_batch_size, padTokenId: tokenizer.padTokenId,
+          offPolicy: cfg.async_rollouts > 0,
         });
         const trainSeconds = (Date.now() - tTrain) / 1000;
-        await trajectoryLog.append(step + 1, trajs, tokenizer);
+        await trajectoryLog.append(step + 1, trajs, tokenizer, remoteStep ? { policyVersion: remoteStep.version } : undefined);
         collectGarbage(); // the step's dead objects go now, not in a sawtooth over many steps (util/gc.ts)
-        const m = { ...stepMetrics(trajs, rewards.map((g, p) => g.filter((_, i) => counted[p][i])), s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 }), ...loss };
+        const m = { ...stepMetrics(trajs, rewards.map((g, p) => g.filter((_, i) => counted[p][i])), s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 }), ...loss, ...(remoteStep ? { ...remoteStep.metrics, engine_logprob_gap: s.behaviourGap, engine_logprob_delta: s.behaviourDelta } : {}) };
         metrics.log(step + 1, m);
         history.push({ step: step + 1, ...m });
         progress.update(step + 1, m);
@@ -278,6 +289,11 @@ async function train(
       // The last step is checkpointed before final/ is written, so a run killed after it can be finished.
       if (savedStep !== total) await saveAt(total);
     } catch (err) {
+      if (err instanceof EngineError) {
+        // The engine died, stalled or answered nonsense before this step trained: its weights are step's.
+        if (savedStep !== step) await saveAt(step);
+        throw new Error(`${err.message}; stopped before step ${step + 1} and saved checkpoint-${step} in ${cfg.output_dir}; continue with --resume once the engine answers`);
+      }
       if (err instanceof NonFiniteError)
         throw new Error(`${err.message} at step ${step + 1}: stopped; the last good checkpoint is kept in ${cfg.output_dir} (lower --learning_rate or check the data)`);
       throw err;

@@ -17,9 +17,10 @@ const FIXTURES = path.join(ROOT, "test", "fixtures", "help");
 
 /** Flags (as the entry starts, e.g. "--max_steps <n>") that exist now and did not at the capture. */
 const TOOL_FLAGS = ["--tools <list>", "--tool_timeout <s>", "--tool_max_chars <n>"];
+const ROLLOUT_FLAGS = ["--rollout_engine <kind>", "--rollout_url <url>", "--rollout_model <name>", "--rollout_timeout <s>", "--async_rollouts <k>"];
 const ADDED: Record<string, string[]> = {
   "train-sft": [],
-  "train-gsm8k-agent": ["--importance_sampling_level <level>", "--mask_truncated_completions", ...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_max_failed_steps <n>", "--env_tasks <ranges>", "--env_eval_tasks <ranges>"],
+  "train-gsm8k-agent": ["--importance_sampling_level <level>", "--mask_truncated_completions", ...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_max_failed_steps <n>", "--env_tasks <ranges>", "--env_eval_tasks <ranges>", ...ROLLOUT_FLAGS],
   eval: [...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_tasks <ranges>"],
   chat: TOOL_FLAGS,
 };

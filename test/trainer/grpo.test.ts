@@ -179,3 +179,35 @@ describe("grpoStep on a stand-in model", () => {
     m.dispose();
   });
 });
+
+describe("grpoStep with behaviour log-probs (an inference engine's)", () => {
+  const logprobsOf = (m: BigramLM, ids: number[]) => tf.tidy(() => m.tokenLogprobs([ids], [ids.map(() => 1)]).logprobs.arraySync()[0]);
+
+  it("reports their gap to the trainer's, and with offPolicy clips the ratio against them", async () => {
+    const rollouts = batch([[1, 0, 0], [0, 1, 1]]);
+    const run = async (shift: number, offPolicy: boolean) => {
+      const m = new BigramLM(V, undefined, init());
+      const opt = new AdamW(m.trainableVariables(), { lr: 0.05, weightDecay: 0 });
+      // The engine saw each token as e^shift times less likely than the trainer does; NaN on the prompt.
+      const withBehaviour = rollouts.map((r) => ({ ...r, behaviourLogprobs: logprobsOf(m, r.ids).map((x, t) => (t === 0 ? NaN : x - shift)) }));
+      const n0 = tf.memory().numTensors;
+      const s = await grpoStep(m, opt, withBehaviour, { ...cfg, offPolicy });
+      expect(tf.memory().numTensors).toBe(n0);
+      const after = rollouts.map((r) => logprobsOf(m, r.ids));
+      opt.dispose();
+      m.dispose();
+      return { s, after };
+    };
+    const onPolicy = await run(0.5, false);
+    expect(onPolicy.s.behaviourGap).toBeCloseTo(0.5, 5);
+    expect(onPolicy.s.behaviourDelta).toBeCloseTo(0.5, 5);
+    expect(onPolicy.s.clipFrac).toBe(0); // π_old is the trainer's own: ρ = 1
+    const same = await run(0, true); // behaviour = trainer: the on-policy update exactly
+    expect(same.s.behaviourGap).toBeCloseTo(0, 6);
+    expect(same.after).toEqual((await run(0, false)).after);
+    const stale = await run(0.5, true); // ρ = e^0.5 ≈ 1.65 > 1 + ε_high on every token
+    expect(stale.s.ratio).toBeCloseTo(Math.exp(0.5), 4);
+    expect(stale.s.clipFrac).toBeGreaterThan(0);
+    expect(stale.after).not.toEqual(same.after);
+  });
+});

@@ -67,7 +67,8 @@ describe("OpenAI-compatible server", () => {
     expect(call.function.name).toBe("calculator");
     const args = JSON.parse(call.function.arguments); // arguments come as a JSON string
     expect(typeof args.expression).toBe("string");
-    const result = await calculatorTool.run(args);
+    const out = await calculatorTool.run(args);
+    const result = String((out as { text?: string }).text ?? out); // a tool's output: text, or {text, isError}
     expect(result).toBe("90"); // 15 × 6
     messages.push(first.choices[0].message, { role: "tool", tool_call_id: call.id, content: result });
     const second = await client.chat.completions.create({ model: "tiny", messages, tools, temperature: 0, max_tokens: 80 });
