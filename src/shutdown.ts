@@ -13,6 +13,7 @@
  *  trainer exactly once. The trainer runs in its own process group, so a terminal's Ctrl-C (sent to
  *  the whole foreground group) reaches it only through that relay, never twice. */
 import { spawn } from "node:child_process";
+import * as fs from "node:fs";
 import * as os from "node:os";
 
 /** Thrown at a training loop's safe point after an interrupt, once the checkpoint is saved. */
@@ -116,6 +117,10 @@ export async function superviseSelf(): Promise<void> {
     }
   };
   for (const s of SIGNALS) process.on(s, relay);
+  const stopWatching = watchLauncher(() => {
+    processIo.stderr("the npm/npx process that launched this one is gone: stopping as on SIGTERM");
+    relay("SIGTERM");
+  });
   const code = await new Promise<number>((resolve) => {
     child.on("error", (err) => {
       processIo.stderr(`error: could not start the trainer process: ${err.message}`);
@@ -123,6 +128,42 @@ export async function superviseSelf(): Promise<void> {
     });
     child.on("exit", (c, sig) => resolve(c ?? 128 + (sig ? os.constants.signals[sig] : 0)));
   });
+  stopWatching();
   process.exit(code);
   await new Promise(() => {}); // process.exit does not return; keep the script from going on meanwhile
+}
+
+/** Linux: a process's parent pid and start time (to tell it from a later process with its pid). */
+function procStat(pid: number): { ppid: number; start: string; cmd: string } | null {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" "); // after "pid (comm) ": state ppid ...
+    const cmd = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ");
+    return { ppid: Number(f[1]), start: f[19], cmd };
+  } catch {
+    return null;
+  }
+}
+
+/** `npx tsx scripts/x.ts` runs npm → sh → tsx → this process. A SIGTERM to npm alone (a user's
+ *  `kill $!` after `npx … &`) ends npm and sh but not tsx or this process, which would go on serving
+ *  or training with no one to stop them. So, where the process table can be read (Linux), watch the
+ *  nearest npm ancestor and call `gone` once it has exited. Returns the function that stops watching. */
+function watchLauncher(gone: () => void): () => void {
+  let pid = process.ppid;
+  let npm: { pid: number; start: string } | null = null;
+  for (let depth = 0; depth < 6 && pid > 1 && npm === null; depth++) {
+    const st = procStat(pid);
+    if (st === null) break;
+    if (/^npm( |$)|(^|\/)npx( |$)/.test(st.cmd)) npm = { pid, start: st.start };
+    pid = st.ppid;
+  }
+  if (npm === null) return () => undefined;
+  const timer = setInterval(() => {
+    if (procStat(npm.pid)?.start === npm.start) return;
+    clearInterval(timer);
+    gone();
+  }, 500);
+  timer.unref();
+  return () => clearInterval(timer);
 }

@@ -462,6 +462,35 @@ describe("scripts/serve.ts", () => {
     }
   });
 
+  it("started through npx: SIGTERM to npx alone, or to its process group, stops every process of it", async () => {
+    /** Processes whose command line names this workspace (Linux's process table). */
+    const alive = async (tag: string) => {
+      const out: number[] = [];
+      for (const pid of await fs.readdir("/proc").catch(() => [] as string[])) {
+        if (!/^\d+$/.test(pid)) continue;
+        const cmd = await fs.readFile(`/proc/${pid}/cmdline`, "utf8").catch(() => "");
+        if (cmd.includes(tag)) out.push(Number(pid));
+      }
+      return out;
+    };
+    for (const target of ["npx", "group"] as const) {
+      const ws3 = await fs.mkdtemp(path.join(os.tmpdir(), `serve-npx-${target}-`));
+      const p = spawn("npx", ["tsx", "scripts/serve.ts", "--workspace", ws3, "--port", "0", "--scenarios", "tiny", "--backend", "wasm"], { stdio: ["ignore", "pipe", "pipe"], detached: true });
+      let stderr = "";
+      p.stderr.on("data", (d) => (stderr += d));
+      while (!/grading server on/.test(stderr)) {
+        if (p.exitCode !== null) throw new Error(stderr);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      expect((await alive(ws3)).length).toBeGreaterThanOrEqual(3); // npm, tsx, the script, the server
+      if (target === "npx") process.kill(p.pid!, "SIGTERM");
+      else process.kill(-p.pid!, "SIGTERM");
+      let left = await alive(ws3);
+      for (let i = 0; i < 300 && left.length > 0; i++, left = await alive(ws3)) await new Promise((r) => setTimeout(r, 100));
+      expect([target, left], stderr).toEqual([target, []]);
+    }
+  }, 120_000);
+
   it("SIGTERM during an evaluation: waiting requests get a JSON 503, the process exits 0, nothing half-written", async () => {
     const ws2 = await fs.mkdtemp(path.join(os.tmpdir(), "serve-sigterm-"));
     await fs.cp(TINY_BASE_DIR, path.join(ws2, "output", "copy"), { recursive: true });
