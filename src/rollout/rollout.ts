@@ -180,6 +180,8 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   // (each held step lengthens the cache by one masked position) and a closing turn is waited for.
   const pending = new Map<Row, Promise<void>>();
   const holdSteps = 2 * cfg.maxNewTokens;
+  const signal = cfg.signal;
+  const aborted = signal ? new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true })) : null;
 
   const prefill = model.prefill(ids, mask, { adapters });
   let logits: tf.Tensor2D | null = prefill.logits; // [cacheRows, V]
@@ -195,7 +197,8 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       }
       // No live row can take a token while all of them wait for their environment: wait for one.
       if (pending.size > 0 && rows.every((r) => r.done || pending.has(r))) {
-        await Promise.race(pending.values());
+        await Promise.race([...pending.values(), ...(aborted ? [aborted] : [])]);
+        if (signal?.aborted) continue; // the check above ends every row
         if (rows.every((r) => r.done)) break;
       }
       // Sample only for rows that are not reading forced tokens or waiting for their environment.
