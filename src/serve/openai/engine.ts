@@ -283,14 +283,19 @@ export class Engine {
     row.tokens.push(tok);
     row.p.req.onToken?.(row.choice, tok);
     const isStop = this.stopIds.has(tok.id) || prm.stopTokenIds.includes(tok.id);
-    if (!isStop || prm.stop.length > 0) {
-      const text = this.tokenizer.decode(row.tokens.map((t) => t.id), { skipSpecialTokens: true });
+    if (prm.stop.length > 0 && !isStop) {
+      // Stop strings: the text so far is searched after every token (and cut before the first one).
+      const text = this.text(row);
       const cut = firstStop(text, prm.stop);
-      row.text = cut === -1 ? text : text.slice(0, cut);
-      if (cut !== -1) return void Object.assign(row, { done: true, finish: "stop" });
+      if (cut !== -1) return void Object.assign(row, { done: true, finish: "stop", text: text.slice(0, cut) });
     }
-    if (isStop) return void Object.assign(row, { done: true, finish: "stop" });
-    if (row.tokens.length >= prm.maxTokens || row.prompt.length + row.tokens.length >= this.contextLength) Object.assign(row, { done: true, finish: "length" });
+    if (isStop) return void Object.assign(row, { done: true, finish: "stop", text: this.text(row) });
+    if (row.tokens.length >= prm.maxTokens || row.prompt.length + row.tokens.length >= this.contextLength)
+      Object.assign(row, { done: true, finish: "length", text: this.text(row) });
+  }
+
+  private text(row: Row): string {
+    return this.tokenizer.decode(row.tokens.map((t) => t.id), { skipSpecialTokens: true });
   }
 }
 

@@ -91,6 +91,12 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
       throw badField("max_tokens", `${s.maxTokens} new tokens after a ${promptLen}-token prompt pass the model's ${ctx} positions`);
   };
 
+  // One request decodes in one batch: prompts × n may not pass --max_batch_rows.
+  const checkRows = (prompts: number, s: Sampling) => {
+    if (prompts * s.n > engine.o.maxBatchRows)
+      throw badField(prompts > 1 ? "prompt" : "n", `${prompts} prompt(s) × n ${s.n} = ${prompts * s.n} rows; this server decodes at most ${engine.o.maxBatchRows} (--max_batch_rows) per request`);
+  };
+
   const usage = (promptTokens: number, choices: GenChoice[]) => {
     const completion = choices.reduce((a, c) => a + c.tokens.length, 0);
     return { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
@@ -108,6 +114,7 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
       throw badField("messages", `the chat template cannot render them: ${(err as Error).message.split("\n")[0]}`);
     }
     checkLength(ids.length, r.sampling);
+    checkRows(1, r.sampling);
     const s = r.sampling;
     const id = newId("chatcmpl");
     const head = { id, created: Math.floor(Date.now() / 1000), model: r.model };
@@ -169,6 +176,7 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
     const adapter = adapterFor(r.model);
     const prompts = r.prompts.map((p) => p.ids ?? tok.encode(p.text!));
     for (const p of prompts) checkLength(p.length, r.sampling);
+    checkRows(prompts.length, r.sampling);
     const s = r.sampling;
     const choices = await engine.generate({ adapter, prompts, n: s.n, params: s.params, signal });
     const logprobsOf = (tokens: GenToken[]) => {

@@ -112,6 +112,17 @@ describe("OpenAI-compatible server", () => {
     expect(b.choices.map((c) => c.message.content)).toEqual(a.choices.map((c) => c.message.content));
   });
 
+  it("stops at a stop string, which the text leaves out", async () => {
+    const body = { model: "tiny", prompt: "Each bag has 15 marbles.", temperature: 0, max_tokens: 40 };
+    const free = (await client.completions.create(body)).choices[0];
+    const at = free.text.indexOf(" ", 3);
+    expect(at).toBeGreaterThan(0);
+    const stop = free.text.slice(at, at + 2);
+    const cut = (await client.completions.create({ ...body, stop: [stop] })).choices[0];
+    expect(cut.finish_reason).toBe("stop");
+    expect(cut.text).toBe(free.text.slice(0, free.text.indexOf(stop)));
+  });
+
   it("returns log-probs with their top alternatives", async () => {
     const r = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "What is 5 times 6?" }], temperature: 0, max_tokens: 12, logprobs: true, top_logprobs: 3 });
     const lp = r.choices[0].logprobs!.content!;
@@ -167,6 +178,7 @@ describe("OpenAI-compatible server", () => {
     await expect(client.chat.completions.create({ model: "tiny", messages: [{ role: "wizard", content: "x" }] as never })).rejects.toMatchObject({ status: 400, param: "messages[0].role" });
     await expect(client.chat.completions.create({ model: "tiny", messages: msg, max_tokens: 5000 })).rejects.toMatchObject({ status: 400, param: "max_tokens" });
     await expect(client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "x".repeat(10 * 1024 * 1024) }] })).rejects.toMatchObject({ status: 413 });
+    await expect(client.completions.create({ model: "tiny", prompt: Array.from({ length: 65 }, () => [1, 2]) })).rejects.toMatchObject({ status: 400, param: "prompt" });
     const noKey = await post("chat/completions", { model: "tiny", messages: msg }, "wrong");
     expect(noKey.status).toBe(401);
     const broken = await fetch(`${server.url}/v1/completions`, { method: "POST", headers: { Authorization: "Bearer test-key" }, body: "{not json" });
