@@ -36,6 +36,7 @@ export { runEval } from "./run/eval-run.ts";
 export { evaluate } from "./run/evaluate.ts";
 export { openPolicy } from "./run/policy.ts";
 export { startServer } from "./serve/http.ts";
+export { serveOpenAi } from "./serve/openai/run.ts";
 export { parseServeArgs } from "./serve/config.ts";
 export { Rng } from "./util/rng.ts";
 
