@@ -21,6 +21,8 @@ import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
 import { openRemoteRollouts } from "../../src/run/grpo-remote.ts";
 import { openPolicy } from "../../src/run/policy.ts";
+import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
+import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
 import { SERVE_OPENAI_FLAGS, serveOpenAi, type ServingOpenAi } from "../../src/serve/openai/run.ts";
 import { makeTinyModelDir } from "./tiny-fixture.ts";
@@ -71,6 +73,42 @@ describe("rollouts on an OpenAI-compatible engine", () => {
       });
     }
     policy.model.dispose();
+  });
+
+  it("runs the turns' tool calls between requests and forces their rendered results with loss mask 0", async () => {
+    const tok = await loadTokenizerFromDir(TINY_BASE_DIR);
+    const im = tok.eosTokenId;
+    const turns = [
+      [...tok.encode('Sara has 15 * 6 =\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "15*6"}}\n</tool_call>'), im],
+      [...tok.encode("90 marbles.\nThe answer is \\boxed{90}."), im],
+    ];
+    const prompts: number[][] = [];
+    const engine = http.createServer((req, res) => {
+      let body = "";
+      req.on("data", (c) => (body += c));
+      req.on("end", () => {
+        const r = JSON.parse(body);
+        prompts.push(r.prompt);
+        const ids = turns[prompts.length - 1];
+        res.writeHead(200, { "Content-Type": "application/json" }).end(JSON.stringify({ choices: [{ finish_reason: "stop", token_ids: ids, logprobs: { token_logprobs: ids.map(() => -0.25) } }] }));
+      });
+    });
+    await new Promise<void>((r) => engine.listen(0, "127.0.0.1", () => r()));
+    const client = new EngineClient({ url: `http://127.0.0.1:${(engine.address() as AddressInfo).port}`, timeoutMs: 10_000 }, 512);
+    const [t] = await remoteRolloutGroups(client, tok, [toPrompt("Each bag has 15 marbles. How many marbles are in 6 bags?")], {
+      samplesPerPrompt: 1, maxNewTokens: 200, maxTurns: 3, temperature: 1, topP: 1, topK: 0, tools: [calculatorTool], toolsInPrompt: false, seed: 1, model: "m", maxPositions: 1024,
+    });
+    engine.close();
+    expect(t.finishReason).toBe("stop");
+    expect(t.numToolCalls).toBe(1);
+    expect(t.turns[0].toolCalls[0]).toMatchObject({ name: "calculator", result: "90", error: false });
+    expect(t.finalText).toContain("\\boxed{90}");
+    const forced = tok.encode("\n<|im_start|>user\n<tool_response>\n90\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
+    expect(t.completionIds).toEqual([...turns[0], ...forced, ...turns[1]]);
+    expect(t.lossMask).toEqual([...turns[0].map(() => 1), ...forced.map(() => 0), ...turns[1].map(() => 1)]);
+    expect(t.sampleLogprobs).toEqual([...turns[0].map(() => -0.25), ...forced.map(() => 0), ...turns[1].map(() => -0.25)]);
+    // The second request's prompt is the first's plus everything since, token for token.
+    expect(prompts[1]).toEqual([...prompts[0], ...turns[0], ...forced]);
   });
 
   it("trains with the engine, synchronously and one step ahead, logging version, staleness and waits", async () => {
