@@ -1,8 +1,10 @@
 /** Serve Tools as an MCP server with the official SDK's low-level Server: tools/list gives each tool's
  *  JSON schema verbatim (so a client renders the same <tools> block as the built-in tool) and its
  *  system-prompt sentence in `_meta` (so the prompt is the same too), tools/call
- *  runs it and marks "Error…" results with isError. Over stdio, or over Streamable HTTP in stateless
- *  mode on a loopback address (one Server per request, as the SDK's stateless example does).
+ *  runs it and passes on whether it failed as isError. Over stdio, or over Streamable HTTP in stateless
+ *  mode on a loopback address (one Server per request, as the SDK's stateless example does), where a
+ *  request whose Host or Origin is not a loopback name is refused with 403, as the SDK's
+ *  localhostHostValidation does (a web page that rebinds its DNS name to 127.0.0.1 cannot call tools).
  *  scripts/mcp-tool-server.ts runs it for the built-in tools; the tests serve fixtures with it.
  *  Leaves out: sessions, resumability, auth. */
 import * as http from "node:http";
@@ -11,7 +13,7 @@ import { Server } from "@modelcontextprotocol/sdk/server/index.js";
 import { StdioServerTransport } from "@modelcontextprotocol/sdk/server/stdio.js";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { CallToolRequestSchema, ListToolsRequestSchema } from "@modelcontextprotocol/sdk/types.js";
-import type { Tool } from "./types.ts";
+import { toToolResult, type Tool } from "./types.ts";
 import { PROMPT_HINT_META } from "./mcp.ts";
 
 export interface ServeOptions {
@@ -42,8 +44,8 @@ export function mcpServerFor(tools: Tool[], o: ServeOptions = {}): Server {
     const tool = byName.get(req.params.name);
     if (!tool) return { content: [{ type: "text", text: `Error: unknown tool "${req.params.name}"` }], isError: true };
     await ready; // a worker start-up is waited for here, not inside the client's handshake
-    const text = await tool.run(req.params.arguments ?? {});
-    return { content: [{ type: "text", text }], isError: /^error\b/i.test(text.trimStart()) };
+    const out = toToolResult(await tool.run(req.params.arguments ?? {})) ?? { text: `Error: tool "${tool.name}" returned no text`, isError: true };
+    return { content: [{ type: "text", text: out.text }], isError: out.isError };
   });
   return server;
 }
@@ -66,7 +68,11 @@ export async function serveStdio(tools: Tool[], o: ServeOptions = {}): Promise<v
 export async function serveHttp(tools: Tool[], port: number, o: ServeOptions & { host?: string } = {}): Promise<{ url: string; close(): Promise<void> }> {
   const host = o.host ?? "127.0.0.1";
   void readyAll(tools);
+  const loopback = LOOPBACK.includes(host === "::1" ? "[::1]" : host);
   const httpServer = http.createServer(async (req, res) => {
+    const refused = loopback ? foreignHostOrOrigin(req) : null;
+    if (refused)
+      return void res.writeHead(403, { "content-type": "application/json" }).end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message: refused }, id: null }));
     if (!req.url?.startsWith("/mcp")) return void res.writeHead(404, { "content-type": "application/json" }).end('{"error":"not found; the MCP endpoint is /mcp"}');
     if (req.method !== "POST") // stateless: no server-initiated stream, no session to delete
       return void res.writeHead(405, { "content-type": "application/json" }).end('{"jsonrpc":"2.0","error":{"code":-32000,"message":"Method not allowed."},"id":null}');
@@ -99,4 +105,29 @@ export async function serveHttp(tools: Tool[], port: number, o: ServeOptions & {
       httpServer.close(() => resolve());
     }),
   };
+}
+
+const LOOPBACK = ["localhost", "127.0.0.1", "[::1]"];
+
+/** Why a request to a loopback server is refused: a Host (missing, or not a loopback name, any port)
+ *  or an Origin that is not a loopback name; null when it is fine. Clients that send no Origin (not
+ *  browsers) pass on their Host alone. */
+function foreignHostOrOrigin(req: http.IncomingMessage): string | null {
+  const hostname = (value: string) => {
+    try {
+      return new URL(value).hostname;
+    } catch {
+      return null;
+    }
+  };
+  const host = req.headers.host;
+  if (!host) return "Missing Host header";
+  const h = hostname(`http://${host}`);
+  if (!h || !LOOPBACK.includes(h)) return `Invalid Host: ${host}`;
+  const origin = req.headers.origin;
+  if (origin !== undefined && origin !== "null") {
+    const o = hostname(origin);
+    if (!o || !LOOPBACK.includes(o)) return `Invalid Origin: ${origin}`;
+  }
+  return null;
 }

@@ -1,12 +1,28 @@
 /** A tool the agent can call. A second tool is a new file that exports one of these and registers
- *  itself; nothing else changes. run() always resolves (never rejects) to short text for the model. */
+ *  itself; nothing else changes. run() always resolves (never rejects) to short text for the model,
+ *  and says whether the tool failed. */
 import type { ToolSchema } from "../model/types.ts";
+
+/** What one call gives back. `isError` decides what counts as a tool error (MCP's flag, carried
+ *  through); a plain string is the built-in tools' form, an error when it starts with "Error". */
+export type ToolOutput = string | ToolResult;
+export interface ToolResult {
+  text: string;
+  isError: boolean;
+}
+
+/** A run()'s value as a ToolResult, or null when it is neither a string nor a ToolResult. */
+export function toToolResult(out: unknown): ToolResult | null {
+  if (typeof out === "string") return { text: out, isError: /^error\b/i.test(out.trimStart()) };
+  const r = out as ToolResult | null;
+  return r && typeof r === "object" && typeof r.text === "string" ? { text: r.text, isError: r.isError === true } : null;
+}
 
 export interface Tool {
   name: string;
   description: string;
   parameters: Record<string, unknown>; // JSON schema, rendered into the chat template's <tools>
-  run(args: Record<string, unknown>): Promise<string>;
+  run(args: Record<string, unknown>): Promise<ToolOutput>;
   /** The system prompt's sentence about this tool (default: its name and description). */
   promptHint?: string;
   /** The tool bounds each call's own time itself (the calculator: 250 ms of evaluation in a sandbox),

@@ -13,7 +13,7 @@
  *  those with the `inlineOps` operators) as GSM8K's visible text, result inline and no call, so the
  *  demonstrations sometimes skip the tool, as human-written solutions do. */
 import type { ChatMessage } from "../model/types.ts";
-import type { Tool } from "../agents/types.ts";
+import { toToolResult, type Tool } from "../agents/types.ts";
 import { toPrompt } from "../agents/prompts.ts";
 import { answerValue, normalizeNumber } from "./answer.ts";
 import { normalizeExpression, parseAnnotations } from "./annotations.ts";
@@ -78,7 +78,7 @@ export async function verifyConversation(conv: ChatMessage[], tool: Pick<Tool, "
       const args = call.function.arguments;
       const parsedArgs = typeof args === "string" ? (JSON.parse(args) as Record<string, unknown>) : args;
       const annotated = conv[i + 1]?.role === "tool" ? conv[i + 1].content : "";
-      const computed = (await tool.run(parsedArgs)).trim();
+      const computed = (toToolResult(await tool.run(parsedArgs))?.text ?? "").trim();
       checks.push({ expression: String(parsedArgs.expression), annotated, computed, status: compareResults(annotated, computed) });
     }
   }

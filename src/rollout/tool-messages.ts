@@ -1,7 +1,7 @@
 /** The in-loop side of tool use: run a turn's calls and render their results the way the chat template
  *  renders `tool` messages after an assistant turn, as the text a row is forced to read next.
  *  Leaves out: parsing (agents/toolcall.ts) and tokenizing (the caller encodes the text). */
-import type { ParsedToolCall, Tool } from "../agents/types.ts";
+import { toToolResult, type ParsedToolCall, type Tool } from "../agents/types.ts";
 import type { ChatMessage, Tokenizer } from "../model/types.ts";
 import type { ToolCallRecord } from "./types.ts";
 
@@ -14,10 +14,10 @@ export async function runToolCall(call: ParsedToolCall, tools: ReadonlyMap<strin
   const tool = tools.get(call.name);
   if (!tool) return record(`Error: unknown tool "${call.name}"; known tools: ${[...tools.keys()].join(", ") || "(none)"}`, true);
   try {
-    const result = await tool.run(call.arguments);
-    if (typeof result !== "string") return record(`Error: tool "${call.name}" returned no text`, true);
-    // Tools report their own failures as text; "Error…" is the convention they share.
-    return record(result, /^error\b/i.test(result.trimStart()));
+    const result = toToolResult(await tool.run(call.arguments));
+    if (!result) return record(`Error: tool "${call.name}" returned no text`, true);
+    // The tool says whether it failed (MCP's isError); a plain string starting "Error" is the built-ins' form.
+    return record(result.text, result.isError);
   } catch (err) {
     const msg = err instanceof Error ? err.message : String(err);
     return record(`Error: tool "${call.name}" failed: ${msg.slice(0, 200)}`, true);

@@ -166,7 +166,7 @@ export class ChatSession {
             const result = await t.run(args);
             streamer.endTurn();
             const shown = typeof args.expression === "string" ? args.expression : JSON.stringify(args);
-            write(printable(`[${t.name}] ${shown} → ${result}`) + "\n");
+            write(printable(`[${t.name}] ${shown} → ${typeof result === "string" ? result : result.text}`) + "\n");
             return result;
           },
         }))

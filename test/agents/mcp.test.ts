@@ -8,6 +8,7 @@ import * as path from "node:path";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { splitCommandLine } from "../../src/agents/mcp.ts";
 import { openTools, type ToolSet } from "../../src/agents/toolset.ts";
+import { toToolResult } from "../../src/agents/types.ts";
 
 const ROOT = path.join(import.meta.dirname, "..", "..");
 const FIXTURE = path.join(ROOT, "test", "fixtures", "mcp", "server.ts");
@@ -16,7 +17,8 @@ const FIXTURE_TOOLS = ["echo", "add", "fail", "slow", "big", "crash"];
 
 afterAll(() => shutdownCalculator());
 
-const run = (set: ToolSet, name: string, args: Record<string, unknown> = {}) => set.tools.find((t) => t.name === name)!.run(args);
+const call = async (set: ToolSet, name: string, args: Record<string, unknown> = {}) => toToolResult(await set.tools.find((t) => t.name === name)!.run(args))!;
+const run = async (set: ToolSet, name: string, args: Record<string, unknown> = {}) => (await call(set, name, args)).text;
 
 describe("command lines", () => {
   it("split on whitespace with quotes and escapes, no expansion", () => {
@@ -40,8 +42,8 @@ describe("MCP over stdio", () => {
   it("calls tools; isError results, time-outs and oversized output become text for the model", async () => {
     expect(await run(set, "echo", { text: "hello" })).toBe("hello");
     expect(await run(set, "add", { a: 2, b: 40 })).toBe("42");
-    expect(await run(set, "fail")).toBe("Error: this tool always fails");
-    expect(await run(set, "slow", { ms: 10_000 })).toBe('Error: tool "slow" took longer than 2 s');
+    expect(await call(set, "fail")).toEqual({ text: "Error: this tool always fails", isError: true });
+    expect(await call(set, "slow", { ms: 10_000 })).toEqual({ text: 'Error: tool "slow" took longer than 2 s', isError: true });
     expect(await run(set, "echo", { text: "still serving" })).toBe("still serving");
     const big = await run(set, "big", { n: 5_000 });
     expect(big).toBe(`${"x".repeat(1_000)}\n[truncated: 4000 of 5000 characters not shown]`);

@@ -13,6 +13,13 @@ describe("runToolCall", () => {
     expect(await runToolCall({ name: "echo", arguments: {} }, tools(echo))).toMatchObject({ result: "Error: missing text", error: true });
   });
 
+  it("a tool's isError decides (MCP's flag): text that starts with ERROR can be a success", async () => {
+    const log = tool("read_log", async () => ({ text: "ERROR disk full at 12:00", isError: false }));
+    const missing = tool("read_missing", async () => ({ text: "no such file", isError: true }));
+    expect(await runToolCall({ name: "read_log", arguments: {} }, tools(log))).toMatchObject({ result: "ERROR disk full at 12:00", error: false });
+    expect(await runToolCall({ name: "read_missing", arguments: {} }, tools(missing))).toMatchObject({ result: "no such file", error: true });
+  });
+
   it("never rejects: unknown tools name the known ones; a throwing tool or one without text becomes error text", async () => {
     expect(await runToolCall({ name: "python", arguments: {} }, tools(echo))).toMatchObject({ result: 'Error: unknown tool "python"; known tools: echo', error: true });
     expect(await runToolCall({ name: "x", arguments: {} }, tools())).toMatchObject({ result: 'Error: unknown tool "x"; known tools: (none)', error: true });
