@@ -21,7 +21,7 @@ export const EVAL_FLAGS = {
   max_new_tokens: flag("--max_new_tokens <n>", "token budget per rollout over all turns, tool responses included", parseIntArg("max_new_tokens", 1), 512),
   max_turns: flag("--max_turns <n>", "assistant turns per rollout", parseIntArg("max_turns", 1), 8),
   ...envFlags("evaluate on an AgentGym HTTP environment server instead of a dataset: its tasks are --env_tasks, each assistant turn an action (its last \"Action:\" line); a sample succeeds when the episode's reward reaches 1"),
-  env_tasks: optional("--env_tasks <ranges>", `with --env: the data_idx to evaluate, as ranges like 0-99,200-249 (default: ${HELD_OUT_START} to ${HELD_OUT_START} + --max_samples - 1, held out from GRPO's default training tasks 0 to --max_samples - 1)`, parseTaskRanges("env_tasks")),
+  env_tasks: optional("--env_tasks <ranges>", `with --env: the data_idx to evaluate, as ranges like 0-99,200-249 (default: ${HELD_OUT_START} to ${HELD_OUT_START} + --max_samples - 1, held out from GRPO's default training tasks 0 to --max_samples - 1; on a server with fewer tasks, from the start of its upper half: TextCraft 272; ranges past its size are refused)`, parseTaskRanges("env_tasks")),
   output_dir: optional("--output_dir <dir>", "where eval.json, samples-*.jsonl and report.html go (default outputs/<model name>/eval; tiny: outputs/tiny/eval)"),
   overwrite: toggle("--overwrite", "replace an earlier evaluation in --output_dir", false),
 } satisfies FlagTable;

@@ -37,7 +37,7 @@ export const GRPO_FLAGS = {
   ...toolFlags(),
   ...envFlags(),
   env_tasks: optional("--env_tasks <ranges>", "with --env: the data_idx to train on, as ranges like 0-99,200-249 (default: 0 to --max_samples - 1, 100 tasks)", parseTaskRanges("env_tasks")),
-  env_eval_tasks: optional("--env_eval_tasks <ranges>", `with --env: held-out data_idx; the first --eval_samples of them are evaluated at the end; must not overlap --env_tasks (default: ${HELD_OUT_START} on, the range eval.ts --env uses)`, parseTaskRanges("env_eval_tasks")),
+  env_eval_tasks: optional("--env_eval_tasks <ranges>", `with --env: held-out data_idx; the first --eval_samples of them are evaluated at the end; must not overlap --env_tasks (default: ${HELD_OUT_START} on, the range eval.ts --env uses; on a server with fewer tasks its upper half: TextCraft 272-543; ranges past its size are refused)`, parseTaskRanges("env_eval_tasks")),
   env_max_failed_steps: flag("--env_max_failed_steps <n>", "with --env: stop (checkpoint saved, continue with --resume) when every rollout failed on the environment in this many steps in a row (0: never)", parseIntArg("env_max_failed_steps", 0), 3, { free: true }),
   rollout_engine: flag("--rollout_engine <kind>", "where rollouts are generated: local (this process) or openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with --enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)", parseChoice("rollout_engine", ROLLOUT_ENGINES), "local" as (typeof ROLLOUT_ENGINES)[number], { free: true }),
   rollout_url: optional("--rollout_url <url>", "with --rollout_engine openai: the engine's base URL, e.g. http://127.0.0.1:8001/v1 (an API key, if it needs one, from ROLLOUT_API_KEY)", undefined, { free: true }),

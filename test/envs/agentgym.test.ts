@@ -265,10 +265,11 @@ describe("evaluation against the environment", () => {
     expect(m.result).toMatchObject({ n: 2, k: 2, toolCallsPerRollout: 0 });
     expect(m.result.envReward).toBeGreaterThanOrEqual(0);
     expect(lines[0]).toContain(`2 episodes of ${s.url} × 2`);
-    expect(lines.some((l) => /env reward \d\.\d{3}/.test(l))).toBe(true);
+    expect(lines.some((l) => /env reward \d\.\d{3} \| env errors 0\.000/.test(l))).toBe(true);
     const evalJson = JSON.parse(await fs.readFile(path.join(out, "eval.json"), "utf8"));
     expect(evalJson.config).toMatchObject({ env: s.url, env_dialect: "env_idx", max_samples: 2, samples_per_prompt: 2, output_dir: out });
     expect(evalJson.models[0]).toHaveProperty("envReward");
+    expect(evalJson.models[0].envErrorRate).toBe(0);
     const rows = (await fs.readFile(path.join(out, `samples-${evalJson.models[0].name}.jsonl`), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
     expect(rows.map((r) => r.id)).toEqual(["1000", "1001"]); // held out from GRPO's default training tasks
     expect(evalJson.config).toMatchObject({ env_tasks: "1000-1001" });

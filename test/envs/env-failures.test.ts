@@ -142,6 +142,31 @@ describe("create and reset failures are per rollout", () => {
     expect(r.strict.value).toBe(0.5);
   });
 
+  it("eval.ts --env: the error rate on screen and in eval.json; every episode failing is an error, nothing written", async () => {
+    const { initBackend } = await import("../../src/backend.ts");
+    const { parseEvalArgs, runEval } = await import("../../src/run/eval-run.ts");
+    const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
+    await initBackend("wasm");
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "env-eval-fail-"));
+    const args = (env: string, out: string) => ["node", "eval", "--model_path", TINY_BASE_DIR, "--env", env, "--env_dialect", "id", "--max_samples", "2",
+      "--samples_per_prompt", "2", "--temperature", "1", "--max_new_tokens", "16", "--max_turns", "1", "--backend", "wasm", "--output_dir", out];
+    // Create #1 and reset #1 are the start-up probe; then create #3 fails: 1 of 4 episodes.
+    const some = await faultyProxy(guess.url, (route, n) => (route === "/create" && n === 3 ? "http500" : "ok"));
+    // After the probe the server is down: every episode fails.
+    const down = await faultyProxy(guess.url, (route, n) => (route === "/create" && n >= 2 ? "http500" : "ok"));
+    proxies.push(some, down);
+    const lines: string[] = [];
+    await runEval(await parseEvalArgs(args(some.url, path.join(dir, "some"))), { out: (l) => lines.push(l), progress: false });
+    expect(lines.some((l) => / \| env errors 0\.250 \| /.test(l))).toBe(true);
+    const evalJson = JSON.parse(await fs.readFile(path.join(dir, "some", "eval.json"), "utf8"));
+    expect(evalJson.models[0].envErrorRate).toBe(0.25);
+    await expect(runEval(await parseEvalArgs(args(down.url, path.join(dir, "down"))), { out: () => {}, progress: false })).rejects.toThrow(
+      /^environment http:\/\/127\.0\.0\.1:\d+: all 4 episodes failed on the environment, none was played \(first: environment .*\/create: HTTP 500/,
+    );
+    expect(await fs.stat(path.join(dir, "down")).then(() => true, () => false)).toBe(false);
+    await fs.rm(dir, { recursive: true, force: true });
+  }, 120_000);
+
   it("advantages leave env-failed rollouts out of the group's mean and std", () => {
     const rewards = [[1, 0, 0, 0]];
     // Row 3 failed on the environment: the group is [1, 0, 0] as far as the policy is concerned.
