@@ -45,6 +45,7 @@ export function trajectoryRecord(step: number, t: Trajectory, tokenizer: Tokeniz
     numToolErrors: t.numToolErrors,
     numParseErrors: t.numParseErrors,
     ...(t.envReward !== undefined ? { envReward: t.envReward } : {}),
+    ...(t.envSuccess !== undefined ? { envSuccess: t.envSuccess } : {}),
     ...(t.envError !== undefined ? { envError: t.envError } : {}),
     finalText: t.finalText,
     turns: t.turns,

@@ -205,6 +205,7 @@ describe("GRPO against the environment", () => {
       for (const turn of t.turns) expect("observation" in turn).toBe(turn.ended);
       expect(t.rewardComponents).toHaveProperty("env");
       expect(t.reward).toBe(t.envReward);
+      if (t.turns.some((x: { observation?: string }) => x.observation !== undefined)) expect(t.envSuccess).toBe(t.envReward >= 1); // generic rule
     }
     expect(lines.some((t) => t.turns[0].ended)).toBe(true); // the tiny base ends its turns
     const [m] = await readMetrics(path.join(out, "metrics.jsonl"));
