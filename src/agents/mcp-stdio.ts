@@ -38,6 +38,23 @@ function signalGroup(pgid: number, signal: NodeJS.Signals): void {
   }
 }
 
+/** Resolves true once no process of the group is left, false after `ms` (polled every 50 ms; `ref`
+ *  false: the polling does not keep this process alive). */
+async function groupGone(pgid: number, ms: number, ref = true): Promise<boolean> {
+  for (const end = Date.now() + ms; ; ) {
+    try {
+      process.kill(-pgid, 0);
+    } catch {
+      return true;
+    }
+    if (Date.now() >= end) return false;
+    await new Promise((r) => {
+      const t = setTimeout(r, 50);
+      if (!ref) t.unref();
+    });
+  }
+}
+
 export class ProcessGroupStdioTransport implements Transport {
   onclose?: () => void;
   onerror?: (error: Error) => void;
@@ -103,19 +120,17 @@ export class ProcessGroupStdioTransport implements Transport {
     });
   }
 
-  /** Close stdin (well-behaved servers exit on EOF), then SIGTERM the group, then SIGKILL it, each after
-   *  the grace time if the direct child is still running; the group is signalled in any case, since the
-   *  direct child (npx, sh) may be gone while the server it started is not. */
+  /** Close stdin (well-behaved servers exit on EOF), then SIGTERM the group, then SIGKILL it, each
+   *  after the grace time if any process of the group is left: the direct child (npx, sh) may be gone
+   *  while the server it started is not. */
   async close(): Promise<void> {
-    const child = this.child;
-    if (!child || child.pid === undefined) return this.finish();
+    const pgid = this.child?.pid;
+    if (pgid === undefined) return this.finish();
     const grace = this.params.graceMs ?? 2_000;
-    const exited = new Promise<void>((r) => (child.exitCode !== null || child.signalCode !== null ? r() : child.once("exit", () => r())));
-    const wait = () => Promise.race([exited.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), grace).unref())]);
-    child.stdin?.end();
-    if (!(await wait())) {
-      signalGroup(child.pid, "SIGTERM");
-      if (!(await wait())) signalGroup(child.pid, "SIGKILL");
+    this.child!.stdin?.end();
+    if (!(await groupGone(pgid, grace))) {
+      signalGroup(pgid, "SIGTERM");
+      if (!(await groupGone(pgid, grace))) signalGroup(pgid, "SIGKILL");
     }
     this.finish();
   }
@@ -125,9 +140,12 @@ export class ProcessGroupStdioTransport implements Transport {
     if (this.closed) return;
     this.closed = true;
     const child = this.child;
-    if (child?.pid !== undefined) {
-      signalGroup(child.pid, "SIGTERM");
-      liveGroups.delete(child.pid);
+    const pgid = child?.pid;
+    if (pgid !== undefined) {
+      // The direct child is gone (or close() is done): what is left of its group goes too.
+      signalGroup(pgid, "SIGTERM");
+      void groupGone(pgid, this.params.graceMs ?? 2_000, false).then((gone) => gone || signalGroup(pgid, "SIGKILL"));
+      liveGroups.delete(pgid);
     }
     for (const s of [child?.stdin, child?.stdout, child?.stderr]) s?.destroy();
     child?.unref();

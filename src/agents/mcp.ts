@@ -107,8 +107,9 @@ export async function openMcpServer(target: McpServerSpec | string, o: McpOption
   const refresh = async (c: Client) => {
     try {
       const listed = await listAllTools(c, startupMs);
-      if (client !== c) return;
-      offered = pick(listed, spec, label, null);
+      const fresh = pick(listed, spec, label, null);
+      if (client !== c || JSON.stringify([...fresh.values()]) === JSON.stringify([...offered.values()])) return; // e.g. announced right after initialize
+      offered = fresh;
       handle.tools = [...offered.values()].map(wrap);
       log(`mcp: server ${label} changed its tools; now ${handle.tools.map((t) => t.name).join(", ") || "(none)"}`);
       handle.onToolsChanged?.(handle.tools);

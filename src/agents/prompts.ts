@@ -2,8 +2,9 @@
  *  built from the run's tools and the task's answer schema; the tool schemas themselves are not written
  *  here: the chat template renders them from `tools` (see agents/types.ts). */
 import { ANSWER_INSTRUCTIONS, type AnswerSchema } from "../datasets/answer.ts";
-import type { ChatMessage } from "../model/types.ts";
-import type { Tool } from "./types.ts";
+import { UsageError } from "../cli.ts";
+import type { ChatMessage, Tokenizer } from "../model/types.ts";
+import { toolSchema, type Tool } from "./types.ts";
 
 /** The prompt of the calculator agent, what systemPromptFor([calculatorTool]) gives. Short on purpose:
  *  a small model learns the format from SFT, the prompt only names it. The answer format must match
@@ -32,4 +33,18 @@ export function toPrompt(question: string, systemPrompt: string = SYSTEM_PROMPT)
     { role: "system", content: systemPrompt },
     { role: "user", content: question.trim() },
   ];
+}
+
+/** A UsageError when the system prompt with the tools' schemas, plus `reserve` tokens for the reply,
+ *  does not fit the model's context: an MCP server's many tools can fill a small model's context
+ *  (server-everything's 12 schemas are 3,886 tokens with the tiny tokenizer; its context is 1,024), and
+ *  every reply would fail. */
+export function checkToolsFit(tokenizer: Tokenizer, contextLength: number, tools: readonly Tool[], reserve: number, toolsInPrompt = true): void {
+  const text = tokenizer.applyChatTemplate([{ role: "system", content: systemPromptFor(tools) }, { role: "user", content: "?" }], {
+    tools: toolsInPrompt && tools.length > 0 ? tools.map(toolSchema) : undefined,
+    addGenerationPrompt: true,
+  });
+  const n = tokenizer.encode(text).length;
+  if (n + reserve > contextLength)
+    throw new UsageError(`the system prompt with ${tools.length} tool${tools.length === 1 ? "" : "s"} is ${n} tokens; with ${reserve} new tokens it does not fit the model's context of ${contextLength}; offer fewer tools (mcp[tools=a+b]:…) or lower --max_new_tokens`);
 }

@@ -7,7 +7,7 @@
  *  one message per line, plain output, exit at EOF. Leaves out: history editing, multiple samples. */
 import * as readline from "node:readline";
 import { calculatorTool } from "../agents/calculator.ts";
-import { systemPromptFor } from "../agents/prompts.ts";
+import { checkToolsFit, systemPromptFor } from "../agents/prompts.ts";
 import { openRunTools } from "../agents/toolset.ts";
 import type { Tool } from "../agents/types.ts";
 import { UsageError } from "../cli.ts";
@@ -249,6 +249,12 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[], open: Ope
   // Notes about the session: dimmed in the terminal; on stderr when piped, so stdout holds only replies.
   const note = (s: string) => (interactive ? write(dim(`${s}\n`)) : io.err(s));
   const policy = await open({ modelPath: cfg.model_path, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpack_base });
+  try {
+    checkToolsFit(policy.tokenizer, policy.model.config.maxPositionEmbeddings, tools, cfg.max_new_tokens, cfg.tools_in_prompt);
+  } catch (err) {
+    policy.model.dispose();
+    throw err;
+  }
   const session = new ChatSession(policy.model, policy.tokenizer, { ...cfg, tools });
   const rl = readline.createInterface({ input: io.input, output: interactive ? io.output : undefined, terminal: interactive, prompt: "you> " });
   let generation: AbortController | null = null;

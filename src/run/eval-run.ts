@@ -10,6 +10,7 @@ import * as path from "node:path";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
 import type { Tool } from "../agents/types.ts";
 import { openRunTools } from "../agents/toolset.ts";
+import { checkToolsFit } from "../agents/prompts.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { Task } from "../datasets/tasks.ts";
 import { checkTaskRange, defaultTaskRanges, environmentTasks, expandRanges, openEnvironmentServer } from "../envs/episodes.ts";
@@ -184,10 +185,12 @@ export async function evaluateModel(spec: EvalModelSpec, examples: Task[], p: Ev
   try {
     const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: p.seed, backend: p.backend, threads: p.threads, unpackBase: p.unpack_base });
     try {
+      const tools = run.tools ?? own?.tools ?? [];
+      checkToolsFit(policy.tokenizer, policy.model.config.maxPositionEmbeddings, tools, p.max_new_tokens, p.tools_in_prompt);
       return await evaluate(policy.model, policy.tokenizer, examples, {
         samplesPerPrompt: p.samples_per_prompt, temperature: p.temperature, batchSize: p.batch_size,
         maxNewTokens: p.max_new_tokens, maxTurns: p.max_turns, toolsInPrompt: p.tools_in_prompt, seed: p.seed,
-        tools: run.tools ?? own?.tools ?? [], envs: run.envs, onProgress,
+        tools, envs: run.envs, onProgress,
       });
     } finally {
       policy.model.dispose();

@@ -3,7 +3,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.ts";
 import { SYSTEM_PROMPT, systemPromptFor } from "../../src/agents/prompts.ts";
 import { capText, limitTool, openTools, splitToolSpecs } from "../../src/agents/toolset.ts";
-import type { Tool } from "../../src/agents/types.ts";
+import { toToolResult, type Tool } from "../../src/agents/types.ts";
 import { UsageError } from "../../src/cli.ts";
 
 afterAll(() => shutdownCalculator());
@@ -46,7 +46,7 @@ describe("limits every tool gets", () => {
   it("long output is cut with a visible marker", async () => {
     expect(capText("x".repeat(150), 100)).toBe(`${"x".repeat(100)}\n[truncated: 50 of 150 characters not shown]`);
     expect(capText("short", 100)).toBe("short");
-    expect((await limitTool(tool(async () => "y".repeat(250)), 1000, 200).run({})).text).toMatch(/^y{200}\n\[truncated: 50 of 250/);
+    expect(toToolResult(await limitTool(tool(async () => "y".repeat(250)), 1000, 200).run({}))!.text).toMatch(/^y{200}\n\[truncated: 50 of 250/);
   });
 });
 
