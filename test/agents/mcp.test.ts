@@ -98,6 +98,22 @@ describe("MCP over Streamable HTTP", () => {
       await Promise.all([short.close(), capped.close()]);
     }
   });
+  it("refuses a foreign Host or Origin with 403 (DNS rebinding), serves loopback ones", async () => {
+    const status = (headers: Record<string, string>) => new Promise<number>((resolve, reject) => {
+      const body = JSON.stringify({ jsonrpc: "2.0", id: 1, method: "ping" });
+      const req = http.request(url, { method: "POST", headers: { "content-type": "application/json", accept: "application/json, text/event-stream", ...headers } }, (res) => {
+        res.resume();
+        resolve(res.statusCode ?? 0);
+      });
+      req.on("error", reject);
+      req.end(body);
+    });
+    const port = new URL(url).port;
+    expect(await status({ host: "evil.example" })).toBe(403);
+    expect(await status({ host: `localhost:${port}`, origin: "http://evil.example" })).toBe(403);
+    expect(await status({ host: `localhost:${port}`, origin: `http://localhost:${port}` })).toBe(200);
+    expect(await status({ host: `127.0.0.1:${port}` })).toBe(200);
+  });
   it("lists, calls, reports isError; a server that is gone gives error text naming it", async () => {
     const notices: string[] = [];
     // A generous limit: the served calculator's worker may still be starting on a loaded machine.
