@@ -35,6 +35,8 @@ export interface EngineCompletion {
 }
 
 type Json = Record<string, unknown>;
+/** Socket errors of a pooled connection the other side had closed (undici's names and the OS's). */
+const STALE_SOCKET = new Set(["UND_ERR_SOCKET", "ECONNRESET", "EPIPE", "UND_ERR_CLOSED"]);
 const isObj = (v: unknown): v is Json => typeof v === "object" && v !== null && !Array.isArray(v);
 
 export class EngineClient {
@@ -44,23 +46,29 @@ export class EngineClient {
     this.base = o.url.replace(/\/+$/, "").replace(/\/v1$/, "");
   }
 
+  /** One HTTP exchange. A connection the engine closed while it sat idle in the pool (its keep-alive
+   *  timeout ran out while this process was busy training) fails with a socket error on reuse: such a
+   *  request is sent once more on a fresh connection; an engine that is gone then refuses it. */
   private async request(method: "GET" | "POST", route: string, body?: unknown): Promise<{ status: number; text: string }> {
     const url = `${this.base}/v1/${route}`;
-    let res: Response;
-    try {
-      res = await fetch(url, {
-        method,
-        headers: { "Content-Type": "application/json", ...(this.o.apiKey ? { Authorization: `Bearer ${this.o.apiKey}` } : {}) },
-        body: body === undefined ? undefined : JSON.stringify(body),
-        signal: AbortSignal.timeout(this.o.timeoutMs),
-      });
-      const text = await res.text(); // the timeout covers the body too: a truncated or stalled one fails here
-      return { status: res.status, text };
-    } catch (err) {
-      const e = err as Error & { cause?: { code?: string; message?: string } };
-      if (e.name === "TimeoutError" || e.name === "AbortError")
-        throw new EngineError(`rollout engine ${url}: no complete answer within ${this.o.timeoutMs / 1000} s (--rollout_timeout)`, "timeout");
-      throw new EngineError(`rollout engine ${url}: cannot be reached (${e.cause?.code ?? e.cause?.message ?? e.message})`, "unreachable");
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const res = await fetch(url, {
+          method,
+          headers: { "Content-Type": "application/json", ...(this.o.apiKey ? { Authorization: `Bearer ${this.o.apiKey}` } : {}) },
+          body: body === undefined ? undefined : JSON.stringify(body),
+          signal: AbortSignal.timeout(this.o.timeoutMs),
+        });
+        const text = await res.text(); // the timeout covers the body too: a truncated or stalled one fails here
+        return { status: res.status, text };
+      } catch (err) {
+        const e = err as Error & { cause?: { code?: string; message?: string } };
+        if (e.name === "TimeoutError" || e.name === "AbortError")
+          throw new EngineError(`rollout engine ${url}: no complete answer within ${this.o.timeoutMs / 1000} s (--rollout_timeout)`, "timeout");
+        const code = e.cause?.code ?? "";
+        if (attempt === 0 && STALE_SOCKET.has(code)) continue;
+        throw new EngineError(`rollout engine ${url}: cannot be reached (${code || e.cause?.message || e.message})`, "unreachable");
+      }
     }
   }
 

@@ -176,6 +176,20 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     stalled.closeAllConnections();
     await new Promise<void>((r) => stalled.close(() => r()));
 
+    // A pooled connection the engine closed is retried once on a fresh one; one closed every time is an error.
+    let seen = 0;
+    const flaky = http.createServer((req, res) => {
+      if (++seen === 1 || req.url === "/v1/completions") return void req.socket.destroy();
+      res.writeHead(200, { "Content-Type": "application/json" }).end(JSON.stringify({ data: [{ id: "m" }] }));
+    });
+    await new Promise<void>((r) => flaky.listen(0, "127.0.0.1", () => r()));
+    const flakyClient = new EngineClient({ url: `http://127.0.0.1:${(flaky.address() as AddressInfo).port}/v1`, timeoutMs: 10_000 }, 320);
+    expect(await flakyClient.models()).toEqual(["m"]);
+    expect(seen).toBe(2);
+    await expect(flakyClient.complete("m", [1], params)).rejects.toMatchObject({ kind: "unreachable" });
+    flaky.closeAllConnections();
+    await new Promise<void>((r) => flaky.close(() => r()));
+
     const choice = (c: Record<string, unknown>) => ({ choices: [{ finish_reason: "stop", logprobs: { token_logprobs: [-0.5], tokens: ["token_id:7"] }, ...c }] });
     expect(parseCompletion(choice({}), 320)).toEqual({ ids: [7], logprobs: [-0.5], finishReason: "stop" });
     expect(() => parseCompletion(choice({ logprobs: { token_logprobs: [-0.5], tokens: ["hello"] } }), 320)).toThrow(/choices\[0\]\.logprobs\.tokens\[0\]/);

@@ -274,6 +274,10 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
     }
   });
   server.requestTimeout = 0; // generation may take long; clients set their own timeouts
+  // Idle keep-alive connections stay open for 2 minutes (Node's default is 5 s): a client busy with a
+  // training step between two requests should find its connection still there.
+  server.keepAliveTimeout = 120_000;
+  server.headersTimeout = 125_000;
   await new Promise<void>((resolve, reject) => {
     server.once("error", reject);
     server.listen(o.port, o.host, () => resolve());
