@@ -100,7 +100,11 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
     if (waiting.length >= n) {
       for (const w of waiting) w();
       waiting = [];
-    } else setTimeout(resolve, timeoutMs);
+    } else
+      setTimeout(() => {
+        waiting = waiting.filter((w) => w !== resolve); // no longer waiting
+        resolve();
+      }, timeoutMs);
   });
 
   const srv = http.createServer((req, res) => {

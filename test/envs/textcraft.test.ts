@@ -123,9 +123,9 @@ describe("episodes against TextCraft", () => {
   });
 
   it("the steps of rows closing their turns at different tokens overlap: the server sees all four at once", async () => {
-    // The replay answers a step only once 4 wait together (else after 20 s): stepping the rows one
+    // The replay answers a step only once 4 wait together (else after 10 s): stepping the rows one
     // after another would show 1 at a time.
-    const s = await replay({ barrier: 4, barrierTimeoutMs: 20_000 });
+    const s = await replay({ barrier: 4, barrierTimeoutMs: 10_000 });
     const factory = await openEnvironmentServer(s.url, { dialect: "textcraft", ...open });
     const episodes = await openEpisodes(factory, [0], 4);
     const thoughts = ["Hm.", "I need the orchid first.", "The recipe says one blue orchid makes one light blue dye, so get it.", "Get it."];
@@ -158,6 +158,25 @@ describe("episodes against TextCraft", () => {
     expect(out.map((t) => t.turns.map((x) => x.observation))).toEqual([[undefined], [undefined]]); // ended while stepping
     expect(s.open.size).toBe(0);
   });
+});
+
+describe("GRPO against TextCraft on the tiny model", () => {
+  it("prompts past the 1,024-token context fail their rows, not the run: it stops with a checkpoint to resume", async () => {
+    const { runGrpo } = await import("../../src/run/grpo-run.ts");
+    const { promises: fs } = await import("node:fs");
+    const path = await import("node:path");
+    const { tinyEnvRunConfig } = await import("./tiny-env-run.ts");
+    const s = await replay();
+    const cfg = await tinyEnvRunConfig(s.url, "auto", { env_tasks: "0,3", env_max_failed_steps: 1, max_steps: 2 });
+    await expect(runGrpo(cfg)).rejects.toThrow(
+      /^environment .*: every rollout failed in 1 steps in a row \(last: the first observation makes a prompt of \d+ tokens; with maxNewTokens 128 it passes the model's context of 1024 tokens\); stopped after step 1 and saved checkpoint-1 in .*; continue with --resume once the server answers$/,
+    );
+    const run = JSON.parse(await fs.readFile(path.join(cfg.output_dir, "run.json"), "utf8"));
+    expect(JSON.stringify(run)).toContain('"env_eval_tasks":"272-543"'); // TextCraft's upper half, by default
+    expect(await fs.readdir(cfg.output_dir)).toContain("checkpoint-1");
+    expect(s.open.size).toBe(0);
+    await fs.rm(path.dirname(cfg.output_dir), { recursive: true, force: true });
+  }, 120_000);
 });
 
 describe("task ranges against the environment's size", () => {
