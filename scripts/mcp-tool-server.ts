@@ -29,7 +29,7 @@ await runMain(async () => {
     // A renamed tool drops its prompt sentence (it names the tool); the description stands in.
     return o.prefix ? { ...tool, name: `${o.prefix}${tool.name}`, promptHint: undefined } : tool;
   });
-  if (o.http === undefined) return serveStdio(tools);
+  if (o.http === undefined) return void (await serveStdio(tools));
   const server = await serveHttp(tools, o.http);
   process.stdout.write(`serving ${tools.map((t) => t.name).join(", ")} at ${server.url}\n`);
 });

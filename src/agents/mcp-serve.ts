@@ -24,10 +24,10 @@ export interface ServeOptions {
 
 /** An SDK Server answering tools/list and tools/call for `tools`. */
 export function mcpServerFor(tools: Tool[], o: ServeOptions = {}): Server {
-  const server = new Server({ name: o.name ?? "mini-agentic-rl-tools", version: "0.1.0" }, { capabilities: { tools: {} } });
-  const byName = new Map(tools.map((t) => [t.name, t]));
+  // listChanged: a caller that changes `tools` in place may send notifications/tools/list_changed.
+  const server = new Server({ name: o.name ?? "mini-agentic-rl-tools", version: "0.1.0" }, { capabilities: { tools: { listChanged: true } } });
   const ready = readyAll(tools);
-  const pageSize = o.pageSize ?? tools.length;
+  const pageSize = o.pageSize ?? Number.MAX_SAFE_INTEGER;
   server.setRequestHandler(ListToolsRequestSchema, async (req) => {
     const start = req.params?.cursor ? Number(req.params.cursor) : 0;
     const page = tools.slice(start, start + Math.max(1, pageSize));
@@ -41,7 +41,7 @@ export function mcpServerFor(tools: Tool[], o: ServeOptions = {}): Server {
     };
   });
   server.setRequestHandler(CallToolRequestSchema, async (req) => {
-    const tool = byName.get(req.params.name);
+    const tool = tools.find((t) => t.name === req.params.name);
     if (!tool) return { content: [{ type: "text", text: `Error: unknown tool "${req.params.name}"` }], isError: true };
     await ready; // a worker start-up is waited for here, not inside the client's handshake
     const out = toToolResult(await tool.run(req.params.arguments ?? {})) ?? { text: `Error: tool "${tool.name}" returned no text`, isError: true };
@@ -60,8 +60,10 @@ function readyAll(tools: Tool[]): Promise<unknown> {
 }
 
 /** Serve over this process's stdin/stdout until the client closes them. */
-export async function serveStdio(tools: Tool[], o: ServeOptions = {}): Promise<void> {
-  await mcpServerFor(tools, o).connect(new StdioServerTransport());
+export async function serveStdio(tools: Tool[], o: ServeOptions = {}): Promise<Server> {
+  const server = mcpServerFor(tools, o);
+  await server.connect(new StdioServerTransport());
+  return server;
 }
 
 /** Serve over Streamable HTTP at http://host:port/mcp (port 0: any free port). Resolves once listening. */

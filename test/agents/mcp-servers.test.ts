@@ -134,6 +134,7 @@ describe("server-everything over Streamable HTTP", () => {
   let port = 0;
   let server: ChildProcess | null = null;
   const seenAuth: string[] = [];
+  let expireSession = false; // the proxy answers the next request of a session with 404, as for an expired one
   let proxy: http.Server;
   let proxyUrl = "";
   const start = async () => {
@@ -163,6 +164,10 @@ describe("server-everything over Streamable HTTP", () => {
     // A loopback proxy in front of it that records the Authorization header of every request.
     proxy = http.createServer((req, res) => {
       seenAuth.push(String(req.headers.authorization));
+      if (expireSession && req.headers["mcp-session-id"]) {
+        expireSession = false;
+        return void res.writeHead(404, { "content-type": "application/json" }).end('{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},"id":null}');
+      }
       const up = http.request({ host: "127.0.0.1", port, path: req.url, method: req.method, headers: { ...req.headers, host: `127.0.0.1:${port}` } }, (r) => {
         res.writeHead(r.statusCode ?? 502, r.headers);
         r.pipe(res);
@@ -190,5 +195,14 @@ describe("server-everything over Streamable HTTP", () => {
     expect(await call(set, "echo", { message: "back" })).toEqual({ text: "Echo: back", isError: false });
     expect(notices.join("\n")).toMatch(/lost the session \(HTTP 40[04]\); initializing a new one[^]*has a new session/);
     expect(await call(set, "get-sum", { a: 2, b: 2 })).toEqual({ text: "The sum of 2 and 2 is 4.", isError: false });
+  });
+  it("an expired session (404) is initialized anew, as the spec requires, every time it happens", async () => {
+    const notices: string[] = [];
+    const set = await open([`mcp[tools=get-sum]:${proxyUrl}`], notices);
+    for (const n of [1, 2, 3]) {
+      expireSession = true;
+      expect(await call(set, "get-sum", { a: n, b: n })).toEqual({ text: `The sum of ${n} and ${n} is ${2 * n}.`, isError: false });
+    }
+    expect(notices.filter((l) => /lost the session \(HTTP 404\)/.test(l))).toHaveLength(3);
   });
 });

@@ -67,6 +67,25 @@ describe("MCP over stdio", () => {
   });
 });
 
+describe("tools/list_changed", () => {
+  it("the tool set follows the server's new list: a dropped tool answers with an error, a new one is offered", async () => {
+    const notices: string[] = [];
+    const set = await openTools(["calculator", stdioSpec("--dynamic")], { timeoutMs: 60_000, log: (l) => notices.push(l) });
+    try {
+      const echo = set.tools.find((t) => t.name === "echo")!;
+      expect(set.tools.map((t) => t.name)).toEqual(["calculator", ...FIXTURE_TOOLS, "reshape"]);
+      expect(await run(set, "reshape")).toBe("reshaped");
+      for (let i = 0; i < 100 && !set.tools.some((t) => t.name === "extra"); i++) await new Promise((r) => setTimeout(r, 50));
+      expect(set.tools.map((t) => t.name)).toEqual(["calculator", ...FIXTURE_TOOLS.filter((n) => n !== "echo"), "reshape", "extra"]);
+      expect(await run(set, "extra")).toBe("extra here");
+      expect(toToolResult(await echo.run({ text: "x" }))).toEqual({ text: expect.stringMatching(/^Error: MCP server .* no longer offers tool "echo"$/), isError: true });
+      expect(notices.join("\n")).toMatch(/changed its tools; now add, fail, slow, big, crash, reshape, extra/);
+    } finally {
+      await set.close();
+    }
+  });
+});
+
 describe("MCP over Streamable HTTP", () => {
   let server: ChildProcess;
   let url: string;
