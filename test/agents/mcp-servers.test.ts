@@ -1,8 +1,9 @@
 /** The MCP client against real servers from npm (dev dependencies, pinned): server-everything over
  *  stdio through `npx` and over Streamable HTTP (restarted mid-session, behind a loopback proxy that
  *  records headers), server-memory (an environment variable it needs), server-filesystem (a successful
- *  read of text that starts with "ERROR"). Each server's processes carry a marker in their environment,
- *  so the test can see that none is left once the tool set is closed. */
+ *  read of text that starts with "ERROR"), and chat.ts and eval.ts with server-everything through npx.
+ *  Each server's processes carry a marker in their environment, so the test can see that none is left
+ *  once the tool set is closed or the script has exited. */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { spawn, type ChildProcess } from "node:child_process";
 import * as fs from "node:fs";
@@ -204,5 +205,46 @@ describe("server-everything over Streamable HTTP", () => {
       expect(await call(set, "get-sum", { a: n, b: n })).toEqual({ text: `The sum of ${n} and ${n} is ${2 * n}.`, isError: false });
     }
     expect(notices.filter((l) => /lost the session \(HTTP 404\)/.test(l))).toHaveLength(3);
+  });
+});
+
+describe("chat.ts and eval.ts with server-everything through npx (tiny preset)", () => {
+  /** Runs a script with `input` on stdin and the marker in its environment; its exit code and stderr. */
+  const script = (name: string, args: string[], mark: string, input = "") => new Promise<{ code: number | null; err: string }>((resolve) => {
+    const child = spawn(process.execPath, ["--import", "tsx", path.join("scripts", name), ...args], {
+      cwd: ROOT, stdio: ["pipe", "ignore", "pipe"], env: { ...process.env, MCP_TEST_MARK: mark, npm_config_offline: "true" },
+    });
+    let err = "";
+    child.stderr!.on("data", (d) => (err += d));
+    child.stdin!.end(input);
+    const killer = setTimeout(() => child.kill("SIGKILL"), 240_000); // a hang fails the test, not the run
+    child.once("exit", (code) => {
+      clearTimeout(killer);
+      resolve({ code, err });
+    });
+  });
+  const everything = "mcp:npx -y @modelcontextprotocol/server-everything";
+
+  it("chat answers a piped question, exits 0 at /exit and leaves no process", async () => {
+    const mark = `chat-${process.pid}`;
+    const r = await script("chat.ts", ["--preset", "tiny", "--tools", everything], mark, "What is 2 + 3?\n/exit\n");
+    expect(r.err).toMatch(/tools: echo, get-annotated-message, /);
+    expect(r.code).toBe(0);
+    expect(await leftAfter(mark)).toEqual([]);
+  });
+  it("eval writes its results, exits 0 and leaves no process", async () => {
+    const mark = `eval-${process.pid}`;
+    const out = path.join(tmp, "eval");
+    const r = await script("eval.ts", ["--preset", "tiny", "--model_path", "src/presets/tiny", "--max_samples", "2", "--output_dir", out, "--tools", `mcp[tools=get-sum]:npx -y @modelcontextprotocol/server-everything`], mark);
+    expect(r.code).toBe(0);
+    expect(fs.existsSync(path.join(out, "eval.json"))).toBe(true);
+    expect(await leftAfter(mark)).toEqual([]);
+  });
+  it("tools that do not fit the model's context: a one-line usage error, exit 2, no process left", async () => {
+    const mark = `fit-${process.pid}`;
+    const r = await script("chat.ts", ["--preset", "tiny", "--max_new_tokens", "300", "--tools", everything], mark, "What is 2 + 3?\n");
+    expect(r.err).toMatch(/error: the system prompt with 12 tools is \d+ tokens; with 300 new tokens it does not fit the model's context of 1024; offer fewer tools/);
+    expect(r.code).toBe(2);
+    expect(await leftAfter(mark)).toEqual([]);
   });
 });
