@@ -47,9 +47,15 @@ async function leftAfter(mark: string): Promise<number[]> {
 
 const sets: ToolSet[] = [];
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "mcp-servers-"));
+// Passed through to every server this file starts: npx takes the packages from node_modules and never
+// asks the registry.
+const offline = process.env.npm_config_offline;
+process.env.npm_config_offline = "true";
 afterAll(async () => {
   await Promise.all(sets.map((s) => s.close()));
   fs.rmSync(tmp, { recursive: true, force: true });
+  if (offline === undefined) delete process.env.npm_config_offline;
+  else process.env.npm_config_offline = offline;
 });
 async function open(specs: string[], notices: string[] = [], timeoutMs = 60_000): Promise<ToolSet> {
   const set = await openTools(specs, { timeoutMs, log: (l) => notices.push(l) });
@@ -62,8 +68,7 @@ describe("server-everything over stdio, started through npx", () => {
     const mark = `npx-${process.pid}`;
     const notices: string[] = [];
     process.env.MCP_TEST_FROM_PARENT = mark; // not one of the SDK's defaults (HOME, PATH, SHELL, TERM, ...)
-    // npm_config_offline: npx takes the package from node_modules and never asks the registry.
-    const set = await open([`mcp[env=MCP_TEST_MARK=${mark},env=npm_config_offline=true]:npx -y @modelcontextprotocol/server-everything`], notices);
+    const set = await open([`mcp[env=MCP_TEST_MARK=${mark},env=MCP_TEST_OWN=yes]:npx -y @modelcontextprotocol/server-everything`], notices);
     const names = set.tools.map((t) => t.name);
     expect(names).toContain("get-sum");
     expect(names).not.toContain("simulate-research-query"); // taskSupport "required": this client runs no MCP tasks
@@ -76,7 +81,7 @@ describe("server-everything over stdio, started through npx", () => {
     expect(wrong.text).toMatch(/^Error/);
     // The environment reaches the server: this process's (PATH, the marker) and the spec's own.
     const env = JSON.parse((await call(set, "get-env")).text) as Record<string, string>;
-    expect(env).toMatchObject({ MCP_TEST_MARK: mark, npm_config_offline: "true", MCP_TEST_FROM_PARENT: mark });
+    expect(env).toMatchObject({ MCP_TEST_MARK: mark, MCP_TEST_OWN: "yes", MCP_TEST_FROM_PARENT: mark });
     delete process.env.MCP_TEST_FROM_PARENT;
     expect(pidsWith("MCP_TEST_MARK", mark).length).toBeGreaterThanOrEqual(2); // npx and the server it started
     await set.close();
@@ -93,12 +98,12 @@ describe("server-everything over stdio, started through npx", () => {
     expect(await leftAfter(mark)).toEqual([]);
   });
   it("an allow-list and prefixes combine two servers that share tool names", async () => {
-    const spec = (p: string) => `mcp[prefix=${p},tools=echo+get-sum]:${JSON.stringify(process.execPath)} ${JSON.stringify(EVERYTHING)}`;
+    const spec = (p: string) => `mcp[prefix=${p},tools=echo+get-sum]:npx -y @modelcontextprotocol/server-everything`;
     await expect(open([spec("a_").replace("prefix=a_,", ""), spec("b_").replace("prefix=b_,", "")])).rejects.toThrow(/tool "echo" from mcp\[tools=echo\+get-sum\]:.* clashes with the one from .*; .* prefix/);
     const set = await open([spec("a_"), spec("b_")]);
     expect(set.tools.map((t) => t.name)).toEqual(["a_echo", "a_get-sum", "b_echo", "b_get-sum"]);
     expect(await call(set, "b_get-sum", { a: 1, b: 2 })).toEqual({ text: "The sum of 1 and 2 is 3.", isError: false });
-    await expect(open([`mcp[tools=echo+nosuch]:${JSON.stringify(process.execPath)} ${JSON.stringify(EVERYTHING)}`])).rejects.toThrow(/the server lists no tool "nosuch"; it lists echo, /);
+    await expect(open([`mcp[tools=echo+nosuch]:npx -y @modelcontextprotocol/server-everything`])).rejects.toThrow(/the server lists no tool "nosuch"; it lists echo, /);
   });
 });
 
@@ -212,7 +217,7 @@ describe("chat.ts and eval.ts with server-everything through npx (tiny preset)",
   /** Runs a script with `input` on stdin and the marker in its environment; its exit code and stderr. */
   const script = (name: string, args: string[], mark: string, input = "") => new Promise<{ code: number | null; err: string }>((resolve) => {
     const child = spawn(process.execPath, ["--import", "tsx", path.join("scripts", name), ...args], {
-      cwd: ROOT, stdio: ["pipe", "ignore", "pipe"], env: { ...process.env, MCP_TEST_MARK: mark, npm_config_offline: "true" },
+      cwd: ROOT, stdio: ["pipe", "ignore", "pipe"], env: { ...process.env, MCP_TEST_MARK: mark },
     });
     let err = "";
     child.stderr!.on("data", (d) => (err += d));
