@@ -188,12 +188,12 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   const cache: KVCache = prefill.cache;
   try {
     for (let step = 0; ; step++) {
-      if (cfg.signal) {
-        await new Promise((resolve) => setImmediate(resolve)); // let an abort from an I/O event (Ctrl-C) arrive
-        if (cfg.signal.aborted) {
-          for (const row of rows) if (!row.done) finish(row, "aborted");
-          break;
-        }
+      // Let I/O events in: an abort (Ctrl-C), an environment's reply (its row then reads on at once,
+      // not when every other row waits too).
+      if (cfg.signal || pending.size > 0) await new Promise((resolve) => setImmediate(resolve));
+      if (cfg.signal?.aborted) {
+        for (const row of rows) if (!row.done) finish(row, "aborted");
+        break;
       }
       // No live row can take a token while all of them wait for their environment: wait for one.
       if (pending.size > 0 && rows.every((r) => r.done || pending.has(r))) {

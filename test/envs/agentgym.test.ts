@@ -184,6 +184,29 @@ describe("rollouts against the environment", () => {
   });
 });
 
+describe("rows on their own random streams", () => {
+  it("an environment row's tokens do not depend on when the other rows' steps come back", async () => {
+    const tok = await qwenTokenizer();
+    // Every step the same distribution over a few tokens and the stop token; each row's environment
+    // takes 0 or 40 ms per step, in the opposite order in the second run.
+    const fixed = new Map([[tok.encode("a")[0], 0.3], [tok.encode("b")[0], 0.3], [tok.encode(" c")[0], 0.2], [tok.eosTokenId, 0.2]]);
+    const env = (ms: number): Environment => ({
+      reset: async () => "", close: async () => {},
+      step: async () => (await new Promise((r) => setTimeout(r, ms)), { action: "", observation: "ok", reward: 0, done: false, score: 0, success: false }),
+    });
+    const run = async (delays: number[]) => {
+      const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), fixed });
+      const out = await rolloutGroups(model, tok, [toPrompt("Go.", ENV_SYSTEM_PROMPT)], {
+        samplesPerPrompt: 4, maxNewTokens: 60, maxTurns: 3, temperature: 1, topP: 1, topK: 0, rng: new Rng(7), tools: [], envs: delays.map(env),
+      });
+      return out.map((t) => t.completionIds);
+    };
+    const first = await run([0, 40, 0, 40]);
+    expect(await run([40, 0, 40, 0])).toEqual(first);
+    expect(new Set(first.map((ids) => ids.join())).size).toBeGreaterThan(1); // the rows did draw differently
+  });
+});
+
 describe("GRPO against the environment", () => {
   it("one step: prompts are first observations, turns are actions, reward_env is logged; held-out tasks are evaluated", async () => {
     const { runGrpo } = await import("../../src/run/grpo-run.ts");
