@@ -181,7 +181,8 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   const pending = new Map<Row, Promise<void>>();
   const holdSteps = 2 * cfg.maxNewTokens;
   const signal = cfg.signal;
-  const aborted = signal ? new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true })) : null;
+  let onAbort: (() => void) | undefined; // removed at the end: one signal serves a whole run's rollouts
+  const aborted = signal ? new Promise<void>((resolve) => signal.addEventListener("abort", (onAbort = () => resolve()), { once: true })) : null;
 
   const prefill = model.prefill(ids, mask, { adapters });
   let logits: tf.Tensor2D | null = prefill.logits; // [cacheRows, V]
@@ -269,6 +270,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   } finally {
     logits?.dispose();
     cache.dispose();
+    if (onAbort) signal!.removeEventListener("abort", onAbort);
     await Promise.allSettled(pending.values()); // an aborted row's step still in flight (bounded by its time limit)
   }
   return rows.map((r) => r.traj);
