@@ -39,7 +39,7 @@ export function agentGymEnvironments(url: string, o: AgentGymOptions): Environme
     } catch (err) {
       throw new EnvError(`${where}: ${(err as Error).message}`);
     }
-    if (reply.status === 422) throw new EnvError(`${where}: HTTP 422, ${missingFields(reply.text)} (sent ${JSON.stringify(body).slice(0, 120)}; is --env_dialect ${fam.name} this server's?)`);
+    if (reply.status === 422) throw new EnvError(`${where}: HTTP 422, ${missingFields(reply.text)}; sent ${JSON.stringify(body).slice(0, 120)}`);
     if (reply.status < 200 || reply.status >= 300) throw new EnvError(`${where}: HTTP ${reply.status} ${reply.text.slice(0, 200)}`);
     let parsed: unknown;
     try {

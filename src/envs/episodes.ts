@@ -159,7 +159,7 @@ export async function openEpisodes(factory: EnvironmentFactory, dataIdxs: number
  *  else the generic `id` dialect. */
 export async function openEnvironmentServer(url: string, o: { dialect: Dialect; timeoutMs: number; maxChars: number; probeIdx?: number }): Promise<EnvironmentFactory> {
   if (!/^https?:\/\/[^/]/.test(url)) throw new UsageError(`--env ${url}: expected an http(s) URL of an AgentGym environment server`);
-  let family = FAMILIES[o.dialect];
+  let family = Object.hasOwn(FAMILIES, o.dialect) ? FAMILIES[o.dialect] : undefined;
   if (o.dialect === "auto") {
     const banner = await serverBanner(url, o.timeoutMs).catch((err: Error) => {
       throw new UsageError(`--env ${url}: ${err.message} (is the server running?)`);
@@ -173,7 +173,7 @@ export async function openEnvironmentServer(url: string, o: { dialect: Dialect; 
     env = await factory.create();
     await env.reset(o.probeIdx ?? 0);
   } catch (err) {
-    throw new UsageError(`--env ${url}: ${(err as Error).message.replace(/ \(is --env_dialect .*\)$/, "")} (is the server running, and is --env_dialect ${family.name}${o.dialect === "auto" ? ", picked from its banner," : ""} its family?)`);
+    throw new UsageError(`--env ${url}: ${(err as Error).message} (is the server running, and is --env_dialect ${family.name}${o.dialect === "auto" ? ", picked from its banner," : ""} its family?)`);
   } finally {
     await env?.close();
   }
