@@ -46,9 +46,11 @@ export function heldOutStart(size: number | undefined): number {
 }
 
 /** The default task ranges: GRPO trains on 0…maxSamples−1 (never into the held-out part) and holds
- *  out heldOutStart on (1,000 of them at most); eval.ts evaluates maxSamples from heldOutStart. */
-export function defaultTaskRanges(size: number | undefined, maxSamples: number): { train: string; heldOut: string; evaluate: string } {
-  const start = heldOutStart(size);
+ *  out the family's own split, else heldOutStart, on (1,000 of them at most); eval.ts evaluates
+ *  maxSamples from there. */
+export function defaultTaskRanges(family: Family | undefined, maxSamples: number): { train: string; heldOut: string; evaluate: string } {
+  const size = family?.size;
+  const start = family?.heldOutStart ?? heldOutStart(size);
   const end = Math.min(start + 999, (size ?? Infinity) - 1);
   return {
     train: `0-${Math.max(0, Math.min(maxSamples, start) - 1)}`,
@@ -63,7 +65,7 @@ export function checkTaskRange(family: Family | undefined, flag: string, spec: s
   if (family?.size === undefined) return;
   const past = expandRanges(spec).filter((i) => i >= family.size!);
   if (past.length > 0)
-    throw new UsageError(`${flag} ${spec}: the ${family.name} server has ${family.size} tasks (data_idx 0-${family.size - 1}); data_idx ${formatRanges(past)} would repeat tasks ${past[0] % family.size}… (it wraps them modulo ${family.size})`);
+    throw new UsageError(`${flag} ${spec}: the ${family.name} server has ${family.size} tasks (data_idx 0-${family.size - 1}); data_idx ${formatRanges(past)} ${family.wraps ? `would repeat tasks ${past[0] % family.size}… (it wraps them modulo ${family.size})` : "are past its last"}`);
 }
 const MAX_TASKS = 1_000_000;
 

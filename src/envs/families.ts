@@ -38,8 +38,12 @@ export interface Family {
   action(turn: string): ParsedAction;
   /** The episode's score after a step (the step's reply; `summed`: the rewards so far) and success. */
   score(reply: Reply, summed: number, done: boolean): { score: number; success: boolean };
-  /** How many tasks the server has (data_idx 0 … size−1); TextCraft wraps larger ones modulo size. */
+  /** How many tasks the server has (data_idx 0 … size−1); `wraps`: larger ones are taken modulo size
+   *  (TextCraft), else refused. */
   size?: number;
+  wraps?: boolean;
+  /** Where its own held-out split starts (SQLGym: BIRD's dev items); default: the upper half. */
+  heldOutStart?: number;
   /** The instruction turn and its acknowledgement, before the first observation. */
   instruction?: { instruction: string; ack: string };
 }
@@ -82,7 +86,7 @@ export const FAMILIES: Record<string, Family> = {
     resetBody: (i) => ({ data_idx: i }),
     firstObservation: (r) => text((r as Reply)?.observation),
     stepField: "observation", action: actionLine, score: lastReward,
-    size: 544, // its crafting tree's goals; data_idx wraps modulo 544 (environment.py reset)
+    size: 544, wraps: true, // its crafting tree's goals; data_idx wraps modulo 544 (environment.py reset)
     instruction: AGENTGYM_INSTRUCTIONS.textcraft,
   },
   babyai: {
@@ -128,6 +132,7 @@ export const FAMILIES: Record<string, Family> = {
     resetBody: (i) => ({ item_id: i }),
     firstObservation: () => null,
     stepField: "state", action: (t) => ({ action: t.split("```sql").at(-1)!.split("```")[0].trim() }), score: lastReward,
+    size: 10962, heldOutStart: 9428, // item_id: BIRD train 0-9427, dev 9428-10961 (environment.py ITEM_RANGE)
     instruction: AGENTGYM_INSTRUCTIONS.sqlgym,
   },
   // The shipped guess-number server (and servers written to its shape): data_idx in reset, the summed

@@ -232,7 +232,7 @@ export async function runEval(options: EvalRunConfig, io: EvalRunIo = { out: (l)
     : undefined;
   // With --env, the tasks as run.json records them: by default held out from GRPO's default training
   // tasks, inside the server's size where its family has one.
-  const cfg: EvalRunConfig = envs ? { ...options, env_tasks: options.env_tasks ?? defaultTaskRanges(envs.family?.size, options.max_samples ?? 100).evaluate } : options;
+  const cfg: EvalRunConfig = envs ? { ...options, env_tasks: options.env_tasks ?? defaultTaskRanges(envs.family, options.max_samples ?? 100).evaluate } : options;
   if (envs) checkTaskRange(envs.family, "--env_tasks", cfg.env_tasks!);
   const purpose: Purpose = cfg.split === "test" ? "eval" : "rl";
   const examples: Task[] = envs ? environmentTasks(expandRanges(cfg.env_tasks!)) : await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.max_samples, synthetic: cfg.synthetic });

@@ -99,7 +99,7 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   const envs = options.env
     ? await openEnvironmentServer(options.env, { dialect: options.env_dialect, timeoutMs: options.tool_timeout * 1000, maxChars: options.tool_max_chars, probeIdx: options.env_tasks ? expandRanges(options.env_tasks)[0] : 0 })
     : null;
-  const ranges = envs ? defaultTaskRanges(envs.family?.size, options.max_samples ?? 100) : null;
+  const ranges = envs ? defaultTaskRanges(envs.family, options.max_samples ?? 100) : null;
   // The values the flags leave open, settled once: what run.json and the resume check see.
   const cfg: GrpoRunConfig & { output_dir: string; epsilon_high: number } = {
     ...options,

@@ -2,14 +2,17 @@
  *  scripts/lib/record-agentgym.ts) back over real HTTP on 127.0.0.1, so the client meets the real
  *  server's replies without Python. Loading walks the recording with each instance's state (its
  *  task and the actions so far), so a reply is found by what it depends on, not by instance id:
- *  /reset by data_idx, /step by (data_idx, actions so far), a refused request by its exact body.
- *  Anything not recorded is an HTTP 500 saying so (a test that strays fails loudly). It counts the
- *  instances created and closed, and can hold /step replies until `barrier` steps wait at once. */
+ *  /reset by its task field (data_idx, item_id), /step by (task, actions so far), a refused request
+ *  (any status but 200) by its body with the instance id left out. Instance ids are the replay's own
+ *  (0, 1, …), in the shape the server's /create answered (`{id}` or a bare integer). Anything not
+ *  recorded is an HTTP 500 saying so (a test that strays fails loudly). It counts the instances
+ *  created and closed, and can hold /step replies until `barrier` steps wait at once. */
 import { promises as fs } from "node:fs";
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 
-interface Exchange { method: string; path: string; body?: Record<string, unknown>; status: number; reply: unknown }
+type Body = Record<string, unknown>;
+interface Exchange { method: string; path: string; body?: Body; status: number; reply: unknown }
 
 export interface ReplayServer {
   url: string;
@@ -21,41 +24,57 @@ export interface ReplayServer {
   close(): Promise<void>;
 }
 
+const KEYS = ["id", "env_idx"];
+/** A request as a refusal is looked up: the instance id (whatever it was) left out. */
+const refusalKey = (method: string, path: string, body: Body | undefined) =>
+  `${method} ${path} ${JSON.stringify(body && Object.fromEntries(Object.entries(body).map(([k, v]) => [k, KEYS.includes(k) ? "*" : v])))}`;
+/** The observation text in a reset or step reply (TextCraft's object, SQLGym's [text, null]). */
+const observationIn = (reply: unknown): string => {
+  if (Array.isArray(reply)) return String(reply[0]);
+  if (typeof reply === "string") return reply;
+  const r = reply as Body;
+  return String(r.observation ?? r.state);
+};
+
 export async function replayAgentGym(fixture: string, o: { barrier?: number; barrierTimeoutMs?: number; onStep?: (waiting: number) => void } = {}): Promise<ReplayServer> {
   const { exchanges } = JSON.parse(await fs.readFile(fixture, "utf8")) as { exchanges: Exchange[] };
-  const exact = new Map<string, Exchange>(); // refusals, by method, path and body
-  const resets = new Map<number, Exchange>(); // by data_idx
-  const steps = new Map<string, Exchange>(); // by JSON [data_idx, ...actions]
-  const recordedState = new Map<number, { task: number; actions: string[] }>();
-  let banner: Exchange | undefined, create: Exchange | undefined, badId: Exchange | undefined;
+  const firstReset = exchanges.find((e) => e.path === "/reset" && e.status === 200)!;
+  const key = KEYS.find((k) => k in firstReset.body!)!; // the instance field
+  const taskField = Object.keys(firstReset.body!).find((k) => k !== key)!; // data_idx, item_id, …
+  const refused = new Map<string, Exchange>();
+  const resets = new Map<number, Exchange>(); // by task
+  const steps = new Map<string, Exchange>(); // by JSON [task, ...actions]
+  const recorded = new Map<unknown, { task: number; actions: string[] }>();
+  let banner: Exchange | undefined, create: Exchange | undefined, badId: Exchange | undefined, closes = false;
   for (const e of exchanges) {
-    const id = e.body?.id as number | undefined;
+    const id = e.body?.[key];
     if (e.path === "/") banner = e;
     else if (e.path === "/create") create ??= e;
-    else if (e.status !== 200) exact.set(`${e.method} ${e.path} ${JSON.stringify(e.body)}`, e);
+    else if (e.status !== 200) refused.set(refusalKey(e.method, e.path, e.body), e);
     else if (e.path === "/reset") {
-      resets.set(e.body!.data_idx as number, e);
-      recordedState.set(id!, { task: e.body!.data_idx as number, actions: [] });
+      resets.set(e.body![taskField] as number, e);
+      recorded.set(id, { task: e.body![taskField] as number, actions: [] });
     } else if (e.path === "/step") {
-      const s = recordedState.get(id!);
-      if (!s) badId = e; // a step on an id the server never made
+      const s = recorded.get(id);
+      if (!s) badId = e; // a step on an id the server never made, answered with HTTP 200
       else {
         s.actions.push(e.body!.action as string);
         steps.set(JSON.stringify([s.task, ...s.actions]), e);
       }
-    }
+    } else if (e.path === "/close") closes = true;
   }
-  if (!banner || !create || !badId) throw new Error(`${fixture}: the recording needs the banner, a /create and a step on an unknown id`);
+  if (!banner || !create) throw new Error(`${fixture}: the recording needs the banner and a /create`);
 
   const state = new Map<number, { task: number; actions: string[]; observation: string } | null>(); // null: created, not reset
   let waiting: (() => void)[] = [];
-  const server: ReplayServer & { srv?: http.Server } = { url: "", open: new Set(), created: 0, maxConcurrentSteps: 0, close: async () => {} };
+  const server: ReplayServer = { url: "", open: new Set(), created: 0, maxConcurrentSteps: 0, close: async () => {} };
   const missing = (what: string): [number, unknown] => [500, { detail: `not recorded: ${what}` }];
+  const notValid = (id: number): [number, unknown] => (badId ? [200, { error: `The id ${id} is not valid.` }] : missing(`instance ${id}`));
 
-  const handle = async (method: string, url: URL, body: Record<string, unknown>): Promise<[number, unknown]> => {
-    const refused = exact.get(`${method} ${url.pathname} ${JSON.stringify(body)}`);
-    if (refused) return [refused.status, refused.reply];
-    const id = Number(body.id ?? url.searchParams.get("id"));
+  const handle = async (method: string, url: URL, body: Body): Promise<[number, unknown]> => {
+    const r = refused.get(refusalKey(method, url.pathname, method === "GET" ? undefined : body));
+    if (r) return [r.status, r.reply];
+    const id = Number(body[key] ?? url.searchParams.get(key));
     const s = state.get(id);
     switch (`${method} ${url.pathname}`) {
       case "GET /": return [200, banner!.reply];
@@ -63,27 +82,28 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
         const n = server.created++;
         state.set(n, null);
         server.open.add(n);
-        return [200, { ...(create!.reply as object), id: n }];
+        return [200, typeof create!.reply === "number" ? n : { ...(create!.reply as Body), [key]: n }];
       }
       case "POST /reset": {
-        const r = resets.get(Number(body.data_idx ?? 0));
-        if (!r) return missing(`reset to data_idx ${JSON.stringify(body.data_idx)}`);
-        if (s === undefined) return [200, { error: `The id ${id} is not valid.` }];
-        state.set(id, { task: r.body!.data_idx as number, actions: [], observation: (r.reply as { observation: string }).observation });
-        return [200, { ...(r.reply as object), id }];
+        const e = resets.get(Number(body[taskField]));
+        if (!e) return missing(`reset ${JSON.stringify(body)}`);
+        if (s === undefined) return notValid(id);
+        state.set(id, { task: e.body![taskField] as number, actions: [], observation: observationIn(e.reply) });
+        return [200, Array.isArray(e.reply) ? e.reply : { ...(e.reply as Body), [key]: id }];
       }
       case "POST /step": {
-        if (!s) return [200, badId!.reply];
-        const key = JSON.stringify([s.task, ...s.actions, body.action]);
-        const r = steps.get(key);
-        if (!r) return missing(`step ${key}`);
+        if (!s) return badId ? [200, badId.reply] : missing(`step on instance ${id}`);
+        const stepKey = JSON.stringify([s.task, ...s.actions, body.action]);
+        const e = steps.get(stepKey);
+        if (!e) return missing(`step ${stepKey}`);
         if (o.barrier) await barrier(o.barrier, o.barrierTimeoutMs ?? 10_000);
         s.actions.push(body.action as string);
-        s.observation = (r.reply as { observation: string }).observation;
-        return [200, r.reply];
+        s.observation = observationIn(e.reply);
+        return [200, e.reply];
       }
-      case "GET /observation": return s ? [200, s.observation] : [200, { error: `The id ${id} is not valid.` }];
+      case "GET /observation": return s ? [200, s.observation] : notValid(id);
       case "POST /close": {
+        if (!closes) break;
         const known = state.delete(id);
         server.open.delete(id);
         return [200, known];
@@ -91,8 +111,8 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
     }
     return [404, { detail: "Not Found" }];
   };
-  // Replies wait until `n` steps wait together (or the time-out): the steps of one turn either overlap
-  // or they do not.
+  // Replies wait until `n` steps wait together (or their time-out): the steps of one turn either
+  // overlap or they do not.
   const barrier = (n: number, timeoutMs: number) => new Promise<void>((resolve) => {
     waiting.push(resolve);
     server.maxConcurrentSteps = Math.max(server.maxConcurrentSteps, waiting.length);
@@ -118,7 +138,9 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
       } catch (err) {
         [status, out] = [400, { detail: `bad request: ${(err as Error).message}` }];
       }
-      res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(out));
+      // A reply recorded as plain text (FastAPI's "Internal Server Error") goes back as text.
+      const text = out !== null && typeof out === "object" && Object.keys(out).length === 1 && "text" in out ? String((out as Body).text) : null;
+      res.writeHead(status, { "content-type": text === null ? "application/json" : "text/plain" }).end(text ?? JSON.stringify(out));
     });
   });
   await new Promise<void>((resolve) => srv.listen(0, "127.0.0.1", () => resolve()));

@@ -68,7 +68,7 @@ describe("the start-up probe", () => {
 
   it("a probe on a task the server refuses, or a dead server, is a usage error", async () => {
     const s = await replay();
-    await expect(openEnvironmentServer(s.url, { dialect: "textcraft", ...open, probeIdx: 5 })).rejects.toThrow(/\/reset: HTTP 500 .*not recorded: reset to data_idx 5/);
+    await expect(openEnvironmentServer(s.url, { dialect: "textcraft", ...open, probeIdx: 5 })).rejects.toThrow(/\/reset: HTTP 500 .*not recorded: reset .*data_idx.*5\}/);
     expect(s.open.size).toBe(0);
     const url = s.url;
     await s.close();
@@ -181,9 +181,9 @@ describe("GRPO against TextCraft on the tiny model", () => {
 
 describe("task ranges against the environment's size", () => {
   it("TextCraft's 544 tasks: the held-out default is its upper half; ranges past it are refused (they wrap)", () => {
-    expect(defaultTaskRanges(544, 100)).toEqual({ train: "0-99", heldOut: "272-543", evaluate: "272-371" });
-    expect(defaultTaskRanges(544, 400)).toEqual({ train: "0-271", heldOut: "272-543", evaluate: "272-543" });
-    expect(defaultTaskRanges(undefined, 100)).toEqual({ train: "0-99", heldOut: "1000-1999", evaluate: "1000-1099" });
+    expect(defaultTaskRanges(FAMILIES.textcraft, 100)).toEqual({ train: "0-99", heldOut: "272-543", evaluate: "272-371" });
+    expect(defaultTaskRanges(FAMILIES.textcraft, 400)).toEqual({ train: "0-271", heldOut: "272-543", evaluate: "272-543" });
+    expect(defaultTaskRanges(FAMILIES.id, 100)).toEqual({ train: "0-99", heldOut: "1000-1999", evaluate: "1000-1099" });
     expect(() => checkTaskRange(FAMILIES.textcraft, "--env_eval_tasks", "1000-1999")).toThrow(
       "--env_eval_tasks 1000-1999: the textcraft server has 544 tasks (data_idx 0-543); data_idx 1000-1999 would repeat tasks 456… (it wraps them modulo 544)",
     );
