@@ -4,8 +4,8 @@
  *  tools/list) become Tools whose run() sends tools/call:
  *  - offered: every listed tool the client can call, narrowed by the spec's includeTools/excludeTools
  *    and renamed with its prefix; tools whose `execution.taskSupport` is "required" are left out (this
- *    client does not run MCP tasks), as are those a current server lists only to clients that declare
- *    sampling, elicitation or roots (this client declares none);
+ *    client does not run MCP tasks). This client declares no sampling, elicitation or roots, so a
+ *    current server does not list the tools that need them; an older one may (excludeTools);
  *  - `notifications/tools/list_changed`: the list is fetched again and the handle's onToolsChanged
  *    called; a tool the server stopped listing answers with an error;
  *  - a result's text content goes back to the model; images, audio and binary resources become
