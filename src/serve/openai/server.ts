@@ -134,7 +134,8 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
     // Streaming: a role chunk per choice, content deltas as text becomes safe to send, then tool calls
     // (parsed once the turn is whole), a finish chunk per choice, the usage chunk when asked, [DONE].
     res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", Connection: "keep-alive" });
-    const event = (x: unknown) => res.write(`data: ${JSON.stringify(x)}\n\n`);
+    const open = () => !res.destroyed && !res.writableEnded; // a client that went away gets nothing more
+    const event = (x: unknown) => void (open() && res.write(`data: ${JSON.stringify(x)}\n\n`));
     const chunk = (choices: unknown[]) => event({ ...head, object: "chat.completion.chunk", choices });
     const markers = [...s.params.stop, ...(r.tools.length > 0 ? [TOOL_OPEN] : [])];
     const state = Array.from({ length: s.n }, () => ({ ids: [] as number[], sent: "" }));
@@ -168,7 +169,7 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
       const e = err instanceof ApiError ? err : new ApiError(500, (err as Error).message.split("\n")[0]);
       event(e.body());
     }
-    res.end("data: [DONE]\n\n");
+    if (open()) res.end("data: [DONE]\n\n");
   }
 
   async function complete(body: Body, res: http.ServerResponse, signal: AbortSignal): Promise<void> {

@@ -197,6 +197,21 @@ describe("OpenAI-compatible server", () => {
     expect(replies.map((r) => r.choices.length)).toEqual(new Array(8).fill(1));
     expect(server.engine.stats.batches - batches).toBeLessThan(8);
     expect(server.engine.stats.maxRowsInBatch).toBeGreaterThan(1);
+    // A client that leaves mid-stream stops its rows; the server goes on.
+    const abort = new AbortController();
+    const stream = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Count to fifty." }], stream: true, max_tokens: 200 }, { signal: abort.signal });
+    let chunks = 0;
+    try {
+      for await (const _ of stream) {
+        chunks++;
+        abort.abort();
+      }
+    } catch {
+      // the client may end the iteration with an abort error or silently
+    }
+    expect(chunks).toBe(1);
+    const after = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 4, temperature: 0 });
+    expect(after.choices).toHaveLength(1);
     expect(tf.memory().numTensors).toBe(tensors);
   });
 });
