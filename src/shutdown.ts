@@ -133,13 +133,13 @@ export async function superviseSelf(): Promise<void> {
   await new Promise(() => {}); // process.exit does not return; keep the script from going on meanwhile
 }
 
-/** Linux: a process's parent pid and start time (to tell it from a later process with its pid). */
-function procStat(pid: number): { ppid: number; start: string; cmd: string } | null {
+/** Linux: a process's state, parent pid and start time (to tell it from a later process with its pid). */
+function procStat(pid: number): { state: string; ppid: number; start: string; cmd: string } | null {
   try {
     const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
     const f = stat.slice(stat.lastIndexOf(")") + 2).split(" "); // after "pid (comm) ": state ppid ...
     const cmd = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0").join(" ");
-    return { ppid: Number(f[1]), start: f[19], cmd };
+    return { state: f[0], ppid: Number(f[1]), start: f[19], cmd };
   } catch {
     return null;
   }
@@ -160,7 +160,8 @@ function watchLauncher(gone: () => void): () => void {
   }
   if (npm === null) return () => undefined;
   const timer = setInterval(() => {
-    if (procStat(npm.pid)?.start === npm.start) return;
+    const st = procStat(npm.pid);
+    if (st !== null && st.start === npm.start && st.state !== "Z" && st.state !== "X") return; // a zombie has exited too
     clearInterval(timer);
     gone();
   }, 500);
