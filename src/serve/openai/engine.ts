@@ -1,7 +1,8 @@
 /** The generation engine behind the OpenAI-compatible server: a FIFO of requests, each one or more
  *  rows (prompt × n), decoded as shared batches over one KV cache. When the engine is idle it waits
  *  `batchWaitMs` for more arrivals, then takes every queued request of the same adapter (up to
- *  `maxBatchRows` rows, in arrival order) into one batch; requests that arrive meanwhile form the next.
+ *  `maxBatchRows` rows, in arrival order) into one batch, waiting again while a burst keeps arriving;
+ *  requests that arrive meanwhile form the next.
  *  Every row has its own sampling settings, stop conditions and seeded Rng (one per request, drawn in
  *  row order), so what a request gets does not depend on what it was batched with.
  *  LoRA adapters are held by name and swapped into the model per batch (vLLM's runtime LoRA
@@ -161,12 +162,22 @@ export class Engine {
     this.busy = true;
     try {
       while (this.queue.length > 0) {
-        await new Promise((r) => setTimeout(r, this.o.batchWaitMs)); // let requests sent together arrive
+        await this.gather();
         const batch = this.take();
         await this.run(batch);
       }
     } finally {
       this.busy = false;
+    }
+  }
+
+  /** Let requests sent together arrive: wait batchWaitMs, and again while more keep arriving and the
+   *  batch is not full (a burst of concurrent requests reaches the server over a few ms), at most 8 times. */
+  private async gather(): Promise<void> {
+    const rows = () => this.queue.reduce((a, p) => a + p.req.prompts.length * p.req.n, 0);
+    for (let k = 0, seen = -1; k < 8 && this.queue.length !== seen && rows() < this.o.maxBatchRows; k++) {
+      seen = this.queue.length;
+      await new Promise((r) => setTimeout(r, this.o.batchWaitMs));
     }
   }
 
