@@ -77,7 +77,14 @@ await runMain(async () => {
   // 3. Submit both, as an agent iterating within its budget would; the server keeps the best.
   for (const stage of ["sft", "grpo"]) {
     const r = await api("POST", "/submit", { model_path: `output/${stage}/final`, scenario_id: s.id });
-    const ci = r.improvement_ci ? ` [${r.improvement_ci.lo.toFixed(3)}, ${r.improvement_ci.hi.toFixed(3)}]` : "";
-    console.log(`submission ${r.submission_id} (${stage}): score ${r.score.toFixed(3)} vs baseline ${r.baseline_score.toFixed(3)}: improvement ${r.improvement >= 0 ? "+" : ""}${r.improvement.toFixed(3)}${ci} over ${r.n} questions; best so far ${r.best.score.toFixed(3)} (submission ${r.best.submission_id})`);
+    if (r.error) {
+      console.log(`submission ${r.submission_id} (${stage}): evaluation failed: ${r.error}`);
+      continue;
+    }
+    // Scores are percent, as AutoRL-Bench gives them; improvements are points.
+    const pts = (x: number) => `${x >= 0 ? "+" : ""}${x.toFixed(1)}`;
+    const ci = r.improvement_ci ? ` [${pts(r.improvement_ci.lo)}, ${pts(r.improvement_ci.hi)}]` : "";
+    const vs = r.baseline_score === null ? "no baseline yet" : `baseline ${r.baseline_score.toFixed(1)}%: improvement ${pts(r.improvement)} points${ci}`;
+    console.log(`submission ${r.submission_id} (${stage}): score ${r.score.toFixed(1)}% vs ${vs} over ${r.n} questions; best so far ${r.best.score.toFixed(1)}% (submission ${r.best.submission_id})`);
   }
 });

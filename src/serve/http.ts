@@ -61,7 +61,7 @@ function checkFields(body: Body, spec: Record<string, { type: FieldType; require
   return unknown;
 }
 
-const tooLarge = (size: number | string) => new HttpError(413, `request body is ${size} bytes; the limit is ${MAX_BODY_BYTES}`, {}, { Connection: "close" });
+const tooLarge = (size: number | string) => new HttpError(413, `request body is ${size} bytes; the limit is ${MAX_BODY_BYTES}`);
 
 /** The JSON object a request carries. A declared length over the cap is refused before the body is
  *  read; a body without one is read up to the cap and no further. */
@@ -257,8 +257,9 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
     res.on("error", () => undefined); // a client gone mid-answer is not the server's problem
     handle(req, res).catch((err: unknown) => {
       if (err instanceof HttpError && err.status === 413) {
-        // Answered before the body is read; the rest is read and dropped for a while, then the
-        // connection closes (Connection: close), whatever its size.
+        // Answered before the body is read. The rest is read and dropped for up to DRAIN_MS, then the
+        // connection is cut, whatever the body's size: a client that writes its whole body before it
+        // reads (Python's requests) sees the 413, not a broken pipe.
         send(res, 413, { error: err.message }, err.headers);
         const cut = setTimeout(() => req.destroy(), DRAIN_MS);
         req.on("close", () => clearTimeout(cut));

@@ -229,7 +229,10 @@ describe("bad requests get a JSON 4xx naming the problem, and the server keeps s
       const req = http.request(server.url + "/submit", { method: "POST", agent: false, headers: { "Content-Type": "application/json", "Content-Length": String(2 ** 30) } }, (res) => {
         const chunks: Buffer[] = [];
         res.on("data", (c: Buffer) => chunks.push(c));
-        res.on("end", () => resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString("utf8")) }));
+        res.on("end", () => {
+          resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString("utf8")) });
+          req.destroy();
+        });
       });
       req.on("error", reject);
       req.write(Buffer.alloc(64 * 1024, 32));
@@ -237,7 +240,11 @@ describe("bad requests get a JSON 4xx naming the problem, and the server keeps s
     expect(huge).toMatchObject({ status: 413, json: { error: `request body is ${2 ** 30} bytes; the limit is 65536` } });
     // No length announced (chunked): read up to the cap and no further.
     const chunked = await new Promise<number>((resolve, reject) => {
-      const req = http.request(server.url + "/submit", { method: "POST", agent: false }, (res) => (res.resume(), resolve(res.statusCode!)));
+      const req = http.request(server.url + "/submit", { method: "POST", agent: false }, (res) => {
+        res.resume();
+        resolve(res.statusCode!);
+        req.destroy();
+      });
       req.on("error", reject);
       for (let i = 0; i < 4; i++) req.write(Buffer.alloc(32 * 1024, 32));
     });
