@@ -38,10 +38,55 @@ const exists = (p: string) => fs.stat(p).then(() => true, () => false);
 /** A local folder resolves to its absolute path (so saved adapters find their base from anywhere);
  *  anything else is a hub id. A path-looking argument that does not exist is a usage error. */
 async function localOrId(p: string, flag: string): Promise<string> {
+  const run = await runFolderModel(p, flag);
+  if (run !== null) return run;
   if (await exists(p)) return path.resolve(p);
   if (!isHubId(p))
     throw new UsageError(`${flag} ${p}: no such folder; expected a Hugging Face model folder, a PEFT adapter folder or a hub id like Qwen/Qwen2.5-0.5B`);
   return p;
+}
+
+const noted = new Set<string>();
+const noteOnce = (line: string) => {
+  if (!noted.has(line)) process.stderr.write(line + "\n");
+  noted.add(line);
+};
+
+const isModelFolder = async (d: string) => (await exists(path.join(d, "config.json"))) || (await exists(path.join(d, "adapter_config.json")));
+
+/** The model in a training run's folder, for the command lines of the project this one grew from
+ *  (its SFT wrote the model into --output_dir itself, its GRPO wrote `epoch_N/` folders):
+ *    RUN (holds final/, no model of its own)  → RUN/final
+ *    RUN/epoch_N (absent)                      → RUN/final when N is the run's last step (--total_epochs
+ *                                                is --max_steps here), else RUN/checkpoint-N if saved
+ *  Says what it chose on stderr; a missing epoch_N is a usage error listing what the run holds.
+ *  Returns null for anything else. */
+export async function runFolderModel(p: string, flag: string, note: (line: string) => void = noteOnce): Promise<string | null> {
+  const abs = path.resolve(p);
+  if ((await exists(abs)) && !(await isModelFolder(abs)) && (await isModelFolder(path.join(abs, "final")))) {
+    note(`${flag} ${p} is a training run's folder: using its final model, ${path.join(p, "final")}`);
+    return path.join(abs, "final");
+  }
+  const m = /^epoch_(\d+)$/.exec(path.basename(abs));
+  if (m === null || (await exists(abs)) || !(await exists(path.join(path.dirname(abs), "run.json")))) return null;
+  const run = path.dirname(abs);
+  const n = Number(m[1]);
+  let steps: unknown;
+  try {
+    steps = (JSON.parse(await fs.readFile(path.join(run, "run.json"), "utf8")) as { config?: { max_steps?: unknown }; max_steps?: unknown });
+  } catch {
+    steps = undefined;
+  }
+  const maxSteps = (steps as { config?: { max_steps?: unknown } })?.config?.max_steps ?? (steps as { max_steps?: unknown })?.max_steps;
+  const final = path.join(run, "final");
+  const ckpt = path.join(run, `checkpoint-${n}`);
+  const pick = n === maxSteps && (await isModelFolder(final)) ? final : (await isModelFolder(ckpt)) ? ckpt : null;
+  if (pick !== null) {
+    note(`${flag} ${p}: this project's runs write checkpoint-<step>/ and final/ instead of epoch_N/ (--total_epochs counts RL steps); using ${pick}`);
+    return pick;
+  }
+  const held = (await fs.readdir(run)).filter((d) => d === "final" || /^checkpoint-\d+$/.test(d)).sort();
+  throw new UsageError(`${flag} ${p}: no such folder; this project's runs write checkpoint-<step>/ and final/ instead of epoch_N/ (--total_epochs counts RL steps), and ${run} holds ${held.length ? held.map((d) => d + "/").join(", ") : "neither"}`);
 }
 
 /** --adapter (or --init_adapter): an existing folder with adapter_config.json, as an absolute path. */
