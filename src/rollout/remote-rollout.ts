@@ -10,13 +10,12 @@
  *  KV cache across turns unless the engine caches prefixes), and draws come from the engine's seeded
  *  sampler (seed per row and turn), so the tokens differ from a local run of the same seed.
  *  Leaves out: environments (--env), streaming, aborts. */
-import { parseToolCalls } from "../agents/toolcall.ts";
 import { toolSchema, type Tool } from "../agents/types.ts";
 import type { ChatMessage, Tokenizer } from "../model/types.ts";
 import type { EngineClient } from "./openai-engine.ts";
 import { stopTokenIds } from "./rollout.ts";
-import { runToolCall, ToolResponseRenderer } from "./tool-messages.ts";
-import type { FinishReason, RolloutConfig, Trajectory, TurnRecord } from "./types.ts";
+import { ToolResponseRenderer, toolTurn } from "./tool-messages.ts";
+import type { FinishReason, RolloutConfig, Trajectory } from "./types.ts";
 
 export type RemoteRolloutConfig = Omit<RolloutConfig, "rng" | "envs" | "adapters" | "deviceSampling" | "compactFraction" | "onToken" | "signal"> & {
   /** Seeds the engine's draws: row r's turn k uses a seed derived from (seed, r, k). */
@@ -69,24 +68,14 @@ export async function remoteRolloutGroups(engine: EngineClient, tokenizer: Token
     if (ids.length >= room) finish(row, "length");
   };
 
-  // One closed turn: parse it, run its calls, queue their results (rollout.ts endTurn, without envs).
+  // One closed turn: run its calls and queue their results (rollout.ts endTurn, without envs).
   const endTurn = async (row: Row, turnIds: number[]) => {
     const text = tokenizer.decode(turnIds.slice(0, -1)); // without the stop token
-    const parsed = parseToolCalls(text);
-    const turn: TurnRecord = { text, content: parsed.content, toolCalls: [], parseErrors: parsed.errors, ended: true };
-    row.traj.turns.push(turn);
-    row.traj.numParseErrors += parsed.errors.length;
-    if (parsed.calls.length === 0 && parsed.errors.length === 0) {
-      turn.content = text;
-      return finish(row, "stop");
-    }
-    turn.toolCalls = await Promise.all(parsed.calls.map((c) => runToolCall(c, tools)));
-    row.traj.numToolCalls += turn.toolCalls.length;
-    row.traj.numToolErrors += turn.toolCalls.filter((c) => c.error).length;
-    row.traj.numUnknownTools += parsed.calls.filter((c) => !tools.has(c.name)).length;
+    const results = await toolTurn(row.traj, text, tools);
+    if (results === null) return finish(row, "stop");
     if (row.turn >= cfg.maxTurns) return finish(row, "max_turns");
     if (row.traj.completionIds.length >= cfg.maxNewTokens) return finish(row, "length");
-    force(row, tokenizer.encode(renderer.render([...turn.toolCalls.map((c) => c.result), ...parsed.errors])));
+    force(row, tokenizer.encode(renderer.render(results)));
     row.turn++;
   };
 

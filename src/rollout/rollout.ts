@@ -13,13 +13,12 @@
  *  row then draws from its own random stream, so which row samples when does not change its tokens.
  *  A row whose first observation cannot fit the context with maxNewTokens fails alone (env_error).
  *  Leaves out: rewards (rewards.ts), the JSONL log (trajectories.ts), speculative or paged decoding. */
-import { parseToolCalls } from "../agents/toolcall.ts";
 import { toolSchema, type Tool } from "../agents/types.ts";
 import type { CausalLM, ChatMessage, KVCache, Tokenizer } from "../model/types.ts";
 import type * as tf from "@tensorflow/tfjs";
 import { gather } from "@tensorflow/tfjs";
 import { sampleTokens, checkSamplingParams } from "./sampler.ts";
-import { runToolCall, ToolResponseRenderer } from "./tool-messages.ts";
+import { ToolResponseRenderer, toolTurn } from "./tool-messages.ts";
 import { Rng } from "../util/rng.ts";
 import type { FinishReason, RolloutConfig, Trajectory, TurnRecord } from "./types.ts";
 
@@ -127,22 +126,10 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     const text = tokenizer.decode(row.turnIds.slice(0, -1)); // without the stop token
     row.turnIds = [];
     if (cfg.envs) return envTurn(row, rows.indexOf(row), text);
-    const parsed = parseToolCalls(text);
-    const turn: TurnRecord = { text, content: parsed.content, toolCalls: [], parseErrors: parsed.errors, ended: true };
-    row.traj.turns.push(turn);
-    row.traj.numParseErrors += parsed.errors.length;
-    if (parsed.calls.length === 0 && parsed.errors.length === 0) {
-      turn.content = text; // the final answer: nothing was taken out
-      return finish(row, "stop");
-    }
-    // Calls run even when the rollout ends here, so the record shows what the model asked for.
-    turn.toolCalls = await Promise.all(parsed.calls.map((c) => runToolCall(c, tools)));
-    row.traj.numToolCalls += turn.toolCalls.length;
-    row.traj.numToolErrors += turn.toolCalls.filter((c) => c.error).length;
-    row.traj.numUnknownTools += parsed.calls.filter((c) => !tools.has(c.name)).length;
+    const results = await toolTurn(row.traj, text, tools);
+    if (results === null) return finish(row, "stop");
     if (row.turn >= cfg.maxTurns) return finish(row, "max_turns");
     if (row.traj.completionIds.length >= cfg.maxNewTokens) return finish(row, "length");
-    const results = [...turn.toolCalls.map((c) => c.result), ...parsed.errors];
     row.forced = tokenizer.encode(renderer.render(results));
     row.turn++;
   };

@@ -3,7 +3,8 @@
  *  Leaves out: parsing (agents/toolcall.ts) and tokenizing (the caller encodes the text). */
 import { toToolResult, type ParsedToolCall, type Tool } from "../agents/types.ts";
 import type { ChatMessage, Tokenizer } from "../model/types.ts";
-import type { ToolCallRecord } from "./types.ts";
+import { parseToolCalls } from "../agents/toolcall.ts";
+import type { ToolCallRecord, Trajectory, TurnRecord } from "./types.ts";
 
 /** Run one parsed call: the one place a call becomes a record (rollouts, eval and chat go through
  *  it). Never rejects: an unknown tool, a throwing tool or one that returns no text becomes error text
@@ -73,4 +74,25 @@ export class ToolResponseRenderer {
     this.pieces.set(n, pieces);
     return pieces;
   }
+}
+
+/** One closed assistant turn of a tool-using rollout (its text without the stop token): parse its
+ *  tool calls, run them, record the turn and count calls, errors and unknown tools in the trajectory.
+ *  Returns the texts to send back (results, then parse errors), or null when the turn called nothing:
+ *  the final answer. Calls run even when the rollout ends after this turn, so the record shows what
+ *  the model asked for. Shared by the local batched rollout and the engine-backed one. */
+export async function toolTurn(traj: Trajectory, text: string, tools: ReadonlyMap<string, Tool>): Promise<string[] | null> {
+  const parsed = parseToolCalls(text);
+  const turn: TurnRecord = { text, content: parsed.content, toolCalls: [], parseErrors: parsed.errors, ended: true };
+  traj.turns.push(turn);
+  traj.numParseErrors += parsed.errors.length;
+  if (parsed.calls.length === 0 && parsed.errors.length === 0) {
+    turn.content = text; // the final answer: nothing was taken out
+    return null;
+  }
+  turn.toolCalls = await Promise.all(parsed.calls.map((c) => runToolCall(c, tools)));
+  traj.numToolCalls += turn.toolCalls.length;
+  traj.numToolErrors += turn.toolCalls.filter((c) => c.error).length;
+  traj.numUnknownTools += parsed.calls.filter((c) => !tools.has(c.name)).length;
+  return [...turn.toolCalls.map((c) => c.result), ...parsed.errors];
 }
