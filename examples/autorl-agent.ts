@@ -12,7 +12,7 @@ import { spawn } from "node:child_process";
 import * as http from "node:http";
 import * as path from "node:path";
 import { Command } from "commander";
-import { parseIntArg, runMain } from "../src/cli.ts";
+import { parseIntArg, runMain } from "../src/run/cli.ts";
 
 const o = new Command()
   .name("autorl-agent")

@@ -1,13 +1,14 @@
 /** npm run bench — model throughput on this machine, one JSON line per measurement.
- *  Flags choose configs, quantization, workloads and backend; the workloads live in src/model/bench.ts
+ *  Flags choose configs, quantization, workloads and backend; the workloads live in scripts/lib/bench.ts
  *  (import another workload file here to register it). */
 import { Command } from "commander";
-import { BACKEND_NAMES, initBackend } from "../src/backend.ts";
-import { runMain, UsageError } from "../src/cli.ts";
-import { benchContext, BENCH_CONFIGS, kernelCounts, profileTop, WORKLOADS } from "../src/model/bench.ts";
+import { BACKEND_NAMES, initBackend } from "../src/engine/backend.ts";
+import { runMain } from "../src/run/cli.ts";
+import { UsageError } from "../src/util/errors.ts";
+import { benchContext, BENCH_CONFIGS, kernelCounts, profileTop, WORKLOADS } from "./lib/bench.ts";
 import type { Quantize } from "../src/model/types.ts";
 import { threadsOption } from "../src/run/options.ts";
-import type { ThreadsSpec } from "../src/wasm-threads.ts";
+import type { ThreadsSpec } from "../src/engine/wasm-threads.ts";
 
 const defaults = { config: "small", quantize: "none", workloads: "forward,fwd_bwd,decode", backend: "wasm", profile: false };
 const opts = new Command()

@@ -3,7 +3,7 @@
  *    npx tsx scripts/chat.ts --preset tiny           # the tiny RL checkpoint (else SFT, else base)
  *    echo "What is 17 * 23?" | npx tsx scripts/chat.ts --preset tiny     # one message per line
  *  Commands: /reset, /temp T, /tools on|off, /exit. */
-import { runMain } from "../src/cli.ts";
+import { runMain } from "../src/run/cli.ts";
 import { parseChatArgs, runChat } from "../src/run/chat.ts";
 
 await runMain(async () => {

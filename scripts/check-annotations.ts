@@ -6,7 +6,7 @@
 import { Command } from "commander";
 import { promises as fs } from "node:fs";
 import { calculatorTool, shutdownCalculator } from "../src/agents/calculator.ts";
-import { checkAnnotations, extractAnnotations, type Annotation } from "../src/agents/calculator-check.ts";
+import { checkAnnotations, extractAnnotations, type Annotation } from "./lib/calculator-check.ts";
 
 const DEFAULTS = { data: "../shared/data/gsm8k/test.jsonl", examples: 10 };
 

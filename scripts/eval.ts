@@ -4,7 +4,7 @@
  *    npx tsx scripts/eval.ts --preset tiny        # base vs SFT vs RL of the offline tiny pipeline
  *    npx tsx scripts/eval.ts --model_path outputs/tiny/guess/final --quantize nf4 --env http://127.0.0.1:36001
  *  Writes eval.json, samples-<model>.jsonl and report.html into --output_dir. */
-import { runMain } from "../src/cli.ts";
+import { runMain } from "../src/run/cli.ts";
 import { parseEvalArgs, runEval } from "../src/run/eval-run.ts";
 
 await runMain(async () => {

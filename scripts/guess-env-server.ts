@@ -1,12 +1,12 @@
-/** The guess-the-number environment (src/envs/guess-number.ts) as an AgentGym-style HTTP server:
+/** The guess-the-number environment (scripts/lib/guess-number.ts) as an AgentGym-style HTTP server:
  *    npx tsx scripts/guess-env-server.ts --port 36001                  # id dialect (TextCraft's routes)
  *    npx tsx scripts/guess-env-server.ts --port 36002 --dialect env_idx  # WebShop's routes
  *    npx tsx scripts/train-gsm8k-agent.ts --preset tiny --env http://127.0.0.1:36001 --max_turns 8
  *  Listens on 127.0.0.1 only. */
 import { Command } from "commander";
-import { parseChoice, parseIntArg, runMain } from "../src/cli.ts";
+import { parseChoice, parseIntArg, runMain } from "../src/run/cli.ts";
 import { parseFlags } from "../src/run/flags.ts";
-import { serveGuessNumber } from "../src/envs/guess-number.ts";
+import { serveGuessNumber } from "./lib/guess-number.ts";
 
 const program = new Command()
   .name("guess-env-server")

@@ -5,7 +5,8 @@
  *    npx tsx scripts/chat.ts --preset tiny --tools "calculator,mcp:npx tsx scripts/mcp-tool-server.ts --prefix remote_"
  *  The served calculator gives the same text as the built-in one, so runs match. */
 import { Command } from "commander";
-import { runMain, parseIntArg, UsageError } from "../src/cli.ts";
+import { runMain, parseIntArg } from "../src/run/cli.ts";
+import { UsageError } from "../src/util/errors.ts";
 import { parseFlags } from "../src/run/flags.ts";
 import { serveHttp, serveStdio } from "../src/agents/mcp-serve.ts";
 import { getTool, listTools } from "../src/agents/registry.ts";

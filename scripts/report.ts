@@ -1,7 +1,7 @@
 /** Write report.html again for one or more run folders (SFT, GRPO or eval) from their logs:
  *    npx tsx scripts/report.ts outputs/tiny/sft outputs/tiny/grpo outputs/tiny/eval */
 import { Command } from "commander";
-import { runMain } from "../src/cli.ts";
+import { runMain } from "../src/run/cli.ts";
 import { parseWithPreset } from "../src/run/options.ts";
 import { rewriteRunReport } from "../src/run/report-run.ts";
 

@@ -4,9 +4,9 @@
  *  (e.g. report.html#rollouts). The PNG is named after the folder (sft.png, grpo.png, ...). */
 import * as path from "node:path";
 import { Command } from "commander";
-import { parseIntArg, runMain } from "../src/cli.ts";
+import { parseIntArg, runMain } from "../src/run/cli.ts";
 import { parseWithPreset } from "../src/run/options.ts";
-import { findChromium, screenshot } from "../src/trainer/report/screenshot.ts";
+import { findChromium, screenshot } from "../src/report/screenshot.ts";
 
 const program = new Command()
   .name("screenshot-reports")

@@ -4,11 +4,11 @@
  *    npx tsx scripts/serve-openai.ts --model_path Qwen/Qwen2.5-0.5B --port 8001 --api_key KEY
  *  Ctrl-C (or SIGTERM) stops it. Runs in a child process (superviseSelf) so a signal is taken at once
  *  even while a decode step holds the event loop. */
-import { superviseSelf } from "../src/shutdown.ts";
+import { superviseSelf } from "../src/run/shutdown.ts";
 
 await superviseSelf();
 const { shutdownCalculator } = await import("../src/agents/calculator.ts");
-const { runMain } = await import("../src/cli.ts");
+const { runMain } = await import("../src/run/cli.ts");
 const { parseServeOpenAiArgs, serveOpenAi } = await import("../src/serve/openai/run.ts");
 
 await runMain(async () => {

@@ -6,11 +6,11 @@
  *  The server runs in a child process (superviseSelf) so that this one, idle, takes each signal at
  *  once and passes it on exactly once: an evaluation holds the event loop for a whole kernel, longer
  *  than tsx waits before it kills a child that has not acknowledged a signal. */
-import { superviseSelf } from "../src/shutdown.ts";
+import { superviseSelf } from "../src/run/shutdown.ts";
 
 await superviseSelf(); // only the child loads the server and the model code
 const { shutdownCalculator } = await import("../src/agents/calculator.ts");
-const { runMain } = await import("../src/cli.ts");
+const { runMain } = await import("../src/run/cli.ts");
 const { parseServeArgs } = await import("../src/serve/config.ts");
 const { startServer } = await import("../src/serve/http.ts");
 

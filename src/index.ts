@@ -3,7 +3,7 @@ import { resolveModelDir } from "./model/hub.ts";
 import { loadTokenizerFromDir } from "./model/tokenizer.ts";
 import type { Tokenizer } from "./model/types.ts";
 
-export { initBackend } from "./backend.ts";
+export { initBackend } from "./engine/backend.ts";
 export { loadModel, createModel } from "./model/load.ts";
 export { resolveModelDir } from "./model/hub.ts";
 export { Qwen2ForCausalLM } from "./model/qwen2.ts";
@@ -15,7 +15,7 @@ export { parseToolCalls } from "./agents/toolcall.ts";
 export { SYSTEM_PROMPT, systemPromptFor, toPrompt } from "./agents/prompts.ts";
 export { openTools, type ToolSet, type ToolSetOptions } from "./agents/toolset.ts";
 export { serveStdio as serveToolsStdio, serveHttp as serveToolsHttp } from "./agents/mcp-serve.ts";
-export { registerScorer, getScorer, judgeRollout, type Scorer, type TaskSpec } from "./rollout/scorers.ts";
+export { registerScorer, getScorer, judgeRollout, type Scorer, type TaskSpec } from "./datasets/scorers.ts";
 export { loadTasks, type Task } from "./datasets/tasks.ts";
 export type { Tool } from "./agents/types.ts";
 export { loadGsm8k, type Gsm8kExample } from "./datasets/gsm8k.ts";

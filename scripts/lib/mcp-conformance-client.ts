@@ -4,7 +4,7 @@
  *  true), then closed. Dev-only; the suite needs Node 22+, this script runs on the project's Node:
  *    npx @modelcontextprotocol/conformance client --command "npx tsx scripts/lib/mcp-conformance-client.ts" --scenario tools_call
  *  Exits 0 when every call answered without isError, 1 otherwise (the suite's checks decide). */
-import { runMain } from "../../src/cli.ts";
+import { runMain } from "../../src/run/cli.ts";
 import { openTools } from "../../src/agents/toolset.ts";
 import { toToolResult } from "../../src/agents/types.ts";
 

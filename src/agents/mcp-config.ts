@@ -7,7 +7,7 @@
  *  `${VAR:-default}` (as Claude Code's files do), so tokens need not be written into it.
  *  Leaves out: the legacy SSE transport (`"type": "sse"`), OAuth. */
 import * as fs from "node:fs";
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 
 export interface McpServerSpec {
   /** How the user wrote it, for messages: the `--tools` item, or `file.json#name`. */

@@ -24,7 +24,7 @@ import { StreamableHTTPClientTransport, StreamableHTTPError } from "@modelcontex
 import type { Transport } from "@modelcontextprotocol/sdk/shared/transport.js";
 import { ToolListChangedNotificationSchema } from "@modelcontextprotocol/sdk/types.js";
 import * as path from "node:path";
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 import { parseMcpItem, type McpServerSpec } from "./mcp-config.ts";
 import { ProcessGroupStdioTransport } from "./mcp-stdio.ts";
 import type { Tool, ToolResult } from "./types.ts";

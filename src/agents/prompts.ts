@@ -2,13 +2,13 @@
  *  built from the run's tools and the task's answer schema; the tool schemas themselves are not written
  *  here: the chat template renders them from `tools` (see agents/types.ts). */
 import { ANSWER_INSTRUCTIONS, type AnswerSchema } from "../datasets/answer.ts";
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 import type { ChatMessage, Tokenizer } from "../model/types.ts";
 import { toolSchema, type Tool } from "./types.ts";
 
 /** The prompt of the calculator agent, what systemPromptFor([calculatorTool]) gives. Short on purpose:
  *  a small model learns the format from SFT, the prompt only names it. The answer format must match
- *  what rollout/scorers.ts reads (`\boxed{}`). */
+ *  what datasets/scorers.ts reads (`\boxed{}`). */
 export const SYSTEM_PROMPT =
   "Solve the math problem step by step. Use the calculator tool for arithmetic. Put the final answer in \\boxed{}.";
 

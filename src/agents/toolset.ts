@@ -7,7 +7,7 @@
  *  what the tools need (the calculator's worker, MCP server processes and sessions) is the tool set's
  *  job: scripts call close() and nothing tool-specific. An MCP server that changes its tools
  *  (list_changed) changes `tools` in place. Leaves out: per-tool limits. */
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 import "./calculator.ts"; // registers the built-in calculator
 import { parseMcpItem, readMcpConfig, type McpServerSpec } from "./mcp-config.ts";
 import { getTool, listTools } from "./registry.ts";

@@ -1,12 +1,12 @@
 /** Task files: AgentRL-style JSONL, one task per line,
  *    {"id": "t1", "query": "What is 2+3?", "answer": "5", "scorer": "math", "answer_schema": "boxed"}
- *  `scorer` (default math) names an entry of the scorer registry (rollout/scorers.ts), `answer_schema`
+ *  `scorer` (default math) names an entry of the scorer registry (datasets/scorers.ts), `answer_schema`
  *  (default boxed) says where the reply puts its answer. A Task is a GSM8K example with those two
  *  fields, so every run takes either. Leaves out: task-specific prompts and tools per task. */
 import { promises as fs } from "node:fs";
 import { ANSWER_SCHEMAS, isAnswerSchema, type AnswerSchema } from "./answer.ts";
 import type { Gsm8kExample } from "./gsm8k.ts";
-import { scorerNames } from "../rollout/scorers.ts";
+import { scorerNames } from "./scorers.ts";
 
 export interface Task extends Gsm8kExample {
   scorer?: string;

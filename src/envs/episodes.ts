@@ -4,7 +4,7 @@
  *  reset; task ranges checked against the family's size. Used by the GRPO and eval runs with --env.
  *  Leaves out: reusing instances across steps, retrying a failed create or reset. */
 import { toPrompt } from "../agents/prompts.ts";
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 import type { Task } from "../datasets/tasks.ts";
 import type { ChatMessage } from "../model/types.ts";
 import { agentGymEnvironments, serverBanner } from "./agentgym.ts";

@@ -4,15 +4,13 @@
  *  Optionally attaches a PEFT adapter from a folder, or a fresh one. */
 import * as tf from "@tensorflow/tfjs";
 import * as path from "node:path";
-import { initBackend } from "../backend.ts";
-import type { ThreadsSpec } from "../wasm-threads.ts";
 import { Rng } from "../util/rng.ts";
 import { readConfig } from "./config.ts";
 import { resolveModelDir } from "./hub.ts";
 import { LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { Qwen2ForCausalLM, type LayerWeights } from "./qwen2.ts";
 import { Checkpoint } from "./safetensors.ts";
-import { backendProfile } from "./profile.ts";
+import { backendProfile } from "../engine/profile.ts";
 import { BaseWeight } from "./weight.ts";
 import { FUSED, FUSED_MODULES, LORA_TARGETS, type FusedModule, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
 
@@ -27,8 +25,6 @@ export interface ModelOptions {
 }
 export interface LoadOptions extends ModelOptions {
   adapter?: string; // PEFT folder to attach
-  backend?: string;
-  threads?: ThreadsSpec; // wasm threads (see wasm-threads.ts); default auto
 }
 
 const QUANTIZE: Quantize[] = ["none", "int8", "nf4"];
@@ -160,7 +156,6 @@ export async function createModel(config: Qwen2Config, opts: ModelOptions = {}):
 
 /** A Hugging Face folder or hub id → model (with an adapter if asked). */
 export async function loadModel(pathOrId: string, opts: LoadOptions = {}): Promise<Qwen2ForCausalLM> {
-  await initBackend(opts.backend ?? "auto", { threads: opts.threads });
   const dir = await resolveModelDir(pathOrId);
   const cfg = await readConfig(dir);
   const ckpt = await Checkpoint.open(dir);

@@ -7,7 +7,7 @@ import * as tf from "@tensorflow/tfjs";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
-import { mm } from "./matmul.ts";
+import { mm } from "../engine/matmul.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { readSafetensorsAll, writeSafetensors, type HostTensor } from "./safetensors.ts";
 import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Qwen2Config } from "./types.ts";

@@ -7,8 +7,8 @@
  *  the `in` axis in slabs: byte/nibble k of packed[i, j] is the code of row k·(inPad/per) + i, so the
  *  unpacked slabs simply concatenate back. Leaves out: double quantization of the absmax values. */
 import * as tf from "@tensorflow/tfjs";
-import { DEQUANTIZE, hasDequantizeKernel, type DequantizeAttrs } from "./dequant-kernel.ts";
-import { backendProfile } from "./profile.ts";
+import { DEQUANTIZE, hasDequantizeKernel, type DequantizeAttrs } from "../engine/dequant.ts";
+import { backendProfile } from "../engine/profile.ts";
 
 /** bitsandbytes' NF4 code book (bitsandbytes/functional.py, get_4bit_type "nf4"). */
 export const NF4_CODE = new Float32Array([

@@ -17,14 +17,15 @@ import { attentionBias, positionIds, ropeInvFreq, ropeTables } from "./attention
 import { configToJson } from "./config.ts";
 import { adapterConfigJson, LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
-import { checkpoint } from "./checkpoint.ts";
-import { decodeHeads, rope, swiglu } from "./fused-act.ts";
-import { dLogits, logpEntropy } from "./logprob.ts";
-import { bmm, matMulAT, matMulBT, matMulXWT } from "./matmul.ts";
-import { backendProfile } from "./profile.ts";
-import { rmsNorm } from "./rmsnorm.ts";
-import { softmax } from "./softmax.ts";
-import { BaseWeight, type CustomGradFn } from "./weight.ts";
+import { checkpoint } from "../engine/checkpoint.ts";
+import { decodeHeads, rope, swiglu } from "../engine/rope-swiglu.ts";
+import { dLogits, logpEntropy } from "../engine/logprob.ts";
+import { bmm, matMulAT, matMulBT, matMulXWT } from "../engine/matmul.ts";
+import { backendProfile } from "../engine/profile.ts";
+import { rmsNorm } from "../engine/rmsnorm.ts";
+import { softmax } from "../engine/softmax.ts";
+import { BaseWeight } from "./weight.ts";
+import { type CustomGradFn } from "../engine/kernels.ts";
 import { FUSED, FUSED_MODULES, type CausalLM, type ForwardOptions, type FusedModule, type KVCache, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
 
 export interface LayerWeights {

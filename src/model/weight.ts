@@ -10,12 +10,11 @@
  *  held as column blocks [in, outᵢ]: products are computed per block and concatenated, lookups
  *  gather from every block and keep the block that holds each id. Nothing ever binds the whole. */
 import * as tf from "@tensorflow/tfjs";
-import { matMulBT, mm, mmFrozen, mmFrozenLeft } from "./matmul.ts";
-import { backendProfile } from "./profile.ts";
+import { matMulBT, mm, mmFrozen, mmFrozenLeft } from "../engine/matmul.ts";
+import { backendProfile } from "../engine/profile.ts";
 import { QuantizedMatrix } from "./quant.ts";
 import type { Quantize } from "./types.ts";
-
-export type CustomGradFn = Parameters<typeof tf.customGrad>[0];
+import type { CustomGradFn } from "../engine/kernels.ts";
 
 export class BaseWeight {
   /** A quantized matrix's f32 values while unpacked (see unpack): [in, out], or [out, in] when left. */

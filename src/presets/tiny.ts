@@ -12,8 +12,6 @@ import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { Qwen2Config } from "../model/types.ts";
-import type { GrpoFlags } from "../run/grpo-flags.ts";
-import type { SftFlags } from "../run/sft-flags.ts";
 
 export const TINY_BASE_DIR = path.join(path.dirname(fileURLToPath(import.meta.url)), "tiny");
 export const TINY_OUTPUT_DIR = path.join("outputs", "tiny");
@@ -54,52 +52,3 @@ export function tinyModelConfig(vocabSize: number): Qwen2Config {
     maxPositionEmbeddings: 1024,
   };
 }
-
-/** train-sft --preset tiny: a short full fine-tune of the pretrained base on tool-calling
- *  conversations. In 70% of the additions and subtractions the demonstrations work the result out in
- *  the text instead of calling the calculator, as people do with easy steps; the model imitates that
- *  habit, but its three-digit mental arithmetic is nearly always wrong. GRPO then learns from the
- *  reward alone to call the calculator for those steps too. */
-export const TINY_SFT: Partial<SftFlags> = {
-  model_path: TINY_BASE_DIR,
-  dataset: "synthetic",
-  max_samples: 640,
-  inline_share: 0.7,
-  inline_ops: ["+", "-"],
-  num_epochs: 1,
-  batch_size: 16,
-  learning_rate: 1e-3,
-  lr_scheduler: "cosine",
-  warmup_ratio: 0.05,
-  full: true,
-  quantize: "none",
-  tools_in_prompt: false,
-  max_length: 512,
-  eval_samples: 200,
-  eval_max_new_tokens: 160,
-  max_turns: 5,
-  output_dir: path.join(TINY_OUTPUT_DIR, "sft"),
-};
-
-/** train-gsm8k-agent --preset tiny: GRPO from the tiny SFT model, LoRA on its NF4-quantized weights. */
-export const TINY_GRPO: Partial<GrpoFlags> = {
-  model_path: path.join(TINY_OUTPUT_DIR, "sft", "final"),
-  dataset: "synthetic",
-  quantize: "nf4",
-  tools_in_prompt: false,
-  max_steps: 24,
-  prompts_per_step: 8,
-  samples_per_prompt: 8,
-  max_new_tokens: 160,
-  max_turns: 5,
-  temperature: 0.7, // T = 1 on a 0.8M-parameter model mostly samples digit typos
-  beta: 0.0,
-  learning_rate: 5e-4,
-  lora_r: 16,
-  lora_alpha: 32,
-  micro_batch_size: 16,
-  loss_type: "dr_grpo",
-  save_steps: 10,
-  eval_samples: 0,
-  output_dir: path.join(TINY_OUTPUT_DIR, "grpo"),
-};

@@ -3,7 +3,7 @@
  *  same function evaluation uses: the answer is read only in the task's answer schema (`\boxed{}` by
  *  default, the one agents/prompts.ts asks for), so a right number written any other way earns no
  *  correctness and the policy is pushed towards the format the evaluator reads. No length penalty. */
-import { judgeRollout, type TaskSpec } from "./scorers.ts";
+import { judgeRollout, type TaskSpec } from "../datasets/scorers.ts";
 
 /** What scoring needs from a finished rollout (the rollout engine fills it in). */
 export interface RolloutForReward {

@@ -12,7 +12,7 @@
  *  top-p alone keeps the most likely tokens until their mass reaches topP (ties at the boundary: lower
  *  ids first); neither keeps the whole vocabulary.
  *  Leaves out: repetition penalties, min-p, stop ids (the rollout loop owns stopping). */
-import { NonFiniteError } from "../trainer/errors.ts";
+import { NonFiniteError } from "../util/errors.ts";
 
 export interface SamplingParams {
   /** 0 = greedy. */

@@ -27,7 +27,7 @@
  *    GRPO recomputes its old log-probs with the trainer's forward (trainer/grpo.ts); these are the
  *    logged sampling log-probs. */
 import * as tf from "@tensorflow/tfjs";
-import { backendProfile } from "../model/profile.ts";
+import { backendProfile } from "../engine/profile.ts";
 import type { Rng } from "../util/rng.ts";
 import { checkSamplingParams, drawPrefix, sampleRow, Scratch, uniformFor, weightOf, type RowDraw, type SamplingParams, type Walk } from "./sample-row.ts";
 

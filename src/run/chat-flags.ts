@@ -1,6 +1,6 @@
 /** The flags of scripts/chat.ts, which are the chat's configuration (flags.ts): the session reads them
  *  under these names. */
-import { parseFloatArg, parseIntArg } from "../cli.ts";
+import { parseFloatArg, parseIntArg } from "./cli.ts";
 import { commandOf, flag, optional, type FlagTable, type OptionsOf } from "./flags.ts";
 import { modelFlags, toolFlags } from "./options.ts";
 

@@ -10,7 +10,7 @@ import { calculatorTool } from "../agents/calculator.ts";
 import { checkToolsFit, systemPromptFor } from "../agents/prompts.ts";
 import { openRunTools } from "../agents/toolset.ts";
 import type { Tool } from "../agents/types.ts";
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 import type { CausalLM, ChatMessage, Tokenizer } from "../model/types.ts";
 import { TINY_BASE_DIR } from "../presets/tiny.ts";
 import { rolloutGroups, stopTokenIds, type Trajectory } from "../rollout/rollout.ts";

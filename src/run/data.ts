@@ -3,7 +3,7 @@
  *  generator. Synthetic streams are disjoint per purpose (SFT, RL, evaluation), so held-out means
  *  held out. */
 import { promises as fs, statSync } from "node:fs";
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 import { loadGsm8k } from "../datasets/gsm8k.ts";
 import { generateSynthetic, type SyntheticOptions } from "../datasets/synthetic.ts";
 import { isTaskFile, loadTasks, type Task } from "../datasets/tasks.ts";

@@ -1,6 +1,7 @@
 /** The flags of scripts/eval.ts, which are the evaluation's configuration (flags.ts): eval.json and
  *  report.html hold them under these names, next to the model list they settle. */
-import { parseChoice, parseFloatArg, parseIntArg, UsageError } from "../cli.ts";
+import { parseChoice, parseFloatArg, parseIntArg } from "./cli.ts";
+import { UsageError } from "../util/errors.ts";
 import type { Quantize } from "../model/types.ts";
 import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
 import { HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";

@@ -7,7 +7,8 @@
  *  (policy.ts). */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
+import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
+import { UsageError } from "../util/errors.ts";
 import type { Tool } from "../agents/types.ts";
 import { openRunTools } from "../agents/toolset.ts";
 import { checkToolsFit } from "../agents/prompts.ts";
@@ -17,8 +18,8 @@ import { checkTaskRange, defaultTaskRanges, environmentTasks, expandRanges, open
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
-import { writeEvalReport, type EvalRow } from "../trainer/report.ts";
-import type { ModelQuestions } from "../trainer/report/eval-questions.ts";
+import { writeEvalReport, type EvalRow } from "../report/report.ts";
+import type { ModelQuestions } from "../report/eval-questions.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { meanCI, type Interval } from "../trainer/stats.ts";
 import { writeFileAtomic } from "../util/fs.ts";

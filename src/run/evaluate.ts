@@ -16,7 +16,7 @@ import type { EnvironmentFactory } from "../envs/types.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import type { TurnRecord } from "../rollout/types.ts";
-import { judgeRollout } from "../rollout/scorers.ts";
+import { judgeRollout } from "../datasets/scorers.ts";
 import { passAtK, wilsonInterval, type Interval } from "../trainer/stats.ts";
 import type { MetricsLogger } from "../trainer/metrics.ts";
 import { writeFileAtomic } from "../util/fs.ts";

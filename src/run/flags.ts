@@ -4,7 +4,7 @@
  *  are: run.json holds them under the flag names, and a resumed run compares them (less the entries
  *  marked `free`). Adding a flag is one entry. Leaves out the value parsers themselves (cli.ts). */
 import { Command, CommanderError, Option } from "commander";
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 
 export interface Flag<T> {
   spec: string; // "--max_steps <n>", "--overwrite", "--no-tools_in_prompt"
@@ -16,7 +16,7 @@ export interface Flag<T> {
   readonly type?: T; // carries T for OptionsOf; never set
 }
 
-export type FlagTable = Record<string, Flag<any>>; // eslint-disable-line @typescript-eslint/no-explicit-any
+export type FlagTable = Record<string, Flag<any>>;
 export type OptionsOf<F extends FlagTable> = { [K in keyof F]: F[K] extends Flag<infer T> ? T : never };
 
 type Extra = { alias?: string; free?: boolean };

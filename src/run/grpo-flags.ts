@@ -1,10 +1,12 @@
 /** The flags of scripts/train-gsm8k-agent.ts, which are the GRPO run's configuration (flags.ts): run.json
  *  holds them under these names, and a resumed run must match every one not marked `free`. */
-import { parseChoice, parseFloatArg, parseIntArg } from "../cli.ts";
+import { parseChoice, parseFloatArg, parseIntArg } from "./cli.ts";
 import { IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, type ImportanceSamplingLevel, type LossType } from "../trainer/policy-loss.ts";
-import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
+import { commandOf, flag, optional, parseFlags, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
 import { HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";
 import { envFlags, toolFlags, trainingFlags } from "./options.ts";
+import * as path from "node:path";
+import { TINY_OUTPUT_DIR } from "../presets/tiny.ts";
 
 export const ROLLOUT_ENGINES = ["local", "openai"] as const;
 
@@ -53,3 +55,29 @@ export type GrpoFlags = OptionsOf<typeof GRPO_FLAGS>;
 
 /** The script's command (its --help). */
 export const grpoCommand = () => commandOf("train-gsm8k-agent", "GRPO: teach the calculator agent from its own rollouts", GRPO_FLAGS);
+
+/** train-gsm8k-agent --preset tiny: GRPO from the tiny SFT model, LoRA on its NF4-quantized weights. */
+export const TINY_GRPO: Partial<GrpoFlags> = {
+  model_path: path.join(TINY_OUTPUT_DIR, "sft", "final"),
+  dataset: "synthetic",
+  quantize: "nf4",
+  tools_in_prompt: false,
+  max_steps: 24,
+  prompts_per_step: 8,
+  samples_per_prompt: 8,
+  max_new_tokens: 160,
+  max_turns: 5,
+  temperature: 0.7, // T = 1 on a 0.8M-parameter model mostly samples digit typos
+  beta: 0.0,
+  learning_rate: 5e-4,
+  lora_r: 16,
+  lora_alpha: 32,
+  micro_batch_size: 16,
+  loss_type: "dr_grpo",
+  save_steps: 10,
+  eval_samples: 0,
+  output_dir: path.join(TINY_OUTPUT_DIR, "grpo"),
+};
+
+/** argv → the GRPO run's config, with `--preset tiny`'s table under the explicit flags. */
+export const parseGrpoArgs = (argv: string[]): GrpoFlags => parseFlags(grpoCommand(), GRPO_FLAGS, argv, { tiny: TINY_GRPO }).o;

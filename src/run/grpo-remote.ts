@@ -16,7 +16,7 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import type { Tool } from "../agents/types.ts";
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 import type { Task } from "../datasets/tasks.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
 import { EngineClient, EngineError } from "../rollout/openai-engine.ts";

@@ -14,20 +14,21 @@ import type { EnvironmentFactory } from "../envs/types.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig } from "../model/types.ts";
 import { TINY_PROBLEMS } from "../presets/tiny.ts";
-import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
-import { Interrupted, watchInterrupts } from "../shutdown.ts";
+import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
+import { UsageError } from "../util/errors.ts";
+import { Interrupted, watchInterrupts } from "./shutdown.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import { TrajectoryLog } from "../rollout/trajectories.ts";
 import { parseRewardWeights, scoreRollout } from "../rollout/rewards.ts";
 import { countedGroupAdvantages, groupHasSignal } from "../trainer/advantages.ts";
 import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
-import { NonFiniteError } from "../trainer/errors.ts";
+import { NonFiniteError } from "../util/errors.ts";
 import { grpoStep, noUpdateStats, type GrpoRollout } from "../trainer/grpo.ts";
 import { formatStepLine, GRPO_LINE, meanStd, memoryFields, MetricsLogger } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
 import { defaultEpsilonHigh, importanceLevel } from "../trainer/policy-loss.ts";
 import { createProgress } from "../trainer/progress.ts";
-import { writeReport } from "../trainer/report.ts";
+import { writeReport } from "../report/report.ts";
 import { lrAt } from "../trainer/schedule.ts";
 import { collectGarbage } from "../util/gc.ts";
 import { Rng } from "../util/rng.ts";
@@ -39,7 +40,7 @@ import { GRPO_FLAGS, type GrpoFlags } from "./grpo-flags.ts";
 import { EngineError, openRemoteRollouts, type RemoteRollouts, type StepRollouts } from "./grpo-remote.ts";
 import { defaultOutputDir, loraTargets, toolConfig } from "./options.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
-import type { ThreadsSpec } from "../wasm-threads.ts";
+import type { ThreadsSpec } from "../engine/wasm-threads.ts";
 
 /** The run's configuration: the script's flags as parsed (grpo-flags.ts), plus what only a program
  *  passes. run.json holds it; a resumed run must match its `runIdentity`. */

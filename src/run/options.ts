@@ -2,13 +2,14 @@
  *  LoRA and optimizer flags (the two training scripts), and `--preset`, which fills in every flag
  *  the user did not give on the command line, so explicit flags always win. */
 import { Option, type Command } from "commander";
-import { AUTO_ORDER, BACKEND_NAMES } from "../backend.ts";
-import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
+import { AUTO_ORDER, BACKEND_NAMES } from "../engine/backend.ts";
+import { parseChoice, parseFloatArg, parseIntArg, parseList } from "./cli.ts";
+import { UsageError } from "../util/errors.ts";
 import { splitToolSpecs } from "../agents/toolset.ts";
 import { DIALECTS, type Dialect } from "../envs/families.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
-import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../wasm-threads.ts";
+import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../engine/wasm-threads.ts";
 import { addFlags, flag, optional, parseFlags, toggle, type FlagTable } from "./flags.ts";
 
 export const PRESETS = ["tiny"] as const;
@@ -119,5 +120,5 @@ export function defaultOutputDir(modelPath: string, stage: string): string {
  *  UsageError, --help exits 0, the preset fills the flags not given. */
 export function parseWithPreset(cmd: Command, argv: string[], presets: Partial<Record<PresetName, Record<string, unknown>>>) {
   const { preset, o, explicit } = parseFlags<FlagTable, PresetName>(cmd, {}, argv, presets);
-  return { preset, o: o as Record<string, any>, explicit }; // eslint-disable-line @typescript-eslint/no-explicit-any
+  return { preset, o: o as Record<string, any>, explicit };
 }

@@ -3,7 +3,8 @@
  *  asked, plus its tokenizer. A PEFT folder names its base in adapter_config.json, as PEFT's do. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { discardFailedRun, prepareOutputDir, UsageError, type PrepareOptions } from "../cli.ts";
+import { discardFailedRun, prepareOutputDir, type PrepareOptions } from "./cli.ts";
+import { UsageError } from "../util/errors.ts";
 import { loadModel } from "../model/load.ts";
 import { resolveModelDir } from "../model/hub.ts";
 import { loadTokenizerFromDir } from "../model/tokenizer.ts";
@@ -11,7 +12,8 @@ import type { Qwen2ForCausalLM } from "../model/qwen2.ts";
 import type { LoraConfig, Quantize, Tokenizer } from "../model/types.ts";
 import { writeDirAtomic } from "../util/fs.ts";
 import { isHubId } from "../util/hf-hub.ts";
-import type { ThreadsSpec } from "../wasm-threads.ts";
+import type { ThreadsSpec } from "../engine/wasm-threads.ts";
+import { initBackend } from "../engine/backend.ts";
 
 export interface OpenPolicyOptions {
   modelPath: string; // hub id, HF folder, full SFT output, or a PEFT adapter folder
@@ -134,6 +136,7 @@ export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
   } catch (err) {
     throw new UsageError((err as Error).message);
   }
+  await initBackend(o.backend, { threads: o.threads }); // the run starts the backend; the model only uses it
   let model: Qwen2ForCausalLM;
   try {
     model = await loadModel(base, {
@@ -142,8 +145,6 @@ export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
       lora: adapterDir ? undefined : o.lora,
       trainable: o.trainable,
       seed: o.seed,
-      backend: o.backend,
-      threads: o.threads,
     });
   } catch (err) {
     // An adapter that does not fit the base (another model, rank or modules) is the user's input.

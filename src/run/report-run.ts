@@ -3,8 +3,9 @@
  *  the report code changed. The run kind comes from run.json. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { RUN_CONFIG_FILE, UsageError } from "../cli.ts";
-import { writeReport } from "../trainer/report.ts";
+import { RUN_CONFIG_FILE } from "./cli.ts";
+import { UsageError } from "../util/errors.ts";
+import { writeReport } from "../report/report.ts";
 import { rewriteEvalReport } from "./eval-run.ts";
 
 export async function rewriteRunReport(dir: string): Promise<string> {

@@ -12,15 +12,16 @@ import { buildSftConversations } from "../datasets/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { ChatMessage, LoraConfig } from "../model/types.ts";
 import { TINY_PROBLEMS } from "../presets/tiny.ts";
-import { discardFailedRun, prepareOutputDir, releaseOutputDir, UsageError, writeRunConfig } from "../cli.ts";
-import { Interrupted, watchInterrupts } from "../shutdown.ts";
+import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
+import { UsageError } from "../util/errors.ts";
+import { Interrupted, watchInterrupts } from "./shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";
 import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { collectGarbage } from "../util/gc.ts";
 import { formatStepLine, memoryFields, MetricsLogger, SFT_LINE } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
 import { createProgress } from "../trainer/progress.ts";
-import { writeReport } from "../trainer/report.ts";
+import { writeReport } from "../report/report.ts";
 import { lrAt } from "../trainer/schedule.ts";
 import { sftStep, type SftBatch } from "../trainer/sft.ts";
 import { Rng } from "../util/rng.ts";
@@ -31,7 +32,7 @@ import { runIdentity } from "./flags.ts";
 import { defaultOutputDir, loraTargets } from "./options.ts";
 import { SFT_FLAGS, type SftFlags } from "./sft-flags.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
-import type { ThreadsSpec } from "../wasm-threads.ts";
+import type { ThreadsSpec } from "../engine/wasm-threads.ts";
 
 /** The run's configuration: the script's flags as parsed (sft-flags.ts), plus what only a program
  *  passes. run.json holds it; a resumed run must match its `runIdentity`. */

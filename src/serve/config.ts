@@ -3,7 +3,8 @@
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Command } from "commander";
-import { parseChoice, parseFloatArg, parseIntArg, parseList, UsageError } from "../cli.ts";
+import { parseChoice, parseFloatArg, parseIntArg, parseList } from "../run/cli.ts";
+import { UsageError } from "../util/errors.ts";
 import { BACKENDS, parseWithPreset, QUANTIZE_CHOICES, threadsOption } from "../run/options.ts";
 import type { ServeOptions } from "./http.ts";
 import { makeScenario, SCENARIO_IDS, type ScenarioId, type ScenarioProtocol } from "./scenarios.ts";

@@ -9,7 +9,7 @@
 import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { UsageError } from "../cli.ts";
+import { UsageError } from "../util/errors.ts";
 import { readSafetensorsAll, writeSafetensors } from "../model/safetensors.ts";
 import { writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
 

@@ -9,7 +9,7 @@
 import * as tf from "@tensorflow/tfjs";
 import type { CausalLM } from "../model/types.ts";
 import { microBatchRows, rightPad, type PaddedBatch } from "./batch.ts";
-import { NonFiniteError } from "./errors.ts";
+import { NonFiniteError } from "../util/errors.ts";
 import { accumulateGrads, stopGradient } from "./grads.ts";
 import type { AdamW } from "./optimizer.ts";
 import { checkPolicyLossConfig, policyLoss, readSums, statsFromSums, type LossNormalizer, type PolicyLossConfig } from "./policy-loss.ts";

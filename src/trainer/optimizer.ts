@@ -2,7 +2,7 @@
  *  gradient-norm clipping as torch.nn.utils.clip_grad_norm_, and the optimizer state as named
  *  Float32Arrays for checkpoints. Leaves out param groups, amsgrad and fused kernels. */
 import * as tf from "@tensorflow/tfjs";
-import { NonFiniteError } from "./errors.ts";
+import { NonFiniteError } from "../util/errors.ts";
 
 export interface AdamWConfig {
   lr: number; // used when step() is given no lr (a schedule usually passes one per step)

@@ -4,7 +4,7 @@
 import * as tf from "@tensorflow/tfjs";
 import type { CausalLM } from "../model/types.ts";
 import { microBatchRows } from "./batch.ts";
-import { NonFiniteError } from "./errors.ts";
+import { NonFiniteError } from "../util/errors.ts";
 import { accumulateGrads } from "./grads.ts";
 import type { AdamW } from "./optimizer.ts";
 

@@ -7,7 +7,7 @@ import {
   matchesAnnotated,
   plainArithmetic,
   type Annotation,
-} from "../../src/agents/calculator-check.ts";
+} from "../../scripts/lib/calculator-check.ts";
 
 afterAll(() => shutdownCalculator());
 

@@ -4,7 +4,7 @@ import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.
 import { SYSTEM_PROMPT, systemPromptFor } from "../../src/agents/prompts.ts";
 import { capText, limitTool, openTools, splitToolSpecs } from "../../src/agents/toolset.ts";
 import { toToolResult, type Tool } from "../../src/agents/types.ts";
-import { UsageError } from "../../src/cli.ts";
+import { UsageError } from "../../src/util/errors.ts";
 
 afterAll(() => shutdownCalculator());
 

@@ -10,7 +10,7 @@ import * as tf from "@tensorflow/tfjs";
 import { agentGymEnvironments } from "../../src/envs/agentgym.ts";
 import { FAMILIES, genericAction } from "../../src/envs/families.ts";
 import { openEnvironmentServer, openEpisodes, ENV_SYSTEM_PROMPT } from "../../src/envs/episodes.ts";
-import { GUESS_MAX, secretFor, serveGuessNumber, type GuessServer } from "../../src/envs/guess-number.ts";
+import { GUESS_MAX, secretFor, serveGuessNumber, type GuessServer } from "../../scripts/lib/guess-number.ts";
 import { EnvError, type Environment } from "../../src/envs/types.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
@@ -268,7 +268,7 @@ describe("evaluation against the environment", () => {
   });
 
   it("eval --env: eval.json, samples and report from episodes on the tiny base; a server that does not answer writes nothing", async () => {
-    const { initBackend } = await import("../../src/backend.ts");
+    const { initBackend } = await import("../../src/engine/backend.ts");
     const { parseEvalArgs, runEval } = await import("../../src/run/eval-run.ts");
     const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
     await initBackend("wasm");

@@ -14,7 +14,7 @@ import { toPrompt } from "../../src/agents/prompts.ts";
 import { agentGymEnvironments } from "../../src/envs/agentgym.ts";
 import { FAMILIES } from "../../src/envs/families.ts";
 import { ENV_SYSTEM_PROMPT, openEpisodes } from "../../src/envs/episodes.ts";
-import { secretFor, serveGuessNumber, type GuessServer } from "../../src/envs/guess-number.ts";
+import { secretFor, serveGuessNumber, type GuessServer } from "../../scripts/lib/guess-number.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
 import { countedGroupAdvantages, groupAdvantages } from "../../src/trainer/advantages.ts";
@@ -143,7 +143,7 @@ describe("create and reset failures are per rollout", () => {
   });
 
   it("eval.ts --env: the error rate on screen and in eval.json; every episode failing is an error, nothing written", async () => {
-    const { initBackend } = await import("../../src/backend.ts");
+    const { initBackend } = await import("../../src/engine/backend.ts");
     const { parseEvalArgs, runEval } = await import("../../src/run/eval-run.ts");
     const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
     await initBackend("wasm");

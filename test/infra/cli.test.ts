@@ -4,11 +4,9 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { Command } from "commander";
-import {
-  parseChoice, parseFloatArg, parseIntArg, parseList, prepareOutputDir, readRunConfig,
-  runMain, UsageError, writeRunConfig,
-} from "../../src/cli.ts";
-import { StopRequest } from "../../src/shutdown.ts";
+import { parseChoice, parseFloatArg, parseIntArg, parseList, prepareOutputDir, readRunConfig, runMain, writeRunConfig } from "../../src/run/cli.ts";
+import { UsageError } from "../../src/util/errors.ts";
+import { StopRequest } from "../../src/run/shutdown.ts";
 
 const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-cli-"));
 

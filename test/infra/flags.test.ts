@@ -1,8 +1,9 @@
 /** Flag tables (src/run/flags.ts): the parsed options are the config, an old flag name still works,
  *  presets fill only what was not given, and the resume identity leaves out the `free` flags. */
 import { describe, expect, it } from "vitest";
-import { UsageError } from "../../src/cli.ts";
-import { TINY_BASE_DIR, TINY_GRPO } from "../../src/presets/tiny.ts";
+import { UsageError } from "../../src/util/errors.ts";
+import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
+import { TINY_GRPO } from "../../src/run/grpo-flags.ts";
 import { CHAT_FLAGS } from "../../src/run/chat-flags.ts";
 import { parseChatArgs } from "../../src/run/chat.ts";
 import { EVAL_FLAGS } from "../../src/run/eval-flags.ts";

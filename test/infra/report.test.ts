@@ -2,9 +2,9 @@ import { describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { writeRunConfig } from "../../src/cli.ts";
+import { writeRunConfig } from "../../src/run/cli.ts";
 import { MetricsLogger } from "../../src/trainer/metrics.ts";
-import { chartedKeys, escapeHtml, niceTicks, renderEvalReport, writeEvalReport, writeReport } from "../../src/trainer/report.ts";
+import { chartedKeys, escapeHtml, niceTicks, renderEvalReport, writeEvalReport, writeReport } from "../../src/report/report.ts";
 
 import { expectSelfContained } from "./report-helpers.ts";
 

@@ -3,7 +3,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { readFileSync } from "node:fs";
-import { initBackend } from "../../src/backend.ts";
+import { initBackend } from "../../src/engine/backend.ts";
 import { loadModel } from "../../src/model/load.ts";
 import { peftKey } from "../../src/model/lora.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
@@ -43,8 +43,8 @@ export function goldenSuite(backend: "wasm" | "webgpu") {
     let lora: Qwen2ForCausalLM;
     beforeAll(async () => {
       expect(await initBackend(backend)).toBe(backend);
-      base = await loadModel(FIX, { backend });
-      lora = await loadModel(FIX, { backend, adapter: `${FIX}/lora` });
+      base = await loadModel(FIX);
+      lora = await loadModel(FIX, { adapter: `${FIX}/lora` });
     });
     afterAll(() => {
       base?.dispose();
@@ -98,7 +98,7 @@ export function goldenSuite(backend: "wasm" | "webgpu") {
     });
 
     it("large-model layout (frozen weights as the left operand) gives the same logits, loss, gradients and decode", async () => {
-      const left = await loadModel(FIX, { backend, adapter: `${FIX}/lora`, frozenLeft: true });
+      const left = await loadModel(FIX, { adapter: `${FIX}/lora`, frozenLeft: true });
       expect(left.weights.layers[0].proj.qkv_proj.left).not.toBeNull();
       expect(await checkLogits(left, exp.lora.logits, true)).toBeLessThanOrEqual(1e-4);
       const { loss, worstRel } = await lossAndGradients(left);

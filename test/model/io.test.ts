@@ -7,7 +7,7 @@ import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
-import { initBackend } from "../../src/backend.ts";
+import { initBackend } from "../../src/engine/backend.ts";
 import { parseConfig, readConfig } from "../../src/model/config.ts";
 import { resolveModelDir } from "../../src/model/hub.ts";
 import { createModel, loadModel } from "../../src/model/load.ts";

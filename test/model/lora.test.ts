@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/backend.ts";
+import { initBackend } from "../../src/engine/backend.ts";
 import { LoraAdapter, moduleDims } from "../../src/model/lora.ts";
 import { FUSED, type LoraTarget, type Qwen2Config } from "../../src/model/types.ts";
 import { Rng } from "../../src/util/rng.ts";

@@ -2,7 +2,7 @@
  *  bytes held, and the logits error of a quantized qwen2-tiny against f32. */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/backend.ts";
+import { initBackend } from "../../src/engine/backend.ts";
 import { loadModel } from "../../src/model/load.ts";
 import { dequantizeInt8, dequantizeNf4, NF4_CODE, nf4Code, packCodes, QuantizedMatrix, quantizeInt8, quantizeNf4 } from "../../src/model/quant.ts";
 import { Rng } from "../../src/util/rng.ts";

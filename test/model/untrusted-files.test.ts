@@ -5,12 +5,12 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { printable, runMain } from "../../src/cli.ts";
+import { printable, runMain } from "../../src/run/cli.ts";
 import { LoraAdapter } from "../../src/model/lora.ts";
 import { Checkpoint, encodeSafetensors, SafetensorsFile } from "../../src/model/safetensors.ts";
 import { sampleRow } from "../../src/rollout/sampler.ts";
 import { checkModelSource } from "../../src/run/policy.ts";
-import { NonFiniteError } from "../../src/trainer/errors.ts";
+import { NonFiniteError } from "../../src/util/errors.ts";
 import { SMALL_MODEL_CONFIG } from "../run/tiny-fixture.ts";
 
 let root: string;

@@ -4,7 +4,7 @@
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { readFileSync } from "node:fs";
-import { initBackend } from "../../src/backend.ts";
+import { initBackend } from "../../src/engine/backend.ts";
 import { loadModel } from "../../src/model/load.ts";
 
 const DIR = "test/fixtures/qwen2-variant";
@@ -15,7 +15,7 @@ export function variantSuite(backend: "wasm" | "webgpu") {
     it("base and LoRA logits match the PyTorch reference to 1e-4", async () => {
       expect(await initBackend(backend)).toBe(backend);
       for (const [adapter, want] of [[undefined, exp.base_logits], [`${DIR}/lora`, exp.lora_logits]] as const) {
-        const m = await loadModel(DIR, { backend, adapter });
+        const m = await loadModel(DIR, { adapter });
         expect(m.weights.lmHeadT).not.toBeNull();
         if (adapter) expect(m.lora!.targetModules).toEqual(["q_proj", "v_proj"]);
         const logits = m.forward(exp.input_ids, exp.attention_mask);

@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { extractAnswer } from "../../src/datasets/answer.ts";
 import { isTaskFile, loadTasks } from "../../src/datasets/tasks.ts";
 import { scoreRollout } from "../../src/rollout/rewards.ts";
-import { getScorer, judgeRollout, registerScorer, score, scorerNames } from "../../src/rollout/scorers.ts";
+import { getScorer, judgeRollout, registerScorer, score, scorerNames } from "../../src/datasets/scorers.ts";
 import type { Trajectory } from "../../src/rollout/types.ts";
 import { judge } from "../../src/run/evaluate.ts";
 import { loadExamples } from "../../src/run/data.ts";

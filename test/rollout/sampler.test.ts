@@ -1,6 +1,6 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/backend.ts";
+import { initBackend } from "../../src/engine/backend.ts";
 import { sampleTokens, topIndices, type SampleOptions } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "./sampler-suite.ts";

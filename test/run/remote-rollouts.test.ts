@@ -12,7 +12,7 @@ import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.ts";
 import { toPrompt } from "../../src/agents/prompts.ts";
-import { UsageError } from "../../src/cli.ts";
+import { UsageError } from "../../src/util/errors.ts";
 import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { EngineClient, EngineError, parseCompletion } from "../../src/rollout/openai-engine.ts";
 import { remoteRolloutGroups } from "../../src/rollout/remote-rollout.ts";

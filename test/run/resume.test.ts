@@ -13,9 +13,9 @@ import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { SFT_FLAGS } from "../../src/run/sft-flags.ts";
 import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
 import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
-import { Interrupted } from "../../src/shutdown.ts";
+import { Interrupted } from "../../src/run/shutdown.ts";
 import { generateSynthetic } from "../../src/datasets/synthetic.ts";
-import { readRunConfig } from "../../src/cli.ts";
+import { readRunConfig } from "../../src/run/cli.ts";
 import { makeTinyModelDir } from "./tiny-fixture.ts";
 
 let base: string;

@@ -3,10 +3,10 @@
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { initBackend } from "../../src/backend.ts";
+import { initBackend } from "../../src/engine/backend.ts";
 import { createModel } from "../../src/model/load.ts";
-import { buildTinyTokenizer, saveTinyTokenizer } from "../../src/model/tiny-tokenizer.ts";
-import { tokenizerCorpus } from "../../src/presets/make-tiny-base.ts";
+import { buildTinyTokenizer, saveTinyTokenizer } from "../../scripts/lib/tiny-tokenizer.ts";
+import { tokenizerCorpus } from "../../scripts/lib/make-tiny-base.ts";
 import { tinyModelConfig } from "../../src/presets/tiny.ts";
 import type { Qwen2Config } from "../../src/model/types.ts";
 

@@ -7,6 +7,7 @@
  *  base — and each answer must have the status and the shape the real one had: every field the real
  *  server returns, with the same JSON type. Where this server differs on purpose, the table below
  *  names the difference and the reason (the README's table says the same). Evaluations use 4 questions. */
+import { initBackend } from "../../src/engine/backend.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as http from "node:http";
 import { promises as fs, readFileSync } from "node:fs";
@@ -82,7 +83,8 @@ function call(method: string, route: string, body?: string | null): Promise<{ st
 
 /** A LoRA adapter on the tiny base whose tokenizer files link to the base's (outside the workspace). */
 async function makeAdapter(dir: string, seed: number): Promise<void> {
-  const model = await loadModel(TINY_BASE_DIR, { lora: { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "v_proj"] }, seed, backend: "wasm" });
+  await initBackend("wasm");
+  const model = await loadModel(TINY_BASE_DIR, { lora: { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "v_proj"] }, seed });
   for (const v of model.trainableVariables()) v.assign(tf.tidy(() => tf.add(v, tf.randomNormal(v.shape, 0, 0.3, "float32", seed))));
   await model.saveAdapter(dir);
   model.dispose();

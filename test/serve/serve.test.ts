@@ -5,6 +5,7 @@
  *  history; full model folders (one file and sharded), re-evaluation when the weights' modification
  *  time changes, and the tensor count across evaluations served in-process. Evaluations use 4
  *  questions so the file stays fast. */
+import { initBackend } from "../../src/engine/backend.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { execFileSync, spawn } from "node:child_process";
 import * as http from "node:http";
@@ -67,7 +68,8 @@ async function waitForBaseline(id: string, base?: string): Promise<any> {
 
 /** A LoRA adapter on the tiny base with random (non-zero) weights, saved the PEFT way. */
 async function makeAdapter(dir: string, seed: number): Promise<void> {
-  const model = await loadModel(TINY_BASE_DIR, { lora: { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "v_proj", "down_proj"] }, seed, backend: "wasm" });
+  await initBackend("wasm");
+  const model = await loadModel(TINY_BASE_DIR, { lora: { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "v_proj", "down_proj"] }, seed });
   for (const v of model.trainableVariables()) v.assign(tf.tidy(() => tf.add(v, tf.randomNormal(v.shape, 0, 0.3, "float32", seed))));
   await model.saveAdapter(dir);
   model.dispose();

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { buildTinyTokenizer, QWEN2_5_CHAT_TEMPLATE, saveTinyTokenizer, type TinyTokenizerFiles } from "../../src/model/tiny-tokenizer.ts";
+import { buildTinyTokenizer, QWEN2_5_CHAT_TEMPLATE, saveTinyTokenizer, type TinyTokenizerFiles } from "../../scripts/lib/tiny-tokenizer.ts";
 import { loadTokenizerFromDir, tokenizerFromJson } from "../../src/model/tokenizer.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { conversation, tools } from "./readme-conversation.ts";

@@ -3,7 +3,7 @@ import * as tf from "@tensorflow/tfjs";
 import { grpoStep, type GrpoConfig, type GrpoRollout } from "../../src/trainer/grpo.ts";
 import { groupAdvantages } from "../../src/trainer/advantages.ts";
 import { AdamW } from "../../src/trainer/optimizer.ts";
-import { NonFiniteError } from "../../src/trainer/errors.ts";
+import { NonFiniteError } from "../../src/util/errors.ts";
 import { BigramLM } from "./bigram-lm.ts";
 
 beforeAll(async () => {

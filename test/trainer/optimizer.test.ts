@@ -1,7 +1,7 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { AdamW, clipGradNorm, globalNorm } from "../../src/trainer/optimizer.ts";
-import { NonFiniteError } from "../../src/trainer/errors.ts";
+import { NonFiniteError } from "../../src/util/errors.ts";
 
 beforeAll(async () => {
   await tf.setBackend("cpu");

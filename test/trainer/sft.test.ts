@@ -2,7 +2,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { countTokens, sftLoss, sftStep, type SftBatch } from "../../src/trainer/sft.ts";
 import { AdamW } from "../../src/trainer/optimizer.ts";
-import { NonFiniteError } from "../../src/trainer/errors.ts";
+import { NonFiniteError } from "../../src/util/errors.ts";
 import { rightPad } from "../../src/trainer/batch.ts";
 import { BigramLM } from "./bigram-lm.ts";
 

@@ -5,7 +5,7 @@
  *  the calculator) with wasm's very tokens. Tiny shapes: the software adapter is slow. */
 import { afterAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend, registerWasmExtras } from "../../src/backend.ts";
+import { initBackend, registerWasmExtras } from "../../src/engine/backend.ts";
 import { loadModel } from "../../src/model/load.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { LORA_TARGETS, type LoraConfig, type Quantize } from "../../src/model/types.ts";

@@ -1,7 +1,8 @@
 /** scripts/serve-openai.ts: its flags (one table, flags.ts) and the run that opens the checkpoint,
  *  starts the engine and the HTTP server. `--model_path` takes what the other scripts take (a hub id,
  *  a Hugging Face folder, a run's final/ — a PEFT folder is served on its base with the adapter on). */
-import { UsageError, parseFloatArg, parseIntArg } from "../../cli.ts";
+import { parseFloatArg, parseIntArg } from "../../run/cli.ts";
+import { UsageError } from "../../util/errors.ts";
 import { checkModelSource, openPolicy } from "../../run/policy.ts";
 import { commandOf, flag, optional, parseFlags, type FlagTable, type OptionsOf } from "../../run/flags.ts";
 import { modelFlags } from "../../run/options.ts";

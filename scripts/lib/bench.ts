@@ -1,0 +1,266 @@
+/** Named benchmark workloads over a CausalLM and the configs they run on. scripts/bench.ts runs them;
+ *  another workload (say, a rollout benchmark) lives in its own file and calls registerWorkload().
+ *  Each run returns measurements; speed is measured here, never asserted in tests. */
+import * as tf from "@tensorflow/tfjs";
+import { wasmThreads } from "../../src/engine/wasm-threads.ts";
+import { createModel } from "../../src/model/load.ts";
+import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { LORA_TARGETS, type Quantize, type Qwen2Config } from "../../src/model/types.ts";
+
+export interface Measurement {
+  workload: string;
+  backend: string;
+  threads: number;
+  config: string;
+  quantize: Quantize;
+  batch: number;
+  tokens: number;
+  seconds: number;
+  tokens_per_s: number;
+  peak_heap_bytes?: number;
+  /** Seconds of every timed run when there were several (`seconds` is their median). */
+  runs?: number[];
+  note?: string;
+}
+export interface BenchContext {
+  configName: string;
+  config: Qwen2Config;
+  quantize: Quantize;
+  /** Timed runs per workload (after a warm-up on the small config); the median is reported. */
+  repeat: number;
+  /** A model with random weights; LoRA r16/alpha32 on all 7 modules when `lora` is set. Cached per kind. */
+  model(lora: boolean): Promise<Qwen2ForCausalLM>;
+  measure(m: Omit<Measurement, "backend" | "threads" | "config" | "quantize" | "tokens_per_s" | "peak_heap_bytes">): Measurement;
+}
+export interface Workload {
+  name: string;
+  description: string;
+  run(ctx: BenchContext): Promise<Measurement[]>;
+}
+
+const qwen = (o: Partial<Qwen2Config>): Qwen2Config => ({
+  modelType: "qwen2", vocabSize: 512, hiddenSize: 256, intermediateSize: 688, numHiddenLayers: 4, numAttentionHeads: 4,
+  numKeyValueHeads: 2, headDim: 64, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 32768, ...o,
+});
+export const BENCH_CONFIGS: Record<string, Qwen2Config> = {
+  small: qwen({}),
+  "0.5b": qwen({ vocabSize: 151936, hiddenSize: 896, intermediateSize: 4864, numHiddenLayers: 24, numAttentionHeads: 14, numKeyValueHeads: 2, headDim: 64 }),
+};
+
+export const WORKLOADS: Workload[] = [];
+export function registerWorkload(w: Workload): void {
+  if (WORKLOADS.some((x) => x.name === w.name)) throw new Error(`benchmark workload "${w.name}" is registered twice`);
+  WORKLOADS.push(w);
+}
+
+/** Bytes of the wasm heap (it only grows, so this is the peak so far); undefined on other backends. */
+export function heapBytes(): number | undefined {
+  const b = tf.backend() as unknown as { wasm?: { HEAPU8?: Uint8Array } };
+  return b.wasm?.HEAPU8?.byteLength;
+}
+
+/** Deterministic token ids [batch][len] in 1..vocab−1. */
+export function tokenBatch(batch: number, len: number, vocab: number, seed = 1): number[][] {
+  let s = seed;
+  return Array.from({ length: batch }, () => Array.from({ length: len }, () => 1 + ((s = (s * 1103515245 + 12345) % 2147483648) % (vocab - 1))));
+}
+
+const now = () => performance.now() / 1000;
+
+/** Runs `once` n times; per key, the median seconds and (when n > 1) every run. */
+async function timed<K extends string>(n: number, once: () => Promise<Record<K, number>>): Promise<Record<K, { seconds: number; runs?: number[] }>> {
+  const all: Record<string, number>[] = [];
+  for (let i = 0; i < n; i++) all.push(await once());
+  return Object.fromEntries(Object.keys(all[0]).map((k) => {
+    const runs = all.map((r) => r[k]), sorted = [...runs].sort((a, b) => a - b);
+    return [k, { seconds: sorted[Math.floor(sorted.length / 2)], runs: n > 1 ? runs.map((x) => Math.round(x * 1e4) / 1e4) : undefined }];
+  })) as Record<K, { seconds: number; runs?: number[] }>;
+}
+
+/** Usable wasm heap: 4 GiB minus room for fragmentation. An out-of-memory abort kills the wasm module,
+ *  so batches are sized from an estimate up front instead of by trial. */
+const HEAP_BUDGET = 3.4 * 2 ** 30;
+
+/** Largest batch ≤ want (halving) whose estimated bytes fit beside the model and `fixedBytes` of
+ *  batch-independent scratch; note says when smaller. */
+function fitBatch(model: Qwen2ForCausalLM, want: number, bytesPerRow: number, fixedBytes = 0): { batch: number; note?: string } {
+  const free = HEAP_BUDGET - model.baseBytes() - fixedBytes;
+  let b = want;
+  while (b > 1 && b * bytesPerRow > free) b = Math.floor(b / 2);
+  return { batch: b, note: b < want ? `batch ${want} does not fit the 4 GiB wasm heap (≈${(bytesPerRow / 2 ** 20).toFixed(0)} MB per row beside ${(model.baseBytes() / 2 ** 30).toFixed(2)} GiB of weights); ran ${b}` : undefined };
+}
+
+registerWorkload({
+  name: "forward",
+  description: "no-grad forward, 8×256 tokens, full-vocab logits",
+  async run(ctx) {
+    const model = await ctx.model(false);
+    const V = ctx.config.vocabSize;
+    const once = async (b: number) => {
+      const ids = tokenBatch(b, 256, V);
+      const t0 = now();
+      const logits = model.forward(ids);
+      await logits.data(); // wasm runs eagerly; the read makes the timing honest on async backends too
+      logits.dispose();
+      return now() - t0;
+    };
+    // full logits, a transposed copy and the hidden states of one layer per row
+    const { batch, note } = fitBatch(model, 8, 256 * (2.2 * V * 4 + 40 * ctx.config.intermediateSize));
+    if (ctx.configName === "small") await once(batch); // warm-up
+    const { t } = await timed(ctx.repeat, async () => ({ t: await once(batch) }));
+    return [ctx.measure({ workload: "forward", batch, tokens: batch * 256, ...t, note })];
+  },
+});
+
+registerWorkload({
+  name: "fwd_bwd",
+  description: "mean next-token cross-entropy on 8×256 tokens, gradients of LoRA r16/alpha32 on all 7 modules",
+  async run(ctx) {
+    const model = await ctx.model(true);
+    const once = async (b: number) => {
+      const ids = tokenBatch(b, 256, ctx.config.vocabSize);
+      const mask = ids.map((r) => r.map(() => 1));
+      const t0 = now();
+      const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(tf.slice(model.tokenLogprobs(ids, mask, { training: true }).logprobs, [0, 1], [-1, -1]))) as tf.Scalar, model.trainableVariables());
+      await value.data();
+      await Promise.all(Object.values(grads).map((g) => g.data())); // the gradients done too, on async backends
+      tf.dispose([value, grads]);
+      return now() - t0;
+    };
+    // With activation checkpointing the tape keeps each layer's input (and the backward pass a few
+    // gradients of that size per layer); one layer at a time is recomputed, its activations (~12
+    // [T, intermediate], ~3 [heads, T, T]) and their gradients alive together (measured on 0.5B:
+    // ~250 MB per 256-token row, as the wasm backend copies every tensor the tape saves). The vocab
+    // head's backward needs ~7 [chunk rows, vocab] of scratch whatever the batch.
+    const c = ctx.config;
+    const layer = 12 * c.intermediateSize + 3 * c.numAttentionHeads * 256 + 30 * c.hiddenSize;
+    const perRow = 256 * 4 * (2 * layer + 4 * c.numHiddenLayers * c.hiddenSize);
+    const { batch, note } = fitBatch(model, 8, perRow, 8 * 16 * 2 ** 20);
+    if (ctx.configName === "small") await once(batch);
+    const { t } = await timed(ctx.repeat, async () => ({ t: await once(batch) }));
+    return [ctx.measure({ workload: "fwd_bwd", batch, tokens: batch * 256, ...t, note })];
+  },
+});
+
+registerWorkload({
+  name: "decode",
+  description: "greedy decoding with KV cache: batch 8, 128-token prompt (prefill timed separately), 64 new tokens; a quantized base is unpacked first, as rollouts do (timed apart)",
+  async run(ctx) {
+    const model = await ctx.model(false);
+    const tUnpack = now();
+    const release = model.unpackBase?.() ?? (() => {});
+    const unpackSeconds = now() - tUnpack;
+    const once = async (b: number) => {
+      const ids = tokenBatch(b, 128, ctx.config.vocabSize, 7);
+      const t0 = now();
+      const { logits, cache } = model.prefill(ids, ids.map((r) => r.map(() => 1)));
+      let tok = tf.tidy(() => tf.argMax(logits, 1));
+      let next = Array.from(await tok.data());
+      tf.dispose([logits, tok]);
+      const t1 = now();
+      for (let s = 1; s < 64; s++) {
+        const lg = model.decodeStep(next, cache);
+        tok = tf.tidy(() => tf.argMax(lg, 1));
+        next = Array.from(await tok.data()); // the rollout loop reads every token back to the host
+        tf.dispose([lg, tok]);
+      }
+      const t2 = now();
+      cache.dispose();
+      return { prefill: t1 - t0, decode: t2 - t1 };
+    };
+    try {
+      if (ctx.configName === "small") await once(8);
+      const r = await timed(ctx.repeat, () => once(8));
+      const note = model.quantize === "none" ? undefined : `base unpacked for generation in ${unpackSeconds.toFixed(2)} s`;
+      return [
+        ctx.measure({ workload: "prefill", batch: 8, tokens: 8 * 128, ...r.prefill, note }),
+        // 63 decode steps after the token that prefill produced: 64 new tokens per row in all
+        ctx.measure({ workload: "decode", batch: 8, tokens: 8 * 63, ...r.decode, note }),
+      ];
+    } finally {
+      release();
+    }
+  },
+});
+
+/** Runs f under tf.profile and returns the kernels that took the most time, "name ms ×count". Kernel
+ *  times of custom-gradient ops include the kernels inside them, so columns do not add up exactly. */
+export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ value: T; kernels: string[] }> {
+  let value: T | undefined;
+  const info = await tf.profile(async () => {
+    value = await f();
+    return [];
+  });
+  const agg = new Map<string, { ms: number; n: number }>();
+  for (const k of info.kernels) {
+    const key = `${k.name} ${JSON.stringify(k.inputShapes)}`;
+    const a = agg.get(key) ?? { ms: 0, n: 0 };
+    const ms = await k.kernelTimeMs;
+    a.ms += typeof ms === "number" ? ms : 0;
+    a.n++;
+    agg.set(key, a);
+  }
+  const kernels = [...agg].sort((a, b) => b[1].ms - a[1].ms).slice(0, top).map(([k, v]) => `${v.ms.toFixed(0)} ms ×${v.n} ${k}`);
+  return { value: value as T, kernels };
+}
+
+/** Kernels run by one decode step (batch 8 after a 128-token prefill, base unpacked as in rollouts;
+ *  without and with LoRA r16 on all 7 modules)
+ *  and by one training step (LoRA gradients of the mean token log-prob, batch 2 × 256): what the
+ *  per-kernel overhead of small models scales with. Also the kinds that occur most in each. */
+export async function kernelCounts(ctx: BenchContext): Promise<{ decodeStep: number; decodeStepLora: number; trainStep: number; decodeTop: string; trainTop: string }> {
+  const count = async (f: () => void) => {
+    const info = await tf.profile(() => f());
+    const kinds = new Map<string, number>();
+    for (const k of info.kernels) kinds.set(k.name, (kinds.get(k.name) ?? 0) + 1);
+    const top = [...kinds].sort((a, b) => b[1] - a[1]).slice(0, 8).map(([k, n]) => `${k} ${n}`).join(", ");
+    return { n: info.kernels.length, top };
+  };
+  const V = ctx.config.vocabSize;
+  const decodeCount = async (model: Qwen2ForCausalLM) => {
+    const release = model.unpackBase?.() ?? (() => {});
+    const ids = tokenBatch(8, 128, V, 7);
+    const { logits, cache } = model.prefill(ids, ids.map((r) => r.map(() => 1)));
+    logits.dispose();
+    const n = await count(() => model.decodeStep(ids.map((r) => r[0]), cache).dispose());
+    cache.dispose();
+    release();
+    return n;
+  };
+  const dec = await decodeCount(await ctx.model(false));
+  const model = await ctx.model(true);
+  const decLora = await decodeCount(model);
+  const tids = tokenBatch(2, 256, V), mask = tids.map((r) => r.map(() => 1));
+  const train = await count(() => {
+    const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(model.tokenLogprobs(tids, mask, { training: true }).logprobs)) as tf.Scalar, model.trainableVariables());
+    tf.dispose([value, grads]);
+  });
+  return { decodeStep: dec.n, decodeStepLora: decLora.n, trainStep: train.n, decodeTop: dec.top, trainTop: train.top };
+}
+
+/** Context for one (config, quantize): models are created lazily and reused across workloads. */
+export function benchContext(configName: string, quantize: Quantize, repeat = 1, seed = 0): BenchContext & { dispose(): void } {
+  const config = BENCH_CONFIGS[configName];
+  if (!config) throw new Error(`unknown bench config "${configName}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}`);
+  const models = new Map<boolean, Qwen2ForCausalLM>();
+  return {
+    configName,
+    config,
+    quantize,
+    repeat,
+    async model(lora) {
+      if (!models.has(lora)) {
+        // one model at a time: the 0.5B f32 weights alone are 2 GB of a 4 GiB heap
+        for (const m of models.values()) m.dispose();
+        models.clear();
+        models.set(lora, await createModel(config, { seed, quantize, lora: lora ? { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] } : undefined }));
+      }
+      return models.get(lora)!;
+    },
+    measure: (m) => ({ ...m, backend: tf.getBackend(), threads: wasmThreads(), config: configName, quantize, tokens_per_s: Math.round((m.tokens / m.seconds) * 10) / 10, peak_heap_bytes: heapBytes() }),
+    dispose() {
+      for (const m of models.values()) m.dispose();
+      models.clear();
+    },
+  };
+}

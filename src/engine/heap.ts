@@ -1,0 +1,379 @@
+/** The wasm backend's BatchMatMul (float32): the kernel of heap-code.ts run directly on tfjs'
+ *  heap, C = op(A) · op(B) over blocks of 4 rows × 8 columns held in vector registers. At 1 thread on
+ *  the shapes of the bench's configs it does 50–54 GFLOP/s, against 21–38 for tfjs' XNNPACK product.
+ *  - B is read in place for few rows; for more it is first packed, panel by panel (K × 8 floats each,
+ *    ≤ 512 KB at a time), into a scratch buffer, so a panel is one run of memory whatever B's row
+ *    stride (a 4 KB stride put every row of a panel in the same cache sets: a third of the speed).
+ *  - Transposed operands cost nothing extra: a transposed A is read in place with swapped strides, a
+ *    transposed B is transposed while it is packed. No copy of a weight outlives the product.
+ *  - Batched products (equal batch dims, or a batch of one on either side) run slice by slice on
+ *    heap offsets. int32 operands go to tfjs' kernel.
+ *  Each output is summed over k in order, whatever the row and column split or the packing, so
+ *  results do not depend on the thread count. */
+import * as tf from "@tensorflow/tfjs";
+import { Worker } from "node:worker_threads";
+import { wasmThreads } from "./wasm-threads.ts";
+import { gemmModuleBytes } from "./heap-code.ts";
+import { replaceKernel, type Backend } from "./kernels.ts";
+
+/** Rows per register block: 4 rows × 8 columns = 8 accumulators, within x64's 16 vector registers
+ *  with the two halves of B's row and the broadcast A value (5 rows spill: half the speed). */
+const MR = 4;
+const NR = 8;
+
+export interface Kernels {
+  tile: (a: number, b: number, c: number, M: number, N: number, K: number, ars: number, aks: number, ldb: number, ldc: number, ps: number, acc: number) => void;
+  tile1: Kernels["tile"];
+  pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
+  packT: Kernels["pack"];
+  copyRows: (dst: number, dstStride: number, src: number, srcStride: number, rowBytes: number, rows: number) => void;
+  swiglu: (gu: number, y: number, rows: number, I: number) => void;
+  swigluGrad: (gu: number, dy: number, dgu: number, rows: number, I: number) => void;
+  rowStats: (x: number, out: number, rows: number, V: number) => void;
+  softmaxRows: (x: number, coef: number, out: number, rows: number, V: number) => void;
+  softmaxGrad: (y: number, dy: number, dx: number, rows: number, S: number) => void;
+  rmsNorm: (x: number, w: number, y: number, rows: number, H: number, eps: number) => void;
+  rmsNormGrad: (x: number, w: number, dy: number, dx: number, dw: number, rows: number, H: number, eps: number) => void;
+}
+
+// Node's WebAssembly, typed here (the project compiles without the DOM library).
+interface WasmMemory {
+  buffer: ArrayBuffer | SharedArrayBuffer;
+}
+const WA = (globalThis as unknown as { WebAssembly: { Memory: new (d: object) => WasmMemory; Module: new (b: Uint8Array) => object; Instance: new (m: object, i: object) => { exports: unknown } } }).WebAssembly;
+
+
+/** The backend's WebAssembly.Memory: the threaded build keeps it as `wasmMemory`, the single-threaded
+ *  one as its module's exported `memory`. */
+function heapMemory(b: Backend): WasmMemory {
+  const m = b.wasm?.wasmMemory ?? b.wasm?.asm?.memory;
+  if (!(m instanceof WA.Memory)) throw new Error("wasm matmul: the tfjs wasm module exposes no WebAssembly.Memory");
+  return m;
+}
+
+/** The kernels on one heap, and the helper threads that share it (threaded build only). */
+interface Engine {
+  memory: WasmMemory;
+  k: Kernels;
+  pool: Pool | null;
+  malloc: (bytes: number) => number;
+  free: (ptr: number) => void;
+  scratch: number;
+  scratchBytes: number;
+}
+let engine: Engine | null = null;
+
+function start(backend: Backend): Engine {
+  const memory = heapMemory(backend);
+  if (engine && engine.memory === memory) return engine;
+  const shared = typeof SharedArrayBuffer === "function" && memory.buffer instanceof SharedArrayBuffer;
+  const bytes = gemmModuleBytes({ mr: MR, memory: { shared, initial: 1, maximum: 65536 } });
+  const k = new WA.Instance(new WA.Module(bytes), { env: { memory } }).exports as Kernels;
+  const threads = wasmThreads();
+  const pool = shared && threads > 1 ? startPool(memory, bytes, threads - 1) : null;
+  engine = { memory, k, pool, malloc: (n) => backend.wasm._malloc(n), free: (p) => backend.wasm._free(p), scratch: 0, scratchBytes: 0 };
+  return engine;
+}
+
+/** The control block shared with the helpers (Int32 slots). */
+const SEQ = 0, DONE = 1, READY = 2, ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job
+const CTRL_SLOTS = ARGS + 10;
+/** Jobs the helpers run: a product's columns, or rows of an element-wise kernel. */
+const JOB_GEMM = 0, JOB_SWIGLU = 1, JOB_SWIGLU_GRAD = 2, JOB_ROW_STATS = 3, JOB_SOFTMAX = 4, JOB_RMS_NORM = 5, JOB_RMS_NORM_GRAD = 6, JOB_SOFTMAX_GRAD = 8;
+/** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
+ *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
+const NORM_BLOCK = 64;
+
+/** Columns [j0, j1) of one part of C = op(A) · op(B), parts of whole 8-column panels. Runs on every
+ *  thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
+ *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]).
+ *  scratch ≠ 0: B's panels are first packed, up to 512 KB of them at a time, into this part's slice of
+ *  the scratch buffer (packBytes(K) each), so the kernel reads each panel as one run of memory (a
+ *  transposed B is always packed); scratch = 0: B is read in place. */
+function part(k: Kernels, a: number, b: number, c: number, M: number, K: number, N: number, index: number, parts: number, scratch: number, t: number): void {
+  const ars = t & 1 ? 4 : 4 * K, aks = t & 1 ? 4 * M : 4, ldc = 4 * N;
+  const M4 = M - (M % 4), panels = (N - (N % 8)) / 8;
+  const per = Math.ceil(panels / parts), j0 = Math.min(panels, index * per) * 8, j1 = Math.min(panels, (index + 1) * per) * 8;
+  if (j1 <= j0) return;
+  // K in blocks of ≤ 1024, so a packed panel (32 KB) stays in L1 while the row groups pass over it;
+  // rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
+  // (else a tall A, such as a vocab head held [vocab, hidden], is read from memory once per panel).
+  const kc = Math.min(K, 1024);
+  const mc = Math.max(4, Math.floor(65536 / kc) - (Math.floor(65536 / kc) % 4));
+  const nc = scratch ? Math.max(8, Math.floor(16384 / kc) * 8) : j1 - j0;
+  const buf = scratch + index * nc * kc * 4;
+  for (let jc = j0; jc < j1; jc += nc) {
+    const n = Math.min(nc, j1 - jc);
+    for (let k0 = 0; k0 < K; k0 += kc) {
+      const kn = Math.min(kc, K - k0), acc = k0 > 0 ? 1 : 0, ak = a + k0 * aks;
+      let pb = b + k0 * ldc + 4 * jc, ldb = ldc, ps = 32;
+      if (scratch) {
+        if (t & 2) k.packT(b + 4 * K * jc + 4 * k0, buf, kn, 4 * K, n / 8);
+        else k.pack(pb, buf, kn, ldc, n / 8);
+        pb = buf, ldb = 32, ps = 32 * kn;
+      }
+      for (let i0 = 0; i0 < M4; i0 += mc) k.tile(ak + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, M4 - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
+      if (M4 < M) k.tile1(ak + M4 * ars, pb, c + M4 * ldc + 4 * jc, M - M4, n, kn, ars, aks, ldb, ldc, ps, acc);
+    }
+  }
+}
+
+/** Rows [r0, r1) of one part of a row kernel over [rows, I] (a job of the helpers too, so plain JS;
+ *  the job numbers are those of JOB_*). SwiGLU: a gu [rows, 2I], b dy [rows, I], c the output;
+ *  rowStats: a x [rows, I], c out [rows, 3]; softmaxRows: a x, b coef [rows], c out [rows, I];
+ *  softmaxGrad: a y, b dy, c dx, all [rows, I];
+ *  RMSNorm: a x, w the weight, c y or dx, b dy, aux dw's blocks [⌈rows / 64⌉, I], eps as float32 bits.
+ *  The gradient is shared out by blocks of 64 rows (NORM_BLOCK), the others by rows. */
+function rowsPart(k: Kernels, job: number, a: number, b: number, c: number, rows: number, I: number, index: number, parts: number, w: number, aux: number, bits: number): void {
+  if (index >= parts) return;
+  const eps = new Float32Array(new Uint32Array([bits]).buffer)[0];
+  if (job === 6) {
+    const blocks = Math.ceil(rows / 64);
+    for (let blk = Math.floor((blocks * index) / parts), end = Math.floor((blocks * (index + 1)) / parts); blk < end; blk++) {
+      const r0 = 64 * blk;
+      k.rmsNormGrad(a + 4 * I * r0, w, b + 4 * I * r0, c + 4 * I * r0, aux + 4 * I * blk, Math.min(64, rows - r0), I, eps);
+    }
+    return;
+  }
+  const r0 = Math.floor((rows * index) / parts), r1 = Math.floor((rows * (index + 1)) / parts), n = r1 - r0;
+  if (n <= 0) return;
+  if (job === 5) k.rmsNorm(a + 4 * I * r0, w, c + 4 * I * r0, n, I, eps);
+  else if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, n, I);
+  else if (job === 8) k.softmaxGrad(a + 4 * I * r0, b + 4 * I * r0, c + 4 * I * r0, n, I);
+  else if (job === 2) k.swigluGrad(a + 8 * I * r0, b + 4 * I * r0, c + 8 * I * r0, n, I);
+  else if (job === 3) k.rowStats(a + 4 * I * r0, c + 12 * r0, n, I);
+  else k.softmaxRows(a + 4 * I * r0, b + 4 * r0, c + 4 * I * r0, n, I);
+}
+
+/** Bytes of one part's packing buffer for depth K (the nc × kc of part(): ≤ 512 KB, at least one panel). */
+const packBytes = (K: number) => Math.max(8, Math.floor(16384 / Math.min(K, 1024)) * 8) * Math.min(K, 1024) * 4;
+
+const HELPER = `
+const { workerData } = require("node:worker_threads");
+const { memory, bytes, ctrl, index } = workerData;
+const k = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports;
+const c = new Int32Array(ctrl), u = new Uint32Array(ctrl);
+const part = ${part.toString()};
+const rowsPart = ${rowsPart.toString()};
+Atomics.add(c, ${READY}, 1);
+let seq = 0;
+for (;;) {
+  Atomics.wait(c, ${SEQ}, seq);
+  seq = Atomics.load(c, ${SEQ});
+  const at = (i) => Atomics.load(u, ${ARGS} + i);
+  if (at(9) === ${JOB_GEMM}) part(k, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8));
+  else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6), at(5), at(7), at(8));
+  Atomics.add(c, ${DONE}, 1);
+  Atomics.notify(c, ${DONE});
+}`;
+
+interface Pool {
+  ctrl: Int32Array;
+  args: Uint32Array; // the same block, for the pointers (up to 4 GiB)
+  size: number;
+}
+
+/** Helper threads, each with the kernels on the same shared heap. They wait on the control block and
+ *  never keep the process alive. */
+function startPool(memory: WasmMemory, bytes: Uint8Array, size: number): Pool {
+  const ctrl = new Int32Array(new SharedArrayBuffer(4 * CTRL_SLOTS));
+  for (let index = 1; index <= size; index++) {
+    const w = new Worker(HELPER, { eval: true, workerData: { memory, bytes, ctrl: ctrl.buffer, index } });
+    w.unref();
+    w.on("error", () => Atomics.sub(ctrl, READY, 1 << 20)); // a failed helper: no more parallel products
+  }
+  return { ctrl, args: new Uint32Array(ctrl.buffer), size };
+}
+
+let splitProducts = 0;
+/** Products split over the helper threads so far in this process (tests check that the split ran). */
+export function splitProductCount(): number {
+  return splitProducts;
+}
+
+/** Multiply-adds below which a product stays on the calling thread (a hand-off costs ~10–50 µs). */
+const PARALLEL_MACS = 4 * 1024 * 1024;
+/** Whether B is packed first: only when its panels are read by enough row groups to repay the copy
+ *  (1 thread, GFLOP/s: 32×896×4864 40 packed vs 35 in place, 16×4864×896 35 vs 22, but 16×256×512 38
+ *  vs 46, 8×256×1376 30 vs 38). */
+let packRows = 32;
+const packs = (M: number, K: number) => M >= packRows || (M >= 8 && K >= 2048);
+/** For the kernel's tests and A/B benchmarks: pack from this many rows (Infinity: never). */
+export function setPackRows(rows: number): void {
+  packRows = rows;
+}
+
+/** The packing buffer on the backend's heap (grown on demand, never shrunk). */
+function scratchFor(e: Engine, bytes: number): number {
+  if (e.scratchBytes < bytes) {
+    if (e.scratch) e.free(e.scratch);
+    e.scratch = e.malloc(bytes) >>> 0;
+    if (!e.scratch) throw new Error(`wasm matmul: could not allocate ${bytes} bytes of packing buffer`);
+    e.scratchBytes = bytes;
+  }
+  return e.scratch;
+}
+
+/** C [M, N] = op(A) · op(B) at byte offsets of the heap, dense; A is [M, K] or, with t & 1, [K, M];
+ *  B is [K, N] or, with t & 2, [N, K]. */
+function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
+  const N8 = N - (N % NR), pool = e.pool;
+  const parts = ready(pool) && M * N * K >= PARALLEL_MACS ? Math.min(pool.size + 1, N8 / NR) : 1;
+  const scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
+  if (parts > 1) {
+    splitProducts++;
+    fanOut(pool!, [a, b, c, M, K, N, parts, scratch, t, JOB_GEMM], () => part(e.k, a, b, c, M, K, N, 0, parts, scratch, t));
+  } else if (N8 > 0) part(e.k, a, b, c, M, K, N, 0, 1, scratch, t);
+  if (N8 < N) edgeColumns(e, a, b, c, M, K, N, t);
+}
+
+/** Hands a job (args: the ARGS slots) to every helper, runs part 0 here (own), and waits for all. */
+function fanOut(pool: Pool, args: number[], own: () => void): void {
+  const { ctrl, args: slots } = pool;
+  args.forEach((x, i) => Atomics.store(slots, ARGS + i, x));
+  Atomics.store(ctrl, DONE, 0);
+  Atomics.add(ctrl, SEQ, 1);
+  Atomics.notify(ctrl, SEQ);
+  own();
+  // Every helper answers, including those with no part this time (index ≥ parts).
+  for (let d = Atomics.load(ctrl, DONE); d < pool.size; d = Atomics.load(ctrl, DONE)) {
+    if (Atomics.load(ctrl, READY) < 0) throw new Error("wasm kernels: a helper thread failed");
+    Atomics.wait(ctrl, DONE, d, 1000);
+  }
+}
+
+const ready = (pool: Pool | null): pool is Pool => pool !== null && Atomics.load(pool.ctrl, READY) === pool.size;
+
+/** Elements from which an element-wise kernel is split over the helpers (its work then outweighs the
+ *  ~10–50 µs hand-off). */
+const PARALLEL_ELEMENTS = 64 * 1024;
+
+/** SwiGLU on the heap module, rows split over the helper threads when large: y [rows, I] from gu
+ *  [rows, 2I] (grad null), or dgu [rows, 2I] from gu and dy [rows, I]. Byte offsets of the backend's
+ *  heap; I a multiple of 4. Each row is computed the same way on any thread. */
+export function heapSwiglu(backend: unknown, gu: number, dy: number | null, out: number, rows: number, I: number): void {
+  rowsJob(start(backend), dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, gu, dy ?? 0, out, rows, I);
+}
+
+function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: number, I: number, w = 0, aux = 0, eps = 0): void {
+  const units = job === JOB_RMS_NORM_GRAD ? Math.ceil(rows / NORM_BLOCK) : rows;
+  const parts = ready(e.pool) && rows * I >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, units) : 1;
+  const bits = new Uint32Array(new Float32Array([eps]).buffer)[0];
+  if (parts > 1) fanOut(e.pool!, [a, b, c, rows, I, w, parts, aux, bits, job], () => rowsPart(e.k, job, a, b, c, rows, I, 0, parts, w, aux, bits));
+  else rowsPart(e.k, job, a, b, c, rows, I, 0, 1, w, aux, bits);
+}
+
+/** Softmax's backward dx = y · (dy − Σ y·dy) per row of [rows, S] at heap offsets (S a multiple of 4). */
+export function heapSoftmaxGrad(backend: unknown, y: number, dy: number, dx: number, rows: number, S: number): void {
+  rowsJob(start(backend), JOB_SOFTMAX_GRAD, y, dy, dx, rows, S);
+}
+
+/** RMSNorm of x [rows, H] with weight w [H] into y, at heap offsets (H a multiple of 4); rows split
+ *  over the helper threads when large. */
+export function heapRmsNorm(backend: unknown, x: number, w: number, y: number, rows: number, H: number, eps: number): void {
+  rowsJob(start(backend), JOB_RMS_NORM, x, 0, y, rows, H, w, 0, eps);
+}
+
+/** RMSNorm's gradient: dx [rows, H] into its heap offset, dw [H] returned (the blocks of 64 rows
+ *  summed in order, in float64). */
+export function heapRmsNormGrad(backend: unknown, x: number, w: number, dy: number, dx: number, rows: number, H: number, eps: number): Float32Array {
+  const e = start(backend), blocks = Math.ceil(rows / NORM_BLOCK), part = e.malloc(4 * H * blocks) >>> 0;
+  try {
+    rowsJob(e, JOB_RMS_NORM_GRAD, x, dy, dx, rows, H, w, part, eps);
+    const p = new Float32Array(e.memory.buffer, part, H * blocks), dw = new Float64Array(H);
+    for (let b = 0; b < blocks; b++) for (let j = 0; j < H; j++) dw[j] += p[b * H + j];
+    return Float32Array.from(dw);
+  } finally {
+    e.free(part);
+  }
+}
+
+/** Per row of x [rows, V] at heap offset x (V a multiple of 4): [m, s, t] with m = max, s = Σ exp(x −
+ *  m), t = Σ exp(x − m)·x, from the heap module's kernel (rows split over the helper threads). */
+export function heapRowStats(backend: unknown, x: number, rows: number, V: number): Float32Array {
+  const e = start(backend), out = e.malloc(12 * rows) >>> 0;
+  try {
+    rowsJob(e, JOB_ROW_STATS, x, 0, out, rows, V);
+    return new Float32Array(e.memory.buffer, out, 3 * rows).slice();
+  } finally {
+    e.free(out);
+  }
+}
+
+/** out [rows, V] = softmax(x) · coef[r] per row, at heap offsets (V a multiple of 4). */
+export function heapSoftmaxRows(backend: unknown, x: number, coef: Float32Array, out: number, rows: number, V: number): void {
+  const e = start(backend), c = e.malloc(4 * rows) >>> 0;
+  try {
+    new Float32Array(e.memory.buffer, c, rows).set(coef);
+    rowsJob(e, JOB_SOFTMAX, x, c, out, rows, V);
+  } finally {
+    e.free(c);
+  }
+}
+
+/** The last N mod 8 columns (after every part is done, so the scratch buffer is free): B's columns
+ *  packed into one zero-padded panel, the vector kernel run on it into a [rows, 8] block of scratch,
+ *  and the valid columns copied out. Lanes past N add zeros to nothing, so each output is summed as
+ *  the panels' are (a one-output-at-a-time loop here ran at ~1 GFLOP/s: a 27-row vocab-head chunk
+ *  spent 3 of its 27 columns' worth of work in it, most of its time). */
+function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
+  const N8 = N - (N % NR), n = N - N8, ldc = 4 * N;
+  const ars = t & 1 ? 4 : 4 * K, aks = t & 1 ? 4 * M : 4;
+  const mc = Math.max(4, Math.floor(65536 / K) - (Math.floor(65536 / K) % 4));
+  const buf = scratchFor(e, 32 * (K + mc)), cbuf = buf + 32 * K;
+  // B[k, j] is float b/4 + k·ldb + j·cs
+  const [ldb, cs] = t & 2 ? [1, K] : [N, 1];
+  const heap = new Float32Array(e.memory.buffer), p = buf / 4, q = b / 4 + N8 * cs;
+  for (let k = 0; k < K; k++) for (let j = 0; j < 8; j++) heap[p + 8 * k + j] = j < n ? heap[q + k * ldb + j * cs] : 0;
+  for (let i0 = 0; i0 < M; i0 += mc) {
+    const rows = Math.min(mc, M - i0), r4 = rows - (rows % 4);
+    if (r4) e.k.tile(a + i0 * ars, buf, cbuf, r4, 8, K, ars, aks, 32, 32, 32 * K, 0);
+    if (r4 < rows) e.k.tile1(a + (i0 + r4) * ars, buf, cbuf + 32 * r4, rows - r4, 8, K, ars, aks, 32, 32, 32 * K, 0);
+    e.k.copyRows(c + i0 * ldc + 4 * N8, ldc, cbuf, 32, 4 * n, rows);
+  }
+}
+
+/** The module's kernels on the backend's heap (started on first use), for the other heap kernels. */
+export function heapKernels(backend: unknown): Kernels {
+  return start(backend).k;
+}
+
+let enabled = true;
+
+/** Turn the kernel off (tfjs' own product) or on again: for tests and A/B benchmarks. */
+export function useWasmGemm(on: boolean): void {
+  enabled = on;
+}
+
+/** Replace the wasm BatchMatMul with one that takes the plain products (idempotent). */
+export function registerWasmGemm(): void {
+  replaceKernel("BatchMatMul", "wasm", (fallback) => (args) => {
+      const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
+      const { transposeA, transposeB } = args.attrs as { transposeA: boolean; transposeB: boolean };
+      const ra = a.shape.length, rb = b.shape.length;
+      const batchA = a.shape.slice(0, -2).reduce((p, d) => p * d, 1), batchB = b.shape.slice(0, -2).reduce((p, d) => p * d, 1);
+      const sameBatch = ra === rb && a.shape.slice(0, -2).every((d, i) => d === b.shape[i]);
+      if (!enabled || a.dtype !== "float32" || b.dtype !== "float32" || !(sameBatch || batchA === 1 || batchB === 1) || ra < 2 || rb < 2)
+        return fallback(args);
+      const [M, K] = transposeA ? [a.shape[ra - 1], a.shape[ra - 2]] : [a.shape[ra - 2], a.shape[ra - 1]];
+      const [Kb, N] = transposeB ? [b.shape[rb - 1], b.shape[rb - 2]] : [b.shape[rb - 2], b.shape[rb - 1]];
+      if (Kb !== K) return fallback(args); // tfjs' kernel reports the mismatch
+      const backend = args.backend as Backend;
+      const batch = Math.max(batchA, batchB);
+      const outShape = [...(batchA >= batchB ? a.shape : b.shape).slice(0, -2), M, N];
+      const out = backend.makeOutput(outShape, "float32") as tf.TensorInfo;
+      if (M * N === 0) return out;
+      const e = start(backend);
+      const pa = backend.dataIdMap.get(a.dataId).memoryOffset as number;
+      const pb = backend.dataIdMap.get(b.dataId).memoryOffset as number;
+      const pc = backend.dataIdMap.get(out.dataId).memoryOffset as number;
+      if (K === 0) {
+        backend.typedArrayFromHeap(out).fill(0);
+        return out;
+      }
+      const t = (transposeA ? 1 : 0) | (transposeB ? 2 : 0);
+      for (let s = 0; s < batch; s++)
+        gemm(e, pa + (batchA === 1 ? 0 : s * M * K * 4), pb + (batchB === 1 ? 0 : s * K * N * 4), pc + s * M * N * 4, M, K, N, t);
+      return out;
+  });
+}

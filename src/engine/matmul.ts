@@ -1,0 +1,76 @@
+/** Matrix products with a transposed operand, formed the way the backend runs them best
+ *  (backendProfile().matMulForm): on wasm, cpu and tensorflow as one matMul with transposeA/B (the
+ *  wasm kernel, heap.ts, reads a transposed A in place and packs a transposed B, so no transpose
+ *  is materialised); on webgpu with the transpose materialised. Also the products with a frozen
+ *  weight, whose gradients go to the input only. */
+import * as tf from "@tensorflow/tfjs";
+import { backendProfile } from "./profile.ts";
+
+type CustomGradFn = Parameters<typeof tf.customGrad>[0];
+
+const flags = () => backendProfile().matMulForm === "flags";
+
+/** a [M, K] · bᵀ where b is [N, K] → [M, N]. */
+export function matMulBT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
+  return flags() ? tf.matMul(a, b, false, true) : tf.matMul(a, tf.transpose(b));
+}
+/** aᵀ · b for a [K, M], b [K, N] → [M, N]. */
+export function matMulAT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
+  return flags() ? tf.matMul(a, b, true, false) : tf.matMul(tf.transpose(a), b);
+}
+/** x [M, K] · wᵀ for a large w held [N, K] (torch's layout). With many rows, one transposed product
+ *  (the kernel packs w's panels once for all M rows); with few (decoding), (w · xᵀ)ᵀ, so only the small
+ *  x is repacked and the product runs over w's rows in place. */
+export function matMulXWT(x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D {
+  if (!flags()) return tf.transpose(tf.matMul(w, tf.transpose(x)));
+  return x.shape[0] >= 64 ? tf.matMul(x, w, false, true) : tf.transpose(tf.matMul(w, x, false, true));
+}
+
+/** a [M, K] · b [K, N], differentiable in both. */
+export const mm = tf.customGrad(((a: tf.Tensor2D, b: tf.Tensor2D, save: tf.GradSaveFunc) => {
+  save([a, b]);
+  return {
+    value: tf.matMul(a, b),
+    gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => {
+      const [sa, sb] = saved as tf.Tensor2D[];
+      return [matMulBT(dy, sb), matMulAT(sa, dy)];
+    },
+  };
+}) as unknown as CustomGradFn) as (a: tf.Tensor2D, b: tf.Tensor2D) => tf.Tensor2D;
+
+/** x [M, K] · wᵀ for a frozen, large w held [N, K] (torch's layout, kept so a 2 GB f32 model is not
+ *  transposed at load). Its gradient, dy · w, is a plain product. */
+export function mmFrozenLeft(x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D {
+  const f = tf.customGrad(((xx: tf.Tensor2D) => ({
+    value: matMulXWT(xx, w),
+    gradFunc: (dy: tf.Tensor2D) => tf.matMul(dy, w),
+  })) as unknown as CustomGradFn);
+  return f(x) as tf.Tensor2D;
+}
+
+/** x [M, K] · w [K, N] with w frozen (no gradient computed for it; `w` is re-fetched for the backward
+ *  pass, so a dequantized weight need not stay alive). */
+export function mmFrozen(x: tf.Tensor2D, w: () => tf.Tensor2D, wForward?: tf.Tensor2D): tf.Tensor2D {
+  const f = tf.customGrad(((xx: tf.Tensor2D) => ({
+    value: wForward ? tf.matMul(xx, wForward) : tf.tidy(() => tf.matMul(xx, w())),
+    gradFunc: (dy: tf.Tensor2D) => tf.tidy(() => matMulBT(dy, w())),
+  })) as unknown as CustomGradFn);
+  return f(x) as tf.Tensor2D;
+}
+
+/** Batched a [G, M, K] · b [G, K, N] → [G, M, N] as one batched product, with a gradient formed as
+ *  matMulBT/AT form theirs. wasm runs the batch slice by slice on heap offsets (heap.ts). */
+export function bmm(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
+  const f = tf.customGrad(((x: tf.Tensor3D, y: tf.Tensor3D, save: tf.GradSaveFunc) => {
+    save([x, y]);
+    return {
+      value: tf.matMul(x, y),
+      gradFunc: (dy: tf.Tensor3D, saved: tf.Tensor[]) => {
+        const [sx, sy] = saved as tf.Tensor3D[];
+        if (flags()) return [tf.matMul(dy, sy, false, true), tf.matMul(sx, dy, true, false)];
+        return [tf.matMul(dy, tf.transpose(sy, [0, 2, 1])), tf.matMul(tf.transpose(sx, [0, 2, 1]), dy)];
+      },
+    };
+  }) as unknown as CustomGradFn);
+  return f(a, b) as tf.Tensor3D;
+}

@@ -1,0 +1,65 @@
+/** What the model code needs to know about the backend it runs on, in one place: memory and layout
+ *  choices made for one backend's limits (the 4 GiB wasm heap, a GPU's largest storage binding) and
+ *  kernels known to be slow or inexact there. Model code reads `backendProfile()`; nothing else in
+ *  model/ or trainer/ asks which backend is current. */
+import * as tf from "@tensorflow/tfjs";
+import { webgpuLimits } from "./webgpu.ts";
+
+export interface BackendProfile {
+  /** f32 bytes of frozen weights above which they are held [out, in] and multiplied as the left
+   *  operand. wasm: XNNPACK caches a packed copy of every right-hand weight, which a 2 GB model cannot
+   *  afford inside the 4 GiB heap (weight.ts). Other backends cache nothing: never. */
+  leftLayoutBytes: number;
+  /** Rows × vocab floats of logits materialised at once when computing token log-probs (each chunk's
+   *  forward and backward hold ~7 such tensors). */
+  logitChunkFloats: number;
+  /** Largest tensor, in floats, one kernel may read or write; bigger weights are split (0.5B's
+   *  embedding is 544 MB; a software adapter binds 128 MiB). Infinity where there is no such limit. */
+  maxBindingFloats: number;
+  /** Whether GatherV2 moves int32 values exactly (webgpu's moves them through f32 and rounds words of
+   *  packed codes above 2^24), so packed columns can be gathered before unpacking. */
+  exactIntGather: boolean;
+  /** How matmul.ts forms products with a transposed operand (batched products are one kernel on
+   *  both): "flags" (wasm, cpu, tensorflow): matMul's transposeA/B flags (heap.ts reads a
+   *  transposed A in place and packs a transposed B, at the plain product's speed);
+   *  "batched" (webgpu): transposes materialised as their own kernels, never
+   *  matMul's transposeB flag: tfjs-backend-webgpu 4.22's split-K program (one batch, K ≥ 2000, small
+   *  output) gives wrong sums with it (errors of 100s at K 2048). */
+  matMulForm: "flags" | "batched";
+  /** Where the rollout sampler works (rollout/sampler.ts): false = read the logits [B, V] and draw on
+   *  the host (wasm, cpu: the read is a memory copy and a JS pass beats tfjs' reductions there);
+   *  true = the device computes each row's normaliser and top candidates and the host reads those
+   *  (a GPU: a read is a transfer and a sync, 19 MB of logits per step at B 32 × 152k). Same draws. */
+  deviceSampling: boolean;
+  /** Bytes of one decoder layer's gradient tape (qwen2.ts layerTapeBytes) a training micro-batch may
+   *  hold; GRPO splits a micro-batch above it into smaller ones (same gradients). wasm and cpu:
+   *  1 GiB, so a 0.5B micro-batch stays inside wasm's 4 GiB heap beside the base (4 rollouts × 498
+   *  tokens, 0.98 GiB, trained; 8 ran out of heap). webgpu: no limit (the user's micro-batch). */
+  trainLayerBytes: number;
+}
+
+const CPU: BackendProfile = {
+  leftLayoutBytes: 2 ** 30,
+  logitChunkFloats: 4 * 1024 * 1024,
+  maxBindingFloats: Infinity,
+  exactIntGather: true,
+  matMulForm: "flags",
+  deviceSampling: false,
+  trainLayerBytes: 2 ** 30,
+};
+
+/** The profile of the current tfjs backend. */
+export function backendProfile(): BackendProfile {
+  if (tf.getBackend() !== "webgpu") return CPU;
+  const limits = webgpuLimits();
+  const maxBindingFloats = limits ? Math.floor(limits.maxStorageBufferBindingSize / 4) : 32 * 1024 * 1024;
+  return {
+    leftLayoutBytes: Infinity,
+    logitChunkFloats: Math.min(16 * 1024 * 1024, maxBindingFloats),
+    maxBindingFloats,
+    exactIntGather: false,
+    matMulForm: "batched",
+    deviceSampling: true,
+    trainLayerBytes: Infinity,
+  };
+}

@@ -1,0 +1,117 @@
+/** The tfjs "webgpu" backend in Node: Dawn's bindings (npm `webgpu`) provide the WebGPU API that
+ *  @tensorflow/tfjs-backend-webgpu expects from a browser. Dawn reaches the GPU through Vulkan on
+ *  Linux (libvulkan.so.1 and a driver), Metal on macOS, D3D12 on Windows; a GPU-less Linux machine
+ *  can use Mesa's software Vulkan adapter (scripts/setup-webgpu-adapter.sh).
+ *
+ *  The backend is registered here rather than by the package itself, so that the device asks for the
+ *  adapter's maximum limits (buffer sizes, bindings, workgroups: the defaults cap a storage binding at
+ *  128 MiB), so that a missing driver is one clear line instead of a stack, and so that Dawn's
+ *  validation errors, which do not throw and leave stale data behind, stop the process loudly.
+ *  Leaves out: choosing among several adapters (Dawn's `adapter=NAME` in MARL_DAWN_OPTS does that). */
+import * as tf from "@tensorflow/tfjs";
+import { existsSync } from "node:fs";
+import { registerWebgpuDequantize } from "./dequant-webgpu.ts";
+
+/** What the adapter is, as printed once when the backend starts. */
+export interface WebgpuAdapterInfo {
+  description: string;
+  /** A software or otherwise fallback adapter (Mesa lavapipe): correct, but slower than wasm. */
+  fallback: boolean;
+  maxStorageBufferBindingSize: number;
+  maxBufferSize: number;
+}
+
+/** The outcome of trying to start the backend: the adapter, or why there is none (one line). */
+export type WebgpuProbe = { ok: true; info: WebgpuAdapterInfo } | { ok: false; reason: string };
+
+const HOW_TO =
+  "install the Vulkan loader and the GPU's Vulkan driver (Debian/Ubuntu: apt install libvulkan1, plus the vendor's driver), or on a GPU-less Debian 12 machine run scripts/setup-webgpu-adapter.sh and source the env.sh it prints";
+
+const WANTED_LIMITS = [
+  "maxBufferSize", "maxStorageBufferBindingSize", "maxStorageBuffersPerShaderStage", "maxUniformBufferBindingSize",
+  "maxComputeWorkgroupStorageSize", "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX", "maxComputeWorkgroupSizeY",
+  "maxComputeWorkgroupSizeZ", "maxComputeWorkgroupsPerDimension",
+];
+
+let limits: { maxStorageBufferBindingSize: number; maxBufferSize: number } | null = null;
+
+/** The device's limits once the webgpu backend is registered (null before). Model code splits any
+ *  buffer larger than maxStorageBufferBindingSize (see profile.ts). */
+export function webgpuLimits() {
+  return limits;
+}
+
+/** Whether libvulkan.so.1 is where the dynamic loader will look (Linux only; a hint for the error). */
+function vulkanLoaderFound(): boolean {
+  if (process.platform !== "linux") return true;
+  const dirs = [...(process.env.LD_LIBRARY_PATH ?? "").split(":").filter(Boolean), "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/local/lib"];
+  return dirs.some((d) => existsSync(`${d}/libvulkan.so.1`));
+}
+
+let probe: Promise<WebgpuProbe> | null = null;
+
+/** Start Dawn, take an adapter and a device with the adapter's maximum limits, and register the tfjs
+ *  backend "webgpu" on it. `hardwareOnly` (the `auto` choice) refuses a fallback adapter. Idempotent:
+ *  the first call decides. Does not switch the current backend. */
+export function registerWebgpu(hardwareOnly: boolean): Promise<WebgpuProbe> {
+  probe ??= start(hardwareOnly);
+  return probe;
+}
+
+async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
+  // Without a loader Dawn can only fail (and warns on stderr): `auto` moves on quietly.
+  if (hardwareOnly && !vulkanLoaderFound()) return { ok: false, reason: "the Vulkan loader libvulkan.so.1 is not installed" };
+  let dawn: typeof import("webgpu");
+  try {
+    dawn = await import("webgpu");
+  } catch (err) {
+    return { ok: false, reason: `the webgpu package (Dawn) failed to load on ${process.platform}-${process.arch}: ${(err as Error).message.split("\n")[0]}` };
+  }
+  Object.assign(globalThis, dawn.globals); // GPUBufferUsage, GPUMapMode, ... as a browser has them
+  const gpu = dawn.create((process.env.MARL_DAWN_OPTS ?? "").split(" ").filter(Boolean));
+  const adapter = await gpu.requestAdapter({ powerPreference: "high-performance" }).catch(() => null);
+  if (!adapter) {
+    const what = vulkanLoaderFound() ? "no WebGPU adapter found (no Vulkan driver Dawn accepts)" : "no WebGPU adapter: the Vulkan loader libvulkan.so.1 is not installed";
+    return { ok: false, reason: `${what}; ${HOW_TO}` };
+  }
+  const ai = adapter.info;
+  const fallback = ai.isFallbackAdapter === true || /llvmpipe|lavapipe|swiftshader/i.test(`${ai.device} ${ai.description}`);
+  const description = [ai.vendor, ai.architecture, ai.device, ai.description].filter(Boolean).join(" ").trim() || "unknown adapter";
+  if (hardwareOnly && fallback) return { ok: false, reason: `only a software WebGPU adapter (${description}), slower than wasm` };
+
+  // The adapter's maximum for the limits tfjs' kernels and our weights run into (the default device
+  // caps a storage binding at 128 MiB and a buffer at 256 MiB).
+  const requiredLimits: Record<string, number> = {};
+  for (const key of WANTED_LIMITS) {
+    const v = (adapter.limits as unknown as Record<string, unknown>)[key];
+    if (typeof v === "number") requiredLimits[key] = v;
+  }
+  const requiredFeatures = (["shader-f16", "timestamp-query"] as GPUFeatureName[]).filter((f) => adapter.features.has(f));
+  let device: GPUDevice;
+  try {
+    device = await adapter.requestDevice({ requiredLimits, requiredFeatures });
+  } catch (err) {
+    return { ok: false, reason: `the WebGPU adapter ${description} refused a device: ${(err as Error).message.split("\n")[0]}` };
+  }
+  device.addEventListener("uncapturederror", (ev) => {
+    // A validation or out-of-memory error does not throw where it happens and leaves results stale:
+    // stop instead of training on wrong numbers.
+    const msg = (ev as GPUUncapturedErrorEvent).error.message.split("\n")[0];
+    setImmediate(() => {
+      throw new Error(`WebGPU error (results would be wrong, stopping): ${msg}`);
+    });
+  });
+  limits = { maxStorageBufferBindingSize: device.limits.maxStorageBufferBindingSize, maxBufferSize: device.limits.maxBufferSize };
+
+  // The package registers its kernels on import, and registers its own backend factory only when it
+  // sees navigator.gpu, which is not set yet; ours is registered instead.
+  const mod = await import("@tensorflow/tfjs-backend-webgpu");
+  registerWebgpuDequantize(mod);
+  Object.defineProperty(globalThis, "navigator", { value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu }, configurable: true, writable: true }); // Node 21+ has a read-only getter
+  if (tf.findBackendFactory("webgpu")) tf.removeBackend("webgpu");
+  tf.registerBackend("webgpu", () => new mod.WebGPUBackend(device, ai), 3);
+  return {
+    ok: true,
+    info: { description, fallback, maxStorageBufferBindingSize: limits.maxStorageBufferBindingSize, maxBufferSize: limits.maxBufferSize },
+  };
+}

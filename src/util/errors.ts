@@ -1,0 +1,23 @@
+/** The errors thrown on purpose, by type: a usage error the user fixes on the command line (runMain
+ *  exits 2), and a non-finite step the trainers refuse to apply, so a training loop can tell "this
+ *  step blew up, nothing was applied" from a bug. */
+
+/** A bad flag or argument: the user can fix it by changing the command line. Exits with code 2. */
+export class UsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "UsageError";
+  }
+}
+
+/** A loss or gradient norm came out NaN or ±Inf. Thrown before any weight or optimizer state changes,
+ *  so the caller may skip the batch, lower the learning rate, or stop and keep the last checkpoint. */
+export class NonFiniteError extends Error {
+  constructor(
+    readonly what: string,
+    readonly value: number,
+  ) {
+    super(`${what} is ${value}; expected a finite number (no update was applied)`);
+    this.name = "NonFiniteError";
+  }
+}

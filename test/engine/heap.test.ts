@@ -1,0 +1,119 @@
+/** The wasm BatchMatMul kernel (src/engine/heap.ts): plain and batched products against a float64
+ *  reference and tfjs' own kernel, on every remainder of rows (4 per block) and columns (8 per panel),
+ *  K of 1, empty products, broadcast batches and transposed operands, with B read in place and packed;
+ *  no tensor is left behind. The threaded split is covered by wasm-threads.test.ts (1 and 2 threads bit-equal). */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import * as tf from "@tensorflow/tfjs";
+import { initBackend } from "../../src/engine/backend.ts";
+import { setPackRows, useWasmGemm } from "../../src/engine/heap.ts";
+import { Rng } from "../../src/util/rng.ts";
+
+const randn = (n: number, seed: number) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => r.normal()); };
+
+/** C[s] = A[s or 0] · B[s or 0] in float64. */
+function reference(a: Float32Array, b: Float32Array, batchA: number, batchB: number, M: number, K: number, N: number): Float64Array {
+  const batch = Math.max(batchA, batchB), out = new Float64Array(batch * M * N);
+  for (let s = 0; s < batch; s++) {
+    const oa = (batchA === 1 ? 0 : s) * M * K, ob = (batchB === 1 ? 0 : s) * K * N;
+    for (let i = 0; i < M; i++)
+      for (let j = 0; j < N; j++) {
+        let t = 0;
+        for (let k = 0; k < K; k++) t += a[oa + i * K + k] * b[ob + k * N + j];
+        out[(s * M + i) * N + j] = t;
+      }
+  }
+  return out;
+}
+
+describe("wasm matmul kernel", () => {
+  beforeAll(async () => {
+    await initBackend("wasm");
+  });
+  afterAll(() => {
+    useWasmGemm(true);
+    setPackRows(32);
+  });
+
+  it.each([["in place", Infinity], ["packed", 1]])("matches a float64 reference on every row and column remainder, K = 1, batches and transposed operands (B %s)", (_, packRows) => {
+    setPackRows(packRows);
+    const cases: [number[], number[]][] = [];
+    for (const M of [1, 2, 3, 4, 5, 7, 9]) for (const N of [1, 5, 8, 13, 16, 27]) cases.push([[M, 11], [11, N]]);
+    cases.push([[6, 1], [1, 19]], [[33, 64], [64, 40]], [[3, 5, 24], [3, 24, 17]], [[2, 7, 9], [1, 9, 16]], [[1, 6, 9], [4, 9, 8]], [[4, 2, 3, 8], [4, 2, 8, 9]], [[5, 300], [300, 24]], [[6, 2500], [2500, 20]]); // the last: K in 3 blocks
+    const swapLast = (t: tf.Tensor) => tf.transpose(t, [...t.shape.keys()].map((i, _, all) => (i < all.length - 2 ? i : 2 * all.length - 3 - i)));
+    const before = tf.memory().numTensors;
+    cases.forEach(([sa, sb], n) => {
+      const a = randn(sa.reduce((p, d) => p * d, 1), 2 * n + 1), b = randn(sb.reduce((p, d) => p * d, 1), 2 * n + 2);
+      const M = sa[sa.length - 2], K = sa[sa.length - 1], N = sb[sb.length - 1];
+      const batchA = sa.slice(0, -2).reduce((p, d) => p * d, 1), batchB = sb.slice(0, -2).reduce((p, d) => p * d, 1);
+      const ref = reference(a, b, batchA, batchB, M, K, N);
+      for (const [tA, tB] of [[false, false], [true, false], [false, true], [true, true]]) {
+        const what = `${tA ? "(" + sa + ")ᵀ" : sa} · ${tB ? "(" + sb + ")ᵀ" : sb}`;
+        const { shape, got } = tf.tidy(() => {
+          // a transposed operand is handed over stored transposed, with the flag that undoes it
+          const ta = tf.tensor(a, sa), tb = tf.tensor(b, sb);
+          const c = tf.matMul(tA ? tf.clone(swapLast(ta)) : ta, tB ? tf.clone(swapLast(tb)) : tb, tA, tB);
+          return { shape: c.shape, got: c.dataSync() };
+        });
+        expect(shape, what).toEqual([...(batchA >= batchB ? sa : sb).slice(0, -2), M, N]);
+        const worst = Array.from(got).reduce((m, x, i) => Math.max(m, Math.abs(x - ref[i]) / Math.sqrt(K)), 0);
+        expect(worst, what).toBeLessThan(1e-5);
+      }
+    });
+    expect(tf.memory().numTensors).toBe(before);
+  });
+
+  it("gives the same bits with B packed as with B read in place, over several packing chunks", () => {
+    // K = 3000: 40 columns per 512 KB chunk, so N = 100 is chunks of 40, 40 and 16 plus 4 edge columns;
+    // K = 20000 needs a larger buffer than any product before it (one panel is 640 KB).
+    for (const [M, K, N] of [[9, 3000, 100], [33, 64, 300], [4, 20000, 17], [1, 128, 8]]) {
+      const a = tf.tensor2d(randn(M * K, K), [M, K]), b = tf.tensor2d(randn(K * N, N), [K, N]);
+      setPackRows(Infinity);
+      const inPlace = tf.matMul(a, b).dataSync();
+      setPackRows(1);
+      const packed = tf.matMul(a, b).dataSync();
+      expect(Array.from(packed), `${M}×${K}×${N}`).toEqual(Array.from(inPlace));
+      tf.dispose([a, b]);
+    }
+    setPackRows(32);
+  });
+
+  it("agrees with tfjs' own kernel on the bench's shapes, and an empty product is empty", () => {
+    for (const [M, K, N] of [[64, 256, 1376], [8, 688, 256], [37, 256, 512]]) {
+      const a = tf.tensor2d(randn(M * K, M), [M, K]), b = tf.tensor2d(randn(K * N, N), [K, N]);
+      const ours = tf.matMul(a, b).dataSync();
+      useWasmGemm(false);
+      const theirs = tf.matMul(a, b).dataSync();
+      useWasmGemm(true);
+      const worst = Array.from(ours).reduce((m, x, i) => Math.max(m, Math.abs(x - theirs[i])), 0);
+      expect(worst, `${M}×${K}×${N}`).toBeLessThan(1e-5 * Math.sqrt(K));
+      tf.dispose([a, b]);
+    }
+    const e = tf.matMul(tf.zeros([0, 4]), tf.zeros([4, 3]));
+    expect(e.shape).toEqual([0, 3]);
+    const z = tf.matMul(tf.zeros([2, 0]), tf.zeros([0, 3]));
+    expect(Array.from(z.dataSync())).toEqual([0, 0, 0, 0, 0, 0]);
+  });
+
+  it("runs transposed products itself, bit-equal to the plain product of the materialised transpose", () => {
+    const a = tf.tensor2d(randn(37 * 300, 7), [37, 300]), b = tf.tensor2d(randn(45 * 300, 8), [45, 300]), c = tf.tensor2d(randn(37 * 50, 9), [37, 50]);
+    const pairs: [tf.Tensor, tf.Tensor][] = [
+      [tf.matMul(a, b, false, true), tf.matMul(a, tf.transpose(b))], // [37, 45]
+      [tf.matMul(a, c, true, false), tf.matMul(tf.transpose(a), c)], // [300, 50]
+      [tf.matMul(c, b.slice([0, 0], [45, 37]), true, true), tf.matMul(tf.transpose(c), tf.transpose(b.slice([0, 0], [45, 37])))], // [50, 45]
+    ];
+    for (const [viaFlags, plain] of pairs) {
+      expect(viaFlags.shape).toEqual(plain.shape);
+      expect(Array.from(viaFlags.dataSync())).toEqual(Array.from(plain.dataSync()));
+    }
+    tf.dispose([a, b, c, ...pairs.flat()]);
+  });
+
+  it("keeps tensor counts flat over repeated products", () => {
+    const a = tf.tensor2d(randn(20 * 30, 9), [20, 30]), b = tf.tensor2d(randn(30 * 44, 10), [30, 44]);
+    tf.tidy(() => { tf.matMul(a, b); });
+    const before = tf.memory().numTensors;
+    for (let i = 0; i < 5; i++) tf.tidy(() => { tf.matMul(tf.matMul(a, b), tf.transpose(b)); });
+    expect(tf.memory().numTensors).toBe(before);
+    tf.dispose([a, b]);
+  });
+});
