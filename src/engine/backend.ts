@@ -12,7 +12,7 @@ import { UsageError } from "../util/errors.ts";
 import { registerWebgpu } from "./webgpu.ts";
 import { registerWasmConcat } from "./concat.ts";
 import { registerWasmGather } from "./gather.ts";
-import { registerWasmGemm } from "./heap.ts";
+import { registerWasmGemm } from "./gemm.ts";
 import { registerFastSlice, registerSegmentSum, registerSharedIdentity } from "./slices.ts";
 import { resolveThreads, startWasm, wasmThreads, type ThreadsSpec } from "./wasm-threads.ts";
 

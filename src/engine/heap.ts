@@ -1,20 +1,14 @@
-/** The wasm backend's BatchMatMul (float32): the kernel of heap-code.ts run directly on tfjs'
- *  heap, C = op(A) · op(B) over blocks of 4 rows × 8 columns held in vector registers. At 1 thread on
- *  the shapes of the bench's configs it does 50–54 GFLOP/s, against 21–38 for tfjs' XNNPACK product.
- *  - B is read in place for few rows; for more it is first packed, panel by panel (K × 8 floats each,
- *    ≤ 512 KB at a time), into a scratch buffer, so a panel is one run of memory whatever B's row
- *    stride (a 4 KB stride put every row of a panel in the same cache sets: a third of the speed).
- *  - Transposed operands cost nothing extra: a transposed A is read in place with swapped strides, a
- *    transposed B is transposed while it is packed. No copy of a weight outlives the product.
- *  - Batched products (equal batch dims, or a batch of one on either side) run slice by slice on
- *    heap offsets. int32 operands go to tfjs' kernel.
- *  Each output is summed over k in order, whatever the row and column split or the packing, so
- *  results do not depend on the thread count. */
+/** The heap module (heap-code.ts) on tfjs-backend-wasm's own heap: one instance per heap, helper
+ *  threads (threaded build) that share it through a control block, and the jobs they split: a
+ *  product's columns (`heapGemm`, used by gemm.ts) or the rows of a row kernel (`heapSwiglu`,
+ *  `heapRmsNorm`, `heapRowStats`, …, used by the op files). Work is split only where it repays a
+ *  hand-off, and every output is computed the same way whatever the split, so results do not
+ *  depend on the thread count. Leaves out: tfjs' own thread pool (kept at one thread, wasm-threads.ts). */
 import * as tf from "@tensorflow/tfjs";
 import { Worker } from "node:worker_threads";
 import { wasmThreads } from "./wasm-threads.ts";
 import { gemmModuleBytes } from "./heap-code.ts";
-import { replaceKernel, type Backend } from "./kernels.ts";
+import type { Backend } from "./kernels.ts";
 
 /** Rows per register block: 4 rows × 8 columns = 8 accumulators, within x64's 16 vector registers
  *  with the two halves of B's row and the broadcast A value (5 rows spill: half the speed). */
@@ -52,7 +46,7 @@ function heapMemory(b: Backend): WasmMemory {
 }
 
 /** The kernels on one heap, and the helper threads that share it (threaded build only). */
-interface Engine {
+export interface Engine {
   memory: WasmMemory;
   k: Kernels;
   pool: Pool | null;
@@ -63,7 +57,7 @@ interface Engine {
 }
 let engine: Engine | null = null;
 
-function start(backend: Backend): Engine {
+export function heapEngine(backend: Backend): Engine {
   const memory = heapMemory(backend);
   if (engine && engine.memory === memory) return engine;
   const shared = typeof SharedArrayBuffer === "function" && memory.buffer instanceof SharedArrayBuffer;
@@ -216,7 +210,7 @@ function scratchFor(e: Engine, bytes: number): number {
 
 /** C [M, N] = op(A) · op(B) at byte offsets of the heap, dense; A is [M, K] or, with t & 1, [K, M];
  *  B is [K, N] or, with t & 2, [N, K]. */
-function gemm(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
+export function heapGemm(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
   const N8 = N - (N % NR), pool = e.pool;
   const parts = ready(pool) && M * N * K >= PARALLEL_MACS ? Math.min(pool.size + 1, N8 / NR) : 1;
   const scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
@@ -252,7 +246,7 @@ const PARALLEL_ELEMENTS = 64 * 1024;
  *  [rows, 2I] (grad null), or dgu [rows, 2I] from gu and dy [rows, I]. Byte offsets of the backend's
  *  heap; I a multiple of 4. Each row is computed the same way on any thread. */
 export function heapSwiglu(backend: unknown, gu: number, dy: number | null, out: number, rows: number, I: number): void {
-  rowsJob(start(backend), dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, gu, dy ?? 0, out, rows, I);
+  rowsJob(heapEngine(backend), dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, gu, dy ?? 0, out, rows, I);
 }
 
 function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: number, I: number, w = 0, aux = 0, eps = 0): void {
@@ -265,19 +259,19 @@ function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: 
 
 /** Softmax's backward dx = y · (dy − Σ y·dy) per row of [rows, S] at heap offsets (S a multiple of 4). */
 export function heapSoftmaxGrad(backend: unknown, y: number, dy: number, dx: number, rows: number, S: number): void {
-  rowsJob(start(backend), JOB_SOFTMAX_GRAD, y, dy, dx, rows, S);
+  rowsJob(heapEngine(backend), JOB_SOFTMAX_GRAD, y, dy, dx, rows, S);
 }
 
 /** RMSNorm of x [rows, H] with weight w [H] into y, at heap offsets (H a multiple of 4); rows split
  *  over the helper threads when large. */
 export function heapRmsNorm(backend: unknown, x: number, w: number, y: number, rows: number, H: number, eps: number): void {
-  rowsJob(start(backend), JOB_RMS_NORM, x, 0, y, rows, H, w, 0, eps);
+  rowsJob(heapEngine(backend), JOB_RMS_NORM, x, 0, y, rows, H, w, 0, eps);
 }
 
 /** RMSNorm's gradient: dx [rows, H] into its heap offset, dw [H] returned (the blocks of 64 rows
  *  summed in order, in float64). */
 export function heapRmsNormGrad(backend: unknown, x: number, w: number, dy: number, dx: number, rows: number, H: number, eps: number): Float32Array {
-  const e = start(backend), blocks = Math.ceil(rows / NORM_BLOCK), part = e.malloc(4 * H * blocks) >>> 0;
+  const e = heapEngine(backend), blocks = Math.ceil(rows / NORM_BLOCK), part = e.malloc(4 * H * blocks) >>> 0;
   try {
     rowsJob(e, JOB_RMS_NORM_GRAD, x, dy, dx, rows, H, w, part, eps);
     const p = new Float32Array(e.memory.buffer, part, H * blocks), dw = new Float64Array(H);
@@ -291,7 +285,7 @@ export function heapRmsNormGrad(backend: unknown, x: number, w: number, dy: numb
 /** Per row of x [rows, V] at heap offset x (V a multiple of 4): [m, s, t] with m = max, s = Σ exp(x −
  *  m), t = Σ exp(x − m)·x, from the heap module's kernel (rows split over the helper threads). */
 export function heapRowStats(backend: unknown, x: number, rows: number, V: number): Float32Array {
-  const e = start(backend), out = e.malloc(12 * rows) >>> 0;
+  const e = heapEngine(backend), out = e.malloc(12 * rows) >>> 0;
   try {
     rowsJob(e, JOB_ROW_STATS, x, 0, out, rows, V);
     return new Float32Array(e.memory.buffer, out, 3 * rows).slice();
@@ -302,7 +296,7 @@ export function heapRowStats(backend: unknown, x: number, rows: number, V: numbe
 
 /** out [rows, V] = softmax(x) · coef[r] per row, at heap offsets (V a multiple of 4). */
 export function heapSoftmaxRows(backend: unknown, x: number, coef: Float32Array, out: number, rows: number, V: number): void {
-  const e = start(backend), c = e.malloc(4 * rows) >>> 0;
+  const e = heapEngine(backend), c = e.malloc(4 * rows) >>> 0;
   try {
     new Float32Array(e.memory.buffer, c, rows).set(coef);
     rowsJob(e, JOB_SOFTMAX, x, c, out, rows, V);
@@ -335,45 +329,5 @@ function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: n
 
 /** The module's kernels on the backend's heap (started on first use), for the other heap kernels. */
 export function heapKernels(backend: unknown): Kernels {
-  return start(backend).k;
-}
-
-let enabled = true;
-
-/** Turn the kernel off (tfjs' own product) or on again: for tests and A/B benchmarks. */
-export function useWasmGemm(on: boolean): void {
-  enabled = on;
-}
-
-/** Replace the wasm BatchMatMul with one that takes the plain products (idempotent). */
-export function registerWasmGemm(): void {
-  replaceKernel("BatchMatMul", "wasm", (fallback) => (args) => {
-      const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
-      const { transposeA, transposeB } = args.attrs as { transposeA: boolean; transposeB: boolean };
-      const ra = a.shape.length, rb = b.shape.length;
-      const batchA = a.shape.slice(0, -2).reduce((p, d) => p * d, 1), batchB = b.shape.slice(0, -2).reduce((p, d) => p * d, 1);
-      const sameBatch = ra === rb && a.shape.slice(0, -2).every((d, i) => d === b.shape[i]);
-      if (!enabled || a.dtype !== "float32" || b.dtype !== "float32" || !(sameBatch || batchA === 1 || batchB === 1) || ra < 2 || rb < 2)
-        return fallback(args);
-      const [M, K] = transposeA ? [a.shape[ra - 1], a.shape[ra - 2]] : [a.shape[ra - 2], a.shape[ra - 1]];
-      const [Kb, N] = transposeB ? [b.shape[rb - 1], b.shape[rb - 2]] : [b.shape[rb - 2], b.shape[rb - 1]];
-      if (Kb !== K) return fallback(args); // tfjs' kernel reports the mismatch
-      const backend = args.backend as Backend;
-      const batch = Math.max(batchA, batchB);
-      const outShape = [...(batchA >= batchB ? a.shape : b.shape).slice(0, -2), M, N];
-      const out = backend.makeOutput(outShape, "float32") as tf.TensorInfo;
-      if (M * N === 0) return out;
-      const e = start(backend);
-      const pa = backend.dataIdMap.get(a.dataId).memoryOffset as number;
-      const pb = backend.dataIdMap.get(b.dataId).memoryOffset as number;
-      const pc = backend.dataIdMap.get(out.dataId).memoryOffset as number;
-      if (K === 0) {
-        backend.typedArrayFromHeap(out).fill(0);
-        return out;
-      }
-      const t = (transposeA ? 1 : 0) | (transposeB ? 2 : 0);
-      for (let s = 0; s < batch; s++)
-        gemm(e, pa + (batchA === 1 ? 0 : s * M * K * 4), pb + (batchB === 1 ? 0 : s * K * N * 4), pc + s * M * N * 4, M, K, N, t);
-      return out;
-  });
+  return heapEngine(backend).k;
 }

@@ -1,6 +1,6 @@
 /** Matrix products with a transposed operand, formed the way the backend runs them best
  *  (backendProfile().matMulForm): on wasm, cpu and tensorflow as one matMul with transposeA/B (the
- *  wasm kernel, heap.ts, reads a transposed A in place and packs a transposed B, so no transpose
+ *  wasm kernel, gemm.ts, reads a transposed A in place and packs a transposed B, so no transpose
  *  is materialised); on webgpu with the transpose materialised. Also the products with a frozen
  *  weight, whose gradients go to the input only. */
 import * as tf from "@tensorflow/tfjs";
@@ -59,7 +59,7 @@ export function mmFrozen(x: tf.Tensor2D, w: () => tf.Tensor2D, wForward?: tf.Ten
 }
 
 /** Batched a [G, M, K] · b [G, K, N] → [G, M, N] as one batched product, with a gradient formed as
- *  matMulBT/AT form theirs. wasm runs the batch slice by slice on heap offsets (heap.ts). */
+ *  matMulBT/AT form theirs. wasm runs the batch slice by slice on heap offsets (gemm.ts). */
 export function bmm(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
   const f = tf.customGrad(((x: tf.Tensor3D, y: tf.Tensor3D, save: tf.GradSaveFunc) => {
     save([x, y]);

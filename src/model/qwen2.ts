@@ -7,25 +7,23 @@
  *  head transposes are reshapes (one position). The tied head keeps only Eᵀ [hidden, vocab] and
  *  embeds by gathering its columns.
  *  Training forwards whose tape would be large checkpoint each decoder layer (only its input stays on
- *  the gradient tape; activationCheckpointing) and compute the head's log-probs in vocab chunks that recompute their logits in the backward pass.
+ *  the gradient tape; activationCheckpointing). The head's chunked log-probs are in head-logprobs.ts,
+ *  the KV cache in kv-cache.ts, saving in save.ts.
  *  Leaves out: sliding-window attention, rope scaling, dropout in attention (Qwen2 uses 0). */
 import * as tf from "@tensorflow/tfjs";
-import { promises as fs } from "node:fs";
-import * as path from "node:path";
-import { writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
 import { attentionBias, positionIds, ropeInvFreq, ropeTables } from "./attention.ts";
-import { configToJson } from "./config.ts";
-import { adapterConfigJson, LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
-import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
+import { LoraAdapter, moduleDims } from "./lora.ts";
+import type { HostTensor } from "./safetensors.ts";
+import { headLogprobs } from "./head-logprobs.ts";
+import { Qwen2KVCache } from "./kv-cache.ts";
+import { saveAdapter, savePretrained, stateDict } from "./save.ts";
 import { checkpoint } from "../engine/checkpoint.ts";
 import { decodeHeads, rope, swiglu } from "../engine/rope-swiglu.ts";
-import { dLogits, logpEntropy } from "../engine/logprob.ts";
-import { bmm, matMulAT, matMulBT, matMulXWT } from "../engine/matmul.ts";
+import { bmm } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { rmsNorm } from "../engine/rmsnorm.ts";
 import { softmax } from "../engine/softmax.ts";
 import { BaseWeight } from "./weight.ts";
-import { type CustomGradFn } from "../engine/kernels.ts";
 import { FUSED, FUSED_MODULES, type CausalLM, type ForwardOptions, type FusedModule, type KVCache, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
 
 export interface LayerWeights {
@@ -53,36 +51,6 @@ interface LayerInputs {
   cache: Qwen2KVCache | null;
 }
 
-export class Qwen2KVCache implements KVCache {
-  constructor(
-    public k: tf.Tensor4D[], // per layer [B, nKv, hd, L]  (keys stored transposed for q·kᵀ as a plain matMul)
-    public v: tf.Tensor4D[], // per layer [B, nKv, L, hd]
-    public mask: number[][], // [B][L]
-    public count: number[], // real tokens seen per row (the next position id)
-  ) {}
-  get batchSize(): number {
-    return this.mask.length;
-  }
-  get length(): number {
-    return this.mask[0]?.length ?? 0;
-  }
-  select(rows: number[]): void {
-    for (const r of rows) if (!(Number.isInteger(r) && r >= 0 && r < this.batchSize)) throw new Error(`cache select: row ${r} out of range 0..${this.batchSize - 1}`);
-    const idx = tf.tensor1d(rows, "int32");
-    const pick = <T extends tf.Tensor>(ts: T[]) => ts.map((t) => { const g = tf.gather(t, idx, 0) as T; t.dispose(); return g; });
-    this.k = pick(this.k);
-    this.v = pick(this.v);
-    idx.dispose();
-    this.mask = rows.map((r) => this.mask[r]);
-    this.count = rows.map((r) => this.count[r]);
-  }
-  dispose(): void {
-    tf.dispose([...this.k, ...this.v]);
-    this.k = [];
-    this.v = [];
-  }
-}
-
 /** Bytes a gradient tape holds for one decoder layer recorded whole, B rows × T tokens: about 12
  *  [T, intermediate], 3 [heads, T, T] and 30 [T, hidden] per row, with a quarter more for what the
  *  backward pass allocates beside them (measured on the small bench config, 8 × 256 tokens, 4 layers:
@@ -90,16 +58,6 @@ export class Qwen2KVCache implements KVCache {
 export function layerTapeBytes(c: Qwen2Config, B: number, T: number): number {
   return 1.25 * 4 * B * T * (12 * c.intermediateSize + 3 * c.numAttentionHeads * T + 30 * c.hiddenSize);
 }
-/** Tape size above which "auto" checkpointing recomputes layers (a quarter of wasm's 4 GiB heap):
- *  below it, recording layers whole saves a forward of compute per step (small config, 8 × 256
- *  tokens: 1.2 s instead of 1.5 s per step); 0.5B is above it from one 256-token row. */
-export const AUTO_CHECKPOINT_BYTES = 2 ** 30;
-
-/** Activation bytes a prefill may hold at once (see prefillBytes): 32 rollouts of a 0.5B, ~300-token
- *  prompts, in one pass needed ~5 GB beside the unpacked 2 GB base and stalled the wasm heap's
- *  allocator at its 4 GiB limit for good. */
-export const PREFILL_BYTES = 512 * 2 ** 20;
-
 export class Qwen2ForCausalLM implements CausalLM {
   readonly lora: LoraConfig | null;
   /** Keep only each layer's input on a gradient tape and recompute the layer in the backward pass
@@ -163,7 +121,7 @@ export class Qwen2ForCausalLM implements CausalLM {
   /** Whether a forward of B rows × T tokens checkpoints its layers (see activationCheckpointing). */
   checkpointsLayers(B: number, T: number): boolean {
     const on = this.activationCheckpointing;
-    return on === "auto" ? this.config.numHiddenLayers * layerTapeBytes(this.config, B, T) > AUTO_CHECKPOINT_BYTES : on;
+    return on === "auto" ? this.config.numHiddenLayers * layerTapeBytes(this.config, B, T) > backendProfile().autoCheckpointBytes : on;
   }
 
   /** One fused module: x [N, in] → [N, out] (its members' outputs side by side), with the q/k/v
@@ -284,25 +242,13 @@ export class Qwen2ForCausalLM implements CausalLM {
 
   tokenLogprobs(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions & { withEntropy?: boolean } = {}) {
     const mask = this.checkBatch(inputIds, attentionMask);
-    const B = inputIds.length, T = inputIds[0].length, H = this.config.hiddenSize, V = this.config.vocabSize;
+    const B = inputIds.length, T = inputIds[0].length, H = this.config.hiddenSize;
     const res = tf.tidy(() => {
       if (T === 1) return { lp: tf.zeros([B, 1]) as tf.Tensor2D, ent: tf.zeros([B, 1]) as tf.Tensor2D };
       const { hidden } = this.run(inputIds, mask, opts, null);
       const h = tf.reshape<tf.Rank.R2>(tf.slice(tf.reshape(hidden, [B, T, H]), [0, 0, 0], [B, T - 1, H]), [B * (T - 1), H]);
       const targets = inputIds.flatMap((r) => r.slice(1));
-      // Rows of logits materialised at once (wasm: 4M floats, 16 MB per chunk; the forward and
-      // backward of a chunk hold ~7 such tensors: ~110 MB, 27 rows of the 0.5B vocab).
-      // (a multiple of 8 rows where it can be: the wasm kernel's row and column blocks are whole then)
-      const fit = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V)), rows = fit >= 8 ? fit - (fit % 8) : fit;
-      const head = this.head, left = head.left;
-      const w = left || head.parts ? null : head.value();
-      const outs: tf.Tensor2D[] = [];
-      for (let s = 0; s < targets.length; s += rows) {
-        const n = Math.min(rows, targets.length - s);
-        const hc = tf.slice(h, [s, 0], [n, H]), tc = targets.slice(s, s + n);
-        outs.push(left ? logprobChunkLeft(hc, left, tc) : head.parts ? logprobChunkBlocks(hc, head, tc) : logprobChunk(hc, w!, () => head.value(), tc, head.isVariable));
-      }
-      const both = outs.length === 1 ? outs[0] : tf.concat(outs, 0); // [B·(T−1), 2]
+      const both = headLogprobs(this.head, h, targets, this.config.vocabSize); // [B·(T−1), 2]
       const zero = tf.zeros([B, 1]);
       const lp = tf.concat([zero, tf.reshape(tf.slice(both, [0, 0], [-1, 1]), [B, T - 1])], 1) as tf.Tensor2D;
       const ent = tf.concat([zero, tf.reshape(tf.slice(both, [0, 1], [-1, 1]), [B, T - 1])], 1) as tf.Tensor2D;
@@ -322,12 +268,13 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   /** Rows of a prefill are run in groups whose one-layer activations (layerTapeBytes) stay below
-   *  this; rows are independent, so the result is the same bits as one pass. */
-  prefillBytes = PREFILL_BYTES;
+   *  this (undefined: the backend profile's prefillBytes); rows are independent, so the result is the
+   *  same bits as one pass. */
+  prefillBytes: number | undefined = undefined;
 
   prefill(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions = {}) {
     const mask = this.checkBatch(inputIds, attentionMask);
-    const B = inputIds.length, rows = Math.max(1, Math.floor(this.prefillBytes / layerTapeBytes(this.config, 1, inputIds[0].length)));
+    const B = inputIds.length, rows = Math.max(1, Math.floor((this.prefillBytes ?? backendProfile().prefillBytes) / layerTapeBytes(this.config, 1, inputIds[0].length)));
     const parts: { logits: tf.Tensor2D; cache: Qwen2KVCache }[] = [];
     for (let r = 0; r < B; r += rows) {
       const cache = new Qwen2KVCache([], [], inputIds.slice(r, r + rows).map(() => []), inputIds.slice(r, r + rows).map(() => 0));
@@ -387,57 +334,19 @@ export class Qwen2ForCausalLM implements CausalLM {
     return this.adapter;
   }
 
-  async saveAdapter(dir: string): Promise<void> {
-    const ad = this.adapter;
-    if (!ad) throw new Error(`saveAdapter(${dir}): the model has no LoRA adapter attached`);
-    const tensors = await ad.toPeft();
-    await writeDirAtomic(dir, async (tmp) => {
-      await fs.writeFile(path.join(tmp, "adapter_model.safetensors"), encodeSafetensors(tensors, { format: "pt" }));
-      await fs.writeFile(path.join(tmp, "adapter_config.json"), JSON.stringify(adapterConfigJson(ad.config, this.baseModelName), null, 2) + "\n");
-    });
+  /** The attached adapter in PEFT's format (save.ts). */
+  saveAdapter(dir: string): Promise<void> {
+    return saveAdapter(this, dir);
   }
 
-  /** HF names → torch-layout f32 tensors (W [out, in]); the tied head is written once (as embed_tokens). */
-  async stateDict(): Promise<Record<string, HostTensor>> {
-    const out: Record<string, HostTensor> = {};
-    const put = async (name: string, t: tf.Tensor) => {
-      out[name] = { shape: t.shape.slice(), data: (await t.data()) as Float32Array };
-    };
-    // A fused module is written as its members, each torch's [out, in] (HF names, as loaded). The
-    // rows come back on the host (outInData also reassembles a matrix held in column blocks).
-    const putT = async (names: string[], outDims: number[], w: BaseWeight) => {
-      const data = await w.outInData(); // [out, in] row-major
-      let row = 0;
-      names.forEach((n, i) => {
-        out[n] = { shape: [outDims[i], w.inDim], data: data.slice(row * w.inDim, (row + outDims[i]) * w.inDim) };
-        row += outDims[i];
-      });
-    };
-    const c = this.config;
-    const w = this.weights;
-    await putT(["model.embed_tokens.weight"], [c.vocabSize], w.embedT);
-    if (w.lmHeadT) await putT(["lm_head.weight"], [c.vocabSize], w.lmHeadT);
-    await put("model.norm.weight", w.norm);
-    for (let i = 0; i < w.layers.length; i++) {
-      const l = w.layers[i], p = `model.layers.${i}`;
-      await put(`${p}.input_layernorm.weight`, l.inputNorm);
-      await put(`${p}.post_attention_layernorm.weight`, l.postNorm);
-      for (const f of FUSED_MODULES)
-        await putT(FUSED[f].map((m) => `${p}.${moduleGroup(m)}.${m}.weight`), FUSED[f].map((m) => moduleDims(c, m)[1]), l.proj[f]);
-      const biases = tf.split(l.qkvBias, FUSED.qkv_proj.map((m) => moduleDims(c, m)[1]));
-      for (let j = 0; j < biases.length; j++) await put(`${p}.self_attn.${FUSED.qkv_proj[j]}.bias`, biases[j]);
-      tf.dispose(biases);
-    }
-    return out;
+  /** HF names → torch-layout f32 tensors (save.ts). */
+  stateDict(): Promise<Record<string, HostTensor>> {
+    return stateDict(this);
   }
 
-  async savePretrained(dir: string): Promise<void> {
-    const tensors = await this.stateDict();
-    const cfg = JSON.stringify(configToJson(this.config), null, 2) + "\n";
-    await writeDirAtomic(dir, async (tmp) => {
-      await fs.writeFile(path.join(tmp, "model.safetensors"), encodeSafetensors(tensors, { format: "pt" }));
-      await writeFileAtomic(path.join(tmp, "config.json"), cfg);
-    });
+  /** A Hugging Face folder: config.json and model.safetensors (save.ts). */
+  savePretrained(dir: string): Promise<void> {
+    return savePretrained(this, dir);
   }
 
   /** Hold every quantized base matrix dequantized until the returned function is called. For
@@ -488,67 +397,4 @@ export class Qwen2ForCausalLM implements CausalLM {
     }
     this.adapter?.dispose();
   }
-}
-
-/** logprobChunk for a frozen head held [vocab, hidden] (large f32 models, see weight.ts): the logits
- *  are h · wᵀ and the input gradient dLogits · w. */
-function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[]): tf.Tensor2D {
-  const logitsOf = (hh: tf.Tensor2D) => matMulXWT(hh, wLeft); // [n, V]
-  const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
-    save([hh]);
-    return {
-      value: tf.tidy(() => logpEntropy(logitsOf(hh), targets)),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => tf.matMul(dLogits(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
-    };
-  }) as unknown as CustomGradFn);
-  return f(h) as tf.Tensor2D;
-}
-
-/** logprobChunk for a frozen head held in column blocks (weight.ts): logits and the backward product
- *  go block by block, so no kernel binds the whole head. */
-function logprobChunkBlocks(h: tf.Tensor2D, head: BaseWeight, targets: number[]): tf.Tensor2D {
-  const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
-    save([hh]);
-    return {
-      value: tf.tidy(() => logpEntropy(head.matmul(hh), targets)),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => head.backward(dLogits(head.matmul(saved[0] as tf.Tensor2D), targets, dy))),
-    };
-  }) as unknown as CustomGradFn);
-  return f(h) as tf.Tensor2D;
-}
-
-/** log p(target) and the entropy for a chunk of rows: h [n, H], w [H, V] → [n, 2]. The custom gradient
- *  recomputes the logits in the backward pass, so the tape never holds a [n, V] chunk; w gets a
- *  gradient only when it is trainable (full mode). A frozen w is fetched again by `weightAgain` in the
- *  backward pass (a dequantized head is gone by then). Entropy carries no gradient. */
-function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tensor2D, targets: number[], wTrainable: boolean): tf.Tensor2D {
-  const fwd = (hh: tf.Tensor2D, ww: tf.Tensor2D) => tf.tidy(() => logpEntropy(tf.matMul(hh, ww), targets));
-  const dLogitsFor = (hh: tf.Tensor2D, ww: tf.Tensor2D, dy: tf.Tensor2D) => dLogits(tf.matMul(hh, ww), targets, dy);
-  if (wTrainable) {
-    const f = tf.customGrad(((hh: tf.Tensor2D, ww: tf.Tensor2D, save: tf.GradSaveFunc) => {
-      save([hh, ww]);
-      return {
-        value: fwd(hh, ww),
-        gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
-          tf.tidy(() => {
-            const [hs, ws] = saved as tf.Tensor2D[];
-            const g = dLogitsFor(hs, ws, dy);
-            return [matMulBT(g, ws), matMulAT(hs, g)];
-          }),
-      };
-    }) as unknown as CustomGradFn);
-    return f(h, w) as tf.Tensor2D;
-  }
-  const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
-    save([hh]);
-    return {
-      value: fwd(hh, w),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
-        tf.tidy(() => {
-          const wb = weightAgain();
-          return matMulBT(dLogitsFor(saved[0] as tf.Tensor2D, wb, dy), wb);
-        }),
-    };
-  }) as unknown as CustomGradFn);
-  return f(h) as tf.Tensor2D;
 }

@@ -6,7 +6,8 @@ import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
 import { checkpoint } from "../../src/engine/checkpoint.ts";
 import { createModel, type ModelOptions } from "../../src/model/load.ts";
-import { AUTO_CHECKPOINT_BYTES, layerTapeBytes, type Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { layerTapeBytes, type Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { AUTO_CHECKPOINT_BYTES } from "../../src/engine/profile.ts";
 import { LORA_TARGETS, type Qwen2Config } from "../../src/model/types.ts";
 import { Rng } from "../../src/util/rng.ts";
 

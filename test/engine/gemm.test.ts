@@ -1,11 +1,12 @@
-/** The wasm BatchMatMul kernel (src/engine/heap.ts): plain and batched products against a float64
+/** The wasm BatchMatMul kernel (src/engine/gemm.ts): plain and batched products against a float64
  *  reference and tfjs' own kernel, on every remainder of rows (4 per block) and columns (8 per panel),
  *  K of 1, empty products, broadcast batches and transposed operands, with B read in place and packed;
  *  no tensor is left behind. The threaded split is covered by wasm-threads.test.ts (1 and 2 threads bit-equal). */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
-import { setPackRows, useWasmGemm } from "../../src/engine/heap.ts";
+import { setPackRows } from "../../src/engine/heap.ts";
+import { useWasmGemm } from "../../src/engine/gemm.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const randn = (n: number, seed: number) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => r.normal()); };

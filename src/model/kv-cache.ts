@@ -1,0 +1,36 @@
+/** Qwen2's KV cache for incremental decoding: per layer the keys (stored transposed, so q·kᵀ is a
+ *  plain matMul) and values of every position so far, the attention mask over them, and each row's
+ *  count of real tokens (its next position id). Rows can be selected (finished rollouts dropped).
+ *  Leaves out: paged or sliding-window caches. */
+import * as tf from "@tensorflow/tfjs";
+import type { KVCache } from "./types.ts";
+
+export class Qwen2KVCache implements KVCache {
+  constructor(
+    public k: tf.Tensor4D[], // per layer [B, nKv, hd, L]  (keys stored transposed for q·kᵀ as a plain matMul)
+    public v: tf.Tensor4D[], // per layer [B, nKv, L, hd]
+    public mask: number[][], // [B][L]
+    public count: number[], // real tokens seen per row (the next position id)
+  ) {}
+  get batchSize(): number {
+    return this.mask.length;
+  }
+  get length(): number {
+    return this.mask[0]?.length ?? 0;
+  }
+  select(rows: number[]): void {
+    for (const r of rows) if (!(Number.isInteger(r) && r >= 0 && r < this.batchSize)) throw new Error(`cache select: row ${r} out of range 0..${this.batchSize - 1}`);
+    const idx = tf.tensor1d(rows, "int32");
+    const pick = <T extends tf.Tensor>(ts: T[]) => ts.map((t) => { const g = tf.gather(t, idx, 0) as T; t.dispose(); return g; });
+    this.k = pick(this.k);
+    this.v = pick(this.v);
+    idx.dispose();
+    this.mask = rows.map((r) => this.mask[r]);
+    this.count = rows.map((r) => this.count[r]);
+  }
+  dispose(): void {
+    tf.dispose([...this.k, ...this.v]);
+    this.k = [];
+    this.v = [];
+  }
+}
