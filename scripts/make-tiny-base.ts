@@ -6,7 +6,6 @@ import { parseChoice, parseFloatArg, parseIntArg, runMain } from "../src/run/cli
 import { BACKENDS, threadsOption } from "../src/run/options.ts";
 import { makeTinyBase } from "./lib/make-tiny-base.ts";
 import { TINY_BASE_DIR } from "../src/presets/tiny.ts";
-import { shutdownCalculator } from "../src/agents/calculator.ts";
 
 const program = new Command()
   .name("make-tiny-base")
@@ -26,5 +25,4 @@ await runMain(async () => {
   const o = program.parse().opts();
   await initBackend(o.backend, { threads: o.threads });
   await makeTinyBase({ outDir: o.output_dir, steps: o.steps, batchSize: o.batch_size, lr: o.learning_rate, seed: o.seed, initFrom: o.init_from, chatShare: o.chat_share, saveEvery: o.save_every });
-  await shutdownCalculator();
 });

@@ -9,8 +9,7 @@ import { runMain, parseIntArg } from "../src/run/cli.ts";
 import { UsageError } from "../src/util/errors.ts";
 import { parseFlags } from "../src/run/flags.ts";
 import { serveHttp, serveStdio } from "../src/agents/mcp-serve.ts";
-import { getTool, listTools } from "../src/agents/registry.ts";
-import "../src/agents/calculator.ts";
+import { BUILTIN_TOOLS } from "../src/agents/builtin.ts";
 
 const program = new Command()
   .name("mcp-tool-server")
@@ -25,8 +24,8 @@ await runMain(async () => {
   parseFlags(program, {}, process.argv); // commander errors → one-line usage error, --help → exit 0
   const o = program.opts();
   const tools = (o.tools as string).split(",").map((name) => {
-    const tool = getTool(name.trim());
-    if (!tool) throw new UsageError(`--tools: unknown tool "${name}"; built in: ${listTools().map((t) => t.name).join(", ")}`);
+    const tool = BUILTIN_TOOLS.get(name.trim());
+    if (!tool) throw new UsageError(`--tools: unknown tool "${name}"; built in: ${BUILTIN_TOOLS.list().map((t) => t.name).join(", ")}`);
     // A renamed tool drops its prompt sentence (it names the tool); the description stands in.
     return o.prefix ? { ...tool, name: `${o.prefix}${tool.name}`, promptHint: undefined } : tool;
   });

@@ -7,8 +7,8 @@
 import { superviseSelf } from "../src/run/shutdown.ts";
 
 await superviseSelf();
-const { shutdownCalculator } = await import("../src/agents/calculator.ts");
 const { runMain } = await import("../src/run/cli.ts");
+const { closeOnSignal } = await import("../src/run/shutdown.ts");
 const { parseServeOpenAiArgs, serveOpenAi } = await import("../src/serve/openai/run.ts");
 
 await runMain(async () => {
@@ -18,13 +18,5 @@ await runMain(async () => {
   const name = cfg.served_model_name ?? cfg.model_path;
   log(`OpenAI-compatible server on ${server.url}/v1 | model "${name}" (quantize ${cfg.quantize}${cfg.adapter ? `, adapter ${cfg.adapter}` : ""}) | ${cfg.api_key ? "API key required" : "no API key"}`);
   if (!["127.0.0.1", "::1", "localhost"].includes(cfg.host)) log(`warning: bound to ${cfg.host}: other machines can reach this server${cfg.api_key ? "" : " and it has no --api_key"}`);
-  let stopping = false;
-  const stop = (signal: string) => {
-    if (stopping) process.exit(130);
-    stopping = true;
-    log(`${signal}: shutting down`);
-    void server.close().then(() => shutdownCalculator()).then(() => process.exit(0));
-  };
-  process.on("SIGINT", () => stop("SIGINT"));
-  process.on("SIGTERM", () => stop("SIGTERM"));
+  closeOnSignal(server, log);
 });

@@ -10,7 +10,7 @@ export { Qwen2ForCausalLM } from "./model/qwen2.ts";
 export { readSafetensorsAll, writeSafetensors } from "./model/safetensors.ts";
 export type { CausalLM, ChatMessage, KVCache, LoraConfig, Quantize, Qwen2Config, Tokenizer, ToolSchema } from "./model/types.ts";
 export { calculatorTool, shutdownCalculator } from "./agents/calculator.ts";
-export { registerTool, getTool, listTools, toolSchemas } from "./agents/registry.ts";
+export { BUILTIN_TOOLS, DEFAULT_TOOLS, toolTable } from "./agents/builtin.ts";
 export { parseToolCalls } from "./agents/toolcall.ts";
 export { SYSTEM_PROMPT, systemPromptFor, toPrompt } from "./agents/prompts.ts";
 export { openTools, type ToolSet, type ToolSetOptions } from "./agents/toolset.ts";

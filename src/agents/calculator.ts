@@ -3,11 +3,10 @@
  *  and evaluated (calculator-eval.ts) inside a worker thread with a 250 ms limit and a small heap
  *  (sandbox.ts), so nothing one call does can leak into the next or take the process down.
  *  run() always resolves to result text or a one-line "Error: ..." for the tool message.
- *  Importing this file registers the tool. Call shutdownCalculator() for a clean exit (optional: the
- *  idle worker does not keep the process alive). */
+ *  The tool is listed in builtin.ts; its close() (shutdownCalculator) stops the worker, which the tool
+ *  set calls (optional: the idle worker does not keep the process alive). */
 import type { Tool } from "./types.ts";
 import { MAX_EXPRESSION_LENGTH } from "./calculator-eval.ts";
-import { registerTool } from "./registry.ts";
 import { WorkerSandbox, type SandboxOptions } from "./sandbox.ts";
 
 export const CALCULATOR_LIMITS: SandboxOptions = {
@@ -31,7 +30,6 @@ export const calculatorTool: Omit<Tool, "run"> & { run(args: Record<string, unkn
   start: async () => void (await evaluate("0")),
   close: () => shutdownCalculator(),
 };
-registerTool(calculatorTool);
 
 /** The tool's run(): validates the arguments object, then evaluates in the sandbox. Never rejects. */
 export async function calculate(args: unknown): Promise<string> {

@@ -1,4 +1,4 @@
-/** The tools of one run, from `--tools` items: a registered tool by name (`calculator`), an MCP server
+/** The tools of one run, from `--tools` items: a built-in tool by name (builtin.ts: `calculator`), an MCP server
  *  (`mcp:<command line>` over stdio, `mcp:<http(s) URL>` over Streamable HTTP, either with options:
  *  `mcp[prefix=…,tools=a+b]:…`), or an `mcpServers` JSON file by its path (`./mcp.json`: every server
  *  in it; mcp-config.ts). Every tool is wrapped in the same limits, whatever it is: a per-call time
@@ -8,9 +8,8 @@
  *  job: scripts call close() and nothing tool-specific. An MCP server that changes its tools
  *  (list_changed) changes `tools` in place. Leaves out: per-tool limits. */
 import { UsageError } from "../util/errors.ts";
-import "./calculator.ts"; // registers the built-in calculator
 import { parseMcpItem, readMcpConfig, type McpServerSpec } from "./mcp-config.ts";
-import { getTool, listTools } from "./registry.ts";
+import { BUILTIN_TOOLS, DEFAULT_TOOLS } from "./builtin.ts";
 import { toToolResult, type Tool, type ToolResult } from "./types.ts";
 
 export interface ToolSetOptions {
@@ -46,9 +45,9 @@ export function splitToolSpecs(list: string): string[] {
   return specs;
 }
 
-/** A run config's tools: `tools` specs (default calculator), `toolTimeout` in seconds, `toolMaxChars`. */
+/** A run config's tools: `tools` specs (default DEFAULT_TOOLS), `toolTimeout` in seconds, `toolMaxChars`. */
 export function openRunTools(cfg: { tools?: string[]; toolTimeout?: number; toolMaxChars?: number }, log?: (line: string) => void): Promise<ToolSet> {
-  return openTools(cfg.tools ?? ["calculator"], { timeoutMs: cfg.toolTimeout === undefined ? undefined : cfg.toolTimeout * 1000, maxChars: cfg.toolMaxChars, log });
+  return openTools(cfg.tools ?? [...DEFAULT_TOOLS], { timeoutMs: cfg.toolTimeout === undefined ? undefined : cfg.toolTimeout * 1000, maxChars: cfg.toolMaxChars, log });
 }
 
 /** Open every item in order. An item that cannot be opened (unknown name, an MCP server that does not
@@ -85,8 +84,8 @@ export async function openTools(specs: string[], options: ToolSetOptions = {}): 
   try {
     for (const spec of specs) {
       if (!MCP_ITEM.test(spec) && !CONFIG_ITEM.test(spec)) {
-        const tool = getTool(spec);
-        if (!tool) throw new UsageError(`--tools: unknown tool "${spec}"; built in: ${listTools().map((t) => t.name).join(", ")}; or mcp:<command line> / mcp:<http(s) URL> / an mcpServers .json file`);
+        const tool = BUILTIN_TOOLS.get(spec);
+        if (!tool) throw new UsageError(`--tools: unknown tool "${spec}"; built in: ${BUILTIN_TOOLS.list().map((t) => t.name).join(", ")}; or mcp:<command line> / mcp:<http(s) URL> / an mcpServers .json file`);
         if (tool.close) closers.push(() => tool.close!());
         add(spec, [tool]);
         continue;

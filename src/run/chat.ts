@@ -6,7 +6,7 @@
  *  Interactive on a terminal (Ctrl-C stops a generation, twice at the prompt exits); with piped stdin
  *  one message per line, plain output, exit at EOF. Leaves out: history editing, multiple samples. */
 import * as readline from "node:readline";
-import { calculatorTool } from "../agents/calculator.ts";
+import { defaultTools } from "../agents/builtin.ts";
 import { checkToolsFit, systemPromptFor } from "../agents/prompts.ts";
 import { openRunTools } from "../agents/toolset.ts";
 import type { Tool } from "../agents/types.ts";
@@ -129,11 +129,18 @@ export class TokenStreamer {
 
 // ---------------------------------------------------------------- session
 
-/** The session's settings, under the flags' names, and its open tools (default: the calculator). */
+/** The session's settings, under the flags' names, and its open tools (default: DEFAULT_TOOLS, builtin.ts). */
 export type ChatOptions = Pick<ChatFlags, "temperature" | "top_p" | "max_new_tokens" | "max_turns" | "tools_in_prompt" | "seed"> & {
   systemPrompt?: string;
   tools?: Tool[];
 };
+
+/** A tool call's arguments as chat shows them: a lone string argument as itself (`16-3` for
+ *  {"expression": "16-3"}), anything else as JSON. */
+export function shownArguments(args: Record<string, unknown>): string {
+  const values = Object.values(args);
+  return values.length === 1 && typeof values[0] === "string" ? values[0] : JSON.stringify(args);
+}
 
 /** The conversation and the settings the commands change. */
 export class ChatSession {
@@ -151,7 +158,7 @@ export class ChatSession {
   }
 
   reset(): void {
-    this.messages = [{ role: "system", content: this.o.systemPrompt ?? systemPromptFor(this.o.tools ?? [calculatorTool]) }];
+    this.messages = [{ role: "system", content: this.o.systemPrompt ?? systemPromptFor(this.o.tools ?? defaultTools()) }];
   }
 
   /** One user message → the streamed reply (tool calls shown through `write` as they run). The
@@ -160,12 +167,12 @@ export class ChatSession {
     const streamer = new TokenStreamer(this.tokenizer, this.stopIds, write);
     // Wrapped so each call is shown the moment it returns, before the model reads the result.
     const tools = this.toolsOn
-      ? (this.o.tools ?? [calculatorTool]).map((t): Tool => ({
+      ? (this.o.tools ?? defaultTools()).map((t): Tool => ({
           ...t,
           run: async (args) => {
             const result = await t.run(args);
             streamer.endTurn();
-            const shown = typeof args.expression === "string" ? args.expression : JSON.stringify(args);
+            const shown = shownArguments(args);
             write(printable(`[${t.name}] ${shown} → ${typeof result === "string" ? result : result.text}`) + "\n");
             return result;
           },

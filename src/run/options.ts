@@ -1,6 +1,7 @@
 /** Flags shared by the scripts, as flag tables (flags.ts): model and engine flags (all four scripts),
  *  LoRA and optimizer flags (the two training scripts), and `--preset`, which fills in every flag
  *  the user did not give on the command line, so explicit flags always win. */
+import { BUILTIN_TOOLS, DEFAULT_TOOLS } from "../agents/builtin.ts";
 import { Option, type Command } from "commander";
 import { AUTO_ORDER, BACKEND_NAMES } from "../engine/backend.ts";
 import { parseChoice, parseFloatArg, parseIntArg, parseList } from "./cli.ts";
@@ -54,7 +55,7 @@ export function addModelOptions(cmd: Command, defaults: { modelPath: string; qua
 /** The run's tools (agents/toolset.ts): --tools, --tool_timeout, --tool_max_chars (GRPO, eval, chat). */
 export function toolFlags() {
   return {
-    tools: flag("--tools <list>", "tools the agent may call, comma-separated: a built-in name (calculator), mcp:<command line> (an MCP server over stdio) or mcp:<http(s) URL> (Streamable HTTP)", undefined, "calculator"),
+    tools: flag("--tools <list>", `tools the agent may call, comma-separated: a built-in name (${BUILTIN_TOOLS.list().map((t) => t.name).join(", ")}), mcp:<command line> (an MCP server over stdio) or mcp:<http(s) URL> (Streamable HTTP)`, undefined, DEFAULT_TOOLS.join(",")),
     tool_timeout: flag("--tool_timeout <s>", "seconds one tool call may take before it returns an error to the model", parseFloatArg("tool_timeout", 0.001), 30),
     tool_max_chars: flag("--tool_max_chars <n>", "longest tool result the model reads; longer ones are cut with a marker", parseIntArg("tool_max_chars", 100), 4000),
   } satisfies FlagTable;
@@ -73,7 +74,7 @@ export function envFlags(help = ENV_HELP) {
 
 /** --tools/--tool_timeout/--tool_max_chars as the tool-set options of every run. */
 export function toolConfig(o: { tools?: string; tool_timeout?: number; tool_max_chars?: number }): { tools: string[]; toolTimeout?: number; toolMaxChars?: number } {
-  return { tools: splitToolSpecs(o.tools ?? "calculator"), toolTimeout: o.tool_timeout, toolMaxChars: o.tool_max_chars };
+  return { tools: splitToolSpecs(o.tools ?? DEFAULT_TOOLS.join(",")), toolTimeout: o.tool_timeout, toolMaxChars: o.tool_max_chars };
 }
 
 /** LoRA flags shared by SFT and GRPO. */

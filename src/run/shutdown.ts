@@ -168,3 +168,20 @@ function watchLauncher(gone: () => void): () => void {
   timer.unref();
   return () => clearInterval(timer);
 }
+
+/** A server's way to stop (scripts/serve.ts, serve-openai.ts): the first SIGINT/SIGTERM closes it
+ *  (`note` says what that abandons) and exits 0; a second exits 130 at once. */
+export function closeOnSignal(server: { close(): Promise<void> }, log: (line: string) => void, note = ""): void {
+  let stopping = false;
+  const stop = (signal: string) => {
+    if (stopping) {
+      log(`${signal} again: exiting now`);
+      process.exit(130);
+    }
+    stopping = true;
+    log(`${signal}: shutting down${note ? ` (${note}; ${signal} again to exit at once)` : ""}`);
+    void server.close().then(() => process.exit(0));
+  };
+  process.on("SIGINT", () => stop("SIGINT"));
+  process.on("SIGTERM", () => stop("SIGTERM"));
+}

@@ -5,7 +5,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import { calculate, calculatorTool, calculatorWorkersStarted, shutdownCalculator } from "../../src/agents/calculator.ts";
-import { getTool } from "../../src/agents/registry.ts";
+import { BUILTIN_TOOLS } from "../../src/agents/builtin.ts";
 import { toolSchema } from "../../src/agents/types.ts";
 
 const run = (expression: unknown) => calculatorTool.run({ expression });
@@ -17,7 +17,7 @@ describe("calculator tool", () => {
       '{"type":"function","function":{"name":"calculator","description":"Evaluate an arithmetic expression",' +
         '"parameters":{"type":"object","properties":{"expression":{"type":"string"}},"required":["expression"]}}}',
     );
-    expect(getTool("calculator")).toBe(calculatorTool);
+    expect(BUILTIN_TOOLS.get("calculator")).toBe(calculatorTool);
   });
 
   it("computes in the worker", async () => {
