@@ -1,11 +1,11 @@
 /** The library API: everything the scripts use, importable for programmatic use. */
-import { resolveModelDir } from "./model/hub.ts";
+import { resolveModelDir } from "./model/model-dir.ts";
 import { loadTokenizerFromDir } from "./model/tokenizer.ts";
 import type { Tokenizer } from "./model/types.ts";
 
 export { initBackend } from "./engine/backend.ts";
 export { loadModel, createModel } from "./model/load.ts";
-export { resolveModelDir } from "./model/hub.ts";
+export { resolveModelDir } from "./model/model-dir.ts";
 export { Qwen2ForCausalLM } from "./model/qwen2.ts";
 export { readSafetensorsAll, writeSafetensors } from "./model/safetensors.ts";
 export type { CausalLM, ChatMessage, KVCache, LoraConfig, Quantize, Qwen2Config, Tokenizer, ToolSchema } from "./model/types.ts";

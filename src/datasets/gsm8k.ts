@@ -1,13 +1,13 @@
 /** GSM8K examples from a JSONL file, a parquet file, a folder holding the split (a downloaded copy of
  *  the hub repo), or the dataset name (`gsm8k`, `openai/gsm8k`) resolved through the Hugging Face
- *  cache (see hub.ts). Rows keep GSM8K's own text; the gold answer is
+ *  cache (see gsm8k-hub.ts). Rows keep GSM8K's own text; the gold answer is
  *  parsed once here. Rows are returned in file order: shuffling belongs to whoever batches them. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { asyncBufferFromFile, parquetReadObjects } from "hyparquet";
 import { parseGold } from "./answer.ts";
 import { readLines } from "../util/jsonl.ts";
-import { resolveGsm8kSplit } from "./hub.ts";
+import { resolveGsm8kSplit } from "./gsm8k-hub.ts";
 
 export interface Gsm8kExample {
   id: string; // "<split or file stem>-<row>", stable across runs

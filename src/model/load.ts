@@ -6,7 +6,7 @@ import * as tf from "@tensorflow/tfjs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
 import { readConfig } from "./config.ts";
-import { resolveModelDir } from "./hub.ts";
+import { resolveModelDir } from "./model-dir.ts";
 import { LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { Qwen2ForCausalLM, type LayerWeights } from "./qwen2.ts";
 import { Checkpoint } from "./safetensors.ts";

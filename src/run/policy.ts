@@ -6,12 +6,12 @@ import * as path from "node:path";
 import { discardFailedRun, prepareOutputDir, type PrepareOptions } from "./cli.ts";
 import { UsageError } from "../util/errors.ts";
 import { loadModel } from "../model/load.ts";
-import { resolveModelDir } from "../model/hub.ts";
+import { resolveModelDir } from "../model/model-dir.ts";
 import { loadTokenizerFromDir } from "../model/tokenizer.ts";
 import type { Qwen2ForCausalLM } from "../model/qwen2.ts";
 import type { LoraConfig, Quantize, Tokenizer } from "../model/types.ts";
 import { writeDirAtomic } from "../util/fs.ts";
-import { isHubId } from "../util/hf-hub.ts";
+import { isHubId } from "../util/hub.ts";
 import type { ThreadsSpec } from "../engine/wasm-threads.ts";
 import { initBackend } from "../engine/backend.ts";
 

@@ -4,7 +4,7 @@
  *  over the same questions, /submit history with the best score, and the time budget. The running
  *  evaluation is abandoned at its next batch when the server closes; nothing is written for it. */
 import { createHash } from "node:crypto";
-import { resolveModelDir } from "../model/hub.ts";
+import { resolveModelDir } from "../model/model-dir.ts";
 import { evaluateModel, pairedImprovement } from "../run/eval-run.ts";
 import type { EvalResult } from "../run/evaluate.ts";
 import { HttpError } from "./errors.ts";

@@ -8,15 +8,15 @@ import * as path from "node:path";
 import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import { loadGsm8kWithReport } from "../datasets/gsm8k.ts";
 import { generateSynthetic } from "../datasets/synthetic.ts";
-import { resolveGsm8kSplit } from "../datasets/hub.ts";
-import { cachedSnapshot, resolveModelDir } from "../model/hub.ts";
+import { resolveGsm8kSplit } from "../datasets/gsm8k-hub.ts";
+import { cachedSnapshot, resolveModelDir } from "../model/model-dir.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS, TINY_SEEDS } from "../presets/tiny.ts";
 import { loadExamples } from "../run/data.ts";
 import { TINY_EVAL_PRESET } from "../run/eval-flags.ts";
 import type { EvalProtocol } from "../run/eval-run.ts";
 import { writeFileAtomic } from "../util/fs.ts";
-import { hubCacheDirs, isHubId } from "../util/hf-hub.ts";
+import { hubCacheDirs, isHubId } from "../util/hub.ts";
 
 export const SCENARIO_IDS = ["tiny", "gsm8k"] as const;
 export type ScenarioId = (typeof SCENARIO_IDS)[number];

@@ -1,12 +1,11 @@
 import { promises as fs } from "node:fs";
-import * as http from "node:http";
-import type { AddressInfo } from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { loadGsm8k, loadGsm8kWithReport } from "../../src/datasets/gsm8k.ts";
-import { resolveGsm8kSplit } from "../../src/datasets/hub.ts";
-import { hubCacheDirs } from "../../src/util/hf-hub.ts";
+import { resolveGsm8kSplit } from "../../src/datasets/gsm8k-hub.ts";
+import { hubCacheDirs } from "../../src/util/hub.ts";
+import { cacheAsHubWrites, startFakeHub } from "../fixtures/hub/fake-hub.ts";
 
 const FIX = path.resolve(__dirname, "../fixtures/gsm8k");
 const PARQUET = path.join(FIX, "main/train-00000-of-00001.parquet");
@@ -100,11 +99,7 @@ describe("loadGsm8k: parquet", () => {
 describe("dataset names through the Hugging Face cache", () => {
   async function cacheWith(folder: string, rev: string): Promise<string> {
     const hub = path.join(tmp, "hub");
-    const dir = path.join(hub, folder, "snapshots", rev, "main");
-    await fs.mkdir(dir, { recursive: true });
-    await fs.copyFile(PARQUET, path.join(dir, "train-00000-of-00001.parquet"));
-    await fs.mkdir(path.join(hub, folder, "refs"), { recursive: true });
-    await fs.writeFile(path.join(hub, folder, "refs", "main"), rev);
+    await cacheAsHubWrites(hub, folder, rev, { "main/train-00000-of-00001.parquet": await fs.readFile(PARQUET) });
     return hub;
   }
 
@@ -156,34 +151,24 @@ describe("dataset names through the Hugging Face cache", () => {
 
   it("downloads into the cache layout when online (local server standing in for the hub)", async () => {
     const bytes = await fs.readFile(PARQUET);
-    const seen: string[] = [];
-    const server = http.createServer((req, res) => {
-      seen.push(req.url ?? "");
-      if (req.url === "/datasets/openai/gsm8k/resolve/main/main/train-00000-of-00001.parquet") {
-        res.writeHead(200, { "x-repo-commit": "feed42" });
-        res.end(bytes);
-      } else {
-        res.writeHead(404);
-        res.end();
-      }
-    });
-    await new Promise<void>((ok) => server.listen(0, "127.0.0.1", ok));
-    const endpoint = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    const hub = await startFakeHub({ type: "dataset", name: "openai/gsm8k", commit: "feed42", files: { "main/train-00000-of-00001.parquet": bytes } });
     try {
-      const hub = path.join(tmp, "dl");
-      const env = { HF_HUB_CACHE: hub, HF_ENDPOINT: endpoint };
+      const dl = path.join(tmp, "dl");
+      const env = { HF_HUB_CACHE: dl, HF_ENDPOINT: hub.url };
       const file = await resolveGsm8kSplit("openai/gsm8k", "train", env);
-      expect(file).toBe(path.join(hub, "datasets--openai--gsm8k/snapshots/feed42/main/train-00000-of-00001.parquet"));
-      expect(await fs.readFile(path.join(hub, "datasets--openai--gsm8k/refs/main"), "utf8")).toBe("feed42");
+      expect(file).toBe(path.join(dl, "datasets--openai--gsm8k/snapshots/feed42/main/train-00000-of-00001.parquet"));
+      expect(await fs.readFile(path.join(dl, "datasets--openai--gsm8k/refs/main"), "utf8")).toBe("feed42");
       expect(Buffer.compare(await fs.readFile(file), bytes)).toBe(0);
+      expect((await fs.lstat(file)).isSymbolicLink()).toBe(true); // a link into blobs/, as the hub writes
       // Second time it comes from the cache: no new request.
+      const before = hub.seen.length;
       expect(await resolveGsm8kSplit("openai/gsm8k", "train", env)).toBe(file);
-      expect(seen).toHaveLength(1);
+      expect(hub.seen).toHaveLength(before);
       // A failed download is reported with the URL and status.
       const err = await resolveGsm8kSplit("openai/gsm8k", "test", env).catch((e: Error) => e.message);
       expect(err).toMatch(/download failed: GET .*test-00000-of-00001\.parquet -> HTTP 404/);
     } finally {
-      await new Promise((ok) => server.close(ok));
+      await hub.close();
     }
   });
 });

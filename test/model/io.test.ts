@@ -3,13 +3,12 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { promises as fs, readFileSync } from "node:fs";
-import * as http from "node:http";
-import type { AddressInfo } from "node:net";
 import * as os from "node:os";
 import * as path from "node:path";
 import { initBackend } from "../../src/engine/backend.ts";
 import { parseConfig, readConfig } from "../../src/model/config.ts";
-import { resolveModelDir } from "../../src/model/hub.ts";
+import { resolveModelDir } from "../../src/model/model-dir.ts";
+import { cacheAsHubWrites, startFakeHub } from "../fixtures/hub/fake-hub.ts";
 import { createModel, loadModel } from "../../src/model/load.ts";
 import { Checkpoint, encodeSafetensors, readSafetensorsAll, SafetensorsFile, toFloat32, writeSafetensors } from "../../src/model/safetensors.ts";
 
@@ -109,13 +108,10 @@ describe("safetensors", () => {
 });
 
 describe("model folders and the Hugging Face cache", () => {
-  it("finds a snapshot through refs/main, and explains a failed download", async () => {
+  it("finds a snapshot through refs/main in a cache laid out as the hub writes it, and explains a failed download", async () => {
     const cache = path.join(tmp, "hub");
-    const snap = path.join(cache, "models--acme--tiny", "snapshots", "abc123");
-    await fs.mkdir(snap, { recursive: true });
-    await fs.mkdir(path.join(cache, "models--acme--tiny", "refs"), { recursive: true });
-    await fs.writeFile(path.join(cache, "models--acme--tiny", "refs", "main"), "abc123\n");
-    await fs.copyFile(`${FIX}/config.json`, path.join(snap, "config.json"));
+    const snap = await cacheAsHubWrites(cache, "models--acme--tiny", "abc123", { "config.json": readFileSync(`${FIX}/config.json`) });
+    expect((await fs.lstat(path.join(snap, "config.json"))).isSymbolicLink()).toBe(true);
     const env = { HF_HUB_CACHE: cache, HF_ENDPOINT: "http://127.0.0.1:1" };
     expect(await resolveModelDir("acme/tiny", env)).toBe(snap);
     expect(await resolveModelDir(FIX, env)).toBe(FIX);
@@ -131,32 +127,17 @@ describe("model folders and the Hugging Face cache", () => {
 
   it("downloads a model into the cache layout when online (local server standing in for the hub)", async () => {
     const files = ["config.json", "model.safetensors"];
-    const seen: string[] = [];
-    const server = http.createServer((req, res) => {
-      const url = req.url ?? "";
-      seen.push(url);
-      const file = url.match(/^\/acme\/tiny\/resolve\/c0ffee\/(.+)$/)?.[1];
-      if (url === "/api/models/acme/tiny/revision/main") {
-        res.writeHead(200, { "content-type": "application/json" });
-        res.end(JSON.stringify({ sha: "c0ffee", siblings: [...files, "README.md"].map((rfilename) => ({ rfilename })) }));
-      } else if (file && files.includes(file)) {
-        const bytes = readFileSync(path.join(FIX, file));
-        res.writeHead(200, { "content-length": String(bytes.length) });
-        res.end(bytes);
-      } else {
-        res.writeHead(404);
-        res.end();
-      }
-    });
-    await new Promise<void>((ok) => server.listen(0, "127.0.0.1", ok));
+    const hub = await startFakeHub({ type: "model", name: "acme/tiny", commit: "c0ffee", files: Object.fromEntries(files.map((f) => [f, readFileSync(path.join(FIX, f))])), listedOnly: ["README.md"] });
     try {
       const cache = path.join(tmp, "hub-download");
-      const env = { HF_HUB_CACHE: cache, HF_ENDPOINT: `http://127.0.0.1:${(server.address() as AddressInfo).port}` };
+      const env = { HF_HUB_CACHE: cache, HF_ENDPOINT: hub.url };
       const snap = await resolveModelDir("acme/tiny", env);
       expect(snap).toBe(path.join(cache, "models--acme--tiny", "snapshots", "c0ffee"));
       expect(await fs.readFile(path.join(cache, "models--acme--tiny", "refs", "main"), "utf8")).toBe("c0ffee");
       for (const f of files) expect((await fs.readFile(path.join(snap, f))).equals(readFileSync(path.join(FIX, f)))).toBe(true);
-      expect((await fs.readdir(snap)).sort()).toEqual(files); // no .part files left, README.md not fetched
+      expect((await fs.readdir(snap)).sort()).toEqual(files); // README.md not fetched
+      for (const f of files) expect((await fs.lstat(path.join(snap, f))).isSymbolicLink()).toBe(true); // links into blobs/, as the hub writes
+      expect((await fs.readdir(path.join(cache, "models--acme--tiny", "blobs"))).filter((f) => f.endsWith(".incomplete"))).toEqual([]);
       const [a, b] = [await loadModel(snap), await loadModel(FIX)];
       const [la, lb] = [a.forward([[3, 1, 4]]), b.forward([[3, 1, 4]])];
       expect(Array.from(await la.data())).toEqual(Array.from(await lb.data()));
@@ -164,12 +145,15 @@ describe("model folders and the Hugging Face cache", () => {
       a.dispose();
       b.dispose();
       // Second time it comes from the cache: no new request.
-      const before = seen.length;
+      const before = hub.seen.length;
       expect(await resolveModelDir("acme/tiny", env)).toBe(snap);
-      expect(seen).toHaveLength(before);
-      expect(seen).toEqual(["/api/models/acme/tiny/revision/main", ...files.map((f) => `/acme/tiny/resolve/c0ffee/${f}`)]);
+      expect(hub.seen).toHaveLength(before);
+      expect(hub.seen).toEqual([
+        "GET /api/models/acme/tiny/revision/main",
+        ...files.flatMap((f) => ["POST /api/models/acme/tiny/paths-info/c0ffee", `GET /acme/tiny/resolve/c0ffee/${f}`, `GET /acme/tiny/resolve/c0ffee/${f}`]),
+      ]);
     } finally {
-      await new Promise((ok) => server.close(ok));
+      await hub.close();
     }
   });
 

@@ -1,12 +1,11 @@
-/** Finds GSM8K's parquet file for a split by dataset name: first in the local Hugging Face cache, in the
+/** GSM8K's parquet file for a split, by dataset name: first in the local Hugging Face cache, in the
  *  layout `datasets` / `huggingface-cli download` leave there
  *  (`<cache>/datasets--openai--gsm8k/snapshots/<rev>/main/<split>-00000-of-00001.parquet`), then by
- *  downloading that one file from the hub into the same layout. Only the `main` config; no auth
- *  tokens (GSM8K is public); no resume of partial downloads (the file is 2 MB). */
+ *  downloading that one file from the hub into the same layout (util/hub.ts). Only the `main` config;
+ *  no auth tokens (GSM8K is public). */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { writeFileAtomic } from "../util/fs.ts";
-import { hubCacheDirs, hubEndpoint, hubOffline } from "../util/hf-hub.ts";
+import { cachedMain, hubCacheDirs, hubDownload, hubOffline, setCachedMain } from "../util/hub.ts";
 
 const REPO = "openai/gsm8k";
 const NAMES = new Set(["gsm8k", "openai/gsm8k"]);
@@ -30,7 +29,10 @@ export async function resolveGsm8kSplit(name: string, split: "train" | "test", e
   let why = "HF_HUB_OFFLINE is set, so no download was tried";
   if (!offline) {
     try {
-      return await download(dirs[0], split, env);
+      const repo = { type: "dataset" as const, name: REPO, revision: "main", env };
+      const file = await hubDownload(repo, `main/${split}-00000-of-00001.parquet`);
+      await setCachedMain(repo, path.basename(path.dirname(path.dirname(file)))); // the commit it came from
+      return file;
     } catch (err) {
       why = `download failed: ${(err as Error).message}`;
     }
@@ -47,7 +49,7 @@ async function findInSnapshot(repoDir: string, split: string): Promise<string | 
   const snapshots = path.join(repoDir, "snapshots");
   const revs = await fs.readdir(snapshots).catch(() => [] as string[]);
   if (revs.length === 0) return null;
-  const main = (await fs.readFile(path.join(repoDir, "refs", "main"), "utf8").catch(() => "")).trim();
+  const main = await cachedMain(repoDir);
   const withTime = await Promise.all(
     revs.map(async (r) => ({ r, t: (await fs.stat(path.join(snapshots, r)).catch(() => null))?.mtimeMs ?? 0 })),
   );
@@ -58,22 +60,4 @@ async function findInSnapshot(repoDir: string, split: string): Promise<string | 
     if (hit) return path.join(snapshots, rev, "main", hit);
   }
   return null;
-}
-
-/** Download one file into the cache layout (a plain file in the snapshot, no blob symlink: readers
- *  only need the snapshot path). */
-async function download(cacheDir: string, split: string, env: NodeJS.ProcessEnv): Promise<string> {
-  const endpoint = hubEndpoint(env);
-  const file = `main/${split}-00000-of-00001.parquet`;
-  const url = `${endpoint}/datasets/${REPO}/resolve/main/${file}`;
-  const res = await fetch(url, { signal: AbortSignal.timeout(60_000) });
-  if (!res.ok) throw new Error(`GET ${url} -> HTTP ${res.status}`);
-  const bytes = new Uint8Array(await res.arrayBuffer());
-  // The hub names the commit it served; fall back to "main" so the layout still resolves next time.
-  const rev = (res.headers.get("x-repo-commit") ?? "").replace(/[^0-9a-zA-Z]/g, "") || "main";
-  const repoDir = path.join(cacheDir, CACHE_FOLDERS[0]);
-  const target = path.join(repoDir, "snapshots", rev, file);
-  await writeFileAtomic(target, bytes);
-  await writeFileAtomic(path.join(repoDir, "refs", "main"), rev);
-  return target;
 }
