@@ -151,10 +151,6 @@ export class LoraAdapter {
     bT.dispose();
   }
 
-  has(layer: number, m: LoraTarget): boolean {
-    return this.pairs.has(`${layer}.${m}`);
-  }
-
   /** The LoRA term for x [N, in] → [N, out], or null when this module has no adapter. */
   delta(layer: number, m: LoraTarget, x: tf.Tensor2D, training: boolean): tf.Tensor2D | null {
     const p = this.pairs.get(`${layer}.${m}`);

@@ -27,8 +27,6 @@ export interface RowDraw {
   token: number;
   /** log p(token) under the distribution drawn from (after top-k/top-p renormalisation); 0 for greedy. */
   logprob: number;
-  /** log_softmax(logits / T)[token], no truncation (T = 1 for greedy). */
-  rawLogprob: number;
 }
 
 export function checkSamplingParams(p: SamplingParams): void {
@@ -108,18 +106,18 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
   }
   const logZ = Math.log(sum); // log p_j = (x_j - max)/T - logZ
   const raw = (j: number) => (row[j] - max) / T - logZ;
-  if (params.temperature === 0) return { token: argmax, logprob: 0, rawLogprob: raw(argmax) };
+  if (params.temperature === 0) return { token: argmax, logprob: 0 };
 
   if (topK > 0) {
     const cand = topIndices(row, topK, scratch.copy); // rank order (both walks)
     const { index, mass } = drawPrefix(cand.map((j) => e[j]), topP, u)!; // whole: never null
-    return { token: cand[index], logprob: Math.log(e[cand[index]] / mass), rawLogprob: raw(cand[index]) };
+    return { token: cand[index], logprob: Math.log(e[cand[index]] / mass) };
   }
   if (ranked) {
     // The whole vocabulary in rank order, or its nucleus (its mass: where the cumulative reaches topP).
     const mass = topP < 1 ? crossing(row, topP * sum, false, scratch).through : sum;
     const tok = crossing(row, u * mass, true, scratch).token;
-    return { token: tok, logprob: topP < 1 ? Math.log(e[tok] / mass) : raw(tok), rawLogprob: raw(tok) };
+    return { token: tok, logprob: topP < 1 ? Math.log(e[tok] / mass) : raw(tok) };
   }
   if (topP === 1) {
     // Inverse CDF over the whole vocabulary in id order.
@@ -131,7 +129,7 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
       tok = j;
       if (target < acc) break;
     }
-    return { token: tok, logprob: raw(tok), rawLogprob: raw(tok) };
+    return { token: tok, logprob: raw(tok) };
   }
   // Nucleus: find the boundary value by a mass-weighted select (no sort of V), keep everything above
   // it and, among ties at it, the lowest ids until the mass is reached; walk the kept ids in id order.
@@ -151,7 +149,7 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
   }
   while (i > 0 && e[kept[i]] === 0) i--; // float round-off ran past the last token with mass
   const tok = kept[i];
-  return { token: tok, logprob: Math.log(e[tok] / mass), rawLogprob: raw(tok) };
+  return { token: tok, logprob: Math.log(e[tok] / mass) };
 }
 
 /** The value v of the last token the nucleus needs (tokens sorted by value descending): the mass of

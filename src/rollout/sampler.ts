@@ -37,8 +37,6 @@ export interface SampleResult {
   tokens: number[];
   /** log p(token) under the sampling distribution (0 for greedy: the choice was certain). */
   logprobs: number[];
-  /** log_softmax(logits / T)[token], no top-k/top-p truncation (T = 1 for greedy). */
-  rawLogprobs: number[];
   /** Floats read back from the backend: B·V on the host path; B·(2 + 2K) on the candidate path,
    *  plus V for each row drawn from its whole row. */
   readFloats: number;
@@ -78,11 +76,10 @@ export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, 
     const walk = onDevice ? "rank" : (opts.walk ?? "id");
     rest.forEach((b, i) => (draws[b] = sampleRow(data.subarray(i * V, (i + 1) * V), params, us[b], scratch, walk)));
   }
-  const out: SampleResult = { tokens: [], logprobs: [], rawLogprobs: [], readFloats: floats + rest.length * V };
+  const out: SampleResult = { tokens: [], logprobs: [], readFloats: floats + rest.length * V };
   for (const d of draws as RowDraw[]) {
     out.tokens.push(d.token);
     out.logprobs.push(d.logprob);
-    out.rawLogprobs.push(d.rawLogprob);
   }
   return out;
 }
@@ -132,7 +129,7 @@ async function fromCandidates(logits: tf.Tensor2D, params: SamplingParams, us: n
     const logZ = Math.log(sum);
     const drawn = (i: number, logprob: (raw: number) => number): RowDraw => {
       const raw = (vals[order[i]] - max) / T - logZ;
-      return { token: ids[order[i]], logprob: logprob(raw), rawLogprob: raw };
+      return { token: ids[order[i]], logprob: logprob(raw) };
     };
     if (greedy) return certain > 0 ? drawn(0, () => 0) : null;
     const d = topK > 0

@@ -47,9 +47,11 @@ import type { ThreadsSpec } from "../engine/wasm-threads.ts";
 export type GrpoRunConfig = GrpoFlags & {
   synthetic?: Omit<SyntheticOptions, "n" | "seed">; // default: the tiny preset's problems with --preset tiny
   quiet?: boolean;
-  /** Replaces the reward registry (tests use it to give random-weight rollouts a signal). */
-  score?: (t: Trajectory, gold: string) => { reward: number; components: Record<string, number> };
 };
+
+/** A rollout's reward and its parts, in place of the --reward_weights components (a program's own
+ *  reward, e.g. one that gives random-weight rollouts a signal). */
+export type RolloutScorer = (t: Trajectory, gold: string) => { reward: number; components: Record<string, number> };
 
 export interface GrpoRunResult {
   steps: number;
@@ -92,7 +94,7 @@ function dataStream(examples: Task[], seed: number) {
   };
 }
 
-export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
+export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Promise<GrpoRunResult> {
   const t0 = Date.now();
   // The environment server is checked first, by one real reset (its family also fixes the default
   // task ranges): one that does not answer or refuses its family's requests is a usage error before
@@ -141,7 +143,7 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   const remote = await openRemoteRollouts(cfg, null, log); // --rollout_engine openai: an engine that does not answer is a usage error
   const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(toolConfig(cfg), log);
   try {
-    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs, rewardWeights, remote });
+    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs, rewardWeights, remote, score });
   } finally {
     await toolSet.close();
     await remote?.close();
@@ -152,10 +154,10 @@ async function train(
   cfg: GrpoRunConfig & { output_dir: string; epsilon_high: number },
   c: {
     t0: number; log: (line: string) => void; ckpt: Awaited<ReturnType<typeof loadCheckpoint>> | null; start: number; examples: Task[]; heldOut: Task[];
-    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet; envs: EnvironmentFactory | null; rewardWeights: Record<string, number>; remote: RemoteRollouts | null;
+    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet; envs: EnvironmentFactory | null; rewardWeights: Record<string, number>; remote: RemoteRollouts | null; score?: RolloutScorer;
   },
 ): Promise<GrpoRunResult> {
-  const { t0, log, ckpt, start, examples, heldOut, split, rewardWeights } = c;
+  const { t0, log, ckpt, start, examples, heldOut, split, rewardWeights, score } = c;
   const total = cfg.max_steps;
   const tools = c.toolSet.tools;
   const lora: LoraConfig = { r: cfg.lora_r, alpha: cfg.lora_alpha, dropout: cfg.lora_dropout, targetModules: loraTargets(cfg.lora_targets) };
@@ -196,7 +198,7 @@ async function train(
       await saveCheckpoint(cfg.output_dir, {
         saveModel: (dir) => savePolicy(policy, dir, false),
         state: {
-          global_step: s, epoch: (s * cfg.prompts_per_step) / examples.length, rng_state: { rollout_seed: cfg.seed }, data_position: s * cfg.prompts_per_step,
+          global_step: s, epoch: (s * cfg.prompts_per_step) / examples.length, data_position: s * cfg.prompts_per_step,
           config_hash: configHash(identity(cfg)), config: identity(cfg), log_history: history, extra: { base: policy.base },
         },
         optimizerState: await exportOptimizer(optimizer),
@@ -242,7 +244,7 @@ async function train(
         // of its group's advantages (advantages.ts countedGroupAdvantages).
         const envFailed = (t: Trajectory) => t.finishReason === "env_error";
         for (const t of trajs) {
-          const s = cfg.score ? cfg.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], rewardWeights);
+          const s = score ? score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], rewardWeights);
           t.reward = envFailed(t) ? 0 : s.reward;
           t.rewardComponents = s.components;
         }

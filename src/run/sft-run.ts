@@ -119,7 +119,7 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
       await saveCheckpoint(cfg.output_dir, {
         saveModel: (dir) => savePolicy(policy, dir, cfg.full),
         state: {
-          global_step: s, epoch: s / stepsPerEpoch, rng_state: { data: rng.getState() }, data_position: (s % stepsPerEpoch) * perStep,
+          global_step: s, epoch: s / stepsPerEpoch, data_position: (s % stepsPerEpoch) * perStep,
           config_hash: configHash(identity(cfg)), config: identity(cfg), log_history: [], extra: { base: policy.base },
         },
         optimizerState: await exportOptimizer(optimizer),

@@ -20,15 +20,11 @@ export interface TrainerState {
   /** Optimizer steps completed. */
   global_step: number;
   epoch: number;
-  /** Saved Rng states by name (`Rng.getState()`), so sampling and shuffling resume the same streams. */
-  rng_state: Record<string, number>;
   /** Position in the data order (examples consumed in the current epoch). */
   data_position: number;
   config_hash: string;
   /** A summary of the resolved config, for humans and for `configDiff` on resume. */
   config?: Record<string, unknown>;
-  best_metric?: number | null;
-  best_model_checkpoint?: string | null;
   /** Last entries of metrics.jsonl (kept short: the full history is in the run folder). */
   log_history: Record<string, unknown>[];
   /** Anything else a trainer needs back on resume. */
@@ -191,8 +187,6 @@ function validateState(s: TrainerState, where: string): void {
   if (!Number.isInteger(s.global_step) || s.global_step < 0) throw bad(`global_step ${JSON.stringify(s.global_step)}: expected a whole number >= 0`);
   if (typeof s.epoch !== "number") throw bad(`epoch ${JSON.stringify(s.epoch)}: expected a number`);
   if (!Number.isInteger(s.data_position) || s.data_position < 0) throw bad(`data_position ${JSON.stringify(s.data_position)}: expected a whole number >= 0`);
-  if (typeof s.rng_state !== "object" || s.rng_state === null || Object.values(s.rng_state).some((v) => !Number.isInteger(v)))
-    throw bad(`rng_state: expected an object of whole numbers (Rng.getState())`);
   if (typeof s.config_hash !== "string") throw bad(`config_hash: expected a string`);
   if (!Array.isArray(s.log_history)) throw bad(`log_history: expected an array`);
 }

@@ -3,6 +3,7 @@
  *  Each failure is that rollout's (env_error, reward 0, no update from it); a GRPO run goes on through
  *  partial failures and stops with one line, a checkpoint and a way to resume after
  *  --env_max_failed_steps steps in which every rollout failed. */
+import type { RolloutScorer } from "../../src/run/grpo-run.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as http from "node:http";
@@ -192,11 +193,11 @@ describe("GRPO against a failing environment server", () => {
     proxies.push(proxy);
     const cfg = await tinyEnvRunConfig(proxy.url, "id", {
       max_steps: 4, max_new_tokens: 64, env_max_failed_steps: 2,
-      // Sample 1 of a group beats sample 0, so every group of two good rollouts carries a signal.
-      score: (t) => ({ reward: t.sampleIndex, components: { sample: t.sampleIndex } }),
     });
+    // Sample 1 of a group beats sample 0, so every group of two good rollouts carries a signal.
+    const bySample: RolloutScorer = (t) => ({ reward: t.sampleIndex, components: { sample: t.sampleIndex } });
     const out = cfg.output_dir;
-    await expect(runGrpo(cfg)).rejects.toThrow(
+    await expect(runGrpo(cfg, bySample)).rejects.toThrow(
       /^environment http:\/\/127\.0\.0\.1:\d+: every rollout failed in 2 steps in a row \(last: environment .*\/create: HTTP 500 .*\); stopped after step 3 and saved checkpoint-3 in .*; continue with --resume once the server answers$/,
     );
     const metrics = await readMetrics(path.join(out, "metrics.jsonl"));
@@ -217,7 +218,7 @@ describe("GRPO against a failing environment server", () => {
     expect(await fs.readdir(out)).toContain("checkpoint-3");
     // The server is back: the run resumes after the failed steps and finishes.
     healthy = true;
-    const done = await runGrpo({ ...cfg, resume: true });
+    const done = await runGrpo({ ...cfg, resume: true }, bySample);
     expect(done.steps).toBe(4);
     const after = await readMetrics(path.join(out, "metrics.jsonl"));
     expect(after.map((m) => m.step)).toEqual([1, 2, 3, 4]);

@@ -12,8 +12,8 @@ const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-ckpt-"));
 
 function state(step: number, extra: Partial<TrainerState> = {}): TrainerState {
   return {
-    global_step: step, epoch: step / 10, rng_state: { sampler: 123456789 + step, data: 42 }, data_position: step * 4,
-    config_hash: configHash({ lr: 1e-5 }), config: { lr: 1e-5 }, best_metric: 0.5, best_model_checkpoint: null,
+    global_step: step, epoch: step / 10, data_position: step * 4,
+    config_hash: configHash({ lr: 1e-5 }), config: { lr: 1e-5 },
     log_history: [{ step, loss: 1 / step }], ...extra,
   };
 }
@@ -147,13 +147,13 @@ describe("resume", () => {
       if (s === 3)
         await saveCheckpoint(run, {
           saveModel: async (d) => fs.writeFile(path.join(d, "params.json"), JSON.stringify(Array.from(p))),
-          state: state(3, { rng_state: { sampler: rng.getState() } }),
+          state: state(3, { extra: { sampler: rng.getState() } }),
           optimizerState: { m: { shape: [5], data: m.slice() }, p: { shape: [5], data: p.slice() } },
         });
     }
     const got = await loadCheckpoint(run);
     const rng2 = new Rng(0);
-    rng2.setState(got.state.rng_state.sampler);
+    rng2.setState(got.state.extra!.sampler as number);
     const p2 = got.optimizerState!.p.data, m2 = got.optimizerState!.m.data;
     for (let s = got.state.global_step + 1; s <= 6; s++) step(p2, m2, rng2);
     expect(bits(p2)).toEqual(bits(p));

@@ -37,13 +37,11 @@ const PATHS: [string, SampleOptions][] = [["host, id walk", { onDevice: false }]
 describe.each(PATHS)("sampleTokens (%s)", (_, opts) => {
   const row = [0.5, 2.0, -1.0, 1.2, 0.0];
 
-  it("temperature 0 is argmax with the lowest id on ties, and reports log_softmax(logits)", async () => {
+  it("temperature 0 is argmax with the lowest id on ties", async () => {
     const logits = tf.tensor2d([[1, 3, 3, 0], [5, 1, 1, 5], [-2, -1, -3, -1.5]]);
     const r = await sampleTokens(logits, { temperature: 0 }, new Rng(0), opts);
     expect(r.tokens).toEqual([1, 0, 1]);
     expect(r.logprobs).toEqual([0, 0, 0]);
-    const expected = [[1, 3, 3, 0], [5, 1, 1, 5], [-2, -1, -3, -1.5]].map((l, b) => logSoftmax(l)[r.tokens[b]]);
-    r.rawLogprobs.forEach((v, b) => expect(v).toBeCloseTo(expected[b], 5));
     logits.dispose();
   });
 
@@ -53,8 +51,6 @@ describe.each(PATHS)("sampleTokens (%s)", (_, opts) => {
       const r = await sampleTokens(logits, params, new Rng(5), opts);
       expect(r.tokens).toEqual([1, 4]);
       r.logprobs.forEach((v) => expect(v).toBeCloseTo(0, 6));
-      expect(r.rawLogprobs[0]).toBeCloseTo(logSoftmax(row, params.temperature)[1], 5);
-      expect(r.rawLogprobs[1]).toBeCloseTo(logSoftmax([3, 1, 4, 1, 5], params.temperature)[4], 5);
     }
     logits.dispose();
   });
@@ -96,7 +92,6 @@ describe.each(PATHS)("sampleTokens (%s)", (_, opts) => {
     for (let b = 0; b < 4; b++) {
       expect(r.tokens[b]).toBeLessThan(902); // ties sort lower ids first, so the nucleus is ids 0..~900
       expect(Math.abs(r.logprobs[b] + Math.log(900))).toBeLessThan(3e-3);
-      expect(r.rawLogprobs[b]).toBeCloseTo(-Math.log(V), 4);
     }
     logits.dispose();
   });

@@ -9,7 +9,7 @@ import { initBackend } from "../../src/engine/backend.ts";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
-import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
+import { runGrpo, type GrpoRunConfig, type RolloutScorer } from "../../src/run/grpo-run.ts";
 import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
 import { defaultsOf } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
@@ -37,16 +37,18 @@ const sftCfg = (output_dir: string): SftRunConfig => ({
   eval_max_new_tokens: 24, max_turns: 3, output_dir, backend: "wasm", quiet: true,
 });
 
+// Random weights never answer right, so every group would carry no signal: reward the share of
+// even token ids instead, which varies between samples.
+const evenIds: RolloutScorer = (t) => {
+  const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
+  const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
+  return { reward: even, components: { even } };
+};
+
 const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
   ...defaultsOf(GRPO_FLAGS), model_path, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_steps: 2, prompts_per_step: 2, samples_per_prompt: 3,
   max_new_tokens: 24, max_turns: 3, temperature: 1, beta: 0.04, epsilon: 0.2, epsilon_high: 0.2, reward_weights: "correctness=1,format=0.1,tool_use=0",
-  // Random weights never answer right, so every group would carry no signal: reward the share of
-  // even token ids instead, which varies between samples.
-  score: (t) => {
-    const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
-    const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
-    return { reward: even, components: { even } };
-  }, learning_rate: 1e-2, micro_batch_size: 4, lora_r: 4, lora_alpha: 8, quantize: "nf4",
+  learning_rate: 1e-2, micro_batch_size: 4, lora_r: 4, lora_alpha: 8, quantize: "nf4",
   tools_in_prompt: false, save_steps: 1, save_total_limit: 3, seed: 3, output_dir, backend: "wasm", quiet: true, ...over,
 });
 
@@ -63,7 +65,7 @@ describe("tiny pipeline", () => {
 
     const before = tf.memory().numTensors;
     const grpoDir = path.join(root, "grpo");
-    const r = await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir));
+    const r = await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir), evenIds);
     expect(r.steps).toBe(2);
     expect(tf.memory().numTensors).toBe(before);
     for (const f of ["run.json", "metrics.jsonl", "report.html", "trajectories.jsonl", "latest", "final/adapter_config.json", "final/adapter_model.safetensors"])
@@ -93,9 +95,9 @@ describe("tiny pipeline", () => {
   it("GRPO resumed halfway makes the same adapter as an uninterrupted run", async () => {
     const whole = path.join(root, "whole");
     const halves = path.join(root, "halves");
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), whole, { max_steps: 2 }));
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 1 }));
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 2, resume: true }));
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), whole, { max_steps: 2 }), evenIds);
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 1 }), evenIds);
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 2, resume: true }), evenIds);
     const a = await fs.readFile(path.join(whole, "final/adapter_model.safetensors"));
     const b = await fs.readFile(path.join(halves, "final/adapter_model.safetensors"));
     const init = await fs.readFile(path.join(halves, "checkpoint-1/adapter_model.safetensors"));
@@ -109,7 +111,7 @@ describe("tiny pipeline", () => {
     expect(await history(halves)).toEqual([1, 2]); // the resumed run keeps the first run's history
     expect(await history(halves)).toEqual(await history(whole));
     // Resuming with other settings names them; --overwrite with --resume is refused.
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, learning_rate: 5e-3 }))).rejects.toThrow(/other settings \(learning_rate\)/);
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, overwrite: true }))).rejects.toThrow(/--overwrite and --resume together/);
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, learning_rate: 5e-3 }), evenIds)).rejects.toThrow(/other settings \(learning_rate\)/);
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, overwrite: true }), evenIds)).rejects.toThrow(/--overwrite and --resume together/);
   });
 });

@@ -18,7 +18,7 @@ import { EngineClient, EngineError, parseCompletion } from "../../src/rollout/op
 import { remoteRolloutGroups } from "../../src/rollout/remote-rollout.ts";
 import { defaultsOf } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
-import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
+import { runGrpo, type GrpoRunConfig, type RolloutScorer } from "../../src/run/grpo-run.ts";
 import { openRemoteRollouts } from "../../src/run/grpo-remote.ts";
 import { openPolicy } from "../../src/run/policy.ts";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
@@ -40,15 +40,17 @@ afterAll(async () => {
   await shutdownCalculator();
 });
 
+// Random weights never answer right: reward the share of even token ids, which varies between samples.
+const evenIds: RolloutScorer = (t) => {
+  const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
+  const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
+  return { reward: even, components: { even } };
+};
+
 const grpoCfg = (output_dir: string, url: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
   ...defaultsOf(GRPO_FLAGS), model_path: base, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_steps: 2, prompts_per_step: 2, samples_per_prompt: 3,
   max_new_tokens: 24, max_turns: 3, temperature: 1, beta: 0, reward_weights: "correctness=1",
-  // Random weights never answer right: reward the share of even token ids, which varies between samples.
-  score: (t) => {
-    const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
-    const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
-    return { reward: even, components: { even } };
-  }, learning_rate: 1e-2, micro_batch_size: 8, lora_r: 4, lora_alpha: 8, quantize: "none", tools_in_prompt: false, save_steps: 1,
+  learning_rate: 1e-2, micro_batch_size: 8, lora_r: 4, lora_alpha: 8, quantize: "none", tools_in_prompt: false, save_steps: 1,
   seed: 3, output_dir, backend: "wasm", quiet: true, rollout_engine: "openai", rollout_url: `${url}/v1`, ...over,
 });
 
@@ -112,7 +114,7 @@ describe("rollouts on an OpenAI-compatible engine", () => {
   });
 
   it("trains with the engine, synchronously and one step ahead, logging version, staleness and waits", async () => {
-    const sync = await runGrpo(grpoCfg(path.join(root, "sync"), server.url));
+    const sync = await runGrpo(grpoCfg(path.join(root, "sync"), server.url), evenIds);
     expect(sync.steps).toBe(2);
     const m = await readMetrics(path.join(root, "sync", "metrics.jsonl"));
     expect(m.map((x) => [x.policy_version, x.staleness])).toEqual([[0, 0], [1, 0]]);
@@ -122,7 +124,7 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     }
     expect(m[1].kl).toBe(0); // β = 0
 
-    const ahead = await runGrpo(grpoCfg(path.join(root, "async"), server.url, { max_steps: 3, async_rollouts: 1 }));
+    const ahead = await runGrpo(grpoCfg(path.join(root, "async"), server.url, { max_steps: 3, async_rollouts: 1 }), evenIds);
     expect(ahead.steps).toBe(3);
     const a = await readMetrics(path.join(root, "async", "metrics.jsonl"));
     // Steps 1 and 2 were requested at the start (version 0); step 3 once version 1 was published.
@@ -153,15 +155,14 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     const dir = path.join(root, "dies");
     let scored = 0;
     const cfg = grpoCfg(dir, second.url, { max_steps: 3 });
-    const score = cfg.score!;
     // The engine dies while step 1 is scored: step 2's publish finds nobody.
-    cfg.score = (t, gold) => {
+    const dying: RolloutScorer = (t, gold) => {
       if (++scored === 6) void second.close();
-      return score(t, gold);
+      return evenIds(t, gold);
     };
-    await expect(runGrpo(cfg)).rejects.toThrow(/cannot be reached.*stopped before step 2 and saved checkpoint-1 .*--resume/);
+    await expect(runGrpo(cfg, dying)).rejects.toThrow(/cannot be reached.*stopped before step 2 and saved checkpoint-1 .*--resume/);
     expect(await fs.readFile(path.join(dir, "latest"), "utf8")).toContain("checkpoint-1");
-    const resumed = await runGrpo({ ...grpoCfg(dir, server.url, { max_steps: 3 }), resume: true });
+    const resumed = await runGrpo({ ...grpoCfg(dir, server.url, { max_steps: 3 }), resume: true }, evenIds);
     expect(resumed.steps).toBe(3);
     expect((await readMetrics(path.join(dir, "metrics.jsonl"))).map((x) => x.step)).toEqual([1, 2, 3]);
   });

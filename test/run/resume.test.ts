@@ -11,7 +11,7 @@ import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { defaultsOf } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { SFT_FLAGS } from "../../src/run/sft-flags.ts";
-import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
+import { runGrpo, type GrpoRunConfig, type RolloutScorer } from "../../src/run/grpo-run.ts";
 import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
 import { Interrupted } from "../../src/run/shutdown.ts";
 import { generateSynthetic } from "../../src/datasets/synthetic.ts";
@@ -35,10 +35,11 @@ const sftCfg = (output_dir: string, over: Partial<SftRunConfig> = {}): SftRunCon
   eval_max_new_tokens: 8, max_turns: 1, output_dir, backend: "wasm", quiet: true, ...over,
 });
 
+const evenCount: RolloutScorer = (t) => ({ reward: t.completionIds.filter((id) => id % 2 === 0).length, components: {} });
+
 const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
   ...defaultsOf(GRPO_FLAGS), model_path, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_steps: 2, prompts_per_step: 1, samples_per_prompt: 2,
   max_new_tokens: 8, max_turns: 1, beta: 0, epsilon_high: 0.2, reward_weights: "correctness=1",
-  score: (t) => ({ reward: t.completionIds.filter((id) => id % 2 === 0).length, components: {} }),
   learning_rate: 1e-2, micro_batch_size: 4, lora_r: 4, lora_alpha: 8, quantize: "nf4", tools_in_prompt: false, save_steps: 0, seed: 3,
   output_dir, backend: "wasm", quiet: true, ...over,
 });
@@ -91,7 +92,7 @@ describe("a run killed after its last step", () => {
     const sftDir = path.join(root, "sft-end");
     await runSft(sftCfg(sftDir, { num_epochs: 1 }));
     const grpoDir = path.join(root, "grpo-end");
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir));
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir), evenCount);
     const finals = { sft: await read(sftDir, "final/adapter_model.safetensors"), grpo: await read(grpoDir, "final/adapter_model.safetensors") };
     for (const [kind, dir] of [["sft", sftDir], ["grpo", grpoDir]] as const) {
       // As the kill left it: the last checkpoint written, final/ still under its temp name, no report.
@@ -101,14 +102,14 @@ describe("a run killed after its last step", () => {
       await fs.cp(dir, copy, { recursive: true });
       for (const d of [dir, copy]) {
         if (kind === "sft") await runSft(sftCfg(d, { num_epochs: 1, resume: true }));
-        else await runGrpo(grpoCfg(path.join(sftDir, "final"), d, { resume: true }));
+        else await runGrpo(grpoCfg(path.join(sftDir, "final"), d, { resume: true }), evenCount);
         expect(Buffer.compare(await read(d, "final/adapter_model.safetensors"), finals[kind]), `${kind} ${d}`).toBe(0);
         expect(await exists(path.join(d, "report.html"))).toBe(true);
       }
     }
     // A checkpoint without optimizer state is refused instead of silently restarting AdamW.
     await fs.rm(path.join(grpoDir, "checkpoint-2", "optimizer.safetensors"));
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir, { max_steps: 3, resume: true }))).rejects.toThrow(/has no optimizer.safetensors/);
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir, { max_steps: 3, resume: true }), evenCount)).rejects.toThrow(/has no optimizer.safetensors/);
   }, 120_000);
 });
 
