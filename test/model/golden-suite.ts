@@ -1,5 +1,5 @@
 /** Golden parity with test/fixtures/qwen2-tiny (an independent float32 PyTorch Qwen2 + PEFT LoRA), as
- *  one suite every backend runs with the same thresholds (parity.test.ts: wasm; test/webgpu/). */
+ *  one suite every backend runs with the same thresholds (parity.test.ts: wasm; test/engine/webgpu/). */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { readFileSync } from "node:fs";

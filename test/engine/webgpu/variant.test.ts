@@ -1,6 +1,6 @@
 /** The Qwen2 variant suite (test/model/variant-suite.ts) on the webgpu backend. */
 import { describe } from "vitest";
-import { variantSuite } from "../model/variant-suite.ts";
+import { variantSuite } from "../../model/variant-suite.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 if (await webgpuForTests()) variantSuite("webgpu");

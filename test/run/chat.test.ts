@@ -19,7 +19,7 @@ import { rolloutGroups, type Trajectory } from "../../src/rollout/rollout.ts";
 import { ChatSession, parseChatArgs, parseChatCommand, printable, runChat, TokenStreamer, trajectoryToMessages, type ChatRunConfig, type OpenChatModel } from "../../src/run/chat.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { ScriptedModel } from "../rollout/scripted-model.ts";
-import { makeSmallModelDir, SMALL_MODEL_CONFIG } from "../run/tiny-fixture.ts";
+import { makeSmallModelDir, SMALL_MODEL_CONFIG } from "./tiny-fixture.ts";
 
 let modelDir: string;
 let tok: Tokenizer;

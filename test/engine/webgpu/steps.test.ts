@@ -5,22 +5,22 @@
  *  the calculator) with wasm's very tokens. Tiny shapes: the software adapter is slow. */
 import { afterAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend, registerWasmExtras } from "../../src/engine/backend.ts";
-import { loadModel } from "../../src/model/load.ts";
-import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
-import { LORA_TARGETS, type LoraConfig, type Quantize } from "../../src/model/types.ts";
-import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.ts";
-import { toPrompt } from "../../src/agents/prompts.ts";
-import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
-import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
-import { rolloutGroups } from "../../src/rollout/rollout.ts";
-import { sampleTokens } from "../../src/rollout/sampler.ts";
-import { groupAdvantages } from "../../src/trainer/advantages.ts";
-import { rightPad } from "../../src/trainer/batch.ts";
-import { grpoStep, type GrpoConfig, type GrpoRollout } from "../../src/trainer/grpo.ts";
-import { AdamW } from "../../src/trainer/optimizer.ts";
-import { sftStep } from "../../src/trainer/sft.ts";
-import { Rng } from "../../src/util/rng.ts";
+import { initBackend, registerWasmExtras } from "../../../src/engine/backend.ts";
+import { loadModel } from "../../../src/model/load.ts";
+import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
+import { LORA_TARGETS, type LoraConfig, type Quantize } from "../../../src/model/types.ts";
+import { calculatorTool, shutdownCalculator } from "../../../src/agents/calculator.ts";
+import { toPrompt } from "../../../src/agents/prompts.ts";
+import { loadTokenizerFromDir } from "../../../src/model/tokenizer.ts";
+import { TINY_BASE_DIR } from "../../../src/presets/tiny.ts";
+import { rolloutGroups } from "../../../src/rollout/rollout.ts";
+import { sampleTokens } from "../../../src/rollout/sampler.ts";
+import { groupAdvantages } from "../../../src/trainer/advantages.ts";
+import { rightPad } from "../../../src/trainer/batch.ts";
+import { grpoStep, type GrpoConfig, type GrpoRollout } from "../../../src/trainer/grpo.ts";
+import { AdamW } from "../../../src/trainer/optimizer.ts";
+import { sftStep } from "../../../src/trainer/sft.ts";
+import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 const gpu = await webgpuForTests();

@@ -1,6 +1,6 @@
 /** The golden suite (test/model/golden-suite.ts) on the webgpu backend, same thresholds as wasm. */
 import { describe } from "vitest";
-import { goldenSuite } from "../model/golden-suite.ts";
+import { goldenSuite } from "../../model/golden-suite.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 if (await webgpuForTests()) goldenSuite("webgpu");

@@ -4,10 +4,10 @@
  *  and kind of row, also at Qwen2.5's vocabulary (151,936 ids: tfjs-webgpu's top-k pads rows to 2^18). */
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend, registerWasmExtras } from "../../src/engine/backend.ts";
-import { backendProfile } from "../../src/engine/profile.ts";
-import type { SampleResult, SamplingParams } from "../../src/rollout/sampler.ts";
-import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "../rollout/sampler-suite.ts";
+import { initBackend, registerWasmExtras } from "../../../src/engine/backend.ts";
+import { backendProfile } from "../../../src/engine/profile.ts";
+import type { SampleResult, SamplingParams } from "../../../src/rollout/sampler.ts";
+import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "../../rollout/sampler-suite.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 const gpu = await webgpuForTests();

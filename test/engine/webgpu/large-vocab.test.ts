@@ -4,12 +4,12 @@
  *  and wasm. */
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend, registerWasmExtras } from "../../src/engine/backend.ts";
-import { createModel } from "../../src/model/load.ts";
-import { backendProfile } from "../../src/engine/profile.ts";
-import type { Qwen2Config } from "../../src/model/types.ts";
-import { BaseWeight } from "../../src/model/weight.ts";
-import { Rng } from "../../src/util/rng.ts";
+import { initBackend, registerWasmExtras } from "../../../src/engine/backend.ts";
+import { createModel } from "../../../src/model/load.ts";
+import { backendProfile } from "../../../src/engine/profile.ts";
+import type { Qwen2Config } from "../../../src/model/types.ts";
+import { BaseWeight } from "../../../src/model/weight.ts";
+import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 const gpu = await webgpuForTests();

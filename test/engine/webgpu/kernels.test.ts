@@ -2,9 +2,9 @@
  *  program), including the column lookup an embedding uses. */
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
-import { QuantizedMatrix, dequantizeInt8, dequantizeNf4, quantizeInt8, quantizeNf4 } from "../../src/model/quant.ts";
-import { Rng } from "../../src/util/rng.ts";
+import { initBackend } from "../../../src/engine/backend.ts";
+import { QuantizedMatrix, dequantizeInt8, dequantizeNf4, quantizeInt8, quantizeNf4 } from "../../../src/model/quant.ts";
+import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 const gpu = await webgpuForTests();
