@@ -15,9 +15,10 @@ describe("dependency pins and CI", () => {
     expect(new Set(tfjs.map(([, v]) => v)).size).toBe(1);
   });
 
-  it(".ci/run type-checks and runs the README's test command", () => {
+  it(".ci/run type-checks, checks the formatting and runs the README's test command", () => {
     const ci = readFileSync(path.join(root, ".ci", "run"), "utf8").split("\n").map((l) => l.trim());
     expect(ci.some((l) => l === "npm run typecheck" || /^npx tsc --noEmit/.test(l))).toBe(true);
+    expect(ci).toContain("npm run format:check");
     expect(ci).toContain("npm test");
   });
 });
