@@ -63,16 +63,45 @@ function run(script: string, args: string[]): Promise<void> {
 await runMain(async () => {
   const { workspace } = await api("GET", "/health");
   const s = await api("GET", `/scenarios/${o.scenario}`);
-  console.log(`scenario ${s.id}: ${s.name}\n  base model ${s.base_model_path ?? s.base_model}\n  train data ${s.train_data}\n  baseline ${s.baseline_score ?? `(${s.baseline.status})`}, n ${s.evaluation.n}, time left ${s.time.remaining ?? "unlimited"} s`);
-  if (s.id !== "tiny") throw new Error(`this example trains with the tiny preset; scenario ${s.id} needs the full-size recipe (README: Training Qwen2.5-0.5B on GSM8K)`);
+  console.log(
+    `scenario ${s.id}: ${s.name}\n  base model ${s.base_model_path ?? s.base_model}\n  train data ${s.train_data}\n  baseline ${s.baseline_score ?? `(${s.baseline.status})`}, n ${s.evaluation.n}, time left ${s.time.remaining ?? "unlimited"} s`,
+  );
+  if (s.id !== "tiny")
+    throw new Error(
+      `this example trains with the tiny preset; scenario ${s.id} needs the full-size recipe (README: Training Qwen2.5-0.5B on GSM8K)`,
+    );
 
   const out = (name: string) => path.join(workspace, "output", name);
   // 1. SFT: the preset's full fine-tune of the base, on the scenario's training problems.
-  await run("scripts/train-sft.ts", ["--preset", "tiny", "--model_path", s.base_model_path, "--dataset", s.train_data,
-    "--max_samples", String(o.sft_samples), "--eval_samples", "0", "--output_dir", out("sft"), "--overwrite"]);
+  await run("scripts/train-sft.ts", [
+    "--preset",
+    "tiny",
+    "--model_path",
+    s.base_model_path,
+    "--dataset",
+    s.train_data,
+    "--max_samples",
+    String(o.sft_samples),
+    "--eval_samples",
+    "0",
+    "--output_dir",
+    out("sft"),
+    "--overwrite",
+  ]);
   // 2. GRPO: LoRA on the NF4-quantized SFT model, rewards from the calculator-using rollouts.
-  await run("scripts/train-gsm8k-agent.ts", ["--preset", "tiny", "--model_path", path.join(out("sft"), "final"), "--dataset", s.train_data,
-    "--max_steps", String(o.grpo_steps), "--output_dir", out("grpo"), "--overwrite"]);
+  await run("scripts/train-gsm8k-agent.ts", [
+    "--preset",
+    "tiny",
+    "--model_path",
+    path.join(out("sft"), "final"),
+    "--dataset",
+    s.train_data,
+    "--max_steps",
+    String(o.grpo_steps),
+    "--output_dir",
+    out("grpo"),
+    "--overwrite",
+  ]);
 
   // 3. Submit both, as an agent iterating within its budget would; the server keeps the best.
   for (const stage of ["sft", "grpo"]) {
@@ -84,7 +113,12 @@ await runMain(async () => {
     // Scores are percent, as AutoRL-Bench gives them; improvements are points.
     const pts = (x: number) => `${x >= 0 ? "+" : ""}${x.toFixed(1)}`;
     const ci = r.improvement_ci ? ` [${pts(r.improvement_ci.lo)}, ${pts(r.improvement_ci.hi)}]` : "";
-    const vs = r.baseline_score === null ? "no baseline yet" : `baseline ${r.baseline_score.toFixed(1)}%: improvement ${pts(r.improvement)} points${ci}`;
-    console.log(`submission ${r.submission_id} (${stage}): score ${r.score.toFixed(1)}% vs ${vs} over ${r.n} questions; best so far ${r.best.score.toFixed(1)}% (submission ${r.best.submission_id})`);
+    const vs =
+      r.baseline_score === null
+        ? "no baseline yet"
+        : `baseline ${r.baseline_score.toFixed(1)}%: improvement ${pts(r.improvement)} points${ci}`;
+    console.log(
+      `submission ${r.submission_id} (${stage}): score ${r.score.toFixed(1)}% vs ${vs} over ${r.n} questions; best so far ${r.best.score.toFixed(1)}% (submission ${r.best.submission_id})`,
+    );
   }
 });

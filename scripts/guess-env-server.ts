@@ -12,7 +12,12 @@ const program = new Command()
   .name("guess-env-server")
   .description("Serve the guess-the-number environment over AgentGym's HTTP API")
   .option("--port <n>", "port on 127.0.0.1 (0: any free port)", parseIntArg("port", 0, 65535), 36001)
-  .option("--dialect <kind>", "API dialect: id (TextCraft's routes) or env_idx (WebShop's)", parseChoice("dialect", ["id", "env_idx"] as const), "id")
+  .option(
+    "--dialect <kind>",
+    "API dialect: id (TextCraft's routes) or env_idx (WebShop's)",
+    parseChoice("dialect", ["id", "env_idx"] as const),
+    "id",
+  )
   .exitOverride()
   .configureOutput({ outputError: () => {} });
 

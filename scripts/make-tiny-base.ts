@@ -24,5 +24,14 @@ const program = new Command()
 await runMain(async () => {
   const o = program.parse().opts();
   await initBackend(o.backend, { threads: o.threads });
-  await makeTinyBase({ outDir: o.output_dir, steps: o.steps, batchSize: o.batch_size, lr: o.learning_rate, seed: o.seed, initFrom: o.init_from, chatShare: o.chat_share, saveEvery: o.save_every });
+  await makeTinyBase({
+    outDir: o.output_dir,
+    steps: o.steps,
+    batchSize: o.batch_size,
+    lr: o.learning_rate,
+    seed: o.seed,
+    initFrom: o.init_from,
+    chatShare: o.chat_share,
+    saveEvery: o.save_every,
+  });
 });

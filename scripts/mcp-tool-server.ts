@@ -16,7 +16,11 @@ const program = new Command()
   .description("Serve the project's built-in tools over MCP (stdio, or Streamable HTTP with --http)")
   .option("--tools <list>", "built-in tools to serve, comma-separated", "calculator")
   .option("--prefix <text>", "serve each tool under this prefix + its name (e.g. remote_calculator), to use it beside the built-in one", "")
-  .option("--http <port>", "serve Streamable HTTP on 127.0.0.1:<port>/mcp instead of stdio (0: any free port)", parseIntArg("http", 0, 65535))
+  .option(
+    "--http <port>",
+    "serve Streamable HTTP on 127.0.0.1:<port>/mcp instead of stdio (0: any free port)",
+    parseIntArg("http", 0, 65535),
+  )
   .exitOverride()
   .configureOutput({ outputError: () => {} });
 
@@ -25,7 +29,12 @@ await runMain(async () => {
   const o = program.opts();
   const tools = (o.tools as string).split(",").map((name) => {
     const tool = BUILTIN_TOOLS.get(name.trim());
-    if (!tool) throw new UsageError(`--tools: unknown tool "${name}"; built in: ${BUILTIN_TOOLS.list().map((t) => t.name).join(", ")}`);
+    if (!tool)
+      throw new UsageError(
+        `--tools: unknown tool "${name}"; built in: ${BUILTIN_TOOLS.list()
+          .map((t) => t.name)
+          .join(", ")}`,
+      );
     // A renamed tool drops its prompt sentence (it names the tool); the description stands in.
     return o.prefix ? { ...tool, name: `${o.prefix}${tool.name}`, promptHint: undefined } : tool;
   });

@@ -16,7 +16,10 @@ await runMain(async () => {
   const log = (line: string) => process.stderr.write(line + "\n");
   const server = await serveOpenAi(cfg, log);
   const name = cfg.served_model_name ?? cfg.model_path;
-  log(`OpenAI-compatible server on ${server.url}/v1 | model "${name}" (quantize ${cfg.quantize}${cfg.adapter ? `, adapter ${cfg.adapter}` : ""}) | ${cfg.api_key ? "API key required" : "no API key"}`);
-  if (!["127.0.0.1", "::1", "localhost"].includes(cfg.host)) log(`warning: bound to ${cfg.host}: other machines can reach this server${cfg.api_key ? "" : " and it has no --api_key"}`);
+  log(
+    `OpenAI-compatible server on ${server.url}/v1 | model "${name}" (quantize ${cfg.quantize}${cfg.adapter ? `, adapter ${cfg.adapter}` : ""}) | ${cfg.api_key ? "API key required" : "no API key"}`,
+  );
+  if (!["127.0.0.1", "::1", "localhost"].includes(cfg.host))
+    log(`warning: bound to ${cfg.host}: other machines can reach this server${cfg.api_key ? "" : " and it has no --api_key"}`);
   closeOnSignal(server, log);
 });

@@ -18,7 +18,9 @@ await runMain(async () => {
   const cfg = await parseServeArgs(process.argv);
   const server = await startServer(cfg);
   const log = (line: string) => process.stderr.write(line + "\n");
-  log(`grading server on ${server.url} | workspace ${cfg.workspace} | scenarios ${cfg.scenarios.map((s) => s.id).join(", ")} | state ${cfg.stateDir}`);
+  log(
+    `grading server on ${server.url} | workspace ${cfg.workspace} | scenarios ${cfg.scenarios.map((s) => s.id).join(", ")} | state ${cfg.stateDir}`,
+  );
   if (!["127.0.0.1", "::1", "localhost"].includes(cfg.host)) log(`warning: bound to ${cfg.host}: other machines can reach this server`);
   closeOnSignal(server, log, "a running evaluation stops at its next batch");
 });

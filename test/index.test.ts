@@ -10,7 +10,16 @@ describe("library API", () => {
   it("loadModel(path).forward gives [batch, seq, vocab] logits; loadTokenizer reads a folder", async () => {
     await initBackend("wasm"); // the caller starts the backend; loadModel only uses it
     const model = await loadModel(FIX);
-    const logits = model.forward([[1, 2, 3], [0, 4, 5]], [[1, 1, 1], [0, 1, 1]]);
+    const logits = model.forward(
+      [
+        [1, 2, 3],
+        [0, 4, 5],
+      ],
+      [
+        [1, 1, 1],
+        [0, 1, 1],
+      ],
+    );
     expect(logits.shape).toEqual([2, 3, 256]);
     tf.dispose(logits);
     model.dispose();

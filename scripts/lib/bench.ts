@@ -39,12 +39,31 @@ export interface Workload {
 }
 
 const qwen = (o: Partial<Qwen2Config>): Qwen2Config => ({
-  modelType: "qwen2", vocabSize: 512, hiddenSize: 256, intermediateSize: 688, numHiddenLayers: 4, numAttentionHeads: 4,
-  numKeyValueHeads: 2, headDim: 64, ropeTheta: 1e6, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 32768, ...o,
+  modelType: "qwen2",
+  vocabSize: 512,
+  hiddenSize: 256,
+  intermediateSize: 688,
+  numHiddenLayers: 4,
+  numAttentionHeads: 4,
+  numKeyValueHeads: 2,
+  headDim: 64,
+  ropeTheta: 1e6,
+  rmsNormEps: 1e-6,
+  tieWordEmbeddings: true,
+  maxPositionEmbeddings: 32768,
+  ...o,
 });
 export const BENCH_CONFIGS: Record<string, Qwen2Config> = {
   small: qwen({}),
-  "0.5b": qwen({ vocabSize: 151936, hiddenSize: 896, intermediateSize: 4864, numHiddenLayers: 24, numAttentionHeads: 14, numKeyValueHeads: 2, headDim: 64 }),
+  "0.5b": qwen({
+    vocabSize: 151936,
+    hiddenSize: 896,
+    intermediateSize: 4864,
+    numHiddenLayers: 24,
+    numAttentionHeads: 14,
+    numKeyValueHeads: 2,
+    headDim: 64,
+  }),
 };
 
 export const WORKLOADS: Workload[] = [];
@@ -62,19 +81,27 @@ export function heapBytes(): number | undefined {
 /** Deterministic token ids [batch][len] in 1..vocab−1. */
 export function tokenBatch(batch: number, len: number, vocab: number, seed = 1): number[][] {
   let s = seed;
-  return Array.from({ length: batch }, () => Array.from({ length: len }, () => 1 + ((s = (s * 1103515245 + 12345) % 2147483648) % (vocab - 1))));
+  return Array.from({ length: batch }, () =>
+    Array.from({ length: len }, () => 1 + ((s = (s * 1103515245 + 12345) % 2147483648) % (vocab - 1))),
+  );
 }
 
 const now = () => performance.now() / 1000;
 
 /** Runs `once` n times; per key, the median seconds and (when n > 1) every run. */
-async function timed<K extends string>(n: number, once: () => Promise<Record<K, number>>): Promise<Record<K, { seconds: number; runs?: number[] }>> {
+async function timed<K extends string>(
+  n: number,
+  once: () => Promise<Record<K, number>>,
+): Promise<Record<K, { seconds: number; runs?: number[] }>> {
   const all: Record<string, number>[] = [];
   for (let i = 0; i < n; i++) all.push(await once());
-  return Object.fromEntries(Object.keys(all[0]).map((k) => {
-    const runs = all.map((r) => r[k]), sorted = [...runs].sort((a, b) => a - b);
-    return [k, { seconds: sorted[Math.floor(sorted.length / 2)], runs: n > 1 ? runs.map((x) => Math.round(x * 1e4) / 1e4) : undefined }];
-  })) as Record<K, { seconds: number; runs?: number[] }>;
+  return Object.fromEntries(
+    Object.keys(all[0]).map((k) => {
+      const runs = all.map((r) => r[k]),
+        sorted = [...runs].sort((a, b) => a - b);
+      return [k, { seconds: sorted[Math.floor(sorted.length / 2)], runs: n > 1 ? runs.map((x) => Math.round(x * 1e4) / 1e4) : undefined }];
+    }),
+  ) as Record<K, { seconds: number; runs?: number[] }>;
 }
 
 /** Usable wasm heap: 4 GiB minus room for fragmentation. An out-of-memory abort kills the wasm module,
@@ -87,7 +114,13 @@ function fitBatch(model: Qwen2ForCausalLM, want: number, bytesPerRow: number, fi
   const free = HEAP_BUDGET - model.baseBytes() - fixedBytes;
   let b = want;
   while (b > 1 && b * bytesPerRow > free) b = Math.floor(b / 2);
-  return { batch: b, note: b < want ? `batch ${want} does not fit the 4 GiB wasm heap (≈${(bytesPerRow / 2 ** 20).toFixed(0)} MB per row beside ${(model.baseBytes() / 2 ** 30).toFixed(2)} GiB of weights); ran ${b}` : undefined };
+  return {
+    batch: b,
+    note:
+      b < want
+        ? `batch ${want} does not fit the 4 GiB wasm heap (≈${(bytesPerRow / 2 ** 20).toFixed(0)} MB per row beside ${(model.baseBytes() / 2 ** 30).toFixed(2)} GiB of weights); ran ${b}`
+        : undefined,
+  };
 }
 
 registerWorkload({
@@ -121,7 +154,10 @@ registerWorkload({
       const ids = tokenBatch(b, 256, ctx.config.vocabSize);
       const mask = ids.map((r) => r.map(() => 1));
       const t0 = now();
-      const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(tf.slice(model.tokenLogprobs(ids, mask, { training: true }).logprobs, [0, 1], [-1, -1]))) as tf.Scalar, model.trainableVariables());
+      const { value, grads } = tf.variableGrads(
+        () => tf.neg(tf.mean(tf.slice(model.tokenLogprobs(ids, mask, { training: true }).logprobs, [0, 1], [-1, -1]))) as tf.Scalar,
+        model.trainableVariables(),
+      );
       await value.data();
       await Promise.all(Object.values(grads).map((g) => g.data())); // the gradients done too, on async backends
       tf.dispose([value, grads]);
@@ -144,7 +180,8 @@ registerWorkload({
 
 registerWorkload({
   name: "decode",
-  description: "greedy decoding with KV cache: batch 8, 128-token prompt (prefill timed separately), 64 new tokens; a quantized base is unpacked first, as rollouts do (timed apart)",
+  description:
+    "greedy decoding with KV cache: batch 8, 128-token prompt (prefill timed separately), 64 new tokens; a quantized base is unpacked first, as rollouts do (timed apart)",
   async run(ctx) {
     const model = await ctx.model(false);
     const tUnpack = now();
@@ -153,7 +190,10 @@ registerWorkload({
     const once = async (b: number) => {
       const ids = tokenBatch(b, 128, ctx.config.vocabSize, 7);
       const t0 = now();
-      const { logits, cache } = model.prefill(ids, ids.map((r) => r.map(() => 1)));
+      const { logits, cache } = model.prefill(
+        ids,
+        ids.map((r) => r.map(() => 1)),
+      );
       let tok = tf.tidy(() => tf.argMax(logits, 1));
       let next = Array.from(await tok.data());
       tf.dispose([logits, tok]);
@@ -200,7 +240,10 @@ export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ va
     a.n++;
     agg.set(key, a);
   }
-  const kernels = [...agg].sort((a, b) => b[1].ms - a[1].ms).slice(0, top).map(([k, v]) => `${v.ms.toFixed(0)} ms ×${v.n} ${k}`);
+  const kernels = [...agg]
+    .sort((a, b) => b[1].ms - a[1].ms)
+    .slice(0, top)
+    .map(([k, v]) => `${v.ms.toFixed(0)} ms ×${v.n} ${k}`);
   return { value: value as T, kernels };
 }
 
@@ -208,21 +251,37 @@ export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ va
  *  without and with LoRA r16 on all 7 modules)
  *  and by one training step (LoRA gradients of the mean token log-prob, batch 2 × 256): what the
  *  per-kernel overhead of small models scales with. Also the kinds that occur most in each. */
-export async function kernelCounts(ctx: BenchContext): Promise<{ decodeStep: number; decodeStepLora: number; trainStep: number; decodeTop: string; trainTop: string }> {
+export async function kernelCounts(
+  ctx: BenchContext,
+): Promise<{ decodeStep: number; decodeStepLora: number; trainStep: number; decodeTop: string; trainTop: string }> {
   const count = async (f: () => void) => {
     const info = await tf.profile(() => f());
     const kinds = new Map<string, number>();
     for (const k of info.kernels) kinds.set(k.name, (kinds.get(k.name) ?? 0) + 1);
-    const top = [...kinds].sort((a, b) => b[1] - a[1]).slice(0, 8).map(([k, n]) => `${k} ${n}`).join(", ");
+    const top = [...kinds]
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, 8)
+      .map(([k, n]) => `${k} ${n}`)
+      .join(", ");
     return { n: info.kernels.length, top };
   };
   const V = ctx.config.vocabSize;
   const decodeCount = async (model: Qwen2ForCausalLM) => {
     const release = model.unpackBase?.() ?? (() => {});
     const ids = tokenBatch(8, 128, V, 7);
-    const { logits, cache } = model.prefill(ids, ids.map((r) => r.map(() => 1)));
+    const { logits, cache } = model.prefill(
+      ids,
+      ids.map((r) => r.map(() => 1)),
+    );
     logits.dispose();
-    const n = await count(() => model.decodeStep(ids.map((r) => r[0]), cache).dispose());
+    const n = await count(() =>
+      model
+        .decodeStep(
+          ids.map((r) => r[0]),
+          cache,
+        )
+        .dispose(),
+    );
     cache.dispose();
     release();
     return n;
@@ -230,9 +289,13 @@ export async function kernelCounts(ctx: BenchContext): Promise<{ decodeStep: num
   const dec = await decodeCount(await ctx.model(false));
   const model = await ctx.model(true);
   const decLora = await decodeCount(model);
-  const tids = tokenBatch(2, 256, V), mask = tids.map((r) => r.map(() => 1));
+  const tids = tokenBatch(2, 256, V),
+    mask = tids.map((r) => r.map(() => 1));
   const train = await count(() => {
-    const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(model.tokenLogprobs(tids, mask, { training: true }).logprobs)) as tf.Scalar, model.trainableVariables());
+    const { value, grads } = tf.variableGrads(
+      () => tf.neg(tf.mean(model.tokenLogprobs(tids, mask, { training: true }).logprobs)) as tf.Scalar,
+      model.trainableVariables(),
+    );
     tf.dispose([value, grads]);
   });
   return { decodeStep: dec.n, decodeStepLora: decLora.n, trainStep: train.n, decodeTop: dec.top, trainTop: train.top };
@@ -253,11 +316,26 @@ export function benchContext(configName: string, quantize: Quantize, repeat = 1,
         // one model at a time: the 0.5B f32 weights alone are 2 GB of a 4 GiB heap
         for (const m of models.values()) m.dispose();
         models.clear();
-        models.set(lora, await createModel(config, { seed, quantize, lora: lora ? { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] } : undefined }));
+        models.set(
+          lora,
+          await createModel(config, {
+            seed,
+            quantize,
+            lora: lora ? { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] } : undefined,
+          }),
+        );
       }
       return models.get(lora)!;
     },
-    measure: (m) => ({ ...m, backend: tf.getBackend(), threads: wasmThreads(), config: configName, quantize, tokens_per_s: Math.round((m.tokens / m.seconds) * 10) / 10, peak_heap_bytes: heapBytes() }),
+    measure: (m) => ({
+      ...m,
+      backend: tf.getBackend(),
+      threads: wasmThreads(),
+      config: configName,
+      quantize,
+      tokens_per_s: Math.round((m.tokens / m.seconds) * 10) / 10,
+      peak_heap_bytes: heapBytes(),
+    }),
     dispose() {
       for (const m of models.values()) m.dispose();
       models.clear();

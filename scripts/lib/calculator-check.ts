@@ -114,7 +114,10 @@ export async function checkAnnotations(
     if (plain !== null) {
       report.plainArithmetic++;
       if (Number.isFinite(plain) && out.trim() !== "" && sameNumber(value, plain)) report.calculatorMatchesPlain++;
-      else report.calculatorMismatchesPlain.push(example(Number.isFinite(plain) ? "calculator differs from plain arithmetic" : "plain arithmetic is not finite"));
+      else
+        report.calculatorMismatchesPlain.push(
+          example(Number.isFinite(plain) ? "calculator differs from plain arithmetic" : "plain arithmetic is not finite"),
+        );
     }
     if (out.trim() !== "" && Number.isFinite(value) && matchesAnnotated(value, a.result)) report.agreeWithAnnotation++;
     else {

@@ -29,7 +29,8 @@ export function guess(ep: Episode, action: string): { observation: string; rewar
   if (ep.done) return { observation: "The episode is over.", reward: 0, done: true };
   const m = /^guess\s+(-?\d+)\s*\.?$/i.exec(action.trim());
   ep.guesses++;
-  let observation: string, reward = 0;
+  let observation: string,
+    reward = 0;
   if (!m) observation = `Invalid action ${JSON.stringify(action.slice(0, 40))}; reply "Action: guess N".`;
   else {
     const n = Number(m[1]);
@@ -75,7 +76,8 @@ export async function serveGuessNumber(port: number, dialect: "id" | "env_idx" =
       const ep = episodeOf(body[key]);
       if (typeof ep === "string") return [404, { error: ep }];
       const idx = Number(body.data_idx ?? 0);
-      if (!Number.isInteger(idx) || idx < 0) return [400, { error: `data_idx ${JSON.stringify(body.data_idx)} must be a whole number >= 0` }];
+      if (!Number.isInteger(idx) || idx < 0)
+        return [400, { error: `data_idx ${JSON.stringify(body.data_idx)} must be a whole number >= 0` }];
       Object.assign(ep, { secret: secretFor(idx), guesses: 0, done: false, observation: intro });
       return [200, dialect === "id" ? { id: body[key], observation: intro } : { state: intro }];
     }
@@ -122,9 +124,10 @@ export async function serveGuessNumber(port: number, dialect: "id" | "env_idx" =
   });
   return {
     url: `http://${host}:${(server.address() as AddressInfo).port}`,
-    close: () => new Promise<void>((resolve) => {
-      server.closeAllConnections();
-      server.close(() => resolve());
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
   };
 }

@@ -53,7 +53,10 @@ export function pretrainText(question: string, answer: string): string {
 export async function makeTinyBase(o: MakeTinyBaseOptions): Promise<void> {
   const log = o.log ?? ((l: string) => process.stderr.write(l + "\n"));
   const files: TinyTokenizerFiles = o.initFrom
-    ? { tokenizerJson: await readJson(path.join(o.initFrom, "tokenizer.json")), tokenizerConfig: await readJson(path.join(o.initFrom, "tokenizer_config.json")) }
+    ? {
+        tokenizerJson: await readJson(path.join(o.initFrom, "tokenizer.json")),
+        tokenizerConfig: await readJson(path.join(o.initFrom, "tokenizer_config.json")),
+      }
     : buildTinyTokenizer(tokenizerCorpus(2000), { vocabSize: TINY_VOCAB_SIZE });
   const tokenizer = tokenizerFromJson(files.tokenizerJson, files.tokenizerConfig);
   const endId = tokenizer.tokenToId("<|endoftext|>")!;
@@ -73,10 +76,18 @@ export async function makeTinyBase(o: MakeTinyBaseOptions): Promise<void> {
       // A share of the data is chat transcripts with tool calls, as web-scale pretraining data holds
       // some; the rest is plain solutions.
       const seqs = texts.map((ex) => [
-        ...tokenizer.encode(rng.next() < (o.chatShare ?? 0) ? template.render({ messages: toConversation(ex), add_generation_prompt: false }) : pretrainText(ex.question, ex.answer)),
+        ...tokenizer.encode(
+          rng.next() < (o.chatShare ?? 0)
+            ? template.render({ messages: toConversation(ex), add_generation_prompt: false })
+            : pretrainText(ex.question, ex.answer),
+        ),
         endId,
       ]);
-      const batch = rightPad(seqs, seqs.map((s) => s.map(() => 1)), endId);
+      const batch = rightPad(
+        seqs,
+        seqs.map((s) => s.map(() => 1)),
+        endId,
+      );
       const lr = lrAt(step, { type: "cosine", lr: o.lr, warmupSteps: Math.min(50, Math.floor(o.steps / 10)), totalSteps: o.steps });
       const r = await sftStep(model, optimizer, [batch], { lr, maxGradNorm: 1 });
       if (o.saveEvery && (step + 1) % o.saveEvery === 0 && step + 1 < o.steps) {
@@ -84,7 +95,9 @@ export async function makeTinyBase(o: MakeTinyBaseOptions): Promise<void> {
         await saveTinyTokenizer(o.outDir, files);
       }
       if (step % 25 === 0 || step === o.steps - 1)
-        log(`pretrain step ${step + 1}/${o.steps} | loss ${r.loss.toFixed(3)} | lr ${lr.toExponential(2)} | ${((Date.now() - t0) / 1000).toFixed(0)} s`);
+        log(
+          `pretrain step ${step + 1}/${o.steps} | loss ${r.loss.toFixed(3)} | lr ${lr.toExponential(2)} | ${((Date.now() - t0) / 1000).toFixed(0)} s`,
+        );
     }
     await model.savePretrained(o.outDir);
     await saveTinyTokenizer(o.outDir, files);

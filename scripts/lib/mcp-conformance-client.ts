@@ -27,5 +27,7 @@ await runMain(async () => {
 function argumentsFor(schema: Record<string, unknown>): Record<string, unknown> {
   const props = (schema.properties ?? {}) as Record<string, { type?: string }>;
   let n = 0;
-  return Object.fromEntries(Object.entries(props).map(([k, p]) => [k, p.type === "number" || p.type === "integer" ? ++n : p.type === "boolean" ? true : "x"]));
+  return Object.fromEntries(
+    Object.entries(props).map(([k, p]) => [k, p.type === "number" || p.type === "integer" ? ++n : p.type === "boolean" ? true : "x"]),
+  );
 }

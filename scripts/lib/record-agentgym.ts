@@ -22,11 +22,20 @@ const family = process.argv[2] ?? "textcraft";
 const base = (process.argv[3] ?? "http://127.0.0.1:36101").replace(/\/+$/, "");
 const out = `test/fixtures/agentgym/${family}.json`;
 
-interface Exchange { method: string; path: string; body?: unknown; status: number; reply: unknown }
+interface Exchange {
+  method: string;
+  path: string;
+  body?: unknown;
+  status: number;
+  reply: unknown;
+}
 const log: Exchange[] = [];
 
 async function call(method: "GET" | "POST", path: string, body?: unknown): Promise<unknown> {
-  const res = await fetch(base + path, { method, ...(body === undefined ? {} : { body: JSON.stringify(body), headers: { "content-type": "application/json" } }) });
+  const res = await fetch(base + path, {
+    method,
+    ...(body === undefined ? {} : { body: JSON.stringify(body), headers: { "content-type": "application/json" } }),
+  });
   const text = await res.text();
   let reply: unknown;
   try {
@@ -41,7 +50,7 @@ async function call(method: "GET" | "POST", path: string, body?: unknown): Promi
 async function textcraft() {
   await call("GET", "/");
   const ids: number[] = [];
-  for (let i = 0; i < 4; i++) ids.push((await call("POST", "/create", {}) as { id: number }).id);
+  for (let i = 0; i < 4; i++) ids.push(((await call("POST", "/create", {})) as { id: number }).id);
   const [a, b, c, d] = ids;
   // Other families' request shapes: FastAPI refuses them with 422 naming the missing field.
   await call("POST", "/reset", { env_idx: a, data_idx: 0 });
@@ -54,7 +63,8 @@ async function textcraft() {
   await call("POST", "/step", { id: d, action: "get 1 blue orchid." });
   // Task 3 (green stained glass) played badly; task 547 is task 3 again.
   await call("POST", "/reset", { id: b, data_idx: 3 });
-  for (const action of ["inventory", "get 8 glass", "craft 8 green stained glass using 8 glass, 1 green dye"]) await call("POST", "/step", { id: b, action });
+  for (const action of ["inventory", "get 8 glass", "craft 8 green stained glass using 8 glass, 1 green dye"])
+    await call("POST", "/step", { id: b, action });
   await call("POST", "/reset", { id: c, data_idx: 547 });
   await call("GET", `/observation?id=${c}`);
   await call("POST", "/step", { id: 99, action: "inventory" });
@@ -83,5 +93,16 @@ if (family === "textcraft") await textcraft();
 else if (family === "sqlgym") await sqlgym();
 else throw new Error(`no recording session for ${family}; expected textcraft or sqlgym`);
 
-await fs.writeFile(out, JSON.stringify({ server: `agentenv-${family} (WooooDyy/AgentGym 3ef9235)${family === "sqlgym" ? ", sqlgym stubbed" : ""}`, recorded: new Date().toISOString().slice(0, 10), exchanges: log }, null, 1) + "\n");
+await fs.writeFile(
+  out,
+  JSON.stringify(
+    {
+      server: `agentenv-${family} (WooooDyy/AgentGym 3ef9235)${family === "sqlgym" ? ", sqlgym stubbed" : ""}`,
+      recorded: new Date().toISOString().slice(0, 10),
+      exchanges: log,
+    },
+    null,
+    1,
+  ) + "\n",
+);
 process.stdout.write(`${log.length} exchanges with ${base} → ${out}\n`);

@@ -94,8 +94,7 @@ export function buildTinyTokenizer(corpus: string[], opts: { vocabSize: number }
   const minSize = 256 + TINY_ADDED_TOKENS.length;
   if (!Number.isInteger(vocabSize) || vocabSize < minSize)
     throw new Error(`vocabSize ${vocabSize} must be an integer >= ${minSize} (256 bytes + ${TINY_ADDED_TOKENS.length} added tokens)`);
-  if (!Array.isArray(corpus) || corpus.some((t) => typeof t !== "string"))
-    throw new Error(`corpus must be an array of strings`);
+  if (!Array.isArray(corpus) || corpus.some((t) => typeof t !== "string")) throw new Error(`corpus must be an array of strings`);
 
   const byteChars = bytesToUnicode(); // byte value -> its printable stand-in, e.g. 32 (space) -> "Ġ"
   const vocab = new Map<string, number>(byteChars.map((c, b) => [c, b]));
@@ -105,9 +104,19 @@ export function buildTinyTokenizer(corpus: string[], opts: { vocabSize: number }
 
   const base = vocab.size;
   const addedTokens = TINY_ADDED_TOKENS.map((t, i) => ({
-    id: base + i, content: t.content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: t.special,
+    id: base + i,
+    content: t.content,
+    single_word: false,
+    lstrip: false,
+    rstrip: false,
+    normalized: false,
+    special: t.special,
   }));
-  const tokenizerJson = tokenizerJsonOf(Object.fromEntries(vocab), merges.map(([a, b]) => `${a} ${b}`), addedTokens);
+  const tokenizerJson = tokenizerJsonOf(
+    Object.fromEntries(vocab),
+    merges.map(([a, b]) => `${a} ${b}`),
+    addedTokens,
+  );
   const tokenizerConfig = {
     add_bos_token: false,
     add_prefix_space: false,
@@ -155,7 +164,9 @@ function learnMerges(words: Map<string, number>, vocab: Map<string, number>, tar
     let bestCount = 0;
     for (const [key, n] of pairs) if (n > bestCount || (n === bestCount && best !== undefined && key < best)) [best, bestCount] = [key, n];
     if (best === undefined)
-      throw new Error(`corpus too small: only ${vocab.size + TINY_ADDED_TOKENS.length} ids learnable (every word is one token), vocabSize ${target + TINY_ADDED_TOKENS.length} requested; lower vocabSize or add text`);
+      throw new Error(
+        `corpus too small: only ${vocab.size + TINY_ADDED_TOKENS.length} ids learnable (every word is one token), vocabSize ${target + TINY_ADDED_TOKENS.length} requested; lower vocabSize or add text`,
+      );
     const [a, b] = best.split(" ");
     merges.push([a, b]);
     if (!vocab.has(a + b)) vocab.set(a + b, vocab.size); // two merges can spell the same token
@@ -173,8 +184,7 @@ function countWords(corpus: string[], preTokenize: (text: string) => string[]): 
   const added = new RegExp(escaped.join("|"), "g");
   const words = new Map<string, number>();
   for (const text of corpus)
-    for (const piece of text.split(added))
-      for (const w of preTokenize(piece)) words.set(w, (words.get(w) ?? 0) + 1);
+    for (const piece of text.split(added)) for (const w of preTokenize(piece)) words.set(w, (words.get(w) ?? 0) + 1);
   return words;
 }
 
@@ -196,16 +206,21 @@ function tokenizerJsonOf(vocab: Record<string, number>, merges: string[], addedT
     normalizer: { type: "NFC" },
     pre_tokenizer: {
       type: "Sequence",
-      pretokenizers: [
-        { type: "Split", pattern: { Regex: QWEN2_SPLIT_PATTERN }, behavior: "Isolated", invert: false },
-        BYTE_LEVEL,
-      ],
+      pretokenizers: [{ type: "Split", pattern: { Regex: QWEN2_SPLIT_PATTERN }, behavior: "Isolated", invert: false }, BYTE_LEVEL],
     },
     post_processor: BYTE_LEVEL,
     decoder: BYTE_LEVEL,
     model: {
-      type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: "", end_of_word_suffix: "",
-      fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges,
+      type: "BPE",
+      dropout: null,
+      unk_token: null,
+      continuing_subword_prefix: "",
+      end_of_word_suffix: "",
+      fuse_unk: false,
+      byte_fallback: false,
+      ignore_merges: false,
+      vocab,
+      merges,
     },
   };
 }

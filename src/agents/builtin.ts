@@ -32,7 +32,14 @@ export function toolTable(tools: readonly Tool[]): ToolTable {
     schemas: (names) =>
       (names ?? [...byName.keys()]).map((name) => {
         const tool = byName.get(name);
-        if (!tool) throw new Error(`unknown tool "${name}"; registered tools: ${list().map((t) => t.name).join(", ") || "(none)"}`);
+        if (!tool)
+          throw new Error(
+            `unknown tool "${name}"; registered tools: ${
+              list()
+                .map((t) => t.name)
+                .join(", ") || "(none)"
+            }`,
+          );
         return toolSchema(tool);
       }),
   };

@@ -107,7 +107,8 @@ function evalNode(node: MathNode): number {
   const n = node as MathNode & Record<string, any>;
   switch (node.type) {
     case "ConstantNode": {
-      if (typeof n.value !== "number") throw new CalcError(`Error: only numbers are accepted, not ${typeOf(n.value)} ${clip(String(n.value))}`);
+      if (typeof n.value !== "number")
+        throw new CalcError(`Error: only numbers are accepted, not ${typeOf(n.value)} ${clip(String(n.value))}`);
       return finite(n.value, "number literal");
     }
     case "ParenthesisNode":
@@ -133,7 +134,9 @@ function evalNode(node: MathNode): number {
       const { arity, f } = FUNCTIONS[name];
       const args: MathNode[] = n.args;
       if (args.length < arity[0] || args.length > arity[1])
-        throw new CalcError(`Error: ${name} takes ${arity[0] === arity[1] ? arity[0] : `${arity[0]} to ${arity[1]}`} arguments, got ${args.length}`);
+        throw new CalcError(
+          `Error: ${name} takes ${arity[0] === arity[1] ? arity[0] : `${arity[0]} to ${arity[1]}`} arguments, got ${args.length}`,
+        );
       return finite(f(...args.map(evalNode)), name);
     }
     case "AssignmentNode":
@@ -175,7 +178,8 @@ function mod(x: number, y: number): number {
 
 // Half away from zero, on the decimal digits a person sees: round(1.005, 2) = 1.01, round(-2.5) = -3.
 function roundTo(x: number, n: number): number {
-  if (!Number.isInteger(n) || n < 0 || n > 15) throw new CalcError(`Error: round digits must be an integer from 0 to 15, got ${formatLoose(n)}`);
+  if (!Number.isInteger(n) || n < 0 || n > 15)
+    throw new CalcError(`Error: round digits must be an integer from 0 to 15, got ${formatLoose(n)}`);
   const p = 10 ** n;
   return (Math.sign(x) * Math.round(Number((Math.abs(x) * p).toPrecision(15)))) / p;
 }

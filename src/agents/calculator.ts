@@ -19,7 +19,8 @@ export const CALCULATOR_LIMITS: SandboxOptions = {
 const WORKER_URL = new URL("./calculator-worker.mjs", import.meta.url);
 let sandbox: WorkerSandbox<string, string> | null = null;
 
-export const calculatorTool: Omit<Tool, "run"> & { run(args: Record<string, unknown>): Promise<string> } = { // text: "Error…" on failure
+export const calculatorTool: Omit<Tool, "run"> & { run(args: Record<string, unknown>): Promise<string> } = {
+  // text: "Error…" on failure
   name: "calculator",
   description: "Evaluate an arithmetic expression",
   // Key order matters: the chat template renders this object verbatim into the system prompt.

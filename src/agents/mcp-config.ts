@@ -37,20 +37,35 @@ export function parseMcpItem(item: string): McpServerSpec {
   const m = /^mcp(?:\[([^\]]*)\])?:([^]*)$/.exec(item);
   if (!m) throw new UsageError(`--tools ${item}: expected mcp:<command line|URL> or mcp[options]:<command line|URL>`);
   const target = m[2].trim();
-  if (!target) throw new UsageError(`--tools ${item.slice(0, -1)}: needs a command line (mcp:npx -y some-server) or a URL (mcp:http://127.0.0.1:3000/mcp)`);
+  if (!target)
+    throw new UsageError(
+      `--tools ${item.slice(0, -1)}: needs a command line (mcp:npx -y some-server) or a URL (mcp:http://127.0.0.1:3000/mcp)`,
+    );
   const spec: McpServerSpec = /^https?:\/\//i.test(target) ? { source: item, url: target } : { source: item, ...commandOf(target, item) };
-  for (const opt of (m[1] ?? "").split(",").map((s) => s.trim()).filter(Boolean)) {
+  for (const opt of (m[1] ?? "")
+    .split(",")
+    .map((s) => s.trim())
+    .filter(Boolean)) {
     const eq = opt.indexOf("=");
     const key = eq < 0 ? opt : opt.slice(0, eq).trim();
     const value = eq < 0 ? "" : opt.slice(eq + 1).trim();
     if (!value) throw new UsageError(`--tools ${item}: option "${opt}" needs a value; options: ${OPTION_KEYS}`);
     if (key === "prefix") spec.prefix = value;
-    else if (key === "tools") spec.includeTools = value.split("+").map((s) => s.trim()).filter(Boolean);
-    else if (key === "exclude") spec.excludeTools = value.split("+").map((s) => s.trim()).filter(Boolean);
+    else if (key === "tools")
+      spec.includeTools = value
+        .split("+")
+        .map((s) => s.trim())
+        .filter(Boolean);
+    else if (key === "exclude")
+      spec.excludeTools = value
+        .split("+")
+        .map((s) => s.trim())
+        .filter(Boolean);
     else if (key === "cwd") spec.cwd = value;
     else if (key === "header" || key === "env") {
       const sep = value.indexOf(key === "header" ? ":" : "=");
-      if (sep <= 0) throw new UsageError(`--tools ${item}: option "${opt}" must be ${key === "header" ? "header=Name:value" : "env=NAME=value"}`);
+      if (sep <= 0)
+        throw new UsageError(`--tools ${item}: option "${opt}" must be ${key === "header" ? "header=Name:value" : "env=NAME=value"}`);
       const bag = key === "header" ? (spec.headers ??= {}) : (spec.env ??= {});
       bag[value.slice(0, sep).trim()] = value.slice(sep + 1).trim();
     } else throw new UsageError(`--tools ${item}: unknown option "${key}"; options: ${OPTION_KEYS}`);
@@ -82,7 +97,8 @@ export function readMcpConfig(file: string, env: NodeJS.ProcessEnv = process.env
       throw new UsageError(`${where}: unknown type "${type}"; accepted: stdio, http, streamable-http`);
     const spec: McpServerSpec = { source: `${file}#${name}`, name };
     if (typeof e.url === "string") spec.url = e.url;
-    if (typeof e.command === "string") { // a program, as MCP hosts run it: not split into words
+    if (typeof e.command === "string") {
+      // a program, as MCP hosts run it: not split into words
       spec.command = e.command;
       spec.args = strings(e.args, `${where}: args`);
     }
@@ -107,14 +123,17 @@ function checked(spec: McpServerSpec, where = `--tools ${spec.source}`): McpServ
     }
     if (spec.env || spec.cwd) throw new UsageError(`${where}: env and cwd apply to stdio servers, not to a URL`);
   } else if (spec.headers) throw new UsageError(`${where}: headers apply to a URL, not to a stdio server`);
-  if (spec.prefix !== undefined && !/^[A-Za-z_][\w-]*$/.test(spec.prefix)) throw new UsageError(`${where}: prefix "${spec.prefix}" must be letters, digits, _ and -, starting with a letter or _`);
+  if (spec.prefix !== undefined && !/^[A-Za-z_][\w-]*$/.test(spec.prefix))
+    throw new UsageError(`${where}: prefix "${spec.prefix}" must be letters, digits, _ and -, starting with a letter or _`);
   return spec;
 }
 
 /** Split a command line into words: whitespace separates, '…' and "…" quote, \ escapes (no expansion). */
 export function splitCommandLine(line: string): string[] {
   const words: string[] = [];
-  let cur = "", inWord = false, quote: string | null = null;
+  let cur = "",
+    inWord = false,
+    quote: string | null = null;
   for (let i = 0; i < line.length; i++) {
     const ch = line[i];
     if (quote) {

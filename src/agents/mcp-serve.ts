@@ -25,7 +25,10 @@ export interface ServeOptions {
 /** An SDK Server answering tools/list and tools/call for `tools`. */
 export function mcpServerFor(tools: Tool[], o: ServeOptions = {}): Server {
   // listChanged: a caller that changes `tools` in place may send notifications/tools/list_changed.
-  const server = new Server({ name: o.name ?? "mini-agentic-rl-tools", version: "0.1.0" }, { capabilities: { tools: { listChanged: true } } });
+  const server = new Server(
+    { name: o.name ?? "mini-agentic-rl-tools", version: "0.1.0" },
+    { capabilities: { tools: { listChanged: true } } },
+  );
   const ready = readyAll(tools);
   const pageSize = o.pageSize ?? Number.MAX_SAFE_INTEGER;
   server.setRequestHandler(ListToolsRequestSchema, async (req) => {
@@ -34,7 +37,9 @@ export function mcpServerFor(tools: Tool[], o: ServeOptions = {}): Server {
     const next = start + page.length;
     return {
       tools: page.map((t) => ({
-        name: t.name, description: t.description, inputSchema: t.parameters as { type: "object" },
+        name: t.name,
+        description: t.description,
+        inputSchema: t.parameters as { type: "object" },
         ...(t.promptHint ? { _meta: { [PROMPT_HINT_META]: t.promptHint } } : {}),
       })),
       ...(next < tools.length ? { nextCursor: String(next) } : {}),
@@ -44,7 +49,10 @@ export function mcpServerFor(tools: Tool[], o: ServeOptions = {}): Server {
     const tool = tools.find((t) => t.name === req.params.name);
     if (!tool) return { content: [{ type: "text", text: `Error: unknown tool "${req.params.name}"` }], isError: true };
     await ready; // a worker start-up is waited for here, not inside the client's handshake
-    const out = toToolResult(await tool.run(req.params.arguments ?? {})) ?? { text: `Error: tool "${tool.name}" returned no text`, isError: true };
+    const out = toToolResult(await tool.run(req.params.arguments ?? {})) ?? {
+      text: `Error: tool "${tool.name}" returned no text`,
+      isError: true,
+    };
     return { content: [{ type: "text", text: out.text }], isError: out.isError };
   });
   return server;
@@ -53,10 +61,16 @@ export function mcpServerFor(tools: Tool[], o: ServeOptions = {}): Server {
 const starting = new WeakMap<Tool, Promise<unknown>>();
 /** Every tool's start(), begun once per tool (a failed start shows up in its calls). */
 function readyAll(tools: Tool[]): Promise<unknown> {
-  return Promise.all(tools.map((t) => {
-    if (!starting.has(t)) starting.set(t, Promise.resolve(t.start?.()).catch(() => {}));
-    return starting.get(t);
-  }));
+  return Promise.all(
+    tools.map((t) => {
+      if (!starting.has(t))
+        starting.set(
+          t,
+          Promise.resolve(t.start?.()).catch(() => {}),
+        );
+      return starting.get(t);
+    }),
+  );
 }
 
 /** Serve over this process's stdin/stdout until the client closes them. */
@@ -67,17 +81,27 @@ export async function serveStdio(tools: Tool[], o: ServeOptions = {}): Promise<S
 }
 
 /** Serve over Streamable HTTP at http://host:port/mcp (port 0: any free port). Resolves once listening. */
-export async function serveHttp(tools: Tool[], port: number, o: ServeOptions & { host?: string } = {}): Promise<{ url: string; close(): Promise<void> }> {
+export async function serveHttp(
+  tools: Tool[],
+  port: number,
+  o: ServeOptions & { host?: string } = {},
+): Promise<{ url: string; close(): Promise<void> }> {
   const host = o.host ?? "127.0.0.1";
   void readyAll(tools);
   const loopback = LOOPBACK.includes(host === "::1" ? "[::1]" : host);
   const httpServer = http.createServer(async (req, res) => {
     const refused = loopback ? foreignHostOrOrigin(req) : null;
     if (refused)
-      return void res.writeHead(403, { "content-type": "application/json" }).end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message: refused }, id: null }));
-    if (!req.url?.startsWith("/mcp")) return void res.writeHead(404, { "content-type": "application/json" }).end('{"error":"not found; the MCP endpoint is /mcp"}');
-    if (req.method !== "POST") // stateless: no server-initiated stream, no session to delete
-      return void res.writeHead(405, { "content-type": "application/json" }).end('{"jsonrpc":"2.0","error":{"code":-32000,"message":"Method not allowed."},"id":null}');
+      return void res
+        .writeHead(403, { "content-type": "application/json" })
+        .end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32000, message: refused }, id: null }));
+    if (!req.url?.startsWith("/mcp"))
+      return void res.writeHead(404, { "content-type": "application/json" }).end('{"error":"not found; the MCP endpoint is /mcp"}');
+    if (req.method !== "POST")
+      // stateless: no server-initiated stream, no session to delete
+      return void res
+        .writeHead(405, { "content-type": "application/json" })
+        .end('{"jsonrpc":"2.0","error":{"code":-32000,"message":"Method not allowed."},"id":null}');
     const server = mcpServerFor(tools, o);
     const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });
     res.on("close", () => {
@@ -89,7 +113,9 @@ export async function serveHttp(tools: Tool[], port: number, o: ServeOptions & {
       await transport.handleRequest(req, res);
     } catch (err) {
       if (!res.headersSent)
-        res.writeHead(500, { "content-type": "application/json" }).end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32603, message: String((err as Error).message) }, id: null }));
+        res
+          .writeHead(500, { "content-type": "application/json" })
+          .end(JSON.stringify({ jsonrpc: "2.0", error: { code: -32603, message: String((err as Error).message) }, id: null }));
     }
   });
   // Idle keep-alive sockets stay open longer than a client's pause between calls (Node's default is
@@ -102,10 +128,11 @@ export async function serveHttp(tools: Tool[], port: number, o: ServeOptions & {
   const addr = httpServer.address() as AddressInfo;
   return {
     url: `http://${host}:${addr.port}/mcp`,
-    close: () => new Promise<void>((resolve) => {
-      httpServer.closeAllConnections();
-      httpServer.close(() => resolve());
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        httpServer.closeAllConnections();
+        httpServer.close(() => resolve());
+      }),
   };
 }
 

@@ -41,7 +41,7 @@ function signalGroup(pgid: number, signal: NodeJS.Signals): void {
 /** Resolves true once no process of the group is left, false after `ms` (polled every 50 ms; `ref`
  *  false: the polling does not keep this process alive). */
 async function groupGone(pgid: number, ms: number, ref = true): Promise<boolean> {
-  for (const end = Date.now() + ms; ; ) {
+  for (const end = Date.now() + ms; ;) {
     try {
       process.kill(-pgid, 0);
     } catch {

@@ -71,7 +71,10 @@ export async function openMcpServer(target: McpServerSpec | string, o: McpOption
   const makeTransport = (): Transport => {
     if (spec.url) return new StreamableHTTPClientTransport(new URL(spec.url), { requestInit: { headers: spec.headers } });
     return new ProcessGroupStdioTransport({
-      command: spec.command!, args: spec.args ?? [], env: spec.env, cwd: spec.cwd,
+      command: spec.command!,
+      args: spec.args ?? [],
+      env: spec.env,
+      cwd: spec.cwd,
       onStderrLine: (line) => {
         stderrTail.push(line);
         stderrTail.splice(0, Math.max(0, stderrTail.length - 5));
@@ -121,7 +124,9 @@ export async function openMcpServer(target: McpServerSpec | string, o: McpOption
   try {
     client = await connect();
   } catch (err) {
-    throw new UsageError(`--tools ${shown}: server did not start (${reason(err)}${stderrTail.length ? `; stderr: ${stderrTail.slice(-1)[0].slice(0, 200)}` : ""})`);
+    throw new UsageError(
+      `--tools ${shown}: server did not start (${reason(err)}${stderrTail.length ? `; stderr: ${stderrTail.slice(-1)[0].slice(0, 200)}` : ""})`,
+    );
   }
   let listed: ListedTool[];
   try {
@@ -157,7 +162,9 @@ export async function openMcpServer(target: McpServerSpec | string, o: McpOption
         log(`mcp: server ${label} ${free ? "has a new session" : "started again"}`);
         return c;
       } catch (err) {
-        log(`mcp: server ${label} could not be ${free ? "reached for a new session" : "started again"} (${reason(err)})${!free && restartsLeft <= 0 ? "; its tools now answer with an error" : ""}`);
+        log(
+          `mcp: server ${label} could not be ${free ? "reached for a new session" : "started again"} (${reason(err)})${!free && restartsLeft <= 0 ? "; its tools now answer with an error" : ""}`,
+        );
         return null;
       } finally {
         reconnect = null;
@@ -227,7 +234,10 @@ function pick(listed: ListedTool[], spec: McpServerSpec, label: string, log: ((l
   const byName = new Map(listed.map((t) => [t.name, t]));
   if (log && spec.includeTools) {
     const missing = spec.includeTools.filter((n) => !byName.has(n));
-    if (missing.length) throw new UsageError(`--tools ${spec.source}: the server lists no tool ${missing.map((n) => `"${n}"`).join(", ")}; it lists ${listed.map((t) => t.name).join(", ") || "none"}`);
+    if (missing.length)
+      throw new UsageError(
+        `--tools ${spec.source}: the server lists no tool ${missing.map((n) => `"${n}"`).join(", ")}; it lists ${listed.map((t) => t.name).join(", ") || "none"}`,
+      );
   }
   const out = new Map<string, ListedTool>();
   const needTasks: string[] = [];
@@ -237,7 +247,8 @@ function pick(listed: ListedTool[], spec: McpServerSpec, label: string, log: ((l
     if (t.execution?.taskSupport === "required") needTasks.push(t.name);
     else out.set(t.name, t);
   }
-  if (log && needTasks.length) log(`mcp: server ${label}: left out ${needTasks.join(", ")} (they must run as MCP tasks, which this client does not do)`);
+  if (log && needTasks.length)
+    log(`mcp: server ${label}: left out ${needTasks.join(", ")} (they must run as MCP tasks, which this client does not do)`);
   return out;
 }
 

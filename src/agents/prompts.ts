@@ -39,12 +39,26 @@ export function toPrompt(question: string, systemPrompt: string = SYSTEM_PROMPT)
  *  does not fit the model's context: an MCP server's many tools can fill a small model's context
  *  (server-everything's 12 schemas are 3,886 tokens with the tiny tokenizer; its context is 1,024), and
  *  every reply would fail. */
-export function checkToolsFit(tokenizer: Tokenizer, contextLength: number, tools: readonly Tool[], reserve: number, toolsInPrompt = true): void {
-  const text = tokenizer.applyChatTemplate([{ role: "system", content: systemPromptFor(tools) }, { role: "user", content: "?" }], {
-    tools: toolsInPrompt && tools.length > 0 ? tools.map(toolSchema) : undefined,
-    addGenerationPrompt: true,
-  });
+export function checkToolsFit(
+  tokenizer: Tokenizer,
+  contextLength: number,
+  tools: readonly Tool[],
+  reserve: number,
+  toolsInPrompt = true,
+): void {
+  const text = tokenizer.applyChatTemplate(
+    [
+      { role: "system", content: systemPromptFor(tools) },
+      { role: "user", content: "?" },
+    ],
+    {
+      tools: toolsInPrompt && tools.length > 0 ? tools.map(toolSchema) : undefined,
+      addGenerationPrompt: true,
+    },
+  );
   const n = tokenizer.encode(text).length;
   if (n + reserve > contextLength)
-    throw new UsageError(`the system prompt with ${tools.length} tool${tools.length === 1 ? "" : "s"} is ${n} tokens; with ${reserve} new tokens it does not fit the model's context of ${contextLength}; offer fewer tools (mcp[tools=a+b]:…) or lower --max_new_tokens`);
+    throw new UsageError(
+      `the system prompt with ${tools.length} tool${tools.length === 1 ? "" : "s"} is ${n} tokens; with ${reserve} new tokens it does not fit the model's context of ${contextLength}; offer fewer tools (mcp[tools=a+b]:…) or lower --max_new_tokens`,
+    );
 }

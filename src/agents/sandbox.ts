@@ -20,9 +20,7 @@ export interface SandboxOptions {
   resourceLimits: ResourceLimits;
 }
 
-export type SandboxResult<Out> =
-  | { ok: true; value: Out }
-  | { ok: false; reason: "timeout" | "crashed" | "shutdown"; message: string };
+export type SandboxResult<Out> = { ok: true; value: Out } | { ok: false; reason: "timeout" | "crashed" | "shutdown"; message: string };
 
 interface Instance {
   worker: Worker;

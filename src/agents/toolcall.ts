@@ -57,7 +57,7 @@ function parseBody(raw: string): ParsedToolCall | { error: string } {
   let body = raw.trim();
   const fenced = /^```(?:json)?\s*([\s\S]*?)\s*```$/.exec(body);
   if (fenced) body = fenced[1];
-  if (body === "") return { error: "Error: empty tool call; write {\"name\": ..., \"arguments\": {...}}" };
+  if (body === "") return { error: 'Error: empty tool call; write {"name": ..., "arguments": {...}}' };
   let value: unknown;
   try {
     value = JSON.parse(body);

@@ -41,13 +41,22 @@ export function splitToolSpecs(list: string): string[] {
   const specs = list.split(/,(?=\s*(?:mcp(?:\[[^\]]*\])?:|[A-Za-z_][\w-]*\s*(?:,|$)|[^,]*\.json\s*(?:,|$)))/).map((s) => s.trim());
   const bad = specs.find((s) => !MCP_ITEM.test(s) && !CONFIG_ITEM.test(s) && !/^[A-Za-z_][\w-]*$/.test(s));
   if (bad !== undefined)
-    throw new UsageError(`--tools ${JSON.stringify(list)}: ${JSON.stringify(bad)} is not a tool name, mcp:<command line|URL> or an mcpServers .json file; expected e.g. calculator,mcp:npx -y some-mcp-server`);
+    throw new UsageError(
+      `--tools ${JSON.stringify(list)}: ${JSON.stringify(bad)} is not a tool name, mcp:<command line|URL> or an mcpServers .json file; expected e.g. calculator,mcp:npx -y some-mcp-server`,
+    );
   return specs;
 }
 
 /** A run config's tools: `tools` specs (default DEFAULT_TOOLS), `toolTimeout` in seconds, `toolMaxChars`. */
-export function openRunTools(cfg: { tools?: string[]; toolTimeout?: number; toolMaxChars?: number }, log?: (line: string) => void): Promise<ToolSet> {
-  return openTools(cfg.tools ?? [...DEFAULT_TOOLS], { timeoutMs: cfg.toolTimeout === undefined ? undefined : cfg.toolTimeout * 1000, maxChars: cfg.toolMaxChars, log });
+export function openRunTools(
+  cfg: { tools?: string[]; toolTimeout?: number; toolMaxChars?: number },
+  log?: (line: string) => void,
+): Promise<ToolSet> {
+  return openTools(cfg.tools ?? [...DEFAULT_TOOLS], {
+    timeoutMs: cfg.toolTimeout === undefined ? undefined : cfg.toolTimeout * 1000,
+    maxChars: cfg.toolMaxChars,
+    log,
+  });
 }
 
 /** Open every item in order. An item that cannot be opened (unknown name, an MCP server that does not
@@ -57,7 +66,8 @@ export async function openTools(specs: string[], options: ToolSetOptions = {}): 
   const maxChars = options.maxChars ?? DEFAULT_TOOL_MAX_CHARS;
   const log = options.log ?? ((line: string) => process.stderr.write(line + "\n"));
   if (!(timeoutMs > 0)) throw new UsageError(`tool timeout ${timeoutMs} ms is invalid; accepted: a number > 0`);
-  if (!(Number.isInteger(maxChars) && maxChars >= 100)) throw new UsageError(`tool output cap ${maxChars} is invalid; accepted: an integer >= 100`);
+  if (!(Number.isInteger(maxChars) && maxChars >= 100))
+    throw new UsageError(`tool output cap ${maxChars} is invalid; accepted: an integer >= 100`);
   const closers: Array<() => Promise<void>> = [];
   const closeAll = async () => {
     const list = closers.splice(0).reverse();
@@ -73,7 +83,10 @@ export async function openTools(specs: string[], options: ToolSetOptions = {}): 
     const seen = new Set<string>();
     for (const t of fromSpec) {
       const taken = clash(t.name) ?? (seen.has(t.name) ? source : undefined);
-      if (taken !== undefined) throw new UsageError(`--tools: tool "${t.name}" from ${source} clashes with the one from ${taken}; each tool name may come from one item only (an MCP server can take a prefix: mcp[prefix=x_]:…)`);
+      if (taken !== undefined)
+        throw new UsageError(
+          `--tools: tool "${t.name}" from ${source} clashes with the one from ${taken}; each tool name may come from one item only (an MCP server can take a prefix: mcp[prefix=x_]:…)`,
+        );
       seen.add(t.name);
     }
     // Tools get ready in the background once every item checked out; a call waits for that before its
@@ -85,7 +98,12 @@ export async function openTools(specs: string[], options: ToolSetOptions = {}): 
     for (const spec of specs) {
       if (!MCP_ITEM.test(spec) && !CONFIG_ITEM.test(spec)) {
         const tool = BUILTIN_TOOLS.get(spec);
-        if (!tool) throw new UsageError(`--tools: unknown tool "${spec}"; built in: ${BUILTIN_TOOLS.list().map((t) => t.name).join(", ")}; or mcp:<command line> / mcp:<http(s) URL> / an mcpServers .json file`);
+        if (!tool)
+          throw new UsageError(
+            `--tools: unknown tool "${spec}"; built in: ${BUILTIN_TOOLS.list()
+              .map((t) => t.name)
+              .join(", ")}; or mcp:<command line> / mcp:<http(s) URL> / an mcpServers .json file`,
+          );
         if (tool.close) closers.push(() => tool.close!());
         add(spec, [tool]);
         continue;
@@ -128,11 +146,14 @@ export function limitTool(tool: Tool, timeoutMs: number, maxChars: number, ready
       let timer: NodeJS.Timeout | undefined;
       const fail = (text: string): ToolResult => ({ text, isError: true });
       const late = new Promise<ToolResult>((resolve) => {
-        if (!limitsOwnTime) timer = setTimeout(() => resolve(fail(`Error: tool "${tool.name}" took longer than ${timeoutMs / 1000} s`)), timeoutMs);
+        if (!limitsOwnTime)
+          timer = setTimeout(() => resolve(fail(`Error: tool "${tool.name}" took longer than ${timeoutMs / 1000} s`)), timeoutMs);
       });
       let out: ToolResult;
       try {
-        out = toToolResult(await Promise.race([Promise.resolve().then(() => tool.run(args)), late])) ?? fail(`Error: tool "${tool.name}" returned no text`);
+        out =
+          toToolResult(await Promise.race([Promise.resolve().then(() => tool.run(args)), late])) ??
+          fail(`Error: tool "${tool.name}" returned no text`);
       } catch (e) {
         out = fail(`Error: tool "${tool.name}" failed (${String((e as Error)?.message ?? e).slice(0, 200)})`);
       } finally {

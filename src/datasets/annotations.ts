@@ -16,8 +16,7 @@ export function parseAnnotations(text: string): Annotation[] {
     const eq = body.lastIndexOf("=");
     const expression = eq < 0 ? "" : body.slice(0, eq).trim();
     const result = eq < 0 ? "" : body.slice(eq + 1).trim();
-    if (!expression || !result)
-      throw new Error(`calculator annotation "<<${body}>>" is not "<<expression=result>>"`);
+    if (!expression || !result) throw new Error(`calculator annotation "<<${body}>>" is not "<<expression=result>>"`);
     out.push({ start: m.index, end: m.index + m[0].length, expression, result });
   }
   return out;

@@ -24,7 +24,10 @@ export function normalizeNumber(text: string): string | null {
   let sign = "";
   if (s.startsWith("-") || s.startsWith("+")) {
     sign = s[0] === "-" ? "-" : "";
-    s = s.slice(1).trim().replace(/^\\?\$\s*/, ""); // "-$5" as well as "$-5"
+    s = s
+      .slice(1)
+      .trim()
+      .replace(/^\\?\$\s*/, ""); // "-$5" as well as "$-5"
   }
   if (!/^(\d{1,3}(,\d{3})+|\d+)?(\.\d*)?$/.test(s) || !/\d/.test(s)) return null;
   s = s.replace(/,/g, "");
@@ -40,7 +43,10 @@ export function normalizeNumber(text: string): string | null {
 export function parseGold(solution: string): string {
   const at = solution.lastIndexOf("####");
   if (at < 0) throw new Error(`GSM8K answer has no "#### N" line (expected a final line like "#### 42"): ${preview(solution)}`);
-  const raw = solution.slice(at + 4).split("\n")[0].trim();
+  const raw = solution
+    .slice(at + 4)
+    .split("\n")[0]
+    .trim();
   const gold = normalizeNumber(raw);
   if (gold === null) throw new Error(`GSM8K answer's "####" line holds "${raw}", expected one number like 42, -3, 0.5 or 1,000`);
   return gold;
@@ -74,7 +80,8 @@ export function isAnswerSchema(name: unknown): name is AnswerSchema {
 
 /** The body of the last `\boxed{…}` or `\fbox{…}` (whichever starts later), braces balanced. */
 function lastBoxed(text: string): string | null {
-  let start = -1, open = -1;
+  let start = -1,
+    open = -1;
   for (const cmd of ["\\boxed{", "\\fbox{"]) {
     const at = text.lastIndexOf(cmd);
     if (at > start) [start, open] = [at, at + cmd.length - 1];
@@ -104,7 +111,11 @@ export function lastNumber(text: string): string | null {
  *  `%`, a trailing "." and unit words after it forgiven ("18 dollars", "50%", "$1,000."). Null when it
  *  is not one number (another number after the first, or no number at all). */
 export function answerValue(text: string): number | null {
-  let s = text.trim().replace(/\\[,!; ]/g, "").replace(/\\%/g, "%").replace(/^\\text\{(.*)\}$/, "$1");
+  let s = text
+    .trim()
+    .replace(/\\[,!; ]/g, "")
+    .replace(/\\%/g, "%")
+    .replace(/^\\text\{(.*)\}$/, "$1");
   const frac = /^(-?)\\d?frac\{([^{}]+)\}\{([^{}]+)\}(.*)$/.exec(s);
   if (frac) s = `${frac[1]}${frac[2]}/${frac[3]}${frac[4]}`;
   const m = /^([-+]?\s*\\?\$?\s*[\d.,]*\d[\d.,]*)(?:\s*\/\s*([\d.,]*\d[\d.,]*))?(.*)$/.exec(s);

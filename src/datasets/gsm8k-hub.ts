@@ -15,7 +15,9 @@ const CACHE_FOLDERS = ["datasets--openai--gsm8k", "datasets--gsm8k"];
 /** Path of the cached (or freshly downloaded) parquet file of one split. */
 export async function resolveGsm8kSplit(name: string, split: "train" | "test", env: NodeJS.ProcessEnv = process.env): Promise<string> {
   if (!NAMES.has(name))
-    throw new Error(`gsm8k source "${name}" is neither a file nor a dataset name; pass a .jsonl or .parquet path, or "gsm8k" / "openai/gsm8k"`);
+    throw new Error(
+      `gsm8k source "${name}" is neither a file nor a dataset name; pass a .jsonl or .parquet path, or "gsm8k" / "openai/gsm8k"`,
+    );
   const dirs = hubCacheDirs(env);
   const looked: string[] = [];
   for (const dir of dirs) {

@@ -51,9 +51,16 @@ export async function loadGsm8kWithReport(source: string, opts: LoadGsm8kOptions
   if (!(max >= 0) || (max !== Infinity && !Number.isInteger(max)))
     throw new Error(`gsm8k maxSamples ${max} must be a non-negative integer`);
 
-  const kind = await fs.stat(source).then((s) => (s.isFile() ? "file" : s.isDirectory() ? "dir" : null), () => null);
+  const kind = await fs.stat(source).then(
+    (s) => (s.isFile() ? "file" : s.isDirectory() ? "dir" : null),
+    () => null,
+  );
   const file =
-    kind === "file" ? source : kind === "dir" ? await splitInFolder(source, split ?? "train") : await resolveGsm8kSplit(source, split ?? "train");
+    kind === "file"
+      ? source
+      : kind === "dir"
+        ? await splitInFolder(source, split ?? "train")
+        : await resolveGsm8kSplit(source, split ?? "train");
   const prefix = split ?? idPrefix(file);
   const rows = file.endsWith(".parquet") ? await readParquetRows(file) : await readJsonlRows(file);
 

@@ -48,9 +48,7 @@ export function toConversation(ex: Gsm8kExample, opts: ConversationOptions = {})
       role: "assistant",
       // Trailing spaces dropped: the template puts "\n<tool_call>" right after the content.
       content: text.trimEnd(),
-      tool_calls: [
-        { type: "function", function: { name: CALCULATOR, arguments: { expression: normalizeExpression(ann.expression) } } },
-      ],
+      tool_calls: [{ type: "function", function: { name: CALCULATOR, arguments: { expression: normalizeExpression(ann.expression) } } }],
     });
     messages.push({ role: "tool", content: normalizeNumber(ann.result) ?? ann.result });
     text = "";
@@ -144,7 +142,12 @@ export async function buildSftConversations(
   if (bad.length > 0) throw new Error(`inline ops [${bad.join(" ")}] not known; expected some of ${INLINE_OPS.join(" ")}`);
   const rng = new Rng(opts.seed ?? 0);
   const out: SftBuild = {
-    conversations: [], ids: [], dropped: [], counts: { ok: 0, format: 0, rounded: 0, wrong: 0, error: 0 }, mismatches: [], inlined: 0,
+    conversations: [],
+    ids: [],
+    dropped: [],
+    counts: { ok: 0, format: 0, rounded: 0, wrong: 0, error: 0 },
+    mismatches: [],
+    inlined: 0,
   };
   for (const ex of examples) {
     const r = rng.fork(); // one stream per example: its steps do not depend on the others

@@ -27,14 +27,29 @@ interface Person {
   his: string;
 }
 const PEOPLE: Person[] = [
-  ["Ava", "she", "her"], ["Liam", "he", "his"], ["Mia", "she", "her"], ["Noah", "he", "his"],
-  ["Zoe", "she", "her"], ["Omar", "he", "his"], ["Lena", "she", "her"], ["Ravi", "he", "his"],
-  ["Sara", "she", "her"], ["Ben", "he", "his"], ["Maya", "she", "her"], ["Tom", "he", "his"],
+  ["Ava", "she", "her"],
+  ["Liam", "he", "his"],
+  ["Mia", "she", "her"],
+  ["Noah", "he", "his"],
+  ["Zoe", "she", "her"],
+  ["Omar", "he", "his"],
+  ["Lena", "she", "her"],
+  ["Ravi", "he", "his"],
+  ["Sara", "she", "her"],
+  ["Ben", "he", "his"],
+  ["Maya", "she", "her"],
+  ["Tom", "he", "his"],
 ].map(([name, he, his]) => ({ name, he, his }));
 // [objects, container]: "boxes of pencils", "crates of apples"...
 const THINGS: [string, string][] = [
-  ["pencils", "box"], ["apples", "crate"], ["stickers", "sheet"], ["marbles", "bag"],
-  ["cookies", "tray"], ["books", "shelf"], ["stamps", "album"], ["bottles", "pack"],
+  ["pencils", "box"],
+  ["apples", "crate"],
+  ["stickers", "sheet"],
+  ["marbles", "bag"],
+  ["cookies", "tray"],
+  ["books", "shelf"],
+  ["stamps", "album"],
+  ["bottles", "pack"],
 ];
 const plural = (c: string) => (c.endsWith("f") ? `${c.slice(0, -1)}ves` : c.endsWith("x") ? `${c}es` : `${c}s`);
 const cap = (s: string) => s[0].toUpperCase() + s.slice(1);
@@ -50,7 +65,9 @@ export function generateSynthetic(opts: SyntheticOptions): Gsm8kExample[] {
     // A chain can run out of allowed moves (e.g. only "*" near maxValue); draw again, a bounded number of times.
     for (let attempt = 0; attempt < 100 && !ex; attempt++) ex = oneProblem(r, o);
     if (!ex)
-      throw new Error(`synthetic: cannot make ${o.minSteps} steps with ops [${o.ops.join(" ")}] under maxValue ${o.maxValue}; widen maxValue or allow + and -`);
+      throw new Error(
+        `synthetic: cannot make ${o.minSteps} steps with ops [${o.ops.join(" ")}] under maxValue ${o.maxValue}; widen maxValue or allow + and -`,
+      );
     out.push({ id: `synthetic-${o.seed}-${i}`, ...ex });
   }
   return out;
@@ -147,7 +164,13 @@ function nextStep(rng: Rng, o: Resolved, v: number): [SynthOp, number] | null {
 
 function checkOptions(opts: SyntheticOptions): Resolved {
   const o: Resolved = {
-    minSteps: 1, maxSteps: 4, minOperand: 12, maxOperand: 999, maxValue: 999_999, ops: [...SYNTH_OPS], ...opts,
+    minSteps: 1,
+    maxSteps: 4,
+    minOperand: 12,
+    maxOperand: 999,
+    maxValue: 999_999,
+    ops: [...SYNTH_OPS],
+    ...opts,
   };
   const int = (name: keyof Resolved, lo: number) => {
     const x = o[name] as number;

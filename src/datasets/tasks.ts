@@ -22,7 +22,10 @@ export async function isTaskFile(file: string): Promise<boolean> {
   try {
     const buf = Buffer.alloc(Math.min(stat.size, 64 * 1024));
     await handle.read(buf, 0, buf.length, 0);
-    const first = buf.toString("utf8").split("\n").find((l) => l.trim());
+    const first = buf
+      .toString("utf8")
+      .split("\n")
+      .find((l) => l.trim());
     try {
       const row = JSON.parse(first ?? "null");
       return row !== null && typeof row === "object" && Object.hasOwn(row, "query");
@@ -64,7 +67,8 @@ export function toTask(row: unknown, where: string, index: string): Task {
   const r = row as Record<string, unknown>;
   if (typeof r.query !== "string" || !r.query.trim()) throw new Error(`${where}: "query" must be non-empty text`);
   if (typeof r.answer !== "string" && typeof r.answer !== "number") throw new Error(`${where}: "answer" must be text or a number`);
-  if (r.id !== undefined && typeof r.id !== "string" && typeof r.id !== "number") throw new Error(`${where}: "id" must be text or a number`);
+  if (r.id !== undefined && typeof r.id !== "string" && typeof r.id !== "number")
+    throw new Error(`${where}: "id" must be text or a number`);
   if (r.scorer !== undefined && (typeof r.scorer !== "string" || !scorerNames().includes(r.scorer)))
     throw new Error(`${where}: scorer ${JSON.stringify(r.scorer)} is unknown; registered: ${scorerNames().join(", ")}`);
   if (r.answer_schema !== undefined && !isAnswerSchema(r.answer_schema))

@@ -72,7 +72,9 @@ async function pick(name: BackendName, threads: ThreadsSpec): Promise<string> {
   if (name === "tensorflow" || name === "auto") {
     if (await tryNative(["@tensorflow/tfjs-node"])) return done();
     if (name === "tensorflow")
-      throw new UsageError("backend tensorflow needs @tensorflow/tfjs-node or @tensorflow/tfjs-node-gpu installed (npm install @tensorflow/tfjs-node)");
+      throw new UsageError(
+        "backend tensorflow needs @tensorflow/tfjs-node or @tensorflow/tfjs-node-gpu installed (npm install @tensorflow/tfjs-node)",
+      );
   }
   if (name === "wasm" || name === "auto") {
     registerWasmExtras();
@@ -113,11 +115,16 @@ function guardWasmMalloc(): void {
   if (wasm._malloc.guarded) return;
   // The module's _malloc starts as a stub that replaces itself with the export on first call.
   const malloc = wasm.asm?.malloc ?? wasm._malloc;
-  const guarded = Object.assign((n: number) => {
-    const p = malloc(n);
-    if (p === 0 && n > 0)
-      throw new Error(`wasm heap out of memory: ${(n / 2 ** 20).toFixed(1)} MB more did not fit (heap ${(wasm.HEAPU8.length / 2 ** 30).toFixed(2)} GiB, limit 4 GiB); use a smaller --micro_batch_size, fewer or shorter rollouts, or a GPU backend`);
-    return p;
-  }, { guarded: true as const });
+  const guarded = Object.assign(
+    (n: number) => {
+      const p = malloc(n);
+      if (p === 0 && n > 0)
+        throw new Error(
+          `wasm heap out of memory: ${(n / 2 ** 20).toFixed(1)} MB more did not fit (heap ${(wasm.HEAPU8.length / 2 ** 30).toFixed(2)} GiB, limit 4 GiB); use a smaller --micro_batch_size, fewer or shorter rollouts, or a GPU backend`,
+        );
+      return p;
+    },
+    { guarded: true as const },
+  );
   wasm._malloc = guarded;
 }

@@ -20,7 +20,12 @@ interface TapeState {
 interface EngineInternals {
   state: TapeState;
   isTapeOn(): boolean;
-  gradients(f: () => tf.Tensor, xs: tf.Tensor[], dy?: tf.Tensor, allowNoGradients?: boolean): { value: tf.Tensor; grads: (tf.Tensor | null)[] };
+  gradients(
+    f: () => tf.Tensor,
+    xs: tf.Tensor[],
+    dy?: tf.Tensor,
+    allowNoGradients?: boolean,
+  ): { value: tf.Tensor; grads: (tf.Tensor | null)[] };
 }
 const engine = () => tf.engine() as unknown as EngineInternals;
 

@@ -9,26 +9,33 @@ import { replaceKernel, type Backend } from "./kernels.ts";
 
 export function registerWasmConcat(): void {
   replaceKernel("Concat", "wasm", (fallback) => (args) => {
-      const inputs = args.inputs as unknown as tf.TensorInfo[];
-      const dtype = inputs[0]?.dtype;
-      if (dtype !== "float32" && dtype !== "int32" && dtype !== "bool") return fallback(args);
-      const e = tf.util.bytesPerElement(dtype); // bool is one byte on the heap
-      const axis = tf.util.parseAxisParam((args.attrs as { axis: number | number[] }).axis, inputs[0].shape)[0];
-      tf.backend_util.assertParamsConsistent(inputs.map((t) => t.shape), axis);
-      const outShape = tf.backend_util.computeOutShape(inputs.map((t) => t.shape), axis);
-      const backend = args.backend as Backend;
-      const out = backend.makeOutput(outShape, inputs[0].dtype) as tf.TensorInfo;
-      const rows = outShape.slice(0, axis).reduce((p, d) => p * d, 1);
-      const width = outShape.slice(axis).reduce((p, d) => p * d, 1);
-      if (rows * width === 0) return out;
-      const k = heapKernels(backend);
-      const pOut = backend.dataIdMap.get(out.dataId).memoryOffset as number;
-      let col = 0;
-      for (const t of inputs) {
-        const inner = t.shape.slice(axis).reduce((p, d) => p * d, 1);
-        if (inner > 0) k.copyRows(pOut + e * col, e * width, backend.dataIdMap.get(t.dataId).memoryOffset as number, e * inner, e * inner, rows);
-        col += inner;
-      }
-      return out;
+    const inputs = args.inputs as unknown as tf.TensorInfo[];
+    const dtype = inputs[0]?.dtype;
+    if (dtype !== "float32" && dtype !== "int32" && dtype !== "bool") return fallback(args);
+    const e = tf.util.bytesPerElement(dtype); // bool is one byte on the heap
+    const axis = tf.util.parseAxisParam((args.attrs as { axis: number | number[] }).axis, inputs[0].shape)[0];
+    tf.backend_util.assertParamsConsistent(
+      inputs.map((t) => t.shape),
+      axis,
+    );
+    const outShape = tf.backend_util.computeOutShape(
+      inputs.map((t) => t.shape),
+      axis,
+    );
+    const backend = args.backend as Backend;
+    const out = backend.makeOutput(outShape, inputs[0].dtype) as tf.TensorInfo;
+    const rows = outShape.slice(0, axis).reduce((p, d) => p * d, 1);
+    const width = outShape.slice(axis).reduce((p, d) => p * d, 1);
+    if (rows * width === 0) return out;
+    const k = heapKernels(backend);
+    const pOut = backend.dataIdMap.get(out.dataId).memoryOffset as number;
+    let col = 0;
+    for (const t of inputs) {
+      const inner = t.shape.slice(axis).reduce((p, d) => p * d, 1);
+      if (inner > 0)
+        k.copyRows(pOut + e * col, e * width, backend.dataIdMap.get(t.dataId).memoryOffset as number, e * inner, e * inner, rows);
+      col += inner;
+    }
+    return out;
   });
 }

@@ -17,7 +17,12 @@ class DequantizeProgram {
   dispatch: [number, number, number];
   shaderKey: string;
 
-  constructor(util: WebgpuModule["webgpu_util"], private a: DequantizeAttrs, private rowsPerField: number, private n: number) {
+  constructor(
+    util: WebgpuModule["webgpu_util"],
+    private a: DequantizeAttrs,
+    private rowsPerField: number,
+    private n: number,
+  ) {
     this.outputShape = [a.inDim, n];
     this.dispatchLayout = util.flatDispatchLayout(this.outputShape);
     this.dispatch = util.computeDispatch(this.dispatchLayout, this.outputShape, this.workgroupSize);
@@ -26,12 +31,12 @@ class DequantizeProgram {
 
   getUserCode(): string {
     const { kind, table, block } = this.a;
-    const bits = kind === "int8" ? 8 : 4, field = (1 << bits) - 1, n = this.n, P = this.rowsPerField;
+    const bits = kind === "int8" ? 8 : 4,
+      field = (1 << bits) - 1,
+      n = this.n,
+      P = this.rowsPerField;
     // output row r = k·P + i holds field k of packed row i (the slab layout of quant.ts)
-    const value =
-      kind === "int8"
-        ? `(f32(code) - 128.0) * scales[j]`
-        : `NF4[code] * scales[(r / ${block}) * ${n} + j]`;
+    const value = kind === "int8" ? `(f32(code) - 128.0) * scales[j]` : `NF4[code] * scales[(r / ${block}) * ${n} + j]`;
     const f = (x: number) => (Number.isInteger(x) ? `${x}.0` : `${x}`);
     return `
       var<private> NF4: array<f32, 16> = array<f32, 16>(${(kind === "nf4" ? table : new Array(16).fill(0)).map(f).join(", ")});
@@ -52,9 +57,14 @@ class DequantizeProgram {
 
 /** Register the kernel for the webgpu backend (once the package is loaded). */
 export function registerWebgpuDequantize(mod: WebgpuModule): void {
-  registerKernel(DEQUANTIZE, () => ({ inputs, backend, attrs }) => {
-      const { packed, scales } = inputs as { packed: tf.TensorInfo; scales: tf.TensorInfo };
-      const program = new DequantizeProgram(mod.webgpu_util, attrs as unknown as DequantizeAttrs, packed.shape[0], packed.shape[1]);
-      return (backend as InstanceType<WebgpuModule["WebGPUBackend"]>).runWebGPUProgram(program as never, [packed, scales], "float32");
-  }, ["webgpu"]);
+  registerKernel(
+    DEQUANTIZE,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { packed, scales } = inputs as { packed: tf.TensorInfo; scales: tf.TensorInfo };
+        const program = new DequantizeProgram(mod.webgpu_util, attrs as unknown as DequantizeAttrs, packed.shape[0], packed.shape[1]);
+        return (backend as InstanceType<WebgpuModule["WebGPUBackend"]>).runWebGPUProgram(program as never, [packed, scales], "float32");
+      },
+    ["webgpu"],
+  );
 }

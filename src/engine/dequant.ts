@@ -16,16 +16,25 @@ export interface DequantizeAttrs {
 }
 
 /** packed: int32 [rowsPad/per, n]; scales: int8 [1, n] or nf4 [rowsPad/block, n] → f32 [inDim, n]. */
-export function dequantizeInto(out: Float32Array, packed: Int32Array, scales: Float32Array, rowsPerField: number, n: number, a: DequantizeAttrs): void {
+export function dequantizeInto(
+  out: Float32Array,
+  packed: Int32Array,
+  scales: Float32Array,
+  rowsPerField: number,
+  n: number,
+  a: DequantizeAttrs,
+): void {
   const bits = a.kind === "int8" ? 8 : 4;
-  const per = 32 / bits, field = (1 << bits) - 1;
+  const per = 32 / bits,
+    field = (1 << bits) - 1;
   const table = Float32Array.from(a.table);
   for (let k = 0; k < per; k++) {
     const shift = bits * k;
     for (let i = 0; i < rowsPerField; i++) {
       const r = k * rowsPerField + i;
       if (r >= a.inDim) break;
-      const src = i * n, dst = r * n;
+      const src = i * n,
+        dst = r * n;
       if (a.kind === "int8") {
         for (let j = 0; j < n; j++) out[dst + j] = (((packed[src + j] >>> shift) & field) - 128) * scales[j];
       } else {
@@ -39,13 +48,13 @@ export function dequantizeInto(out: Float32Array, packed: Int32Array, scales: Fl
 /** How each CPU backend hands out typed arrays: wasm as views on its heap (taken after the output
  *  is allocated, since an allocation can grow and move the heap), cpu as the arrays it holds. */
 export const registerDequantizeKernels = once(() => {
-    registerKernel(DEQUANTIZE, (io, backendName) => ({ inputs, backend, attrs }) => {
-        const { packed, scales } = inputs as { packed: tf.TensorInfo; scales: tf.TensorInfo };
-        const a = attrs as unknown as DequantizeAttrs;
-        const out = io.output(backend, [a.inDim, packed.shape[1]]);
-        dequantizeInto(io.view(backend, out), io.view(backend, packed), io.view(backend, scales), packed.shape[0], packed.shape[1], a);
-        return out;
-      });
+  registerKernel(DEQUANTIZE, (io, backendName) => ({ inputs, backend, attrs }) => {
+    const { packed, scales } = inputs as { packed: tf.TensorInfo; scales: tf.TensorInfo };
+    const a = attrs as unknown as DequantizeAttrs;
+    const out = io.output(backend, [a.inDim, packed.shape[1]]);
+    dequantizeInto(io.view(backend, out), io.view(backend, packed), io.view(backend, scales), packed.shape[0], packed.shape[1], a);
+    return out;
+  });
 });
 
 /** Whether the current backend has the kernel (else quant.ts uses tfjs ops). */

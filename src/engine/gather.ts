@@ -12,14 +12,22 @@ const ROW_COPY = 16;
 
 /** out[o, n, :] = x[o, ids[n], :] for x [outer, dim, inner] at xOff and out [outer, ids.length, inner]
  *  at outOff, both in `heap` (int32 view: the bits of float32 values are moved unchanged). */
-export function gatherInto(heap: Int32Array, outOff: number, xOff: number, ids: Int32Array, outer: number, dim: number, inner: number): void {
+export function gatherInto(
+  heap: Int32Array,
+  outOff: number,
+  xOff: number,
+  ids: Int32Array,
+  outer: number,
+  dim: number,
+  inner: number,
+): void {
   const N = ids.length;
   for (let o = 0; o < outer; o++) {
     const src = xOff + o * dim * inner;
     let dst = outOff + o * N * inner;
     for (let n = 0; n < N; n++) {
       const s = src + ids[n] * inner;
-      if (inner >= ROW_COPY) heap.copyWithin(dst, s, s + inner), (dst += inner);
+      if (inner >= ROW_COPY) (heap.copyWithin(dst, s, s + inner), (dst += inner));
       else for (let j = 0; j < inner; j++) heap[dst++] = heap[s + j];
     }
   }
@@ -34,21 +42,21 @@ export function useWasmGather(on: boolean): void {
 
 export function registerWasmGather(): void {
   replaceKernel("GatherV2", "wasm", (fallback) => (args) => {
-      const { x, indices } = args.inputs as { x: tf.TensorInfo; indices: tf.TensorInfo };
-      const { axis, batchDims } = args.attrs as { axis: number; batchDims: number };
-      if (!enabled || (x.dtype !== "float32" && x.dtype !== "int32") || batchDims || indices.dtype !== "int32") return fallback(args);
-      const backend = args.backend as Backend;
-      const ax = tf.util.parseAxisParam(axis, x.shape)[0];
-      const dim = x.shape[ax];
-      const ids = backend.readSync(indices.dataId) as Int32Array; // a copy off the heap, which may move below
-      for (const i of ids) tf.util.assert(i <= dim - 1 && i >= 0, () => `GatherV2: the index value ${i} is not in [0, ${dim - 1}]`);
-      const outer = x.shape.slice(0, ax).reduce((p, d) => p * d, 1);
-      const inner = x.shape.slice(ax + 1).reduce((p, d) => p * d, 1);
-      const out = backend.makeOutput([...x.shape.slice(0, ax), ...indices.shape, ...x.shape.slice(ax + 1)], x.dtype) as tf.TensorInfo;
-      if (outer * ids.length * inner === 0) return out;
-      const heap = new Int32Array(backend.wasm.HEAPU8.buffer);
-      const at = (t: tf.TensorInfo) => (backend.dataIdMap.get(t.dataId).memoryOffset as number) / 4;
-      gatherInto(heap, at(out), at(x), ids, outer, dim, inner);
-      return out;
+    const { x, indices } = args.inputs as { x: tf.TensorInfo; indices: tf.TensorInfo };
+    const { axis, batchDims } = args.attrs as { axis: number; batchDims: number };
+    if (!enabled || (x.dtype !== "float32" && x.dtype !== "int32") || batchDims || indices.dtype !== "int32") return fallback(args);
+    const backend = args.backend as Backend;
+    const ax = tf.util.parseAxisParam(axis, x.shape)[0];
+    const dim = x.shape[ax];
+    const ids = backend.readSync(indices.dataId) as Int32Array; // a copy off the heap, which may move below
+    for (const i of ids) tf.util.assert(i <= dim - 1 && i >= 0, () => `GatherV2: the index value ${i} is not in [0, ${dim - 1}]`);
+    const outer = x.shape.slice(0, ax).reduce((p, d) => p * d, 1);
+    const inner = x.shape.slice(ax + 1).reduce((p, d) => p * d, 1);
+    const out = backend.makeOutput([...x.shape.slice(0, ax), ...indices.shape, ...x.shape.slice(ax + 1)], x.dtype) as tf.TensorInfo;
+    if (outer * ids.length * inner === 0) return out;
+    const heap = new Int32Array(backend.wasm.HEAPU8.buffer);
+    const at = (t: tf.TensorInfo) => (backend.dataIdMap.get(t.dataId).memoryOffset as number) / 4;
+    gatherInto(heap, at(out), at(x), ids, outer, dim, inner);
+    return out;
   });
 }

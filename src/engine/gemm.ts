@@ -24,32 +24,34 @@ export function useWasmGemm(on: boolean): void {
 /** Replace the wasm BatchMatMul with one that takes the plain products (idempotent). */
 export function registerWasmGemm(): void {
   replaceKernel("BatchMatMul", "wasm", (fallback) => (args) => {
-      const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
-      const { transposeA, transposeB } = args.attrs as { transposeA: boolean; transposeB: boolean };
-      const ra = a.shape.length, rb = b.shape.length;
-      const batchA = a.shape.slice(0, -2).reduce((p, d) => p * d, 1), batchB = b.shape.slice(0, -2).reduce((p, d) => p * d, 1);
-      const sameBatch = ra === rb && a.shape.slice(0, -2).every((d, i) => d === b.shape[i]);
-      if (!enabled || a.dtype !== "float32" || b.dtype !== "float32" || !(sameBatch || batchA === 1 || batchB === 1) || ra < 2 || rb < 2)
-        return fallback(args);
-      const [M, K] = transposeA ? [a.shape[ra - 1], a.shape[ra - 2]] : [a.shape[ra - 2], a.shape[ra - 1]];
-      const [Kb, N] = transposeB ? [b.shape[rb - 1], b.shape[rb - 2]] : [b.shape[rb - 2], b.shape[rb - 1]];
-      if (Kb !== K) return fallback(args); // tfjs' kernel reports the mismatch
-      const backend = args.backend as Backend;
-      const batch = Math.max(batchA, batchB);
-      const outShape = [...(batchA >= batchB ? a.shape : b.shape).slice(0, -2), M, N];
-      const out = backend.makeOutput(outShape, "float32") as tf.TensorInfo;
-      if (M * N === 0) return out;
-      const e = heapEngine(backend);
-      const pa = backend.dataIdMap.get(a.dataId).memoryOffset as number;
-      const pb = backend.dataIdMap.get(b.dataId).memoryOffset as number;
-      const pc = backend.dataIdMap.get(out.dataId).memoryOffset as number;
-      if (K === 0) {
-        backend.typedArrayFromHeap(out).fill(0);
-        return out;
-      }
-      const t = (transposeA ? 1 : 0) | (transposeB ? 2 : 0);
-      for (let s = 0; s < batch; s++)
-        heapGemm(e, pa + (batchA === 1 ? 0 : s * M * K * 4), pb + (batchB === 1 ? 0 : s * K * N * 4), pc + s * M * N * 4, M, K, N, t);
+    const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
+    const { transposeA, transposeB } = args.attrs as { transposeA: boolean; transposeB: boolean };
+    const ra = a.shape.length,
+      rb = b.shape.length;
+    const batchA = a.shape.slice(0, -2).reduce((p, d) => p * d, 1),
+      batchB = b.shape.slice(0, -2).reduce((p, d) => p * d, 1);
+    const sameBatch = ra === rb && a.shape.slice(0, -2).every((d, i) => d === b.shape[i]);
+    if (!enabled || a.dtype !== "float32" || b.dtype !== "float32" || !(sameBatch || batchA === 1 || batchB === 1) || ra < 2 || rb < 2)
+      return fallback(args);
+    const [M, K] = transposeA ? [a.shape[ra - 1], a.shape[ra - 2]] : [a.shape[ra - 2], a.shape[ra - 1]];
+    const [Kb, N] = transposeB ? [b.shape[rb - 1], b.shape[rb - 2]] : [b.shape[rb - 2], b.shape[rb - 1]];
+    if (Kb !== K) return fallback(args); // tfjs' kernel reports the mismatch
+    const backend = args.backend as Backend;
+    const batch = Math.max(batchA, batchB);
+    const outShape = [...(batchA >= batchB ? a.shape : b.shape).slice(0, -2), M, N];
+    const out = backend.makeOutput(outShape, "float32") as tf.TensorInfo;
+    if (M * N === 0) return out;
+    const e = heapEngine(backend);
+    const pa = backend.dataIdMap.get(a.dataId).memoryOffset as number;
+    const pb = backend.dataIdMap.get(b.dataId).memoryOffset as number;
+    const pc = backend.dataIdMap.get(out.dataId).memoryOffset as number;
+    if (K === 0) {
+      backend.typedArrayFromHeap(out).fill(0);
       return out;
+    }
+    const t = (transposeA ? 1 : 0) | (transposeB ? 2 : 0);
+    for (let s = 0; s < batch; s++)
+      heapGemm(e, pa + (batchA === 1 ? 0 : s * M * K * 4), pb + (batchB === 1 ? 0 : s * K * N * 4), pc + s * M * N * 4, M, K, N, t);
+    return out;
   });
 }

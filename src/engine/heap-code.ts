@@ -54,19 +54,67 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const sig = [0x60, ...vec(new Array(NPARAMS).fill([I32])), 0];
   const packSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
   const copySig = [0x60, ...vec(new Array(6).fill([I32])), 0];
-  const limits = o.memory.shared ? [0x03, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)] : [0x01, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)];
+  const limits = o.memory.shared
+    ? [0x03, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)]
+    : [0x01, ...uleb(o.memory.initial), ...uleb(o.memory.maximum)];
   const swigluSig = [0x60, ...vec(new Array(4).fill([I32])), 0];
   const swigluGradSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
   const normSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [F32]]), 0];
   const normGradSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [I32], [I32], [F32]]), 0];
-  const bodies = [tileBody(o.mr), tileBody(1), packBody(), packTBody(), copyRowsBody(), swigluBody(false), swigluBody(true), rowsBody(false), rowsBody(true), rmsNormBody(false), rmsNormBody(true), softmaxGradBody()].map(({ locals, code }) => {
+  const bodies = [
+    tileBody(o.mr),
+    tileBody(1),
+    packBody(),
+    packTBody(),
+    copyRowsBody(),
+    swigluBody(false),
+    swigluBody(true),
+    rowsBody(false),
+    rowsBody(true),
+    rmsNormBody(false),
+    rmsNormBody(true),
+    softmaxGradBody(),
+  ].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
   });
-  const names = ["tile", "tile1", "pack", "packT", "copyRows", "swiglu", "swigluGrad", "rowStats", "softmaxRows", "rmsNorm", "rmsNormGrad", "softmaxGrad"];
-  const types: Record<string, number> = { tile: 0, tile1: 0, pack: 1, packT: 1, copyRows: 2, swiglu: 3, swigluGrad: 4, rowStats: 3, softmaxRows: 4, rmsNorm: 5, rmsNormGrad: 6, softmaxGrad: 4 };
+  const names = [
+    "tile",
+    "tile1",
+    "pack",
+    "packT",
+    "copyRows",
+    "swiglu",
+    "swigluGrad",
+    "rowStats",
+    "softmaxRows",
+    "rmsNorm",
+    "rmsNormGrad",
+    "softmaxGrad",
+  ];
+  const types: Record<string, number> = {
+    tile: 0,
+    tile1: 0,
+    pack: 1,
+    packT: 1,
+    copyRows: 2,
+    swiglu: 3,
+    swigluGrad: 4,
+    rowStats: 3,
+    softmaxRows: 4,
+    rmsNorm: 5,
+    rmsNormGrad: 6,
+    softmaxGrad: 4,
+  };
   return Uint8Array.from([
-    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+    0x00,
+    0x61,
+    0x73,
+    0x6d,
+    0x01,
+    0x00,
+    0x00,
+    0x00,
     ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig, normSig, normGradSig])),
     ...section(2, vec([[...str("env"), ...str("memory"), 0x02, ...limits]])),
     ...section(3, vec(names.map((nm) => [types[nm]]))),

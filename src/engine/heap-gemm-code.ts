@@ -11,19 +11,40 @@ export const NPARAMS = 12;
  *  the fused form is no faster here, and it would need relaxed SIMD, which Node 20 keeps off). */
 export function tileBody(MR: number): { locals: number[][]; code: number[] } {
   let n = NPARAMS;
-  const j = n++, i = n++, k = n++, pb = n++, pc = n++, rowA = n++, pbj = n++;
+  const j = n++,
+    i = n++,
+    k = n++,
+    pb = n++,
+    pc = n++,
+    rowA = n++,
+    pbj = n++;
   const pa = Array.from({ length: MR }, () => n++);
   const nI32 = n - NPARAMS;
   const accs = Array.from({ length: 2 * MR }, () => n++);
-  const b0 = n++, b1 = n++, sp = n++;
+  const b0 = n++,
+    b1 = n++,
+    sp = n++;
   const nV = n - NPARAMS - nI32;
   const mac = (acc: number, b: number) => [...op.get(acc), ...op.get(sp), ...op.get(b), ...v.fmul, ...v.fadd, ...op.set(acc)];
   const kBody = [
-    ...op.get(pb), ...v.load(0), ...op.set(b0),
-    ...op.get(pb), ...v.load(16), ...op.set(b1),
-    ...Array.from({ length: MR }, (_, r) => [...op.get(pa[r]), ...v.splat32(), ...op.set(sp), ...mac(accs[2 * r], b0), ...mac(accs[2 * r + 1], b1)]).flat(),
+    ...op.get(pb),
+    ...v.load(0),
+    ...op.set(b0),
+    ...op.get(pb),
+    ...v.load(16),
+    ...op.set(b1),
+    ...Array.from({ length: MR }, (_, r) => [
+      ...op.get(pa[r]),
+      ...v.splat32(),
+      ...op.set(sp),
+      ...mac(accs[2 * r], b0),
+      ...mac(accs[2 * r + 1], b1),
+    ]).flat(),
     ...pa.flatMap((p) => [...op.get(p), ...op.get(P.aks), ...op.add, ...op.set(p)]),
-    ...op.get(pb), ...op.get(P.ldb), ...op.add, ...op.set(pb),
+    ...op.get(pb),
+    ...op.get(P.ldb),
+    ...op.add,
+    ...op.set(pb),
   ];
   const storeAll = Array.from({ length: MR }, (_, r) => {
     const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
@@ -31,10 +52,16 @@ export function tileBody(MR: number): { locals: number[][]; code: number[] } {
   }).flat();
   const block = [
     // pa[r] = rowA + r·ars; pb = pbj; acc = 0
-    ...Array.from({ length: MR }, (_, r) => [...op.get(rowA), ...(r ? [...op.get(P.ars), ...op.i32(r), ...op.mul, ...op.add] : []), ...op.set(pa[r])]).flat(),
-    ...op.get(pbj), ...op.set(pb),
+    ...Array.from({ length: MR }, (_, r) => [
+      ...op.get(rowA),
+      ...(r ? [...op.get(P.ars), ...op.i32(r), ...op.mul, ...op.add] : []),
+      ...op.set(pa[r]),
+    ]).flat(),
+    ...op.get(pbj),
+    ...op.set(pb),
     // acc = 0: start from zero; else from C (the sum over earlier blocks of k)
-    ...op.get(P.acc), ...op.if,
+    ...op.get(P.acc),
+    ...op.if,
     ...Array.from({ length: MR }, (_, r) => {
       const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
       return [...rowAddr, ...v.load(0), ...op.set(accs[2 * r]), ...rowAddr, ...v.load(16), ...op.set(accs[2 * r + 1])];
@@ -46,32 +73,84 @@ export function tileBody(MR: number): { locals: number[][]; code: number[] } {
     ...storeAll,
   ];
   const rows = [
-    ...op.get(P.a), ...op.set(rowA),
-    ...op.get(P.c), ...op.get(j), ...op.i32(4), ...op.mul, ...op.add, ...op.set(pc),
+    ...op.get(P.a),
+    ...op.set(rowA),
+    ...op.get(P.c),
+    ...op.get(j),
+    ...op.i32(4),
+    ...op.mul,
+    ...op.add,
+    ...op.set(pc),
     ...forLoop(i, op.i32(0), op.get(P.M), op.i32(MR), [
       ...block,
-      ...op.get(rowA), ...op.get(P.ars), ...op.i32(MR), ...op.mul, ...op.add, ...op.set(rowA),
-      ...op.get(pc), ...op.get(P.ldc), ...op.i32(MR), ...op.mul, ...op.add, ...op.set(pc),
+      ...op.get(rowA),
+      ...op.get(P.ars),
+      ...op.i32(MR),
+      ...op.mul,
+      ...op.add,
+      ...op.set(rowA),
+      ...op.get(pc),
+      ...op.get(P.ldc),
+      ...op.i32(MR),
+      ...op.mul,
+      ...op.add,
+      ...op.set(pc),
     ]),
   ];
   const code = forLoop(j, op.i32(0), op.get(P.N), op.i32(8), [
-    ...op.get(P.b), ...op.get(j), ...op.i32(3), ...op.shrU, ...op.get(P.ps), ...op.mul, ...op.add, ...op.set(pbj),
+    ...op.get(P.b),
+    ...op.get(j),
+    ...op.i32(3),
+    ...op.shrU,
+    ...op.get(P.ps),
+    ...op.mul,
+    ...op.add,
+    ...op.set(pbj),
     ...rows,
   ]);
-  return { locals: [[nI32, I32], [nV, V128]], code };
+  return {
+    locals: [
+      [nI32, I32],
+      [nV, V128],
+    ],
+    code,
+  };
 }
 
 /** pack(b, dst, K, ldb, panels): panel after panel, row after row, two vectors per row. */
 export function packBody(): { locals: number[][]; code: number[] } {
-  const b = 0, dst = 1, K = 2, ldb = 3, panels = 4;
-  const p = 5, k = 6, s = 7;
+  const b = 0,
+    dst = 1,
+    K = 2,
+    ldb = 3,
+    panels = 4;
+  const p = 5,
+    k = 6,
+    s = 7;
   const code = forLoop(p, op.i32(0), op.get(panels), op.i32(1), [
-    ...op.get(b), ...op.get(p), ...op.i32(32), ...op.mul, ...op.add, ...op.set(s),
+    ...op.get(b),
+    ...op.get(p),
+    ...op.i32(32),
+    ...op.mul,
+    ...op.add,
+    ...op.set(s),
     ...forLoop(k, op.i32(0), op.get(K), op.i32(1), [
-      ...op.get(dst), ...op.get(s), ...v.load(0), ...v.store(0),
-      ...op.get(dst), ...op.get(s), ...v.load(16), ...v.store(16),
-      ...op.get(s), ...op.get(ldb), ...op.add, ...op.set(s),
-      ...op.get(dst), ...op.i32(32), ...op.add, ...op.set(dst),
+      ...op.get(dst),
+      ...op.get(s),
+      ...v.load(0),
+      ...v.store(0),
+      ...op.get(dst),
+      ...op.get(s),
+      ...v.load(16),
+      ...v.store(16),
+      ...op.get(s),
+      ...op.get(ldb),
+      ...op.add,
+      ...op.set(s),
+      ...op.get(dst),
+      ...op.i32(32),
+      ...op.add,
+      ...op.set(dst),
     ]),
   ]);
   return { locals: [[3, I32]], code };
@@ -79,20 +158,40 @@ export function packBody(): { locals: number[][]; code: number[] } {
 
 /** packT(b, dst, K, ldb, panels): B stored [N, K]; per panel, per k, the 8 floats B[8p..8p+7, k]. */
 export function packTBody(): { locals: number[][]; code: number[] } {
-  const b = 0, dst = 1, K = 2, ldb = 3, panels = 4;
-  const p = 5, k = 6, s = 7;
+  const b = 0,
+    dst = 1,
+    K = 2,
+    ldb = 3,
+    panels = 4;
+  const p = 5,
+    k = 6,
+    s = 7;
   const code = forLoop(p, op.i32(0), op.get(panels), op.i32(1), [
-    ...op.get(b), ...op.get(p), ...op.get(ldb), ...op.i32(8), ...op.mul, ...op.mul, ...op.add, ...op.set(s),
+    ...op.get(b),
+    ...op.get(p),
+    ...op.get(ldb),
+    ...op.i32(8),
+    ...op.mul,
+    ...op.mul,
+    ...op.add,
+    ...op.set(s),
     ...forLoop(k, op.i32(0), op.get(K), op.i32(1), [
       ...Array.from({ length: 8 }, (_, c) => [
         ...op.get(dst),
-        ...op.get(s), ...(c ? [...op.get(ldb), ...op.i32(c), ...op.mul, ...op.add] : []), ...op.f32load(),
+        ...op.get(s),
+        ...(c ? [...op.get(ldb), ...op.i32(c), ...op.mul, ...op.add] : []),
+        ...op.f32load(),
         ...op.f32store(4 * c),
       ]).flat(),
-      ...op.get(s), ...op.i32(4), ...op.add, ...op.set(s),
-      ...op.get(dst), ...op.i32(32), ...op.add, ...op.set(dst),
+      ...op.get(s),
+      ...op.i32(4),
+      ...op.add,
+      ...op.set(s),
+      ...op.get(dst),
+      ...op.i32(32),
+      ...op.add,
+      ...op.set(dst),
     ]),
   ]);
   return { locals: [[3, I32]], code };
 }
-

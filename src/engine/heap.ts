@@ -16,7 +16,20 @@ const MR = 4;
 const NR = 8;
 
 export interface Kernels {
-  tile: (a: number, b: number, c: number, M: number, N: number, K: number, ars: number, aks: number, ldb: number, ldc: number, ps: number, acc: number) => void;
+  tile: (
+    a: number,
+    b: number,
+    c: number,
+    M: number,
+    N: number,
+    K: number,
+    ars: number,
+    aks: number,
+    ldb: number,
+    ldc: number,
+    ps: number,
+    acc: number,
+  ) => void;
   tile1: Kernels["tile"];
   pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
   packT: Kernels["pack"];
@@ -34,8 +47,15 @@ export interface Kernels {
 interface WasmMemory {
   buffer: ArrayBuffer | SharedArrayBuffer;
 }
-const WA = (globalThis as unknown as { WebAssembly: { Memory: new (d: object) => WasmMemory; Module: new (b: Uint8Array) => object; Instance: new (m: object, i: object) => { exports: unknown } } }).WebAssembly;
-
+const WA = (
+  globalThis as unknown as {
+    WebAssembly: {
+      Memory: new (d: object) => WasmMemory;
+      Module: new (b: Uint8Array) => object;
+      Instance: new (m: object, i: object) => { exports: unknown };
+    };
+  }
+).WebAssembly;
 
 /** The backend's WebAssembly.Memory: the threaded build keeps it as `wasmMemory`, the single-threaded
  *  one as its module's exported `memory`. */
@@ -70,10 +90,20 @@ export function heapEngine(backend: Backend): Engine {
 }
 
 /** The control block shared with the helpers (Int32 slots). */
-const SEQ = 0, DONE = 1, READY = 2, ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job
+const SEQ = 0,
+  DONE = 1,
+  READY = 2,
+  ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job
 const CTRL_SLOTS = ARGS + 10;
 /** Jobs the helpers run: a product's columns, or rows of an element-wise kernel. */
-const JOB_GEMM = 0, JOB_SWIGLU = 1, JOB_SWIGLU_GRAD = 2, JOB_ROW_STATS = 3, JOB_SOFTMAX = 4, JOB_RMS_NORM = 5, JOB_RMS_NORM_GRAD = 6, JOB_SOFTMAX_GRAD = 8;
+const JOB_GEMM = 0,
+  JOB_SWIGLU = 1,
+  JOB_SWIGLU_GRAD = 2,
+  JOB_ROW_STATS = 3,
+  JOB_SOFTMAX = 4,
+  JOB_RMS_NORM = 5,
+  JOB_RMS_NORM_GRAD = 6,
+  JOB_SOFTMAX_GRAD = 8;
 /** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
@@ -84,10 +114,27 @@ const NORM_BLOCK = 64;
  *  scratch ≠ 0: B's panels are first packed, up to 512 KB of them at a time, into this part's slice of
  *  the scratch buffer (packBytes(K) each), so the kernel reads each panel as one run of memory (a
  *  transposed B is always packed); scratch = 0: B is read in place. */
-function part(k: Kernels, a: number, b: number, c: number, M: number, K: number, N: number, index: number, parts: number, scratch: number, t: number): void {
-  const ars = t & 1 ? 4 : 4 * K, aks = t & 1 ? 4 * M : 4, ldc = 4 * N;
-  const M4 = M - (M % 4), panels = (N - (N % 8)) / 8;
-  const per = Math.ceil(panels / parts), j0 = Math.min(panels, index * per) * 8, j1 = Math.min(panels, (index + 1) * per) * 8;
+function part(
+  k: Kernels,
+  a: number,
+  b: number,
+  c: number,
+  M: number,
+  K: number,
+  N: number,
+  index: number,
+  parts: number,
+  scratch: number,
+  t: number,
+): void {
+  const ars = t & 1 ? 4 : 4 * K,
+    aks = t & 1 ? 4 * M : 4,
+    ldc = 4 * N;
+  const M4 = M - (M % 4),
+    panels = (N - (N % 8)) / 8;
+  const per = Math.ceil(panels / parts),
+    j0 = Math.min(panels, index * per) * 8,
+    j1 = Math.min(panels, (index + 1) * per) * 8;
   if (j1 <= j0) return;
   // K in blocks of ≤ 1024, so a packed panel (32 KB) stays in L1 while the row groups pass over it;
   // rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
@@ -99,14 +146,19 @@ function part(k: Kernels, a: number, b: number, c: number, M: number, K: number,
   for (let jc = j0; jc < j1; jc += nc) {
     const n = Math.min(nc, j1 - jc);
     for (let k0 = 0; k0 < K; k0 += kc) {
-      const kn = Math.min(kc, K - k0), acc = k0 > 0 ? 1 : 0, ak = a + k0 * aks;
-      let pb = b + k0 * ldc + 4 * jc, ldb = ldc, ps = 32;
+      const kn = Math.min(kc, K - k0),
+        acc = k0 > 0 ? 1 : 0,
+        ak = a + k0 * aks;
+      let pb = b + k0 * ldc + 4 * jc,
+        ldb = ldc,
+        ps = 32;
       if (scratch) {
         if (t & 2) k.packT(b + 4 * K * jc + 4 * k0, buf, kn, 4 * K, n / 8);
         else k.pack(pb, buf, kn, ldc, n / 8);
-        pb = buf, ldb = 32, ps = 32 * kn;
+        ((pb = buf), (ldb = 32), (ps = 32 * kn));
       }
-      for (let i0 = 0; i0 < M4; i0 += mc) k.tile(ak + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, M4 - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
+      for (let i0 = 0; i0 < M4; i0 += mc)
+        k.tile(ak + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, M4 - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
       if (M4 < M) k.tile1(ak + M4 * ars, pb, c + M4 * ldc + 4 * jc, M - M4, n, kn, ars, aks, ldb, ldc, ps, acc);
     }
   }
@@ -118,7 +170,20 @@ function part(k: Kernels, a: number, b: number, c: number, M: number, K: number,
  *  softmaxGrad: a y, b dy, c dx, all [rows, I];
  *  RMSNorm: a x, w the weight, c y or dx, b dy, aux dw's blocks [⌈rows / 64⌉, I], eps as float32 bits.
  *  The gradient is shared out by blocks of 64 rows (NORM_BLOCK), the others by rows. */
-function rowsPart(k: Kernels, job: number, a: number, b: number, c: number, rows: number, I: number, index: number, parts: number, w: number, aux: number, bits: number): void {
+function rowsPart(
+  k: Kernels,
+  job: number,
+  a: number,
+  b: number,
+  c: number,
+  rows: number,
+  I: number,
+  index: number,
+  parts: number,
+  w: number,
+  aux: number,
+  bits: number,
+): void {
   if (index >= parts) return;
   const eps = new Float32Array(new Uint32Array([bits]).buffer)[0];
   if (job === 6) {
@@ -129,7 +194,9 @@ function rowsPart(k: Kernels, job: number, a: number, b: number, c: number, rows
     }
     return;
   }
-  const r0 = Math.floor((rows * index) / parts), r1 = Math.floor((rows * (index + 1)) / parts), n = r1 - r0;
+  const r0 = Math.floor((rows * index) / parts),
+    r1 = Math.floor((rows * (index + 1)) / parts),
+    n = r1 - r0;
   if (n <= 0) return;
   if (job === 5) k.rmsNorm(a + 4 * I * r0, w, c + 4 * I * r0, n, I, eps);
   else if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, n, I);
@@ -211,7 +278,8 @@ function scratchFor(e: Engine, bytes: number): number {
 /** C [M, N] = op(A) · op(B) at byte offsets of the heap, dense; A is [M, K] or, with t & 1, [K, M];
  *  B is [K, N] or, with t & 2, [N, K]. */
 export function heapGemm(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
-  const N8 = N - (N % NR), pool = e.pool;
+  const N8 = N - (N % NR),
+    pool = e.pool;
   const parts = ready(pool) && M * N * K >= PARALLEL_MACS ? Math.min(pool.size + 1, N8 / NR) : 1;
   const scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
   if (parts > 1) {
@@ -253,7 +321,8 @@ function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: 
   const units = job === JOB_RMS_NORM_GRAD ? Math.ceil(rows / NORM_BLOCK) : rows;
   const parts = ready(e.pool) && rows * I >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, units) : 1;
   const bits = new Uint32Array(new Float32Array([eps]).buffer)[0];
-  if (parts > 1) fanOut(e.pool!, [a, b, c, rows, I, w, parts, aux, bits, job], () => rowsPart(e.k, job, a, b, c, rows, I, 0, parts, w, aux, bits));
+  if (parts > 1)
+    fanOut(e.pool!, [a, b, c, rows, I, w, parts, aux, bits, job], () => rowsPart(e.k, job, a, b, c, rows, I, 0, parts, w, aux, bits));
   else rowsPart(e.k, job, a, b, c, rows, I, 0, 1, w, aux, bits);
 }
 
@@ -270,11 +339,23 @@ export function heapRmsNorm(backend: unknown, x: number, w: number, y: number, r
 
 /** RMSNorm's gradient: dx [rows, H] into its heap offset, dw [H] returned (the blocks of 64 rows
  *  summed in order, in float64). */
-export function heapRmsNormGrad(backend: unknown, x: number, w: number, dy: number, dx: number, rows: number, H: number, eps: number): Float32Array {
-  const e = heapEngine(backend), blocks = Math.ceil(rows / NORM_BLOCK), part = e.malloc(4 * H * blocks) >>> 0;
+export function heapRmsNormGrad(
+  backend: unknown,
+  x: number,
+  w: number,
+  dy: number,
+  dx: number,
+  rows: number,
+  H: number,
+  eps: number,
+): Float32Array {
+  const e = heapEngine(backend),
+    blocks = Math.ceil(rows / NORM_BLOCK),
+    part = e.malloc(4 * H * blocks) >>> 0;
   try {
     rowsJob(e, JOB_RMS_NORM_GRAD, x, dy, dx, rows, H, w, part, eps);
-    const p = new Float32Array(e.memory.buffer, part, H * blocks), dw = new Float64Array(H);
+    const p = new Float32Array(e.memory.buffer, part, H * blocks),
+      dw = new Float64Array(H);
     for (let b = 0; b < blocks; b++) for (let j = 0; j < H; j++) dw[j] += p[b * H + j];
     return Float32Array.from(dw);
   } finally {
@@ -285,7 +366,8 @@ export function heapRmsNormGrad(backend: unknown, x: number, w: number, dy: numb
 /** Per row of x [rows, V] at heap offset x (V a multiple of 4): [m, s, t] with m = max, s = Σ exp(x −
  *  m), t = Σ exp(x − m)·x, from the heap module's kernel (rows split over the helper threads). */
 export function heapRowStats(backend: unknown, x: number, rows: number, V: number): Float32Array {
-  const e = heapEngine(backend), out = e.malloc(12 * rows) >>> 0;
+  const e = heapEngine(backend),
+    out = e.malloc(12 * rows) >>> 0;
   try {
     rowsJob(e, JOB_ROW_STATS, x, 0, out, rows, V);
     return new Float32Array(e.memory.buffer, out, 3 * rows).slice();
@@ -296,7 +378,8 @@ export function heapRowStats(backend: unknown, x: number, rows: number, V: numbe
 
 /** out [rows, V] = softmax(x) · coef[r] per row, at heap offsets (V a multiple of 4). */
 export function heapSoftmaxRows(backend: unknown, x: number, coef: Float32Array, out: number, rows: number, V: number): void {
-  const e = heapEngine(backend), c = e.malloc(4 * rows) >>> 0;
+  const e = heapEngine(backend),
+    c = e.malloc(4 * rows) >>> 0;
   try {
     new Float32Array(e.memory.buffer, c, rows).set(coef);
     rowsJob(e, JOB_SOFTMAX, x, c, out, rows, V);
@@ -311,16 +394,23 @@ export function heapSoftmaxRows(backend: unknown, x: number, coef: Float32Array,
  *  the panels' are (a one-output-at-a-time loop here ran at ~1 GFLOP/s: a 27-row vocab-head chunk
  *  spent 3 of its 27 columns' worth of work in it, most of its time). */
 function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
-  const N8 = N - (N % NR), n = N - N8, ldc = 4 * N;
-  const ars = t & 1 ? 4 : 4 * K, aks = t & 1 ? 4 * M : 4;
+  const N8 = N - (N % NR),
+    n = N - N8,
+    ldc = 4 * N;
+  const ars = t & 1 ? 4 : 4 * K,
+    aks = t & 1 ? 4 * M : 4;
   const mc = Math.max(4, Math.floor(65536 / K) - (Math.floor(65536 / K) % 4));
-  const buf = scratchFor(e, 32 * (K + mc)), cbuf = buf + 32 * K;
+  const buf = scratchFor(e, 32 * (K + mc)),
+    cbuf = buf + 32 * K;
   // B[k, j] is float b/4 + k·ldb + j·cs
   const [ldb, cs] = t & 2 ? [1, K] : [N, 1];
-  const heap = new Float32Array(e.memory.buffer), p = buf / 4, q = b / 4 + N8 * cs;
+  const heap = new Float32Array(e.memory.buffer),
+    p = buf / 4,
+    q = b / 4 + N8 * cs;
   for (let k = 0; k < K; k++) for (let j = 0; j < 8; j++) heap[p + 8 * k + j] = j < n ? heap[q + k * ldb + j * cs] : 0;
   for (let i0 = 0; i0 < M; i0 += mc) {
-    const rows = Math.min(mc, M - i0), r4 = rows - (rows % 4);
+    const rows = Math.min(mc, M - i0),
+      r4 = rows - (rows % 4);
     if (r4) e.k.tile(a + i0 * ars, buf, cbuf, r4, 8, K, ars, aks, 32, 32, 32 * K, 0);
     if (r4 < rows) e.k.tile1(a + (i0 + r4) * ars, buf, cbuf + 32 * r4, rows - r4, 8, K, ars, aks, 32, 32, 32 * K, 0);
     e.k.copyRows(c + i0 * ldc + 4 * N8, ldc, cbuf, 32, 4 * n, rows);

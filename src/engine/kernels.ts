@@ -26,7 +26,10 @@ export interface CpuIo {
 
 export const CPU_IO: Record<"wasm" | "cpu", CpuIo> = {
   wasm: { output: (b, shape) => b.makeOutput(shape, "float32"), view: (b, t) => b.typedArrayFromHeap(t) },
-  cpu: { output: (b, shape) => b.makeTensorInfo(shape, "float32", new Float32Array(shape.reduce((n, d) => n * d, 1))), view: (b, t) => b.data.get(t.dataId).values },
+  cpu: {
+    output: (b, shape) => b.makeTensorInfo(shape, "float32", new Float32Array(shape.reduce((n, d) => n * d, 1))),
+    view: (b, t) => b.data.get(t.dataId).values,
+  },
 };
 
 /** A wasm tensor's byte offset on the heap. */
@@ -36,7 +39,11 @@ const done = new Set<string>();
 
 /** Register kernel `name` on each backend in `on` (default: wasm and cpu), with the body `body` makes
  *  for that backend from its name and heap I/O. A kernel already registered here is left as it is. */
-export function registerKernel(name: string, body: (io: CpuIo, backendName: string) => tf.KernelFunc, on: readonly string[] = ["wasm", "cpu"]): void {
+export function registerKernel(
+  name: string,
+  body: (io: CpuIo, backendName: string) => tf.KernelFunc,
+  on: readonly string[] = ["wasm", "cpu"],
+): void {
   for (const backendName of on) {
     if (done.has(`${name}/${backendName}`)) continue;
     done.add(`${name}/${backendName}`);

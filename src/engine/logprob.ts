@@ -9,42 +9,65 @@ import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
 import { heapRowStats, heapSoftmaxRows } from "./heap.ts";
 
-const LOGP = "MarlLogpEntropy", DLOGITS = "MarlDLogits";
-
+const LOGP = "MarlLogpEntropy",
+  DLOGITS = "MarlDLogits";
 
 function checkTargets(targets: number[], n: number, V: number): void {
   if (targets.length !== n) throw new Error(`log-probs: ${targets.length} targets for ${n} rows of logits`);
-  for (const t of targets) if (!(Number.isInteger(t) && t >= 0 && t < V)) throw new Error(`log-probs: target ${t} is not a token id in [0, ${V})`);
+  for (const t of targets)
+    if (!(Number.isInteger(t) && t >= 0 && t < V)) throw new Error(`log-probs: target ${t} is not a token id in [0, ${V})`);
 }
 
 const register = once(() => {
-  registerKernel(LOGP, () => ({ inputs, backend, attrs }) => {
-      const { logits } = inputs as { logits: tf.TensorInfo };
-      const targets = (attrs as { targets: number[] }).targets;
-      const [n, V] = logits.shape;
-      checkTargets(targets, n, V);
-      const b = backend as Backend, out = b.makeOutput([n, 2], "float32") as tf.TensorInfo;
-      const st = heapRowStats(b, heapOffset(b, logits), n, V);
-      const x = b.typedArrayFromHeap(logits) as Float32Array, o = b.typedArrayFromHeap(out) as Float32Array; // after every allocation
-      for (let r = 0; r < n; r++) {
-        const s = st[3 * r + 1], lse = st[3 * r] + Math.log(s);
-        o[2 * r] = x[r * V + targets[r]] - lse;
-        o[2 * r + 1] = lse - st[3 * r + 2] / s;
-      }
-      return out;
-    }, ["wasm"]);
-  registerKernel(DLOGITS, () => ({ inputs, backend, attrs }) => {
-      const { logits, dy } = inputs as { logits: tf.TensorInfo; dy: tf.TensorInfo };
-      const targets = (attrs as { targets: number[] }).targets;
-      const [n, V] = logits.shape;
-      checkTargets(targets, n, V);
-      const b = backend as Backend, out = b.makeOutput([n, V], "float32") as tf.TensorInfo;
-      const dyv = b.typedArrayFromHeap(dy) as Float32Array, d = Float32Array.from({ length: n }, (_, r) => dyv[2 * r]);
-      heapSoftmaxRows(b, heapOffset(b, logits), d.map((x) => -x), heapOffset(b, out), n, V);
-      const o = b.typedArrayFromHeap(out) as Float32Array;
-      for (let r = 0; r < n; r++) o[r * V + targets[r]] += d[r];
-      return out;
-    }, ["wasm"]);
+  registerKernel(
+    LOGP,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { logits } = inputs as { logits: tf.TensorInfo };
+        const targets = (attrs as { targets: number[] }).targets;
+        const [n, V] = logits.shape;
+        checkTargets(targets, n, V);
+        const b = backend as Backend,
+          out = b.makeOutput([n, 2], "float32") as tf.TensorInfo;
+        const st = heapRowStats(b, heapOffset(b, logits), n, V);
+        const x = b.typedArrayFromHeap(logits) as Float32Array,
+          o = b.typedArrayFromHeap(out) as Float32Array; // after every allocation
+        for (let r = 0; r < n; r++) {
+          const s = st[3 * r + 1],
+            lse = st[3 * r] + Math.log(s);
+          o[2 * r] = x[r * V + targets[r]] - lse;
+          o[2 * r + 1] = lse - st[3 * r + 2] / s;
+        }
+        return out;
+      },
+    ["wasm"],
+  );
+  registerKernel(
+    DLOGITS,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { logits, dy } = inputs as { logits: tf.TensorInfo; dy: tf.TensorInfo };
+        const targets = (attrs as { targets: number[] }).targets;
+        const [n, V] = logits.shape;
+        checkTargets(targets, n, V);
+        const b = backend as Backend,
+          out = b.makeOutput([n, V], "float32") as tf.TensorInfo;
+        const dyv = b.typedArrayFromHeap(dy) as Float32Array,
+          d = Float32Array.from({ length: n }, (_, r) => dyv[2 * r]);
+        heapSoftmaxRows(
+          b,
+          heapOffset(b, logits),
+          d.map((x) => -x),
+          heapOffset(b, out),
+          n,
+          V,
+        );
+        const o = b.typedArrayFromHeap(out) as Float32Array;
+        for (let r = 0; r < n; r++) o[r * V + targets[r]] += d[r];
+        return out;
+      },
+    ["wasm"],
+  );
 });
 
 const useKernels = (logits: tf.Tensor2D) => {
@@ -57,7 +80,13 @@ export function logpEntropyOps(logits: tf.Tensor2D, targets: number[]): tf.Tenso
   const V = logits.shape[1];
   return tf.tidy(() => {
     const lse = tf.logSumExp(logits, 1); // [n]
-    const picked = tf.gather(tf.reshape(logits, [-1]), tf.tensor1d(targets.map((t, i) => i * V + t), "int32")); // [n]
+    const picked = tf.gather(
+      tf.reshape(logits, [-1]),
+      tf.tensor1d(
+        targets.map((t, i) => i * V + t),
+        "int32",
+      ),
+    ); // [n]
     const p = tf.exp(tf.sub(logits, tf.expandDims(lse, 1)));
     const ent = tf.sub(lse, tf.sum(tf.mul(p, logits), 1));
     return tf.stack([tf.sub(picked, lse), ent], 1) as tf.Tensor2D;
@@ -79,5 +108,7 @@ export function logpEntropy(logits: tf.Tensor2D, targets: number[]): tf.Tensor2D
 /** The gradient with respect to the logits [n, V] of dy [n, 2]: only log p is differentiated,
  *  dy[:, 0] · (onehot(target) − softmax(logits)). */
 export function dLogits(logits: tf.Tensor2D, targets: number[], dy: tf.Tensor2D): tf.Tensor2D {
-  return useKernels(logits) ? (tf.engine().runKernel(DLOGITS, { logits, dy }, { targets }) as tf.Tensor2D) : dLogitsOps(logits, targets, dy);
+  return useKernels(logits)
+    ? (tf.engine().runKernel(DLOGITS, { logits, dy }, { targets }) as tf.Tensor2D)
+    : dLogitsOps(logits, targets, dy);
 }

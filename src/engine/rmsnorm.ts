@@ -28,15 +28,25 @@ export function rmsNormInto(y: Float32Array, x: Float32Array, w: Float32Array, H
 
 /** dx [N·H] and dw [H] from x, w and dy: with r = 1/√(mean(x²)+eps) and s = Σ_k dy_k·w_k·x_k per row,
  *  dx_j = r·dy_j·w_j − r³·x_j·s / H and dw_j = Σ_rows dy_j·x_j·r. */
-export function rmsNormGradInto(dx: Float32Array, dw: Float32Array, x: Float32Array, w: Float32Array, dy: Float32Array, H: number, eps: number): void {
+export function rmsNormGradInto(
+  dx: Float32Array,
+  dw: Float32Array,
+  x: Float32Array,
+  w: Float32Array,
+  dy: Float32Array,
+  H: number,
+  eps: number,
+): void {
   const acc = new Float64Array(H);
   for (let o = 0; o < x.length; o += H) {
-    let ss = 0, s = 0;
+    let ss = 0,
+      s = 0;
     for (let j = 0; j < H; j++) {
       ss += x[o + j] * x[o + j];
       s += dy[o + j] * w[j] * x[o + j];
     }
-    const r = 1 / Math.sqrt(ss / H + eps), c = (r * r * r * s) / H;
+    const r = 1 / Math.sqrt(ss / H + eps),
+      c = (r * r * r * s) / H;
     for (let j = 0; j < H; j++) {
       dx[o + j] = r * dy[o + j] * w[j] - c * x[o + j];
       acc[j] += dy[o + j] * x[o + j] * r;
@@ -46,22 +56,38 @@ export function rmsNormGradInto(dx: Float32Array, dw: Float32Array, x: Float32Ar
 }
 
 const register = once(() => {
-    registerKernel(RMS_NORM, (io, backendName) => ({ inputs, backend, attrs }) => {
-        const { x, w } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo };
-        const y = io.output(backend, x.shape), H = w.shape[0], eps = attrs!.eps as number; // views after every allocation: the wasm heap may move
-        if (heapKernel(backendName, H)) heapRmsNorm(backend, heapOffset(backend, x), heapOffset(backend, w), heapOffset(backend, y), x.shape[0], H, eps);
-        else rmsNormInto(io.view(backend, y), io.view(backend, x), io.view(backend, w), H, eps);
-        return y;
-      });
-    registerKernel(RMS_NORM_GRAD, (io, backendName) => ({ inputs, backend, attrs }) => {
-        const { x, w, dy } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo; dy: tf.TensorInfo };
-        const dx = io.output(backend, x.shape), dw = io.output(backend, w.shape), H = w.shape[0], eps = attrs!.eps as number;
-        if (heapKernel(backendName, H)) {
-          const g = heapRmsNormGrad(backend, heapOffset(backend, x), heapOffset(backend, w), heapOffset(backend, dy), heapOffset(backend, dx), x.shape[0], H, eps);
-          io.view(backend, dw).set(g);
-        } else rmsNormGradInto(io.view(backend, dx), io.view(backend, dw), io.view(backend, x), io.view(backend, w), io.view(backend, dy), H, eps);
-        return [dx, dw];
-      });
+  registerKernel(RMS_NORM, (io, backendName) => ({ inputs, backend, attrs }) => {
+    const { x, w } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo };
+    const y = io.output(backend, x.shape),
+      H = w.shape[0],
+      eps = attrs!.eps as number; // views after every allocation: the wasm heap may move
+    if (heapKernel(backendName, H))
+      heapRmsNorm(backend, heapOffset(backend, x), heapOffset(backend, w), heapOffset(backend, y), x.shape[0], H, eps);
+    else rmsNormInto(io.view(backend, y), io.view(backend, x), io.view(backend, w), H, eps);
+    return y;
+  });
+  registerKernel(RMS_NORM_GRAD, (io, backendName) => ({ inputs, backend, attrs }) => {
+    const { x, w, dy } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo; dy: tf.TensorInfo };
+    const dx = io.output(backend, x.shape),
+      dw = io.output(backend, w.shape),
+      H = w.shape[0],
+      eps = attrs!.eps as number;
+    if (heapKernel(backendName, H)) {
+      const g = heapRmsNormGrad(
+        backend,
+        heapOffset(backend, x),
+        heapOffset(backend, w),
+        heapOffset(backend, dy),
+        heapOffset(backend, dx),
+        x.shape[0],
+        H,
+        eps,
+      );
+      io.view(backend, dw).set(g);
+    } else
+      rmsNormGradInto(io.view(backend, dx), io.view(backend, dw), io.view(backend, x), io.view(backend, w), io.view(backend, dy), H, eps);
+    return [dx, dw];
+  });
 });
 
 /** The tfjs-op form (every backend; the reference the kernels are tested against). */
@@ -80,7 +106,8 @@ function fused(eps: number): (x: tf.Tensor2D, w: tf.Tensor1D) => tf.Tensor2D {
     save([x, w]);
     return {
       value: tf.engine().runKernel(RMS_NORM, { x, w }, attrs) as tf.Tensor2D,
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.engine().runKernel(RMS_NORM_GRAD, { x: saved[0], w: saved[1], dy }, attrs) as tf.Tensor[],
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
+        tf.engine().runKernel(RMS_NORM_GRAD, { x: saved[0], w: saved[1], dy }, attrs) as tf.Tensor[],
     };
   }) as unknown as CustomGradFn) as unknown as (x: tf.Tensor2D, w: tf.Tensor1D) => tf.Tensor2D;
   fusedByEps.set(eps, f);
@@ -98,6 +125,7 @@ const MAX_KERNEL_ROWS = 256;
 export function rmsNorm(x: tf.Tensor2D, w: tf.Tensor1D, eps: number): tf.Tensor2D {
   register();
   const b = tf.getBackend();
-  if ((x.shape[0] > MAX_KERNEL_ROWS && !heapKernel(b, x.shape[1])) || tf.getKernel(RMS_NORM, b) === undefined || x.dtype !== "float32") return rmsNormOps(x, w, eps);
+  if ((x.shape[0] > MAX_KERNEL_ROWS && !heapKernel(b, x.shape[1])) || tf.getKernel(RMS_NORM, b) === undefined || x.dtype !== "float32")
+    return rmsNormOps(x, w, eps);
   return fused(eps)(x, w);
 }

@@ -19,8 +19,17 @@ const MAX_KERNEL_ELEMENTS = 64 * 1024;
  *  rotate-half being in the sin table's first half (attention.ts ropeTables). x [rows·heads·hd],
  *  tables [rows·hd]. With `transpose`, the adjoint: dx[j] = dy[j]·cos[j] + dy[j']·sin[j'], j' = (j +
  *  hd/2) mod hd, the gradient of the same rotation. */
-export function ropeInto(out: Float32Array, x: Float32Array, cos: Float32Array, sin: Float32Array, heads: number, hd: number, transpose: boolean): void {
-  const half = hd / 2, rows = cos.length / hd;
+export function ropeInto(
+  out: Float32Array,
+  x: Float32Array,
+  cos: Float32Array,
+  sin: Float32Array,
+  heads: number,
+  hd: number,
+  transpose: boolean,
+): void {
+  const half = hd / 2,
+    rows = cos.length / hd;
   for (let r = 0; r < rows; r++) {
     const t = r * hd;
     for (let h = 0; h < heads; h++) {
@@ -37,12 +46,28 @@ export function ropeInto(out: Float32Array, x: Float32Array, cos: Float32Array, 
  *  q = rope(q)·scale, k = rope(k) and v, each [B, heads, hd] in memory (the layouts attention reads at
  *  T = 1: no transposes). Each value is rounded to float32 as the op path rounds it (rope,
  *  then the scale as a float32 multiply), so the two agree bit for bit. cos, sin [B·hd]. */
-export function decodeHeadsInto(q: Float32Array, k: Float32Array, v: Float32Array, qkv: Float32Array, cos: Float32Array, sin: Float32Array, nH: number, nKv: number, hd: number, scale: number): void {
-  const half = hd / 2, width = (nH + 2 * nKv) * hd, s = Math.fround(scale);
+export function decodeHeadsInto(
+  q: Float32Array,
+  k: Float32Array,
+  v: Float32Array,
+  qkv: Float32Array,
+  cos: Float32Array,
+  sin: Float32Array,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+): void {
+  const half = hd / 2,
+    width = (nH + 2 * nKv) * hd,
+    s = Math.fround(scale);
   for (let b = 0; b < cos.length / hd; b++) {
-    const row = b * width, t = b * hd;
+    const row = b * width,
+      t = b * hd;
     for (let h = 0; h < nH + nKv; h++) {
-      const o = row + h * hd, out = h < nH ? q : k, d = h < nH ? (b * nH + h) * hd : (b * nKv + h - nH) * hd;
+      const o = row + h * hd,
+        out = h < nH ? q : k,
+        d = h < nH ? (b * nH + h) * hd : (b * nKv + h - nH) * hd;
       for (let j = 0; j < hd; j++) {
         const r = Math.fround(qkv[o + j] * cos[t + j] + qkv[o + (j < half ? j + half : j - half)] * sin[t + j]);
         out[d + j] = h < nH ? r * s : r;
@@ -68,7 +93,9 @@ export function swigluGradInto(dgu: Float32Array, gu: Float32Array, dy: Float32A
   for (let n = 0, N = gu.length / (2 * I); n < N; n++) {
     const o = 2 * n * I;
     for (let j = 0; j < I; j++) {
-      const g = gu[o + j], u = gu[o + I + j], d = dy[n * I + j];
+      const g = gu[o + j],
+        u = gu[o + I + j],
+        d = dy[n * I + j];
       const s = 1 / (1 + Math.exp(-g));
       dgu[o + j] = d * u * s * (1 + g * (1 - s));
       dgu[o + I + j] = d * g * s;
@@ -80,39 +107,54 @@ export function swigluGradInto(dgu: Float32Array, gu: Float32Array, dy: Float32A
  *  where I is a multiple of 4; the JS loop covers the rest. */
 const heapKernel = (backendName: string, I: number) => backendName === "wasm" && I % 4 === 0;
 
-const DECODE_HEADS = "MarlDecodeHeads", ROPE = "MarlRope", SWIGLU = "MarlSwiglu", SWIGLU_GRAD = "MarlSwigluGrad";
+const DECODE_HEADS = "MarlDecodeHeads",
+  ROPE = "MarlRope",
+  SWIGLU = "MarlSwiglu",
+  SWIGLU_GRAD = "MarlSwigluGrad";
 
 const register = once(() => {
-    registerKernel(ROPE, (io, backendName) => ({ inputs, backend, attrs }) => {
-        const { x, cos, sin } = inputs as { x: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
-        const out = io.output(backend, x.shape); // views after every allocation: the wasm heap may move
-        const heads = x.shape[2], hd = x.shape[3];
-        ropeInto(io.view(backend, out), io.view(backend, x), io.view(backend, cos), io.view(backend, sin), heads, hd, attrs!.transpose as boolean);
-        return out;
-      });
-    registerKernel(DECODE_HEADS, (io, backendName) => ({ inputs, backend, attrs }) => {
-        const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
-        const { nH, nKv, hd, scale } = attrs as { nH: number; nKv: number; hd: number; scale: number };
-        const B = qkv.shape[0];
-        const outs = [io.output(backend, [B * nKv, nH / nKv, hd]), io.output(backend, [B, nKv, hd, 1]), io.output(backend, [B, nKv, 1, hd])];
-        const [q, k, v] = outs.map((t) => io.view(backend, t)); // views after every allocation: the wasm heap may move
-        decodeHeadsInto(q, k, v, io.view(backend, qkv), io.view(backend, cos), io.view(backend, sin), nH, nKv, hd, scale);
-        return outs;
-      });
-    registerKernel(SWIGLU, (io, backendName) => ({ inputs, backend }) => {
-        const { gu } = inputs as { gu: tf.TensorInfo };
-        const I = gu.shape[1] / 2, y = io.output(backend, [gu.shape[0], I]);
-        if (heapKernel(backendName, I)) heapSwiglu(backend, heapOffset(backend, gu), null, heapOffset(backend, y), gu.shape[0], I);
-        else swigluInto(io.view(backend, y), io.view(backend, gu), I);
-        return y;
-      });
-    registerKernel(SWIGLU_GRAD, (io, backendName) => ({ inputs, backend }) => {
-        const { gu, dy } = inputs as { gu: tf.TensorInfo; dy: tf.TensorInfo };
-        const dgu = io.output(backend, gu.shape), I = gu.shape[1] / 2;
-        if (heapKernel(backendName, I)) heapSwiglu(backend, heapOffset(backend, gu), heapOffset(backend, dy), heapOffset(backend, dgu), gu.shape[0], I);
-        else swigluGradInto(io.view(backend, dgu), io.view(backend, gu), io.view(backend, dy), I);
-        return dgu;
-      });
+  registerKernel(ROPE, (io, backendName) => ({ inputs, backend, attrs }) => {
+    const { x, cos, sin } = inputs as { x: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+    const out = io.output(backend, x.shape); // views after every allocation: the wasm heap may move
+    const heads = x.shape[2],
+      hd = x.shape[3];
+    ropeInto(
+      io.view(backend, out),
+      io.view(backend, x),
+      io.view(backend, cos),
+      io.view(backend, sin),
+      heads,
+      hd,
+      attrs!.transpose as boolean,
+    );
+    return out;
+  });
+  registerKernel(DECODE_HEADS, (io, backendName) => ({ inputs, backend, attrs }) => {
+    const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+    const { nH, nKv, hd, scale } = attrs as { nH: number; nKv: number; hd: number; scale: number };
+    const B = qkv.shape[0];
+    const outs = [io.output(backend, [B * nKv, nH / nKv, hd]), io.output(backend, [B, nKv, hd, 1]), io.output(backend, [B, nKv, 1, hd])];
+    const [q, k, v] = outs.map((t) => io.view(backend, t)); // views after every allocation: the wasm heap may move
+    decodeHeadsInto(q, k, v, io.view(backend, qkv), io.view(backend, cos), io.view(backend, sin), nH, nKv, hd, scale);
+    return outs;
+  });
+  registerKernel(SWIGLU, (io, backendName) => ({ inputs, backend }) => {
+    const { gu } = inputs as { gu: tf.TensorInfo };
+    const I = gu.shape[1] / 2,
+      y = io.output(backend, [gu.shape[0], I]);
+    if (heapKernel(backendName, I)) heapSwiglu(backend, heapOffset(backend, gu), null, heapOffset(backend, y), gu.shape[0], I);
+    else swigluInto(io.view(backend, y), io.view(backend, gu), I);
+    return y;
+  });
+  registerKernel(SWIGLU_GRAD, (io, backendName) => ({ inputs, backend }) => {
+    const { gu, dy } = inputs as { gu: tf.TensorInfo; dy: tf.TensorInfo };
+    const dgu = io.output(backend, gu.shape),
+      I = gu.shape[1] / 2;
+    if (heapKernel(backendName, I))
+      heapSwiglu(backend, heapOffset(backend, gu), heapOffset(backend, dy), heapOffset(backend, dgu), gu.shape[0], I);
+    else swigluGradInto(io.view(backend, dgu), io.view(backend, gu), io.view(backend, dy), I);
+    return dgu;
+  });
 });
 
 const kernels = (x: tf.Tensor) => {
@@ -134,7 +176,11 @@ const ropeKernel = tf.customGrad(((x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Ten
   save([cos, sin]);
   return {
     value: tf.engine().runKernel(ROPE, { x, cos, sin }, { transpose: false }) as tf.Tensor4D,
-    gradFunc: (dy: tf.Tensor4D, [c, s]: tf.Tensor[]) => [tf.engine().runKernel(ROPE, { x: dy, cos: c, sin: s }, { transpose: true }) as tf.Tensor, tf.zerosLike(c), tf.zerosLike(s)],
+    gradFunc: (dy: tf.Tensor4D, [c, s]: tf.Tensor[]) => [
+      tf.engine().runKernel(ROPE, { x: dy, cos: c, sin: s }, { transpose: true }) as tf.Tensor,
+      tf.zerosLike(c),
+      tf.zerosLike(s),
+    ],
   };
 }) as unknown as CustomGradFn) as unknown as (x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D) => tf.Tensor4D;
 
@@ -157,13 +203,27 @@ export function rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Ten
  *  v [B, nKv, 1, hd]. One kernel on wasm/cpu, where the layer's op path is ten (two SplitV, RoPE,
  *  the scale and six reshapes), with the same values bit for bit; null elsewhere (the layer then
  *  takes its op path). */
-export function decodeHeads(qkv: tf.Tensor2D, cos: tf.Tensor4D, sin: tf.Tensor4D, nH: number, nKv: number, hd: number, scale: number): [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D] | null {
+export function decodeHeads(
+  qkv: tf.Tensor2D,
+  cos: tf.Tensor4D,
+  sin: tf.Tensor4D,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+): [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D] | null {
   if (!kernels(qkv)) return null;
-  return tf.engine().runKernel(DECODE_HEADS, { qkv, cos, sin }, { nH, nKv, hd, scale }) as unknown as [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D];
+  return tf.engine().runKernel(DECODE_HEADS, { qkv, cos, sin }, { nH, nKv, hd, scale }) as unknown as [
+    tf.Tensor3D,
+    tf.Tensor4D,
+    tf.Tensor4D,
+  ];
 }
 
 /** silu(gate)·up for gu [N, 2I] holding gate and up side by side (the fused gate_up projection). */
 export function swiglu(gu: tf.Tensor2D): tf.Tensor2D {
   const b = tf.getBackend();
-  return kernels(gu) || (gu.dtype === "float32" && heapKernel(b, gu.shape[1] / 2) && tf.getKernel(SWIGLU, b) !== undefined) ? swigluKernel(gu) : swigluOps(gu);
+  return kernels(gu) || (gu.dtype === "float32" && heapKernel(b, gu.shape[1] / 2) && tf.getKernel(SWIGLU, b) !== undefined)
+    ? swigluKernel(gu)
+    : swigluOps(gu);
 }

@@ -9,25 +9,31 @@ import { heapOffset, registerKernel, replaceKernel, type Backend } from "./kerne
 /** UnsortedSegmentSum for wasm, computed in JS on the heap views (only the gather gradient of a
  *  trainable embedding uses it, so simplicity beats speed here). */
 export function registerSegmentSum(): void {
-  registerKernel("UnsortedSegmentSum", () => ({ inputs, backend, attrs }) => {
-      const { x, segmentIds } = inputs as { x: tf.TensorInfo; segmentIds: tf.TensorInfo };
-      const numSegments = (attrs as { numSegments: number }).numSegments;
-      const b = backend as Backend;
-      const xv = b.readSync(x.dataId) as Float32Array | Int32Array;
-      const ids = b.readSync(segmentIds.dataId) as Int32Array;
-      const inner = x.shape.slice(segmentIds.shape.length).reduce((p, d) => p * d, 1);
-      const outShape = [numSegments, ...x.shape.slice(segmentIds.shape.length)];
-      const out = b.makeOutput(outShape, x.dtype) as tf.TensorInfo;
-      const ov = b.typedArrayFromHeap(out) as Float32Array;
-      ov.fill(0);
-      for (let i = 0; i < ids.length; i++) {
-        const s = ids[i];
-        if (s < 0 || s >= numSegments) continue; // tf semantics: out-of-range ids are dropped
-        const src = i * inner, dst = s * inner;
-        for (let j = 0; j < inner; j++) ov[dst + j] += xv[src + j];
-      }
-      return out;
-  }, ["wasm"]);
+  registerKernel(
+    "UnsortedSegmentSum",
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { x, segmentIds } = inputs as { x: tf.TensorInfo; segmentIds: tf.TensorInfo };
+        const numSegments = (attrs as { numSegments: number }).numSegments;
+        const b = backend as Backend;
+        const xv = b.readSync(x.dataId) as Float32Array | Int32Array;
+        const ids = b.readSync(segmentIds.dataId) as Int32Array;
+        const inner = x.shape.slice(segmentIds.shape.length).reduce((p, d) => p * d, 1);
+        const outShape = [numSegments, ...x.shape.slice(segmentIds.shape.length)];
+        const out = b.makeOutput(outShape, x.dtype) as tf.TensorInfo;
+        const ov = b.typedArrayFromHeap(out) as Float32Array;
+        ov.fill(0);
+        for (let i = 0; i < ids.length; i++) {
+          const s = ids[i];
+          if (s < 0 || s >= numSegments) continue; // tf semantics: out-of-range ids are dropped
+          const src = i * inner,
+            dst = s * inner;
+          for (let j = 0; j < inner; j++) ov[dst + j] += xv[src + j];
+        }
+        return out;
+      },
+    ["wasm"],
+  );
 }
 
 /** tfjs-backend-wasm's Identity copies its input. The engine runs it for every tensor a gradient tape
@@ -36,10 +42,10 @@ export function registerSegmentSum(): void {
  *  with a reference count, as the wasm Reshape and the cpu backend's Identity do. */
 export function registerSharedIdentity(): void {
   replaceKernel("Identity", "wasm", (fallback) => (args) => {
-      const x = (args.inputs as { x: tf.TensorInfo }).x;
-      if (x.dtype === "string") return fallback(args);
-      (args.backend as unknown as { incRef(id: tf.DataId): void }).incRef(x.dataId);
-      return { dataId: x.dataId, shape: x.shape, dtype: x.dtype };
+    const x = (args.inputs as { x: tf.TensorInfo }).x;
+    if (x.dtype === "string") return fallback(args);
+    (args.backend as unknown as { incRef(id: tf.DataId): void }).incRef(x.dataId);
+    return { dataId: x.dataId, shape: x.shape, dtype: x.dtype };
   });
 }
 
@@ -49,26 +55,26 @@ export function registerSharedIdentity(): void {
  *  allocated, since allocation can move the heap). String tensors still go to the original kernels. */
 export function registerFastSlice(): void {
   replaceKernel("Slice", "wasm", (fallback) => (args) => {
-      const x = (args.inputs as { x: tf.TensorInfo }).x;
-      if (x.dtype === "string") return fallback(args);
-      const { begin, size } = args.attrs as { begin: number | number[]; size: number | number[] };
-      const [b0, s0] = tf.slice_util.parseSliceParams(x as tf.Tensor, begin, size);
-      return sliceView(args.backend, x, b0, s0);
+    const x = (args.inputs as { x: tf.TensorInfo }).x;
+    if (x.dtype === "string") return fallback(args);
+    const { begin, size } = args.attrs as { begin: number | number[]; size: number | number[] };
+    const [b0, s0] = tf.slice_util.parseSliceParams(x as tf.Tensor, begin, size);
+    return sliceView(args.backend, x, b0, s0);
   });
   replaceKernel("SplitV", "wasm", (fallback) => (args) => {
-      const x = (args.inputs as { x: tf.TensorInfo }).x;
-      if (x.dtype === "string") return fallback(args);
-      const { numOrSizeSplits, axis } = args.attrs as { numOrSizeSplits: number | number[]; axis: number };
-      const ax = tf.util.parseAxisParam(axis, x.shape)[0];
-      const sizes = tf.backend_util.prepareSplitSize(x as tf.Tensor, numOrSizeSplits, ax);
-      const begin = new Array(x.shape.length).fill(0);
-      return sizes.map((n) => {
-        const size = x.shape.slice();
-        size[ax] = n;
-        const out = sliceView(args.backend, x, begin.slice(), size);
-        begin[ax] += n;
-        return out;
-      });
+    const x = (args.inputs as { x: tf.TensorInfo }).x;
+    if (x.dtype === "string") return fallback(args);
+    const { numOrSizeSplits, axis } = args.attrs as { numOrSizeSplits: number | number[]; axis: number };
+    const ax = tf.util.parseAxisParam(axis, x.shape)[0];
+    const sizes = tf.backend_util.prepareSplitSize(x as tf.Tensor, numOrSizeSplits, ax);
+    const begin = new Array(x.shape.length).fill(0);
+    return sizes.map((n) => {
+      const size = x.shape.slice();
+      size[ax] = n;
+      const out = sliceView(args.backend, x, begin.slice(), size);
+      begin[ax] += n;
+      return out;
+    });
   });
 }
 
@@ -97,12 +103,14 @@ function sliceView(backend: unknown, x: tf.TensorInfo, b0: number[], s0: number[
   if (a > 0 && x.dtype !== "complex64" && s0.slice(0, a).every((d, i) => d === x.shape[i])) {
     // whole leading axes (a split's pieces, RoPE's halves): rows of `run` at one stride, one strided
     // memory.copy in the heap module instead of a typed-array view and a set() per row
-    const e = tf.util.bytesPerElement(x.dtype), offset = (t: tf.TensorInfo) => heapOffset(be, t);
+    const e = tf.util.bytesPerElement(x.dtype),
+      offset = (t: tf.TensorInfo) => heapOffset(be, t);
     heapKernels(be).copyRows(offset(out), e * run, offset(x) + e * b0[a] * strides[a], e * strides[a - 1], e * run, ov.length / run);
     return out;
   }
   // runs over axes a.., looping over the leading indices
-  const lead = s0.slice(0, a), idx = new Array(a).fill(0);
+  const lead = s0.slice(0, a),
+    idx = new Array(a).fill(0);
   const rows = lead.reduce((p, d) => p * d, 1);
   for (let r = 0, o = 0; r < rows; r++, o += run) {
     let off = b0[a] * strides[a];

@@ -7,24 +7,38 @@ import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
 import { heapSoftmaxGrad, heapSoftmaxRows } from "./heap.ts";
 
-const SOFTMAX = "MarlSoftmax", SOFTMAX_GRAD = "MarlSoftmaxGrad";
-
+const SOFTMAX = "MarlSoftmax",
+  SOFTMAX_GRAD = "MarlSoftmaxGrad";
 
 const register = once(() => {
-  registerKernel(SOFTMAX, () => ({ inputs, backend }) => {
-      const { x } = inputs as { x: tf.TensorInfo };
-      const b = backend as Backend, out = b.makeOutput(x.shape, "float32") as tf.TensorInfo;
-      const S = x.shape[x.shape.length - 1], rows = tf.util.sizeFromShape(x.shape) / S;
-      if (rows > 0) heapSoftmaxRows(b, heapOffset(b, x), new Float32Array(rows).fill(1), heapOffset(b, out), rows, S);
-      return out;
-    }, ["wasm"]);
-  registerKernel(SOFTMAX_GRAD, () => ({ inputs, backend }) => {
-      const { y, dy } = inputs as { y: tf.TensorInfo; dy: tf.TensorInfo };
-      const b = backend as Backend, out = b.makeOutput(y.shape, "float32") as tf.TensorInfo;
-      const S = y.shape[y.shape.length - 1], rows = tf.util.sizeFromShape(y.shape) / S;
-      if (rows > 0) heapSoftmaxGrad(b, heapOffset(b, y), heapOffset(b, dy), heapOffset(b, out), rows, S);
-      return out;
-    }, ["wasm"]);
+  registerKernel(
+    SOFTMAX,
+    () =>
+      ({ inputs, backend }) => {
+        const { x } = inputs as { x: tf.TensorInfo };
+        const b = backend as Backend,
+          out = b.makeOutput(x.shape, "float32") as tf.TensorInfo;
+        const S = x.shape[x.shape.length - 1],
+          rows = tf.util.sizeFromShape(x.shape) / S;
+        if (rows > 0) heapSoftmaxRows(b, heapOffset(b, x), new Float32Array(rows).fill(1), heapOffset(b, out), rows, S);
+        return out;
+      },
+    ["wasm"],
+  );
+  registerKernel(
+    SOFTMAX_GRAD,
+    () =>
+      ({ inputs, backend }) => {
+        const { y, dy } = inputs as { y: tf.TensorInfo; dy: tf.TensorInfo };
+        const b = backend as Backend,
+          out = b.makeOutput(y.shape, "float32") as tf.TensorInfo;
+        const S = y.shape[y.shape.length - 1],
+          rows = tf.util.sizeFromShape(y.shape) / S;
+        if (rows > 0) heapSoftmaxGrad(b, heapOffset(b, y), heapOffset(b, dy), heapOffset(b, out), rows, S);
+        return out;
+      },
+    ["wasm"],
+  );
 });
 
 const kernelSoftmax = tf.customGrad(((x: tf.Tensor, save: tf.GradSaveFunc) => {
@@ -37,5 +51,7 @@ const kernelSoftmax = tf.customGrad(((x: tf.Tensor, save: tf.GradSaveFunc) => {
 export function softmax<T extends tf.Tensor>(x: T): T {
   register();
   const S = x.shape[x.shape.length - 1];
-  return tf.getBackend() === "wasm" && x.dtype === "float32" && x.rank > 0 && S % 4 === 0 && S > 0 ? kernelSoftmax(x) : (tf.softmax(x) as T);
+  return tf.getBackend() === "wasm" && x.dtype === "float32" && x.rank > 0 && S % 4 === 0 && S > 0
+    ? kernelSoftmax(x)
+    : (tf.softmax(x) as T);
 }

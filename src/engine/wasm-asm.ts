@@ -1,7 +1,9 @@
 /** A small WebAssembly assembler: LEB128 numbers, sections, and helpers for the instructions the heap
  *  module's kernels use (locals, loads and stores, loops, v128 lanes, Cephes' expf on four lanes).
  *  Only what the kernels need; no validation beyond what WebAssembly.Module does on the bytes. */
-export const I32 = 0x7f, F32 = 0x7d, V128 = 0x7b;
+export const I32 = 0x7f,
+  F32 = 0x7d,
+  V128 = 0x7b;
 
 export function uleb(n: number): number[] {
   const out: number[] = [];
@@ -18,7 +20,7 @@ export function sleb(n: number): number[] {
   for (;;) {
     const b = n & 0x7f;
     n >>= 7;
-    if ((n === 0 && !(b & 0x40)) || (n === -1 && b & 0x40)) return out.push(b), out;
+    if ((n === 0 && !(b & 0x40)) || (n === -1 && b & 0x40)) return (out.push(b), out);
     out.push(b | 0x80);
   }
 }
@@ -109,31 +111,79 @@ export class Consts {
  *  (one instruction each, where min/max take ~8 for their NaN rules) and n rounded by adding and
  *  subtracting 1.5·2^23 (the float's low bits then hold n, so 2^n needs no float-to-int conversion). */
 export function vexp(c: Consts, x: number, n: number, o: number, f: number): number[] {
-  const poly = [1.987569150e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1];
+  const poly = [1.98756915e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1];
   const MAGIC = 12582912; // 1.5 · 2^23
   return [
     // pmax(x, −87) = x < −87 ? −87 : x; pmin(x, 88) = 88 < x ? 88 : x (NaN passes both)
-    ...op.tee(o), ...c.f32(-87), ...v.pmax, ...c.f32(88), ...v.pmin, ...op.set(x),
+    ...op.tee(o),
+    ...c.f32(-87),
+    ...v.pmax,
+    ...c.f32(88),
+    ...v.pmin,
+    ...op.set(x),
     // n = round(x·log2 e), as n + 1.5·2^23 (kept in n: its bits hold 0x4B400000 + n)
-    ...op.get(x), ...c.f32(Math.LOG2E), ...v.fmul, ...c.f32(MAGIC), ...v.fadd, ...op.set(n),
+    ...op.get(x),
+    ...c.f32(Math.LOG2E),
+    ...v.fmul,
+    ...c.f32(MAGIC),
+    ...v.fadd,
+    ...op.set(n),
     // x − n·ln2 in two parts (0.693359375 is exact in few bits), n as a float on the stack twice
-    ...op.get(x), ...op.get(n), ...c.f32(MAGIC), ...v.fsub, ...op.tee(f), ...c.f32(0.693359375), ...v.fmul, ...v.fsub, ...op.get(f), ...c.f32(-2.12194440e-4), ...v.fmul, ...v.fsub, ...op.set(x),
-    ...c.f32(poly[0]), ...poly.slice(1).flatMap((p) => [...op.get(x), ...v.fmul, ...c.f32(p), ...v.fadd]),
-    ...op.get(x), ...v.fmul, ...op.get(x), ...v.fmul, ...op.get(x), ...v.fadd, ...c.f32(1), ...v.fadd,
+    ...op.get(x),
+    ...op.get(n),
+    ...c.f32(MAGIC),
+    ...v.fsub,
+    ...op.tee(f),
+    ...c.f32(0.693359375),
+    ...v.fmul,
+    ...v.fsub,
+    ...op.get(f),
+    ...c.f32(-2.1219444e-4),
+    ...v.fmul,
+    ...v.fsub,
+    ...op.set(x),
+    ...c.f32(poly[0]),
+    ...poly.slice(1).flatMap((p) => [...op.get(x), ...v.fmul, ...c.f32(p), ...v.fadd]),
+    ...op.get(x),
+    ...v.fmul,
+    ...op.get(x),
+    ...v.fmul,
+    ...op.get(x),
+    ...v.fadd,
+    ...c.f32(1),
+    ...v.fadd,
     // · 2^n: (bits + 127) << 23 drops the magic number's bits and leaves n + 127 in the exponent
-    ...op.get(n), ...c.i32(127), ...v.iadd, ...op.i32(23), ...v.ishl, ...v.fmul,
+    ...op.get(n),
+    ...c.i32(127),
+    ...v.iadd,
+    ...op.i32(23),
+    ...v.ishl,
+    ...v.fmul,
     // and 0 where the argument was below −87 (a NaN argument compares false: kept)
-    ...op.get(o), ...c.f32(-87), ...v.flt, ...v.andnot,
+    ...op.get(o),
+    ...c.f32(-87),
+    ...v.flt,
+    ...v.andnot,
   ];
 }
 
 export function forLoop(x: number, from: number[], limit: number[], step: number[], body: number[]): number[] {
   return [
-    ...from, ...op.set(x),
-    ...op.get(x), ...limit, ...op.ltU, ...op.if,
+    ...from,
+    ...op.set(x),
+    ...op.get(x),
+    ...limit,
+    ...op.ltU,
+    ...op.if,
     ...op.loop,
     ...body,
-    ...op.get(x), ...step, ...op.add, ...op.tee(x), ...limit, ...op.ltU, ...op.brIf(0),
+    ...op.get(x),
+    ...step,
+    ...op.add,
+    ...op.tee(x),
+    ...limit,
+    ...op.ltU,
+    ...op.brIf(0),
     ...op.end,
     ...op.end,
   ];
@@ -143,4 +193,16 @@ export function forLoop(x: number, from: number[], limit: number[], step: number
 
 /** Horizontal reduction of the v128 local acc with the scalar op f (f32.add 0x92, f32.max 0x97):
  *  f(f(l0, l1), f(l2, l3)). */
-export const hreduce = (acc: number, f: number) => [...op.get(acc), ...v.lane(0), ...op.get(acc), ...v.lane(1), f, ...op.get(acc), ...v.lane(2), ...op.get(acc), ...v.lane(3), f, f];
+export const hreduce = (acc: number, f: number) => [
+  ...op.get(acc),
+  ...v.lane(0),
+  ...op.get(acc),
+  ...v.lane(1),
+  f,
+  ...op.get(acc),
+  ...v.lane(2),
+  ...op.get(acc),
+  ...v.lane(3),
+  f,
+  f,
+];

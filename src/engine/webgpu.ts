@@ -28,9 +28,16 @@ const HOW_TO =
   "install the Vulkan loader and the GPU's Vulkan driver (Debian/Ubuntu: apt install libvulkan1, plus the vendor's driver), or on a GPU-less Debian 12 machine run scripts/setup-webgpu-adapter.sh and source the env.sh it prints";
 
 const WANTED_LIMITS = [
-  "maxBufferSize", "maxStorageBufferBindingSize", "maxStorageBuffersPerShaderStage", "maxUniformBufferBindingSize",
-  "maxComputeWorkgroupStorageSize", "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX", "maxComputeWorkgroupSizeY",
-  "maxComputeWorkgroupSizeZ", "maxComputeWorkgroupsPerDimension",
+  "maxBufferSize",
+  "maxStorageBufferBindingSize",
+  "maxStorageBuffersPerShaderStage",
+  "maxUniformBufferBindingSize",
+  "maxComputeWorkgroupStorageSize",
+  "maxComputeInvocationsPerWorkgroup",
+  "maxComputeWorkgroupSizeX",
+  "maxComputeWorkgroupSizeY",
+  "maxComputeWorkgroupSizeZ",
+  "maxComputeWorkgroupsPerDimension",
 ];
 
 let limits: { maxStorageBufferBindingSize: number; maxBufferSize: number } | null = null;
@@ -44,7 +51,16 @@ export function webgpuLimits() {
 /** Whether libvulkan.so.1 is where the dynamic loader will look (Linux only; a hint for the error). */
 function vulkanLoaderFound(): boolean {
   if (process.platform !== "linux") return true;
-  const dirs = [...(process.env.LD_LIBRARY_PATH ?? "").split(":").filter(Boolean), "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/local/lib"];
+  const dirs = [
+    ...(process.env.LD_LIBRARY_PATH ?? "").split(":").filter(Boolean),
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/local/lib",
+  ];
   return dirs.some((d) => existsSync(`${d}/libvulkan.so.1`));
 }
 
@@ -65,13 +81,18 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   try {
     dawn = await import("webgpu");
   } catch (err) {
-    return { ok: false, reason: `the webgpu package (Dawn) failed to load on ${process.platform}-${process.arch}: ${(err as Error).message.split("\n")[0]}` };
+    return {
+      ok: false,
+      reason: `the webgpu package (Dawn) failed to load on ${process.platform}-${process.arch}: ${(err as Error).message.split("\n")[0]}`,
+    };
   }
   Object.assign(globalThis, dawn.globals); // GPUBufferUsage, GPUMapMode, ... as a browser has them
   const gpu = dawn.create((process.env.MARL_DAWN_OPTS ?? "").split(" ").filter(Boolean));
   const adapter = await gpu.requestAdapter({ powerPreference: "high-performance" }).catch(() => null);
   if (!adapter) {
-    const what = vulkanLoaderFound() ? "no WebGPU adapter found (no Vulkan driver Dawn accepts)" : "no WebGPU adapter: the Vulkan loader libvulkan.so.1 is not installed";
+    const what = vulkanLoaderFound()
+      ? "no WebGPU adapter found (no Vulkan driver Dawn accepts)"
+      : "no WebGPU adapter: the Vulkan loader libvulkan.so.1 is not installed";
     return { ok: false, reason: `${what}; ${HOW_TO}` };
   }
   const ai = adapter.info;
@@ -107,7 +128,11 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   // sees navigator.gpu, which is not set yet; ours is registered instead.
   const mod = await import("@tensorflow/tfjs-backend-webgpu");
   registerWebgpuDequantize(mod);
-  Object.defineProperty(globalThis, "navigator", { value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu }, configurable: true, writable: true }); // Node 21+ has a read-only getter
+  Object.defineProperty(globalThis, "navigator", {
+    value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu },
+    configurable: true,
+    writable: true,
+  }); // Node 21+ has a read-only getter
   if (tf.findBackendFactory("webgpu")) tf.removeBackend("webgpu");
   tf.registerBackend("webgpu", () => new mod.WebGPUBackend(device, ai), 3);
   return {

@@ -39,7 +39,8 @@ export function agentGymEnvironments(url: string, o: AgentGymOptions): Environme
     } catch (err) {
       throw new EnvError(`${where}: ${(err as Error).message}`);
     }
-    if (reply.status === 422) throw new EnvError(`${where}: HTTP 422, ${missingFields(reply.text)}; sent ${JSON.stringify(body).slice(0, 120)}`);
+    if (reply.status === 422)
+      throw new EnvError(`${where}: HTTP 422, ${missingFields(reply.text)}; sent ${JSON.stringify(body).slice(0, 120)}`);
     if (reply.status < 200 || reply.status >= 300) throw new EnvError(`${where}: HTTP ${reply.status} ${reply.text.slice(0, 200)}`);
     let parsed: unknown;
     try {
@@ -48,13 +49,15 @@ export function agentGymEnvironments(url: string, o: AgentGymOptions): Environme
       throw new EnvError(`${where}: reply is not JSON: ${JSON.stringify(reply.text.slice(0, 80))}`);
     }
     const error = (parsed as Reply | null)?.error;
-    if (error !== undefined && error !== null) throw new EnvError(`${where}: the server answered error ${JSON.stringify(error).slice(0, 300)}`);
+    if (error !== undefined && error !== null)
+      throw new EnvError(`${where}: the server answered error ${JSON.stringify(error).slice(0, 300)}`);
     return parsed;
   };
 
   const observationOf = (reply: unknown, route: string, field: string): string => {
     const value = typeof reply === "string" ? reply : (reply as Reply | null)?.[field];
-    if (typeof value !== "string") throw new EnvError(`environment ${base}${route}: reply has no "${field}" text: ${JSON.stringify(reply).slice(0, 120)}`);
+    if (typeof value !== "string")
+      throw new EnvError(`environment ${base}${route}: reply has no "${field}" text: ${JSON.stringify(reply).slice(0, 120)}`);
     return capText(value, maxChars);
   };
 
@@ -64,7 +67,8 @@ export function agentGymEnvironments(url: string, o: AgentGymOptions): Environme
     async create(): Promise<Environment> {
       const created = await request("POST", "/create", {});
       const id = typeof created === "number" ? created : (created as Reply | null)?.[key];
-      if (typeof id !== "number" && typeof id !== "string") throw new EnvError(`environment ${base}/create: reply has no ${key}: ${JSON.stringify(created).slice(0, 120)}`);
+      if (typeof id !== "number" && typeof id !== "string")
+        throw new EnvError(`environment ${base}/create: reply has no ${key}: ${JSON.stringify(created).slice(0, 120)}`);
       let closed = false;
       let summed = 0;
       let last = { score: 0, success: false };
@@ -75,19 +79,25 @@ export function agentGymEnvironments(url: string, o: AgentGymOptions): Environme
           const reply = await request("POST", "/reset", { [key]: id, ...fam.resetBody(dataIdx) });
           const first = fam.firstObservation(reply);
           if (first !== null) return capText(first, maxChars);
-          return observationOf(await request("GET", `/observation?${key}=${encodeURIComponent(String(id))}`), "/observation", "observation");
+          return observationOf(
+            await request("GET", `/observation?${key}=${encodeURIComponent(String(id))}`),
+            "/observation",
+            "observation",
+          );
         },
         async step(turn): Promise<StepResult> {
           const parsed = fam.action(turn);
           // AgentGym's client answers a turn it cannot read itself, without stepping the server.
           if ("invalid" in parsed) return { action: "", observation: parsed.invalid, reward: 0, done: false, ...last };
           const reply = await request("POST", "/step", { [key]: id, action: parsed.action });
-          if (reply === null || typeof reply !== "object" || Array.isArray(reply)) throw new EnvError(`environment ${base}/step: reply is ${JSON.stringify(reply).slice(0, 80)}, expected an object`);
+          if (reply === null || typeof reply !== "object" || Array.isArray(reply))
+            throw new EnvError(`environment ${base}/step: reply is ${JSON.stringify(reply).slice(0, 80)}, expected an object`);
           const r = reply as Reply;
           const observation = observationOf(r, "/step", fam.stepField);
           const reward = Number(r.reward ?? 0);
           if (!Number.isFinite(reward)) throw new EnvError(`environment ${base}/step: reward ${JSON.stringify(r.reward)} is not a number`);
-          if (typeof r.done !== "boolean") throw new EnvError(`environment ${base}/step: "done" is ${JSON.stringify(r.done)}, expected true or false`);
+          if (typeof r.done !== "boolean")
+            throw new EnvError(`environment ${base}/step: "done" is ${JSON.stringify(r.done)}, expected true or false`);
           summed += reward;
           last = fam.score(r, summed, r.done);
           return { action: parsed.action, observation, reward, done: r.done, ...last };
@@ -108,7 +118,12 @@ export function missingFields(body: string): string {
   try {
     const detail = (JSON.parse(body) as { detail?: { loc?: unknown[]; msg?: string }[] }).detail;
     if (Array.isArray(detail) && detail.length > 0)
-      return detail.map((d) => `the server requires ${JSON.stringify(String((d.loc ?? []).filter((x) => x !== "body").join(".")))} (${d.msg ?? "invalid"})`).join("; ");
+      return detail
+        .map(
+          (d) =>
+            `the server requires ${JSON.stringify(String((d.loc ?? []).filter((x) => x !== "body").join(".")))} (${d.msg ?? "invalid"})`,
+        )
+        .join("; ");
   } catch {
     // not FastAPI's shape: quote it
   }
@@ -127,23 +142,28 @@ export async function serverBanner(url: string, timeoutMs: number): Promise<stri
 function httpRequest(url: URL, method: string, body: string | undefined, timeoutMs: number): Promise<{ status: number; text: string }> {
   return new Promise((resolve, reject) => {
     const lib = url.protocol === "https:" ? https : http;
-    const req = lib.request(url, {
-      method, agent: false,
-      headers: body === undefined ? {} : { "content-type": "application/json", "content-length": Buffer.byteLength(body) },
-    }, (res) => {
-      const chunks: Buffer[] = [];
-      let size = 0;
-      res.on("data", (c: Buffer) => {
-        size += c.length;
-        if (size > MAX_REPLY_BYTES) req.destroy(new Error(`reply larger than ${MAX_REPLY_BYTES} bytes`));
-        else chunks.push(c);
-      });
-      res.on("end", () => {
-        clearTimeout(timer);
-        resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString("utf8") });
-      });
-      res.on("error", (e) => reject(e));
-    });
+    const req = lib.request(
+      url,
+      {
+        method,
+        agent: false,
+        headers: body === undefined ? {} : { "content-type": "application/json", "content-length": Buffer.byteLength(body) },
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        let size = 0;
+        res.on("data", (c: Buffer) => {
+          size += c.length;
+          if (size > MAX_REPLY_BYTES) req.destroy(new Error(`reply larger than ${MAX_REPLY_BYTES} bytes`));
+          else chunks.push(c);
+        });
+        res.on("end", () => {
+          clearTimeout(timer);
+          resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString("utf8") });
+        });
+        res.on("error", (e) => reject(e));
+      },
+    );
     const timer = setTimeout(() => req.destroy(new Error(`no reply within ${timeoutMs / 1000} s`)), timeoutMs);
     req.on("error", (e) => {
       clearTimeout(timer);

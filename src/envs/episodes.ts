@@ -65,7 +65,9 @@ export function checkTaskRange(family: Family | undefined, flag: string, spec: s
   if (family?.size === undefined) return;
   const past = expandRanges(spec).filter((i) => i >= family.size!);
   if (past.length > 0)
-    throw new UsageError(`${flag} ${spec}: the ${family.name} server has ${family.size} tasks (data_idx 0-${family.size - 1}); data_idx ${formatRanges(past)} ${family.wraps ? `would repeat tasks ${past[0] % family.size}… (it wraps them modulo ${family.size})` : "are past its last"}`);
+    throw new UsageError(
+      `${flag} ${spec}: the ${family.name} server has ${family.size} tasks (data_idx 0-${family.size - 1}); data_idx ${formatRanges(past)} ${family.wraps ? `would repeat tasks ${past[0] % family.size}… (it wraps them modulo ${family.size})` : "are past its last"}`,
+    );
 }
 const MAX_TASKS = 1_000_000;
 
@@ -83,7 +85,7 @@ export function expandRanges(spec: string): number[] {
 export function formatRanges(idxs: number[]): string {
   const sorted = [...new Set(idxs)].sort((x, y) => x - y);
   const parts: string[] = [];
-  for (let k = 0; k < sorted.length; ) {
+  for (let k = 0; k < sorted.length;) {
     let e = k;
     while (e + 1 < sorted.length && sorted[e + 1] === sorted[e] + 1) e++;
     parts.push(sorted[k] === sorted[e] ? String(sorted[k]) : `${sorted[k]}-${sorted[e]}`);
@@ -95,7 +97,10 @@ export function formatRanges(idxs: number[]): string {
 /** Flag parser for data_idx ranges: checks the syntax and returns the list normalised. */
 export function parseTaskRanges(name: string): (value: string) => string {
   return (value: string) => {
-    const bad = (why: string) => new UsageError(`--${name} ${JSON.stringify(value)}: ${why}; expected data_idx ranges like 0-99,200-249 (whole numbers >= 0, start <= end)`);
+    const bad = (why: string) =>
+      new UsageError(
+        `--${name} ${JSON.stringify(value)}: ${why}; expected data_idx ranges like 0-99,200-249 (whole numbers >= 0, start <= end)`,
+      );
     let total = 0;
     for (const part of value.split(",")) {
       const m = /^\s*(\d+)(?:\s*-\s*(\d+))?\s*$/.exec(part);
@@ -144,7 +149,9 @@ export async function openEpisodes(factory: EnvironmentFactory, dataIdxs: number
     const observations = dataIdxs.map((idx, p) => {
       const firsts = rows.slice(p * G, (p + 1) * G).flatMap((r) => (r.observation === undefined ? [] : [r.observation]));
       if (firsts.some((o) => o !== firsts[0]))
-        throw new Error(`environment ${factory.label}: task ${idx} gave ${G} different first observations; its tasks must be seeded by data_idx`);
+        throw new Error(
+          `environment ${factory.label}: task ${idx} gave ${G} different first observations; its tasks must be seeded by data_idx`,
+        );
       return firsts[0] ?? `(task ${idx}: the environment did not start)`;
     });
     return { envs: rows.map((r) => r.env), observations, failed: rows.filter((r) => r.env.failure !== undefined).length, close };
@@ -159,7 +166,10 @@ export async function openEpisodes(factory: EnvironmentFactory, dataIdxs: number
  *  is a usage error before anything is written, naming the field the server wanted. "auto" picks the
  *  family from the server's GET / banner (TextCraft, BabyAI, SciWorld, ALFWorld name themselves),
  *  else the generic `id` dialect. */
-export async function openEnvironmentServer(url: string, o: { dialect: Dialect; timeoutMs: number; maxChars: number; probeIdx?: number }): Promise<EnvironmentFactory> {
+export async function openEnvironmentServer(
+  url: string,
+  o: { dialect: Dialect; timeoutMs: number; maxChars: number; probeIdx?: number },
+): Promise<EnvironmentFactory> {
   if (!/^https?:\/\/[^/]/.test(url)) throw new UsageError(`--env ${url}: expected an http(s) URL of an AgentGym environment server`);
   let family = Object.hasOwn(FAMILIES, o.dialect) ? FAMILIES[o.dialect] : undefined;
   if (o.dialect === "auto") {
@@ -175,7 +185,9 @@ export async function openEnvironmentServer(url: string, o: { dialect: Dialect; 
     env = await factory.create();
     await env.reset(o.probeIdx ?? 0);
   } catch (err) {
-    throw new UsageError(`--env ${url}: ${(err as Error).message} (is the server running, and is --env_dialect ${family.name}${o.dialect === "auto" ? ", picked from its banner," : ""} its family?)`);
+    throw new UsageError(
+      `--env ${url}: ${(err as Error).message} (is the server running, and is --env_dialect ${family.name}${o.dialect === "auto" ? ", picked from its banner," : ""} its family?)`,
+    );
   } finally {
     await env?.close();
   }

@@ -57,7 +57,13 @@ const num = (v: unknown): number => (typeof v === "number" && Number.isFinite(v)
 export function actionLine(turn: string): ParsedAction {
   const found = [...turn.matchAll(/Action:\s*(.*?)(?=\n|$)/gs)].map((m) => m[1]);
   if (found.length > 1) return { invalid: "Error: Only one 'Action' is allowed per response. Please adjust your response." };
-  return { action: (found[0] ?? "").replace(/[^A-Za-z0-9, ]+/g, "").split(/\s+/).filter(Boolean).join(" ") };
+  return {
+    action: (found[0] ?? "")
+      .replace(/[^A-Za-z0-9, ]+/g, "")
+      .split(/\s+/)
+      .filter(Boolean)
+      .join(" "),
+  };
 }
 
 /** AgentGym's ReAct parser (BaseAdapter.parse_react): everything after the last "Action:", trimmed;
@@ -73,7 +79,13 @@ export function reactAction(turn: string, bare = false): ParsedAction {
 export function genericAction(turn: string): ParsedAction {
   const at = turn.lastIndexOf("Action:");
   const rest = at < 0 ? turn : turn.slice(at + "Action:".length);
-  const line = at < 0 ? rest.trim() : (rest.split("\n").map((l) => l.trim()).find((l) => l !== "") ?? "");
+  const line =
+    at < 0
+      ? rest.trim()
+      : (rest
+          .split("\n")
+          .map((l) => l.trim())
+          .find((l) => l !== "") ?? "");
   return { action: line.replace(/\.$/, "").trim() };
 }
 
@@ -82,70 +94,100 @@ const summedReward = (_: Reply, summed: number) => ({ score: summed, success: su
 
 export const FAMILIES: Record<string, Family> = {
   textcraft: {
-    name: "textcraft", banner: /environment TextCraft/, key: "id",
+    name: "textcraft",
+    banner: /environment TextCraft/,
+    key: "id",
     resetBody: (i) => ({ data_idx: i }),
     firstObservation: (r) => text((r as Reply)?.observation),
-    stepField: "observation", action: actionLine, score: lastReward,
-    size: 544, wraps: true, // its crafting tree's goals; data_idx wraps modulo 544 (environment.py reset)
+    stepField: "observation",
+    action: actionLine,
+    score: lastReward,
+    size: 544,
+    wraps: true, // its crafting tree's goals; data_idx wraps modulo 544 (environment.py reset)
     instruction: AGENTGYM_INSTRUCTIONS.textcraft,
   },
   babyai: {
-    name: "babyai", banner: /environment BabyAI/, key: "id",
+    name: "babyai",
+    banner: /environment BabyAI/,
+    key: "id",
     resetBody: (i) => ({ data_idx: i }),
     firstObservation: (r) => text((r as Reply)?.observation),
-    stepField: "observation", action: actionLine,
+    stepField: "observation",
+    action: actionLine,
     // The client reports `score`; an episode ends (done) only when its goal is reached (reward > 0.5).
     score: (r, _s, done) => ({ score: Math.min(1, num(r.score)), success: done && num(r.score) > 0 }),
     instruction: AGENTGYM_INSTRUCTIONS.babyai,
   },
   sciworld: {
-    name: "sciworld", banner: /environment ScienceWorld/, key: "id",
+    name: "sciworld",
+    banner: /environment ScienceWorld/,
+    key: "id",
     resetBody: (i) => ({ data_idx: i }),
     firstObservation: (r) => {
       const o = r as Reply;
       return text(o?.task_description) !== null && text(o?.observation) !== null ? `${o.task_description}\n${o.observation}` : null;
     },
-    stepField: "observation", action: (t) => reactAction(t),
+    stepField: "observation",
+    action: (t) => reactAction(t),
     score: (r) => ({ score: num(r.score) / 100, success: num(r.score) >= 100 }),
     instruction: AGENTGYM_INSTRUCTIONS.sciworld,
   },
   alfworld: {
-    name: "alfworld", banner: /environment AlfWorld/, key: "id",
+    name: "alfworld",
+    banner: /environment AlfWorld/,
+    key: "id",
     resetBody: (i) => ({ game: i, world_type: "Text" }),
     firstObservation: (r) => {
       const o = r as Reply;
       const acts = Array.isArray(o?.available_actions) ? o.available_actions.map(String).join(",") : "";
       return text(o?.observation) === null ? null : `${o.observation}\nAVAILABLE ACTIONS: ${acts}`;
     },
-    stepField: "observation", action: (t) => reactAction(t), score: lastReward,
+    stepField: "observation",
+    action: (t) => reactAction(t),
+    score: lastReward,
     instruction: AGENTGYM_INSTRUCTIONS.alfworld,
   },
   webshop: {
-    name: "webshop", key: "env_idx",
+    name: "webshop",
+    key: "env_idx",
     resetBody: (i) => ({ session_id: i }),
     firstObservation: () => null,
-    stepField: "state", action: (t) => reactAction(t, true), score: lastReward,
+    stepField: "state",
+    action: (t) => reactAction(t, true),
+    score: lastReward,
     instruction: AGENTGYM_INSTRUCTIONS.webshop,
   },
   sqlgym: {
-    name: "sqlgym", key: "env_idx",
+    name: "sqlgym",
+    key: "env_idx",
     resetBody: (i) => ({ item_id: i }),
     firstObservation: () => null,
-    stepField: "state", action: (t) => ({ action: t.split("```sql").at(-1)!.split("```")[0].trim() }), score: lastReward,
-    size: 10962, heldOutStart: 9428, // item_id: BIRD train 0-9427, dev 9428-10961 (environment.py ITEM_RANGE)
+    stepField: "state",
+    action: (t) => ({ action: t.split("```sql").at(-1)!.split("```")[0].trim() }),
+    score: lastReward,
+    size: 10962,
+    heldOutStart: 9428, // item_id: BIRD train 0-9427, dev 9428-10961 (environment.py ITEM_RANGE)
     instruction: AGENTGYM_INSTRUCTIONS.sqlgym,
   },
   // The shipped guess-number server (and servers written to its shape): data_idx in reset, the summed
   // reward, success at 1.
   id: {
-    name: "id", key: "id", resetBody: (i) => ({ data_idx: i }),
+    name: "id",
+    key: "id",
+    resetBody: (i) => ({ data_idx: i }),
     firstObservation: (r) => (typeof r === "string" ? r : text((r as Reply)?.observation)),
-    stepField: "observation", action: genericAction, score: summedReward,
+    stepField: "observation",
+    action: genericAction,
+    score: summedReward,
   },
   env_idx: {
-    name: "env_idx", key: "env_idx", resetBody: (i) => ({ data_idx: i }),
+    name: "env_idx",
+    key: "env_idx",
+    resetBody: (i) => ({ data_idx: i }),
     firstObservation: (r) => (typeof r === "string" ? r : text((r as Reply)?.state)),
-    stepField: "state", action: genericAction, score: summedReward,
+    stepField: "state",
+    action: genericAction,
+    score: summedReward,
   },
 };
 

@@ -18,11 +18,12 @@ export function positionIds(mask: number[][], past: number[] = []): number[][] {
 /** Additive bias [B, T, S] (flattened): query t (absolute index S−T+t) sees key j iff j ≤ that index
  *  and keyMask[b][j] = 1. keyMask rows have length S (cached positions then the new ones). */
 export function attentionBias(keyMask: number[][], T: number): Float32Array {
-  const B = keyMask.length, S = keyMask[0].length, L = S - T;
+  const B = keyMask.length,
+    S = keyMask[0].length,
+    L = S - T;
   const out = new Float32Array(B * T * S);
   for (let b = 0; b < B; b++)
-    for (let t = 0; t < T; t++)
-      for (let j = 0; j < S; j++) out[(b * T + t) * S + j] = j <= L + t && keyMask[b][j] ? 0 : MASKED;
+    for (let t = 0; t < T; t++) for (let j = 0; j < S; j++) out[(b * T + t) * S + j] = j <= L + t && keyMask[b][j] ? 0 : MASKED;
   return out;
 }
 
@@ -36,12 +37,15 @@ export function ropeInvFreq(theta: number, dim: number): Float32Array {
 /** cos and signed sin tables [N, dim] for flattened positions: cos of cat(angle, angle) and
  *  cat(−sin, sin), so rotate_half(x)·sin = cat(x2, x1)·sinSigned (halves swapped, not negated). */
 export function ropeTables(positions: number[], invFreq: Float32Array): { cos: Float32Array; sin: Float32Array } {
-  const half = invFreq.length, dim = 2 * half;
-  const cos = new Float32Array(positions.length * dim), sin = new Float32Array(positions.length * dim);
+  const half = invFreq.length,
+    dim = 2 * half;
+  const cos = new Float32Array(positions.length * dim),
+    sin = new Float32Array(positions.length * dim);
   positions.forEach((p, n) => {
     for (let i = 0; i < half; i++) {
       const a = Math.fround(p * invFreq[i]);
-      const c = Math.cos(a), s = Math.sin(a);
+      const c = Math.cos(a),
+        s = Math.sin(a);
       cos[n * dim + i] = c;
       cos[n * dim + half + i] = c;
       sin[n * dim + i] = -s;

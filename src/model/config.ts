@@ -25,8 +25,7 @@ export async function readConfig(dir: string): Promise<Qwen2Config> {
 export function parseConfig(json: unknown, file = "config.json"): Qwen2Config {
   if (typeof json !== "object" || json === null || Array.isArray(json)) throw new Error(`${file}: expected a JSON object`);
   const c = json as Record<string, unknown>;
-  if (c.model_type !== "qwen2")
-    throw new Error(`${file}: unsupported model_type ${JSON.stringify(c.model_type)}; accepted: "qwen2"`);
+  if (c.model_type !== "qwen2") throw new Error(`${file}: unsupported model_type ${JSON.stringify(c.model_type)}; accepted: "qwen2"`);
   if (c.use_sliding_window === true)
     throw new Error(`${file}: use_sliding_window is true; only full attention is supported (set it to false)`);
   const int = (key: string, fallback?: number): number => {

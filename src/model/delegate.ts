@@ -6,29 +6,63 @@ import type { CausalLM, ForwardOptions, KVCache } from "./types.ts";
 
 export class DelegatingLM implements CausalLM {
   constructor(protected readonly inner: CausalLM) {}
-  get config() { return this.inner.config; }
-  get quantize() { return this.inner.quantize; }
-  get lora() { return this.inner.lora; }
-  forward(...a: Parameters<CausalLM["forward"]>): tf.Tensor3D { return this.inner.forward(...a); }
-  tokenLogprobs(...a: Parameters<CausalLM["tokenLogprobs"]>) { return this.inner.tokenLogprobs(...a); }
-  prefill(ids: number[][], mask: number[][], o?: ForwardOptions): { logits: tf.Tensor2D; cache: KVCache } { return this.inner.prefill(ids, mask, o); }
-  decodeStep(tokens: number[], cache: KVCache, o?: ForwardOptions): tf.Tensor2D { return this.inner.decodeStep(tokens, cache, o); }
-  unpackBase(): () => void { return this.inner.unpackBase?.() ?? (() => {}); }
-  trainableVariables() { return this.inner.trainableVariables(); }
-  saveAdapter(dir: string) { return this.inner.saveAdapter(dir); }
-  savePretrained(dir: string) { return this.inner.savePretrained(dir); }
-  dispose() { this.inner.dispose(); }
+  get config() {
+    return this.inner.config;
+  }
+  get quantize() {
+    return this.inner.quantize;
+  }
+  get lora() {
+    return this.inner.lora;
+  }
+  forward(...a: Parameters<CausalLM["forward"]>): tf.Tensor3D {
+    return this.inner.forward(...a);
+  }
+  tokenLogprobs(...a: Parameters<CausalLM["tokenLogprobs"]>) {
+    return this.inner.tokenLogprobs(...a);
+  }
+  prefill(ids: number[][], mask: number[][], o?: ForwardOptions): { logits: tf.Tensor2D; cache: KVCache } {
+    return this.inner.prefill(ids, mask, o);
+  }
+  decodeStep(tokens: number[], cache: KVCache, o?: ForwardOptions): tf.Tensor2D {
+    return this.inner.decodeStep(tokens, cache, o);
+  }
+  unpackBase(): () => void {
+    return this.inner.unpackBase?.() ?? (() => {});
+  }
+  trainableVariables() {
+    return this.inner.trainableVariables();
+  }
+  saveAdapter(dir: string) {
+    return this.inner.saveAdapter(dir);
+  }
+  savePretrained(dir: string) {
+    return this.inner.savePretrained(dir);
+  }
+  dispose() {
+    this.inner.dispose();
+  }
 }
 
 /** A KV cache with one piece of state per row that follows select(). */
 export class RowStateCache<T> implements KVCache {
-  constructor(readonly inner: KVCache, public rows: T[], private readonly onSelect: () => void = () => {}) {}
-  get batchSize() { return this.inner.batchSize; }
-  get length() { return this.inner.length; }
+  constructor(
+    readonly inner: KVCache,
+    public rows: T[],
+    private readonly onSelect: () => void = () => {},
+  ) {}
+  get batchSize() {
+    return this.inner.batchSize;
+  }
+  get length() {
+    return this.inner.length;
+  }
   select(keep: number[]): void {
     this.inner.select(keep);
     this.rows = keep.map((k) => this.rows[k]);
     this.onSelect();
   }
-  dispose(): void { this.inner.dispose(); }
+  dispose(): void {
+    this.inner.dispose();
+  }
 }

@@ -17,14 +17,22 @@ export function headLogprobs(head: BaseWeight, h: tf.Tensor2D, targets: number[]
   // Rows of logits materialised at once (wasm: 4M floats, 16 MB per chunk; the forward and
   // backward of a chunk hold ~7 such tensors: ~110 MB, 27 rows of the 0.5B vocab).
   // (a multiple of 8 rows where it can be: the wasm kernel's row and column blocks are whole then)
-  const fit = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V)), rows = fit >= 8 ? fit - (fit % 8) : fit;
+  const fit = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V)),
+    rows = fit >= 8 ? fit - (fit % 8) : fit;
   const left = head.left;
   const w = left || head.parts ? null : head.value();
   const outs: tf.Tensor2D[] = [];
   for (let s = 0; s < targets.length; s += rows) {
     const n = Math.min(rows, targets.length - s);
-    const hc = tf.slice(h, [s, 0], [n, H]), tc = targets.slice(s, s + n);
-    outs.push(left ? logprobChunkLeft(hc, left, tc) : head.parts ? logprobChunkBlocks(hc, head, tc) : logprobChunk(hc, w!, () => head.value(), tc, head.isVariable));
+    const hc = tf.slice(h, [s, 0], [n, H]),
+      tc = targets.slice(s, s + n);
+    outs.push(
+      left
+        ? logprobChunkLeft(hc, left, tc)
+        : head.parts
+          ? logprobChunkBlocks(hc, head, tc)
+          : logprobChunk(hc, w!, () => head.value(), tc, head.isVariable),
+    );
   }
   return outs.length === 1 ? outs[0] : (tf.concat(outs, 0) as tf.Tensor2D);
 }
@@ -37,7 +45,8 @@ function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[])
     save([hh]);
     return {
       value: tf.tidy(() => logpEntropy(logitsOf(hh), targets)),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => tf.matMul(dLogits(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
+        tf.tidy(() => tf.matMul(dLogits(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
     };
   }) as unknown as CustomGradFn);
   return f(h) as tf.Tensor2D;
@@ -50,7 +59,8 @@ function logprobChunkBlocks(h: tf.Tensor2D, head: BaseWeight, targets: number[])
     save([hh]);
     return {
       value: tf.tidy(() => logpEntropy(head.matmul(hh), targets)),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.tidy(() => head.backward(dLogits(head.matmul(saved[0] as tf.Tensor2D), targets, dy))),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
+        tf.tidy(() => head.backward(dLogits(head.matmul(saved[0] as tf.Tensor2D), targets, dy))),
     };
   }) as unknown as CustomGradFn);
   return f(h) as tf.Tensor2D;

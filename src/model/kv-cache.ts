@@ -19,9 +19,16 @@ export class Qwen2KVCache implements KVCache {
     return this.mask[0]?.length ?? 0;
   }
   select(rows: number[]): void {
-    for (const r of rows) if (!(Number.isInteger(r) && r >= 0 && r < this.batchSize)) throw new Error(`cache select: row ${r} out of range 0..${this.batchSize - 1}`);
+    for (const r of rows)
+      if (!(Number.isInteger(r) && r >= 0 && r < this.batchSize))
+        throw new Error(`cache select: row ${r} out of range 0..${this.batchSize - 1}`);
     const idx = tf.tensor1d(rows, "int32");
-    const pick = <T extends tf.Tensor>(ts: T[]) => ts.map((t) => { const g = tf.gather(t, idx, 0) as T; t.dispose(); return g; });
+    const pick = <T extends tf.Tensor>(ts: T[]) =>
+      ts.map((t) => {
+        const g = tf.gather(t, idx, 0) as T;
+        t.dispose();
+        return g;
+      });
     this.k = pick(this.k);
     this.v = pick(this.v);
     idx.dispose();

@@ -37,7 +37,8 @@ const plain = (d: Float32Array | { inOut: Float32Array }): Float32Array => ("inO
 
 /** Pure: row-major [rows, cols_i] matrices side by side → [rows, Σ cols_i]. */
 export function concatColumns(parts: Float32Array[], rows: number): Float32Array {
-  const cols = parts.map((p) => p.length / rows), total = cols.reduce((a, b) => a + b, 0);
+  const cols = parts.map((p) => p.length / rows),
+    total = cols.reduce((a, b) => a + b, 0);
   const out = new Float32Array(rows * total);
   for (let i = 0, off = 0; i < parts.length; off += cols[i], i++)
     for (let r = 0; r < rows; r++) out.set(parts[i].subarray(r * cols[i], (r + 1) * cols[i]), r * total + off);
@@ -63,8 +64,10 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   const quantize = opts.quantize ?? "none";
   if (!QUANTIZE.includes(quantize)) throw new Error(`unknown quantize "${quantize}"; accepted: ${QUANTIZE.join(", ")}`);
   const full = opts.trainable === "full";
-  if (opts.trainable !== undefined && opts.trainable !== "lora" && !full) throw new Error(`unknown trainable "${opts.trainable}"; accepted: lora, full`);
-  if (full && quantize !== "none") throw new Error(`trainable "full" needs quantize "none", got "${quantize}" (quantized weights are frozen)`);
+  if (opts.trainable !== undefined && opts.trainable !== "lora" && !full)
+    throw new Error(`unknown trainable "${opts.trainable}"; accepted: lora, full`);
+  if (full && quantize !== "none")
+    throw new Error(`trainable "full" needs quantize "none", got "${quantize}" (quantized weights are frozen)`);
   const created: { dispose(): void }[] = [];
   const uid = ++modelCount; // tfjs variable names are global: full-mode models get a suffix each
   // Frozen f32 weights over 1 GiB: held [out, in] and used as the left operand (see weight.ts).
@@ -76,7 +79,8 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   const embedLeft = !full && big;
   // Several names (the q/k/v biases) are read in order and held end to end as one vector.
   const vec = async (names: string | string[], sizes: number | number[]): Promise<tf.Tensor1D> => {
-    const ns = ([] as string[]).concat(names), ss = ([] as number[]).concat(sizes);
+    const ns = ([] as string[]).concat(names),
+      ss = ([] as number[]).concat(sizes);
     const parts: Float32Array[] = [];
     for (let i = 0; i < ns.length; i++) parts.push(plain(await src(ns[i], [ss[i]])));
     const t = tf.tensor1d(concatRows(parts));
@@ -90,7 +94,8 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
   // input become one matrix, their outputs side by side: one product instead of several. Quantization
   // is per output column, so the fused matrix quantizes exactly as its parts would.
   const mat = async (names: string | string[], outDs: number | number[], inD: number, embedding = false): Promise<BaseWeight> => {
-    const ns = ([] as string[]).concat(names), os = ([] as number[]).concat(outDs);
+    const ns = ([] as string[]).concat(names),
+      os = ([] as number[]).concat(outDs);
     const useLeft = embedding ? embedLeft : left;
     const parts: Float32Array[] = [];
     for (let i = 0; i < ns.length; i++) {
@@ -101,12 +106,20 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
     const outD = os.reduce((a, b) => a + b, 0);
     const w = useLeft
       ? BaseWeight.frozenLeft(concatRows(parts), inD, outD)
-      : BaseWeight.fromFloat32(parts.length === 1 ? parts[0] : concatColumns(parts, inD), inD, outD, embedding ? "none" : quantize, full, `${ns[0]}#${uid}`);
+      : BaseWeight.fromFloat32(
+          parts.length === 1 ? parts[0] : concatColumns(parts, inD),
+          inD,
+          outD,
+          embedding ? "none" : quantize,
+          full,
+          `${ns[0]}#${uid}`,
+        );
     created.push(w);
     return w;
   };
   try {
-    const H = cfg.hiddenSize, V = cfg.vocabSize;
+    const H = cfg.hiddenSize,
+      V = cfg.vocabSize;
     const embedT = await mat("model.embed_tokens.weight", V, H, true);
     const lmHeadT = cfg.tieWordEmbeddings ? null : hasLmHead ? await mat("lm_head.weight", V, H, true) : null;
     if (!cfg.tieWordEmbeddings && !lmHeadT) throw new Error(`${name}: tensor lm_head.weight missing (tie_word_embeddings is false)`);
@@ -116,13 +129,20 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
       const proj = {} as Record<FusedModule, BaseWeight>;
       for (const f of FUSED_MODULES) {
         const members = FUSED[f];
-        proj[f] = await mat(members.map((m) => `${p}.${moduleGroup(m)}.${m}.weight`), members.map((m) => moduleDims(cfg, m)[1]), moduleDims(cfg, members[0])[0]);
+        proj[f] = await mat(
+          members.map((m) => `${p}.${moduleGroup(m)}.${m}.weight`),
+          members.map((m) => moduleDims(cfg, m)[1]),
+          moduleDims(cfg, members[0])[0],
+        );
       }
       const qkv = FUSED.qkv_proj;
       layers.push({
         inputNorm: await vec(`${p}.input_layernorm.weight`, H),
         postNorm: await vec(`${p}.post_attention_layernorm.weight`, H),
-        qkvBias: await vec(qkv.map((m) => `${p}.self_attn.${m}.bias`), qkv.map((m) => moduleDims(cfg, m)[1])),
+        qkvBias: await vec(
+          qkv.map((m) => `${p}.self_attn.${m}.bias`),
+          qkv.map((m) => moduleDims(cfg, m)[1]),
+        ),
         proj,
       });
     }
@@ -137,7 +157,10 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
 
 /** Weights in the linear layers and embeddings (norms and biases are negligible). */
 export function paramCount(c: Qwen2Config): number {
-  const perLayer = LORA_TARGETS.reduce((s, m) => { const [i, o] = moduleDims(c, m); return s + i * o; }, 0);
+  const perLayer = LORA_TARGETS.reduce((s, m) => {
+    const [i, o] = moduleDims(c, m);
+    return s + i * o;
+  }, 0);
   return c.numHiddenLayers * perLayer + c.vocabSize * c.hiddenSize * (c.tieWordEmbeddings ? 1 : 2);
 }
 
@@ -177,7 +200,9 @@ export async function loadModel(pathOrId: string, opts: LoadOptions = {}): Promi
       const ad = await LoraAdapter.load(path.resolve(opts.adapter), cfg, opts.seed ?? 0);
       if (opts.lora && (opts.lora.r !== ad.config.r || opts.lora.targetModules.join() !== ad.config.targetModules.join())) {
         ad.dispose();
-        throw new Error(`${path.join(opts.adapter, "adapter_config.json")}: adapter has r ${ad.config.r} on ${ad.config.targetModules.join(",")}, but r ${opts.lora.r} on ${opts.lora.targetModules.join(",")} was asked for`);
+        throw new Error(
+          `${path.join(opts.adapter, "adapter_config.json")}: adapter has r ${ad.config.r} on ${ad.config.targetModules.join(",")}, but r ${opts.lora.r} on ${opts.lora.targetModules.join(",")} was asked for`,
+        );
       }
       model.setAdapter(ad);
     } catch (err) {

@@ -22,17 +22,30 @@ export function peftKey(layer: number, m: LoraTarget, which: "A" | "B"): string 
 
 /** [in, out] of each linear module of a Qwen2 layer. */
 export function moduleDims(cfg: Qwen2Config, m: LoraTarget): [number, number] {
-  const q = cfg.numAttentionHeads * cfg.headDim, kv = cfg.numKeyValueHeads * cfg.headDim;
-  const H = cfg.hiddenSize, I = cfg.intermediateSize;
+  const q = cfg.numAttentionHeads * cfg.headDim,
+    kv = cfg.numKeyValueHeads * cfg.headDim;
+  const H = cfg.hiddenSize,
+    I = cfg.intermediateSize;
   const dims: Record<LoraTarget, [number, number]> = {
-    q_proj: [H, q], k_proj: [H, kv], v_proj: [H, kv], o_proj: [q, H], gate_proj: [H, I], up_proj: [H, I], down_proj: [I, H],
+    q_proj: [H, q],
+    k_proj: [H, kv],
+    v_proj: [H, kv],
+    o_proj: [q, H],
+    gate_proj: [H, I],
+    up_proj: [H, I],
+    down_proj: [I, H],
   };
   return dims[m];
 }
 
 /** "q_proj,v_proj" or "all" → validated target list. */
 export function parseLoraTargets(spec: string | string[]): LoraTarget[] {
-  const list = Array.isArray(spec) ? spec : spec.split(",").map((s) => s.trim()).filter(Boolean);
+  const list = Array.isArray(spec)
+    ? spec
+    : spec
+        .split(",")
+        .map((s) => s.trim())
+        .filter(Boolean);
   if (list.length === 1 && list[0] === "all") return [...LORA_TARGETS];
   for (const m of list)
     if (!(LORA_TARGETS as readonly string[]).includes(m))
@@ -64,7 +77,11 @@ export class LoraAdapter {
   private holding = false;
   private readonly fusedCache = new Map<string, { ids: object[]; a: tf.Tensor2D; b: tf.Tensor2D }>();
 
-  private constructor(readonly config: LoraConfig, readonly numLayers: number, seed: number) {
+  private constructor(
+    readonly config: LoraConfig,
+    readonly numLayers: number,
+    seed: number,
+  ) {
     checkConfig(config);
     this.scaling = config.alpha / config.r;
     this.dropoutRng = new Rng(seed ^ 0x5eed);
@@ -96,21 +113,32 @@ export class LoraAdapter {
       throw new Error(`${cfgFile}: cannot read adapter config (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
     }
     if (typeof raw !== "object" || raw === null || Array.isArray(raw))
-      throw new Error(`${cfgFile}: holds ${raw === null ? "null" : Array.isArray(raw) ? "an array" : typeof raw}; expected a JSON object (a PEFT adapter config)`);
-    if (raw.peft_type !== undefined && raw.peft_type !== "LORA") throw new Error(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
+      throw new Error(
+        `${cfgFile}: holds ${raw === null ? "null" : Array.isArray(raw) ? "an array" : typeof raw}; expected a JSON object (a PEFT adapter config)`,
+      );
+    if (raw.peft_type !== undefined && raw.peft_type !== "LORA")
+      throw new Error(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
     if (raw.use_dora === true) throw new Error(`${cfgFile}: use_dora is true; only plain LoRA is supported`);
     if (raw.use_rslora === true) throw new Error(`${cfgFile}: use_rslora is true; only alpha/r scaling is supported`);
     for (const k of ["rank_pattern", "alpha_pattern"])
-      if (raw[k] && Object.keys(raw[k] as object).length) throw new Error(`${cfgFile}: ${k} is not supported (one rank and alpha for every module)`);
+      if (raw[k] && Object.keys(raw[k] as object).length)
+        throw new Error(`${cfgFile}: ${k} is not supported (one rank and alpha for every module)`);
     if (!Array.isArray(raw.target_modules))
-      throw new Error(`${cfgFile}: target_modules must be a list of module names, got ${JSON.stringify(raw.target_modules)}; accepted: ${LORA_TARGETS.join(", ")}`);
+      throw new Error(
+        `${cfgFile}: target_modules must be a list of module names, got ${JSON.stringify(raw.target_modules)}; accepted: ${LORA_TARGETS.join(", ")}`,
+      );
     let targets: LoraTarget[];
     try {
       targets = parseLoraTargets(raw.target_modules as string[]);
     } catch (err) {
       throw new Error(`${cfgFile}: ${(err as Error).message}`);
     }
-    const config: LoraConfig = { r: Number(raw.r), alpha: Number(raw.lora_alpha), dropout: Number(raw.lora_dropout ?? 0), targetModules: targets };
+    const config: LoraConfig = {
+      r: Number(raw.r),
+      alpha: Number(raw.lora_alpha),
+      dropout: Number(raw.lora_dropout ?? 0),
+      targetModules: targets,
+    };
     try {
       checkConfig(config);
     } catch (err) {
@@ -123,19 +151,27 @@ export class LoraAdapter {
       for (let l = 0; l < model.numHiddenLayers; l++)
         for (const m of targets) {
           const [inD, outD] = moduleDims(model, m);
-          const ka = peftKey(l, m, "A"), kb = peftKey(l, m, "B");
+          const ka = peftKey(l, m, "A"),
+            kb = peftKey(l, m, "B");
           expected.add(ka).add(kb);
-          const A = tensors[ka], B = tensors[kb];
+          const A = tensors[ka],
+            B = tensors[kb];
           if (!A || !B) throw new Error(`${wFile}: tensor ${A ? kb : ka} missing (adapter_config.json targets ${targets.join(", ")})`);
           if (A.shape.join() !== `${config.r},${inD}`)
             throw new Error(`${wFile}: ${ka} has shape [${A.shape}], expected [${config.r}, ${inD}] (r ${config.r} × ${m} in_features)`);
           if (B.shape.join() !== `${outD},${config.r}`)
             throw new Error(`${wFile}: ${kb} has shape [${B.shape}], expected [${outD}, ${config.r}] (${m} out_features × r ${config.r})`);
           // torch layout → ours; tidy frees the untransposed copies (24 tensors a load for the tiny preset's adapter otherwise)
-          ad.set(l, m, tf.tidy(() => tf.transpose(tf.tensor2d(A.data, [config.r, inD]))), tf.tidy(() => tf.transpose(tf.tensor2d(B.data, [outD, config.r]))));
+          ad.set(
+            l,
+            m,
+            tf.tidy(() => tf.transpose(tf.tensor2d(A.data, [config.r, inD]))),
+            tf.tidy(() => tf.transpose(tf.tensor2d(B.data, [outD, config.r]))),
+          );
         }
       const extra = Object.keys(tensors).filter((k) => !expected.has(k));
-      if (extra.length) throw new Error(`${wFile}: tensor ${extra[0]} does not match the model or the target modules ${targets.join(", ")}`);
+      if (extra.length)
+        throw new Error(`${wFile}: tensor ${extra[0]} does not match the model or the target modules ${targets.join(", ")}`);
     } catch (err) {
       ad.dispose();
       throw err;
@@ -146,7 +182,10 @@ export class LoraAdapter {
   private set(layer: number, m: LoraTarget, aT: tf.Tensor, bT: tf.Tensor): void {
     const name = peftKey(layer, m, "A").replace(/\.lora_A\.weight$/, "");
     // tfjs variable names are global: a per-adapter suffix lets several models coexist
-    this.pairs.set(`${layer}.${m}`, { a: tf.variable(aT, true, `${name}.lora_A#${this.uid}`), b: tf.variable(bT, true, `${name}.lora_B#${this.uid}`) });
+    this.pairs.set(`${layer}.${m}`, {
+      a: tf.variable(aT, true, `${name}.lora_A#${this.uid}`),
+      b: tf.variable(bT, true, `${name}.lora_B#${this.uid}`),
+    });
     aT.dispose();
     bT.dispose();
   }
@@ -155,7 +194,10 @@ export class LoraAdapter {
   delta(layer: number, m: LoraTarget, x: tf.Tensor2D, training: boolean): tf.Tensor2D | null {
     const p = this.pairs.get(`${layer}.${m}`);
     if (!p) return null;
-    const xin = training && this.config.dropout > 0 ? (tf.dropout(x, this.config.dropout, undefined, this.dropoutRng.int(0, 2 ** 31 - 1)) as tf.Tensor2D) : x;
+    const xin =
+      training && this.config.dropout > 0
+        ? (tf.dropout(x, this.config.dropout, undefined, this.dropoutRng.int(0, 2 ** 31 - 1)) as tf.Tensor2D)
+        : x;
     // scaled between the products, as fusedDelta does, so every path rounds alike
     return mm(tf.mul(mm(xin, p.a as tf.Tensor as tf.Tensor2D), this.scaling), p.b as tf.Tensor as tf.Tensor2D);
   }
@@ -189,12 +231,18 @@ export class LoraAdapter {
   private fuser(pairs: (Pair | undefined)[], outDims: number[]): () => { a: tf.Tensor2D; b: tf.Tensor2D } {
     const total = outDims.reduce((a, b) => a + b, 0);
     return () => {
-      const as: tf.Tensor2D[] = [], bs: tf.Tensor2D[] = [];
+      const as: tf.Tensor2D[] = [],
+        bs: tf.Tensor2D[] = [];
       let off = 0;
       pairs.forEach((p, i) => {
         if (p) {
           as.push(p.a as tf.Tensor as tf.Tensor2D);
-          bs.push(tf.pad(p.b as tf.Tensor as tf.Tensor2D, [[0, 0], [off, total - off - outDims[i]]])); // [r, Σout]
+          bs.push(
+            tf.pad(p.b as tf.Tensor as tf.Tensor2D, [
+              [0, 0],
+              [off, total - off - outDims[i]],
+            ]),
+          ); // [r, Σout]
         }
         off += outDims[i];
       });
@@ -203,13 +251,22 @@ export class LoraAdapter {
   }
 
   /** The held factors of one fused module, built when missing or when a variable was assigned since. */
-  private heldFactors(layer: number, members: readonly LoraTarget[], pairs: (Pair | undefined)[], fuse: () => { a: tf.Tensor2D; b: tf.Tensor2D }) {
-    const key = `${layer}.${members.join()}`, ids = pairs.flatMap((p) => (p ? [p.a.dataId, p.b.dataId] : []));
+  private heldFactors(
+    layer: number,
+    members: readonly LoraTarget[],
+    pairs: (Pair | undefined)[],
+    fuse: () => { a: tf.Tensor2D; b: tf.Tensor2D },
+  ) {
+    const key = `${layer}.${members.join()}`,
+      ids = pairs.flatMap((p) => (p ? [p.a.dataId, p.b.dataId] : []));
     let c = this.fusedCache.get(key);
     if (!c || c.ids.some((id, i) => id !== ids[i])) {
       if (c) tf.dispose([c.a, c.b]);
       // clones: a lone member's A is the variable itself, which the cache must not dispose
-      const f = tf.tidy(() => { const t = fuse(); return { a: tf.clone(t.a), b: tf.clone(t.b) }; });
+      const f = tf.tidy(() => {
+        const t = fuse();
+        return { a: tf.clone(t.a), b: tf.clone(t.b) };
+      });
       c = { ids, a: tf.keep(f.a), b: tf.keep(f.b) };
       this.fusedCache.set(key, c);
     }
@@ -249,7 +306,10 @@ export class LoraAdapter {
     const out: Record<string, HostTensor> = {};
     for (const [key, p] of this.pairs) {
       const [l, m] = key.split(".") as [string, LoraTarget];
-      for (const [which, v] of [["A", p.a], ["B", p.b]] as const) {
+      for (const [which, v] of [
+        ["A", p.a],
+        ["B", p.b],
+      ] as const) {
         const t = tf.transpose(v);
         out[peftKey(Number(l), m, which)] = { shape: t.shape, data: (await t.data()) as Float32Array };
         t.dispose();

@@ -8,11 +8,16 @@ import * as path from "node:path";
 import { modelInfo } from "@huggingface/hub";
 import { cachedMain, hubCacheDirs, hubDownload, hubEndpoint, hubOffline, isHubId, repoCacheDir, setCachedMain } from "../util/hub.ts";
 
-const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+const exists = (p: string) =>
+  fs.stat(p).then(
+    () => true,
+    () => false,
+  );
 
 /** The snapshot folder of `ORG/NAME` in a cache root, or null when it is not there (or incomplete). */
 export async function cachedSnapshot(id: string, cache: string): Promise<string | null> {
-  const repo = repoCacheDir(cache, "model", id), rev = await cachedMain(repo);
+  const repo = repoCacheDir(cache, "model", id),
+    rev = await cachedMain(repo);
   if (!rev) return null;
   const snap = path.join(repo, "snapshots", rev);
   return (await exists(path.join(snap, "config.json"))) ? snap : null;
@@ -32,7 +37,8 @@ export async function resolveModelDir(pathOrId: string, env: NodeJS.ProcessEnv =
     if (snap) return snap;
   }
   const where = `no local folder, not in the Hugging Face cache (${caches.join(", ")})`;
-  if (hubOffline(env)) throw new Error(`model "${pathOrId}" not found: ${where}, and HF_HUB_OFFLINE is set, so no download was tried; ${how}`);
+  if (hubOffline(env))
+    throw new Error(`model "${pathOrId}" not found: ${where}, and HF_HUB_OFFLINE is set, so no download was tried; ${how}`);
   try {
     return await download(pathOrId, env);
   } catch (err) {
@@ -47,7 +53,9 @@ async function download(id: string, env: NodeJS.ProcessEnv): Promise<string> {
   const files = ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"].filter((f) => names.has(f));
   if (names.has("model.safetensors")) files.push("model.safetensors");
   else if (names.has("model.safetensors.index.json")) {
-    const index = JSON.parse(await fs.readFile(await hubDownload(repo, "model.safetensors.index.json"), "utf8")) as { weight_map: Record<string, string> };
+    const index = JSON.parse(await fs.readFile(await hubDownload(repo, "model.safetensors.index.json"), "utf8")) as {
+      weight_map: Record<string, string>;
+    };
     files.push("model.safetensors.index.json", ...new Set(Object.values(index.weight_map)));
   } else throw new Error(`${id} has no model.safetensors or model.safetensors.index.json`);
   for (const f of files) await hubDownload(repo, f);

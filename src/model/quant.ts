@@ -12,9 +12,9 @@ import { backendProfile } from "../engine/profile.ts";
 
 /** bitsandbytes' NF4 code book (bitsandbytes/functional.py, get_4bit_type "nf4"). */
 export const NF4_CODE = new Float32Array([
-  -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-  -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-  0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+  -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635, -0.18477343022823334, -0.09105003625154495,
+  0.0, 0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+  0.7229568362236023, 1.0,
 ]);
 export const NF4_BLOCK = 64;
 
@@ -80,8 +80,7 @@ export function packCodes(codes: Uint8Array, rowsPad: number, cols: number, bits
   const pr = rowsPad / per;
   const out = new Int32Array(pr * cols);
   for (let k = 0; k < per; k++)
-    for (let i = 0; i < pr; i++)
-      for (let j = 0; j < cols; j++) out[i * cols + j] |= codes[(k * pr + i) * cols + j] << (bits * k);
+    for (let i = 0; i < pr; i++) for (let j = 0; j < cols; j++) out[i * cols + j] |= codes[(k * pr + i) * cols + j] << (bits * k);
   return out;
 }
 
@@ -98,7 +97,8 @@ export class QuantizedMatrix {
 
   /** w: [in, out] row-major f32 (the caller's array is not kept). */
   static fromFloat32(kind: QuantKind, w: Float32Array, inDim: number, outDim: number): QuantizedMatrix {
-    if (w.length !== inDim * outDim) throw new Error(`quantize ${kind}: data has ${w.length} values, [${inDim}, ${outDim}] needs ${inDim * outDim}`);
+    if (w.length !== inDim * outDim)
+      throw new Error(`quantize ${kind}: data has ${w.length} values, [${inDim}, ${outDim}] needs ${inDim * outDim}`);
     if (kind === "int8") {
       const { q, scale } = quantizeInt8(w, inDim, outDim);
       const rowsPad = Math.ceil(inDim / 4) * 4;
@@ -139,7 +139,9 @@ export class QuantizedMatrix {
       return tf.engine().runKernel(DEQUANTIZE, { packed, scales }, attrs as unknown as tf.NamedAttrMap) as tf.Tensor2D;
     }
     const bits = this.kind === "int8" ? 8 : 4;
-    const per = 32 / bits, top = (1 << bits) >>> 0, field = top - 1;
+    const per = 32 / bits,
+      top = (1 << bits) >>> 0,
+      field = top - 1;
     const slabs: tf.Tensor[] = [];
     for (let k = 0; k < per; k++) {
       // AND isolates field k as field·2^(bits·k): at most `bits` significant bits, so the float32

@@ -24,7 +24,17 @@ import { backendProfile } from "../engine/profile.ts";
 import { rmsNorm } from "../engine/rmsnorm.ts";
 import { softmax } from "../engine/softmax.ts";
 import { BaseWeight } from "./weight.ts";
-import { FUSED, FUSED_MODULES, type CausalLM, type ForwardOptions, type FusedModule, type KVCache, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
+import {
+  FUSED,
+  FUSED_MODULES,
+  type CausalLM,
+  type ForwardOptions,
+  type FusedModule,
+  type KVCache,
+  type LoraConfig,
+  type Quantize,
+  type Qwen2Config,
+} from "./types.ts";
 
 export interface LayerWeights {
   inputNorm: tf.Tensor1D;
@@ -104,13 +114,15 @@ export class Qwen2ForCausalLM implements CausalLM {
   private checkBatch(ids: number[][], mask?: number[][]): number[][] {
     if (!Array.isArray(ids) || ids.length === 0 || !Array.isArray(ids[0]) || ids[0].length === 0)
       throw new Error("inputIds must be a non-empty [batch][seq] array");
-    const T = ids[0].length, V = this.config.vocabSize;
+    const T = ids[0].length,
+      V = this.config.vocabSize;
     for (const row of ids) {
       if (row.length !== T) throw new Error(`inputIds rows must all have length ${T} (left-pad them), got ${row.length}`);
       for (const t of row) if (!(Number.isInteger(t) && t >= 0 && t < V)) throw new Error(`token id ${t} out of range 0..${V - 1}`);
     }
     const m = mask ?? ids.map((r) => r.map(() => 1));
-    if (m.length !== ids.length || m.some((r) => r.length !== T)) throw new Error(`attentionMask must have the shape of inputIds [${ids.length}, ${T}]`);
+    if (m.length !== ids.length || m.some((r) => r.length !== T))
+      throw new Error(`attentionMask must have the shape of inputIds [${ids.length}, ${T}]`);
     return m;
   }
 
@@ -132,7 +144,13 @@ export class Qwen2ForCausalLM implements CausalLM {
     if (f === "qkv_proj") y = tf.add(y, lw.qkvBias);
     const ad = this.adapter;
     if (ad && opts.adapters !== false) {
-      const d = ad.fusedDelta(layer, FUSED[f], FUSED[f].map((m) => moduleDims(this.config, m)[1]), x, opts.training === true);
+      const d = ad.fusedDelta(
+        layer,
+        FUSED[f],
+        FUSED[f].map((m) => moduleDims(this.config, m)[1]),
+        x,
+        opts.training === true,
+      );
       if (d) y = tf.add(y, d);
     }
     return y;
@@ -141,21 +159,29 @@ export class Qwen2ForCausalLM implements CausalLM {
   /** The decoder stack: new tokens (after `cache`, if any) → final-normed hidden [B·T, hidden], and the
    *  updated keys/values per layer when `cache` is given. Call inside tf.tidy. */
   private run(ids: number[][], mask: number[][], opts: ForwardOptions, cache: Qwen2KVCache | null) {
-    const c = this.config, B = ids.length, T = ids[0].length, hd = c.headDim;
+    const c = this.config,
+      B = ids.length,
+      T = ids[0].length,
+      hd = c.headDim;
     const keyMask = cache ? mask.map((r, b) => cache.mask[b].concat(r)) : mask;
     const S = keyMask[0].length;
     const pos = positionIds(mask, cache?.count).flat();
     const { cos: cosA, sin: sinA } = ropeTables(pos, this.invFreq);
-    const cos = tf.tensor4d(cosA, [B, T, 1, hd]), sin = tf.tensor4d(sinA, [B, T, 1, hd]);
+    const cos = tf.tensor4d(cosA, [B, T, 1, hd]),
+      sin = tf.tensor4d(sinA, [B, T, 1, hd]);
     const bias = tf.tensor4d(attentionBias(keyMask, T), [B, 1, T, S]);
 
     const ctx: LayerInputs = { B, T, cos, sin, bias, opts, cache };
     // Training forwards (a gradient tape recording) keep only each layer's input on the tape and run
     // the layer again in the backward pass; LoRA dropout draws fresh masks per call, so with dropout
     // on the layers are recorded whole instead.
-    const ckpt = !cache && this.checkpointsLayers(B, T) && !(opts.training && this.adapter && opts.adapters !== false && this.adapter.config.dropout > 0);
+    const ckpt =
+      !cache &&
+      this.checkpointsLayers(B, T) &&
+      !(opts.training && this.adapter && opts.adapters !== false && this.adapter.config.dropout > 0);
     let x = this.weights.embedT.columns(tf.tensor1d(ids.flat(), "int32")); // [N, H]
-    const newK: tf.Tensor4D[] = [], newV: tf.Tensor4D[] = [];
+    const newK: tf.Tensor4D[] = [],
+      newV: tf.Tensor4D[] = [];
     for (let l = 0; l < c.numHiddenLayers; l++) {
       if (ckpt) {
         // One tidy per layer (inside checkpoint and here): a layer's intermediates are freed before the
@@ -182,12 +208,23 @@ export class Qwen2ForCausalLM implements CausalLM {
   /** One decoder layer: x [N, hidden] → x [N, hidden], with this layer's keys (B, nKv, hd, S) and
    *  values (B, nKv, S, hd) after the cache (if any). */
   private layer(l: number, x: tf.Tensor2D, ctx: LayerInputs): { x: tf.Tensor2D; kT: tf.Tensor4D; v: tf.Tensor4D } {
-    const c = this.config, { B, T, cos, sin, bias, opts, cache } = ctx, N = B * T;
-    const nH = c.numAttentionHeads, nKv = c.numKeyValueHeads, hd = c.headDim, g = nH / nKv;
+    const c = this.config,
+      { B, T, cos, sin, bias, opts, cache } = ctx,
+      N = B * T;
+    const nH = c.numAttentionHeads,
+      nKv = c.numKeyValueHeads,
+      hd = c.headDim,
+      g = nH / nKv;
     const S = bias.shape[3];
     const lw = this.weights.layers[l];
     // With one position (a decode step) moving the T axis keeps the element order: a reshape does it.
-    const perm = (t: tf.Tensor, p: number[]): tf.Tensor => (T === 1 ? tf.reshape(t, p.map((a) => t.shape[a])) : tf.transpose(t, p));
+    const perm = (t: tf.Tensor, p: number[]): tf.Tensor =>
+      T === 1
+        ? tf.reshape(
+            t,
+            p.map((a) => t.shape[a]),
+          )
+        : tf.transpose(t, p);
     const h = this.rmsNorm(x, lw.inputNorm);
     const qkv = this.proj(l, "qkv_proj", h, opts); // [N, (nH + 2·nKv)·hd]
     // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows, qg.
@@ -242,7 +279,9 @@ export class Qwen2ForCausalLM implements CausalLM {
 
   tokenLogprobs(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions & { withEntropy?: boolean } = {}) {
     const mask = this.checkBatch(inputIds, attentionMask);
-    const B = inputIds.length, T = inputIds[0].length, H = this.config.hiddenSize;
+    const B = inputIds.length,
+      T = inputIds[0].length,
+      H = this.config.hiddenSize;
     const res = tf.tidy(() => {
       if (T === 1) return { lp: tf.zeros([B, 1]) as tf.Tensor2D, ent: tf.zeros([B, 1]) as tf.Tensor2D };
       const { hidden } = this.run(inputIds, mask, opts, null);
@@ -274,10 +313,19 @@ export class Qwen2ForCausalLM implements CausalLM {
 
   prefill(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions = {}) {
     const mask = this.checkBatch(inputIds, attentionMask);
-    const B = inputIds.length, rows = Math.max(1, Math.floor((this.prefillBytes ?? backendProfile().prefillBytes) / layerTapeBytes(this.config, 1, inputIds[0].length)));
+    const B = inputIds.length,
+      rows = Math.max(
+        1,
+        Math.floor((this.prefillBytes ?? backendProfile().prefillBytes) / layerTapeBytes(this.config, 1, inputIds[0].length)),
+      );
     const parts: { logits: tf.Tensor2D; cache: Qwen2KVCache }[] = [];
     for (let r = 0; r < B; r += rows) {
-      const cache = new Qwen2KVCache([], [], inputIds.slice(r, r + rows).map(() => []), inputIds.slice(r, r + rows).map(() => 0));
+      const cache = new Qwen2KVCache(
+        [],
+        [],
+        inputIds.slice(r, r + rows).map(() => []),
+        inputIds.slice(r, r + rows).map(() => 0),
+      );
       parts.push({ logits: this.step(inputIds.slice(r, r + rows), mask.slice(r, r + rows), cache, opts), cache });
     }
     if (parts.length === 1) return parts[0];
@@ -306,7 +354,9 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   private step(ids: number[][], mask: number[][], cache: Qwen2KVCache, opts: ForwardOptions): tf.Tensor2D {
-    const B = ids.length, T = ids[0].length, H = this.config.hiddenSize;
+    const B = ids.length,
+      T = ids[0].length,
+      H = this.config.hiddenSize;
     const out = tf.tidy(() => {
       const { hidden, newK, newV } = this.run(ids, mask, opts, cache);
       const last = tf.reshape<tf.Rank.R2>(tf.slice(tf.reshape(hidden, [B, T, H]), [0, T - 1, 0], [B, 1, H]), [B, H]);
@@ -322,7 +372,8 @@ export class Qwen2ForCausalLM implements CausalLM {
 
   trainableVariables(): tf.Variable[] {
     if (this.full) {
-      const w = this.weights, vars: tf.Tensor[] = [w.embedT.f32!, ...(w.lmHeadT ? [w.lmHeadT.f32!] : []), w.norm];
+      const w = this.weights,
+        vars: tf.Tensor[] = [w.embedT.f32!, ...(w.lmHeadT ? [w.lmHeadT.f32!] : []), w.norm];
       for (const l of w.layers) vars.push(l.inputNorm, l.postNorm, l.qkvBias, ...FUSED_MODULES.map((f) => l.proj[f].f32!));
       return [...(vars as tf.Variable[]), ...(this.adapter?.variables() ?? [])];
     }
@@ -356,7 +407,11 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  the layout (default: by size). */
   unpackBase(left?: boolean): () => void {
     // The adapter's fused factors are held for generation too (lora.ts holdFactors).
-    const releaseFactors = this.adapter?.holdFactors(FUSED_MODULES.map((f) => FUSED[f]), (m) => moduleDims(this.config, m)[1]) ?? (() => {});
+    const releaseFactors =
+      this.adapter?.holdFactors(
+        FUSED_MODULES.map((f) => FUSED[f]),
+        (m) => moduleDims(this.config, m)[1],
+      ) ?? (() => {});
     if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return releaseFactors;
     const mats = this.weights.layers.flatMap((l) => FUSED_MODULES.map((f) => l.proj[f]));
     // Over the profile's leftLayoutBytes of f32: held [out, in] as the left operand, like large f32 models (weight.ts).

@@ -106,7 +106,8 @@ async function parseHeader(file: string, handle: fs.FileHandle) {
     const r = raw as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
     if (!(typeof r.dtype === "string" && r.dtype in DTYPE_BYTES))
       throw new Error(`${file}: tensor ${name} has unsupported dtype ${JSON.stringify(r.dtype)}; accepted: F32, F16, BF16`);
-    const shape = r.shape, offs = r.data_offsets;
+    const shape = r.shape,
+      offs = r.data_offsets;
     if (!Array.isArray(shape) || !shape.every((d) => Number.isInteger(d) && d >= 0))
       throw new Error(`${file}: corrupted safetensors header (tensor ${name} has shape ${JSON.stringify(shape)})`);
     if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((o) => Number.isInteger(o) && o >= 0) || offs[1] < offs[0])
@@ -114,7 +115,9 @@ async function parseHeader(file: string, handle: fs.FileHandle) {
     const dtype = r.dtype as DType;
     const want = shape.reduce((p: number, d: number) => p * d, 1) * DTYPE_BYTES[dtype];
     if (offs[1] - offs[0] !== want)
-      throw new Error(`${file}: corrupted safetensors header (tensor ${name}: shape ${JSON.stringify(shape)} × ${dtype} is ${want} bytes, data_offsets span ${offs[1] - offs[0]})`);
+      throw new Error(
+        `${file}: corrupted safetensors header (tensor ${name}: shape ${JSON.stringify(shape)} × ${dtype} is ${want} bytes, data_offsets span ${offs[1] - offs[0]})`,
+      );
     if (dataStart + offs[1] > size)
       throw new Error(`${file}: truncated safetensors file (tensor ${name} ends at byte ${dataStart + offs[1]}, file has ${size})`);
     entries.set(name, { dtype, shape, begin: dataStart + offs[0], end: dataStart + offs[1] });
@@ -147,7 +150,9 @@ export function toFloat32(bytes: Uint8Array, dtype: string): Float32Array {
 }
 
 function halfToFloat(h: number): number {
-  const s = h & 0x8000 ? -1 : 1, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const s = h & 0x8000 ? -1 : 1,
+    e = (h >> 10) & 0x1f,
+    m = h & 0x3ff;
   if (e === 0) return s * m * 2 ** -24;
   if (e === 31) return m ? NaN : s * Infinity;
   return s * (1 + m / 1024) * 2 ** (e - 15);
@@ -162,7 +167,8 @@ export function encodeSafetensors(tensors: Record<string, HostTensor>, metadata:
   for (const name of names) {
     const t = tensors[name];
     const numel = t.shape.reduce((p, d) => p * d, 1);
-    if (numel !== t.data.length) throw new Error(`tensor ${name}: shape ${JSON.stringify(t.shape)} holds ${numel} values, data has ${t.data.length}`);
+    if (numel !== t.data.length)
+      throw new Error(`tensor ${name}: shape ${JSON.stringify(t.shape)} holds ${numel} values, data has ${t.data.length}`);
     header[name] = { dtype: "F32", shape: t.shape, data_offsets: [off, off + 4 * numel] };
     off += 4 * numel;
   }
@@ -181,7 +187,11 @@ export function encodeSafetensors(tensors: Record<string, HostTensor>, metadata:
   return out;
 }
 
-export async function writeSafetensors(file: string, tensors: Record<string, HostTensor>, metadata?: Record<string, string>): Promise<void> {
+export async function writeSafetensors(
+  file: string,
+  tensors: Record<string, HostTensor>,
+  metadata?: Record<string, string>,
+): Promise<void> {
   await writeFileAtomic(file, encodeSafetensors(tensors, metadata ?? { format: "pt" }));
 }
 
@@ -199,12 +209,19 @@ export async function readSafetensorsAll(file: string): Promise<Record<string, H
 
 /** A Hugging Face checkpoint folder: model.safetensors or model.safetensors.index.json + shards. */
 export class Checkpoint {
-  private constructor(private readonly where: Map<string, SafetensorsFile>, private readonly files: SafetensorsFile[]) {}
+  private constructor(
+    private readonly where: Map<string, SafetensorsFile>,
+    private readonly files: SafetensorsFile[],
+  ) {}
 
   static async open(dir: string): Promise<Checkpoint> {
     const single = path.join(dir, "model.safetensors");
     const index = path.join(dir, "model.safetensors.index.json");
-    const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+    const exists = (p: string) =>
+      fs.stat(p).then(
+        () => true,
+        () => false,
+      );
     if (await exists(single)) {
       const f = await SafetensorsFile.open(single);
       return new Checkpoint(new Map(f.keys().map((k) => [k, f])), [f]);
@@ -221,7 +238,11 @@ export class Checkpoint {
     const where = new Map<string, SafetensorsFile>();
     try {
       for (const [name, shard] of Object.entries(map)) {
-        if (!shards.has(shard)) shards.set(shard, await SafetensorsFile.open(insideFolder(dir, shard, `${index}: weight_map[${JSON.stringify(name).slice(0, 80)}]`)));
+        if (!shards.has(shard))
+          shards.set(
+            shard,
+            await SafetensorsFile.open(insideFolder(dir, shard, `${index}: weight_map[${JSON.stringify(name).slice(0, 80)}]`)),
+          );
         const f = shards.get(shard)!;
         if (!f.has(name)) throw new Error(`${f.file}: tensor ${name} listed in ${index} is not in the shard`);
         where.set(name, f);

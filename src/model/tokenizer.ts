@@ -33,7 +33,11 @@ export async function loadTokenizerFromDir(dir: string): Promise<Tokenizer> {
     template = (await readJson(jsonFile)).chat_template as TemplateSource;
     templateFile = jsonFile;
   }
-  return tokenizerFromJson(tokenizerJson, tokenizerConfig, template, { tokenizerFile: path.join(dir, "tokenizer.json"), configFile, templateFile });
+  return tokenizerFromJson(tokenizerJson, tokenizerConfig, template, {
+    tokenizerFile: path.join(dir, "tokenizer.json"),
+    configFile,
+    templateFile,
+  });
 }
 
 /** Build from already-parsed files (the tiny preset builds them in memory). `files` only names the
@@ -61,7 +65,8 @@ export function tokenizerFromJson(
     const text = typeof v === "string" ? v : v && typeof v === "object" ? (v as { content?: unknown }).content : undefined;
     if (typeof text !== "string") return undefined;
     const id = hf.token_to_id(text);
-    if (id === undefined) throw new Error(`${files.configFile}: ${key} ${JSON.stringify(text)} is not in the vocabulary of ${files.tokenizerFile}`);
+    if (id === undefined)
+      throw new Error(`${files.configFile}: ${key} ${JSON.stringify(text)} is not in the vocabulary of ${files.tokenizerFile}`);
     return { text, id };
   };
   const eos = tokenId("eos_token");
@@ -93,8 +98,7 @@ export function tokenizerFromJson(
     padTokenId: pad.id,
     encode,
     decode(ids, opts = {}) {
-      for (const id of ids)
-        if (!Number.isInteger(id) || id < 0) throw new Error(`decode: token id ${id} is not a non-negative integer`);
+      for (const id of ids) if (!Number.isInteger(id) || id < 0) throw new Error(`decode: token id ${id} is not a non-negative integer`);
       if (ids.length === 0) return ""; // the HF decoder rejects an empty list
       // Ids past the vocabulary (Qwen pads its embedding to 151936 rows) decode to nothing, as in HF.
       return hf.decode(ids, { skip_special_tokens: opts.skipSpecialTokens ?? false });
@@ -128,7 +132,9 @@ function encodeChat(
     const before = render(messages.slice(0, i), { tools: opts.tools, addGenerationPrompt: true });
     const upto = render(messages.slice(0, i + 1), { tools: opts.tools, addGenerationPrompt: false });
     if (!upto.startsWith(before) || !full.startsWith(upto) || before.length < cuts[cuts.length - 1])
-      throw new Error(`encodeChat: the chat template renders messages[0..${i}] differently from the full conversation, so the assistant turn at index ${i} cannot be located`);
+      throw new Error(
+        `encodeChat: the chat template renders messages[0..${i}] differently from the full conversation, so the assistant turn at index ${i} cannot be located`,
+      );
     cuts.push(before.length, before.length + upto.slice(before.length).trimEnd().length);
   });
   cuts.push(full.length);
@@ -172,7 +178,8 @@ function pickTemplate(templates: Map<string, Template>, withTools: boolean, file
 function checkMessages(messages: ChatMessage[]): void {
   if (!Array.isArray(messages)) throw new Error(`chat messages must be an array, got ${typeof messages}`);
   messages.forEach((m, i) => {
-    if (!m || !ROLES.has(m.role)) throw new Error(`messages[${i}].role ${JSON.stringify(m?.role)} is not one of system, user, assistant, tool`);
+    if (!m || !ROLES.has(m.role))
+      throw new Error(`messages[${i}].role ${JSON.stringify(m?.role)} is not one of system, user, assistant, tool`);
     if (typeof m.content !== "string") throw new Error(`messages[${i}].content must be a string, got ${typeof m.content}`);
   });
 }
@@ -183,7 +190,11 @@ async function readJson(file: string): Promise<Record<string, unknown>> {
     text = await fs.readFile(file, "utf8");
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
-    throw new Error(code === "ENOENT" ? `${file} not found (a tokenizer folder needs tokenizer.json and tokenizer_config.json)` : `${file} cannot be read: ${(err as Error).message}`);
+    throw new Error(
+      code === "ENOENT"
+        ? `${file} not found (a tokenizer folder needs tokenizer.json and tokenizer_config.json)`
+        : `${file} cannot be read: ${(err as Error).message}`,
+    );
   }
   let value: unknown;
   try {
@@ -196,5 +207,8 @@ async function readJson(file: string): Promise<Record<string, unknown>> {
 }
 
 async function exists(file: string): Promise<boolean> {
-  return fs.stat(file).then((s) => s.isFile(), () => false);
+  return fs.stat(file).then(
+    (s) => s.isFile(),
+    () => false,
+  );
 }

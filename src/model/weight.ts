@@ -38,7 +38,8 @@ export class BaseWeight {
   static fromFloat32(data: Float32Array, inDim: number, outDim: number, quantize: Quantize, trainable = false, name?: string): BaseWeight {
     if (quantize === "none") {
       const maxFloats = backendProfile().maxBindingFloats;
-      if (!trainable && inDim * outDim > maxFloats) return new BaseWeight(inDim, outDim, null, null, null, columnBlocks(data, inDim, outDim, maxFloats));
+      if (!trainable && inDim * outDim > maxFloats)
+        return new BaseWeight(inDim, outDim, null, null, null, columnBlocks(data, inDim, outDim, maxFloats));
       const t = tf.tensor2d(data, [inDim, outDim]);
       if (!trainable) return new BaseWeight(inDim, outDim, t, null);
       const v = tf.variable(t, true, name);
@@ -73,7 +74,8 @@ export class BaseWeight {
   /** f32 [in, out] (dequantized when quantized). Call inside tf.tidy. Not for a matrix held in column
    *  blocks (it would bind the whole): use matmul, columns, backward or outInData. */
   value(): tf.Tensor2D {
-    if (this.parts) throw new Error(`a [${this.inDim}, ${this.outDim}] matrix held in ${this.parts.length} blocks has no single value tensor`);
+    if (this.parts)
+      throw new Error(`a [${this.inDim}, ${this.outDim}] matrix held in ${this.parts.length} blocks has no single value tensor`);
     if (this.left) return tf.transpose(this.left);
     if (this.unpacked) return this.unpacked.left ? tf.transpose(this.unpacked.w) : this.unpacked.w;
     return this.f32 ?? this.quant!.dequantize();
@@ -86,7 +88,10 @@ export class BaseWeight {
     if (this.parts) {
       const parts = this.parts;
       const f = tf.customGrad(((xx: tf.Tensor2D) => ({
-        value: tf.concat(parts.map((p) => tf.matMul(xx, p)), 1) as tf.Tensor2D,
+        value: tf.concat(
+          parts.map((p) => tf.matMul(xx, p)),
+          1,
+        ) as tf.Tensor2D,
         gradFunc: (dy: tf.Tensor2D) => this.backward(dy),
       })) as unknown as CustomGradFn);
       return f(x) as tf.Tensor2D;
@@ -117,12 +122,14 @@ export class BaseWeight {
   backward(dy: tf.Tensor2D): tf.Tensor2D {
     if (!this.parts) return matMulBT(dy, this.value());
     let off = 0;
-    return sumOf(this.parts.map((p) => {
-      const n = p.shape[1];
-      const d = matMulBT(tf.slice(dy, [0, off], [dy.shape[0], n]), p);
-      off += n;
-      return d;
-    }));
+    return sumOf(
+      this.parts.map((p) => {
+        const n = p.shape[1];
+        const d = matMulBT(tf.slice(dy, [0, off], [dy.shape[0], n]), p);
+        off += n;
+        return d;
+      }),
+    );
   }
 
   /** The matrix as torch stores it, [out, in] row-major on the host (for saving). */

@@ -29,7 +29,13 @@ export const TINY_PRETRAIN_PROBLEMS: Omit<SyntheticOptions, "n" | "seed"> = {
 /** The task SFT, RL and evaluation use: 1-2 steps with operands up to 999 — one digit longer than
  *  anything in pretraining, so copying the numbers into calculator calls is where the model fails
  *  and improves (the arithmetic is the tool's; products reach six digits). */
-export const TINY_PROBLEMS: Omit<SyntheticOptions, "n" | "seed"> = { minSteps: 1, maxSteps: 2, minOperand: 2, maxOperand: 999, maxValue: 999_999 };
+export const TINY_PROBLEMS: Omit<SyntheticOptions, "n" | "seed"> = {
+  minSteps: 1,
+  maxSteps: 2,
+  minOperand: 2,
+  maxOperand: 999,
+  maxValue: 999_999,
+};
 
 /** Disjoint streams of problems. */
 export const TINY_SEEDS = { pretrain: 101, tokenizer: 102, sft: 201, rl: 301, eval: 401 } as const;

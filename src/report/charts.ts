@@ -47,7 +47,8 @@ export function unitOf(key: string): Unit {
 
 /** Bytes are drawn in MB or GB (whichever keeps the largest value under 1000); others as they are. */
 function scaleFor(unit: Unit, maxAbs: number): { div: number; label: string } {
-  if (unit === "bytes") return maxAbs >= 1e9 ? { div: 1e9, label: "GB" } : maxAbs >= 1e6 ? { div: 1e6, label: "MB" } : { div: 1e3, label: "kB" };
+  if (unit === "bytes")
+    return maxAbs >= 1e9 ? { div: 1e9, label: "GB" } : maxAbs >= 1e6 ? { div: 1e6, label: "MB" } : { div: 1e3, label: "kB" };
   return { div: 1, label: unit };
 }
 
@@ -66,7 +67,8 @@ export function niceTicks(lo: number, hi: number, count = 4): number[] {
   const mag = 10 ** Math.floor(Math.log10(raw));
   const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw)!;
   const out: number[] = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(Math.abs(v) < step * 1e-9 ? 0 : Number(v.toPrecision(12)));
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step)
+    out.push(Math.abs(v) < step * 1e-9 ? 0 : Number(v.toPrecision(12)));
   return out;
 }
 
@@ -78,14 +80,24 @@ export interface Series {
   hi?: Array<number | null>;
 }
 
-const W = 380, H = 210, ML = 52, MR = 14, MT = 28, MB = 30;
+const W = 380,
+  H = 210,
+  ML = 52,
+  MR = 14,
+  MT = 28,
+  MB = 30;
 
 /** One line chart as an inline <svg>: axes with round ticks, a band if given, dots when sparse. */
 export function lineChartSvg(s: Series, title: string): string {
   const pts = s.x.map((x, i) => [x, s.y[i]] as const).filter((p): p is readonly [number, number] => p[1] !== null && Number.isFinite(p[1]));
-  const band = s.lo && s.hi
-    ? s.x.map((x, i) => [x, s.lo![i], s.hi![i]] as const).filter((b): b is readonly [number, number, number] => b[1] !== null && b[2] !== null && Number.isFinite(b[1]) && Number.isFinite(b[2]))
-    : [];
+  const band =
+    s.lo && s.hi
+      ? s.x
+          .map((x, i) => [x, s.lo![i], s.hi![i]] as const)
+          .filter(
+            (b): b is readonly [number, number, number] => b[1] !== null && b[2] !== null && Number.isFinite(b[1]) && Number.isFinite(b[2]),
+          )
+      : [];
   const ys = [...pts.map((p) => p[1]), ...band.flatMap((b) => [b[1], b[2]])];
   const xs = pts.map((p) => p[0]);
   let [y0, y1] = [Math.min(...ys), Math.max(...ys)];
@@ -130,7 +142,8 @@ export function lineChartSvg(s: Series, title: string): string {
  *  is drawn with its curve, not on its own). */
 export function chartedKeys(records: MetricsRecord[]): string[] {
   const numeric = new Set<string>();
-  for (const r of records) for (const [k, v] of Object.entries(r)) if (typeof v === "number" && Number.isFinite(v) && !NOT_CURVES.has(k)) numeric.add(k);
+  for (const r of records)
+    for (const [k, v] of Object.entries(r)) if (typeof v === "number" && Number.isFinite(v) && !NOT_CURVES.has(k)) numeric.add(k);
   const bands = new Set(KNOWN.filter((k) => k.band && numeric.has(k.key)).map((k) => k.band!));
   const known = KNOWN.map((k) => k.key).filter((k) => numeric.has(k));
   const rest = [...numeric].filter((k) => !known.includes(k) && !bands.has(k)).sort();
@@ -165,7 +178,8 @@ export function isSystemMetric(key: string): boolean {
  *  sorted by step, one per step. */
 export function metricCharts(records: MetricsRecord[], keys = chartedKeys(records)): { charts: string[]; flat: string[] } {
   const x = records.map((r) => r.step);
-  const charts: string[] = [], flat: string[] = [];
+  const charts: string[] = [],
+    flat: string[] = [];
   for (const key of keys) {
     const known = KNOWN.find((k) => k.key === key);
     const unit = unitOf(key);
@@ -180,7 +194,9 @@ export function metricCharts(records: MetricsRecord[], keys = chartedKeys(record
       continue;
     }
     if (hi - lo <= 1e-12 * Math.max(1, Math.abs(hi)) && !bandMoves) {
-      flat.push(`<li><b>${escapeHtml(key)}</b>: ${escapeHtml(formatWithUnit(vals[0], unit))} throughout (${vals.length} steps, ${steps[0]}–${steps[steps.length - 1]})</li>`);
+      flat.push(
+        `<li><b>${escapeHtml(key)}</b>: ${escapeHtml(formatWithUnit(vals[0], unit))} throughout (${vals.length} steps, ${steps[0]}–${steps[steps.length - 1]})</li>`,
+      );
       continue;
     }
     const sc = scaleFor(unit, Math.max(Math.abs(lo), Math.abs(hi)));
@@ -200,11 +216,15 @@ export function metricCharts(records: MetricsRecord[], keys = chartedKeys(record
  *  does not move, then speed and memory folded under a <details>. */
 export function chartsSection(records: MetricsRecord[]): string {
   const keys = chartedKeys(records);
-  const main = metricCharts(records, keys.filter((k) => !isSystemMetric(k)));
+  const main = metricCharts(
+    records,
+    keys.filter((k) => !isSystemMetric(k)),
+  );
   const sys = metricCharts(records, keys.filter(isSystemMetric));
   const flat = [...main.flat, ...sys.flat];
   let html = `<div class="charts">${main.charts.join("\n")}</div>\n`;
   if (flat.length) html += `<ul class="flat" aria-label="constant metrics">${flat.join("")}</ul>\n`;
-  if (sys.charts.length) html += `<details><summary>Speed and memory (${sys.charts.length} chart${sys.charts.length === 1 ? "" : "s"})</summary><div class="charts">${sys.charts.join("\n")}</div></details>\n`;
+  if (sys.charts.length)
+    html += `<details><summary>Speed and memory (${sys.charts.length} chart${sys.charts.length === 1 ? "" : "s"})</summary><div class="charts">${sys.charts.join("\n")}</div></details>\n`;
   return html;
 }

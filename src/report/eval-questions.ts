@@ -48,15 +48,24 @@ export function questionFilters(models: ModelQuestions[], compare: Array<[string
   const byName = new Map(models.map((m) => [m.name, m]));
   const filters: Filter[] = [];
   compare.forEach(([b, a], i) => {
-    const A = byName.get(a), B = byName.get(b);
+    const A = byName.get(a),
+      B = byName.get(b);
     if (!A || !B) return;
     // k > 1: "wrong → right" means the share of correct samples rose.
     const d = (qi: number) => score(B.questions[qi]?.samples ?? []) - score(A.questions[qi]?.samples ?? []);
     filters.push({ id: `up${i}`, label: `${a} → ${b}: wrong → right`, match: (qi) => d(qi) > 0 });
     filters.push({ id: `down${i}`, label: `${a} → ${b}: right → wrong`, match: (qi) => d(qi) < 0 });
   });
-  filters.push({ id: "fmt", label: "format failures", match: (qi) => models.some((m) => m.questions[qi]?.samples.some((s) => !s.formatValid)) });
-  filters.push({ id: "tool", label: "tool errors or unparsed calls", match: (qi) => models.some((m) => m.questions[qi]?.samples.some(toolTrouble)) });
+  filters.push({
+    id: "fmt",
+    label: "format failures",
+    match: (qi) => models.some((m) => m.questions[qi]?.samples.some((s) => !s.formatValid)),
+  });
+  filters.push({
+    id: "tool",
+    label: "tool errors or unparsed calls",
+    match: (qi) => models.some((m) => m.questions[qi]?.samples.some(toolTrouble)),
+  });
   return filters;
 }
 
@@ -69,12 +78,18 @@ function sampleHtml(model: string, samples: QuestionSample[], maxChars: number):
   if (s.truncated) tags.push(`<span class="tag warn">truncated</span>`);
   const k = samples.length > 1 ? ` · sample 1 of ${samples.length}, ${samples.filter((x) => x.strict).length} right` : "";
   const source = `samples-${model}.jsonl`;
-  const body = Array.isArray(s.turns) ? renderTurns(s.turns, { maxChars, source }) : renderPlain(String(s.text ?? ""), { maxChars, source });
+  const body = Array.isArray(s.turns)
+    ? renderTurns(s.turns, { maxChars, source })
+    : renderPlain(String(s.text ?? ""), { maxChars, source });
   return `<div class="ro${s.strict ? "" : " miss"}"><div class="meta"><b>${escapeHtml(model)}</b> ${tags.join("")} · ${s.toolCalls} tool call${s.toolCalls === 1 ? "" : "s"}${k}</div>${body}</div>`;
 }
 
 /** The per-question section. Questions are matched by position (all models ran the same list). */
-export function renderQuestionBrowser(models: ModelQuestions[], compare: Array<[string, string]>, limits: Partial<QuestionLimits> = {}): { html: string; css: string } {
+export function renderQuestionBrowser(
+  models: ModelQuestions[],
+  compare: Array<[string, string]>,
+  limits: Partial<QuestionLimits> = {},
+): { html: string; css: string } {
   const lim = { ...QUESTION_LIMITS, ...limits };
   const n = Math.max(0, ...models.map((m) => m.questions.length));
   if (models.length === 0 || n === 0) return { html: "", css: "" };
@@ -87,9 +102,14 @@ export function renderQuestionBrowser(models: ModelQuestions[], compare: Array<[
   const count = (id: string) => member.filter((m) => m.includes(id)).length;
   const shownCount = (id: string) => member.filter((m, qi) => shown.has(qi) && m.includes(id)).length;
 
-  const all = [{ id: "all", label: "all questions", total: n, shown: shown.size }, ...filters.map((f) => ({ id: f.id, label: f.label, total: count(f.id), shown: shownCount(f.id) }))];
+  const all = [
+    { id: "all", label: "all questions", total: n, shown: shown.size },
+    ...filters.map((f) => ({ id: f.id, label: f.label, total: count(f.id), shown: shownCount(f.id) })),
+  ];
   const inputs = all.map((f, i) => `<input type="radio" name="qf" id="qf-${f.id}"${i === 0 ? " checked" : ""}>`).join("");
-  const labels = all.map((f) => `<label for="qf-${f.id}">${escapeHtml(f.label)} (${f.total}${f.shown < f.total ? `, ${f.shown} shown` : ""})</label>`).join("");
+  const labels = all
+    .map((f) => `<label for="qf-${f.id}">${escapeHtml(f.label)} (${f.total}${f.shown < f.total ? `, ${f.shown} shown` : ""})</label>`)
+    .join("");
   let css = "";
   for (const f of all) {
     css += `#qf-${f.id}:checked~label[for=qf-${f.id}]{background:#2563eb;color:#fff;border-color:#2563eb}`;
@@ -108,10 +128,12 @@ export function renderQuestionBrowser(models: ModelQuestions[], compare: Array<[
         `<div class="cmp">${models.map((m) => sampleHtml(m.name, m.questions[qi]?.samples ?? [], lim.maxChars)).join("")}</div></div>`,
     );
   }
-  const bound = shown.size < n
-    ? `${shown.size} of ${n} questions shown (those a filter selects first), at most ${lim.maxChars} characters per transcript; every sample is in samples-&lt;model&gt;.jsonl.`
-    : `All ${n} questions, at most ${lim.maxChars} characters per transcript; every sample is in samples-&lt;model&gt;.jsonl.`;
-  const html = `<h2 id="questions">Per question</h2><p class="sub">${bound} Pick a filter:</p>${TRANSCRIPT_LEGEND}` +
+  const bound =
+    shown.size < n
+      ? `${shown.size} of ${n} questions shown (those a filter selects first), at most ${lim.maxChars} characters per transcript; every sample is in samples-&lt;model&gt;.jsonl.`
+      : `All ${n} questions, at most ${lim.maxChars} characters per transcript; every sample is in samples-&lt;model&gt;.jsonl.`;
+  const html =
+    `<h2 id="questions">Per question</h2><p class="sub">${bound} Pick a filter:</p>${TRANSCRIPT_LEGEND}` +
     `<div class="filters">${inputs}${labels}<div class="qs">${cards.join("\n")}</div></div>\n`;
   return { html, css };
 }

@@ -8,8 +8,9 @@ const ENTITIES: Record<string, string> = { "&": "&amp;", "<": "&lt;", ">": "&gt;
 /** Text → HTML text or attribute value. Control characters other than tab and newline (NUL, ESC,
  *  DEL, C1) cannot appear in HTML as such: they are shown as `\xNN` so the reader sees they were there. */
 export function escapeHtml(s: string): string {
-  return s.replace(/[&<>"']|[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, (c) =>
-    ENTITIES[c] ?? `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`,
+  return s.replace(
+    /[&<>"']|[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g,
+    (c) => ENTITIES[c] ?? `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`,
   );
 }
 
@@ -51,8 +52,10 @@ details{margin:6px 0}summary{cursor:pointer;font-weight:600}
 
 /** A whole page. `css` adds rules (for example a page's filters). */
 export function page(title: string, subtitle: string, body: string, css = ""): string {
-  return `<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">` +
-    `<title>${escapeHtml(title)}</title><style>${CSS}${css}</style></head>\n<body><h1>${escapeHtml(title)}</h1><p class="sub">${escapeHtml(subtitle)}</p>\n${body}\n</body></html>\n`;
+  return (
+    `<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">` +
+    `<title>${escapeHtml(title)}</title><style>${CSS}${css}</style></head>\n<body><h1>${escapeHtml(title)}</h1><p class="sub">${escapeHtml(subtitle)}</p>\n${body}\n</body></html>\n`
+  );
 }
 
 export function cell(v: unknown): string {

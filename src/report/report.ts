@@ -55,14 +55,20 @@ function heldOutSection(questions: HeldOutQuestion[], perKind = 3): string {
   const wrong = questions.filter((q) => q.samples[0] && !q.samples[0].strict).slice(0, perKind);
   const card = (q: HeldOutQuestion) => {
     const s = q.samples[0];
-    const tags = (s.strict ? `<span class="tag ok">right</span>` : `<span class="tag bad">wrong</span>`) + (s.formatValid ? "" : `<span class="tag warn">format failure</span>`);
-    const body = Array.isArray(s.turns) ? renderTurns(s.turns, { maxChars: 2000, source: "eval.json" }) : renderPlain(String(s.text ?? ""), { maxChars: 2000, source: "eval.json" });
+    const tags =
+      (s.strict ? `<span class="tag ok">right</span>` : `<span class="tag bad">wrong</span>`) +
+      (s.formatValid ? "" : `<span class="tag warn">format failure</span>`);
+    const body = Array.isArray(s.turns)
+      ? renderTurns(s.turns, { maxChars: 2000, source: "eval.json" })
+      : renderPlain(String(s.text ?? ""), { maxChars: 2000, source: "eval.json" });
     return `<div class="ro"><div class="meta">${tags}<code>${escapeHtml(q.id)}</code> · gold <b>${escapeHtml(q.gold)}</b></div><div class="q">${escapeHtml(q.question)}</div>${body}</div>`;
   };
   const shown = [...right, ...wrong];
   if (shown.length === 0) return "";
-  return `<h2 id="held-out">Held-out transcripts</h2><p class="sub">From the closing greedy evaluation: the first ${right.length} right and the first ${wrong.length} wrong of the ${questions.length} questions in eval.json.</p>` +
-    `${TRANSCRIPT_LEGEND}<div class="rollouts">${shown.map(card).join("")}</div>\n`;
+  return (
+    `<h2 id="held-out">Held-out transcripts</h2><p class="sub">From the closing greedy evaluation: the first ${right.length} right and the first ${wrong.length} wrong of the ${questions.length} questions in eval.json.</p>` +
+    `${TRANSCRIPT_LEGEND}<div class="rollouts">${shown.map(card).join("")}</div>\n`
+  );
 }
 
 export function renderTrainReport(input: TrainReportInput): string {
@@ -71,9 +77,12 @@ export function renderTrainReport(input: TrainReportInput): string {
   for (const k of chartedKeys(records)) {
     const vals = records.map((r) => num(r[k])).filter((v): v is number => v !== null);
     const lastRec = [...records].reverse().find((r) => num(r[k]) !== null)!;
-    finals.push(`<tr><th>${escapeHtml(k)}</th>${cell(vals[vals.length - 1])}<td class="n">${lastRec.step}</td>${cell(Math.min(...vals))}${cell(Math.max(...vals))}</tr>`);
+    finals.push(
+      `<tr><th>${escapeHtml(k)}</th>${cell(vals[vals.length - 1])}<td class="n">${lastRec.step}</td>${cell(Math.min(...vals))}${cell(Math.max(...vals))}</tr>`,
+    );
   }
-  const first = records[0], last = records[records.length - 1];
+  const first = records[0],
+    last = records[records.length - 1];
   const span = records.length ? `${records.length} logged steps, step ${first.step} to ${last.step}` : "no metrics logged yet";
   const minutes = records.length > 1 ? `, ${formatDuration(last.time - first.time)} wall time` : "";
   let body = chartsSection(records);
@@ -82,13 +91,18 @@ export function renderTrainReport(input: TrainReportInput): string {
   if (input.heldOut?.length) body += heldOutSection(input.heldOut);
   body += `<h2>Final values</h2><table><tr><th>metric</th><th>last</th><th>at step</th><th>min</th><th>max</th></tr>${finals.join("")}</table>\n`;
   if (input.config !== undefined) {
-    const cfg = typeof input.config === "object" && input.config !== null ? (input.config as Record<string, unknown>) : { config: input.config };
+    const cfg =
+      typeof input.config === "object" && input.config !== null ? (input.config as Record<string, unknown>) : { config: input.config };
     body += `<h2>Run config</h2>${keyValueTable(cfg)}\n`;
   }
   return page(input.title, span + minutes, body);
 }
 
-const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+const exists = (p: string) =>
+  fs.stat(p).then(
+    () => true,
+    () => false,
+  );
 
 /** Write `runDir/report.html` from the run's metrics.jsonl (and, when present, run.json's config,
  *  trajectories.jsonl's rollouts and eval.json's held-out samples). */
@@ -112,7 +126,9 @@ export async function writeReport(
   const trajectories = path.join(runDir, "trajectories.jsonl");
   const c = (config ?? {}) as { scaleRewards?: unknown; scale_rewards?: unknown };
   const scale = (c.scaleRewards ?? c.scale_rewards) === "none" ? "none" : "group"; // as training computed them
-  const rollouts = (await exists(trajectories)) ? await readRolloutSample(trajectories, { limits: opts.rollouts, scaleRewards: scale }) : undefined;
+  const rollouts = (await exists(trajectories))
+    ? await readRolloutSample(trajectories, { limits: opts.rollouts, scaleRewards: scale })
+    : undefined;
   const heldOut = await readHeldOut(path.join(runDir, "eval.json"));
   const file = path.join(runDir, "report.html");
   await writeFileAtomic(file, renderTrainReport({ title: opts.title, records, config, extra: opts.extra, rollouts, heldOut }));
@@ -160,11 +176,18 @@ export interface EvalSummary {
 
 /** Horizontal bars of accuracy with 95% Wilson whiskers, one row per evaluated model. */
 function accuracyBarsSvg(rows: EvalRow[]): string {
-  const rowH = 26, left = 170, right = 60, width = 560, top = 10, height = top + rows.length * rowH + 26;
+  const rowH = 26,
+    left = 170,
+    right = 60,
+    width = 560,
+    top = 10,
+    height = top + rows.length * rowH + 26;
   const px = (v: number) => left + v * (width - left - right);
   const out = [`<svg class="chart" viewBox="0 0 ${width} ${height}" width="${width}" height="${height}" role="img" aria-label="accuracy">`];
   for (const t of [0, 0.25, 0.5, 0.75, 1]) {
-    out.push(`<line x1="${px(t)}" x2="${px(t)}" y1="${top}" y2="${height - 22}" class="g"/><text x="${px(t)}" y="${height - 8}" class="xl">${t * 100}%</text>`);
+    out.push(
+      `<line x1="${px(t)}" x2="${px(t)}" y1="${top}" y2="${height - 22}" class="g"/><text x="${px(t)}" y="${height - 8}" class="xl">${t * 100}%</text>`,
+    );
   }
   rows.forEach((r, i) => {
     const ci = r.interval ?? wilsonInterval(r.correct, r.n);
@@ -173,8 +196,11 @@ function accuracyBarsSvg(rows: EvalRow[]): string {
     out.push(`<text x="${left - 8}" y="${y + 17}" class="yl">${escapeHtml(name)}</text>`);
     out.push(`<rect x="${left}" y="${y + 5}" width="${(px(ci.value) - left).toFixed(1)}" height="${rowH - 10}" class="bar"/>`);
     out.push(`<line x1="${px(ci.lo).toFixed(1)}" x2="${px(ci.hi).toFixed(1)}" y1="${y + rowH / 2}" y2="${y + rowH / 2}" class="ci"/>`);
-    for (const v of [ci.lo, ci.hi]) out.push(`<line x1="${px(v).toFixed(1)}" x2="${px(v).toFixed(1)}" y1="${y + 8}" y2="${y + rowH - 8}" class="ci"/>`);
-    out.push(`<text x="${(px(ci.hi) + 6).toFixed(1)}" y="${y + 17}" class="yl" text-anchor="start" style="text-anchor:start">${(ci.value * 100).toFixed(1)}%</text>`);
+    for (const v of [ci.lo, ci.hi])
+      out.push(`<line x1="${px(v).toFixed(1)}" x2="${px(v).toFixed(1)}" y1="${y + 8}" y2="${y + rowH - 8}" class="ci"/>`);
+    out.push(
+      `<text x="${(px(ci.hi) + 6).toFixed(1)}" y="${y + 17}" class="yl" text-anchor="start" style="text-anchor:start">${(ci.value * 100).toFixed(1)}%</text>`,
+    );
   });
   out.push(`</svg>`);
   return out.join("");
@@ -188,10 +214,13 @@ export function renderEvalReport(summary: EvalSummary): string {
   const rows = summary.rows.map((r) => {
     const ci = r.interval ?? wilsonInterval(r.correct, r.n);
     const pct = (v: number) => `${(v * 100).toFixed(1)}%`;
-    return `<tr><th>${escapeHtml(r.name)}</th><td class="n">${r.n}</td><td class="n">${r.correct}</td><td class="n">${pct(ci.value)}</td>` +
+    return (
+      `<tr><th>${escapeHtml(r.name)}</th><td class="n">${r.n}</td><td class="n">${r.correct}</td><td class="n">${pct(ci.value)}</td>` +
       `<td class="n">${pct(ci.lo)} – ${pct(ci.hi)}</td>` +
       ks.map((k) => (r.passAtK?.[k] === undefined ? "<td></td>" : `<td class="n">${pct(r.passAtK[k])}</td>`)).join("") +
-      extraCols.map((c) => (r.extra?.[c] === undefined ? "<td></td>" : cell(r.extra[c]))).join("") + `</tr>`;
+      extraCols.map((c) => (r.extra?.[c] === undefined ? "<td></td>" : cell(r.extra[c]))).join("") +
+      `</tr>`
+    );
   });
   let body = summary.rows.length ? accuracyBarsSvg(summary.rows) : "<p>No evaluations.</p>";
   body += `\n<h2>Results</h2><table><tr>${head.map((h) => `<th>${escapeHtml(h)}</th>`).join("")}</tr>${rows.join("")}</table>\n`;

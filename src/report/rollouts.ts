@@ -100,7 +100,8 @@ function view(rec: Record<string, unknown>): RolloutView {
   const mask = Array.isArray(rec.lossMask) ? (rec.lossMask as number[]) : [];
   const ids = Array.isArray(rec.completionIds) ? rec.completionIds.length : 0;
   const comps: Record<string, number> = {};
-  for (const [k, v] of Object.entries((rec.rewardComponents as Record<string, unknown>) ?? {})) if (asNum(v) !== null) comps[k] = v as number;
+  for (const [k, v] of Object.entries((rec.rewardComponents as Record<string, unknown>) ?? {}))
+    if (asNum(v) !== null) comps[k] = v as number;
   return {
     step: rec.step as number,
     promptIndex: asNum(rec.promptIndex) ?? 0,
@@ -121,7 +122,10 @@ function view(rec: Record<string, unknown>): RolloutView {
 
 /** Read the sample the browser shows from a trajectories.jsonl (streamed twice: steps, then the
  *  chosen steps' lines). Advantages are recomputed from each whole group's rewards as training did. */
-export async function readRolloutSample(file: string, opts: { limits?: Partial<RolloutLimits>; scaleRewards?: "group" | "none" } = {}): Promise<RolloutSample> {
+export async function readRolloutSample(
+  file: string,
+  opts: { limits?: Partial<RolloutLimits>; scaleRewards?: "group" | "none" } = {},
+): Promise<RolloutSample> {
   const limits = { ...ROLLOUT_LIMITS, ...opts.limits };
   const seen = new Set<number>();
   for await (const line of lines(file)) {
@@ -147,24 +151,29 @@ export async function readRolloutSample(file: string, opts: { limits?: Partial<R
     const groups = byStep.get(s) ?? byStep.set(s, new Map()).get(s)!;
     (groups.get(v.promptIndex) ?? groups.set(v.promptIndex, []).get(v.promptIndex)!).push(v);
   }
-  const steps = [...chosen].sort((a, b) => a - b).map((step) => {
-    const groups = [...(byStep.get(step) ?? new Map<number, RolloutView[]>()).entries()].sort((a, b) => a[0] - b[0]).map(([, g]) => {
-      g.sort((a, b) => a.sampleIndex - b.sampleIndex);
-      if (g.every((r) => r.reward !== null)) {
-        const adv = groupAdvantages([g.map((r) => r.reward!)], opts.scaleRewards ?? "group")[0];
-        g.forEach((r, i) => (r.advantage = adv[i]));
-      }
-      return g;
+  const steps = [...chosen]
+    .sort((a, b) => a - b)
+    .map((step) => {
+      const groups = [...(byStep.get(step) ?? new Map<number, RolloutView[]>()).entries()]
+        .sort((a, b) => a[0] - b[0])
+        .map(([, g]) => {
+          g.sort((a, b) => a.sampleIndex - b.sampleIndex);
+          if (g.every((r) => r.reward !== null)) {
+            const adv = groupAdvantages([g.map((r) => r.reward!)], opts.scaleRewards ?? "group")[0];
+            g.forEach((r, i) => (r.advantage = adv[i]));
+          }
+          return g;
+        });
+      return { step, groups };
     });
-    return { step, groups };
-  });
   return { allSteps, groupsPerStep, steps, limits };
 }
 
 /** Indexes of the best and worst rollout (first of equals); null when all rewards are equal. */
 function extremes(g: RolloutView[]): { best: number; worst: number } | null {
   const r = g.map((x) => x.reward ?? -Infinity);
-  const hi = Math.max(...r), lo = Math.min(...r);
+  const hi = Math.max(...r),
+    lo = Math.min(...r);
   if (hi === lo) return null;
   return { best: r.indexOf(hi), worst: r.indexOf(lo) };
 }
@@ -180,12 +189,16 @@ const fmt = (v: number | null, d = 3) => (v === null ? "–" : formatNumber(v, d
 const signed = (v: number | null) => (v === null ? "–" : (v > 0 ? "+" : "") + formatNumber(v, 3));
 
 function rolloutCard(r: RolloutView, mark: "best" | "worst" | "", maxChars: number): string {
-  const comps = Object.entries(r.components).map(([k, v]) => `${escapeHtml(k)} ${fmt(v)}`).join(", ");
+  const comps = Object.entries(r.components)
+    .map(([k, v]) => `${escapeHtml(k)} ${fmt(v)}`)
+    .join(", ");
   const tags: string[] = [];
   if (mark) tags.push(`<span class="tag ${mark === "best" ? "ok" : "bad"}">${mark}</span>`);
-  if (r.toolErrors + r.parseErrors > 0) tags.push(`<span class="tag bad">${r.toolErrors + r.parseErrors} tool error${r.toolErrors + r.parseErrors === 1 ? "" : "s"}</span>`);
+  if (r.toolErrors + r.parseErrors > 0)
+    tags.push(`<span class="tag bad">${r.toolErrors + r.parseErrors} tool error${r.toolErrors + r.parseErrors === 1 ? "" : "s"}</span>`);
   if (r.finishReason && r.finishReason !== "stop") tags.push(`<span class="tag warn">${escapeHtml(r.finishReason)}</span>`);
-  const meta = `${tags.join("")}#${r.sampleIndex} · reward <b>${fmt(r.reward)}</b>${comps ? ` (${comps})` : ""} · advantage ${signed(r.advantage)}` +
+  const meta =
+    `${tags.join("")}#${r.sampleIndex} · reward <b>${fmt(r.reward)}</b>${comps ? ` (${comps})` : ""} · advantage ${signed(r.advantage)}` +
     ` · ${r.tokens} tokens (${r.sampled} sampled, ${r.tokens - r.sampled} forced) · ${r.toolCalls} tool call${r.toolCalls === 1 ? "" : "s"}`;
   return `<div class="ro${mark ? " " + mark : ""}"><div class="meta">${meta}</div>${renderTurns(r.turns, { maxChars, source: "trajectories.jsonl" })}</div>`;
 }
@@ -198,8 +211,10 @@ function groupHtml(g: RolloutView[], limits: RolloutLimits): string {
   const note = ex ? "" : ` · <span class="tag warn">all rewards equal: no learning signal</span>`;
   const more = shown.length < g.length ? ` · ${shown.length} of ${g.length} rollouts shown` : "";
   const cards = shown.map((i) => rolloutCard(g[i], ex?.best === i ? "best" : ex?.worst === i ? "worst" : "", limits.maxChars));
-  return `<div class="group"><div class="meta">question ${g[0].promptIndex + 1} · ${g.length} rollouts · mean reward ${fmt(mean)}${note}${more}</div>` +
-    `<div class="q">${escapeHtml(g[0].question)}</div><div class="rollouts">${cards.join("")}</div></div>`;
+  return (
+    `<div class="group"><div class="meta">question ${g[0].promptIndex + 1} · ${g.length} rollouts · mean reward ${fmt(mean)}${note}${more}</div>` +
+    `<div class="q">${escapeHtml(g[0].question)}</div><div class="rollouts">${cards.join("")}</div></div>`
+  );
 }
 
 /** The browser section: one <details> per chosen step, first, middle and last open. */
@@ -208,10 +223,14 @@ export function renderRolloutBrowser(sample: RolloutSample): string {
   if (steps.length === 0) return `<h2>Rollouts</h2><p class="sub">No rollouts logged (trajectories.jsonl is empty).</p>`;
   const open = new Set(pickSteps(allSteps, 3));
   const g = Math.min(limits.maxGroups, sample.groupsPerStep);
-  const intro = `Steps ${steps.map((s) => s.step).join(", ")} of ${allSteps.length} logged; questions 1–${g} of ${sample.groupsPerStep} per step; ` +
+  const intro =
+    `Steps ${steps.map((s) => s.step).join(", ")} of ${allSteps.length} logged; questions 1–${g} of ${sample.groupsPerStep} per step; ` +
     `up to ${limits.maxRollouts} rollouts per question (best and worst always) and ${limits.maxChars} characters per rollout. Everything is in trajectories.jsonl.`;
   const sections = steps.map(({ step, groups }) => {
-    const rs = groups.flat().map((r) => r.reward).filter((v): v is number => v !== null);
+    const rs = groups
+      .flat()
+      .map((r) => r.reward)
+      .filter((v): v is number => v !== null);
     const mean = rs.length ? formatNumber(rs.reduce((a, b) => a + b, 0) / rs.length, 3) : "–";
     return `<details${open.has(step) ? " open" : ""}><summary>step ${step} · mean reward of the questions shown ${mean}</summary>${groups.map((gr) => groupHtml(gr, limits)).join("")}</details>`;
   });

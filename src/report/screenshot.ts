@@ -16,10 +16,18 @@ export async function findChromium(given?: string): Promise<string> {
   for (const dir of (process.env.PATH ?? "").split(path.delimiter)) {
     for (const name of CHROMIUM_NAMES) {
       const p = path.join(dir, name);
-      if (await fs.access(p, fs.constants?.X_OK ?? 1).then(() => true, () => false)) return p;
+      if (
+        await fs.access(p, fs.constants?.X_OK ?? 1).then(
+          () => true,
+          () => false,
+        )
+      )
+        return p;
     }
   }
-  throw new Error(`no Chromium found on PATH (looked for ${CHROMIUM_NAMES.join(", ")}); on Debian: apt-get install chromium, or pass --chromium <path>`);
+  throw new Error(
+    `no Chromium found on PATH (looked for ${CHROMIUM_NAMES.join(", ")}); on Debian: apt-get install chromium, or pass --chromium <path>`,
+  );
 }
 
 export interface ScreenshotOptions {
@@ -49,9 +57,19 @@ export async function screenshot(htmlFile: string, pngFile: string, o: Screensho
   await fs.mkdir(path.dirname(out), { recursive: true });
   await fs.rm(out, { force: true });
   const args = [
-    "--headless", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--hide-scrollbars", "--force-device-scale-factor=1",
-    `--user-data-dir=${profile}`, `--window-size=${o.width},${o.height}`, `--screenshot=${out}`, url,
+    "--headless",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--force-device-scale-factor=1",
+    `--user-data-dir=${profile}`,
+    `--window-size=${o.width},${o.height}`,
+    `--screenshot=${out}`,
+    url,
   ];
   // Chromium's sandbox refuses to start as root (containers, CI); it is only reading our own file.
   if (process.getuid?.() === 0) args.unshift("--no-sandbox");
@@ -65,8 +83,12 @@ export async function screenshot(htmlFile: string, pngFile: string, o: Screensho
       child.on("error", (err) => (clearTimeout(timer), reject(new Error(`${o.chromium}: ${err.message}`))));
       child.on("close", (c) => (clearTimeout(timer), resolve(c)));
     });
-    const made = await fs.stat(out).then((s) => s.size > 0, () => false);
-    if (code !== 0 || !made) throw new Error(`${o.chromium} exited ${code} without writing ${out}: ${log.join("").trim().split("\n").slice(-3).join(" | ")}`);
+    const made = await fs.stat(out).then(
+      (s) => s.size > 0,
+      () => false,
+    );
+    if (code !== 0 || !made)
+      throw new Error(`${o.chromium} exited ${code} without writing ${out}: ${log.join("").trim().split("\n").slice(-3).join(" | ")}`);
   } finally {
     await fs.rm(profile, { recursive: true, force: true });
   }

@@ -35,17 +35,24 @@ export function renderTurns(turns: readonly TurnRecord[], opts: { maxChars?: num
   const out: string[] = [];
   for (const turn of turns ?? []) {
     const text = budget.take(String(turn.text ?? ""));
-    out.push(`<span class="turn">${markCalls(text)}${turn.ended === false ? `<span class="cut"> [token budget ran out]</span>` : ""}</span>`);
+    out.push(
+      `<span class="turn">${markCalls(text)}${turn.ended === false ? `<span class="cut"> [token budget ran out]</span>` : ""}</span>`,
+    );
     for (const c of turn.toolCalls ?? []) {
       const result = budget.take(String(c.result ?? ""));
-      out.push(`<span class="res${c.error ? " err" : ""}" title="forced tokens: the tool's answer, not sampled">${escapeHtml(String(c.name ?? "?"))} → ${escapeHtml(result)}</span>`);
+      out.push(
+        `<span class="res${c.error ? " err" : ""}" title="forced tokens: the tool's answer, not sampled">${escapeHtml(String(c.name ?? "?"))} → ${escapeHtml(result)}</span>`,
+      );
     }
-    for (const e of turn.parseErrors ?? []) out.push(`<span class="res perr">tool call not parsed: ${escapeHtml(budget.take(String(e)))}</span>`);
+    for (const e of turn.parseErrors ?? [])
+      out.push(`<span class="res perr">tool call not parsed: ${escapeHtml(budget.take(String(e)))}</span>`);
     // An environment's answer to this turn's action (runs with an environment instead of tools).
     const env = turn as { observation?: unknown; reward?: unknown };
     if (typeof env.observation === "string") {
       const r = typeof env.reward === "number" ? ` (reward ${env.reward})` : "";
-      out.push(`<span class="res" title="forced tokens: what the environment answered, not sampled">observation${escapeHtml(r)} → ${escapeHtml(budget.take(env.observation))}</span>`);
+      out.push(
+        `<span class="res" title="forced tokens: what the environment answered, not sampled">observation${escapeHtml(r)} → ${escapeHtml(budget.take(env.observation))}</span>`,
+      );
     }
   }
   return `<pre class="tx">${out.join("")}${cutNote(budget.omitted, opts.source ?? "the log")}</pre>`;

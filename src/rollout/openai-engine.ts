@@ -7,7 +7,10 @@
  *  field. Leaves out: the turn loop and tools (remote-rollout.ts). */
 
 export class EngineError extends Error {
-  constructor(message: string, readonly kind: "unreachable" | "http" | "malformed" | "timeout") {
+  constructor(
+    message: string,
+    readonly kind: "unreachable" | "http" | "malformed" | "timeout",
+  ) {
     super(message);
     this.name = "EngineError";
   }
@@ -42,7 +45,10 @@ const isObj = (v: unknown): v is Json => typeof v === "object" && v !== null && 
 export class EngineClient {
   readonly base: string;
 
-  constructor(readonly o: EngineClientOptions, public vocabSize: number) {
+  constructor(
+    readonly o: EngineClientOptions,
+    public vocabSize: number,
+  ) {
     this.base = o.url.replace(/\/+$/, "").replace(/\/v1$/, "");
   }
 
@@ -64,7 +70,10 @@ export class EngineClient {
       } catch (err) {
         const e = err as Error & { cause?: { code?: string; message?: string } };
         if (e.name === "TimeoutError" || e.name === "AbortError")
-          throw new EngineError(`rollout engine ${url}: no complete answer within ${this.o.timeoutMs / 1000} s (--rollout_timeout)`, "timeout");
+          throw new EngineError(
+            `rollout engine ${url}: no complete answer within ${this.o.timeoutMs / 1000} s (--rollout_timeout)`,
+            "timeout",
+          );
         const code = e.cause?.code ?? "";
         if (attempt === 0 && STALE_SOCKET.has(code)) continue;
         throw new EngineError(`rollout engine ${url}: cannot be reached (${code || e.cause?.message || e.message})`, "unreachable");
@@ -79,7 +88,10 @@ export class EngineClient {
     try {
       v = JSON.parse(text);
     } catch {
-      throw new EngineError(`rollout engine ${this.base}/v1/${route}: the answer is not JSON (${text.length} bytes: ${JSON.stringify(text.slice(0, 60))})`, "malformed");
+      throw new EngineError(
+        `rollout engine ${this.base}/v1/${route}: the answer is not JSON (${text.length} bytes: ${JSON.stringify(text.slice(0, 60))})`,
+        "malformed",
+      );
     }
     if (!isObj(v)) throw new EngineError(`rollout engine ${this.base}/v1/${route}: the answer is not a JSON object`, "malformed");
     return v;
@@ -97,19 +109,31 @@ export class EngineClient {
 
   async loadAdapter(name: string, dir: string): Promise<void> {
     const { status, text } = await this.request("POST", "load_lora_adapter", { lora_name: name, lora_path: dir });
-    if (status !== 200) throw new EngineError(`rollout engine ${this.base}/v1/load_lora_adapter ${name}: HTTP ${status}: ${errorText(text)}`, "http");
+    if (status !== 200)
+      throw new EngineError(`rollout engine ${this.base}/v1/load_lora_adapter ${name}: HTTP ${status}: ${errorText(text)}`, "http");
   }
 
   async unloadAdapter(name: string): Promise<void> {
     const { status, text } = await this.request("POST", "unload_lora_adapter", { lora_name: name });
-    if (status !== 200) throw new EngineError(`rollout engine ${this.base}/v1/unload_lora_adapter ${name}: HTTP ${status}: ${errorText(text)}`, "http");
+    if (status !== 200)
+      throw new EngineError(`rollout engine ${this.base}/v1/unload_lora_adapter ${name}: HTTP ${status}: ${errorText(text)}`, "http");
   }
 
   /** One continuation of a token-id prompt. */
   async complete(model: string, prompt: number[], p: CompletionParams): Promise<EngineCompletion> {
     const v = await this.json("POST", "completions", {
-      model, prompt, max_tokens: p.maxTokens, temperature: p.temperature, top_p: p.topP, ...(p.topK > 0 ? { top_k: p.topK } : {}),
-      seed: p.seed, n: 1, logprobs: 0, stop_token_ids: p.stopTokenIds, return_tokens_as_token_ids: true, return_token_ids: true,
+      model,
+      prompt,
+      max_tokens: p.maxTokens,
+      temperature: p.temperature,
+      top_p: p.topP,
+      ...(p.topK > 0 ? { top_k: p.topK } : {}),
+      seed: p.seed,
+      n: 1,
+      logprobs: 0,
+      stop_token_ids: p.stopTokenIds,
+      return_tokens_as_token_ids: true,
+      return_token_ids: true,
       skip_special_tokens: false,
     });
     return parseCompletion(v, this.vocabSize);
@@ -123,11 +147,14 @@ function malformed(route: string, field: string, expected: string): EngineError 
 /** The one choice of a /v1/completions answer, checked: ids from token_ids (vLLM's return_token_ids)
  *  or else from the "token_id:N" names in logprobs.tokens; one log-prob per id. */
 export function parseCompletion(v: Json, vocabSize: number): EngineCompletion {
-  if (!Array.isArray(v.choices) || v.choices.length !== 1 || !isObj(v.choices[0])) throw malformed("completions", "choices", "a list of one choice");
+  if (!Array.isArray(v.choices) || v.choices.length !== 1 || !isObj(v.choices[0]))
+    throw malformed("completions", "choices", "a list of one choice");
   const c = v.choices[0];
-  if (c.finish_reason !== "stop" && c.finish_reason !== "length") throw malformed("completions", "choices[0].finish_reason", `"stop" or "length" (got ${JSON.stringify(c.finish_reason)})`);
+  if (c.finish_reason !== "stop" && c.finish_reason !== "length")
+    throw malformed("completions", "choices[0].finish_reason", `"stop" or "length" (got ${JSON.stringify(c.finish_reason)})`);
   const lp = c.logprobs;
-  if (!isObj(lp) || !Array.isArray(lp.token_logprobs)) throw malformed("completions", "choices[0].logprobs.token_logprobs", "a list (was logprobs asked for?)");
+  if (!isObj(lp) || !Array.isArray(lp.token_logprobs))
+    throw malformed("completions", "choices[0].logprobs.token_logprobs", "a list (was logprobs asked for?)");
   const isId = (x: unknown): x is number => Number.isInteger(x) && (x as number) >= 0 && (x as number) < vocabSize;
   let ids: number[];
   if (c.token_ids !== undefined && c.token_ids !== null) {
@@ -140,18 +167,29 @@ export function parseCompletion(v: Json, vocabSize: number): EngineCompletion {
     if (!Array.isArray(lp.tokens)) throw malformed("completions", "choices[0].logprobs.tokens", "a list");
     ids = lp.tokens.map((t, i) => {
       const m = typeof t === "string" ? /^token_id:(\d+)$/.exec(t) : null;
-      if (!m || !isId(Number(m[1]))) throw malformed("completions", `choices[0].logprobs.tokens[${i}]`, `"token_id:N" with N below ${vocabSize} (was return_tokens_as_token_ids honoured?)`);
+      if (!m || !isId(Number(m[1])))
+        throw malformed(
+          "completions",
+          `choices[0].logprobs.tokens[${i}]`,
+          `"token_id:N" with N below ${vocabSize} (was return_tokens_as_token_ids honoured?)`,
+        );
       return Number(m[1]);
     });
   }
   if (lp.token_logprobs.length !== ids.length)
-    throw malformed("completions", "choices[0].logprobs.token_logprobs", `one log-prob per token (${lp.token_logprobs.length} for ${ids.length} tokens)`);
+    throw malformed(
+      "completions",
+      "choices[0].logprobs.token_logprobs",
+      `one log-prob per token (${lp.token_logprobs.length} for ${ids.length} tokens)`,
+    );
   const logprobs = lp.token_logprobs.map((x, i) => {
     if (x === null) return NaN;
-    if (typeof x !== "number" || !(x <= 0)) throw malformed("completions", `choices[0].logprobs.token_logprobs[${i}]`, "a log-probability (a number <= 0)");
+    if (typeof x !== "number" || !(x <= 0))
+      throw malformed("completions", `choices[0].logprobs.token_logprobs[${i}]`, "a log-probability (a number <= 0)");
     return x;
   });
-  if (ids.length === 0 && c.finish_reason === "length") throw malformed("completions", "choices[0].token_ids", "non-empty when finish_reason is length");
+  if (ids.length === 0 && c.finish_reason === "length")
+    throw malformed("completions", "choices[0].token_ids", "non-empty when finish_reason is length");
   return { ids, logprobs, finishReason: c.finish_reason };
 }
 

@@ -17,7 +17,10 @@ import { stopTokenIds } from "./rollout.ts";
 import { ToolResponseRenderer, toolTurn } from "./tool-messages.ts";
 import type { FinishReason, RolloutConfig, Trajectory } from "./types.ts";
 
-export type RemoteRolloutConfig = Omit<RolloutConfig, "rng" | "envs" | "adapters" | "deviceSampling" | "compactFraction" | "onToken" | "signal"> & {
+export type RemoteRolloutConfig = Omit<
+  RolloutConfig,
+  "rng" | "envs" | "adapters" | "deviceSampling" | "compactFraction" | "onToken" | "signal"
+> & {
   /** Seeds the engine's draws: row r's turn k uses a seed derived from (seed, r, k). */
   seed: number;
   /** The model (adapter name) the engine generates with. */
@@ -25,25 +28,52 @@ export type RemoteRolloutConfig = Omit<RolloutConfig, "rng" | "envs" | "adapters
   maxPositions: number; // the trainer's model's context: prompt + budget must fit
 };
 
-export async function remoteRolloutGroups(engine: EngineClient, tokenizer: Tokenizer, prompts: ChatMessage[][], cfg: RemoteRolloutConfig): Promise<Trajectory[]> {
+export async function remoteRolloutGroups(
+  engine: EngineClient,
+  tokenizer: Tokenizer,
+  prompts: ChatMessage[][],
+  cfg: RemoteRolloutConfig,
+): Promise<Trajectory[]> {
   const tools = new Map<string, Tool>(cfg.tools.map((t) => [t.name, t]));
   const schemas = cfg.tools.map(toolSchema);
   const renderer = new ToolResponseRenderer(tokenizer);
   const stopIds = stopTokenIds(tokenizer);
   const promptIds = prompts.map((m) =>
-    tokenizer.encode(tokenizer.applyChatTemplate(m, { tools: (cfg.toolsInPrompt ?? true) && schemas.length > 0 ? schemas : undefined, addGenerationPrompt: true })));
+    tokenizer.encode(
+      tokenizer.applyChatTemplate(m, {
+        tools: (cfg.toolsInPrompt ?? true) && schemas.length > 0 ? schemas : undefined,
+        addGenerationPrompt: true,
+      }),
+    ),
+  );
   const longest = Math.max(...promptIds.map((p) => p.length));
   if (longest + cfg.maxNewTokens > cfg.maxPositions)
-    throw new Error(`longest prompt (${longest} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's max_position_embeddings ${cfg.maxPositions}`);
+    throw new Error(
+      `longest prompt (${longest} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's max_position_embeddings ${cfg.maxPositions}`,
+    );
 
-  const rows = promptIds.flatMap((ids, p) => Array.from({ length: cfg.samplesPerPrompt }, (_, g) => ({
-    traj: {
-      promptIndex: p, sampleIndex: g, promptIds: ids, completionIds: [], lossMask: [], sampleLogprobs: [], turns: [], finalText: "",
-      finishReason: "length", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0, numUnknownTools: 0,
-    } as Trajectory,
-    turn: 1,
-    done: false,
-  })));
+  const rows = promptIds.flatMap((ids, p) =>
+    Array.from({ length: cfg.samplesPerPrompt }, (_, g) => ({
+      traj: {
+        promptIndex: p,
+        sampleIndex: g,
+        promptIds: ids,
+        completionIds: [],
+        lossMask: [],
+        sampleLogprobs: [],
+        turns: [],
+        finalText: "",
+        finishReason: "length",
+        truncated: false,
+        numToolCalls: 0,
+        numToolErrors: 0,
+        numParseErrors: 0,
+        numUnknownTools: 0,
+      } as Trajectory,
+      turn: 1,
+      done: false,
+    })),
+  );
   type Row = (typeof rows)[number];
 
   const finish = (row: Row, reason: FinishReason, unfinished?: number[]) => {
@@ -82,30 +112,40 @@ export async function remoteRolloutGroups(engine: EngineClient, tokenizer: Token
   const stops = [...stopIds];
   while (rows.some((r) => !r.done)) {
     const live = rows.filter((r) => !r.done);
-    const outs = await Promise.all(live.map((row) =>
-      engine.complete(cfg.model, [...row.traj.promptIds, ...row.traj.completionIds], {
-        maxTokens: cfg.maxNewTokens - row.traj.completionIds.length, temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK,
-        seed: turnSeed(cfg.seed, rows.indexOf(row), row.turn), stopTokenIds: stops,
-      })));
-    await Promise.all(live.map(async (row, i) => {
-      const out = outs[i];
-      const room = cfg.maxNewTokens - row.traj.completionIds.length;
-      let ids = out.ids.slice(0, room), logprobs = out.logprobs.slice(0, room);
-      const cut = ids.findIndex((id) => stopIds.has(id)); // a turn ends at its first stop token
-      if (cut !== -1) [ids, logprobs] = [ids.slice(0, cut + 1), logprobs.slice(0, cut + 1)];
-      else if (out.finishReason === "stop" && ids.length < room) {
-        // An engine that stopped without returning its stop token: close the turn with eos (no log-prob).
-        ids = [...ids, tokenizer.eosTokenId];
-        logprobs = [...logprobs, NaN];
-      }
-      for (let k = 0; k < ids.length; k++) {
-        row.traj.completionIds.push(ids[k]);
-        row.traj.lossMask.push(1);
-        row.traj.sampleLogprobs.push(logprobs[k]);
-      }
-      if (stopIds.has(ids.at(-1)!)) return endTurn(row, ids);
-      finish(row, "length", ids); // the budget (or the context) ran out inside the turn
-    }));
+    const outs = await Promise.all(
+      live.map((row) =>
+        engine.complete(cfg.model, [...row.traj.promptIds, ...row.traj.completionIds], {
+          maxTokens: cfg.maxNewTokens - row.traj.completionIds.length,
+          temperature: cfg.temperature,
+          topP: cfg.topP,
+          topK: cfg.topK,
+          seed: turnSeed(cfg.seed, rows.indexOf(row), row.turn),
+          stopTokenIds: stops,
+        }),
+      ),
+    );
+    await Promise.all(
+      live.map(async (row, i) => {
+        const out = outs[i];
+        const room = cfg.maxNewTokens - row.traj.completionIds.length;
+        let ids = out.ids.slice(0, room),
+          logprobs = out.logprobs.slice(0, room);
+        const cut = ids.findIndex((id) => stopIds.has(id)); // a turn ends at its first stop token
+        if (cut !== -1) [ids, logprobs] = [ids.slice(0, cut + 1), logprobs.slice(0, cut + 1)];
+        else if (out.finishReason === "stop" && ids.length < room) {
+          // An engine that stopped without returning its stop token: close the turn with eos (no log-prob).
+          ids = [...ids, tokenizer.eosTokenId];
+          logprobs = [...logprobs, NaN];
+        }
+        for (let k = 0; k < ids.length; k++) {
+          row.traj.completionIds.push(ids[k]);
+          row.traj.lossMask.push(1);
+          row.traj.sampleLogprobs.push(logprobs[k]);
+        }
+        if (stopIds.has(ids.at(-1)!)) return endTurn(row, ids);
+        finish(row, "length", ids); // the budget (or the context) ran out inside the turn
+      }),
+    );
   }
   return rows.map((r) => r.traj);
 }

@@ -63,7 +63,10 @@ export function scoreRollout(
 export function parseRewardWeights(spec: string): Record<string, number> {
   const weights: Record<string, number> = Object.fromEntries(Object.keys(REWARD_COMPONENTS).map((n) => [n, 0]));
   const seen = new Set<string>();
-  for (const part of spec.split(",").map((p) => p.trim()).filter(Boolean)) {
+  for (const part of spec
+    .split(",")
+    .map((p) => p.trim())
+    .filter(Boolean)) {
     const m = /^([A-Za-z_]+)\s*=\s*(\S+)$/.exec(part);
     if (!m) throw new Error(`reward weight "${part}" is not NAME=NUMBER (e.g. "correctness=1,format=0.1")`);
     const [, name, value] = m;

@@ -77,11 +77,26 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     for (let g = 0; g < G; g++)
       rows.push({
         traj: {
-          promptIndex: p, sampleIndex: g, promptIds: promptIds[p], completionIds: [], lossMask: [], sampleLogprobs: [],
-          turns: [], finalText: "", finishReason: "length", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0, numUnknownTools: 0,
+          promptIndex: p,
+          sampleIndex: g,
+          promptIds: promptIds[p],
+          completionIds: [],
+          lossMask: [],
+          sampleLogprobs: [],
+          turns: [],
+          finalText: "",
+          finishReason: "length",
+          truncated: false,
+          numToolCalls: 0,
+          numToolErrors: 0,
+          numParseErrors: 0,
+          numUnknownTools: 0,
           ...(cfg.envs ? { envReward: 0 } : {}),
         },
-        forced: [], turnIds: [], turn: 1, done: false,
+        forced: [],
+        turnIds: [],
+        turn: 1,
+        done: false,
       });
 
   const finish = (row: Row, reason: FinishReason) => {
@@ -156,7 +171,9 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   const inputs = rows.map((r) => (r.done ? r.traj.promptIds.slice(-1) : r.traj.promptIds));
   const maxPrompt = Math.max(...inputs.map((p) => p.length));
   if (maxPrompt + cfg.maxNewTokens > context)
-    throw new Error(`longest prompt (${maxPrompt} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's max_position_embeddings ${context}`);
+    throw new Error(
+      `longest prompt (${maxPrompt} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's max_position_embeddings ${context}`,
+    );
   // Left-pad so every row's last prompt token sits at the same position.
   const pad = tokenizer.padTokenId;
   const ids = inputs.map((p) => [...new Array(maxPrompt - p.length).fill(pad), ...p]);
@@ -169,7 +186,9 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   const holdSteps = 2 * cfg.maxNewTokens;
   const signal = cfg.signal;
   let onAbort: (() => void) | undefined; // removed at the end: one signal serves a whole run's rollouts
-  const aborted = signal ? new Promise<void>((resolve) => signal.addEventListener("abort", (onAbort = () => resolve()), { once: true })) : null;
+  const aborted = signal
+    ? new Promise<void>((resolve) => signal.addEventListener("abort", (onAbort = () => resolve()), { once: true }))
+    : null;
 
   const prefill = model.prefill(ids, mask, { adapters });
   let logits: tf.Tensor2D | null = prefill.logits; // [cacheRows, V]
@@ -190,7 +209,9 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
         if (rows.every((r) => r.done)) break;
       }
       // Sample only for rows that are not reading forced tokens or waiting for their environment.
-      const samplers = cacheRows.map((r, pos) => (!rows[r].done && rows[r].forced.length === 0 && !pending.has(rows[r]) ? pos : -1)).filter((p) => p >= 0);
+      const samplers = cacheRows
+        .map((r, pos) => (!rows[r].done && rows[r].forced.length === 0 && !pending.has(rows[r]) ? pos : -1))
+        .filter((p) => p >= 0);
       const drawIndex = new Array<number>(cacheRows.length).fill(-1); // cache position → row of `drawn`
       samplers.forEach((pos, k) => (drawIndex[pos] = k));
       let drawn = null as Awaited<ReturnType<typeof sampleTokens>> | null;
@@ -209,22 +230,27 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       const feed: number[] = [];
       const hold: boolean[] = new Array<boolean>(cacheRows.length).fill(false);
       const closing: Row[] = [];
-      let nSampled = 0, nForced = 0;
+      let nSampled = 0,
+        nForced = 0;
       cacheRows.forEach((r, pos) => {
         const row = rows[r];
         if (row.done) return void feed.push(pad); // waits to be dropped from the cache; output ignored
-        if (pending.has(row) && row.forced.length === 0) return void feed.push(pad), void (hold[pos] = true); // reads nothing this step
+        if (pending.has(row) && row.forced.length === 0) return (void feed.push(pad), void (hold[pos] = true)); // reads nothing this step
         const t = row.traj;
         let tok: number;
         if (row.forced.length > 0) {
           tok = row.forced.shift()!;
-          t.completionIds.push(tok); t.lossMask.push(0); t.sampleLogprobs.push(0); // the tool or template wrote it
+          t.completionIds.push(tok);
+          t.lossMask.push(0);
+          t.sampleLogprobs.push(0); // the tool or template wrote it
           nForced++;
           cfg.onToken?.(r, tok, true);
         } else {
           const k = drawIndex[pos];
           tok = drawn!.tokens[k];
-          t.completionIds.push(tok); t.lossMask.push(1); t.sampleLogprobs.push(drawn!.logprobs[k]);
+          t.completionIds.push(tok);
+          t.lossMask.push(1);
+          t.sampleLogprobs.push(drawn!.logprobs[k]);
           row.turnIds.push(tok);
           nSampled++;
           cfg.onToken?.(r, tok, false);
@@ -235,7 +261,11 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
         if (closing[closing.length - 1] !== row && t.completionIds.length >= cfg.maxNewTokens) finish(row, "length");
       });
       if (cfg.envs) {
-        for (const row of closing) pending.set(row, endTurn(row).finally(() => pending.delete(row)));
+        for (const row of closing)
+          pending.set(
+            row,
+            endTurn(row).finally(() => pending.delete(row)),
+          );
         if (step >= holdSteps) await Promise.all(pending.values());
       } else await Promise.all(closing.map(endTurn));
 
@@ -249,7 +279,11 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       if (cacheRows.length - keep.length >= Math.max(1, compactFraction * cacheRows.length)) {
         cache.select(keep);
         cacheRows = keep.map((p) => cacheRows[p]);
-        logits = model.decodeStep(keep.map((p) => feed[p]), cache, { adapters, ...held(keep) });
+        logits = model.decodeStep(
+          keep.map((p) => feed[p]),
+          cache,
+          { adapters, ...held(keep) },
+        );
       } else {
         logits = model.decodeStep(feed, cache, { adapters, ...held(feed.map((_, p) => p)) });
       }
@@ -275,7 +309,9 @@ function checkConfig(prompts: ChatMessage[][], cfg: RolloutConfig): void {
   const f = cfg.compactFraction ?? 0.25;
   if (!(f > 0 && f <= 1)) throw new Error(`compactFraction ${f} is invalid; accepted: a number in (0, 1]`);
   if (cfg.envs && cfg.envs.length !== prompts.length * cfg.samplesPerPrompt)
-    throw new Error(`envs: ${cfg.envs.length} environments for ${prompts.length} prompts × ${cfg.samplesPerPrompt} samples; one per row is needed`);
+    throw new Error(
+      `envs: ${cfg.envs.length} environments for ${prompts.length} prompts × ${cfg.samplesPerPrompt} samples; one per row is needed`,
+    );
   const names = cfg.tools.map((t) => t.name);
   const dup = names.find((n, i) => names.indexOf(n) !== i);
   if (dup !== undefined) throw new Error(`tool name "${dup}" appears twice; accepted: unique tool names`);

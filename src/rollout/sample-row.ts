@@ -78,11 +78,22 @@ export function uniformFor(params: SamplingParams, rng: { next(): number }): num
 }
 
 /** Draw one token from a whole row with the uniform `u` (see uniformFor), walking `walk` order. */
-export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingParams, u: number, scratch = new Scratch(row.length), walk: Walk = "id"): RowDraw {
+export function sampleRow(
+  row: Float32Array<ArrayBufferLike>,
+  params: SamplingParams,
+  u: number,
+  scratch = new Scratch(row.length),
+  walk: Walk = "id",
+): RowDraw {
   const V = row.length;
   const T = params.temperature === 0 ? 1 : params.temperature;
-  let max = -Infinity, argmax = 0;
-  for (let j = 0; j < V; j++) if (row[j] > max) { max = row[j]; argmax = j; } // strict >: lowest id on ties
+  let max = -Infinity,
+    argmax = 0;
+  for (let j = 0; j < V; j++)
+    if (row[j] > max) {
+      max = row[j];
+      argmax = j;
+    } // strict >: lowest id on ties
   if (!Number.isFinite(max)) throw new NonFiniteError("the largest logit of a sampled row", max); // weights blew up (learning rate) or bad input
   const topP = params.topP ?? 1;
   const topK = Math.min(params.topK ?? 0, V);
@@ -94,9 +105,12 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
     bucketMass.fill(0);
     for (let j = 0; j < V; j++) {
       const z = (row[j] - max) / T; // weightOf, inlined to bucket in the same pass
-      if (!(z > NEGLIGIBLE)) { e[j] = 0; continue; }
+      if (!(z > NEGLIGIBLE)) {
+        e[j] = 0;
+        continue;
+      }
       sum += e[j] = Math.exp(z);
-      bucketMass[bucket[j] = Math.min(BUCKETS - 1, Math.floor(-z * PER_UNIT))] += e[j];
+      bucketMass[(bucket[j] = Math.min(BUCKETS - 1, Math.floor(-z * PER_UNIT)))] += e[j];
     }
   } else {
     for (let j = 0; j < V; j++) {
@@ -110,7 +124,11 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
 
   if (topK > 0) {
     const cand = topIndices(row, topK, scratch.copy); // rank order (both walks)
-    const { index, mass } = drawPrefix(cand.map((j) => e[j]), topP, u)!; // whole: never null
+    const { index, mass } = drawPrefix(
+      cand.map((j) => e[j]),
+      topP,
+      u,
+    )!; // whole: never null
     return { token: cand[index], logprob: Math.log(e[cand[index]] / mass) };
   }
   if (ranked) {
@@ -122,7 +140,8 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
   if (topP === 1) {
     // Inverse CDF over the whole vocabulary in id order.
     const target = u * sum;
-    let acc = 0, tok = argmax;
+    let acc = 0,
+      tok = argmax;
     for (let j = 0; j < V; j++) {
       if (e[j] === 0) continue;
       acc += e[j];
@@ -139,10 +158,14 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
   const kept: number[] = [];
   for (let j = 0; j < V; j++) {
     if (row[j] > value) kept.push(j);
-    else if (row[j] === value && mass < need) { kept.push(j); mass += e[j]; }
+    else if (row[j] === value && mass < need) {
+      kept.push(j);
+      mass += e[j];
+    }
   }
   const target = u * mass;
-  let acc = 0, i = 0;
+  let acc = 0,
+    i = 0;
   for (; i < kept.length - 1; i++) {
     acc += e[kept[i]];
     if (target < acc) break;
@@ -155,34 +178,65 @@ export function sampleRow(row: Float32Array<ArrayBufferLike>, params: SamplingPa
 /** The value v of the last token the nucleus needs (tokens sorted by value descending): the mass of
  *  values > v is below `need`, of values >= v reaches it. Returns v and the mass strictly above it.
  *  Three-way quickselect over indices (`idx`, scratch of length V), weighted by e; linear on average. */
-function nucleusBoundary(row: Float32Array<ArrayBufferLike>, e: Float64Array, need: number, idx: Uint32Array): { value: number; before: number } {
+function nucleusBoundary(
+  row: Float32Array<ArrayBufferLike>,
+  e: Float64Array,
+  need: number,
+  idx: Uint32Array,
+): { value: number; before: number } {
   let n = 0;
   for (let j = 0; j < row.length; j++) if (e[j] > 0) idx[n++] = j; // zero-mass tokens are never needed
-  let lo = 0, hi = n - 1, before = 0;
+  let lo = 0,
+    hi = n - 1,
+    before = 0;
   for (;;) {
     const mid = (lo + hi) >>> 1;
-    const x = row[idx[lo]], y = row[idx[mid]], z = row[idx[hi]];
-    const pivot = x > y ? (y > z ? y : x > z ? z : x) : (x > z ? x : y > z ? z : y);
+    const x = row[idx[lo]],
+      y = row[idx[mid]],
+      z = row[idx[hi]];
+    const pivot = x > y ? (y > z ? y : x > z ? z : x) : x > z ? x : y > z ? z : y;
     // Partition descending: [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot.
-    let lt = lo, i = lo, gt = hi, massGt = 0, massEq = 0;
+    let lt = lo,
+      i = lo,
+      gt = hi,
+      massGt = 0,
+      massEq = 0;
     while (i <= gt) {
-      const id = idx[i], v = row[id];
-      if (v > pivot) { idx[i] = idx[lt]; idx[lt] = id; lt++; i++; massGt += e[id]; }
-      else if (v < pivot) { idx[i] = idx[gt]; idx[gt] = id; gt--; }
-      else { i++; massEq += e[id]; }
+      const id = idx[i],
+        v = row[id];
+      if (v > pivot) {
+        idx[i] = idx[lt];
+        idx[lt] = id;
+        lt++;
+        i++;
+        massGt += e[id];
+      } else if (v < pivot) {
+        idx[i] = idx[gt];
+        idx[gt] = id;
+        gt--;
+      } else {
+        i++;
+        massEq += e[id];
+      }
     }
-    if (before + massGt >= need && lt > lo) hi = lt - 1; // the boundary is among the larger values
+    if (before + massGt >= need && lt > lo)
+      hi = lt - 1; // the boundary is among the larger values
     else if (before + massGt + massEq >= need || gt >= hi) return { value: pivot, before: before + massGt };
-    else { before += massGt + massEq; lo = gt + 1; }
+    else {
+      before += massGt + massEq;
+      lo = gt + 1;
+    }
   }
 }
 
 /** The token at which rank order's cumulative mass crosses `need` (exceeds it when strict, a draw;
  *  reaches it otherwise, a nucleus) and the cumulative mass through that token. */
 function crossing(row: Float32Array<ArrayBufferLike>, need: number, strict: boolean, scratch: Scratch): { token: number; through: number } {
-  const e = scratch.e, { bucket, bucketMass } = scratch.rank;
+  const e = scratch.e,
+    { bucket, bucketMass } = scratch.rank;
   const crosses = (m: number) => (strict ? m > need : m >= need);
-  let b = 0, before = 0;
+  let b = 0,
+    before = 0;
   while (b < BUCKETS - 1 && !crosses(before + bucketMass[b])) before += bucketMass[b++];
   while (b > 0 && bucketMass[b] === 0) before -= bucketMass[--b]; // float round-off ran past the last token with mass
   const ids: number[] = [];
@@ -227,7 +281,11 @@ export function drawPrefix(w: ArrayLike<number>, topP: number, u: number, total?
 }
 
 /** Indices of the k largest values in rank order (value descending, lower id first among ties). */
-export function topIndices(row: Float32Array<ArrayBufferLike>, k: number, copy: Float32Array<ArrayBufferLike> = new Float32Array(row.length)): number[] {
+export function topIndices(
+  row: Float32Array<ArrayBufferLike>,
+  k: number,
+  copy: Float32Array<ArrayBufferLike> = new Float32Array(row.length),
+): number[] {
   const V = row.length;
   let kth: number;
   if (k >= V) kth = -Infinity;
@@ -235,7 +293,8 @@ export function topIndices(row: Float32Array<ArrayBufferLike>, k: number, copy: 
     copy.set(row);
     kth = kthLargest(copy, k);
   }
-  const above: number[] = [], equal: number[] = [];
+  const above: number[] = [],
+    equal: number[] = [];
   for (let j = 0; j < V; j++) {
     if (row[j] > kth) above.push(j);
     else if (row[j] === kth && equal.length < k) equal.push(j);
@@ -248,19 +307,32 @@ export function topIndices(row: Float32Array<ArrayBufferLike>, k: number, copy: 
 /** The k-th largest value (1-based), by three-way quickselect in place; linear on average, and ties
  *  (flat rows) cost nothing extra. Median-of-three pivots keep it deterministic. */
 function kthLargest(a: Float32Array<ArrayBufferLike>, k: number): number {
-  let lo = 0, hi = a.length - 1, want = k - 1; // index in descending order
+  let lo = 0,
+    hi = a.length - 1,
+    want = k - 1; // index in descending order
   for (;;) {
     if (lo >= hi) return a[lo];
     const mid = (lo + hi) >>> 1;
-    const x = a[lo], y = a[mid], z = a[hi];
-    const pivot = x > y ? (y > z ? y : x > z ? z : x) : (x > z ? x : y > z ? z : y);
+    const x = a[lo],
+      y = a[mid],
+      z = a[hi];
+    const pivot = x > y ? (y > z ? y : x > z ? z : x) : x > z ? x : y > z ? z : y;
     // Partition descending: [lo, lt) > pivot, [lt, i) == pivot, (gt, hi] < pivot.
-    let lt = lo, i = lo, gt = hi;
+    let lt = lo,
+      i = lo,
+      gt = hi;
     while (i <= gt) {
       const v = a[i];
-      if (v > pivot) { a[i] = a[lt]; a[lt] = v; lt++; i++; }
-      else if (v < pivot) { a[i] = a[gt]; a[gt] = v; gt--; }
-      else i++;
+      if (v > pivot) {
+        a[i] = a[lt];
+        a[lt] = v;
+        lt++;
+        i++;
+      } else if (v < pivot) {
+        a[i] = a[gt];
+        a[gt] = v;
+        gt--;
+      } else i++;
     }
     if (want < lt) hi = lt - 1;
     else if (want > gt) lo = gt + 1;

@@ -29,7 +29,17 @@
 import * as tf from "@tensorflow/tfjs";
 import { backendProfile } from "../engine/profile.ts";
 import type { Rng } from "../util/rng.ts";
-import { checkSamplingParams, drawPrefix, sampleRow, Scratch, uniformFor, weightOf, type RowDraw, type SamplingParams, type Walk } from "./sample-row.ts";
+import {
+  checkSamplingParams,
+  drawPrefix,
+  sampleRow,
+  Scratch,
+  uniformFor,
+  weightOf,
+  type RowDraw,
+  type SamplingParams,
+  type Walk,
+} from "./sample-row.ts";
 
 export { checkSamplingParams, sampleRow, topIndices, type SamplingParams, type Walk } from "./sample-row.ts";
 
@@ -62,7 +72,9 @@ export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, 
   const [B, V] = logits.shape;
   const us = Array.from({ length: B }, () => uniformFor(params, rng)); // row order, as the host path draws
   const onDevice = opts.onDevice ?? backendProfile().deviceSampling;
-  const { draws, floats } = onDevice ? await fromCandidates(logits, params, us) : { draws: new Array<RowDraw | null>(B).fill(null), floats: 0 };
+  const { draws, floats } = onDevice
+    ? await fromCandidates(logits, params, us)
+    : { draws: new Array<RowDraw | null>(B).fill(null), floats: 0 };
 
   const rest = draws.flatMap((d, b) => (d === null ? [b] : []));
   if (rest.length > 0) {
@@ -86,7 +98,11 @@ export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, 
 
 /** The candidate path: one device pass and one read for all rows; null for a row the candidates
  *  cannot decide (the caller reads that row). */
-async function fromCandidates(logits: tf.Tensor2D, params: SamplingParams, us: number[]): Promise<{ draws: (RowDraw | null)[]; floats: number }> {
+async function fromCandidates(
+  logits: tf.Tensor2D,
+  params: SamplingParams,
+  us: number[],
+): Promise<{ draws: (RowDraw | null)[]; floats: number }> {
   const [B, V] = logits.shape;
   const greedy = params.temperature === 0;
   const T = greedy ? 1 : params.temperature;
@@ -103,7 +119,15 @@ async function fromCandidates(logits: tf.Tensor2D, params: SamplingParams, us: n
     const w = tf.mul(tf.exp(tf.div(tf.sub(x, max), T)), tf.cast(tf.less(x, kth), "float32")); // [B, V]
     // Summed in blocks of 256, then over blocks: a float32 running sum over 152k terms drifts ~1e-4.
     const n = Math.ceil(V / 256);
-    const blocks = tf.reshape(n * 256 === V ? w : tf.pad(w, [[0, 0], [0, n * 256 - V]]), [B, n, 256]); // [B, n, 256]
+    const blocks = tf.reshape(
+      n * 256 === V
+        ? w
+        : tf.pad(w, [
+            [0, 0],
+            [0, n * 256 - V],
+          ]),
+      [B, n, 256],
+    ); // [B, n, 256]
     const below = tf.sum(tf.sum(blocks, 2), 1, true); // [B, 1]
     const atKth = tf.sum(tf.cast(tf.equal(x, kth), "float32"), 1, true); // [B, 1]: tokens tied at the K-th value
     return tf.concat([below, atKth, values, tf.cast(indices, "float32")], 1); // [B, 2 + 2K]; ids < 2^24 are exact
@@ -114,16 +138,22 @@ async function fromCandidates(logits: tf.Tensor2D, params: SamplingParams, us: n
   const W = 2 + 2 * K;
   const draws = us.map((u, b): RowDraw | null => {
     const row = data.subarray(b * W, (b + 1) * W);
-    const vals = row.subarray(2, 2 + K), ids = row.subarray(2 + K);
+    const vals = row.subarray(2, 2 + K),
+      ids = row.subarray(2 + K);
     const order = Array.from({ length: K }, (_, i) => i).sort((i, j) => vals[j] - vals[i] || ids[i] - ids[j]); // rank order
-    const max = vals[order[0]], kth = vals[order[K - 1]];
+    const max = vals[order[0]],
+      kth = vals[order[K - 1]];
     if (!Number.isFinite(max) || vals.some(Number.isNaN)) return null; // non-finite logits: the host path says what is wrong
     // Tokens above the K-th value are all here and in rank order; tokens tied at it may not all be.
     let certain = K;
     if (K < V) while (certain > 0 && vals[order[certain - 1]] === kth) certain--;
     const wAll = order.map((i) => weightOf(vals[i], max, T));
-    let sum = row[0], here = 0; // here: candidates tied at the K-th value
-    for (let i = 0; i < K; i++) { sum += wAll[i]; if (vals[order[i]] === kth) here++; }
+    let sum = row[0],
+      here = 0; // here: candidates tied at the K-th value
+    for (let i = 0; i < K; i++) {
+      sum += wAll[i];
+      if (vals[order[i]] === kth) here++;
+    }
     sum += (row[1] - here) * weightOf(kth, max, T); // ties at the K-th value that did not fit
     const w = wAll.slice(0, certain);
     const logZ = Math.log(sum);
@@ -132,9 +162,7 @@ async function fromCandidates(logits: tf.Tensor2D, params: SamplingParams, us: n
       return { token: ids[order[i]], logprob: logprob(raw) };
     };
     if (greedy) return certain > 0 ? drawn(0, () => 0) : null;
-    const d = topK > 0
-      ? (topK <= certain ? drawPrefix(w.slice(0, topK), topP, u) : null)
-      : drawPrefix(w, topP, u, sum);
+    const d = topK > 0 ? (topK <= certain ? drawPrefix(w.slice(0, topK), topP, u) : null) : drawPrefix(w, topP, u, sum);
     if (d === null) return null;
     return drawn(d.index, (raw) => (topK === 0 && topP === 1 ? raw : Math.log(w[d.index] / d.mass)));
   });

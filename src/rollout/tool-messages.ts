@@ -35,7 +35,10 @@ export class ToolResponseRenderer {
   private readonly pieces = new Map<number, string[]>();
 
   /** role "user": the text of one user message after a plain assistant turn (an environment's observation). */
-  constructor(private readonly tokenizer: Tokenizer, private readonly role: "tool" | "user" = "tool") {}
+  constructor(
+    private readonly tokenizer: Tokenizer,
+    private readonly role: "tool" | "user" = "tool",
+  ) {}
 
   render(results: string[]): string {
     if (results.length === 0) throw new Error("ToolResponseRenderer.render needs at least one result; got 0");
@@ -50,18 +53,26 @@ export class ToolResponseRenderer {
     const cached = this.pieces.get(n);
     if (cached) return cached;
     const marks = Array.from({ length: n }, (_, i) => `\u0000TOOL_RESULT_${i}\u0000`);
-    const head: ChatMessage[] = this.role === "tool"
-      ? [{ role: "user", content: "q" }, { role: "assistant", content: "", tool_calls: [{ type: "function", function: { name: "f", arguments: {} } }] }]
-      : [{ role: "user", content: "q" }, { role: "assistant", content: "a" }];
+    const head: ChatMessage[] =
+      this.role === "tool"
+        ? [
+            { role: "user", content: "q" },
+            { role: "assistant", content: "", tool_calls: [{ type: "function", function: { name: "f", arguments: {} } }] },
+          ]
+        : [
+            { role: "user", content: "q" },
+            { role: "assistant", content: "a" },
+          ];
     const before = this.tokenizer.applyChatTemplate(head, { addGenerationPrompt: false });
-    const full = this.tokenizer.applyChatTemplate(
-      [...head, ...marks.map((content): ChatMessage => ({ role: this.role, content }))],
-      { addGenerationPrompt: true },
-    );
+    const full = this.tokenizer.applyChatTemplate([...head, ...marks.map((content): ChatMessage => ({ role: this.role, content }))], {
+      addGenerationPrompt: true,
+    });
     const stop = this.tokenizer.decode([this.tokenizer.eosTokenId]);
     const cut = before.lastIndexOf(stop);
     if (cut < 0 || !full.startsWith(before.slice(0, cut + stop.length)))
-      throw new Error(`chat template does not close an assistant tool-call turn with the eos token ${JSON.stringify(stop)}; cannot derive the tool-response text`);
+      throw new Error(
+        `chat template does not close an assistant tool-call turn with the eos token ${JSON.stringify(stop)}; cannot derive the tool-response text`,
+      );
     let rest = full.slice(cut + stop.length);
     const pieces: string[] = [];
     for (const mark of marks) {

@@ -59,7 +59,10 @@ export function trajectoryRecord(step: number, t: Trajectory, tokenizer: Tokeniz
 /** trajectories.jsonl of a run: each step's lines appended in one write (the file is never rewritten
  *  per step). Opening it cuts a torn last line and, on resume, the steps after the checkpoint. */
 export class TrajectoryLog {
-  constructor(readonly file: string, opts: { resumeStep?: number } = {}) {
+  constructor(
+    readonly file: string,
+    opts: { resumeStep?: number } = {},
+  ) {
     openStepLog(file, opts);
   }
 

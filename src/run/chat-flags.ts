@@ -12,7 +12,12 @@ export const CHAT_FLAGS = {
   adapter: optional("--adapter <dir>", "PEFT adapter folder to attach to --model_path"),
   temperature: flag("--temperature <t>", "sampling temperature; 0 = greedy (change with /temp)", parseFloatArg("temperature", 0, 10), 0),
   top_p: flag("--top_p <p>", "nucleus sampling mass", parseFloatArg("top_p", 0, 1), 1),
-  max_new_tokens: flag("--max_new_tokens <n>", "token budget per reply over all turns, tool responses included", parseIntArg("max_new_tokens", 1), 512),
+  max_new_tokens: flag(
+    "--max_new_tokens <n>",
+    "token budget per reply over all turns, tool responses included",
+    parseIntArg("max_new_tokens", 1),
+    512,
+  ),
   max_turns: flag("--max_turns <n>", "assistant turns per reply (each tool call starts a new one)", parseIntArg("max_turns", 1), 8),
 } satisfies FlagTable;
 

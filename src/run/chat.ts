@@ -54,7 +54,9 @@ export function parseChatCommand(line: string): ChatCommand {
         : { kind: "invalid", message: `/temp "${arg}": expected one number between 0 and 10 (0 = greedy)` };
     }
     case "/tools":
-      return arg === "on" || arg === "off" ? { kind: "tools", on: arg === "on" } : { kind: "invalid", message: `/tools "${arg}": expected on or off` };
+      return arg === "on" || arg === "off"
+        ? { kind: "tools", on: arg === "on" }
+        : { kind: "invalid", message: `/tools "${arg}": expected on or off` };
     default:
       return { kind: "invalid", message: `unknown command ${cmd}; ${CHAT_HELP}` };
   }
@@ -103,7 +105,11 @@ export class TokenStreamer {
   private ids: number[] = [];
   private printed = "";
 
-  constructor(private readonly tokenizer: Tokenizer, private readonly stopIds: Set<number>, private readonly write: (s: string) => void) {}
+  constructor(
+    private readonly tokenizer: Tokenizer,
+    private readonly stopIds: Set<number>,
+    private readonly write: (s: string) => void,
+  ) {}
 
   push(tokenId: number, forced: boolean): void {
     if (forced) return this.endTurn();
@@ -150,7 +156,11 @@ export class ChatSession {
   private readonly rng: Rng;
   private readonly stopIds: Set<number>;
 
-  constructor(readonly model: CausalLM, readonly tokenizer: Tokenizer, readonly o: ChatOptions) {
+  constructor(
+    readonly model: CausalLM,
+    readonly tokenizer: Tokenizer,
+    readonly o: ChatOptions,
+  ) {
     this.temperature = o.temperature;
     this.rng = new Rng(o.seed);
     this.stopIds = stopTokenIds(tokenizer);
@@ -216,7 +226,10 @@ export async function parseChatArgs(argv: string[]): Promise<ChatRunConfig> {
     const fs = await import("node:fs");
     const order = [...TINY_EVAL_MODELS].reverse(); // rl, sft, base
     const pick = order.find((m) => fs.existsSync(m.modelPath));
-    if (!pick) throw new UsageError(`--preset tiny: none of ${order.map((m) => m.modelPath).join(", ")} exists; run make-tiny-base first (base: ${TINY_BASE_DIR})`);
+    if (!pick)
+      throw new UsageError(
+        `--preset tiny: none of ${order.map((m) => m.modelPath).join(", ")} exists; run make-tiny-base first (base: ${TINY_BASE_DIR})`,
+      );
     cfg.model_path = pick.modelPath;
     if (!explicit("quantize")) cfg.quantize = pick.quantize;
     const missing = order.slice(0, order.indexOf(pick)).map((m) => m.name);
@@ -255,7 +268,15 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[], open: Ope
   const dim = (s: string) => `\x1b[2m${s}\x1b[0m`;
   // Notes about the session: dimmed in the terminal; on stderr when piped, so stdout holds only replies.
   const note = (s: string) => (interactive ? write(dim(`${s}\n`)) : io.err(s));
-  const policy = await open({ modelPath: cfg.model_path, adapter: cfg.adapter, quantize: cfg.quantize, seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpack_base });
+  const policy = await open({
+    modelPath: cfg.model_path,
+    adapter: cfg.adapter,
+    quantize: cfg.quantize,
+    seed: cfg.seed,
+    backend: cfg.backend,
+    threads: cfg.threads,
+    unpackBase: cfg.unpack_base,
+  });
   try {
     checkToolsFit(policy.tokenizer, policy.model.config.maxPositionEmbeddings, tools, cfg.max_new_tokens, cfg.tools_in_prompt);
   } catch (err) {
@@ -263,7 +284,12 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[], open: Ope
     throw err;
   }
   const session = new ChatSession(policy.model, policy.tokenizer, { ...cfg, tools });
-  const rl = readline.createInterface({ input: io.input, output: interactive ? io.output : undefined, terminal: interactive, prompt: "you> " });
+  const rl = readline.createInterface({
+    input: io.input,
+    output: interactive ? io.output : undefined,
+    terminal: interactive,
+    prompt: "you> ",
+  });
   let generation: AbortController | null = null;
   let armedExit = false; // Ctrl-C once at the prompt
   let exiting = false;

@@ -144,17 +144,18 @@ export async function prepareOutputDir(dir: string, opts: PrepareOptions): Promi
     const names = (await fs.readdir(dir)).filter((n) => n !== LOCK_FILE);
     const isRun = hasRunMarker(names);
     if (opts.resume) {
-      if (!isRun) throw new UsageError(`--resume: ${dir} holds no run to continue (no ${RUN_MARKERS.join(" / ")}); drop --resume to start one`);
+      if (!isRun)
+        throw new UsageError(`--resume: ${dir} holds no run to continue (no ${RUN_MARKERS.join(" / ")}); drop --resume to start one`);
       const kind = await readRunKind(dir);
       if (kind !== undefined && kind !== opts.runKind)
         throw new UsageError(`--resume: ${dir} holds a ${kind} run, not ${opts.runKind}; pick another ${flag}`);
       await cleanTempFiles(dir);
       return { resumed: true };
     }
-    if (names.length > 0 && !isRun)
-      throw new UsageError(`${flag} ${dir} is not empty and does not hold a run; pick a new or empty folder`);
+    if (names.length > 0 && !isRun) throw new UsageError(`${flag} ${dir} is not empty and does not hold a run; pick a new or empty folder`);
     if (isRun) {
-      if (!opts.overwrite) throw new UsageError(`${flag} ${dir} already holds a run; pass --resume to continue it or --overwrite to replace it`);
+      if (!opts.overwrite)
+        throw new UsageError(`${flag} ${dir} already holds a run; pass --resume to continue it or --overwrite to replace it`);
       for (const n of names) await fs.rm(path.join(dir, n), { recursive: true, force: true });
     }
     return { resumed: false };
@@ -171,7 +172,10 @@ const created = new Set<string>();
  *  created, so the same command can simply be run again. Gives the folder's lock back. */
 export async function discardFailedRun(dir: string): Promise<void> {
   const names = (await fs.readdir(dir).catch(() => [] as string[])).filter((n) => n !== LOCK_FILE);
-  const metrics = await fs.stat(path.join(dir, "metrics.jsonl")).then((s) => s.size, () => 0);
+  const metrics = await fs.stat(path.join(dir, "metrics.jsonl")).then(
+    (s) => s.size,
+    () => 0,
+  );
   if (metrics === 0 && !names.some((n) => /^checkpoint-\d+$/.test(n))) {
     for (const n of names) await fs.rm(path.join(dir, n), { recursive: true, force: true });
     unlockFolder(dir);
@@ -186,14 +190,26 @@ export function releaseOutputDir(dir: string): void {
 }
 
 function lock(dir: string, flag: string): boolean {
-  return lockFolder(dir, (pid) => new UsageError(`${flag} ${dir} is in use by another run (process ${pid}); wait for it to end or pick another folder`), (line) => process.stderr.write(line + "\n"));
+  return lockFolder(
+    dir,
+    (pid) => new UsageError(`${flag} ${dir} is in use by another run (process ${pid}); wait for it to end or pick another folder`),
+    (line) => process.stderr.write(line + "\n"),
+  );
 }
 
 /** mkdir -p, one level at a time (Node's recursive mkdir never returns for a path under /proc), with
  *  a one-line usage error for a place where no folder can be made. */
 async function mkdirChecked(dir: string, flag: string): Promise<void> {
   const missing: string[] = [];
-  for (let d = path.resolve(dir); !(await fs.stat(d).then(() => true, () => false)); d = path.dirname(d)) missing.unshift(d);
+  for (
+    let d = path.resolve(dir);
+    !(await fs.stat(d).then(
+      () => true,
+      () => false,
+    ));
+    d = path.dirname(d)
+  )
+    missing.unshift(d);
   for (const d of missing) {
     try {
       await fs.mkdir(d);

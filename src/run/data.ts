@@ -25,8 +25,15 @@ const isNamed = (dataset: string) => dataset === "gsm8k" || dataset === "openai/
 /** A usage error unless --dataset names GSM8K, the synthetic generator, or a path that exists. */
 export async function checkDataset(dataset: string): Promise<void> {
   if (dataset === "synthetic" || isNamed(dataset)) return;
-  if (!(await fs.stat(dataset).then(() => true, () => false)))
-    throw new UsageError(`--dataset ${dataset}: no such file or folder; expected gsm8k, synthetic, a GSM8K .jsonl/.parquet path, or a task .jsonl ({"id", "query", "answer"} per line)`);
+  if (
+    !(await fs.stat(dataset).then(
+      () => true,
+      () => false,
+    ))
+  )
+    throw new UsageError(
+      `--dataset ${dataset}: no such file or folder; expected gsm8k, synthetic, a GSM8K .jsonl/.parquet path, or a task .jsonl ({"id", "query", "answer"} per line)`,
+    );
 }
 
 /** Held-out questions come from the test split (GSM8K) or the evaluation stream (synthetic). */
@@ -75,22 +82,44 @@ export function heldOutCutsTraining(dataset: string): boolean {
  *  its own test split, the synthetic generator its own stream; a single file has neither, so its
  *  last `heldOutN` rows are held out and training reads only the rows before them. Held-out rows
  *  whose question also appears among the training rows are dropped. */
-export async function loadTrainingData(spec: Omit<DataSpec, "purpose"> & { purpose: "sft" | "rl" }, heldOutN: number): Promise<TrainingData> {
-  const isFile = spec.dataset !== "synthetic" && !isNamed(spec.dataset) && (await fs.stat(spec.dataset).then((s) => s.isFile(), () => false));
+export async function loadTrainingData(
+  spec: Omit<DataSpec, "purpose"> & { purpose: "sft" | "rl" },
+  heldOutN: number,
+): Promise<TrainingData> {
+  const isFile =
+    spec.dataset !== "synthetic" &&
+    !isNamed(spec.dataset) &&
+    (await fs.stat(spec.dataset).then(
+      (s) => s.isFile(),
+      () => false,
+    ));
   if (!isFile || heldOutN === 0) {
     const train = await loadExamples(spec);
     const held = heldOutN > 0 ? await loadExamples({ ...spec, purpose: "eval", maxSamples: heldOutN }) : [];
     const seen = new Set(train.map((e) => e.question));
     const heldOut = held.filter((e) => !seen.has(e.question));
     const from = spec.dataset === "synthetic" ? "the synthetic generator's evaluation stream" : `the test split of ${spec.dataset}`;
-    return { train, heldOut, split: heldOutN > 0 ? `${train.length} training questions; ${heldOut.length} held out from ${from}` : `${train.length} training questions; none held out` };
+    return {
+      train,
+      heldOut,
+      split:
+        heldOutN > 0
+          ? `${train.length} training questions; ${heldOut.length} held out from ${from}`
+          : `${train.length} training questions; none held out`,
+    };
   }
   const rows = await loadExamples({ ...spec, maxSamples: undefined });
   if (heldOutN >= rows.length)
-    throw new UsageError(`--eval_samples ${heldOutN}: ${spec.dataset} has ${rows.length} rows, and held-out rows are taken from its end; lower --eval_samples or pass a folder with a test split`);
+    throw new UsageError(
+      `--eval_samples ${heldOutN}: ${spec.dataset} has ${rows.length} rows, and held-out rows are taken from its end; lower --eval_samples or pass a folder with a test split`,
+    );
   const cut = rows.length - heldOutN;
   const train = rows.slice(0, spec.maxSamples === undefined ? cut : Math.min(cut, spec.maxSamples));
   const seen = new Set(rows.slice(0, cut).map((e) => e.question));
   const heldOut = rows.slice(cut).filter((e) => !seen.has(e.question));
-  return { train, heldOut, split: `${spec.dataset}: rows 1-${cut} for training (${train.length} used), the last ${heldOutN} held out (${heldOut.length} after dropping questions also in training)` };
+  return {
+    train,
+    heldOut,
+    split: `${spec.dataset}: rows 1-${cut} for training (${train.length} used), the last ${heldOutN} held out (${heldOut.length} after dropping questions also in training)`,
+  };
 }

@@ -11,19 +11,59 @@ export const EVAL_FLAGS = {
   ...modelFlags({ modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" }),
   ...toolFlags(),
   adapter: optional("--adapter <dir>", "PEFT adapter folder to attach to --model_path"),
-  baseline: optional("--baseline <path>", "also evaluate this model or adapter folder on the same questions and print the paired improvement"),
-  quantize_for: optional("--quantize_for <name=kind,...>", "per-model quantization overriding --quantize, e.g. rl=int8 (names as in the table)", parseQuantizeFor),
-  dataset: flag("--dataset <name>", "gsm8k, synthetic, a GSM8K .jsonl/.parquet path or folder, or a task .jsonl ({id, query, answer, scorer?, answer_schema?})", undefined, "gsm8k"),
-  split: flag("--split <name>", "test (held out) or train (synthetic: the RL stream)", parseChoice("split", ["test", "train"] as const), "test" as "test" | "train"),
-  max_samples: optional("--max_samples <n>", "questions to evaluate (default: all of GSM8K's split, 500 synthetic)", parseIntArg("max_samples", 1)),
-  samples_per_prompt: flag("--samples_per_prompt <k>", "samples per question: pass@1 is estimated from all k, and pass@k is reported", parseIntArg("samples_per_prompt", 1), 1),
+  baseline: optional(
+    "--baseline <path>",
+    "also evaluate this model or adapter folder on the same questions and print the paired improvement",
+  ),
+  quantize_for: optional(
+    "--quantize_for <name=kind,...>",
+    "per-model quantization overriding --quantize, e.g. rl=int8 (names as in the table)",
+    parseQuantizeFor,
+  ),
+  dataset: flag(
+    "--dataset <name>",
+    "gsm8k, synthetic, a GSM8K .jsonl/.parquet path or folder, or a task .jsonl ({id, query, answer, scorer?, answer_schema?})",
+    undefined,
+    "gsm8k",
+  ),
+  split: flag(
+    "--split <name>",
+    "test (held out) or train (synthetic: the RL stream)",
+    parseChoice("split", ["test", "train"] as const),
+    "test" as "test" | "train",
+  ),
+  max_samples: optional(
+    "--max_samples <n>",
+    "questions to evaluate (default: all of GSM8K's split, 500 synthetic)",
+    parseIntArg("max_samples", 1),
+  ),
+  samples_per_prompt: flag(
+    "--samples_per_prompt <k>",
+    "samples per question: pass@1 is estimated from all k, and pass@k is reported",
+    parseIntArg("samples_per_prompt", 1),
+    1,
+  ),
   temperature: flag("--temperature <t>", "sampling temperature; 0 = greedy (then k must be 1)", parseFloatArg("temperature", 0, 10), 0),
   batch_size: flag("--batch_size <n>", "questions per decode batch (each with k rows)", parseIntArg("batch_size", 1), 8),
-  max_new_tokens: flag("--max_new_tokens <n>", "token budget per rollout over all turns, tool responses included", parseIntArg("max_new_tokens", 1), 512),
+  max_new_tokens: flag(
+    "--max_new_tokens <n>",
+    "token budget per rollout over all turns, tool responses included",
+    parseIntArg("max_new_tokens", 1),
+    512,
+  ),
   max_turns: flag("--max_turns <n>", "assistant turns per rollout", parseIntArg("max_turns", 1), 8),
-  ...envFlags("evaluate on an AgentGym HTTP environment server instead of a dataset: its tasks are --env_tasks, each assistant turn an action (its last \"Action:\" line); a sample succeeds when the episode's reward reaches 1"),
-  env_tasks: optional("--env_tasks <ranges>", `with --env: the data_idx to evaluate, as ranges like 0-99,200-249 (default: ${HELD_OUT_START} to ${HELD_OUT_START} + --max_samples - 1, held out from GRPO's default training tasks 0 to --max_samples - 1; on a server with fewer tasks, from the start of its upper half: TextCraft 272; ranges past its size are refused)`, parseTaskRanges("env_tasks")),
-  output_dir: optional("--output_dir <dir>", "where eval.json, samples-*.jsonl and report.html go (default outputs/<model name>/eval; tiny: outputs/tiny/eval)"),
+  ...envFlags(
+    'evaluate on an AgentGym HTTP environment server instead of a dataset: its tasks are --env_tasks, each assistant turn an action (its last "Action:" line); a sample succeeds when the episode\'s reward reaches 1',
+  ),
+  env_tasks: optional(
+    "--env_tasks <ranges>",
+    `with --env: the data_idx to evaluate, as ranges like 0-99,200-249 (default: ${HELD_OUT_START} to ${HELD_OUT_START} + --max_samples - 1, held out from GRPO's default training tasks 0 to --max_samples - 1; on a server with fewer tasks, from the start of its upper half: TextCraft 272; ranges past its size are refused)`,
+    parseTaskRanges("env_tasks"),
+  ),
+  output_dir: optional(
+    "--output_dir <dir>",
+    "where eval.json, samples-*.jsonl and report.html go (default outputs/<model name>/eval; tiny: outputs/tiny/eval)",
+  ),
   overwrite: toggle("--overwrite", "replace an earlier evaluation in --output_dir", false),
 } satisfies FlagTable;
 
@@ -41,14 +81,20 @@ export const TINY_EVAL_PRESET = {
 
 /** The script's command (its --help). */
 export const evalCommand = () =>
-  commandOf("eval", "Accuracy of one or more checkpoints on held-out GSM8K-format questions or a task file, with the --tools tools", EVAL_FLAGS);
+  commandOf(
+    "eval",
+    "Accuracy of one or more checkpoints on held-out GSM8K-format questions or a task file, with the --tools tools",
+    EVAL_FLAGS,
+  );
 
 function parseQuantizeFor(value: string): Record<string, Quantize> {
   const out: Record<string, Quantize> = {};
   for (const item of value.split(",")) {
     const m = /^\s*([\w.-]+)\s*=\s*(\w+)\s*$/.exec(item);
     if (!m || !(QUANTIZE_CHOICES as readonly string[]).includes(m[2]))
-      throw new UsageError(`--quantize_for ${JSON.stringify(value)}: expected name=kind pairs separated by commas, kind one of ${QUANTIZE_CHOICES.join(", ")}`);
+      throw new UsageError(
+        `--quantize_for ${JSON.stringify(value)}: expected name=kind pairs separated by commas, kind one of ${QUANTIZE_CHOICES.join(", ")}`,
+      );
     out[m[1]] = m[2] as Quantize;
   }
   return out;

@@ -61,7 +61,11 @@ export const TINY_EVAL_MODELS: ReadonlyArray<EvalModelSpec> = [
   { name: "rl", modelPath: path.join(TINY_OUTPUT_DIR, "grpo", "final"), quantize: "nf4" },
 ];
 
-const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+const exists = (p: string) =>
+  fs.stat(p).then(
+    () => true,
+    () => false,
+  );
 
 /** A name safe in a file name: Qwen/Qwen2.5-0.5B → Qwen2.5-0.5B. */
 export function modelName(p: string): string {
@@ -77,25 +81,35 @@ export async function parseEvalArgs(argv: string[]): Promise<EvalRunConfig> {
 
 /** The flags with the models, comparisons and output folder settled and every value checked.
  *  `explicit(flag)`: whether the user gave it (default: it differs from the flag's default). */
-export async function settleEvalConfig(o: EvalFlags, explicit: (flag: string) => boolean = (k) => o[k as keyof EvalFlags] !== defaultsOf(EVAL_FLAGS)[k as keyof EvalFlags]): Promise<EvalRunConfig> {
+export async function settleEvalConfig(
+  o: EvalFlags,
+  explicit: (flag: string) => boolean = (k) => o[k as keyof EvalFlags] !== defaultsOf(EVAL_FLAGS)[k as keyof EvalFlags],
+): Promise<EvalRunConfig> {
   toolConfig(o); // a malformed --tools list is a usage error here
   if (o.samples_per_prompt > 1 && o.temperature === 0)
-    throw new UsageError(`--samples_per_prompt ${o.samples_per_prompt} with --temperature 0: greedy samples are identical; use a temperature > 0 or k = 1`);
+    throw new UsageError(
+      `--samples_per_prompt ${o.samples_per_prompt} with --temperature 0: greedy samples are identical; use a temperature > 0 or k = 1`,
+    );
   const tiny = o.preset === "tiny" && !explicit("model_path");
   const models: EvalModelSpec[] = [];
   const skipped: EvalRunConfig["skipped"] = [];
   const compare: Array<[string, string]> = [];
   if (tiny) {
     if (o.adapter || o.baseline)
-      throw new UsageError(`--preset tiny without --model_path evaluates its own base, sft and rl checkpoints; name the model with --model_path to use --adapter/--baseline`);
+      throw new UsageError(
+        `--preset tiny without --model_path evaluates its own base, sft and rl checkpoints; name the model with --model_path to use --adapter/--baseline`,
+      );
     for (const m of TINY_EVAL_MODELS) {
       if (!(await exists(m.modelPath))) skipped.push({ name: m.name, path: m.modelPath });
       else models.push({ name: m.name, modelPath: m.modelPath, quantize: explicit("quantize") ? o.quantize : m.quantize });
     }
     if (models.length === 0)
-      throw new UsageError(`--preset tiny: none of ${TINY_EVAL_MODELS.map((m) => m.modelPath).join(", ")} exists; run make-tiny-base, train-sft or train-gsm8k-agent first`);
+      throw new UsageError(
+        `--preset tiny: none of ${TINY_EVAL_MODELS.map((m) => m.modelPath).join(", ")} exists; run make-tiny-base, train-sft or train-gsm8k-agent first`,
+      );
     for (let i = 1; i < models.length; i++) compare.push([models[i].name, models[i - 1].name]);
-    const sft = models.find((m) => m.name === "sft"), rl = models.find((m) => m.name === "rl");
+    const sft = models.find((m) => m.name === "sft"),
+      rl = models.find((m) => m.name === "rl");
     if (sft && rl && rl.quantize !== sft.quantize) {
       models.splice(models.indexOf(rl), 0, { name: `sft-${rl.quantize}`, modelPath: sft.modelPath, quantize: rl.quantize });
       compare.push(["rl", `sft-${rl.quantize}`]);
@@ -118,12 +132,15 @@ export async function settleEvalConfig(o: EvalFlags, explicit: (flag: string) =>
       throw new UsageError(`--quantize_for ${n}=${q}: no model named ${n}; models: ${models.map((x) => x.name).join(", ")}`);
     if (m) m.quantize = q;
   }
-  if (o.env && !/^https?:\/\/[^/]/.test(o.env)) throw new UsageError(`--env ${o.env}: expected an http(s) URL of an AgentGym environment server`);
+  if (o.env && !/^https?:\/\/[^/]/.test(o.env))
+    throw new UsageError(`--env ${o.env}: expected an http(s) URL of an AgentGym environment server`);
   if (!o.env) await checkDataset(o.dataset);
   return {
     ...o,
     output_dir: o.output_dir ?? (tiny ? path.join(TINY_OUTPUT_DIR, "eval") : path.join("outputs", models[models.length - 1].name, "eval")),
-    models, compare, skipped,
+    models,
+    compare,
+    skipped,
     synthetic: o.preset === "tiny" ? TINY_PROBLEMS : undefined,
   };
 }
@@ -155,13 +172,28 @@ export function formatImprovement(model: string, baseline: string, d: Interval &
 export function formatEvalTable(results: Array<{ name: string; result: EvalResult }>): string {
   const k = Math.max(1, ...results.map((r) => r.result.k));
   const env = results.some((r) => r.result.envReward !== undefined); // episodes: success and mean reward
-  const head = ["model", "strict acc [95% CI]", "lenient acc", `pass@${k}`, "format", ...(env ? ["env reward", "env errors"] : ["tools/rollout"])];
+  const head = [
+    "model",
+    "strict acc [95% CI]",
+    "lenient acc",
+    `pass@${k}`,
+    "format",
+    ...(env ? ["env reward", "env errors"] : ["tools/rollout"]),
+  ];
   const rows = results.map(({ name, result: r }) => [
-    name, `${f3(r.strict.value)} [${f3(r.strict.lo)}, ${f3(r.strict.hi)}]`, f3(r.lenient.value), f3(r.passAtK), f3(r.formatValid),
+    name,
+    `${f3(r.strict.value)} [${f3(r.strict.lo)}, ${f3(r.strict.hi)}]`,
+    f3(r.lenient.value),
+    f3(r.passAtK),
+    f3(r.formatValid),
     ...(env ? [f3(r.envReward ?? 0), f3(r.envErrorRate ?? 0)] : [r.toolCallsPerRollout.toFixed(2)]),
   ]);
   const widths = head.map((h, c) => Math.max(h.length, ...rows.map((r) => r[c].length)));
-  const line = (cells: string[]) => cells.map((c, i) => c.padEnd(widths[i])).join(" | ").trimEnd();
+  const line = (cells: string[]) =>
+    cells
+      .map((c, i) => c.padEnd(widths[i]))
+      .join(" | ")
+      .trimEnd();
   return [line(head), widths.map((w) => "-".repeat(w)).join("-|-"), ...rows.map(line)].join("\n");
 }
 
@@ -174,24 +206,48 @@ function summaryOf(r: EvalResult): EvalSummaryOnly {
 
 /** How questions are asked and answers sampled: everything of an evaluation but the models and data,
  *  under the flags' names (a grading server fixes it per scenario). */
-export type EvalProtocol = Pick<EvalFlags, "samples_per_prompt" | "temperature" | "batch_size" | "max_new_tokens" | "max_turns" | "tools_in_prompt" | "seed" | "backend">
-  & Partial<Pick<EvalFlags, "tools" | "tool_timeout" | "tool_max_chars" | "threads" | "unpack_base">>;
+export type EvalProtocol = Pick<
+  EvalFlags,
+  "samples_per_prompt" | "temperature" | "batch_size" | "max_new_tokens" | "max_turns" | "tools_in_prompt" | "seed" | "backend"
+> &
+  Partial<Pick<EvalFlags, "tools" | "tool_timeout" | "tool_max_chars" | "threads" | "unpack_base">>;
 
 /** One model opened, evaluated on `examples` and disposed again, so only one is in memory at a time.
  *  `onProgress` runs after each batch; an error it throws abandons the evaluation at that point.
  *  `run.tools` are the run's open tool set (without it the protocol's tools are opened for this call);
  *  with `run.envs` the examples are that environment's tasks and no tools are offered. */
-export async function evaluateModel(spec: EvalModelSpec, examples: Task[], p: EvalProtocol, onProgress?: (done: number, total: number) => void, run: { tools?: Tool[]; envs?: EnvironmentFactory } = {}): Promise<EvalResult> {
+export async function evaluateModel(
+  spec: EvalModelSpec,
+  examples: Task[],
+  p: EvalProtocol,
+  onProgress?: (done: number, total: number) => void,
+  run: { tools?: Tool[]; envs?: EnvironmentFactory } = {},
+): Promise<EvalResult> {
   const own = run.tools || run.envs ? null : await openRunTools(toolConfig(p));
   try {
-    const policy = await openPolicy({ modelPath: spec.modelPath, adapter: spec.adapter, quantize: spec.quantize, seed: p.seed, backend: p.backend, threads: p.threads, unpackBase: p.unpack_base });
+    const policy = await openPolicy({
+      modelPath: spec.modelPath,
+      adapter: spec.adapter,
+      quantize: spec.quantize,
+      seed: p.seed,
+      backend: p.backend,
+      threads: p.threads,
+      unpackBase: p.unpack_base,
+    });
     try {
       const tools = run.tools ?? own?.tools ?? [];
       checkToolsFit(policy.tokenizer, policy.model.config.maxPositionEmbeddings, tools, p.max_new_tokens, p.tools_in_prompt);
       return await evaluate(policy.model, policy.tokenizer, examples, {
-        samplesPerPrompt: p.samples_per_prompt, temperature: p.temperature, batchSize: p.batch_size,
-        maxNewTokens: p.max_new_tokens, maxTurns: p.max_turns, toolsInPrompt: p.tools_in_prompt, seed: p.seed,
-        tools, envs: run.envs, onProgress,
+        samplesPerPrompt: p.samples_per_prompt,
+        temperature: p.temperature,
+        batchSize: p.batch_size,
+        maxNewTokens: p.max_new_tokens,
+        maxTurns: p.max_turns,
+        toolsInPrompt: p.tools_in_prompt,
+        seed: p.seed,
+        tools,
+        envs: run.envs,
+        onProgress,
       });
     } finally {
       policy.model.dispose();
@@ -203,14 +259,27 @@ export async function evaluateModel(spec: EvalModelSpec, examples: Task[], p: Ev
 
 /** samples-<name>.jsonl: one line per question with its gold answer and every sample, judged. */
 export function samplesJsonl(result: EvalResult): string {
-  const lines = result.questions.map((q) => JSON.stringify({
-    id: q.id, question: q.question, gold: q.gold,
-    samples: q.samples.map((s) => ({
-      text: s.text, finalText: s.finalText, strict: s.strict, lenient: s.lenient, formatValid: s.formatValid,
-      toolCalls: s.toolCalls, toolErrors: s.toolErrors, parseErrors: s.parseErrors, truncated: s.truncated, turns: s.turns,
-      ...(s.envReward !== undefined ? { envReward: s.envReward } : {}), ...(s.envError ? { envError: s.envError } : {}),
-    })),
-  }));
+  const lines = result.questions.map((q) =>
+    JSON.stringify({
+      id: q.id,
+      question: q.question,
+      gold: q.gold,
+      samples: q.samples.map((s) => ({
+        text: s.text,
+        finalText: s.finalText,
+        strict: s.strict,
+        lenient: s.lenient,
+        formatValid: s.formatValid,
+        toolCalls: s.toolCalls,
+        toolErrors: s.toolErrors,
+        parseErrors: s.parseErrors,
+        truncated: s.truncated,
+        turns: s.turns,
+        ...(s.envReward !== undefined ? { envReward: s.envReward } : {}),
+        ...(s.envError ? { envError: s.envError } : {}),
+      })),
+    }),
+  );
   return lines.join("\n") + "\n";
 }
 
@@ -224,19 +293,31 @@ export interface EvalRunIo {
   progress?: boolean; // show a progress bar on stderr (default true)
 }
 
-export async function runEval(options: EvalRunConfig, io: EvalRunIo = { out: (l) => process.stdout.write(l + "\n") }): Promise<EvalRunOutput> {
+export async function runEval(
+  options: EvalRunConfig,
+  io: EvalRunIo = { out: (l) => process.stdout.write(l + "\n") },
+): Promise<EvalRunOutput> {
   const log = (line: string) => process.stderr.write(line + "\n");
   // Environment and tool servers are checked before the output folder is touched: one that does not
   // answer, or refuses its family's requests (one real reset), is a usage error.
   const envs = options.env
-    ? await openEnvironmentServer(options.env, { dialect: options.env_dialect, timeoutMs: options.tool_timeout * 1000, maxChars: options.tool_max_chars, probeIdx: options.env_tasks ? expandRanges(options.env_tasks)[0] : 0 })
+    ? await openEnvironmentServer(options.env, {
+        dialect: options.env_dialect,
+        timeoutMs: options.tool_timeout * 1000,
+        maxChars: options.tool_max_chars,
+        probeIdx: options.env_tasks ? expandRanges(options.env_tasks)[0] : 0,
+      })
     : undefined;
   // With --env, the tasks as run.json records them: by default held out from GRPO's default training
   // tasks, inside the server's size where its family has one.
-  const cfg: EvalRunConfig = envs ? { ...options, env_tasks: options.env_tasks ?? defaultTaskRanges(envs.family, options.max_samples ?? 100).evaluate } : options;
+  const cfg: EvalRunConfig = envs
+    ? { ...options, env_tasks: options.env_tasks ?? defaultTaskRanges(envs.family, options.max_samples ?? 100).evaluate }
+    : options;
   if (envs) checkTaskRange(envs.family, "--env_tasks", cfg.env_tasks!);
   const purpose: Purpose = cfg.split === "test" ? "eval" : "rl";
-  const examples: Task[] = envs ? environmentTasks(expandRanges(cfg.env_tasks!)) : await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.max_samples, synthetic: cfg.synthetic });
+  const examples: Task[] = envs
+    ? environmentTasks(expandRanges(cfg.env_tasks!))
+    : await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.max_samples, synthetic: cfg.synthetic });
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset} --split ${cfg.split}: no questions to evaluate`);
   const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(toolConfig(cfg), log);
   try {
@@ -246,7 +327,12 @@ export async function runEval(options: EvalRunConfig, io: EvalRunIo = { out: (l)
   }
 }
 
-async function evaluateModels(cfg: EvalRunConfig, io: EvalRunIo, examples: Task[], run: { tools: Tool[]; envs?: EnvironmentFactory }): Promise<EvalRunOutput> {
+async function evaluateModels(
+  cfg: EvalRunConfig,
+  io: EvalRunIo,
+  examples: Task[],
+  run: { tools: Tool[]; envs?: EnvironmentFactory },
+): Promise<EvalRunOutput> {
   await prepareOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "eval" });
   // An evaluation cannot be continued: if it fails, what it wrote goes, so the command can be rerun.
   try {
@@ -256,7 +342,9 @@ async function evaluateModels(cfg: EvalRunConfig, io: EvalRunIo, examples: Task[
     const results: EvalRunOutput["results"] = [];
     const what = run.envs ? `${examples.length} episodes of ${cfg.env}` : `${examples.length} questions`;
     for (const spec of cfg.models) {
-      io.out(`${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${what} × ${cfg.samples_per_prompt}`);
+      io.out(
+        `${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${what} × ${cfg.samples_per_prompt}`,
+      );
       const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
       let result: EvalResult;
       try {
@@ -268,7 +356,9 @@ async function evaluateModels(cfg: EvalRunConfig, io: EvalRunIo, examples: Task[
       // Scores over episodes the environment refused would read as a model's zero: not a result.
       if (result.envErrorRate === 1) {
         const first = result.questions.flatMap((q) => q.samples).find((s) => s.envError)?.envError;
-        throw new Error(`environment ${cfg.env}: all ${result.strict.total} episodes failed on the environment, none was played (first: ${first})`);
+        throw new Error(
+          `environment ${cfg.env}: all ${result.strict.total} episodes failed on the environment, none was played (first: ${first})`,
+        );
       }
       await writeFileAtomic(path.join(cfg.output_dir, `samples-${spec.name}.jsonl`), samplesJsonl(result));
       results.push({ spec, result });
@@ -282,7 +372,11 @@ async function evaluateModels(cfg: EvalRunConfig, io: EvalRunIo, examples: Task[
 
     const models = results.map(({ spec, result }) => ({ ...spec, ...summaryOf(result) }));
     await writeFileAtomic(path.join(cfg.output_dir, "eval.json"), JSON.stringify({ config: cfg, models, improvements }, null, 2) + "\n");
-    await writeEvalRunReport(cfg, results.map(({ spec, result }) => ({ spec, summary: summaryOf(result), questions: result.questions })), improvements);
+    await writeEvalRunReport(
+      cfg,
+      results.map(({ spec, result }) => ({ spec, summary: summaryOf(result), questions: result.questions })),
+      improvements,
+    );
     return { results, improvements };
   } catch (err) {
     await discardFailedRun(cfg.output_dir);
@@ -300,11 +394,17 @@ async function writeEvalRunReport(
   improvements: EvalRunOutput["improvements"],
 ): Promise<string> {
   const rows: EvalRow[] = results.map(({ spec, summary: r }) => ({
-    name: spec.name, n: r.strict.total, correct: r.strict.correct, interval: r.strict,
+    name: spec.name,
+    n: r.strict.total,
+    correct: r.strict.correct,
+    interval: r.strict,
     passAtK: { [r.k]: r.passAtK },
     extra: {
-      lenient: Number(f3(r.lenient.value)), format: Number(f3(r.formatValid)), "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)),
-      ...(r.envReward !== undefined ? { "env reward": Number(f3(r.envReward)), "env errors": Number(f3(r.envErrorRate ?? 0)) } : {}), quantize: spec.quantize,
+      lenient: Number(f3(r.lenient.value)),
+      format: Number(f3(r.formatValid)),
+      "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)),
+      ...(r.envReward !== undefined ? { "env reward": Number(f3(r.envReward)), "env errors": Number(f3(r.envErrorRate ?? 0)) } : {}),
+      quantize: spec.quantize,
     },
   }));
   return writeEvalReport(path.join(cfg.output_dir, "report.html"), {
@@ -312,7 +412,11 @@ async function writeEvalRunReport(
     rows,
     questions: results.map(({ spec, questions }) => ({ name: spec.name, questions })),
     compare: cfg.compare,
-    config: { ...cfg, models: cfg.models.map((m) => `${m.name}: ${m.modelPath}${m.adapter ? " + " + m.adapter : ""} (${m.quantize})`).join("; "), compare: improvements.map((d) => formatImprovement(d.model, d.baseline, d)).join("; ") } as unknown as Record<string, unknown>,
+    config: {
+      ...cfg,
+      models: cfg.models.map((m) => `${m.name}: ${m.modelPath}${m.adapter ? " + " + m.adapter : ""} (${m.quantize})`).join("; "),
+      compare: improvements.map((d) => formatImprovement(d.model, d.baseline, d)).join("; "),
+    } as unknown as Record<string, unknown>,
   });
 }
 
@@ -322,10 +426,16 @@ export async function rewriteEvalReport(dir: string): Promise<string> {
   const text = await fs.readFile(file, "utf8").catch(() => {
     throw new UsageError(`${file} not found: expected a folder written by scripts/eval.ts`);
   });
-  const saved = JSON.parse(text) as { config: EvalRunConfig; models: Array<EvalModelSpec & EvalSummaryOnly>; improvements: EvalRunOutput["improvements"] };
+  const saved = JSON.parse(text) as {
+    config: EvalRunConfig;
+    models: Array<EvalModelSpec & EvalSummaryOnly>;
+    improvements: EvalRunOutput["improvements"];
+  };
   const results = [];
   for (const m of saved.models) {
-    const lines = (await fs.readFile(path.join(dir, `samples-${m.name}.jsonl`), "utf8").catch(() => "")).split("\n").filter((l) => l.trim());
+    const lines = (await fs.readFile(path.join(dir, `samples-${m.name}.jsonl`), "utf8").catch(() => ""))
+      .split("\n")
+      .filter((l) => l.trim());
     results.push({ spec: m, summary: m, questions: lines.map((l) => JSON.parse(l) as ModelQuestions["questions"][number]) });
   }
   return writeEvalRunReport({ ...saved.config, output_dir: dir }, results, saved.improvements);

@@ -79,7 +79,11 @@ export interface EvalResult {
 
 export function transcript(t: Trajectory): string {
   return t.turns
-    .map((turn) => [turn.text, ...turn.toolCalls.map((c) => `[${c.name} → ${c.result}]`), ...turn.parseErrors.map((e) => `[parse error: ${e}]`)].join("\n"))
+    .map((turn) =>
+      [turn.text, ...turn.toolCalls.map((c) => `[${c.name} → ${c.result}]`), ...turn.parseErrors.map((e) => `[parse error: ${e}]`)].join(
+        "\n",
+      ),
+    )
     .join("\n");
 }
 
@@ -105,7 +109,9 @@ export function judgeEpisode(t: Trajectory): EvalSample {
   const reward = t.envReward ?? 0;
   return {
     finalText: t.finalText,
-    text: t.turns.map((turn) => [turn.text, ...(turn.observation !== undefined ? [`[observation → ${turn.observation}]`] : [])].join("\n")).join("\n"),
+    text: t.turns
+      .map((turn) => [turn.text, ...(turn.observation !== undefined ? [`[observation → ${turn.observation}]`] : [])].join("\n"))
+      .join("\n"),
     strict: t.envSuccess ?? reward >= 1,
     lenient: reward > 0,
     formatValid: t.finishReason === "stop",
@@ -126,7 +132,13 @@ export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: 
   for (let i = 0; i < examples.length; i += o.batchSize) {
     const batch = examples.slice(i, i + o.batchSize);
     // With an environment, a task's prompt is its first observation and each row acts in its own instance.
-    const episodes = o.envs ? await openEpisodes(o.envs, batch.map((ex) => Number(ex.id)), o.samplesPerPrompt) : null;
+    const episodes = o.envs
+      ? await openEpisodes(
+          o.envs,
+          batch.map((ex) => Number(ex.id)),
+          o.samplesPerPrompt,
+        )
+      : null;
     let trajs: Trajectory[];
     try {
       const prompts = episodes
@@ -175,7 +187,9 @@ export function summarize(questions: EvalQuestion[], k: number, seconds: number)
     toolCallsPerRollout: all.length ? calls / all.length : 0,
     toolErrorRate: calls ? errors / calls : 0,
     truncatedRate: all.length ? count((s) => s.truncated) / all.length : 0,
-    ...(all.some((s) => s.envReward !== undefined) ? { envReward: mean(all.map((s) => s.envReward ?? 0)), envErrorRate: mean(all.map((s) => (s.envError ? 1 : 0))) } : {}),
+    ...(all.some((s) => s.envReward !== undefined)
+      ? { envReward: mean(all.map((s) => s.envReward ?? 0)), envErrorRate: mean(all.map((s) => (s.envError ? 1 : 0))) }
+      : {}),
     seconds,
     questions,
   };
@@ -197,15 +211,42 @@ export async function finalEvaluation(
   model: CausalLM,
   tokenizer: Tokenizer,
   heldOut: Task[],
-  o: { maxNewTokens: number; maxTurns: number; toolsInPrompt: boolean; seed: number; tools: Tool[]; envs?: EnvironmentFactory; outputDir: string; metrics: MetricsLogger; step: number; log: (line: string) => void },
+  o: {
+    maxNewTokens: number;
+    maxTurns: number;
+    toolsInPrompt: boolean;
+    seed: number;
+    tools: Tool[];
+    envs?: EnvironmentFactory;
+    outputDir: string;
+    metrics: MetricsLogger;
+    step: number;
+    log: (line: string) => void;
+  },
 ): Promise<EvalResult | null> {
   if (heldOut.length === 0) return null;
   const r = await evaluate(model, tokenizer, heldOut, {
-    samplesPerPrompt: 1, temperature: 0, batchSize: 64, maxNewTokens: o.maxNewTokens, maxTurns: o.maxTurns, toolsInPrompt: o.toolsInPrompt, seed: o.seed, tools: o.tools, envs: o.envs,
+    samplesPerPrompt: 1,
+    temperature: 0,
+    batchSize: 64,
+    maxNewTokens: o.maxNewTokens,
+    maxTurns: o.maxTurns,
+    toolsInPrompt: o.toolsInPrompt,
+    seed: o.seed,
+    tools: o.tools,
+    envs: o.envs,
   });
   o.log(`eval (held-out, greedy): ${formatEvalLine(r)}`);
-  o.metrics.log(o.step, { eval_accuracy: r.strict.value, eval_lenient_accuracy: r.lenient.value, eval_format_valid: r.formatValid, eval_tool_calls: r.toolCallsPerRollout });
+  o.metrics.log(o.step, {
+    eval_accuracy: r.strict.value,
+    eval_lenient_accuracy: r.lenient.value,
+    eval_format_valid: r.formatValid,
+    eval_tool_calls: r.toolCallsPerRollout,
+  });
   const { questions, ...summary } = r;
-  await writeFileAtomic(path.join(o.outputDir, "eval.json"), JSON.stringify({ ...summary, samples: questions.slice(0, 50) }, null, 2) + "\n");
+  await writeFileAtomic(
+    path.join(o.outputDir, "eval.json"),
+    JSON.stringify({ ...summary, samples: questions.slice(0, 50) }, null, 2) + "\n",
+  );
   return r;
 }

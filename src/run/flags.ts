@@ -57,7 +57,11 @@ export function addFlags(cmd: Command, table: FlagTable): Command {
 /** A script's command: name, description, flags. Errors are thrown (parseFlags turns them into
  *  UsageError) rather than printed, so the script prints one line and exits 2. */
 export function commandOf(name: string, description: string, table: FlagTable): Command {
-  const cmd = new Command().name(name).description(description).exitOverride().configureOutput({ outputError: () => {} });
+  const cmd = new Command()
+    .name(name)
+    .description(description)
+    .exitOverride()
+    .configureOutput({ outputError: () => {} });
   return addFlags(cmd, table);
 }
 

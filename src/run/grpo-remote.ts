@@ -36,16 +36,26 @@ export interface RemoteFlags {
 
 /** Checks the flags and that the engine answers, before the run folder is touched: a usage error
  *  (one line, exit 2) otherwise. null with the local engine. */
-export async function openRemoteRollouts(f: RemoteFlags, vocabSize: number | null, log: (line: string) => void): Promise<RemoteRollouts | null> {
+export async function openRemoteRollouts(
+  f: RemoteFlags,
+  vocabSize: number | null,
+  log: (line: string) => void,
+): Promise<RemoteRollouts | null> {
   if (f.rollout_engine === "local") {
-    if (f.async_rollouts > 0) throw new UsageError(`--async_rollouts ${f.async_rollouts} needs --rollout_engine openai: the local engine generates in the training process`);
+    if (f.async_rollouts > 0)
+      throw new UsageError(
+        `--async_rollouts ${f.async_rollouts} needs --rollout_engine openai: the local engine generates in the training process`,
+      );
     if (f.rollout_url) throw new UsageError("--rollout_url is only used with --rollout_engine openai");
     return null;
   }
   if (!f.rollout_url) throw new UsageError("--rollout_engine openai needs --rollout_url, e.g. http://127.0.0.1:8001/v1");
   if (f.env) throw new UsageError("--rollout_engine openai rolls out tool-using tasks; --env runs on the local engine");
   if (!/^https?:\/\//.test(f.rollout_url)) throw new UsageError(`--rollout_url ${f.rollout_url}: expected an http(s) URL`);
-  const client = new EngineClient({ url: f.rollout_url, apiKey: process.env.ROLLOUT_API_KEY, timeoutMs: f.rollout_timeout * 1000 }, vocabSize ?? Number.MAX_SAFE_INTEGER);
+  const client = new EngineClient(
+    { url: f.rollout_url, apiKey: process.env.ROLLOUT_API_KEY, timeoutMs: f.rollout_timeout * 1000 },
+    vocabSize ?? Number.MAX_SAFE_INTEGER,
+  );
   let models: string[];
   try {
     models = await client.models();
@@ -73,7 +83,17 @@ export interface RemoteRun {
   outputDir: string;
   steps: number; // the run's last step (exclusive)
   question: (i: number) => Task;
-  cfg: { prompts_per_step: number; samples_per_prompt: number; max_new_tokens: number; max_turns: number; temperature: number; top_p: number; top_k: number; tools_in_prompt: boolean; seed: number };
+  cfg: {
+    prompts_per_step: number;
+    samples_per_prompt: number;
+    max_new_tokens: number;
+    max_turns: number;
+    temperature: number;
+    top_p: number;
+    top_k: number;
+    tools_in_prompt: boolean;
+    seed: number;
+  };
 }
 
 export class RemoteRollouts {
@@ -86,7 +106,11 @@ export class RemoteRollouts {
   private adaptersDir: string | null = null;
   private readonly tag = `${process.pid.toString(36)}${Date.now().toString(36)}`;
 
-  constructor(readonly client: EngineClient, readonly baseModel: string, readonly ahead: number) {}
+  constructor(
+    readonly client: EngineClient,
+    readonly baseModel: string,
+    readonly ahead: number,
+  ) {}
 
   /** Step `step`'s rollouts: publishes the weights as of now (version = step), requests the steps up
    *  to step + K, and waits for this step's. */
@@ -99,7 +123,10 @@ export class RemoteRollouts {
     const trajs = await job.result;
     this.launched.delete(step);
     const staleness = step - job.version;
-    if (staleness > this.ahead) throw new Error(`step ${step + 1}: rollouts of version ${job.version} are ${staleness} versions old; --async_rollouts ${this.ahead} allows ${this.ahead}`);
+    if (staleness > this.ahead)
+      throw new Error(
+        `step ${step + 1}: rollouts of version ${job.version} are ${staleness} versions old; --async_rollouts ${this.ahead} allows ${this.ahead}`,
+      );
     const metrics = { policy_version: job.version, staleness, trainer_wait: (Date.now() - t0) / 1000, engine_wait: this.engineWait };
     this.engineWait = 0;
     return { trajs, version: job.version, metrics };
@@ -134,11 +161,21 @@ export class RemoteRollouts {
     h.users++;
     if (this.inFlight++ === 0) this.engineWait += (Date.now() - this.idleSince) / 1000;
     const c = run.cfg;
-    const prompts = Array.from({ length: c.prompts_per_step }, (_, i) => run.question(step * c.prompts_per_step + i))
-      .map((ex) => toPrompt(ex.question, systemPromptFor(run.tools, ex.answerSchema, ex.scorer)));
+    const prompts = Array.from({ length: c.prompts_per_step }, (_, i) => run.question(step * c.prompts_per_step + i)).map((ex) =>
+      toPrompt(ex.question, systemPromptFor(run.tools, ex.answerSchema, ex.scorer)),
+    );
     const result = remoteRolloutGroups(this.client, run.tokenizer, prompts, {
-      samplesPerPrompt: c.samples_per_prompt, maxNewTokens: c.max_new_tokens, maxTurns: c.max_turns, temperature: c.temperature, topP: c.top_p, topK: c.top_k,
-      tools: run.tools, toolsInPrompt: c.tools_in_prompt, seed: c.seed * 1_000_003 + step, model: h.name, maxPositions: run.model.config.maxPositionEmbeddings,
+      samplesPerPrompt: c.samples_per_prompt,
+      maxNewTokens: c.max_new_tokens,
+      maxTurns: c.max_turns,
+      temperature: c.temperature,
+      topP: c.top_p,
+      topK: c.top_k,
+      tools: run.tools,
+      toolsInPrompt: c.tools_in_prompt,
+      seed: c.seed * 1_000_003 + step,
+      model: h.name,
+      maxPositions: run.model.config.maxPositionEmbeddings,
     }).finally(() => {
       h.users--;
       if (--this.inFlight === 0) this.idleSince = Date.now();

@@ -9,7 +9,16 @@ import * as path from "node:path";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { checkTaskRange, defaultTaskRanges, environmentTasks, episodePrompt, expandRanges, formatRanges, openEnvironmentServer, openEpisodes } from "../envs/episodes.ts";
+import {
+  checkTaskRange,
+  defaultTaskRanges,
+  environmentTasks,
+  episodePrompt,
+  expandRanges,
+  formatRanges,
+  openEnvironmentServer,
+  openEpisodes,
+} from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { LoraConfig } from "../model/types.ts";
@@ -75,7 +84,9 @@ function environmentSplit(env: string, trainSpec: string, heldOutSpec: string, e
   const trainSet = new Set(train);
   const shared = heldOut.filter((i) => trainSet.has(i));
   if (shared.length > 0)
-    throw new UsageError(`--env_tasks ${trainSpec} and --env_eval_tasks ${heldOutSpec} share data_idx ${formatRanges(shared)}; held-out tasks must not be trained on`);
+    throw new UsageError(
+      `--env_tasks ${trainSpec} and --env_eval_tasks ${heldOutSpec} share data_idx ${formatRanges(shared)}; held-out tasks must not be trained on`,
+    );
   const evaluated = heldOut.slice(0, evalSamples);
   return {
     train: environmentTasks(train),
@@ -100,7 +111,12 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   // task ranges): one that does not answer or refuses its family's requests is a usage error before
   // anything is written.
   const envs = options.env
-    ? await openEnvironmentServer(options.env, { dialect: options.env_dialect, timeoutMs: options.tool_timeout * 1000, maxChars: options.tool_max_chars, probeIdx: options.env_tasks ? expandRanges(options.env_tasks)[0] : 0 })
+    ? await openEnvironmentServer(options.env, {
+        dialect: options.env_dialect,
+        timeoutMs: options.tool_timeout * 1000,
+        maxChars: options.tool_max_chars,
+        probeIdx: options.env_tasks ? expandRanges(options.env_tasks)[0] : 0,
+      })
     : null;
   const ranges = envs ? defaultTaskRanges(envs.family, options.max_samples ?? 100) : null;
   // The values the flags leave open, settled once: what run.json and the resume check see.
@@ -123,7 +139,10 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
   await checkModelSource(cfg.model_path, "--model_path", cfg.init_adapter, "--init_adapter");
   if (!(cfg.top_p > 0 && cfg.top_p <= 1)) throw new UsageError(`--top_p ${cfg.top_p}: expected a number above 0 and at most 1`);
-  if (!(cfg.epsilon >= 0 && cfg.epsilon < 1)) throw new UsageError(`--epsilon ${cfg.epsilon}: expected a number >= 0 and below 1 (the ratio is clipped to [1 - epsilon, 1 + epsilon_high])`);
+  if (!(cfg.epsilon >= 0 && cfg.epsilon < 1))
+    throw new UsageError(
+      `--epsilon ${cfg.epsilon}: expected a number >= 0 and below 1 (the ratio is clipped to [1 - epsilon, 1 + epsilon_high])`,
+    );
   if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
   const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
@@ -135,9 +154,16 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
     throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
   // Tool servers are checked before the run folder is touched (the environment server was, above).
   // Held-out questions never include a training row; the split is logged and kept in run.json.
-  const { train: examples, heldOut, split } = envs
+  const {
+    train: examples,
+    heldOut,
+    split,
+  } = envs
     ? environmentSplit(cfg.env!, cfg.env_tasks!, cfg.env_eval_tasks!, cfg.eval_samples)
-    : await loadTrainingData({ dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.max_samples, synthetic: cfg.synthetic }, cfg.eval_samples);
+    : await loadTrainingData(
+        { dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.max_samples, synthetic: cfg.synthetic },
+        cfg.eval_samples,
+      );
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   log(`data: ${split}`);
   const remote = await openRemoteRollouts(cfg, null, log); // --rollout_engine openai: an engine that does not answer is a usage error
@@ -153,14 +179,29 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
 async function train(
   cfg: GrpoRunConfig & { output_dir: string; epsilon_high: number },
   c: {
-    t0: number; log: (line: string) => void; ckpt: Awaited<ReturnType<typeof loadCheckpoint>> | null; start: number; examples: Task[]; heldOut: Task[];
-    split: Awaited<ReturnType<typeof loadTrainingData>>["split"]; toolSet: ToolSet; envs: EnvironmentFactory | null; rewardWeights: Record<string, number>; remote: RemoteRollouts | null; score?: RolloutScorer;
+    t0: number;
+    log: (line: string) => void;
+    ckpt: Awaited<ReturnType<typeof loadCheckpoint>> | null;
+    start: number;
+    examples: Task[];
+    heldOut: Task[];
+    split: Awaited<ReturnType<typeof loadTrainingData>>["split"];
+    toolSet: ToolSet;
+    envs: EnvironmentFactory | null;
+    rewardWeights: Record<string, number>;
+    remote: RemoteRollouts | null;
+    score?: RolloutScorer;
   },
 ): Promise<GrpoRunResult> {
   const { t0, log, ckpt, start, examples, heldOut, split, rewardWeights, score } = c;
   const total = cfg.max_steps;
   const tools = c.toolSet.tools;
-  const lora: LoraConfig = { r: cfg.lora_r, alpha: cfg.lora_alpha, dropout: cfg.lora_dropout, targetModules: loraTargets(cfg.lora_targets) };
+  const lora: LoraConfig = {
+    r: cfg.lora_r,
+    alpha: cfg.lora_alpha,
+    dropout: cfg.lora_dropout,
+    targetModules: loraTargets(cfg.lora_targets),
+  };
   // A resumed run continues the checkpoint's adapter; a new one the given adapter or a fresh one.
   const open = () =>
     openPolicy({
@@ -170,7 +211,8 @@ async function train(
       lora,
       trainable: "lora",
       seed: cfg.seed,
-      backend: cfg.backend, threads: cfg.threads,
+      backend: cfg.backend,
+      threads: cfg.threads,
       unpackBase: cfg.unpack_base,
     });
   const policy: Policy = ckpt ? await open() : await withOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "grpo" }, open);
@@ -178,12 +220,20 @@ async function train(
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learning_rate, weightDecay: cfg.weight_decay });
   try {
     const positions = model.config.maxPositionEmbeddings;
-    if (cfg.max_new_tokens >= positions) throw new UsageError(`--max_new_tokens ${cfg.max_new_tokens}: the model holds ${positions} positions, prompt included; expected fewer`);
+    if (cfg.max_new_tokens >= positions)
+      throw new UsageError(
+        `--max_new_tokens ${cfg.max_new_tokens}: the model holds ${positions} positions, prompt included; expected fewer`,
+      );
     if (!ckpt) await writeRunConfig(cfg.output_dir, { ...cfg, base: policy.base, adapter: policy.adapterDir, dataSplit: split }, "grpo");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     const question = dataStream(examples, cfg.seed);
     const remoteRun = { model, tokenizer, tools, outputDir: cfg.output_dir, steps: total, question, cfg };
-    const schedule = { type: cfg.lr_scheduler, lr: cfg.learning_rate, warmupSteps: Math.floor(cfg.warmup_ratio * total), totalSteps: total };
+    const schedule = {
+      type: cfg.lr_scheduler,
+      lr: cfg.learning_rate,
+      warmupSteps: Math.floor(cfg.warmup_ratio * total),
+      totalSteps: total,
+    };
     const metrics = new MetricsLogger(path.join(cfg.output_dir, "metrics.jsonl"), { resumeStep: start });
     const trajectoryLog = new TrajectoryLog(path.join(cfg.output_dir, "trajectories.jsonl"), { resumeStep: start });
     const saves = new CheckpointSchedule(cfg.save_steps, total);
@@ -198,8 +248,13 @@ async function train(
       await saveCheckpoint(cfg.output_dir, {
         saveModel: (dir) => savePolicy(policy, dir, false),
         state: {
-          global_step: s, epoch: (s * cfg.prompts_per_step) / examples.length, data_position: s * cfg.prompts_per_step,
-          config_hash: configHash(identity(cfg)), config: identity(cfg), log_history: history, extra: { base: policy.base },
+          global_step: s,
+          epoch: (s * cfg.prompts_per_step) / examples.length,
+          data_position: s * cfg.prompts_per_step,
+          config_hash: configHash(identity(cfg)),
+          config: identity(cfg),
+          log_history: history,
+          extra: { base: policy.base },
         },
         optimizerState: await exportOptimizer(optimizer),
         saveTotalLimit: cfg.save_total_limit,
@@ -221,7 +276,13 @@ async function train(
         const batch = Array.from({ length: cfg.prompts_per_step }, (_, i) => question(step * cfg.prompts_per_step + i));
         const tRoll = Date.now();
         // With an environment, each task's prompt is its first observation and each row acts in its own instance.
-        const episodes = c.envs ? await openEpisodes(c.envs, batch.map((ex) => Number(ex.id)), cfg.samples_per_prompt) : null;
+        const episodes = c.envs
+          ? await openEpisodes(
+              c.envs,
+              batch.map((ex) => Number(ex.id)),
+              cfg.samples_per_prompt,
+            )
+          : null;
         let trajs: Trajectory[];
         let remoteStep: StepRollouts | null = null; // --rollout_engine openai: the engine's rollouts and their version
         try {
@@ -231,11 +292,19 @@ async function train(
           if (c.remote) {
             remoteStep = await c.remote.rollouts(remoteRun, step);
             trajs = remoteStep.trajs;
-          } else trajs = await rolloutGroups(model, tokenizer, prompts, {
-            samplesPerPrompt: cfg.samples_per_prompt, maxNewTokens: cfg.max_new_tokens, maxTurns: cfg.max_turns,
-            temperature: cfg.temperature, topP: cfg.top_p, topK: cfg.top_k, rng: new Rng(cfg.seed * 1_000_003 + step),
-            tools, toolsInPrompt: cfg.tools_in_prompt, envs: episodes?.envs,
-          });
+          } else
+            trajs = await rolloutGroups(model, tokenizer, prompts, {
+              samplesPerPrompt: cfg.samples_per_prompt,
+              maxNewTokens: cfg.max_new_tokens,
+              maxTurns: cfg.max_turns,
+              temperature: cfg.temperature,
+              topP: cfg.top_p,
+              topK: cfg.top_k,
+              rng: new Rng(cfg.seed * 1_000_003 + step),
+              tools,
+              toolsInPrompt: cfg.tools_in_prompt,
+              envs: episodes?.envs,
+            });
         } finally {
           await episodes?.close();
         }
@@ -253,32 +322,64 @@ async function train(
         const rewards = groups.map((g) => g.map((t) => t.reward!));
         const adv = countedGroupAdvantages(rewards, counted, cfg.scale_rewards);
         const rollouts: GrpoRollout[] = groups.flatMap((g, p) =>
-          g.flatMap((t, i) => (!counted[p][i] ? [] : [{
-            ids: [...t.promptIds, ...t.completionIds], lossMask: [...t.promptIds.map(() => 0), ...t.lossMask], advantage: adv[p][i],
-            truncated: t.finishReason === "length" || t.finishReason === "max_turns",
-            // The engine's log-probs of what it sampled: compared with the trainer's, and π_old when off-policy.
-            behaviourLogprobs: remoteStep ? [...t.promptIds.map(() => NaN), ...t.sampleLogprobs.map((x, k) => (t.lossMask[k] ? x : NaN))] : undefined,
-          }])),
+          g.flatMap((t, i) =>
+            !counted[p][i]
+              ? []
+              : [
+                  {
+                    ids: [...t.promptIds, ...t.completionIds],
+                    lossMask: [...t.promptIds.map(() => 0), ...t.lossMask],
+                    advantage: adv[p][i],
+                    truncated: t.finishReason === "length" || t.finishReason === "max_turns",
+                    // The engine's log-probs of what it sampled: compared with the trainer's, and π_old when off-policy.
+                    behaviourLogprobs: remoteStep
+                      ? [...t.promptIds.map(() => NaN), ...t.sampleLogprobs.map((x, k) => (t.lossMask[k] ? x : NaN))]
+                      : undefined,
+                  },
+                ],
+          ),
         );
         const tTrain = Date.now();
         const lr = lrAt(step, schedule);
-        const s = rollouts.length === 0 ? noUpdateStats(0) : await grpoStep(model, optimizer, rollouts, {
-          beta: cfg.beta, epsilon: cfg.epsilon, epsilonHigh: cfg.epsilon_high, lossType: cfg.loss_type, maxNewTokens: cfg.max_new_tokens,
-          importanceSamplingLevel: cfg.importance_sampling_level, maskTruncatedCompletions: cfg.mask_truncated_completions,
-          numIterations: cfg.num_iterations, maxGradNorm: cfg.max_grad_norm, lr, microBatchSize: cfg.micro_batch_size, padTokenId: tokenizer.padTokenId,
-          offPolicy: cfg.async_rollouts > 0,
-        });
+        const s =
+          rollouts.length === 0
+            ? noUpdateStats(0)
+            : await grpoStep(model, optimizer, rollouts, {
+                beta: cfg.beta,
+                epsilon: cfg.epsilon,
+                epsilonHigh: cfg.epsilon_high,
+                lossType: cfg.loss_type,
+                maxNewTokens: cfg.max_new_tokens,
+                importanceSamplingLevel: cfg.importance_sampling_level,
+                maskTruncatedCompletions: cfg.mask_truncated_completions,
+                numIterations: cfg.num_iterations,
+                maxGradNorm: cfg.max_grad_norm,
+                lr,
+                microBatchSize: cfg.micro_batch_size,
+                padTokenId: tokenizer.padTokenId,
+                offPolicy: cfg.async_rollouts > 0,
+              });
         const trainSeconds = (Date.now() - tTrain) / 1000;
         await trajectoryLog.append(step + 1, trajs, tokenizer, remoteStep ? { policyVersion: remoteStep.version } : undefined);
         collectGarbage(); // the step's dead objects go now, not in a sawtooth over many steps (util/gc.ts)
-        const m = { ...stepMetrics(trajs, rewards.map((g, p) => g.filter((_, i) => counted[p][i])), s, { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 }), ...loss, ...(remoteStep ? { ...remoteStep.metrics, engine_logprob_gap: s.behaviourGap, engine_logprob_delta: s.behaviourDelta } : {}) };
+        const m = {
+          ...stepMetrics(
+            trajs,
+            rewards.map((g, p) => g.filter((_, i) => counted[p][i])),
+            s,
+            { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 },
+          ),
+          ...loss,
+          ...(remoteStep ? { ...remoteStep.metrics, engine_logprob_gap: s.behaviourGap, engine_logprob_delta: s.behaviourDelta } : {}),
+        };
         metrics.log(step + 1, m);
         history.push({ step: step + 1, ...m });
         progress.update(step + 1, m);
         if (!cfg.quiet) progress.log(formatStepLine(step + 1, total, m, c.envs ? ENV_LINE : GRPO_LINE));
         const failures = trajs.filter(envFailed);
         const lastError = (failures[0]?.envError ?? "").replace(/\s+/g, " ");
-        if (failures.length > 0 && !cfg.quiet) progress.log(`step ${step + 1}: ${failures.length} of ${trajs.length} rollouts failed on the environment: ${lastError}`);
+        if (failures.length > 0 && !cfg.quiet)
+          progress.log(`step ${step + 1}: ${failures.length} of ${trajs.length} rollouts failed on the environment: ${lastError}`);
         failedSteps = failures.length === trajs.length ? failedSteps + 1 : 0;
         if (cfg.env_max_failed_steps > 0 && failedSteps >= cfg.env_max_failed_steps) {
           if (savedStep !== step + 1) await saveAt(step + 1);
@@ -295,10 +396,14 @@ async function train(
       if (err instanceof EngineError) {
         // The engine died, stalled or answered nonsense before this step trained: its weights are step's.
         if (savedStep !== step) await saveAt(step);
-        throw new Error(`${err.message}; stopped before step ${step + 1} and saved checkpoint-${step} in ${cfg.output_dir}; continue with --resume once the engine answers`);
+        throw new Error(
+          `${err.message}; stopped before step ${step + 1} and saved checkpoint-${step} in ${cfg.output_dir}; continue with --resume once the engine answers`,
+        );
       }
       if (err instanceof NonFiniteError)
-        throw new Error(`${err.message} at step ${step + 1}: stopped; the last good checkpoint is kept in ${cfg.output_dir} (lower --learning_rate or check the data)`);
+        throw new Error(
+          `${err.message} at step ${step + 1}: stopped; the last good checkpoint is kept in ${cfg.output_dir} (lower --learning_rate or check the data)`,
+        );
       throw err;
     } finally {
       progress.stop();
@@ -308,7 +413,16 @@ async function train(
     await savePolicy(policy, finalDir, false);
     log(`saved adapter to ${finalDir}`);
     const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      maxNewTokens: cfg.max_new_tokens, maxTurns: cfg.max_turns, toolsInPrompt: cfg.tools_in_prompt, seed: cfg.seed, tools, envs: c.envs ?? undefined, outputDir: cfg.output_dir, metrics, step: total, log,
+      maxNewTokens: cfg.max_new_tokens,
+      maxTurns: cfg.max_turns,
+      toolsInPrompt: cfg.tools_in_prompt,
+      seed: cfg.seed,
+      tools,
+      envs: c.envs ?? undefined,
+      outputDir: cfg.output_dir,
+      metrics,
+      step: total,
+      log,
     });
     await writeReport(cfg.output_dir, { title: `GRPO ${path.basename(policy.base)}`, extra: { loss: describeLoss(loss) } });
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
@@ -325,8 +439,12 @@ async function train(
 /** The loss a run trains with and its hyper-parameters, as metrics.jsonl holds them. */
 export function lossFields(cfg: GrpoRunConfig & { epsilon_high: number }): Record<string, string | number | boolean> {
   return {
-    loss_type: cfg.loss_type, importance_sampling_level: cfg.importance_sampling_level, epsilon: cfg.epsilon, epsilon_high: cfg.epsilon_high,
-    beta: cfg.beta, mask_truncated_completions: cfg.mask_truncated_completions,
+    loss_type: cfg.loss_type,
+    importance_sampling_level: cfg.importance_sampling_level,
+    epsilon: cfg.epsilon,
+    epsilon_high: cfg.epsilon_high,
+    beta: cfg.beta,
+    mask_truncated_completions: cfg.mask_truncated_completions,
   };
 }
 
@@ -349,7 +467,8 @@ export function stepMetrics(
   const r = meanStd(trajs.map((x) => x.reward!));
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
   const components: Record<string, number> = {};
-  for (const name of Object.keys(trajs[0]?.rewardComponents ?? {})) components[`reward_${name}`] = mean(trajs.map((x) => x.rewardComponents![name]));
+  for (const name of Object.keys(trajs[0]?.rewardComponents ?? {}))
+    components[`reward_${name}`] = mean(trajs.map((x) => x.rewardComponents![name]));
   const calls = trajs.reduce((a, x) => a + x.numToolCalls + x.numParseErrors, 0);
   const failed = trajs.reduce((a, x) => a + x.numToolErrors + x.numParseErrors, 0);
   const rolloutTokens = trajs.reduce((a, x) => a + x.completionIds.length, 0);

@@ -21,14 +21,42 @@ export const BACKENDS = BACKEND_NAMES;
 /** Model, engine and seed flags of every script. */
 export function modelFlags(d: { modelPath: string; quantize: Quantize }) {
   return {
-    preset: optional("--preset <name>", `fill every flag not given with a preset's values (${PRESETS.join(", ")})`, parseChoice("preset", PRESETS)),
-    model_path: flag("--model_path <id|dir>", "hub id, Hugging Face folder, full-weights output, or a PEFT adapter folder (its base is read from adapter_config.json)", undefined, d.modelPath),
-    quantize: flag("--quantize <kind>", `frozen base weights: ${QUANTIZE_CHOICES.join(", ")}`, parseChoice("quantize", QUANTIZE_CHOICES), d.quantize),
-    backend: flag("--backend <name>", `tfjs backend: ${BACKENDS.join(", ")} (auto: ${AUTO_ORDER})`, parseChoice("backend", BACKENDS), "auto" as (typeof BACKENDS)[number], { free: true }),
+    preset: optional(
+      "--preset <name>",
+      `fill every flag not given with a preset's values (${PRESETS.join(", ")})`,
+      parseChoice("preset", PRESETS),
+    ),
+    model_path: flag(
+      "--model_path <id|dir>",
+      "hub id, Hugging Face folder, full-weights output, or a PEFT adapter folder (its base is read from adapter_config.json)",
+      undefined,
+      d.modelPath,
+    ),
+    quantize: flag(
+      "--quantize <kind>",
+      `frozen base weights: ${QUANTIZE_CHOICES.join(", ")}`,
+      parseChoice("quantize", QUANTIZE_CHOICES),
+      d.quantize,
+    ),
+    backend: flag(
+      "--backend <name>",
+      `tfjs backend: ${BACKENDS.join(", ")} (auto: ${AUTO_ORDER})`,
+      parseChoice("backend", BACKENDS),
+      "auto" as (typeof BACKENDS)[number],
+      { free: true },
+    ),
     threads: flag("--threads <n>", THREADS_HELP, parseThreads, "auto" as ThreadsSpec, { free: true }),
     seed: flag("--seed <n>", "random seed (weights of a fresh adapter, data order, sampling)", parseIntArg("seed", 0), 0),
-    tools_in_prompt: toggle("--no-tools_in_prompt", "do not render the tool schemas into the system prompt (the model learned the format in SFT)"),
-    unpack_base: toggle("--no-unpack_base", "keep an int8/nf4 base packed while generating: less memory, slower decoding (default: unpacked to f32 for as long as it generates)", undefined, { free: true }),
+    tools_in_prompt: toggle(
+      "--no-tools_in_prompt",
+      "do not render the tool schemas into the system prompt (the model learned the format in SFT)",
+    ),
+    unpack_base: toggle(
+      "--no-unpack_base",
+      "keep an int8/nf4 base packed while generating: less memory, slower decoding (default: unpacked to f32 for as long as it generates)",
+      undefined,
+      { free: true },
+    ),
   } satisfies FlagTable;
 }
 
@@ -55,25 +83,52 @@ export function addModelOptions(cmd: Command, defaults: { modelPath: string; qua
 /** The run's tools (agents/toolset.ts): --tools, --tool_timeout, --tool_max_chars (GRPO, eval, chat). */
 export function toolFlags() {
   return {
-    tools: flag("--tools <list>", `tools the agent may call, comma-separated: a built-in name (${BUILTIN_TOOLS.list().map((t) => t.name).join(", ")}), mcp:<command line> (an MCP server over stdio) or mcp:<http(s) URL> (Streamable HTTP)`, undefined, DEFAULT_TOOLS.join(",")),
-    tool_timeout: flag("--tool_timeout <s>", "seconds one tool call may take before it returns an error to the model", parseFloatArg("tool_timeout", 0.001), 30),
-    tool_max_chars: flag("--tool_max_chars <n>", "longest tool result the model reads; longer ones are cut with a marker", parseIntArg("tool_max_chars", 100), 4000),
+    tools: flag(
+      "--tools <list>",
+      `tools the agent may call, comma-separated: a built-in name (${BUILTIN_TOOLS.list()
+        .map((t) => t.name)
+        .join(", ")}), mcp:<command line> (an MCP server over stdio) or mcp:<http(s) URL> (Streamable HTTP)`,
+      undefined,
+      DEFAULT_TOOLS.join(","),
+    ),
+    tool_timeout: flag(
+      "--tool_timeout <s>",
+      "seconds one tool call may take before it returns an error to the model",
+      parseFloatArg("tool_timeout", 0.001),
+      30,
+    ),
+    tool_max_chars: flag(
+      "--tool_max_chars <n>",
+      "longest tool result the model reads; longer ones are cut with a marker",
+      parseIntArg("tool_max_chars", 100),
+      4000,
+    ),
   } satisfies FlagTable;
 }
 
-const ENV_HELP = "roll out against an AgentGym HTTP environment server instead of a dataset: each assistant turn is an action, read as the environment's AgentGym client reads it; the episode's score by the environment's own rule is the reward component env";
+const ENV_HELP =
+  "roll out against an AgentGym HTTP environment server instead of a dataset: each assistant turn is an action, read as the environment's AgentGym client reads it; the episode's score by the environment's own rule is the reward component env";
 
 /** --env URL and --env_dialect: roll out against an AgentGym environment server (GRPO, eval; `help`
  *  says what the script does with it). */
 export function envFlags(help = ENV_HELP) {
   return {
     env: optional("--env <url>", help),
-    env_dialect: flag("--env_dialect <kind>", "the server's family, which fixes its request shapes, action format, scoring and instruction: textcraft, babyai, sciworld, alfworld, webshop, sqlgym (AgentGym's servers), id or env_idx (generic: the shipped guess-number server), auto (from the server's GET / banner; generic id when it names no family)", parseChoice("env_dialect", DIALECTS), "auto" as Dialect),
+    env_dialect: flag(
+      "--env_dialect <kind>",
+      "the server's family, which fixes its request shapes, action format, scoring and instruction: textcraft, babyai, sciworld, alfworld, webshop, sqlgym (AgentGym's servers), id or env_idx (generic: the shipped guess-number server), auto (from the server's GET / banner; generic id when it names no family)",
+      parseChoice("env_dialect", DIALECTS),
+      "auto" as Dialect,
+    ),
   } satisfies FlagTable;
 }
 
 /** --tools/--tool_timeout/--tool_max_chars as the tool-set options of every run. */
-export function toolConfig(o: { tools?: string; tool_timeout?: number; tool_max_chars?: number }): { tools: string[]; toolTimeout?: number; toolMaxChars?: number } {
+export function toolConfig(o: { tools?: string; tool_timeout?: number; tool_max_chars?: number }): {
+  tools: string[];
+  toolTimeout?: number;
+  toolMaxChars?: number;
+} {
   return { tools: splitToolSpecs(o.tools ?? DEFAULT_TOOLS.join(",")), toolTimeout: o.tool_timeout, toolMaxChars: o.tool_max_chars };
 }
 
@@ -83,7 +138,12 @@ export function loraFlags(d: { r: number; alpha: number }) {
     lora_r: flag("--lora_r <n>", "LoRA rank", parseIntArg("lora_r", 1), d.r),
     lora_alpha: flag("--lora_alpha <x>", "LoRA alpha (scaling = alpha / r)", parseFloatArg("lora_alpha", 0), d.alpha),
     lora_dropout: flag("--lora_dropout <x>", "dropout on the LoRA input while training", parseFloatArg("lora_dropout", 0, 0.99), 0),
-    lora_targets: flag("--lora_targets <list>", `modules that get adapters: comma-separated subset of ${LORA_TARGETS.join(",")}, or all`, parseList("lora_targets", [...LORA_TARGETS, "all"]), ["all"]),
+    lora_targets: flag(
+      "--lora_targets <list>",
+      `modules that get adapters: comma-separated subset of ${LORA_TARGETS.join(",")}, or all`,
+      parseList("lora_targets", [...LORA_TARGETS, "all"]),
+      ["all"],
+    ),
   } satisfies FlagTable;
 }
 
@@ -95,8 +155,18 @@ export function loraTargets(list: string[]): LoraTarget[] {
 export function optimizerFlags(d: { lr: number; scheduler: ScheduleType; warmupRatio: number }) {
   return {
     learning_rate: flag("--learning_rate <x>", "peak learning rate", parseFloatArg("learning_rate", 0), d.lr),
-    lr_scheduler: flag("--lr_scheduler <kind>", `${SCHEDULES.join(", ")} (with warmup)`, parseChoice("lr_scheduler", SCHEDULES), d.scheduler),
-    warmup_ratio: flag("--warmup_ratio <x>", "share of steps spent warming the learning rate up from 0", parseFloatArg("warmup_ratio", 0, 1), d.warmupRatio),
+    lr_scheduler: flag(
+      "--lr_scheduler <kind>",
+      `${SCHEDULES.join(", ")} (with warmup)`,
+      parseChoice("lr_scheduler", SCHEDULES),
+      d.scheduler,
+    ),
+    warmup_ratio: flag(
+      "--warmup_ratio <x>",
+      "share of steps spent warming the learning rate up from 0",
+      parseFloatArg("warmup_ratio", 0, 1),
+      d.warmupRatio,
+    ),
     weight_decay: flag("--weight_decay <x>", "AdamW decoupled weight decay", parseFloatArg("weight_decay", 0), 0.0),
     max_grad_norm: flag("--max_grad_norm <x>", "clip the global gradient norm to this", parseFloatArg("max_grad_norm", 0), 1.0),
   } satisfies FlagTable;
@@ -113,7 +183,11 @@ export function trainingFlags(d: { quantize: Quantize; lr: number; scheduler: Sc
 
 /** The default run folder: outputs/<model name>/<stage>. */
 export function defaultOutputDir(modelPath: string, stage: string): string {
-  const name = modelPath.replace(/[\\/]+$/, "").split(/[\\/]/).slice(-1)[0] || "model";
+  const name =
+    modelPath
+      .replace(/[\\/]+$/, "")
+      .split(/[\\/]/)
+      .slice(-1)[0] || "model";
   return `outputs/${name}/${stage}`;
 }
 

@@ -35,7 +35,11 @@ export interface Policy {
   tokenizerDir: string;
 }
 
-const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+const exists = (p: string) =>
+  fs.stat(p).then(
+    () => true,
+    () => false,
+  );
 
 /** A local folder resolves to its absolute path (so saved adapters find their base from anywhere);
  *  anything else is a hub id. A path-looking argument that does not exist is a usage error. */
@@ -44,7 +48,9 @@ async function localOrId(p: string, flag: string): Promise<string> {
   if (run !== null) return run;
   if (await exists(p)) return path.resolve(p);
   if (!isHubId(p))
-    throw new UsageError(`${flag} ${p}: no such folder; expected a Hugging Face model folder, a PEFT adapter folder or a hub id like Qwen/Qwen2.5-0.5B`);
+    throw new UsageError(
+      `${flag} ${p}: no such folder; expected a Hugging Face model folder, a PEFT adapter folder or a hub id like Qwen/Qwen2.5-0.5B`,
+    );
   return p;
 }
 
@@ -54,7 +60,8 @@ const noteOnce = (line: string) => {
   noted.add(line);
 };
 
-const isModelFolder = async (d: string) => (await exists(path.join(d, "config.json"))) || (await exists(path.join(d, "adapter_config.json")));
+const isModelFolder = async (d: string) =>
+  (await exists(path.join(d, "config.json"))) || (await exists(path.join(d, "adapter_config.json")));
 
 /** The model in a training run's folder, for the command lines of the project this one grew from
  *  (its SFT wrote the model into --output_dir itself, its GRPO wrote `epoch_N/` folders):
@@ -75,7 +82,7 @@ export async function runFolderModel(p: string, flag: string, note: (line: strin
   const n = Number(m[1]);
   let steps: unknown;
   try {
-    steps = (JSON.parse(await fs.readFile(path.join(run, "run.json"), "utf8")) as { config?: { max_steps?: unknown }; max_steps?: unknown });
+    steps = JSON.parse(await fs.readFile(path.join(run, "run.json"), "utf8")) as { config?: { max_steps?: unknown }; max_steps?: unknown };
   } catch {
     steps = undefined;
   }
@@ -84,11 +91,15 @@ export async function runFolderModel(p: string, flag: string, note: (line: strin
   const ckpt = path.join(run, `checkpoint-${n}`);
   const pick = n === maxSteps && (await isModelFolder(final)) ? final : (await isModelFolder(ckpt)) ? ckpt : null;
   if (pick !== null) {
-    note(`${flag} ${p}: this project's runs write checkpoint-<step>/ and final/ instead of epoch_N/ (--total_epochs counts RL steps); using ${pick}`);
+    note(
+      `${flag} ${p}: this project's runs write checkpoint-<step>/ and final/ instead of epoch_N/ (--total_epochs counts RL steps); using ${pick}`,
+    );
     return pick;
   }
   const held = (await fs.readdir(run)).filter((d) => d === "final" || /^checkpoint-\d+$/.test(d)).sort();
-  throw new UsageError(`${flag} ${p}: no such folder; this project's runs write checkpoint-<step>/ and final/ instead of epoch_N/ (--total_epochs counts RL steps), and ${run} holds ${held.length ? held.map((d) => d + "/").join(", ") : "neither"}`);
+  throw new UsageError(
+    `${flag} ${p}: no such folder; this project's runs write checkpoint-<step>/ and final/ instead of epoch_N/ (--total_epochs counts RL steps), and ${run} holds ${held.length ? held.map((d) => d + "/").join(", ") : "neither"}`,
+  );
 }
 
 /** --adapter (or --init_adapter): an existing folder with adapter_config.json, as an absolute path. */
@@ -107,7 +118,8 @@ async function readAdapterBase(dir: string): Promise<string> {
   } catch (err) {
     throw new UsageError(`${file}: cannot read it as JSON (${(err as Error).message.split("\n")[0]})`);
   }
-  if (typeof cfg !== "object" || cfg === null || Array.isArray(cfg)) throw new UsageError(`${file}: expected a JSON object (a PEFT adapter config)`);
+  if (typeof cfg !== "object" || cfg === null || Array.isArray(cfg))
+    throw new UsageError(`${file}: expected a JSON object (a PEFT adapter config)`);
   if (typeof cfg.base_model_name_or_path !== "string" || !cfg.base_model_name_or_path)
     throw new UsageError(`${file}: base_model_name_or_path is missing; pass the base with --model_path and this folder with --adapter`);
   return cfg.base_model_name_or_path;
@@ -182,8 +194,13 @@ export async function savePolicy(p: Policy, dir: string, full: boolean): Promise
 export async function checkModelSource(modelPath: string, flag: string, adapter?: string, adapterFlag = "--adapter"): Promise<void> {
   const p = await localOrId(modelPath, flag);
   if (path.isAbsolute(p)) {
-    const ok = (await fs.stat(p)).isDirectory() && ((await exists(path.join(p, "config.json"))) || (await exists(path.join(p, "adapter_config.json"))));
-    if (!ok) throw new UsageError(`${flag} ${modelPath}: no config.json or adapter_config.json there; expected a Hugging Face model folder or a PEFT adapter folder`);
+    const ok =
+      (await fs.stat(p)).isDirectory() &&
+      ((await exists(path.join(p, "config.json"))) || (await exists(path.join(p, "adapter_config.json"))));
+    if (!ok)
+      throw new UsageError(
+        `${flag} ${modelPath}: no config.json or adapter_config.json there; expected a Hugging Face model folder or a PEFT adapter folder`,
+      );
   }
   if (adapter !== undefined) await adapterFolder(adapter, adapterFlag);
 }

@@ -70,16 +70,32 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
   if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "sft" });
   const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
-  const lora: LoraConfig | undefined = cfg.full ? undefined : { r: cfg.lora_r, alpha: cfg.lora_alpha, dropout: cfg.lora_dropout, targetModules: loraTargets(cfg.lora_targets) };
+  const lora: LoraConfig | undefined = cfg.full
+    ? undefined
+    : { r: cfg.lora_r, alpha: cfg.lora_alpha, dropout: cfg.lora_dropout, targetModules: loraTargets(cfg.lora_targets) };
   // Held-out questions never include a training row; the split is logged and kept in run.json.
-  const { train: examples, heldOut, split } = await loadTrainingData({ dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.max_samples, synthetic: cfg.synthetic }, cfg.eval_samples);
+  const {
+    train: examples,
+    heldOut,
+    split,
+  } = await loadTrainingData(
+    { dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.max_samples, synthetic: cfg.synthetic },
+    cfg.eval_samples,
+  );
   log(`data: ${split}`);
   // A resumed run continues the checkpoint: the full model saved there, or the base with its adapter.
   const base = ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.model_path) : cfg.model_path;
   const open = () =>
     openPolicy({
-      modelPath: ckpt && cfg.full ? ckpt.dir : base, adapter: ckpt && !cfg.full ? ckpt.dir : undefined,
-      quantize: cfg.quantize, lora, trainable: cfg.full ? "full" : "lora", seed: cfg.seed, backend: cfg.backend, threads: cfg.threads, unpackBase: cfg.unpack_base,
+      modelPath: ckpt && cfg.full ? ckpt.dir : base,
+      adapter: ckpt && !cfg.full ? ckpt.dir : undefined,
+      quantize: cfg.quantize,
+      lora,
+      trainable: cfg.full ? "full" : "lora",
+      seed: cfg.seed,
+      backend: cfg.backend,
+      threads: cfg.threads,
+      unpackBase: cfg.unpack_base,
     });
   const policy = ckpt ? await open() : await withOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "sft" }, open);
   if (ckpt) policy.base = base;
@@ -91,13 +107,22 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     if (!ckpt) await writeRunConfig(cfg.output_dir, { ...cfg, base: policy.base, dataSplit: split }, "sft");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     // Conversations: every calculator call re-run, so tool messages show what rollouts will show.
-    const built = await buildSftConversations(examples, calculatorTool, { inlineShare: cfg.inline_share, inlineOps: cfg.inline_ops, seed: cfg.seed });
+    const built = await buildSftConversations(examples, calculatorTool, {
+      inlineShare: cfg.inline_share,
+      inlineOps: cfg.inline_ops,
+      seed: cfg.seed,
+    });
     const tools = cfg.tools_in_prompt ? [toolSchema(calculatorTool)] : undefined;
     const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= cfg.max_length);
     const tooLong = built.conversations.length - encoded.length;
-    log(`sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong annotations, ${tooLong} longer than --max_length ${cfg.max_length})` +
-      (built.inlined > 0 ? `; ${built.inlined} of ${built.inlined + countCalls(built.conversations)} calculator steps written inline` : ""));
-    if (encoded.length === 0) throw new UsageError(`no training conversations left (check --max_length ${cfg.max_length} and --dataset ${cfg.dataset})`);
+    log(
+      `sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong annotations, ${tooLong} longer than --max_length ${cfg.max_length})` +
+        (built.inlined > 0
+          ? `; ${built.inlined} of ${built.inlined + countCalls(built.conversations)} calculator steps written inline`
+          : ""),
+    );
+    if (encoded.length === 0)
+      throw new UsageError(`no training conversations left (check --max_length ${cfg.max_length} and --dataset ${cfg.dataset})`);
 
     const perStep = cfg.batch_size * cfg.gradient_accumulation_steps;
     const stepsPerEpoch = Math.ceil(encoded.length / perStep);
@@ -105,7 +130,9 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     const start = ckpt?.state.global_step ?? 0;
     // A run killed after its last step (while writing final/, evaluating or reporting) is finished here.
     if (start > totalSteps || (start === totalSteps && (await runFinished(cfg.output_dir))))
-      throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} of ${totalSteps} steps; start a new --output_dir to train further`);
+      throw new UsageError(
+        `--resume: ${cfg.output_dir} already ran ${start} of ${totalSteps} steps; start a new --output_dir to train further`,
+      );
     const schedule = { type: cfg.lr_scheduler, lr: cfg.learning_rate, warmupSteps: Math.floor(cfg.warmup_ratio * totalSteps), totalSteps };
     const metrics = new MetricsLogger(path.join(cfg.output_dir, "metrics.jsonl"), { resumeStep: start });
     const saves = new CheckpointSchedule(cfg.save_steps, totalSteps);
@@ -119,8 +146,13 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
       await saveCheckpoint(cfg.output_dir, {
         saveModel: (dir) => savePolicy(policy, dir, cfg.full),
         state: {
-          global_step: s, epoch: s / stepsPerEpoch, data_position: (s % stepsPerEpoch) * perStep,
-          config_hash: configHash(identity(cfg)), config: identity(cfg), log_history: [], extra: { base: policy.base },
+          global_step: s,
+          epoch: s / stepsPerEpoch,
+          data_position: (s % stepsPerEpoch) * perStep,
+          config_hash: configHash(identity(cfg)),
+          config: identity(cfg),
+          log_history: [],
+          extra: { base: policy.base },
         },
         optimizerState: await exportOptimizer(optimizer),
         saveTotalLimit: 2,
@@ -145,7 +177,13 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
           const micro: SftBatch[] = [];
           for (let i = 0; i < rows.length; i += cfg.batch_size) {
             const part = rows.slice(i, i + cfg.batch_size).map((r) => encoded[r]);
-            micro.push(rightPad(part.map((e) => e.ids), part.map((e) => e.assistantMask), padId));
+            micro.push(
+              rightPad(
+                part.map((e) => e.ids),
+                part.map((e) => e.assistantMask),
+                padId,
+              ),
+            );
           }
           const lr = lrAt(step, schedule);
           const r = await sftStep(model, optimizer, micro, { lr, maxGradNorm: cfg.max_grad_norm });
@@ -154,7 +192,16 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
           collectGarbage(); // the step's dead objects go now, not in a sawtooth over many steps (util/gc.ts)
           const seconds = (Date.now() - tStep) / 1000;
           const tokensSeen = micro.reduce((a, b) => a + b.ids.length * b.ids[0].length, 0);
-          const m = { loss: r.loss, lr, grad_norm: r.gradNorm, tokens: r.tokens, tokens_per_s: tokensSeen / seconds, epoch: step / stepsPerEpoch, step_time: seconds, ...memoryFields() };
+          const m = {
+            loss: r.loss,
+            lr,
+            grad_norm: r.gradNorm,
+            tokens: r.tokens,
+            tokens_per_s: tokensSeen / seconds,
+            epoch: step / stepsPerEpoch,
+            step_time: seconds,
+            ...memoryFields(),
+          };
           metrics.log(step, m);
           progress.update(step, m);
           if (!cfg.quiet && (step % 10 === 0 || step === totalSteps)) progress.log(formatStepLine(step, totalSteps, m, SFT_LINE));
@@ -173,7 +220,15 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     log(`saved ${cfg.full ? "model" : "adapter"} to ${finalDir}`);
 
     const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      maxNewTokens: cfg.eval_max_new_tokens, maxTurns: cfg.max_turns, toolsInPrompt: cfg.tools_in_prompt, seed: cfg.seed, tools: toolSet.tools, outputDir: cfg.output_dir, metrics, step, log,
+      maxNewTokens: cfg.eval_max_new_tokens,
+      maxTurns: cfg.max_turns,
+      toolsInPrompt: cfg.tools_in_prompt,
+      seed: cfg.seed,
+      tools: toolSet.tools,
+      outputDir: cfg.output_dir,
+      metrics,
+      step,
+      log,
     });
     await writeReport(cfg.output_dir, { title: `SFT ${path.basename(policy.base)}` });
     return { steps: step, finalLoss: lastLoss, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };

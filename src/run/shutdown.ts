@@ -95,7 +95,11 @@ const SAME_INTERRUPT_MS = 1000;
 export async function superviseSelf(): Promise<void> {
   if (process.env[TRAINER_CHILD_ENV] === "1") {
     if (process.channel) {
-      process.on("disconnect", () => (watching ? watching.request("interrupted: the launching process is gone; stopping after the current step to save a checkpoint") : process.exit(130)));
+      process.on("disconnect", () =>
+        watching
+          ? watching.request("interrupted: the launching process is gone; stopping after the current step to save a checkpoint")
+          : process.exit(130),
+      );
       process.channel.unref();
     }
     return;

@@ -35,7 +35,14 @@ class EvalQueue {
     // Jobs ahead of this one: the running one and those waiting; at most maxWaiting may wait.
     if (this.running + this.waiting > this.maxWaiting) {
       const retry = Math.max(1, Math.ceil(this.meanSeconds() * (this.waiting + this.running)));
-      return Promise.reject(new HttpError(429, `evaluation queue is full (${this.running} running, ${this.waiting} waiting); retry in about ${retry} s`, { retry_after_seconds: retry }, { "Retry-After": String(retry) }));
+      return Promise.reject(
+        new HttpError(
+          429,
+          `evaluation queue is full (${this.running} running, ${this.waiting} waiting); retry in about ${retry} s`,
+          { retry_after_seconds: retry },
+          { "Retry-After": String(retry) },
+        ),
+      );
     }
     this.waiting++;
     const p = this.tail.then(async () => {
@@ -84,7 +91,8 @@ export class Grader {
     const g = new Grader(o);
     const meta = await g.store.readRunMeta();
     const fill: RunMeta = {};
-    if (meta === null) Object.assign(fill, { start_time: Math.floor(Date.now() / 1000), timeout_s: o.timeBudget, last_submit_time: null, end_time: null });
+    if (meta === null)
+      Object.assign(fill, { start_time: Math.floor(Date.now() / 1000), timeout_s: o.timeBudget, last_submit_time: null, end_time: null });
     else {
       if (!Number.isFinite(meta.start_time)) fill.start_time = Math.floor(Date.now() / 1000);
       if ((meta.timeout_s === undefined || meta.timeout_s === null) && o.timeBudget !== null) fill.timeout_s = o.timeBudget;
@@ -99,7 +107,10 @@ export class Grader {
   scenario(id: unknown): Scenario {
     if (id === undefined) return this.o.scenarios[0];
     const s = this.o.scenarios.find((x) => x.id === id);
-    if (!s) throw new HttpError(404, `unknown scenario ${JSON.stringify(id)}; this server has ${this.o.scenarios.map((x) => x.id).join(", ")}`, { scenarios: this.o.scenarios.map((x) => x.id) });
+    if (!s)
+      throw new HttpError(404, `unknown scenario ${JSON.stringify(id)}; this server has ${this.o.scenarios.map((x) => x.id).join(", ")}`, {
+        scenarios: this.o.scenarios.map((x) => x.id),
+      });
     return s;
   }
 
@@ -114,11 +125,20 @@ export class Grader {
   // ------------------------------------------------------------------ evaluations
 
   private key(s: Scenario, model: unknown): string {
-    return createHash("sha256").update(JSON.stringify({ scenario: s.id, protocol: s.protocol, model })).digest("hex").slice(0, 24);
+    return createHash("sha256")
+      .update(JSON.stringify({ scenario: s.id, protocol: s.protocol, model }))
+      .digest("hex")
+      .slice(0, 24);
   }
 
   /** The cached evaluation for `key`, or one run in the queue (shared by concurrent identical requests). */
-  private async evaluation(s: Scenario, key: string, model: StoredEvaluation["model"], fail: (err: Error) => HttpError, stillSame?: () => Promise<boolean>): Promise<{ ev: StoredEvaluation; cached: boolean }> {
+  private async evaluation(
+    s: Scenario,
+    key: string,
+    model: StoredEvaluation["model"],
+    fail: (err: Error) => HttpError,
+    stillSame?: () => Promise<boolean>,
+  ): Promise<{ ev: StoredEvaluation; cached: boolean }> {
     const hit = await this.store.readEvaluation(key);
     if (hit) {
       this.counters.cache_hits++;
@@ -142,14 +162,24 @@ export class Grader {
           throw fail(err as Error);
         }
         this.counters.evaluations_run++;
-        const ev: StoredEvaluation = { key, scenario_id: s.id, model, protocol: describeProtocol(s, questions.length), computed_at: new Date().toISOString(), result };
+        const ev: StoredEvaluation = {
+          key,
+          scenario_id: s.id,
+          model,
+          protocol: describeProtocol(s, questions.length),
+          computed_at: new Date().toISOString(),
+          result,
+        };
         // Weights rewritten while they were evaluated: answer, but do not cache under the old key.
         if (!stillSame || (await stillSame())) await this.store.writeEvaluation(ev);
         this.o.log(`${model.path} on ${s.id}: strict ${result.strict.value.toFixed(3)} (n ${result.n}, ${result.seconds.toFixed(1)} s)`);
         return ev;
       });
       this.inflight.set(key, p);
-      p.then(() => this.inflight.delete(key), () => this.inflight.delete(key));
+      p.then(
+        () => this.inflight.delete(key),
+        () => this.inflight.delete(key),
+      );
     }
     return { ev: await p, cached: false };
   }
@@ -162,7 +192,10 @@ export class Grader {
         const missing = s.explicit ? null : await s.missing();
         if (missing !== null) {
           this.unavailable.add(s.id);
-          throw new HttpError(503, `scenario ${s.id} is unavailable on this server: ${missing}; start it with --scenarios ${s.id} to fetch what is missing`);
+          throw new HttpError(
+            503,
+            `scenario ${s.id} is unavailable on this server: ${missing}; start it with --scenarios ${s.id} to fetch what is missing`,
+          );
         }
         let dir: string;
         try {
@@ -171,13 +204,25 @@ export class Grader {
           throw new HttpError(503, `scenario ${s.id}: its base model cannot be opened: ${(err as Error).message.split("\n")[0]}`);
         }
         const key = this.key(s, { baseline: s.baseModel, fingerprint: await folderFingerprint(dir) });
-        const fail = (err: Error) => new HttpError(503, `scenario ${s.id}: the baseline evaluation of ${s.baseModel} failed: ${err.message.split("\n")[0]}`);
+        const fail = (err: Error) =>
+          new HttpError(503, `scenario ${s.id}: the baseline evaluation of ${s.baseModel} failed: ${err.message.split("\n")[0]}`);
         const { ev } = await this.evaluation(s, key, { path: s.baseModel, kind: "model", base: null }, fail);
         const old = await this.store.readBaseline(s.id);
         if (old?.computed?.key !== key) {
           await this.store.writeBaseline({
-            scenario_id: s.id, model: s.baseModel, set: old?.set ?? null,
-            computed: { key, score: pct(ev.result.strict.value), accuracy: ev.result.strict.value, n: ev.result.n, k: ev.result.k, samples_path: this.store.samplesPath(key), protocol: ev.protocol, computed_at: ev.computed_at },
+            scenario_id: s.id,
+            model: s.baseModel,
+            set: old?.set ?? null,
+            computed: {
+              key,
+              score: pct(ev.result.strict.value),
+              accuracy: ev.result.strict.value,
+              n: ev.result.n,
+              k: ev.result.k,
+              samples_path: this.store.samplesPath(key),
+              protocol: ev.protocol,
+              computed_at: ev.computed_at,
+            },
           });
         }
         this.baselineErrors.delete(s.id);
@@ -195,7 +240,12 @@ export class Grader {
   }
 
   /** What GET /scenarios/{id} shows of the baseline (percent), without waiting for it. */
-  async baselineInfo(s: Scenario): Promise<{ score: number | null; status: "ready" | "computing" | "failed" | "unavailable"; record: BaselineRecord | null; error?: string }> {
+  async baselineInfo(s: Scenario): Promise<{
+    score: number | null;
+    status: "ready" | "computing" | "failed" | "unavailable";
+    record: BaselineRecord | null;
+    error?: string;
+  }> {
     const record = await this.store.readBaseline(s.id);
     const ready = this.baselineReady.get(s.id);
     const error = ready ? undefined : this.baselineErrors.get(s.id);
@@ -205,7 +255,12 @@ export class Grader {
 
   async setBaseline(s: Scenario, score: number): Promise<BaselineRecord> {
     const old = await this.store.readBaseline(s.id);
-    const rec: BaselineRecord = { scenario_id: s.id, model: s.baseModel, computed: old?.computed ?? null, set: { score, set_at: new Date().toISOString() } };
+    const rec: BaselineRecord = {
+      scenario_id: s.id,
+      model: s.baseModel,
+      computed: old?.computed ?? null,
+      set: { score, set_at: new Date().toISOString() },
+    };
     await this.store.writeBaseline(rec);
     return rec;
   }
@@ -217,7 +272,10 @@ export class Grader {
     const meta = (await this.store.readRunMeta()) ?? {};
     const now = Math.floor(Date.now() / 1000);
     const { start_time: start, timeout_s: budget } = meta;
-    const remaining = typeof start === "number" && typeof budget === "number" && Number.isFinite(start + budget) ? Math.max(0, budget - (now - start)) : null;
+    const remaining =
+      typeof start === "number" && typeof budget === "number" && Number.isFinite(start + budget)
+        ? Math.max(0, budget - (now - start))
+        : null;
     return { ...meta, now, remaining };
   }
 
@@ -228,7 +286,12 @@ export class Grader {
 
   private async inspect(s: Scenario, modelPath: string): Promise<ModelFolder> {
     const dir = await resolveInWorkspace(this.o.workspace, modelPath);
-    return inspectModelFolder(dir, { workspace: this.o.workspace, scenarioBase: s.baseModel, scenarioBaseDir: await localModelDir(s.baseModel), maxBytes: this.o.maxModelBytes });
+    return inspectModelFolder(dir, {
+      workspace: this.o.workspace,
+      scenarioBase: s.baseModel,
+      scenarioBaseDir: await localModelDir(s.baseModel),
+      maxBytes: this.o.maxModelBytes,
+    });
   }
 
   /** Evaluate a submitted folder and score it against the baseline (both dialects' fields). Scores
@@ -242,8 +305,13 @@ export class Grader {
     const t0 = Date.now();
     const folder = await this.inspect(s, modelPath);
     const key = this.key(s, { fingerprint: folder.fingerprint });
-    const fail = (err: Error) => new HttpError(422, `model_path ${JSON.stringify(modelPath)} could not be loaded or evaluated: ${err.message.split("\n")[0]}`);
-    const stillSame = async () => (await this.inspect(s, modelPath).then((f) => f.fingerprint, () => null)) === folder.fingerprint;
+    const fail = (err: Error) =>
+      new HttpError(422, `model_path ${JSON.stringify(modelPath)} could not be loaded or evaluated: ${err.message.split("\n")[0]}`);
+    const stillSame = async () =>
+      (await this.inspect(s, modelPath).then(
+        (f) => f.fingerprint,
+        () => null,
+      )) === folder.fingerprint;
     const [{ ev, cached }, base] = await Promise.all([
       this.evaluation(s, key, { path: folder.dir, kind: folder.kind, base: folder.base }, fail, stillSame),
       this.baseline(s).catch(() => null),
@@ -272,10 +340,21 @@ export class Grader {
       baseline_source: set ? "set" : base ? "computed" : null,
       improvement,
       improvement_ci: paired ? { lo: pct(paired.lo), hi: pct(paired.hi), level: 0.95, paired_over: paired.n } : null,
-      improvement_pct: baselineScore !== null && improvement !== null && baselineScore > 0 ? `${improvement >= 0 ? "+" : ""}${((improvement / baselineScore) * 100).toFixed(1)}%` : "N/A",
+      improvement_pct:
+        baselineScore !== null && improvement !== null && baselineScore > 0
+          ? `${improvement >= 0 ? "+" : ""}${((improvement / baselineScore) * 100).toFixed(1)}%`
+          : "N/A",
       details: {
-        accuracy: score, correct: r.strict.correct, total: r.strict.total, lenient_accuracy: r.lenient.value, pass_at_k: r.passAtK, format_valid: r.formatValid, tool_calls_per_rollout: r.toolCallsPerRollout,
-        tool_error_rate: r.toolErrorRate, truncated_rate: r.truncatedRate, eval_seconds: r.seconds,
+        accuracy: score,
+        correct: r.strict.correct,
+        total: r.strict.total,
+        lenient_accuracy: r.lenient.value,
+        pass_at_k: r.passAtK,
+        format_valid: r.formatValid,
+        tool_calls_per_rollout: r.toolCallsPerRollout,
+        tool_error_rate: r.toolErrorRate,
+        truncated_rate: r.truncatedRate,
+        eval_seconds: r.seconds,
       },
       samples_path: this.store.samplesPath(key),
       cached,
@@ -299,8 +378,13 @@ export class Grader {
       const ready = this.baselineReady.get(s.id);
       const baselineScore = set ? set.score : ready ? pct(ready.result.strict.value) : null;
       return this.record(s, null, {
-        scenario_id: s.id, model_path: modelPath, score: 0, baseline_score: baselineScore,
-        improvement: baselineScore === null ? null : round6(0 - baselineScore), elapsed_seconds: (Date.now() - t0) / 1000, error: err.message,
+        scenario_id: s.id,
+        model_path: modelPath,
+        score: 0,
+        baseline_score: baselineScore,
+        improvement: baselineScore === null ? null : round6(0 - baselineScore),
+        elapsed_seconds: (Date.now() - t0) / 1000,
+        error: err.message,
       });
     }
     return this.record(s, graded.key, graded.fields);
@@ -311,7 +395,14 @@ export class Grader {
       const earlier = key === null ? undefined : history.find((e) => e.key === key && e.error === undefined);
       if (earlier) return { ...earlier, cached: true, best: bestOf(history), total_submissions: history.length };
       const { cached, ...rest } = fields;
-      const entry: SubmissionEntry = { submission_id: history.length + 1, timestamp: new Date().toISOString(), ...(key ? { key } : {}), ...rest, model_path: fields.model_path as string, score: fields.score as number };
+      const entry: SubmissionEntry = {
+        submission_id: history.length + 1,
+        timestamp: new Date().toISOString(),
+        ...(key ? { key } : {}),
+        ...rest,
+        model_path: fields.model_path as string,
+        score: fields.score as number,
+      };
       history.push(entry);
       await this.store.writeHistory(s.id, history);
       if (s === this.o.scenarios[0]) await this.store.writeWorkspaceScores(history);

@@ -51,12 +51,18 @@ function checkFields(body: Body, spec: Record<string, { type: FieldType; require
     const got = Array.isArray(v) ? "an array" : typeof v;
     if (s.type === "number-like") {
       const x = typeof v === "number" ? v : typeof v === "string" && v.trim() !== "" ? Number(v) : NaN;
-      if (!Number.isFinite(x)) throw new HttpError(400, `field ${JSON.stringify(k)} must be a number (or a numeric string), got ${typeof v === "string" ? JSON.stringify(v.slice(0, 40)) : got}`);
+      if (!Number.isFinite(x))
+        throw new HttpError(
+          400,
+          `field ${JSON.stringify(k)} must be a number (or a numeric string), got ${typeof v === "string" ? JSON.stringify(v.slice(0, 40)) : got}`,
+        );
       body[k] = x;
     } else if (s.type === "string-or-int") {
-      if (!(typeof v === "string" || Number.isInteger(v))) throw new HttpError(400, `field ${JSON.stringify(k)} must be a string or an integer, got ${got}`);
+      if (!(typeof v === "string" || Number.isInteger(v)))
+        throw new HttpError(400, `field ${JSON.stringify(k)} must be a string or an integer, got ${got}`);
       body[k] = String(v);
-    } else if (typeof v !== s.type || (s.type === "number" && !Number.isFinite(v))) throw new HttpError(400, `field ${JSON.stringify(k)} must be a ${s.type}, got ${got}`);
+    } else if (typeof v !== s.type || (s.type === "number" && !Number.isFinite(v)))
+      throw new HttpError(400, `field ${JSON.stringify(k)} must be a ${s.type}, got ${got}`);
   }
   return unknown;
 }
@@ -89,7 +95,10 @@ function readBody(req: http.IncomingMessage): Promise<Body> {
       } catch (err) {
         return reject(new HttpError(400, `request body is not valid JSON (${(err as Error).message})`));
       }
-      if (v === null || typeof v !== "object" || Array.isArray(v)) return reject(new HttpError(400, `request body must be a JSON object, got ${Array.isArray(v) ? "an array" : v === null ? "null" : typeof v}`));
+      if (v === null || typeof v !== "object" || Array.isArray(v))
+        return reject(
+          new HttpError(400, `request body must be a JSON object, got ${Array.isArray(v) ? "an array" : v === null ? "null" : typeof v}`),
+        );
       resolve(v as Body);
     });
   });
@@ -105,13 +114,17 @@ function send(res: http.ServerResponse, status: number, body: unknown, headers: 
 export async function startServer(o: ServeOptions): Promise<RunningServer> {
   const grader = await Grader.open(o);
   const ignore = (route: string, unknown: string[]) => {
-    if (unknown.length) o.log(`${route}: ignored unknown field${unknown.length > 1 ? "s" : ""} ${unknown.map((k) => JSON.stringify(k)).join(", ")}`);
+    if (unknown.length)
+      o.log(`${route}: ignored unknown field${unknown.length > 1 ? "s" : ""} ${unknown.map((k) => JSON.stringify(k)).join(", ")}`);
   };
   // Both dialects' fields: the early server's get_info (name, base_model_path, train_data_path,
   // test_data_path, baseline_score, metric, data_format, reward) and this server's own.
   const describe = async (s: Scenario) => {
     const b = await grader.baselineInfo(s);
-    const trainData = await s.trainData().then((p) => ({ path: p }), (err: Error) => ({ path: null, error: err.message.split("\n")[0] }));
+    const trainData = await s.trainData().then(
+      (p) => ({ path: p }),
+      (err: Error) => ({ path: null, error: err.message.split("\n")[0] }),
+    );
     return {
       id: s.id,
       name: s.name,
@@ -125,10 +138,24 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
       // The held-out questions are the server's: agents train on train_data and are scored on these.
       test_data_path: null,
       test_data: `held out by the server (${s.protocol.max_samples ?? "the whole"} ${s.id === "tiny" ? "synthetic problems" : "test split"}); not given to agents`,
-      data_format: { type: "jsonl", fields: { question: "problem text", answer: "worked solution with <<expr=result>> calculator annotations, ending in '#### N'" } },
-      reward: { type: "binary", description: "1 when the final \\boxed{} answer equals the gold answer, else 0; the score is the percent of held-out questions answered so" },
+      data_format: {
+        type: "jsonl",
+        fields: { question: "problem text", answer: "worked solution with <<expr=result>> calculator annotations, ending in '#### N'" },
+      },
+      reward: {
+        type: "binary",
+        description:
+          "1 when the final \\boxed{} answer equals the gold answer, else 0; the score is the percent of held-out questions answered so",
+      },
       baseline_score: b.score,
-      baseline: { status: b.status, score: b.score, source: b.record?.set ? "set" : "computed", computed: b.record?.computed ?? null, set: b.record?.set ?? null, ...(b.error ? { error: b.error } : {}) },
+      baseline: {
+        status: b.status,
+        score: b.score,
+        source: b.record?.set ? "set" : "computed",
+        computed: b.record?.computed ?? null,
+        set: b.record?.set ?? null,
+        ...(b.error ? { error: b.error } : {}),
+      },
       metric: "accuracy",
       score_unit: "percent",
       evaluation: describeProtocol(s, s.protocol.max_samples ?? null),
@@ -142,35 +169,75 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
         name: "mini-agentic-rl grading server (AutoRL-Bench API)",
         version: "0.1.0",
         scenarios: grader.scenarios.map((s) => s.id),
-        endpoints: ["GET /scenarios", "GET /scenarios/{id}", "POST /evaluate", "POST /interact", "POST /submit", "POST /set_baseline", "GET /health", "GET /time", "GET /history", "GET /best"],
+        endpoints: [
+          "GET /scenarios",
+          "GET /scenarios/{id}",
+          "POST /evaluate",
+          "POST /interact",
+          "POST /submit",
+          "POST /set_baseline",
+          "GET /health",
+          "GET /time",
+          "GET /history",
+          "GET /best",
+        ],
       }),
     },
     "/scenarios": {
       GET: async () => ({
-        scenarios: await Promise.all(grader.scenarios.map(async (s) => {
-          const b = await grader.baselineInfo(s);
-          return { id: s.id, name: s.name, type: s.type, base_model: s.baseModel, baseline: b.score, baseline_score: b.score, baseline_status: b.status, ...(b.error ? { baseline_error: b.error } : {}), metric: "accuracy", score_unit: "percent" };
-        })),
+        scenarios: await Promise.all(
+          grader.scenarios.map(async (s) => {
+            const b = await grader.baselineInfo(s);
+            return {
+              id: s.id,
+              name: s.name,
+              type: s.type,
+              base_model: s.baseModel,
+              baseline: b.score,
+              baseline_score: b.score,
+              baseline_status: b.status,
+              ...(b.error ? { baseline_error: b.error } : {}),
+              metric: "accuracy",
+              score_unit: "percent",
+            };
+          }),
+        ),
       }),
     },
     "/evaluate": {
       POST: async (body) => {
-        ignore("/evaluate", checkFields(body, { scenario_id: { type: "string", required: true }, model_path: { type: "string", required: true } }));
+        ignore(
+          "/evaluate",
+          checkFields(body, { scenario_id: { type: "string", required: true }, model_path: { type: "string", required: true } }),
+        );
         const s = grader.scenario(body.scenario_id);
         return (await grader.grade(s, body.model_path as string)).fields;
       },
     },
     "/interact": {
       POST: async (body) => {
-        ignore("/interact", checkFields(body, { scenario_id: { type: "string" }, session_id: { type: "string" }, action: { type: "string" } }));
+        ignore(
+          "/interact",
+          checkFields(body, { scenario_id: { type: "string" }, session_id: { type: "string" }, action: { type: "string" } }),
+        );
         const s = grader.scenario(body.scenario_id);
-        throw new HttpError(400, `scenario ${s.id} is offline: /interact is not supported for offline scenarios; train on its train_data and POST /evaluate or /submit`);
+        throw new HttpError(
+          400,
+          `scenario ${s.id} is offline: /interact is not supported for offline scenarios; train on its train_data and POST /evaluate or /submit`,
+        );
       },
     },
     "/submit": {
       POST: async (body) => {
         // gpu: AutoRL-Bench's device choice ("0", "0,1" or 0); accepted and ignored (the backend is set at start).
-        ignore("/submit", checkFields(body, { model_path: { type: "string", required: true }, scenario_id: { type: "string" }, gpu: { type: "string-or-int" } }));
+        ignore(
+          "/submit",
+          checkFields(body, {
+            model_path: { type: "string", required: true },
+            scenario_id: { type: "string" },
+            gpu: { type: "string-or-int" },
+          }),
+        );
         return grader.submit(grader.scenario(body.scenario_id), body.model_path as string);
       },
     },
@@ -286,15 +353,16 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
   return {
     url: `http://${host}:${addr.port}`,
     grader,
-    close: () => (closed ??= (async () => {
-      grader.close();
-      const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
-      server.closeIdleConnections();
-      // Requests waiting on evaluations are answered (503 once abandoned) before the sockets go.
-      if (active > 0) await new Promise<void>((resolve) => whenIdle.push(resolve));
-      server.closeAllConnections();
-      await stopped;
-    })()),
+    close: () =>
+      (closed ??= (async () => {
+        grader.close();
+        const stopped = new Promise<void>((resolve) => server.close(() => resolve()));
+        server.closeIdleConnections();
+        // Requests waiting on evaluations are answered (503 once abandoned) before the sockets go.
+        if (active > 0) await new Promise<void>((resolve) => whenIdle.push(resolve));
+        server.closeAllConnections();
+        await stopped;
+      })()),
   };
 }
 

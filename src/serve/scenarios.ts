@@ -64,10 +64,20 @@ export interface ScenarioOptions {
  *  (its first 640 are exactly what `train-sft --preset tiny` trains on). */
 export const TINY_TRAIN_SIZE = 5000;
 
-const defined = <T extends object>(o: T): Partial<T> => Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
+const defined = <T extends object>(o: T): Partial<T> =>
+  Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
 
 export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
-  const common = { samples_per_prompt: 1, temperature: 0, seed: 0, backend: "auto" as const, split: "test" as const, quantize: "none" as Quantize, answer_schema: "boxed" as const, scorer: "math" as const };
+  const common = {
+    samples_per_prompt: 1,
+    temperature: 0,
+    seed: 0,
+    backend: "auto" as const,
+    split: "test" as const,
+    quantize: "none" as Quantize,
+    answer_schema: "boxed" as const,
+    scorer: "math" as const,
+  };
   if (id === "tiny") {
     const protocol: ScenarioProtocol = {
       ...common,
@@ -81,9 +91,14 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
     };
     const trainFile = path.join(o.stateDir, "tiny", "train.jsonl");
     return {
-      id, type: "offline", protocol, explicit: o.explicit, missing: async () => null,
+      id,
+      type: "offline",
+      protocol,
+      explicit: o.explicit,
+      missing: async () => null,
       name: "Tiny synthetic arithmetic (offline preset)",
-      description: "GSM8K-format word problems with 1-2 steps on numbers up to 999, solved with a calculator tool; " +
+      description:
+        "GSM8K-format word problems with 1-2 steps on numbers up to 999, solved with a calculator tool; " +
         "the final answer goes in \\boxed{}. The base is the tiny preset's 0.8 M-parameter Qwen2-architecture model. " +
         "Scored exactly like `scripts/eval.ts --preset tiny --model_path MODEL`.",
       baseModel: TINY_BASE_DIR,
@@ -97,7 +112,16 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
       },
     };
   }
-  const protocol: ScenarioProtocol = { ...common, dataset: o.gsm8kData, max_samples: undefined, batch_size: 8, max_new_tokens: 512, max_turns: 8, tools_in_prompt: true, ...defined(o.overrides) };
+  const protocol: ScenarioProtocol = {
+    ...common,
+    dataset: o.gsm8kData,
+    max_samples: undefined,
+    batch_size: 8,
+    max_new_tokens: 512,
+    max_turns: 8,
+    tools_in_prompt: true,
+    ...defined(o.overrides),
+  };
   let train: Promise<string> | undefined;
   // Resolved with downloads off: what is on this machine.
   const offline = { ...process.env, HF_HUB_OFFLINE: "1" };
@@ -105,7 +129,9 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
     const why: string[] = [];
     await resolveModelDir(o.gsm8kModel, offline).catch(() => why.push(`base model ${o.gsm8kModel} is not on this machine`));
     if (isHubId(protocol.dataset) || protocol.dataset === "gsm8k")
-      await resolveGsm8kSplit(protocol.dataset, "test", offline).catch(() => why.push(`GSM8K (${protocol.dataset}) is not in the Hugging Face cache`));
+      await resolveGsm8kSplit(protocol.dataset, "test", offline).catch(() =>
+        why.push(`GSM8K (${protocol.dataset}) is not in the Hugging Face cache`),
+      );
     else if (!(await exists(protocol.dataset))) why.push(`${protocol.dataset} does not exist`);
     return why.length ? why.join("; ") : null;
   };
@@ -115,21 +141,34 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
     return f();
   };
   return {
-    id, type: "offline", protocol, explicit: o.explicit, missing,
+    id,
+    type: "offline",
+    protocol,
+    explicit: o.explicit,
+    missing,
     name: "GSM8K with a calculator",
-    description: "Grade-school math word problems (GSM8K test split), solved with a calculator tool; the final answer goes in \\boxed{}. " +
+    description:
+      "Grade-school math word problems (GSM8K test split), solved with a calculator tool; the final answer goes in \\boxed{}. " +
       "Scored like `scripts/eval.ts --model_path MODEL --dataset gsm8k` (greedy, tool schema in the system prompt).",
     baseModel: o.gsm8kModel,
     questions: () => ifPresent(() => loadExamples({ dataset: protocol.dataset, purpose: "eval", maxSamples: protocol.max_samples })),
     // The file the train split resolves to (a cached parquet file for the dataset name).
-    trainData: () => (train ??= ifPresent(() => loadGsm8kWithReport(protocol.dataset, { split: "train", maxSamples: 1 })).then((r) => path.resolve(r.file), (err) => {
-      train = undefined;
-      throw err;
-    })),
+    trainData: () =>
+      (train ??= ifPresent(() => loadGsm8kWithReport(protocol.dataset, { split: "train", maxSamples: 1 })).then(
+        (r) => path.resolve(r.file),
+        (err) => {
+          train = undefined;
+          throw err;
+        },
+      )),
   };
 }
 
-const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+const exists = (p: string) =>
+  fs.stat(p).then(
+    () => true,
+    () => false,
+  );
 
 /** The base model's folder if it is on this machine (a folder, or a hub id in the local cache), else
  *  null. Never downloads: that happens when the baseline is computed. */

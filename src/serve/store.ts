@@ -29,7 +29,16 @@ export interface StoredEvaluation {
 export interface BaselineRecord {
   scenario_id: string;
   model: string;
-  computed: { key: string; score: number; accuracy?: number; n: number; k: number; samples_path: string; protocol: Record<string, unknown>; computed_at: string } | null;
+  computed: {
+    key: string;
+    score: number;
+    accuracy?: number;
+    n: number;
+    k: number;
+    samples_path: string;
+    protocol: Record<string, unknown>;
+    computed_at: string;
+  } | null;
   set: { score: number; set_at: string } | null; // percent
 }
 
@@ -64,7 +73,10 @@ async function readJson<T>(file: string): Promise<T | null> {
 const json = (v: unknown) => JSON.stringify(v, null, 2) + "\n";
 
 export class GradingStore {
-  constructor(readonly stateDir: string, readonly workspace: string) {}
+  constructor(
+    readonly stateDir: string,
+    readonly workspace: string,
+  ) {}
 
   evaluationDir(key: string): string {
     return path.join(this.stateDir, "evaluations", key);
@@ -104,7 +116,8 @@ export class GradingStore {
 
   async readHistory(scenario: string): Promise<SubmissionEntry[]> {
     const h = await readJson<SubmissionEntry[]>(this.scenarioFile(scenario, "scores.json"));
-    if (h !== null && !Array.isArray(h)) throw new Error(`${this.scenarioFile(scenario, "scores.json")}: expected a JSON list of submissions`);
+    if (h !== null && !Array.isArray(h))
+      throw new Error(`${this.scenarioFile(scenario, "scores.json")}: expected a JSON list of submissions`);
     return h ?? [];
   }
 

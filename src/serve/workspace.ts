@@ -36,13 +36,20 @@ export async function resolveInWorkspace(workspace: string, modelPath: string, f
   if (modelPath.length === 0 || modelPath.length > MAX_PATH || modelPath.includes("\0"))
     throw new HttpError(400, `${field} must be a non-empty path of at most ${MAX_PATH} characters without NUL bytes`);
   const lexical = path.resolve(workspace, modelPath);
-  const outside = new HttpError(403, `${field} ${JSON.stringify(modelPath)} is outside the workspace ${workspace}; submit a folder inside it`);
+  const outside = new HttpError(
+    403,
+    `${field} ${JSON.stringify(modelPath)} is outside the workspace ${workspace}; submit a folder inside it`,
+  );
   const real = await fs.realpath(lexical).catch(() => null);
   // Text outside but real path inside: an absolute path through a symlinked prefix (/tmp → /private/tmp).
   // The same answer whether an outside path exists or not, so nothing is learned about the rest of the disk.
   if (!isInside(workspace, lexical) && (real === null || !isInside(workspace, real))) throw outside;
   if (real === null) throw new HttpError(404, `${field} ${JSON.stringify(modelPath)} does not exist in the workspace`);
-  if (!isInside(workspace, real)) throw new HttpError(403, `${field} ${JSON.stringify(modelPath)} resolves through a symlink to a path outside the workspace ${workspace}`);
+  if (!isInside(workspace, real))
+    throw new HttpError(
+      403,
+      `${field} ${JSON.stringify(modelPath)} resolves through a symlink to a path outside the workspace ${workspace}`,
+    );
   return real;
 }
 
@@ -59,7 +66,8 @@ const MAX_JSON_BYTES = 64 * 2 ** 20; // config, tokenizer (Qwen2.5's tokenizer.j
 /** Parse a JSON file of a submitted folder. The error names the file only: V8's message quotes the
  *  text it could not parse, and the file may be a link to something that must not be shown. */
 async function parseJsonFile(file: string, size: number): Promise<unknown> {
-  if (size > MAX_JSON_BYTES) throw new HttpError(413, `file ${file} is ${size} bytes; JSON files of a model folder may hold at most ${MAX_JSON_BYTES}`);
+  if (size > MAX_JSON_BYTES)
+    throw new HttpError(413, `file ${file} is ${size} bytes; JSON files of a model folder may hold at most ${MAX_JSON_BYTES}`);
   try {
     return JSON.parse(await fs.readFile(file, "utf8"));
   } catch {
@@ -85,7 +93,10 @@ async function loaderFiles(dir: string): Promise<Array<{ name: string; size: num
     const map = (((await parseJsonFile(path.join(dir, index.name), index.size)) ?? {}) as { weight_map?: unknown }).weight_map;
     for (const shard of new Set(Object.values((map ?? {}) as Record<string, unknown>))) {
       if (typeof shard !== "string" || shard !== path.basename(shard) || !out.some((f) => f.name === shard))
-        throw new HttpError(400, `${path.join(dir, index.name)} names shard ${JSON.stringify(String(shard).slice(0, 100))}, which is not a file of that folder`);
+        throw new HttpError(
+          400,
+          `${path.join(dir, index.name)} names shard ${JSON.stringify(String(shard).slice(0, 100))}, which is not a file of that folder`,
+        );
     }
   }
   return out;
@@ -101,11 +112,16 @@ export interface InspectOptions {
 /** Check a submitted folder (already resolved inside the workspace) and fingerprint it. */
 export async function inspectModelFolder(dir: string, o: InspectOptions): Promise<ModelFolder> {
   const st = await fs.stat(dir);
-  if (!st.isDirectory()) throw new HttpError(400, `model_path ${dir} is a file; expected a Hugging Face model folder or a PEFT adapter folder`);
+  if (!st.isDirectory())
+    throw new HttpError(400, `model_path ${dir} is a file; expected a Hugging Face model folder or a PEFT adapter folder`);
   const files = await loaderFiles(dir);
   const has = (n: string) => files.some((f) => f.name === n);
   const kind = has("adapter_config.json") ? "adapter" : has("config.json") ? "model" : null;
-  if (!kind) throw new HttpError(400, `model_path ${dir} holds no config.json or adapter_config.json; expected a Hugging Face model folder or a PEFT adapter folder`);
+  if (!kind)
+    throw new HttpError(
+      400,
+      `model_path ${dir} holds no config.json or adapter_config.json; expected a Hugging Face model folder or a PEFT adapter folder`,
+    );
   let bytes = files.reduce((a, f) => a + f.size, 0);
   let base: string | null = null;
   let baseFiles: unknown = null;
@@ -124,7 +140,10 @@ export async function inspectModelFolder(dir: string, o: InspectOptions): Promis
     } else if (o.scenarioBaseDir) baseFiles = await statFiles(o.scenarioBaseDir);
   }
   if (bytes > o.maxBytes)
-    throw new HttpError(413, `model_path ${dir}: ${(bytes / 2 ** 30).toFixed(2)} GiB of weights and configs is more than this server's cap of ${(o.maxBytes / 2 ** 30).toFixed(2)} GiB`);
+    throw new HttpError(
+      413,
+      `model_path ${dir}: ${(bytes / 2 ** 30).toFixed(2)} GiB of weights and configs is more than this server's cap of ${(o.maxBytes / 2 ** 30).toFixed(2)} GiB`,
+    );
   const fingerprint = createHash("sha256").update(JSON.stringify({ dir, files, base, baseFiles })).digest("hex");
   return { dir, kind, base, bytes, fingerprint };
 }
@@ -139,12 +158,20 @@ async function checkAdapterBase(named: string, adapterDir: string, o: InspectOpt
   if (real !== null) {
     if (o.scenarioBaseDir !== null && real === o.scenarioBaseDir) return o.scenarioBase;
     if (isInside(o.workspace, real)) {
-      if (!(await fs.stat(path.join(real, "config.json")).then((s) => s.isFile(), () => false)))
+      if (
+        !(await fs.stat(path.join(real, "config.json")).then(
+          (s) => s.isFile(),
+          () => false,
+        ))
+      )
         throw new HttpError(400, `adapter ${adapterDir}: its base ${named} holds no config.json`);
       return real;
     }
   }
-  throw new HttpError(403, `adapter ${adapterDir} names base ${JSON.stringify(named)}, which is neither this scenario's base model (${o.scenarioBase}) nor a model folder inside the workspace`);
+  throw new HttpError(
+    403,
+    `adapter ${adapterDir} names base ${JSON.stringify(named)}, which is neither this scenario's base model (${o.scenarioBase}) nor a model folder inside the workspace`,
+  );
 }
 
 async function statFiles(dir: string): Promise<Array<[string, number, number]>> {
@@ -158,5 +185,7 @@ async function statFiles(dir: string): Promise<Array<[string, number, number]>> 
 
 /** Fingerprint of a base model folder (for the baseline's cache key). */
 export async function folderFingerprint(dir: string): Promise<string> {
-  return createHash("sha256").update(JSON.stringify({ dir, files: await statFiles(dir) })).digest("hex");
+  return createHash("sha256")
+    .update(JSON.stringify({ dir, files: await statFiles(dir) }))
+    .digest("hex");
 }

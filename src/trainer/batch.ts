@@ -39,7 +39,10 @@ export function chunks<T>(items: T[], size: number): T[][] {
  *  chunk split again into equal parts when its longest sequence allows fewer rows (`maxRows`, the
  *  rows of that length one forward and backward may hold; at least 1 whatever it says). */
 export function microBatchRows(lengths: number[], microBatchSize: number, maxRows?: (length: number) => number): number[][] {
-  return chunks(lengths.map((_, i) => i), microBatchSize).flatMap((rows) => {
+  return chunks(
+    lengths.map((_, i) => i),
+    microBatchSize,
+  ).flatMap((rows) => {
     const cap = maxRows ? Math.max(1, Math.floor(maxRows(Math.max(...rows.map((r) => lengths[r]))))) : rows.length;
     return rows.length <= cap ? [rows] : chunks(rows, Math.ceil(rows.length / Math.ceil(rows.length / cap)));
   });

@@ -97,17 +97,24 @@ export async function pruneCheckpoints(runDir: string, keep: number, protect?: s
   for (const n of await fs.readdir(runDir)) {
     const m = /^\.(checkpoint-\d+)\.[\d.]+\.(tmp|old)$/.exec(n);
     // An .old folder is the only copy if the crash came between its two renames: keep it then.
-    if (m && (m[2] === "tmp" || (await isDir(path.join(runDir, m[1]))))) await fs.rm(path.join(runDir, n), { recursive: true, force: true });
+    if (m && (m[2] === "tmp" || (await isDir(path.join(runDir, m[1])))))
+      await fs.rm(path.join(runDir, n), { recursive: true, force: true });
   }
   return removed;
 }
 
 async function isDir(p: string): Promise<boolean> {
-  return fs.stat(p).then((s) => s.isDirectory(), () => false);
+  return fs.stat(p).then(
+    (s) => s.isDirectory(),
+    () => false,
+  );
 }
 
 async function exists(p: string): Promise<boolean> {
-  return fs.stat(p).then(() => true, () => false);
+  return fs.stat(p).then(
+    () => true,
+    () => false,
+  );
 }
 
 /** A checkpoint folder, or a run folder (then its `latest`, else its newest checkpoint). */
@@ -117,13 +124,15 @@ export async function resolveCheckpoint(p: string): Promise<string> {
   const latest = await fs.readFile(path.join(p, LATEST_FILE), "utf8").catch(() => undefined);
   if (latest !== undefined) {
     const name = latest.trim();
-    if (!CHECKPOINT_RE.test(name)) throw new Error(`${path.join(p, LATEST_FILE)} holds ${JSON.stringify(name.slice(0, 40))}: expected a checkpoint-<step> folder name`);
+    if (!CHECKPOINT_RE.test(name))
+      throw new Error(`${path.join(p, LATEST_FILE)} holds ${JSON.stringify(name.slice(0, 40))}: expected a checkpoint-<step> folder name`);
     const dir = path.join(p, name);
     if (!(await isDir(dir))) throw new Error(`${path.join(p, LATEST_FILE)} points to ${name}, which is missing from ${p}`);
     return dir;
   }
   const all = await listCheckpoints(p);
-  if (all.length === 0) throw new Error(`${p} holds no checkpoint (no ${LATEST_FILE} file, no checkpoint-<step> folder, no ${TRAINER_STATE_FILE})`);
+  if (all.length === 0)
+    throw new Error(`${p} holds no checkpoint (no ${LATEST_FILE} file, no checkpoint-<step> folder, no ${TRAINER_STATE_FILE})`);
   return all[all.length - 1].dir;
 }
 
@@ -161,12 +170,15 @@ export async function loadCheckpoint(p: string, io: SafetensorsIo = defaultIo): 
     }
     for (const [k, t] of Object.entries(optimizerState)) {
       const numel = t.shape.reduce((a, b) => a * b, 1);
-      if (numel !== t.data.length) throw new Error(`checkpoint ${dir}: optimizer tensor ${k} has shape ${JSON.stringify(t.shape)} but ${t.data.length} values`);
+      if (numel !== t.data.length)
+        throw new Error(`checkpoint ${dir}: optimizer tensor ${k} has shape ${JSON.stringify(t.shape)} but ${t.data.length} values`);
     }
   }
   const modelKind = (await exists(path.join(dir, "adapter_config.json")))
     ? "adapter"
-    : (await exists(path.join(dir, "config.json"))) ? "full" : "unknown";
+    : (await exists(path.join(dir, "config.json")))
+      ? "full"
+      : "unknown";
   return { dir, state, optimizerState, modelKind };
 }
 
@@ -175,18 +187,24 @@ export async function loadCheckpoint(p: string, io: SafetensorsIo = defaultIo): 
 export function checkResumable(ckpt: LoadedCheckpoint, identity: Record<string, unknown>, runDir: string): void {
   if (ckpt.state.config_hash !== configHash(identity)) {
     const differ = configDiff(ckpt.state.config ?? {}, identity);
-    throw new UsageError(`--resume: ${runDir} was run with other settings (${differ.length ? differ.join(", ") : "config differs"}); resume with the same flags or start a new --output_dir`);
+    throw new UsageError(
+      `--resume: ${runDir} was run with other settings (${differ.length ? differ.join(", ") : "config differs"}); resume with the same flags or start a new --output_dir`,
+    );
   }
   if (!ckpt.optimizerState)
-    throw new Error(`--resume: ${ckpt.dir} has no ${OPTIMIZER_FILE}, so the optimizer cannot continue where it stopped; resume from another checkpoint or start a new run`);
+    throw new Error(
+      `--resume: ${ckpt.dir} has no ${OPTIMIZER_FILE}, so the optimizer cannot continue where it stopped; resume from another checkpoint or start a new run`,
+    );
 }
 
 function validateState(s: TrainerState, where: string): void {
   const bad = (what: string) => new Error(`${where}: ${what}`);
   if (typeof s !== "object" || s === null) throw bad("expected a JSON object");
-  if (!Number.isInteger(s.global_step) || s.global_step < 0) throw bad(`global_step ${JSON.stringify(s.global_step)}: expected a whole number >= 0`);
+  if (!Number.isInteger(s.global_step) || s.global_step < 0)
+    throw bad(`global_step ${JSON.stringify(s.global_step)}: expected a whole number >= 0`);
   if (typeof s.epoch !== "number") throw bad(`epoch ${JSON.stringify(s.epoch)}: expected a number`);
-  if (!Number.isInteger(s.data_position) || s.data_position < 0) throw bad(`data_position ${JSON.stringify(s.data_position)}: expected a whole number >= 0`);
+  if (!Number.isInteger(s.data_position) || s.data_position < 0)
+    throw bad(`data_position ${JSON.stringify(s.data_position)}: expected a whole number >= 0`);
   if (typeof s.config_hash !== "string") throw bad(`config_hash: expected a string`);
   if (!Array.isArray(s.log_history)) throw bad(`log_history: expected an array`);
 }
@@ -195,7 +213,10 @@ function validateState(s: TrainerState, where: string): void {
 
 /** When to save: every `every` steps (0 = never on a schedule) and always at the last step. */
 export class CheckpointSchedule {
-  constructor(readonly every: number, readonly totalSteps?: number) {
+  constructor(
+    readonly every: number,
+    readonly totalSteps?: number,
+  ) {
     if (!Number.isInteger(every) || every < 0) throw new RangeError(`save_steps ${every}: expected a whole number >= 0`);
   }
 
@@ -208,13 +229,21 @@ export class CheckpointSchedule {
 
 function canonical(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(canonical);
-  if (v && typeof v === "object") return Object.fromEntries(Object.keys(v).sort().map((k) => [k, canonical((v as Record<string, unknown>)[k])]));
+  if (v && typeof v === "object")
+    return Object.fromEntries(
+      Object.keys(v)
+        .sort()
+        .map((k) => [k, canonical((v as Record<string, unknown>)[k])]),
+    );
   return v;
 }
 
 /** Short stable hash of a config (key order does not matter), stored to notice a changed config on resume. */
 export function configHash(config: unknown): string {
-  return createHash("sha256").update(JSON.stringify(canonical(config))).digest("hex").slice(0, 16);
+  return createHash("sha256")
+    .update(JSON.stringify(canonical(config)))
+    .digest("hex")
+    .slice(0, 16);
 }
 
 /** Top-level keys whose values differ between two configs, sorted. */

@@ -59,7 +59,22 @@ export interface GrpoStats {
 
 /** The stats of a step that updates nothing (no rollout carries signal or a token to train). */
 export function noUpdateStats(rollouts: number): GrpoStats {
-  return { loss: 0, kl: 0, clipFrac: 0, clipFracLow: 0, clipFracHigh: 0, ratio: 1, entropy: 0, gradNorm: 0, tokens: 0, rollouts, skipped: rollouts, maskedTruncated: 0, behaviourGap: NaN, behaviourDelta: NaN };
+  return {
+    loss: 0,
+    kl: 0,
+    clipFrac: 0,
+    clipFracLow: 0,
+    clipFracHigh: 0,
+    ratio: 1,
+    entropy: 0,
+    gradNorm: 0,
+    tokens: 0,
+    rollouts,
+    skipped: rollouts,
+    maskedTruncated: 0,
+    behaviourGap: NaN,
+    behaviourDelta: NaN,
+  };
 }
 
 export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRollout[], cfg: GrpoConfig): Promise<GrpoStats> {
@@ -68,7 +83,9 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
   const padId = cfg.padTokenId ?? 0;
   // Position 0 has no logprob (nothing precedes it), so it can never be a trained token. A masked
   // truncated rollout still counts as a sequence (TRL: its mask is zeroed, the batch keeps its size).
-  const masks: number[][] = batch.map((r) => r.lossMask.map((m, t) => (t > 0 && m && !(cfg.maskTruncatedCompletions && r.truncated) ? 1 : 0)));
+  const masks: number[][] = batch.map((r) =>
+    r.lossMask.map((m, t) => (t > 0 && m && !(cfg.maskTruncatedCompletions && r.truncated) ? 1 : 0)),
+  );
   const norm: LossNormalizer = {
     numSequences: batch.length,
     numTokens: masks.reduce((s, m) => s + m.reduce((a, x) => a + x, 0), 0),
@@ -81,8 +98,18 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
 
   // Fewer rows per micro-batch where the backend's memory needs it (the losses are normalised over
   // the whole batch, so how it is split changes no gradient).
-  const mbIdx = microBatchRows(kept.map((i) => batch[i].ids.length), cfg.microBatchSize, model.trainRowsFor?.bind(model)).map((rows) => rows.map((r) => kept[r]));
-  const mbs: PaddedBatch[] = mbIdx.map((rows) => rightPad(rows.map((i) => batch[i].ids), rows.map((i) => masks[i]), padId));
+  const mbIdx = microBatchRows(
+    kept.map((i) => batch[i].ids.length),
+    cfg.microBatchSize,
+    model.trainRowsFor?.bind(model),
+  ).map((rows) => rows.map((r) => kept[r]));
+  const mbs: PaddedBatch[] = mbIdx.map((rows) =>
+    rightPad(
+      rows.map((i) => batch[i].ids),
+      rows.map((i) => masks[i]),
+      padId,
+    ),
+  );
   const advs = mbIdx.map((rows) => rows.map((i) => batch[i].advantage));
   // Behaviour log-probs right-padded like the ids (NaN on padding: no behaviour there).
   const behaviour = batch.some((r) => r.behaviourLogprobs)
@@ -93,7 +120,20 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
   const oldLogp: (tf.Tensor2D | null)[] = [];
   const refLogp: (tf.Tensor2D | null)[] = [];
   const vars = model.trainableVariables();
-  const totals = { loss: 0, gradNorm: 0, tokens: 0, lowClipped: 0, highClipped: 0, kl: 0, ratio: 0, entropy: 0, entropyTokens: 0, gap: 0, delta: 0, gapTokens: 0 };
+  const totals = {
+    loss: 0,
+    gradNorm: 0,
+    tokens: 0,
+    lowClipped: 0,
+    highClipped: 0,
+    kl: 0,
+    ratio: 0,
+    entropy: 0,
+    entropyTokens: 0,
+    gap: 0,
+    delta: 0,
+    gapTokens: 0,
+  };
   try {
     for (const mb of mbs) {
       oldLogp.push(cfg.numIterations > 1 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { training: false }).logprobs : null);
@@ -116,8 +156,16 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
             let old = oldLogp[i] ?? (stopGradient(logp) as tf.Tensor2D);
             if (behaviour) {
               const flat = behaviour[i].flat();
-              const known = tf.tensor2d(flat.map((x) => (Number.isNaN(x) ? 0 : 1)), logp.shape, "float32"); // [n, L]
-              const behav = tf.tensor2d(flat.map((x) => (Number.isNaN(x) ? 0 : x)), logp.shape, "float32"); // [n, L]
+              const known = tf.tensor2d(
+                flat.map((x) => (Number.isNaN(x) ? 0 : 1)),
+                logp.shape,
+                "float32",
+              ); // [n, L]
+              const behav = tf.tensor2d(
+                flat.map((x) => (Number.isNaN(x) ? 0 : x)),
+                logp.shape,
+                "float32",
+              ); // [n, L]
               const d = tf.mul(tf.sub(stopGradient(logp), behav), known);
               if (it === 0) {
                 const m = tf.mul(mask, known);
@@ -125,11 +173,7 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
               }
               if (cfg.offPolicy) old = tf.where(tf.cast(known, "bool"), behav, old) as tf.Tensor2D;
             }
-            const r = policyLoss(
-              { logp, oldLogp: old, refLogp: refLogp[i], advantages: tf.tensor1d(advs[i], "float32"), mask },
-              cfg,
-              norm,
-            );
+            const r = policyLoss({ logp, oldLogp: old, refLogp: refLogp[i], advantages: tf.tensor1d(advs[i], "float32"), mask }, cfg, norm);
             Object.values(r.sums).forEach((t) => tf.keep(t)); // read after the backward pass
             sums = r.sums;
             if (out.entropy) entropySum = tf.keep(tf.sum(tf.mul(out.entropy, mask)));
@@ -170,7 +214,13 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
   }
 
   const k = cfg.numIterations;
-  const s = statsFromSums({ tokens: totals.tokens * k, lowClipped: totals.lowClipped, highClipped: totals.highClipped, kl: totals.kl, ratio: totals.ratio });
+  const s = statsFromSums({
+    tokens: totals.tokens * k,
+    lowClipped: totals.lowClipped,
+    highClipped: totals.highClipped,
+    kl: totals.kl,
+    ratio: totals.ratio,
+  });
   return {
     loss: totals.loss / k,
     kl: s.kl,
@@ -191,8 +241,10 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
 
 function checkConfig(cfg: GrpoConfig): void {
   checkPolicyLossConfig(cfg);
-  if (!(Number.isInteger(cfg.numIterations) && cfg.numIterations >= 1)) throw new Error(`numIterations ${cfg.numIterations} must be an integer ≥ 1`);
-  if (!(Number.isInteger(cfg.microBatchSize) && cfg.microBatchSize >= 1)) throw new Error(`microBatchSize ${cfg.microBatchSize} must be an integer ≥ 1`);
+  if (!(Number.isInteger(cfg.numIterations) && cfg.numIterations >= 1))
+    throw new Error(`numIterations ${cfg.numIterations} must be an integer ≥ 1`);
+  if (!(Number.isInteger(cfg.microBatchSize) && cfg.microBatchSize >= 1))
+    throw new Error(`microBatchSize ${cfg.microBatchSize} must be an integer ≥ 1`);
 }
 
 function checkBatch(batch: GrpoRollout[]): void {

@@ -7,9 +7,20 @@ import { openStepLog, parseStepLines } from "../util/jsonl.ts";
 
 /** Metric names shared by the trainers, the step line and the report (snake_case, like TRL's logs). */
 export const METRIC = {
-  reward: "reward", rewardStd: "reward_std", accuracy: "accuracy", kl: "kl", clipRatio: "clip_ratio",
-  completionLen: "completion_len", toolCalls: "tool_calls", loss: "loss", lr: "lr", gradNorm: "grad_norm",
-  entropy: "entropy", stepTime: "step_time", evalAccuracy: "eval_accuracy", tensors: "tensors",
+  reward: "reward",
+  rewardStd: "reward_std",
+  accuracy: "accuracy",
+  kl: "kl",
+  clipRatio: "clip_ratio",
+  completionLen: "completion_len",
+  toolCalls: "tool_calls",
+  loss: "loss",
+  lr: "lr",
+  gradNorm: "grad_norm",
+  entropy: "entropy",
+  stepTime: "step_time",
+  evalAccuracy: "eval_accuracy",
+  tensors: "tensors",
 } as const;
 
 export type MetricValue = number | string | boolean | null;
@@ -32,7 +43,10 @@ export function meanStd(values: readonly number[]): { mean: number; std: number 
 /** Appends one line per `log` call to a JSONL file. With `resumeStep`, lines for steps after it are
  *  dropped first: those steps will be run again, and their curves must not appear twice. */
 export class MetricsLogger {
-  constructor(readonly file: string, opts: { resumeStep?: number } = {}) {
+  constructor(
+    readonly file: string,
+    opts: { resumeStep?: number } = {},
+  ) {
     openStepLog(file, opts);
   }
 
@@ -145,14 +159,27 @@ export function memoryStats(): MemoryStats {
   const m = tf.memory();
   const p = process.memoryUsage();
   const wasm = (tf.engine().backend as { wasm?: { HEAPU8?: Uint8Array } }).wasm?.HEAPU8?.length ?? 0;
-  return { tensors: m.numTensors, tensorBytes: m.numBytes, rssBytes: p.rss, heapBytes: p.heapUsed, externalBytes: p.external, arrayBufferBytes: p.arrayBuffers, wasmBytes: wasm };
+  return {
+    tensors: m.numTensors,
+    tensorBytes: m.numBytes,
+    rssBytes: p.rss,
+    heapBytes: p.heapUsed,
+    externalBytes: p.external,
+    arrayBufferBytes: p.arrayBuffers,
+    wasmBytes: wasm,
+  };
 }
 
 /** memoryStats as step-metric fields: RSS split into the JS heap and the wasm heap, to tell a leak's kind. */
 export function memoryFields(): Record<string, number> {
   const m = memoryStats();
   return {
-    tensors: m.tensors, tensor_bytes: m.tensorBytes, rss_bytes: m.rssBytes, heap_bytes: m.heapBytes, external_bytes: m.externalBytes,
-    array_buffer_bytes: m.arrayBufferBytes, wasm_bytes: m.wasmBytes,
+    tensors: m.tensors,
+    tensor_bytes: m.tensorBytes,
+    rss_bytes: m.rssBytes,
+    heap_bytes: m.heapBytes,
+    external_bytes: m.externalBytes,
+    array_buffer_bytes: m.arrayBufferBytes,
+    wasm_bytes: m.wasmBytes,
   };
 }

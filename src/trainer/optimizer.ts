@@ -85,7 +85,10 @@ export class AdamW {
    *  changes. Does not dispose `grads`. Returns the gradient norm before clipping. */
   async applyGradients(grads: tf.NamedTensorMap, opts: { lr?: number; maxGradNorm?: number } = {}): Promise<{ gradNorm: number }> {
     for (const name of Object.keys(grads))
-      if (!this.vars.has(name)) throw new Error(`gradient for "${name}" has no variable in this optimizer; known: ${[...this.vars.keys()].slice(0, 5).join(", ")}…`);
+      if (!this.vars.has(name))
+        throw new Error(
+          `gradient for "${name}" has no variable in this optimizer; known: ${[...this.vars.keys()].slice(0, 5).join(", ")}…`,
+        );
     const lr = opts.lr ?? this.lr;
     checkHyper("lr", lr, 0, Infinity);
     let use = grads;
@@ -147,7 +150,8 @@ export class AdamW {
       arrays.forEach((a, i) => {
         const key = `${name}.${i === 0 ? "exp_avg" : "exp_avg_sq"}`;
         if (!a) throw new Error(`optimizer state has no "${key}"; it does not match this model's trainable variables`);
-        if (a.length !== v.size) throw new Error(`optimizer state "${key}" has ${a.length} values; expected ${v.size} (shape [${v.shape}])`);
+        if (a.length !== v.size)
+          throw new Error(`optimizer state "${key}" has ${a.length} values; expected ${v.size} (shape [${v.shape}])`);
       });
       next.set(name, [tf.tensor(arrays[0], v.shape, "float32"), tf.tensor(arrays[1], v.shape, "float32")]);
     }

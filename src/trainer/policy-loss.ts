@@ -69,8 +69,12 @@ const clipped: PolicyLossEntry["term"] = (x, cfg) =>
  *  is boolean math tfjs cannot differentiate through, and ρ must pass no gradient anyway. */
 const minirl: PolicyLossEntry["term"] = (x, cfg) => {
   const op = tf.customGrad((logp, ratio, adv, save) => {
-    const r = ratio as tf.Tensor2D, a = adv as tf.Tensor2D;
-    const out = tf.logicalOr(tf.logicalAnd(tf.greater(r, 1 + cfg.epsilonHigh), tf.greater(a, 0)), tf.logicalAnd(tf.less(r, 1 - cfg.epsilon), tf.less(a, 0)));
+    const r = ratio as tf.Tensor2D,
+      a = adv as tf.Tensor2D;
+    const out = tf.logicalOr(
+      tf.logicalAnd(tf.greater(r, 1 + cfg.epsilonHigh), tf.greater(a, 0)),
+      tf.logicalAnd(tf.less(r, 1 - cfg.epsilon), tf.less(a, 0)),
+    );
     const w = tf.where(out, tf.zerosLike(r), tf.neg(tf.mul(r, a))); // [N, T] −ρ·A inside the window, 0 outside
     (save as tf.GradSaveFunc)([w]);
     return {
@@ -85,7 +89,8 @@ const minirl: PolicyLossEntry["term"] = (x, cfg) => {
 const seqMeanTokenMean: PolicyLossEntry["aggregate"] = (masked, mask, n) =>
   tf.div(tf.sum(tf.div(tf.sum(masked, 1), tf.maximum(tf.sum(mask, 1), 1))), Math.max(1, n.numSequences)) as tf.Scalar;
 const tokenMean: PolicyLossEntry["aggregate"] = (masked, _mask, n) => tf.div(tf.sum(masked), tf.maximum(n.numTokens, 1)) as tf.Scalar;
-const seqMeanTokenSum: PolicyLossEntry["aggregate"] = (masked, _mask, n) => tf.div(tf.sum(masked), Math.max(1, n.numSequences)) as tf.Scalar;
+const seqMeanTokenSum: PolicyLossEntry["aggregate"] = (masked, _mask, n) =>
+  tf.div(tf.sum(masked), Math.max(1, n.numSequences)) as tf.Scalar;
 const seqMeanTokenSumNorm: PolicyLossEntry["aggregate"] = (masked, _mask, n, cfg) =>
   tf.div(tf.sum(masked), Math.max(1, n.numSequences) * cfg.maxNewTokens) as tf.Scalar;
 
@@ -102,7 +107,12 @@ export const POLICY_LOSSES = {
   gspo: { help: "grpo with one importance ratio per sequence (GSPO)", term: clipped, aggregate: seqMeanTokenMean, level: "sequence" },
   // AgentRL's recommended setting: token_level_loss=false, skip_length_normalization=true → Σ_t per
   // sequence, mean over sequences; its window [1−ε, 1+ε+0.1] by default (epsilon_higher 0.1 on top).
-  minirl: { help: "AgentRL's −sg(ρ)·A·logp, out-of-window tokens dropped, sum per sequence", term: minirl, aggregate: seqMeanTokenSum, epsilonHigh: (eps: number) => eps + 0.1 },
+  minirl: {
+    help: "AgentRL's −sg(ρ)·A·logp, out-of-window tokens dropped, sum per sequence",
+    term: minirl,
+    aggregate: seqMeanTokenSum,
+    epsilonHigh: (eps: number) => eps + 0.1,
+  },
 } satisfies Record<string, PolicyLossEntry>;
 
 export type LossType = keyof typeof POLICY_LOSSES;
@@ -135,7 +145,8 @@ export function checkPolicyLossConfig(cfg: PolicyLossConfig): void {
   if (cfg.lossType === "dr_grpo" && !(Number.isInteger(cfg.maxNewTokens) && cfg.maxNewTokens > 0))
     throw new Error(`maxNewTokens ${cfg.maxNewTokens} must be a positive integer for lossType dr_grpo`);
   const level = cfg.importanceSamplingLevel ?? "token";
-  if (!IMPORTANCE_SAMPLING_LEVELS.includes(level)) throw new Error(`importanceSamplingLevel "${level}" is not one of ${IMPORTANCE_SAMPLING_LEVELS.join(", ")}`);
+  if (!IMPORTANCE_SAMPLING_LEVELS.includes(level))
+    throw new Error(`importanceSamplingLevel "${level}" is not one of ${IMPORTANCE_SAMPLING_LEVELS.join(", ")}`);
 }
 
 /** log ρ per token [N, T], clamped to ±LOG_RATIO_BOUND, 0 off the mask; at sequence level every
@@ -224,7 +235,9 @@ export function statsFromSums(s: { tokens: number; lowClipped: number; highClipp
 }
 
 /** Read a PolicyLossSums into numbers and dispose it. */
-export async function readSums(s: PolicyLossSums): Promise<{ tokens: number; lowClipped: number; highClipped: number; kl: number; ratio: number }> {
+export async function readSums(
+  s: PolicyLossSums,
+): Promise<{ tokens: number; lowClipped: number; highClipped: number; kl: number; ratio: number }> {
   const all = tf.tidy(() => tf.stack([s.tokens, s.lowClipped, s.highClipped, s.kl, s.ratio]));
   const [tokens, lowClipped, highClipped, kl, ratio] = await all.data(); // one read for the five
   all.dispose();

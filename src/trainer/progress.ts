@@ -32,7 +32,9 @@ export interface Progress {
 export function formatDuration(seconds: number): string {
   if (!Number.isFinite(seconds) || seconds < 0) return "?";
   const s = Math.round(seconds);
-  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+  const h = Math.floor(s / 3600),
+    m = Math.floor((s % 3600) / 60),
+    r = s % 60;
   const two = (x: number) => String(x).padStart(2, "0");
   return h > 0 ? `${h}:${two(m)}:${two(r)}` : m > 0 ? `${m}:${two(r)}` : `${r}s`;
 }
@@ -50,7 +52,11 @@ export function createProgress(total: number, label: string, opts: ProgressOptio
 }
 
 function plainProgress(
-  total: number, label: string, stream: NodeJS.WritableStream, metricText: (m?: Metrics) => string, opts: ProgressOptions,
+  total: number,
+  label: string,
+  stream: NodeJS.WritableStream,
+  metricText: (m?: Metrics) => string,
+  opts: ProgressOptions,
 ): Progress {
   const now = opts.now ?? Date.now;
   const everyPercent = opts.everyPercent ?? 10;
@@ -101,7 +107,11 @@ function plainProgress(
 }
 
 function barProgress(
-  total: number, label: string, stream: NodeJS.WritableStream, metricText: (m?: Metrics) => string, opts: ProgressOptions,
+  total: number,
+  label: string,
+  stream: NodeJS.WritableStream,
+  metricText: (m?: Metrics) => string,
+  opts: ProgressOptions,
 ): Progress {
   const multi = new cliProgress.MultiBar(
     {

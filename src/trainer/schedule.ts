@@ -18,7 +18,8 @@ export interface ScheduleConfig {
 export function lrLambda(step: number, cfg: Omit<ScheduleConfig, "lr">): number {
   if (!SCHEDULES.includes(cfg.type)) throw new Error(`schedule "${cfg.type}" is not one of ${SCHEDULES.join(", ")}`);
   if (!(Number.isInteger(step) && step >= 0)) throw new Error(`step ${step} must be a non-negative integer`);
-  if (!(Number.isInteger(cfg.warmupSteps) && cfg.warmupSteps >= 0)) throw new Error(`warmupSteps ${cfg.warmupSteps} must be a non-negative integer`);
+  if (!(Number.isInteger(cfg.warmupSteps) && cfg.warmupSteps >= 0))
+    throw new Error(`warmupSteps ${cfg.warmupSteps} must be a non-negative integer`);
   if (cfg.type !== "constant" && !(Number.isInteger(cfg.totalSteps) && cfg.totalSteps > 0))
     throw new Error(`totalSteps ${cfg.totalSteps} must be a positive integer for the ${cfg.type} schedule`);
   const w = cfg.warmupSteps;

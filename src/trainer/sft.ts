@@ -58,7 +58,11 @@ export function splitRows(batch: SftBatch, maxRows?: (length: number) => number)
   if (!maxRows || B === 0) return [batch];
   const parts = microBatchRows(new Array<number>(B).fill(batch.ids[0].length), B, maxRows);
   if (parts.length === 1) return [batch];
-  return parts.map((rows) => ({ ids: rows.map((r) => batch.ids[r]), attentionMask: rows.map((r) => batch.attentionMask[r]), lossMask: rows.map((r) => batch.lossMask[r]) }));
+  return parts.map((rows) => ({
+    ids: rows.map((r) => batch.ids[r]),
+    attentionMask: rows.map((r) => batch.attentionMask[r]),
+    lossMask: rows.map((r) => batch.lossMask[r]),
+  }));
 }
 
 /** One optimizer step over micro-batches. Each micro-batch's loss is divided by the token count of
@@ -70,7 +74,8 @@ export async function sftStep(model: CausalLM, optimizer: AdamW, batches: SftBat
   const microBatches = batches.flatMap((b) => splitRows(b, maxRows));
   const counts = microBatches.map(countTokens);
   const tokens = counts.reduce((a, b) => a + b, 0);
-  if (tokens === 0) throw new Error(`SFT step got ${microBatches.length} micro-batches with no token under lossMask 1; nothing to learn from`);
+  if (tokens === 0)
+    throw new Error(`SFT step got ${microBatches.length} micro-batches with no token under lossMask 1; nothing to learn from`);
   const vars = model.trainableVariables();
   let acc: tf.NamedTensorMap | null = null;
   let loss = 0;
@@ -94,10 +99,15 @@ function checkBatch(batch: SftBatch): void {
   const B = batch.ids.length;
   if (B === 0) throw new Error("SFT batch has no rows");
   const L = batch.ids[0].length;
-  for (const [name, rows] of [["ids", batch.ids], ["attentionMask", batch.attentionMask], ["lossMask", batch.lossMask]] as const) {
+  for (const [name, rows] of [
+    ["ids", batch.ids],
+    ["attentionMask", batch.attentionMask],
+    ["lossMask", batch.lossMask],
+  ] as const) {
     if (rows.length !== B) throw new Error(`SFT batch ${name} has ${rows.length} rows; expected ${B} like ids`);
     rows.forEach((r, b) => {
-      if (r.length !== L) throw new Error(`SFT batch ${name}[${b}] has ${r.length} columns; expected ${L} (rows must be padded to one length)`);
+      if (r.length !== L)
+        throw new Error(`SFT batch ${name}[${b}] has ${r.length} columns; expected ${L} (rows must be padded to one length)`);
     });
   }
 }

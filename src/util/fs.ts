@@ -45,7 +45,10 @@ export async function writeDirAtomic(dir: string, fill: (tmpDir: string) => Prom
     await fs.rm(tmp, { recursive: true, force: true });
     throw err;
   }
-  const hadOld = await fs.stat(dir).then(() => true, () => false);
+  const hadOld = await fs.stat(dir).then(
+    () => true,
+    () => false,
+  );
   if (hadOld) await fs.rename(dir, old);
   await fs.rename(tmp, dir);
   if (hadOld) await fs.rm(old, { recursive: true, force: true });
@@ -66,7 +69,12 @@ export async function cleanTempFiles(dir: string): Promise<string[]> {
     }
     const old = /^\.(.+)\.\d+\.\d+\.old$/.exec(n);
     if (!old) continue;
-    if (await fs.stat(path.join(dir, old[1])).then(() => true, () => false)) {
+    if (
+      await fs.stat(path.join(dir, old[1])).then(
+        () => true,
+        () => false,
+      )
+    ) {
       await fs.rm(p, { recursive: true, force: true });
       removed.push(n);
     } else await fs.rename(p, path.join(dir, old[1]));
@@ -83,6 +91,8 @@ export function insideFolder(dir: string, name: unknown, where: string): string 
   const full = path.resolve(dir, name);
   const rel = path.relative(path.resolve(dir), full);
   if (path.isAbsolute(name) || rel === "" || rel.startsWith("..") || path.isAbsolute(rel))
-    throw new Error(`${where} is ${JSON.stringify(name).slice(0, 80)}, which is outside ${dir}; expected a file name inside the model folder`);
+    throw new Error(
+      `${where} is ${JSON.stringify(name).slice(0, 80)}, which is outside ${dir}; expected a file name inside the model folder`,
+    );
   return full;
 }

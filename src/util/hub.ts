@@ -55,8 +55,12 @@ export interface HubFiles {
  *  already has it) and return its path in the snapshot. A failed request is an error naming the
  *  file's URL and the HTTP status. */
 export async function hubDownload(repo: HubFiles, file: string): Promise<string> {
-  const env = repo.env ?? process.env, hubUrl = hubEndpoint(env);
-  const bar = new cliProgress.SingleBar({ format: `${repo.name} {file} [{bar}] {percentage}%`, stream: process.stderr }, cliProgress.Presets.shades_classic);
+  const env = repo.env ?? process.env,
+    hubUrl = hubEndpoint(env);
+  const bar = new cliProgress.SingleBar(
+    { format: `${repo.name} {file} [{bar}] {percentage}%`, stream: process.stderr },
+    cliProgress.Presets.shades_classic,
+  );
   // The body of the one request that carries the whole file moves the bar.
   const withProgress: typeof fetch = async (input, init) => {
     const res = await fetch(input, init);
@@ -79,7 +83,14 @@ export async function hubDownload(repo: HubFiles, file: string): Promise<string>
   };
   try {
     const repoType = repo.type;
-    return await downloadFileToCacheDir({ repo: { type: repoType, name: repo.name }, path: file, revision: repo.revision, hubUrl, cacheDir: hubCacheDirs(env)[0], fetch: withProgress });
+    return await downloadFileToCacheDir({
+      repo: { type: repoType, name: repo.name },
+      path: file,
+      revision: repo.revision,
+      hubUrl,
+      cacheDir: hubCacheDirs(env)[0],
+      fetch: withProgress,
+    });
   } catch (err) {
     const url = `${hubUrl}/${repo.type === "model" ? "" : `${repo.type}s/`}${repo.name}/resolve/${repo.revision}/${file}`;
     throw new Error(err instanceof HubApiError ? `GET ${url} -> HTTP ${err.statusCode}` : `GET ${url}: ${(err as Error).message}`);

@@ -118,7 +118,8 @@ export function openStepLog(file: string, opts: { resumeStep?: number } = {}): v
       bad = l;
       continue;
     }
-    if (typeof rec !== "object" || rec === null || typeof rec.step !== "number") throw new Error(`${file}:${l.lineNo}: expected an object with a numeric "step"`);
+    if (typeof rec !== "object" || rec === null || typeof rec.step !== "number")
+      throw new Error(`${file}:${l.lineNo}: expected an object with a numeric "step"`);
     if (opts.resumeStep !== undefined && rec.step > opts.resumeStep) {
       cut = l.offset; // steps are appended in order: everything from here on is later
       break;

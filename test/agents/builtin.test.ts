@@ -9,7 +9,12 @@ const echo: Tool = {
   parameters: { type: "object", properties: { text: { type: "string" } }, required: ["text"] },
   run: async (args) => (typeof args.text === "string" ? args.text : "Error: missing text"),
 };
-const broken: Tool = { name: "broken", description: "Breaks its contract", parameters: { type: "object", properties: {} }, run: async () => "" };
+const broken: Tool = {
+  name: "broken",
+  description: "Breaks its contract",
+  parameters: { type: "object", properties: {} },
+  run: async () => "",
+};
 
 describe("tool table", () => {
   const table = toolTable([echo, broken, echo]);

@@ -67,8 +67,12 @@ describe("checkAnnotations on a GSM8K-format fixture", () => {
   });
 
   it("flags a calculator that disagrees with plain arithmetic", async () => {
-    const r = await checkAnnotations([{ expr: "0.1+0.2", result: "0.3" }, { expr: "2*3", result: "6" }], async (e) =>
-      e === "2*3" ? "7" : "0.3",
+    const r = await checkAnnotations(
+      [
+        { expr: "0.1+0.2", result: "0.3" },
+        { expr: "2*3", result: "6" },
+      ],
+      async (e) => (e === "2*3" ? "7" : "0.3"),
     );
     expect(r.calculatorMatchesPlain).toBe(1);
     expect(r.calculatorMismatchesPlain.map((e) => e.expr)).toEqual(["2*3"]);

@@ -88,7 +88,10 @@ describe("calculator tool", () => {
     const script = path.join(dir, "use-calculator.mts");
     const calcPath = fileURLToPath(new URL("../../src/agents/calculator.ts", import.meta.url));
     // No shutdownCalculator(): the process must still exit on its own.
-    await fs.writeFile(script, `import { calculatorTool } from ${JSON.stringify(calcPath)};\nconsole.log(await calculatorTool.run({ expression: "16-3-4" }));\n`);
+    await fs.writeFile(
+      script,
+      `import { calculatorTool } from ${JSON.stringify(calcPath)};\nconsole.log(await calculatorTool.run({ expression: "16-3-4" }));\n`,
+    );
     const tsxCli = fileURLToPath(new URL("../../node_modules/tsx/dist/cli.mjs", import.meta.url));
     const { code, stdout, stderr } = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
       execFile(process.execPath, [tsxCli, script], { timeout: 90_000 }, (err, stdout, stderr) =>

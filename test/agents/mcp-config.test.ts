@@ -18,12 +18,25 @@ const write = (name: string, value: unknown) => {
 
 describe("mcp: items", () => {
   it("a command line or a URL, with options in brackets", () => {
-    expect(parseMcpItem(`mcp:npx -y "@scope/server" '/a b'`)).toEqual({ source: `mcp:npx -y "@scope/server" '/a b'`, command: "npx", args: ["-y", "@scope/server", "/a b"] });
-    expect(parseMcpItem("mcp[prefix=ev_,tools=echo+get-sum,exclude=x,env=A=1=2,cwd=/tmp]:npx -y @modelcontextprotocol/server-everything")).toMatchObject({
-      command: "npx", prefix: "ev_", includeTools: ["echo", "get-sum"], excludeTools: ["x"], env: { A: "1=2" }, cwd: "/tmp",
+    expect(parseMcpItem(`mcp:npx -y "@scope/server" '/a b'`)).toEqual({
+      source: `mcp:npx -y "@scope/server" '/a b'`,
+      command: "npx",
+      args: ["-y", "@scope/server", "/a b"],
+    });
+    expect(
+      parseMcpItem("mcp[prefix=ev_,tools=echo+get-sum,exclude=x,env=A=1=2,cwd=/tmp]:npx -y @modelcontextprotocol/server-everything"),
+    ).toMatchObject({
+      command: "npx",
+      prefix: "ev_",
+      includeTools: ["echo", "get-sum"],
+      excludeTools: ["x"],
+      env: { A: "1=2" },
+      cwd: "/tmp",
     });
     expect(parseMcpItem("mcp[header=Authorization: Bearer abc]:http://127.0.0.1:3000/mcp")).toEqual({
-      source: "mcp[header=Authorization: Bearer abc]:http://127.0.0.1:3000/mcp", url: "http://127.0.0.1:3000/mcp", headers: { Authorization: "Bearer abc" },
+      source: "mcp[header=Authorization: Bearer abc]:http://127.0.0.1:3000/mcp",
+      url: "http://127.0.0.1:3000/mcp",
+      headers: { Authorization: "Bearer abc" },
     });
   });
   it.each([
@@ -40,7 +53,10 @@ describe("mcp: items", () => {
   });
   it("--tools lists split before mcp:, mcp[, a lone name or a .json path", () => {
     expect(splitToolSpecs("calculator,mcp[prefix=a_,tools=x+y]:node s.js --list a=1,b=2,./servers.json,mcp:http://h/mcp")).toEqual([
-      "calculator", "mcp[prefix=a_,tools=x+y]:node s.js --list a=1,b=2", "./servers.json", "mcp:http://h/mcp",
+      "calculator",
+      "mcp[prefix=a_,tools=x+y]:node s.js --list a=1,b=2",
+      "./servers.json",
+      "mcp:http://h/mcp",
     ]);
     expect(() => splitToolSpecs("calculator,./x.yaml")).toThrow(/is not a tool name, mcp:<command line\|URL> or an mcpServers .json file/);
   });
@@ -51,13 +67,32 @@ describe("mcpServers JSON files", () => {
     const file = write("claude_desktop_config.json", {
       mcpServers: {
         memory: { command: "npx", args: ["-y", "@modelcontextprotocol/server-memory"], env: { MEMORY_FILE_PATH: "${HOME}/memory.jsonl" } },
-        remote: { type: "http", url: "http://127.0.0.1:3000/mcp", headers: { Authorization: "Bearer ${MCP_TEST_TOKEN:-none}" }, prefix: "r_", includeTools: ["echo"] },
+        remote: {
+          type: "http",
+          url: "http://127.0.0.1:3000/mcp",
+          headers: { Authorization: "Bearer ${MCP_TEST_TOKEN:-none}" },
+          prefix: "r_",
+          includeTools: ["echo"],
+        },
         off: { command: "nosuch", disabled: true },
       },
     });
     expect(readMcpConfig(file, { HOME: "/home/u" })).toEqual([
-      { source: `${file}#memory`, name: "memory", command: "npx", args: ["-y", "@modelcontextprotocol/server-memory"], env: { MEMORY_FILE_PATH: "/home/u/memory.jsonl" } },
-      { source: `${file}#remote`, name: "remote", url: "http://127.0.0.1:3000/mcp", headers: { Authorization: "Bearer none" }, prefix: "r_", includeTools: ["echo"] },
+      {
+        source: `${file}#memory`,
+        name: "memory",
+        command: "npx",
+        args: ["-y", "@modelcontextprotocol/server-memory"],
+        env: { MEMORY_FILE_PATH: "/home/u/memory.jsonl" },
+      },
+      {
+        source: `${file}#remote`,
+        name: "remote",
+        url: "http://127.0.0.1:3000/mcp",
+        headers: { Authorization: "Bearer none" },
+        prefix: "r_",
+        includeTools: ["echo"],
+      },
     ]);
   });
   it.each([
@@ -75,7 +110,9 @@ describe("mcpServers JSON files", () => {
   it("opens every server of the file as one --tools item", async () => {
     const fixture = path.join(import.meta.dirname, "..", "fixtures", "mcp", "server.ts");
     const server = { command: process.execPath, args: ["--import", "tsx", fixture] };
-    const file = write("mcp.json", { mcpServers: { one: { ...server, prefix: "one_", includeTools: ["add"] }, two: { ...server, excludeTools: ["crash", "slow"] } } });
+    const file = write("mcp.json", {
+      mcpServers: { one: { ...server, prefix: "one_", includeTools: ["add"] }, two: { ...server, excludeTools: ["crash", "slow"] } },
+    });
     const set = await openTools(["calculator", file], { timeoutMs: 60_000 });
     try {
       expect(set.tools.map((t) => t.name)).toEqual(["calculator", "one_add", "echo", "add", "fail", "big"]);

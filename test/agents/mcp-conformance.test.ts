@@ -20,11 +20,15 @@ const TSX = pathToFileURL(path.join(ROOT, "node_modules", "tsx", "dist", "loader
 const ENABLE = "sh scripts/setup-node24.sh (or MCP_CONFORMANCE_NODE=/path/to/node22+)";
 
 function conformanceNode(): string | null {
-  const candidates = [process.env.MCP_CONFORMANCE_NODE, path.join(process.env.XDG_CACHE_HOME ?? path.join(os.homedir(), ".cache"), "mini-agentic-rl", "node24", "bin", "node")];
+  const candidates = [
+    process.env.MCP_CONFORMANCE_NODE,
+    path.join(process.env.XDG_CACHE_HOME ?? path.join(os.homedir(), ".cache"), "mini-agentic-rl", "node24", "bin", "node"),
+  ];
   const found = candidates.find((p) => p && fs.existsSync(p));
   if (found) return found;
   if (Number(process.versions.node.split(".")[0]) >= 22) return process.execPath;
-  if (process.env.CI === "true" || process.env.CI === "1") throw new Error(`MCP conformance tests: CI=true but no Node 22+ found (CI fetches one: ${ENABLE})`);
+  if (process.env.CI === "true" || process.env.CI === "1")
+    throw new Error(`MCP conformance tests: CI=true but no Node 22+ found (CI fetches one: ${ENABLE})`);
   console.warn(`MCP conformance tests skipped: the suite needs Node 22+, this is ${process.version}; to run them: ${ENABLE}`);
   return null;
 }
@@ -35,9 +39,14 @@ afterAll(() => fs.rmSync(tmp, { recursive: true, force: true }));
 /** Runs the suite with `args`; resolves to its exit code and output. */
 function suite(args: string[]): Promise<{ code: number; out: string }> {
   return new Promise((resolve) => {
-    execFile(node!, [SUITE, ...args], { cwd: tmp, timeout: 120_000, env: { ...process.env, PATH: `${path.dirname(node!)}:${process.env.PATH}` } }, (err, stdout, stderr) => {
-      resolve({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, out: `${stdout}\n${stderr}` });
-    });
+    execFile(
+      node!,
+      [SUITE, ...args],
+      { cwd: tmp, timeout: 120_000, env: { ...process.env, PATH: `${path.dirname(node!)}:${process.env.PATH}` } },
+      (err, stdout, stderr) => {
+        resolve({ code: err ? Number((err as { code?: number }).code ?? 1) : 0, out: `${stdout}\n${stderr}` });
+      },
+    );
   });
 }
 
@@ -54,7 +63,17 @@ describe.runIf(node)("MCP conformance suite: client scenarios", () => {
 describe.runIf(node)("MCP conformance suite: the project's HTTP server", () => {
   let server: { url: string; close(): Promise<void> };
   beforeAll(async () => {
-    server = await serveHttp([{ name: "echo", description: "Repeat the text", parameters: { type: "object", properties: { text: { type: "string" } } }, run: async (a) => String(a.text) }], 0);
+    server = await serveHttp(
+      [
+        {
+          name: "echo",
+          description: "Repeat the text",
+          parameters: { type: "object", properties: { text: { type: "string" } } },
+          run: async (a) => String(a.text),
+        },
+      ],
+      0,
+    );
   });
   afterAll(() => server?.close());
   it("dns-rebinding-protection: a foreign Host/Origin is refused, a loopback one served", async () => {

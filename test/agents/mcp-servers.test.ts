@@ -99,11 +99,15 @@ describe("server-everything over stdio, started through npx", () => {
   });
   it("an allow-list and prefixes combine two servers that share tool names", async () => {
     const spec = (p: string) => `mcp[prefix=${p},tools=echo+get-sum]:npx -y @modelcontextprotocol/server-everything`;
-    await expect(open([spec("a_").replace("prefix=a_,", ""), spec("b_").replace("prefix=b_,", "")])).rejects.toThrow(/tool "echo" from mcp\[tools=echo\+get-sum\]:.* clashes with the one from .*; .* prefix/);
+    await expect(open([spec("a_").replace("prefix=a_,", ""), spec("b_").replace("prefix=b_,", "")])).rejects.toThrow(
+      /tool "echo" from mcp\[tools=echo\+get-sum\]:.* clashes with the one from .*; .* prefix/,
+    );
     const set = await open([spec("a_"), spec("b_")]);
     expect(set.tools.map((t) => t.name)).toEqual(["a_echo", "a_get-sum", "b_echo", "b_get-sum"]);
     expect(await call(set, "b_get-sum", { a: 1, b: 2 })).toEqual({ text: "The sum of 1 and 2 is 3.", isError: false });
-    await expect(open([`mcp[tools=echo+nosuch]:npx -y @modelcontextprotocol/server-everything`])).rejects.toThrow(/the server lists no tool "nosuch"; it lists echo, /);
+    await expect(open([`mcp[tools=echo+nosuch]:npx -y @modelcontextprotocol/server-everything`])).rejects.toThrow(
+      /the server lists no tool "nosuch"; it lists echo, /,
+    );
   });
 });
 
@@ -117,7 +121,9 @@ describe("server-memory and server-filesystem over stdio", () => {
     const file = path.join(tmp, "memory.jsonl");
     process.env.MEMORY_FILE_PATH = file;
     const set = await open(["mcp:npx -y @modelcontextprotocol/server-memory"]);
-    const r = await call(set, "create_entities", { entities: [{ name: "Ada", entityType: "person", observations: ["wrote the first program"] }] });
+    const r = await call(set, "create_entities", {
+      entities: [{ name: "Ada", entityType: "person", observations: ["wrote the first program"] }],
+    });
     expect(r.isError).toBe(false);
     expect(fs.readFileSync(file, "utf8")).toContain('"name":"Ada"');
   });
@@ -130,7 +136,13 @@ describe("server-memory and server-filesystem over stdio", () => {
     const missing = await runToolCall({ name: "read_text_file", arguments: { path: path.join(tmp, "nope.log") } }, tools);
     expect(missing.error).toBe(true);
     expect(missing.result).toMatch(/^Error.*ENOENT/);
-    const rollout = (errors: number) => ({ finalText: "\\boxed{1}", numToolCalls: 1, numToolErrors: errors, numParseErrors: 0, truncated: false });
+    const rollout = (errors: number) => ({
+      finalText: "\\boxed{1}",
+      numToolCalls: 1,
+      numToolErrors: errors,
+      numParseErrors: 0,
+      truncated: false,
+    });
     expect(scoreRollout(rollout(Number(read.error)), "1", { tool_use: 1 }).components.tool_use).toBe(1);
     expect(scoreRollout(rollout(Number(missing.error)), "1", { tool_use: 1 }).components.tool_use).toBe(0);
   });
@@ -144,7 +156,10 @@ describe("server-everything over Streamable HTTP", () => {
   let proxy: http.Server;
   let proxyUrl = "";
   const start = async () => {
-    server = spawn(process.execPath, [EVERYTHING, "streamableHttp"], { env: { ...process.env, PORT: String(port) }, stdio: ["ignore", "ignore", "pipe"] });
+    server = spawn(process.execPath, [EVERYTHING, "streamableHttp"], {
+      env: { ...process.env, PORT: String(port) },
+      stdio: ["ignore", "ignore", "pipe"],
+    });
     await new Promise<void>((resolve, reject) => {
       let err = "";
       server!.stderr!.on("data", (d) => {
@@ -172,13 +187,18 @@ describe("server-everything over Streamable HTTP", () => {
       seenAuth.push(String(req.headers.authorization));
       if (expireSession && req.headers["mcp-session-id"]) {
         expireSession = false;
-        return void res.writeHead(404, { "content-type": "application/json" }).end('{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},"id":null}');
+        return void res
+          .writeHead(404, { "content-type": "application/json" })
+          .end('{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},"id":null}');
       }
-      const up = http.request({ host: "127.0.0.1", port, path: req.url, method: req.method, headers: { ...req.headers, host: `127.0.0.1:${port}` } }, (r) => {
-        res.writeHead(r.statusCode ?? 502, r.headers);
-        r.pipe(res);
-      });
-      up.on("error", () => res.headersSent ? res.destroy() : res.writeHead(502).end());
+      const up = http.request(
+        { host: "127.0.0.1", port, path: req.url, method: req.method, headers: { ...req.headers, host: `127.0.0.1:${port}` } },
+        (r) => {
+          res.writeHead(r.statusCode ?? 502, r.headers);
+          r.pipe(res);
+        },
+      );
+      up.on("error", () => (res.headersSent ? res.destroy() : res.writeHead(502).end()));
       req.pipe(up);
     });
     await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", () => r()));
@@ -215,19 +235,22 @@ describe("server-everything over Streamable HTTP", () => {
 
 describe("chat.ts and eval.ts with server-everything through npx (tiny preset)", () => {
   /** Runs a script with `input` on stdin and the marker in its environment; its exit code and stderr. */
-  const script = (name: string, args: string[], mark: string, input = "") => new Promise<{ code: number | null; err: string }>((resolve) => {
-    const child = spawn(process.execPath, ["--import", "tsx", path.join("scripts", name), ...args], {
-      cwd: ROOT, stdio: ["pipe", "ignore", "pipe"], env: { ...process.env, MCP_TEST_MARK: mark },
+  const script = (name: string, args: string[], mark: string, input = "") =>
+    new Promise<{ code: number | null; err: string }>((resolve) => {
+      const child = spawn(process.execPath, ["--import", "tsx", path.join("scripts", name), ...args], {
+        cwd: ROOT,
+        stdio: ["pipe", "ignore", "pipe"],
+        env: { ...process.env, MCP_TEST_MARK: mark },
+      });
+      let err = "";
+      child.stderr!.on("data", (d) => (err += d));
+      child.stdin!.end(input);
+      const killer = setTimeout(() => child.kill("SIGKILL"), 100_000); // a hang fails the test (within its 120 s), not the run
+      child.once("exit", (code) => {
+        clearTimeout(killer);
+        resolve({ code, err });
+      });
     });
-    let err = "";
-    child.stderr!.on("data", (d) => (err += d));
-    child.stdin!.end(input);
-    const killer = setTimeout(() => child.kill("SIGKILL"), 100_000); // a hang fails the test (within its 120 s), not the run
-    child.once("exit", (code) => {
-      clearTimeout(killer);
-      resolve({ code, err });
-    });
-  });
   const everything = "mcp:npx -y @modelcontextprotocol/server-everything";
 
   it("chat answers a piped question, exits 0 at /exit and leaves no process", async () => {
@@ -240,7 +263,22 @@ describe("chat.ts and eval.ts with server-everything through npx (tiny preset)",
   it("eval writes its results, exits 0 and leaves no process", async () => {
     const mark = `eval-${process.pid}`;
     const out = path.join(tmp, "eval");
-    const r = await script("eval.ts", ["--preset", "tiny", "--model_path", "src/presets/tiny", "--max_samples", "2", "--output_dir", out, "--tools", `mcp[tools=get-sum]:npx -y @modelcontextprotocol/server-everything`], mark);
+    const r = await script(
+      "eval.ts",
+      [
+        "--preset",
+        "tiny",
+        "--model_path",
+        "src/presets/tiny",
+        "--max_samples",
+        "2",
+        "--output_dir",
+        out,
+        "--tools",
+        `mcp[tools=get-sum]:npx -y @modelcontextprotocol/server-everything`,
+      ],
+      mark,
+    );
     expect(r.code).toBe(0);
     expect(fs.existsSync(path.join(out, "eval.json"))).toBe(true);
     expect(await leftAfter(mark)).toEqual([]);
@@ -248,7 +286,9 @@ describe("chat.ts and eval.ts with server-everything through npx (tiny preset)",
   it("tools that do not fit the model's context: a one-line usage error, exit 2, no process left", async () => {
     const mark = `fit-${process.pid}`;
     const r = await script("chat.ts", ["--preset", "tiny", "--max_new_tokens", "300", "--tools", everything], mark, "What is 2 + 3?\n");
-    expect(r.err).toMatch(/error: the system prompt with 12 tools is \d+ tokens; with 300 new tokens it does not fit the model's context of 1024; offer fewer tools/);
+    expect(r.err).toMatch(
+      /error: the system prompt with 12 tools is \d+ tokens; with 300 new tokens it does not fit the model's context of 1024; offer fewer tools/,
+    );
     expect(r.code).toBe(2);
     expect(await leftAfter(mark)).toEqual([]);
   });

@@ -12,17 +12,27 @@ import { toToolResult } from "../../src/agents/types.ts";
 
 const ROOT = path.join(import.meta.dirname, "..", "..");
 const FIXTURE = path.join(ROOT, "test", "fixtures", "mcp", "server.ts");
-const stdioSpec = (...args: string[]) => `mcp:${JSON.stringify(process.execPath)} --import tsx ${JSON.stringify(FIXTURE)} ${args.join(" ")}`.trim();
+const stdioSpec = (...args: string[]) =>
+  `mcp:${JSON.stringify(process.execPath)} --import tsx ${JSON.stringify(FIXTURE)} ${args.join(" ")}`.trim();
 const FIXTURE_TOOLS = ["echo", "add", "fail", "slow", "big", "crash"];
 
 afterAll(() => shutdownCalculator());
 
-const call = async (set: ToolSet, name: string, args: Record<string, unknown> = {}) => toToolResult(await set.tools.find((t) => t.name === name)!.run(args))!;
+const call = async (set: ToolSet, name: string, args: Record<string, unknown> = {}) =>
+  toToolResult(await set.tools.find((t) => t.name === name)!.run(args))!;
 const run = async (set: ToolSet, name: string, args: Record<string, unknown> = {}) => (await call(set, name, args)).text;
 
 describe("command lines", () => {
   it("split on whitespace with quotes and escapes, no expansion", () => {
-    expect(splitCommandLine(`npx -y "@scope/server" --dir '/a b' c\\ d $HOME`)).toEqual(["npx", "-y", "@scope/server", "--dir", "/a b", "c d", "$HOME"]);
+    expect(splitCommandLine(`npx -y "@scope/server" --dir '/a b' c\\ d $HOME`)).toEqual([
+      "npx",
+      "-y",
+      "@scope/server",
+      "--dir",
+      "/a b",
+      "c d",
+      "$HOME",
+    ]);
     expect(() => splitCommandLine(`node "server.js`)).toThrow(/unclosed " quote/);
   });
 });
@@ -37,7 +47,10 @@ describe("MCP over stdio", () => {
 
   it("lists every page of tools with their schemas", () => {
     expect(set.tools.map((t) => t.name)).toEqual(FIXTURE_TOOLS); // served two per page
-    expect(set.tools[1]).toMatchObject({ description: "Add two numbers", parameters: { type: "object", properties: { a: { type: "number" }, b: { type: "number" } }, required: ["a", "b"] } });
+    expect(set.tools[1]).toMatchObject({
+      description: "Add two numbers",
+      parameters: { type: "object", properties: { a: { type: "number" }, b: { type: "number" } }, required: ["a", "b"] },
+    });
   });
   it("calls tools; isError results, time-outs and oversized output become text for the model", async () => {
     expect(await run(set, "echo", { text: "hello" })).toBe("hello");
@@ -63,7 +76,9 @@ describe("MCP over stdio", () => {
     expect(reply).toBe("back");
     expect(notices.join("\n")).toMatch(/went away; it will be started again on the next call[^]*started again/);
     expect(await run(set, "crash")).toMatch(/^Error: MCP server .* failed on "crash"/);
-    expect(await run(set, "echo", { text: "x" })).toMatch(/^Error: MCP server node --import tsx \/.+ is not running; tool "echo" is unavailable$/);
+    expect(await run(set, "echo", { text: "x" })).toMatch(
+      /^Error: MCP server node --import tsx \/.+ is not running; tool "echo" is unavailable$/,
+    );
   });
 });
 
@@ -78,7 +93,10 @@ describe("tools/list_changed", () => {
       for (let i = 0; i < 100 && !set.tools.some((t) => t.name === "extra"); i++) await new Promise((r) => setTimeout(r, 50));
       expect(set.tools.map((t) => t.name)).toEqual(["calculator", ...FIXTURE_TOOLS.filter((n) => n !== "echo"), "reshape", "extra"]);
       expect(await run(set, "extra")).toBe("extra here");
-      expect(toToolResult(await echo.run({ text: "x" }))).toEqual({ text: expect.stringMatching(/^Error: MCP server .* no longer offers tool "echo"$/), isError: true });
+      expect(toToolResult(await echo.run({ text: "x" }))).toEqual({
+        text: expect.stringMatching(/^Error: MCP server .* no longer offers tool "echo"$/),
+        isError: true,
+      });
       expect(notices.join("\n")).toMatch(/changed its tools; now add, fail, slow, big, crash, reshape, extra/);
     } finally {
       await set.close();
@@ -90,7 +108,10 @@ describe("MCP over Streamable HTTP", () => {
   let server: ChildProcess;
   let url: string;
   beforeAll(async () => {
-    server = spawn(process.execPath, ["--import", "tsx", FIXTURE, "--http", "--calculator"], { cwd: ROOT, stdio: ["ignore", "pipe", "inherit"] });
+    server = spawn(process.execPath, ["--import", "tsx", FIXTURE, "--http", "--calculator"], {
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "inherit"],
+    });
     url = await new Promise<string>((resolve, reject) => {
       let out = "";
       server.stdout!.on("data", (d) => {
@@ -118,15 +139,20 @@ describe("MCP over Streamable HTTP", () => {
     }
   });
   it("refuses a foreign Host or Origin with 403 (DNS rebinding), serves loopback ones", async () => {
-    const status = (headers: Record<string, string>) => new Promise<number>((resolve, reject) => {
-      const body = JSON.stringify({ jsonrpc: "2.0", id: 1, method: "ping" });
-      const req = http.request(url, { method: "POST", headers: { "content-type": "application/json", accept: "application/json, text/event-stream", ...headers } }, (res) => {
-        res.resume();
-        resolve(res.statusCode ?? 0);
+    const status = (headers: Record<string, string>) =>
+      new Promise<number>((resolve, reject) => {
+        const body = JSON.stringify({ jsonrpc: "2.0", id: 1, method: "ping" });
+        const req = http.request(
+          url,
+          { method: "POST", headers: { "content-type": "application/json", accept: "application/json, text/event-stream", ...headers } },
+          (res) => {
+            res.resume();
+            resolve(res.statusCode ?? 0);
+          },
+        );
+        req.on("error", reject);
+        req.end(body);
       });
-      req.on("error", reject);
-      req.end(body);
-    });
     const port = new URL(url).port;
     expect(await status({ host: "evil.example" })).toBe(403);
     expect(await status({ host: `localhost:${port}`, origin: "http://evil.example" })).toBe(403);
@@ -144,7 +170,9 @@ describe("MCP over Streamable HTTP", () => {
       expect(await run(set, "fail")).toBe("Error: this tool always fails");
       server.kill();
       await new Promise((r) => server.once("exit", r));
-      expect(await run(set, "echo", { text: "x" })).toMatch(new RegExp(`^Error: MCP server ${url.replace(/[./]/g, "\\$&")} failed on "echo"`));
+      expect(await run(set, "echo", { text: "x" })).toMatch(
+        new RegExp(`^Error: MCP server ${url.replace(/[./]/g, "\\$&")} failed on "echo"`),
+      );
     } finally {
       await set.close();
     }
@@ -154,7 +182,11 @@ describe("MCP over Streamable HTTP", () => {
 describe("servers that cannot be used are usage errors", () => {
   it.each([
     ["a missing command", "mcp:/no/such/mcp-server", /--tools mcp:\/no\/such\/mcp-server: server did not start \(command not found\)/],
-    ["a command that exits at once", `mcp:${JSON.stringify(process.execPath)} -e "process.exit(1)"`, /server did not start \(.*Connection closed\)/],
+    [
+      "a command that exits at once",
+      `mcp:${JSON.stringify(process.execPath)} -e "process.exit(1)"`,
+      /server did not start \(.*Connection closed\)/,
+    ],
     ["an unreachable URL", "mcp:http://127.0.0.1:9/mcp", /--tools mcp:http:\/\/127\.0\.0\.1:9\/mcp: server did not start/],
   ])("%s", async (_what, spec, message) => {
     await expect(openTools([spec], { timeoutMs: 5_000 })).rejects.toThrow(message);
@@ -166,7 +198,9 @@ describe("servers that cannot be used are usage errors", () => {
     const url = `http://127.0.0.1:${(hung.address() as AddressInfo).port}/mcp`;
     try {
       const t0 = Date.now();
-      await expect(openMcpServer(url, { timeoutMs: 1_000, startupTimeoutMs: 1_000 })).rejects.toThrow(new RegExp(`^--tools mcp:${url.replace(/[./]/g, "\\$&")}: server did not start \\(`));
+      await expect(openMcpServer(url, { timeoutMs: 1_000, startupTimeoutMs: 1_000 })).rejects.toThrow(
+        new RegExp(`^--tools mcp:${url.replace(/[./]/g, "\\$&")}: server did not start \\(`),
+      );
       expect(Date.now() - t0).toBeLessThan(20_000);
     } finally {
       hung.closeAllConnections();
@@ -174,6 +208,8 @@ describe("servers that cannot be used are usage errors", () => {
     }
   });
   it("two tools with one name", async () => {
-    await expect(openTools(["calculator", stdioSpec("--clash")])).rejects.toThrow(/tool "calculator" from mcp:.* clashes with the one from calculator/);
+    await expect(openTools(["calculator", stdioSpec("--clash")])).rejects.toThrow(
+      /tool "calculator" from mcp:.* clashes with the one from calculator/,
+    );
   });
 });

@@ -10,7 +10,11 @@ describe("parseToolCalls", () => {
   });
 
   it("returns plain text with no calls unchanged apart from trimming", () => {
-    expect(parseToolCalls("  9 eggs. The answer is \\boxed{18}.\n")).toEqual({ content: "9 eggs. The answer is \\boxed{18}.", calls: [], errors: [] });
+    expect(parseToolCalls("  9 eggs. The answer is \\boxed{18}.\n")).toEqual({
+      content: "9 eggs. The answer is \\boxed{18}.",
+      calls: [],
+      errors: [],
+    });
     expect(parseToolCalls("")).toEqual({ content: "", calls: [], errors: [] });
   });
 
@@ -77,7 +81,9 @@ describe("parseToolCalls", () => {
   });
 
   it("treats a block re-opened before it closes as unclosed, then parses the inner block", () => {
-    const r = parseToolCalls('<tool_call>\n{"name": "calculator", <tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n</tool_call>');
+    const r = parseToolCalls(
+      '<tool_call>\n{"name": "calculator", <tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n</tool_call>',
+    );
     expect(r.calls).toEqual([calc("1+2")]);
     expect(r.errors).toEqual(["Error: <tool_call> is not closed with </tool_call>"]);
   });

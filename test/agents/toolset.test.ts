@@ -31,22 +31,66 @@ describe("tool specs", () => {
 
 describe("limits every tool gets", () => {
   it("a slow tool answers with an error at the time limit", async () => {
-    const slow = limitTool(tool(() => new Promise((r) => setTimeout(() => r("late"), 5_000))), 50, 1000);
+    const slow = limitTool(
+      tool(() => new Promise((r) => setTimeout(() => r("late"), 5_000))),
+      50,
+      1000,
+    );
     expect(await slow.run({})).toEqual({ text: 'Error: tool "t" took longer than 0.05 s', isError: true });
   });
   it("a throwing or non-text tool resolves to an error", async () => {
-    expect(await limitTool(tool(async () => { throw new Error("boom"); }), 1000, 1000).run({})).toEqual({ text: 'Error: tool "t" failed (boom)', isError: true });
-    expect(await limitTool(tool(async () => 3 as unknown as string), 1000, 1000).run({})).toEqual({ text: 'Error: tool "t" returned no text', isError: true });
+    expect(
+      await limitTool(
+        tool(async () => {
+          throw new Error("boom");
+        }),
+        1000,
+        1000,
+      ).run({}),
+    ).toEqual({ text: 'Error: tool "t" failed (boom)', isError: true });
+    expect(
+      await limitTool(
+        tool(async () => 3 as unknown as string),
+        1000,
+        1000,
+      ).run({}),
+    ).toEqual({ text: 'Error: tool "t" returned no text', isError: true });
   });
   it("a tool's own isError decides; a plain string is an error when it starts with Error", async () => {
-    expect(await limitTool(tool(async () => ({ text: "ERROR 42 in the log", isError: false })), 1000, 1000).run({})).toEqual({ text: "ERROR 42 in the log", isError: false });
-    expect(await limitTool(tool(async () => ({ text: "no such file", isError: true })), 1000, 1000).run({})).toEqual({ text: "no such file", isError: true });
-    expect(await limitTool(tool(async () => "Error: bad input"), 1000, 1000).run({})).toEqual({ text: "Error: bad input", isError: true });
+    expect(
+      await limitTool(
+        tool(async () => ({ text: "ERROR 42 in the log", isError: false })),
+        1000,
+        1000,
+      ).run({}),
+    ).toEqual({ text: "ERROR 42 in the log", isError: false });
+    expect(
+      await limitTool(
+        tool(async () => ({ text: "no such file", isError: true })),
+        1000,
+        1000,
+      ).run({}),
+    ).toEqual({ text: "no such file", isError: true });
+    expect(
+      await limitTool(
+        tool(async () => "Error: bad input"),
+        1000,
+        1000,
+      ).run({}),
+    ).toEqual({ text: "Error: bad input", isError: true });
   });
   it("long output is cut with a visible marker", async () => {
     expect(capText("x".repeat(150), 100)).toBe(`${"x".repeat(100)}\n[truncated: 50 of 150 characters not shown]`);
     expect(capText("short", 100)).toBe("short");
-    expect(toToolResult(await limitTool(tool(async () => "y".repeat(250)), 1000, 200).run({}))!.text).toMatch(/^y{200}\n\[truncated: 50 of 250/);
+    expect(
+      toToolResult(
+        await limitTool(
+          tool(async () => "y".repeat(250)),
+          1000,
+          200,
+        ).run({}),
+      )!.text,
+    ).toMatch(/^y{200}\n\[truncated: 50 of 250/);
   });
 });
 

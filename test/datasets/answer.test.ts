@@ -60,7 +60,9 @@ describe("extractAnswer", () => {
     expect(extractAnswer("42</answer>", "answer")).toBeNull();
   });
   it("rejects an unknown format", () => {
-    expect(() => extractAnswer("x", "latex" as never)).toThrow(/unknown answer schema "latex", expected one of boxed, answer, gsm8k, last_number/);
+    expect(() => extractAnswer("x", "latex" as never)).toThrow(
+      /unknown answer schema "latex", expected one of boxed, answer, gsm8k, last_number/,
+    );
   });
 });
 

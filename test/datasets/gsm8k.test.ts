@@ -38,8 +38,12 @@ describe("loadGsm8k: JSONL", () => {
   it("maxSamples stops early; split names the ids", async () => {
     const ex = await loadGsm8k(path.join(FIX, "tiny.jsonl"), { maxSamples: 2, split: "test" });
     expect(ex.map((e) => e.id)).toEqual(["test-0", "test-1"]);
-    await expect(loadGsm8k(path.join(FIX, "tiny.jsonl"), { maxSamples: -1 })).rejects.toThrow(/maxSamples -1 must be a non-negative integer/);
-    await expect(loadGsm8k(path.join(FIX, "tiny.jsonl"), { split: "dev" as never })).rejects.toThrow(/split "dev" is not one of train, test/);
+    await expect(loadGsm8k(path.join(FIX, "tiny.jsonl"), { maxSamples: -1 })).rejects.toThrow(
+      /maxSamples -1 must be a non-negative integer/,
+    );
+    await expect(loadGsm8k(path.join(FIX, "tiny.jsonl"), { split: "dev" as never })).rejects.toThrow(
+      /split "dev" is not one of train, test/,
+    );
   });
 
   it("malformed rows: error names file and 1-based line (blank lines counted)", async () => {
@@ -84,7 +88,9 @@ describe("loadGsm8k: parquet", () => {
 
   it("a folder: the hub layout inside a downloaded repo, or <split>.jsonl", async () => {
     expect((await loadGsm8k(FIX)).map((e) => e.gold)).toEqual(["42", "1000", "12.5"]);
-    await expect(loadGsm8k(FIX, { split: "test" })).rejects.toThrow(/holds no GSM8K test split: expected test\.jsonl, main\/test-\*\.parquet/);
+    await expect(loadGsm8k(FIX, { split: "test" })).rejects.toThrow(
+      /holds no GSM8K test split: expected test\.jsonl, main\/test-\*\.parquet/,
+    );
     await fs.writeFile(path.join(tmp, "test.jsonl"), good("q", "7") + "\n");
     expect((await loadGsm8k(tmp, { split: "test" })).map((e) => [e.id, e.gold])).toEqual([["test-0", "7"]]);
   });
@@ -130,7 +136,10 @@ describe("dataset names through the Hugging Face cache", () => {
       expect(ex.map((e) => e.gold)).toEqual(["42", "1000", "12.5"]);
       await expect(loadGsm8k("gsm8k", { split: "test" })).rejects.toThrow(/GSM8K test split not found/);
     } finally {
-      for (const [k, v] of [["HF_HUB_CACHE", saved.c], ["HF_HUB_OFFLINE", saved.o]] as const)
+      for (const [k, v] of [
+        ["HF_HUB_CACHE", saved.c],
+        ["HF_HUB_OFFLINE", saved.o],
+      ] as const)
         if (v === undefined) delete process.env[k];
         else process.env[k] = v;
     }
@@ -151,7 +160,12 @@ describe("dataset names through the Hugging Face cache", () => {
 
   it("downloads into the cache layout when online (local server standing in for the hub)", async () => {
     const bytes = await fs.readFile(PARQUET);
-    const hub = await startFakeHub({ type: "dataset", name: "openai/gsm8k", commit: "feed42", files: { "main/train-00000-of-00001.parquet": bytes } });
+    const hub = await startFakeHub({
+      type: "dataset",
+      name: "openai/gsm8k",
+      commit: "feed42",
+      files: { "main/train-00000-of-00001.parquet": bytes },
+    });
     try {
       const dl = path.join(tmp, "dl");
       const env = { HF_HUB_CACHE: dl, HF_ENDPOINT: hub.url };

@@ -45,7 +45,9 @@ describe("scorers", () => {
     expect(scorerNames()).toContain("length_ratio");
     expect(score("ab", { gold: "abcd", scorer: "length_ratio" })).toBe(0.5);
     expect(score("abcdefgh", { gold: "abcd", scorer: "length_ratio" })).toBe(1);
-    registerScorer("throws", () => { throw new Error("boom"); });
+    registerScorer("throws", () => {
+      throw new Error("boom");
+    });
     expect(score("x", { gold: "y", scorer: "throws" })).toBe(0);
     expect(() => registerScorer("math", () => 1)).toThrow(/already registered/);
     expect(() => getScorer("nosuch")).toThrow(/unknown scorer "nosuch", expected one of math, exact, contains/);
@@ -53,8 +55,21 @@ describe("scorers", () => {
 });
 
 const traj = (over: Partial<Trajectory>): Trajectory => ({
-  promptIndex: 0, sampleIndex: 0, promptIds: [], completionIds: [], lossMask: [], sampleLogprobs: [], turns: [], finalText: "",
-  finishReason: "stop", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0, numUnknownTools: 0, ...over,
+  promptIndex: 0,
+  sampleIndex: 0,
+  promptIds: [],
+  completionIds: [],
+  lossMask: [],
+  sampleLogprobs: [],
+  turns: [],
+  finalText: "",
+  finishReason: "stop",
+  truncated: false,
+  numToolCalls: 0,
+  numToolErrors: 0,
+  numParseErrors: 0,
+  numUnknownTools: 0,
+  ...over,
 });
 
 describe("reward and eval agree", () => {
@@ -90,11 +105,14 @@ describe("task files", () => {
   it("AgentRL JSONL: id, query, answer, optional scorer and answer_schema; through --dataset", async () => {
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), "marl-tasks-"));
     const file = path.join(dir, "tasks.jsonl");
-    await fs.writeFile(file, [
-      JSON.stringify({ id: "a", query: "2+3?", answer: 5 }),
-      JSON.stringify({ id: "b", query: "Capital of France?", answer: "Paris", scorer: "exact", answer_schema: "answer" }),
-      "",
-    ].join("\n"));
+    await fs.writeFile(
+      file,
+      [
+        JSON.stringify({ id: "a", query: "2+3?", answer: 5 }),
+        JSON.stringify({ id: "b", query: "Capital of France?", answer: "Paris", scorer: "exact", answer_schema: "answer" }),
+        "",
+      ].join("\n"),
+    );
     expect(await isTaskFile(file)).toBe(true);
     const tasks = await loadExamples({ dataset: file, purpose: "rl" });
     expect(tasks).toEqual([
@@ -105,7 +123,9 @@ describe("task files", () => {
     await fs.writeFile(bad, JSON.stringify({ query: "q", answer: "1", scorer: "fuzzy" }) + "\n");
     await expect(loadTasks(bad)).rejects.toThrow(/line 1: scorer "fuzzy" is unknown; registered: math, exact, contains/);
     await fs.writeFile(bad, JSON.stringify({ query: "q", answer: "1", answer_schema: "latex" }) + "\n");
-    await expect(loadExamples({ dataset: bad, purpose: "rl" })).rejects.toThrow(/answer_schema "latex" is unknown; expected one of boxed, answer, gsm8k, last_number/);
+    await expect(loadExamples({ dataset: bad, purpose: "rl" })).rejects.toThrow(
+      /answer_schema "latex" is unknown; expected one of boxed, answer, gsm8k, last_number/,
+    );
     const gsm = path.join(dir, "gsm.jsonl");
     await fs.writeFile(gsm, JSON.stringify({ question: "q", answer: "#### 1" }) + "\n");
     expect(await isTaskFile(gsm)).toBe(false);

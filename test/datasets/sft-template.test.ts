@@ -15,7 +15,14 @@ describe("toConversation through the Qwen2.5 template", () => {
     const tok = tokenizerFromJson(tokenizerJson, config);
     const answer = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 72";
     const conv = toConversation({ id: "t-0", question: "How many clips?", answer, gold: parseGold(answer) });
-    const tools = [toolSchema({ name: "calculator", description: "Evaluate an arithmetic expression", parameters: { type: "object" }, run: async () => "" })];
+    const tools = [
+      toolSchema({
+        name: "calculator",
+        description: "Evaluate an arithmetic expression",
+        parameters: { type: "object" },
+        run: async () => "",
+      }),
+    ];
     const text = tok.applyChatTemplate(conv, { tools });
     expect(text).toContain(
       '<|im_start|>assistant\nNatalia sold 48/2 =\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "48/2"}}\n</tool_call><|im_end|>\n' +

@@ -25,7 +25,10 @@ describe("annotations", () => {
   it("finds each <<expr=result>> with its span", () => {
     const text = "Natalia sold 48/2 = <<48/2=24>>24 clips.\nThen 48+24 = <<48+24=72>>72.";
     const anns = parseAnnotations(text);
-    expect(anns.map((a) => [a.expression, a.result])).toEqual([["48/2", "24"], ["48+24", "72"]]);
+    expect(anns.map((a) => [a.expression, a.result])).toEqual([
+      ["48/2", "24"],
+      ["48+24", "72"],
+    ]);
     expect(text.slice(anns[0].start, anns[0].end)).toBe("<<48/2=24>>");
     expect(() => parseAnnotations("bad <<48/2>>")).toThrow(/annotation "<<48\/2>>" is not "<<expression=result>>"/);
     expect(() => parseAnnotations("bad <<=3>>")).toThrow(/is not "<<expression=result>>"/);
@@ -69,13 +72,19 @@ describe("toConversation", () => {
       { role: "assistant", content: "24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\nThe answer is \\boxed{72}." },
     ]);
     expect(toConversation(ex(answer), { inline: () => true }).slice(2)).toEqual([
-      { role: "assistant", content: "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\nThe answer is \\boxed{72}." },
+      {
+        role: "assistant",
+        content: "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\nThe answer is \\boxed{72}.",
+      },
     ]);
   });
 
   it("keeps $ before the annotation in the text, normalises the tool message and the gold", () => {
     const conv = toConversation(ex("She earned 0.2 x 50 = $<<0.2*50=10.0>>10.\n#### 10.0"));
-    expect(conv[2]).toMatchObject({ content: "She earned 0.2 x 50 = $", tool_calls: [{ function: { arguments: { expression: "0.2*50" } } }] });
+    expect(conv[2]).toMatchObject({
+      content: "She earned 0.2 x 50 = $",
+      tool_calls: [{ function: { arguments: { expression: "0.2*50" } } }],
+    });
     expect(conv[3]).toEqual({ role: "tool", content: "10" });
     expect(conv[4].content).toBe("10.\nThe answer is \\boxed{10}.");
   });
@@ -86,7 +95,11 @@ describe("toConversation", () => {
     ]);
     const conv = toConversation(ex("<<2*3=6>><<6+1=7>>7\n#### 7"));
     expect(conv.slice(2).map((m) => [m.role, m.content])).toEqual([
-      ["assistant", ""], ["tool", "6"], ["assistant", ""], ["tool", "7"], ["assistant", "7\nThe answer is \\boxed{7}."],
+      ["assistant", ""],
+      ["tool", "6"],
+      ["assistant", ""],
+      ["tool", "7"],
+      ["assistant", "7\nThe answer is \\boxed{7}."],
     ]);
   });
 
@@ -118,7 +131,9 @@ describe("verification against the calculator", () => {
     expect(tool.calls).toEqual(["48/2", "10/3", "2+2"]);
     expect(checks.map((c) => c.status)).toEqual(["ok", "rounded", "wrong"]);
     expect(checks[2]).toEqual({ expression: "2+2", annotated: "5", computed: "4", status: "wrong" });
-    await expect(verifyConversation(conv, { ...tool, name: "search" })).rejects.toThrow(/calls tool "calculator", but the tool given is "search"/);
+    await expect(verifyConversation(conv, { ...tool, name: "search" })).rejects.toThrow(
+      /calls tool "calculator", but the tool given is "search"/,
+    );
   });
 
   it("buildSftConversations: calculator text in tool messages, wrong/failed examples dropped with counts", async () => {
@@ -137,14 +152,18 @@ describe("verification against the calculator", () => {
     expect(built.dropped.map((d) => d.id)).toEqual(["c", "d"]);
     expect(built.counts).toEqual({ ok: 2, format: 0, rounded: 1, wrong: 1, error: 1 });
     expect(built.mismatches.map((m) => [m.id, m.kept, m.check.status])).toEqual([
-      ["b", true, "rounded"], ["c", false, "wrong"], ["d", false, "error"],
+      ["b", true, "rounded"],
+      ["c", false, "wrong"],
+      ["d", false, "error"],
     ]);
     expect(built.conversations[1][3]).toEqual({ role: "tool", content: "3.3333333333" });
     expect(built.conversations[1][4].content).toBe("3.33 hours\nThe answer is \\boxed{3.33}.");
   });
 
   it("buildSftConversations inlineShare: that share of steps, seeded, without calling the tool for them", async () => {
-    const answers = Array.from({ length: 200 }, (_, i) => ex(`a <<${i}+1=${i + 1}>>${i + 1} b <<${i + 1}*2=${2 * i + 2}>>${2 * i + 2}\n#### ${2 * i + 2}`, `x${i}`));
+    const answers = Array.from({ length: 200 }, (_, i) =>
+      ex(`a <<${i}+1=${i + 1}>>${i + 1} b <<${i + 1}*2=${2 * i + 2}>>${2 * i + 2}\n#### ${2 * i + 2}`, `x${i}`),
+    );
     const table: Record<string, string> = {};
     for (let i = 0; i < 200; i++) Object.assign(table, { [`${i}+1`]: String(i + 1), [`${i + 1}*2`]: String(2 * i + 2) });
     let tool = tableTool(table);
@@ -171,7 +190,9 @@ describe("verification against the calculator", () => {
     for (const conv of built.conversations)
       expect(conv.slice(2).map((m) => m.tool_calls?.[0].function.arguments)).toEqual([{ expression: "15*4" }, undefined, undefined]);
     expect(built.conversations[0][2].content).toBe("a 15 b");
-    await expect(buildSftConversations(answers, tool, { inlineShare: 1, inlineOps: ["+", "sqrt"] })).rejects.toThrow(/inline ops \[sqrt\] not known/);
+    await expect(buildSftConversations(answers, tool, { inlineShare: 1, inlineOps: ["+", "sqrt"] })).rejects.toThrow(
+      /inline ops \[sqrt\] not known/,
+    );
   });
 
   it.each([

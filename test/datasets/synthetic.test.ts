@@ -20,7 +20,8 @@ function checkFormat(ex: { question: string; answer: string; gold: string }, max
     // GSM8K style: the result is repeated right after the annotation.
     expect(ex.answer.slice(a.end).startsWith(a.result)).toBe(true);
     const [x, y] = a.expression.split(/[+\-*/]/).map(Number);
-    if (prev !== null) expect(x).toBe(prev); // each step works on the amount so far...
+    if (prev !== null)
+      expect(x).toBe(prev); // each step works on the amount so far...
     else expect(questionNumbers).toContain(x);
     expect(questionNumbers).toContain(y); // ...and a number the question gives
     prev = value;
@@ -55,7 +56,8 @@ describe("generateSynthetic", () => {
   });
 
   it("honours steps, operand, value and operation knobs", () => {
-    const only = (ops: SynthOp[]) => generateSynthetic({ n: 100, seed: 3, ops, minSteps: 2, maxSteps: 3, maxOperand: 99, maxValue: 50_000 });
+    const only = (ops: SynthOp[]) =>
+      generateSynthetic({ n: 100, seed: 3, ops, minSteps: 2, maxSteps: 3, maxOperand: 99, maxValue: 50_000 });
     for (const ops of [["+"], ["-"], ["*"], ["/"], ["*", "/"]] as SynthOp[][]) {
       for (const ex of only(ops)) {
         checkFormat(ex, 50_000);
@@ -66,7 +68,8 @@ describe("generateSynthetic", () => {
       }
     }
     const first = generateSynthetic({ n: 100, seed: 4, ops: ["+"], minOperand: 100, maxOperand: 999, maxSteps: 1 });
-    for (const ex of first) for (const n of parseAnnotations(ex.answer)[0].expression.split("+").map(Number)) expect(n >= 100 && n <= 999).toBe(true);
+    for (const ex of first)
+      for (const n of parseAnnotations(ex.answer)[0].expression.split("+").map(Number)) expect(n >= 100 && n <= 999).toBe(true);
   });
 
   it("converts to a tool-calling conversation like real GSM8K", () => {
@@ -78,7 +81,9 @@ describe("generateSynthetic", () => {
 
   it("rejects bad options with the value and what is accepted", () => {
     expect(() => generateSynthetic({ n: -1, seed: 0 })).toThrow(/n -1 must be an integer >= 0/);
-    expect(() => generateSynthetic({ n: 1, seed: 0, minSteps: 3, maxSteps: 2 })).toThrow(/steps 3\.\.2: need 1 <= minSteps <= maxSteps <= 8/);
+    expect(() => generateSynthetic({ n: 1, seed: 0, minSteps: 3, maxSteps: 2 })).toThrow(
+      /steps 3\.\.2: need 1 <= minSteps <= maxSteps <= 8/,
+    );
     expect(() => generateSynthetic({ n: 1, seed: 0, maxSteps: 9 })).toThrow(/<= 8/);
     expect(() => generateSynthetic({ n: 1, seed: 0, ops: ["%" as SynthOp] })).toThrow(/ops \[%\] must be a non-empty subset of \+ - \* \//);
     expect(() => generateSynthetic({ n: 1, seed: 0, ops: [] })).toThrow(/non-empty subset/);

@@ -12,16 +12,40 @@ import { LORA_TARGETS, type Qwen2Config } from "../../src/model/types.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const cfg: Qwen2Config = {
-  modelType: "qwen2", vocabSize: 97, hiddenSize: 64, intermediateSize: 144, numHiddenLayers: 3, numAttentionHeads: 4,
-  numKeyValueHeads: 2, headDim: 16, ropeTheta: 1e4, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 512,
+  modelType: "qwen2",
+  vocabSize: 97,
+  hiddenSize: 64,
+  intermediateSize: 144,
+  numHiddenLayers: 3,
+  numAttentionHeads: 4,
+  numKeyValueHeads: 2,
+  headDim: 16,
+  ropeTheta: 1e4,
+  rmsNormEps: 1e-6,
+  tieWordEmbeddings: true,
+  maxPositionEmbeddings: 512,
 };
-const ids = [[5, 17, 33, 2, 90, 41, 8, 63, 12, 70], [0, 0, 0, 44, 3, 19, 27, 81, 55, 6]];
-const mask = [[1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]];
+const ids = [
+  [5, 17, 33, 2, 90, 41, 8, 63, 12, 70],
+  [0, 0, 0, 44, 3, 19, 27, 81, 55, 6],
+];
+const mask = [
+  [1, 1, 1, 1, 1, 1, 1, 1, 1, 1],
+  [0, 0, 0, 1, 1, 1, 1, 1, 1, 1],
+];
 
 /** LoRA B starts at zero, which would make every A gradient zero: give both random values. */
 function randomizeAdapter(m: Qwen2ForCausalLM, seed: number): void {
   const rng = new Rng(seed);
-  for (const v of m.loraAdapter?.variables() ?? []) v.assign(tf.tidy(() => tf.tensor(Float32Array.from({ length: v.size }, () => 0.1 * rng.normal()), v.shape)));
+  for (const v of m.loraAdapter?.variables() ?? [])
+    v.assign(
+      tf.tidy(() =>
+        tf.tensor(
+          Float32Array.from({ length: v.size }, () => 0.1 * rng.normal()),
+          v.shape,
+        ),
+      ),
+    );
 }
 
 function loss(m: Qwen2ForCausalLM, training = false): tf.Scalar {
@@ -34,18 +58,27 @@ async function compare(m: Qwen2ForCausalLM, training = false): Promise<{ worst: 
   const run = async (on: boolean) => {
     m.activationCheckpointing = on;
     const { value, grads } = tf.variableGrads(() => loss(m, training), m.trainableVariables());
-    const out = { value: (await value.data())[0], grads: Object.fromEntries(await Promise.all(Object.entries(grads).map(async ([k, g]) => [k, await g.data()] as const))) };
+    const out = {
+      value: (await value.data())[0],
+      grads: Object.fromEntries(await Promise.all(Object.entries(grads).map(async ([k, g]) => [k, await g.data()] as const))),
+    };
     tf.dispose([value, grads]);
     return out;
   };
-  const a = await run(true), b = await run(false);
+  const a = await run(true),
+    b = await run(false);
   m.activationCheckpointing = true;
   expect(Object.keys(a.grads).sort()).toEqual(Object.keys(b.grads).sort());
   let worst = 0;
   for (const k of Object.keys(b.grads)) {
-    const ga = a.grads[k], gb = b.grads[k];
-    let d = 0, s = 0;
-    for (let i = 0; i < gb.length; i++) { d = Math.max(d, Math.abs(ga[i] - gb[i])); s = Math.max(s, Math.abs(gb[i])); }
+    const ga = a.grads[k],
+      gb = b.grads[k];
+    let d = 0,
+      s = 0;
+    for (let i = 0; i < gb.length; i++) {
+      d = Math.max(d, Math.abs(ga[i] - gb[i]));
+      s = Math.max(s, Math.abs(gb[i]));
+    }
     expect(s).toBeGreaterThan(0); // every variable gets a real gradient, so the comparison means something
     worst = Math.max(worst, d / s);
   }
@@ -65,15 +98,27 @@ describe("activation checkpointing (wasm)", () => {
   });
 
   it("checkpoint() gives the gradients of the plain function, for x and a variable, inside another gradient", async () => {
-    const w = tf.variable(tf.tensor2d([[0.5, -1, 2], [1.5, 0.25, -0.75]]), true, "ckpt-test-w");
+    const w = tf.variable(
+      tf.tensor2d([
+        [0.5, -1, 2],
+        [1.5, 0.25, -0.75],
+      ]),
+      true,
+      "ckpt-test-w",
+    );
     const c = tf.tensor1d([0.1, -0.2, 0.3]);
     const f = (x: tf.Tensor2D, [cc]: tf.Tensor[]) => tf.tidy(() => tf.tanh(tf.add(tf.matMul(tf.sin(x), w), cc)) as tf.Tensor2D);
-    const x = tf.tensor2d([[0.3, -0.7], [1.1, 0.2], [-0.4, 0.9]]);
+    const x = tf.tensor2d([
+      [0.3, -0.7],
+      [1.1, 0.2],
+      [-0.4, 0.9],
+    ]);
     const before = tf.memory().numTensors;
     const lossOf = (g: (x: tf.Tensor2D) => tf.Tensor2D) => (xx: tf.Tensor) => tf.sum(tf.square(g(xx as tf.Tensor2D)));
     const plain = tf.grads(lossOf((xx) => f(xx, [c])));
     const ck = tf.grads(lossOf((xx) => checkpoint(f, xx, [c], [w])));
-    const [gx1] = plain([x]), [gx2] = ck([x]);
+    const [gx1] = plain([x]),
+      [gx2] = ck([x]);
     expect(Array.from(await gx2.data())).toEqual(Array.from(await gx1.data()));
     const { value: v1, grads: gw1 } = tf.variableGrads(() => lossOf((xx) => f(xx, [c]))(x) as tf.Scalar, [w]);
     const { value: v2, grads: gw2 } = tf.variableGrads(() => lossOf((xx) => checkpoint(f, xx, [c], [w]))(x) as tf.Scalar, [w]);
@@ -92,7 +137,9 @@ describe("activation checkpointing (wasm)", () => {
     const before = tf.memory().numTensors;
     const r = await compare(m);
     expect(tf.memory().numTensors).toBe(before);
-    console.log(`f32 + LoRA: ${r.n} variables, worst relative gradient difference ${r.worst.toExponential(2)}, loss |Δ| ${r.lossDiff.toExponential(2)}`);
+    console.log(
+      `f32 + LoRA: ${r.n} variables, worst relative gradient difference ${r.worst.toExponential(2)}, loss |Δ| ${r.lossDiff.toExponential(2)}`,
+    );
     expect(r.n).toBe(2 * LORA_TARGETS.length * cfg.numHiddenLayers);
     expect(r.worst).toBeLessThanOrEqual(1e-5);
     expect(r.lossDiff).toBeLessThanOrEqual(1e-6);
@@ -116,7 +163,8 @@ describe("activation checkpointing (wasm)", () => {
 
   it("with LoRA dropout while training, layers are recorded whole and gradients stay exact", async () => {
     // Two identical models (same seed, so the same dropout masks): one tries to checkpoint, one not.
-    const a = await model({ lora: { ...lora, dropout: 0.2 } }), b = await model({ lora: { ...lora, dropout: 0.2 } });
+    const a = await model({ lora: { ...lora, dropout: 0.2 } }),
+      b = await model({ lora: { ...lora, dropout: 0.2 } });
     b.activationCheckpointing = false;
     const ga = tf.variableGrads(() => loss(a, true), a.trainableVariables());
     const gb = tf.variableGrads(() => loss(b, true), b.trainableVariables());
@@ -135,12 +183,16 @@ describe("activation checkpointing (wasm)", () => {
     const peak = async (on: boolean | "auto") => {
       m.activationCheckpointing = on;
       const info = await tf.profile(() => {
-        const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(m.tokenLogprobs(ids8, mask8).logprobs)) as tf.Scalar, m.trainableVariables());
+        const { value, grads } = tf.variableGrads(
+          () => tf.neg(tf.mean(m.tokenLogprobs(ids8, mask8).logprobs)) as tf.Scalar,
+          m.trainableVariables(),
+        );
         tf.dispose([value, grads]);
       });
       return info.peakBytes;
     };
-    const on = await peak(true), off = await peak(false);
+    const on = await peak(true),
+      off = await peak(false);
     console.log(`peak bytes of a 6-layer 4×64 LoRA step: ${on} checkpointed vs ${off} recorded whole`);
     expect(on).toBeLessThan(0.6 * off);
     // "auto" records this small step whole, as off does, and checkpoints one whose estimated tape
@@ -165,7 +217,16 @@ describe("activation checkpointing (wasm)", () => {
     m.trainLayerBytes = perRow / 10;
     expect(m.trainRowsFor(300)).toBe(1); // always at least one row
     m.dispose();
-    const q05 = { ...cfg, vocabSize: 151936, hiddenSize: 896, intermediateSize: 4864, numHiddenLayers: 24, numAttentionHeads: 14, numKeyValueHeads: 2, headDim: 64 };
+    const q05 = {
+      ...cfg,
+      vocabSize: 151936,
+      hiddenSize: 896,
+      intermediateSize: 4864,
+      numHiddenLayers: 24,
+      numAttentionHeads: 14,
+      numKeyValueHeads: 2,
+      headDim: 64,
+    };
     // 4 rollouts × 498 tokens trained inside the 4 GiB heap beside an NF4 base; 8 ran out of it
     expect([256, 498, 800].map((T) => Math.floor(2 ** 30 / layerTapeBytes(q05, 1, T)))).toEqual([8, 4, 2]);
   });

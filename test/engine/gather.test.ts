@@ -8,13 +8,22 @@ import { Rng } from "../../src/util/rng.ts";
 
 const rng = new Rng(11);
 
-async function gatherOn(backend: string, x: { v: number[]; shape: number[]; dtype: "float32" | "int32" }, ids: { v: number[]; shape: number[] }, axis: number) {
+async function gatherOn(
+  backend: string,
+  x: { v: number[]; shape: number[]; dtype: "float32" | "int32" },
+  ids: { v: number[]; shape: number[] },
+  axis: number,
+) {
   await tf.setBackend(backend);
   return tf.tidy(() => {
     const g = tf.gather(tf.tensor(x.v, x.shape, x.dtype), tf.tensor(ids.v, ids.shape, "int32"), axis);
     const data = g.dataSync();
     // float32 compared by bits: a copy must not canonicalise NaN or lose -0
-    return { shape: g.shape, dtype: g.dtype, bits: Array.from(g.dtype === "float32" ? new Uint32Array(new Float32Array(data).buffer) : data) };
+    return {
+      shape: g.shape,
+      dtype: g.dtype,
+      bits: Array.from(g.dtype === "float32" ? new Uint32Array(new Float32Array(data).buffer) : data),
+    };
   });
 }
 
@@ -37,7 +46,9 @@ describe("wasm GatherV2", () => {
     for (const dtype of ["float32", "int32"] as const)
       for (const [shape, idShape, idVals, axis] of cases) {
         const size = shape.reduce((p, d) => p * d, 1);
-        const v = Array.from({ length: size }, (_, i) => (dtype === "int32" ? Math.floor(rng.normal() * 1e6) : i % 17 === 0 ? NaN : i % 13 === 0 ? -0 : rng.normal()));
+        const v = Array.from({ length: size }, (_, i) =>
+          dtype === "int32" ? Math.floor(rng.normal() * 1e6) : i % 17 === 0 ? NaN : i % 13 === 0 ? -0 : rng.normal(),
+        );
         const ids = { v: idVals.map((i) => (shape[axis] ? i % shape[axis] : i)), shape: idShape };
         const want = await gatherOn("cpu", { v, shape, dtype }, ids, axis);
         const got = await gatherOn("wasm", { v, shape, dtype }, ids, axis);
@@ -46,11 +57,14 @@ describe("wasm GatherV2", () => {
   });
 
   it("an index out of range fails as tfjs' kernel does, and tensor counts stay flat", () => {
-    const x = tf.ones([4, 6]), ids = tf.tensor1d([1, 6], "int32");
+    const x = tf.ones([4, 6]),
+      ids = tf.tensor1d([1, 6], "int32");
     const before = tf.memory().numTensors;
     expect(() => tf.gather(x, ids, 1)).toThrow("GatherV2: the index value 6 is not in [0, 5]");
     expect(() => tf.gather(x, tf.tensor1d([-1], "int32"), 0)).toThrow("GatherV2: the index value -1 is not in [0, 3]");
-    tf.tidy(() => { tf.gather(x, tf.tensor1d([3, 0], "int32"), 0); });
+    tf.tidy(() => {
+      tf.gather(x, tf.tensor1d([3, 0], "int32"), 0);
+    });
     expect(tf.memory().numTensors).toBe(before + 1); // the -1 index tensor above
     tf.dispose([x, ids]);
   });

@@ -9,13 +9,18 @@ import { setPackRows } from "../../src/engine/heap.ts";
 import { useWasmGemm } from "../../src/engine/gemm.ts";
 import { Rng } from "../../src/util/rng.ts";
 
-const randn = (n: number, seed: number) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => r.normal()); };
+const randn = (n: number, seed: number) => {
+  const r = new Rng(seed);
+  return Float32Array.from({ length: n }, () => r.normal());
+};
 
 /** C[s] = A[s or 0] · B[s or 0] in float64. */
 function reference(a: Float32Array, b: Float32Array, batchA: number, batchB: number, M: number, K: number, N: number): Float64Array {
-  const batch = Math.max(batchA, batchB), out = new Float64Array(batch * M * N);
+  const batch = Math.max(batchA, batchB),
+    out = new Float64Array(batch * M * N);
   for (let s = 0; s < batch; s++) {
-    const oa = (batchA === 1 ? 0 : s) * M * K, ob = (batchB === 1 ? 0 : s) * K * N;
+    const oa = (batchA === 1 ? 0 : s) * M * K,
+      ob = (batchB === 1 ? 0 : s) * K * N;
     for (let i = 0; i < M; i++)
       for (let j = 0; j < N; j++) {
         let t = 0;
@@ -35,23 +40,84 @@ describe("wasm matmul kernel", () => {
     setPackRows(32);
   });
 
-  it.each([["in place", Infinity], ["packed", 1]])("matches a float64 reference on every row and column remainder, K = 1, batches and transposed operands (B %s)", (_, packRows) => {
+  it.each([
+    ["in place", Infinity],
+    ["packed", 1],
+  ])("matches a float64 reference on every row and column remainder, K = 1, batches and transposed operands (B %s)", (_, packRows) => {
     setPackRows(packRows);
     const cases: [number[], number[]][] = [];
-    for (const M of [1, 2, 3, 4, 5, 7, 9]) for (const N of [1, 5, 8, 13, 16, 27]) cases.push([[M, 11], [11, N]]);
-    cases.push([[6, 1], [1, 19]], [[33, 64], [64, 40]], [[3, 5, 24], [3, 24, 17]], [[2, 7, 9], [1, 9, 16]], [[1, 6, 9], [4, 9, 8]], [[4, 2, 3, 8], [4, 2, 8, 9]], [[5, 300], [300, 24]], [[6, 2500], [2500, 20]]); // the last: K in 3 blocks
-    const swapLast = (t: tf.Tensor) => tf.transpose(t, [...t.shape.keys()].map((i, _, all) => (i < all.length - 2 ? i : 2 * all.length - 3 - i)));
+    for (const M of [1, 2, 3, 4, 5, 7, 9])
+      for (const N of [1, 5, 8, 13, 16, 27])
+        cases.push([
+          [M, 11],
+          [11, N],
+        ]);
+    cases.push(
+      [
+        [6, 1],
+        [1, 19],
+      ],
+      [
+        [33, 64],
+        [64, 40],
+      ],
+      [
+        [3, 5, 24],
+        [3, 24, 17],
+      ],
+      [
+        [2, 7, 9],
+        [1, 9, 16],
+      ],
+      [
+        [1, 6, 9],
+        [4, 9, 8],
+      ],
+      [
+        [4, 2, 3, 8],
+        [4, 2, 8, 9],
+      ],
+      [
+        [5, 300],
+        [300, 24],
+      ],
+      [
+        [6, 2500],
+        [2500, 20],
+      ],
+    ); // the last: K in 3 blocks
+    const swapLast = (t: tf.Tensor) =>
+      tf.transpose(
+        t,
+        [...t.shape.keys()].map((i, _, all) => (i < all.length - 2 ? i : 2 * all.length - 3 - i)),
+      );
     const before = tf.memory().numTensors;
     cases.forEach(([sa, sb], n) => {
-      const a = randn(sa.reduce((p, d) => p * d, 1), 2 * n + 1), b = randn(sb.reduce((p, d) => p * d, 1), 2 * n + 2);
-      const M = sa[sa.length - 2], K = sa[sa.length - 1], N = sb[sb.length - 1];
-      const batchA = sa.slice(0, -2).reduce((p, d) => p * d, 1), batchB = sb.slice(0, -2).reduce((p, d) => p * d, 1);
+      const a = randn(
+          sa.reduce((p, d) => p * d, 1),
+          2 * n + 1,
+        ),
+        b = randn(
+          sb.reduce((p, d) => p * d, 1),
+          2 * n + 2,
+        );
+      const M = sa[sa.length - 2],
+        K = sa[sa.length - 1],
+        N = sb[sb.length - 1];
+      const batchA = sa.slice(0, -2).reduce((p, d) => p * d, 1),
+        batchB = sb.slice(0, -2).reduce((p, d) => p * d, 1);
       const ref = reference(a, b, batchA, batchB, M, K, N);
-      for (const [tA, tB] of [[false, false], [true, false], [false, true], [true, true]]) {
+      for (const [tA, tB] of [
+        [false, false],
+        [true, false],
+        [false, true],
+        [true, true],
+      ]) {
         const what = `${tA ? "(" + sa + ")ᵀ" : sa} · ${tB ? "(" + sb + ")ᵀ" : sb}`;
         const { shape, got } = tf.tidy(() => {
           // a transposed operand is handed over stored transposed, with the flag that undoes it
-          const ta = tf.tensor(a, sa), tb = tf.tensor(b, sb);
+          const ta = tf.tensor(a, sa),
+            tb = tf.tensor(b, sb);
           const c = tf.matMul(tA ? tf.clone(swapLast(ta)) : ta, tB ? tf.clone(swapLast(tb)) : tb, tA, tB);
           return { shape: c.shape, got: c.dataSync() };
         });
@@ -66,8 +132,14 @@ describe("wasm matmul kernel", () => {
   it("gives the same bits with B packed as with B read in place, over several packing chunks", () => {
     // K = 3000: 40 columns per 512 KB chunk, so N = 100 is chunks of 40, 40 and 16 plus 4 edge columns;
     // K = 20000 needs a larger buffer than any product before it (one panel is 640 KB).
-    for (const [M, K, N] of [[9, 3000, 100], [33, 64, 300], [4, 20000, 17], [1, 128, 8]]) {
-      const a = tf.tensor2d(randn(M * K, K), [M, K]), b = tf.tensor2d(randn(K * N, N), [K, N]);
+    for (const [M, K, N] of [
+      [9, 3000, 100],
+      [33, 64, 300],
+      [4, 20000, 17],
+      [1, 128, 8],
+    ]) {
+      const a = tf.tensor2d(randn(M * K, K), [M, K]),
+        b = tf.tensor2d(randn(K * N, N), [K, N]);
       setPackRows(Infinity);
       const inPlace = tf.matMul(a, b).dataSync();
       setPackRows(1);
@@ -79,8 +151,13 @@ describe("wasm matmul kernel", () => {
   });
 
   it("agrees with tfjs' own kernel on the bench's shapes, and an empty product is empty", () => {
-    for (const [M, K, N] of [[64, 256, 1376], [8, 688, 256], [37, 256, 512]]) {
-      const a = tf.tensor2d(randn(M * K, M), [M, K]), b = tf.tensor2d(randn(K * N, N), [K, N]);
+    for (const [M, K, N] of [
+      [64, 256, 1376],
+      [8, 688, 256],
+      [37, 256, 512],
+    ]) {
+      const a = tf.tensor2d(randn(M * K, M), [M, K]),
+        b = tf.tensor2d(randn(K * N, N), [K, N]);
       const ours = tf.matMul(a, b).dataSync();
       useWasmGemm(false);
       const theirs = tf.matMul(a, b).dataSync();
@@ -96,7 +173,9 @@ describe("wasm matmul kernel", () => {
   });
 
   it("runs transposed products itself, bit-equal to the plain product of the materialised transpose", () => {
-    const a = tf.tensor2d(randn(37 * 300, 7), [37, 300]), b = tf.tensor2d(randn(45 * 300, 8), [45, 300]), c = tf.tensor2d(randn(37 * 50, 9), [37, 50]);
+    const a = tf.tensor2d(randn(37 * 300, 7), [37, 300]),
+      b = tf.tensor2d(randn(45 * 300, 8), [45, 300]),
+      c = tf.tensor2d(randn(37 * 50, 9), [37, 50]);
     const pairs: [tf.Tensor, tf.Tensor][] = [
       [tf.matMul(a, b, false, true), tf.matMul(a, tf.transpose(b))], // [37, 45]
       [tf.matMul(a, c, true, false), tf.matMul(tf.transpose(a), c)], // [300, 50]
@@ -110,10 +189,16 @@ describe("wasm matmul kernel", () => {
   });
 
   it("keeps tensor counts flat over repeated products", () => {
-    const a = tf.tensor2d(randn(20 * 30, 9), [20, 30]), b = tf.tensor2d(randn(30 * 44, 10), [30, 44]);
-    tf.tidy(() => { tf.matMul(a, b); });
+    const a = tf.tensor2d(randn(20 * 30, 9), [20, 30]),
+      b = tf.tensor2d(randn(30 * 44, 10), [30, 44]);
+    tf.tidy(() => {
+      tf.matMul(a, b);
+    });
     const before = tf.memory().numTensors;
-    for (let i = 0; i < 5; i++) tf.tidy(() => { tf.matMul(tf.matMul(a, b), tf.transpose(b)); });
+    for (let i = 0; i < 5; i++)
+      tf.tidy(() => {
+        tf.matMul(tf.matMul(a, b), tf.transpose(b));
+      });
     expect(tf.memory().numTensors).toBe(before);
     tf.dispose([a, b]);
   });

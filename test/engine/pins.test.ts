@@ -16,7 +16,9 @@ describe("dependency pins and CI", () => {
   });
 
   it(".ci/run type-checks, checks the formatting and runs the README's test command", () => {
-    const ci = readFileSync(path.join(root, ".ci", "run"), "utf8").split("\n").map((l) => l.trim());
+    const ci = readFileSync(path.join(root, ".ci", "run"), "utf8")
+      .split("\n")
+      .map((l) => l.trim());
     expect(ci.some((l) => l === "npm run typecheck" || /^npx tsc --noEmit/.test(l))).toBe(true);
     expect(ci).toContain("npm run format:check");
     expect(ci).toContain("npm test");

@@ -8,28 +8,54 @@ import { ropeTables } from "../../src/model/attention.ts";
 import { decodeHeads, rope, ropeOps, swiglu, swigluOps } from "../../src/engine/rope-swiglu.ts";
 import { Rng } from "../../src/util/rng.ts";
 
-const randn = (n: number, seed: number, scale = 1) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => scale * r.normal()); };
+const randn = (n: number, seed: number, scale = 1) => {
+  const r = new Rng(seed);
+  return Float32Array.from({ length: n }, () => scale * r.normal());
+};
 const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => Array.from(a).reduce((m, v, i) => Math.max(m, Math.abs(v - b[i])), 0);
 const maxAbs = (a: ArrayLike<number>) => Math.max(1, ...Array.from(a, Math.abs));
 
 // RoPE: x [B, T, heads, hd] with real tables; SwiGLU: gu [N, 2I]. loss = Σ y·c for a fixed random c.
-const B = 2, T = 3, heads = 5, hd = 8, N = 4, I = 6;
+const B = 2,
+  T = 3,
+  heads = 5,
+  hd = 8,
+  N = 4,
+  I = 6;
 const invFreq = Float32Array.from({ length: hd / 2 }, (_, i) => 1 / 10000 ** ((2 * i) / hd));
 const tables = ropeTables([0, 1, 2, 7, 8, 9], invFreq);
-const xs = randn(B * T * heads * hd, 1), cr = randn(B * T * heads * hd, 2), gus = randn(N * 2 * I, 3, 2), cs = randn(N * I, 4);
+const xs = randn(B * T * heads * hd, 1),
+  cr = randn(B * T * heads * hd, 2),
+  gus = randn(N * 2 * I, 3, 2),
+  cs = randn(N * I, 4);
 
 function ropeRun(f: typeof rope, rows = B) {
   return tf.tidy(() => {
-    const x = tf.tensor4d(rows === B ? xs : Float32Array.from({ length: rows * T * heads * hd }, (_, i) => xs[i % xs.length]), [rows, T, heads, hd]);
-    const tab = (a: Float32Array) => tf.tensor4d(Float32Array.from({ length: rows * T * hd }, (_, i) => a[i % a.length]), [rows, T, 1, hd]);
-    const cos = tab(tables.cos), sin = tab(tables.sin), c = tf.tensor4d(Float32Array.from({ length: x.size }, (_, i) => cr[i % cr.length]), x.shape);
+    const x = tf.tensor4d(rows === B ? xs : Float32Array.from({ length: rows * T * heads * hd }, (_, i) => xs[i % xs.length]), [
+      rows,
+      T,
+      heads,
+      hd,
+    ]);
+    const tab = (a: Float32Array) =>
+      tf.tensor4d(
+        Float32Array.from({ length: rows * T * hd }, (_, i) => a[i % a.length]),
+        [rows, T, 1, hd],
+      );
+    const cos = tab(tables.cos),
+      sin = tab(tables.sin),
+      c = tf.tensor4d(
+        Float32Array.from({ length: x.size }, (_, i) => cr[i % cr.length]),
+        x.shape,
+      );
     const { value, grads } = tf.valueAndGrads((xx: tf.Tensor) => tf.sum(tf.mul(f(xx as tf.Tensor4D, cos, sin), c)) as tf.Scalar)([x]);
     return [f(x, cos, sin), value, grads[0]].map((t) => t.dataSync().slice());
   });
 }
 function swigluRun(f: typeof swiglu) {
   return tf.tidy(() => {
-    const gu = tf.tensor2d(gus, [N, 2 * I]), c = tf.tensor2d(cs, [N, I]);
+    const gu = tf.tensor2d(gus, [N, 2 * I]),
+      c = tf.tensor2d(cs, [N, I]);
     const { value, grads } = tf.valueAndGrads((g: tf.Tensor) => tf.sum(tf.mul(f(g as tf.Tensor2D), c)) as tf.Scalar)([gu]);
     return [f(gu), value, grads[0]].map((t) => t.dataSync().slice());
   });
@@ -43,17 +69,28 @@ describe("RoPE and SwiGLU kernels", () => {
       await tf.setBackend(backend);
       const got = { rope: ropeRun(rope), swiglu: swigluRun(swiglu) };
       for (const op of ["rope", "swiglu"] as const)
-        ["y", "loss", "dx"].forEach((name, i) => expect(maxDiff(got[op][i], refs[op][i]), `${backend} ${op} ${name}`).toBeLessThan(2e-6 * maxAbs(refs[op][i])));
+        ["y", "loss", "dx"].forEach((name, i) =>
+          expect(maxDiff(got[op][i], refs[op][i]), `${backend} ${op} ${name}`).toBeLessThan(2e-6 * maxAbs(refs[op][i])),
+        );
       const before = tf.memory().numTensors;
-      const gu = tf.tensor2d(gus, [N, 2 * I]), x = tf.tensor4d(xs, [B, T, heads, hd]), cos = tf.tensor4d(tables.cos, [B, T, 1, hd]), sin = tf.tensor4d(tables.sin, [B, T, 1, hd]);
+      const gu = tf.tensor2d(gus, [N, 2 * I]),
+        x = tf.tensor4d(xs, [B, T, heads, hd]),
+        cos = tf.tensor4d(tables.cos, [B, T, 1, hd]),
+        sin = tf.tensor4d(tables.sin, [B, T, 1, hd]);
       const prof = await tf.profile(() => {
         const a = tf.valueAndGrads((g: tf.Tensor) => tf.sum(swiglu(g as tf.Tensor2D)) as tf.Scalar)([gu]);
         const b = tf.valueAndGrads((xx: tf.Tensor) => tf.sum(rope(xx as tf.Tensor4D, cos, sin)) as tf.Scalar)([x]);
         tf.dispose([a.value, ...a.grads, b.value, ...b.grads]);
       });
       const names = prof.kernels.map((k) => k.name);
-      expect(names.filter((n) => n.startsWith("Marl")), backend).toEqual(["MarlSwiglu", "MarlSwigluGrad", "MarlRope", "MarlRope"]);
-      expect(names.filter((n) => ["SplitV", "Sigmoid", "Concat"].includes(n)), backend).toEqual([]);
+      expect(
+        names.filter((n) => n.startsWith("Marl")),
+        backend,
+      ).toEqual(["MarlSwiglu", "MarlSwigluGrad", "MarlRope", "MarlRope"]);
+      expect(
+        names.filter((n) => ["SplitV", "Sigmoid", "Concat"].includes(n)),
+        backend,
+      ).toEqual([]);
       tf.dispose([gu, x, cos, sin]);
       expect(tf.memory().numTensors).toBe(before);
     }
@@ -62,20 +99,35 @@ describe("RoPE and SwiGLU kernels", () => {
 
   it("a decode step's heads: one kernel on cpu and wasm, bit-identical to the op path (GQA, 2 query heads per kv head)", async () => {
     await initBackend("wasm");
-    const rows = 3, nH = 4, nKv = 2, width = (nH + 2 * nKv) * hd, scale = 1 / Math.sqrt(hd);
-    const qkvs = randn(rows * width, 9, 3), tab = ropeTables([5, 17, 300], invFreq);
-    const run = (viaOps: boolean) => tf.tidy(() => {
-      const qkv = tf.tensor2d(qkvs, [rows, width]), cos = tf.tensor4d(tab.cos, [rows, 1, 1, hd]), sin = tf.tensor4d(tab.sin, [rows, 1, 1, hd]);
-      if (!viaOps) return decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)!.map((t) => ({ shape: t.shape, data: t.dataSync().slice() }));
-      // The layer's op path at T = 1 (its RoPE kernel): split, rope, split, scale, the attention layouts.
-      const [qk, v] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1);
-      const [q, k] = tf.split(rope(tf.reshape(qk, [rows, 1, nH + nKv, hd]), cos, sin), [nH, nKv], 2);
-      const qg = tf.reshape(tf.transpose(tf.mul(q, scale), [0, 2, 1, 3]), [rows * nKv, nH / nKv, hd]);
-      return [qg, tf.transpose(k, [0, 2, 3, 1]), tf.transpose(tf.reshape(v, [rows, 1, nKv, hd]), [0, 2, 1, 3])].map((t) => ({ shape: t.shape, data: t.dataSync().slice() }));
-    });
+    const rows = 3,
+      nH = 4,
+      nKv = 2,
+      width = (nH + 2 * nKv) * hd,
+      scale = 1 / Math.sqrt(hd);
+    const qkvs = randn(rows * width, 9, 3),
+      tab = ropeTables([5, 17, 300], invFreq);
+    const run = (viaOps: boolean) =>
+      tf.tidy(() => {
+        const qkv = tf.tensor2d(qkvs, [rows, width]),
+          cos = tf.tensor4d(tab.cos, [rows, 1, 1, hd]),
+          sin = tf.tensor4d(tab.sin, [rows, 1, 1, hd]);
+        if (!viaOps) return decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)!.map((t) => ({ shape: t.shape, data: t.dataSync().slice() }));
+        // The layer's op path at T = 1 (its RoPE kernel): split, rope, split, scale, the attention layouts.
+        const [qk, v] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1);
+        const [q, k] = tf.split(rope(tf.reshape(qk, [rows, 1, nH + nKv, hd]), cos, sin), [nH, nKv], 2);
+        const qg = tf.reshape(tf.transpose(tf.mul(q, scale), [0, 2, 1, 3]), [rows * nKv, nH / nKv, hd]);
+        return [qg, tf.transpose(k, [0, 2, 3, 1]), tf.transpose(tf.reshape(v, [rows, 1, nKv, hd]), [0, 2, 1, 3])].map((t) => ({
+          shape: t.shape,
+          data: t.dataSync().slice(),
+        }));
+      });
     await tf.setBackend("cpu");
     const ref = run(true);
-    expect(ref.map((r) => r.shape)).toEqual([[rows * nKv, 2, hd], [rows, nKv, hd, 1], [rows, nKv, 1, hd]]);
+    expect(ref.map((r) => r.shape)).toEqual([
+      [rows * nKv, 2, hd],
+      [rows, nKv, hd, 1],
+      [rows, nKv, 1, hd],
+    ]);
     for (const backend of ["cpu", "wasm"]) {
       await tf.setBackend(backend);
       const before = tf.memory().numTensors;
@@ -84,9 +136,16 @@ describe("RoPE and SwiGLU kernels", () => {
         expect(g.shape, `${backend} output ${i}`).toEqual(ref[i].shape);
         expect(Array.from(g.data), `${backend} output ${i}`).toEqual(Array.from(ref[i].data));
       });
-      const qkv = tf.tensor2d(qkvs, [rows, width]), cos = tf.tensor4d(tab.cos, [rows, 1, 1, hd]), sin = tf.tensor4d(tab.sin, [rows, 1, 1, hd]);
-      const prof = await tf.profile(() => { tf.dispose(decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)!); });
-      expect(prof.kernels.map((k) => k.name), backend).toEqual(["MarlDecodeHeads"]);
+      const qkv = tf.tensor2d(qkvs, [rows, width]),
+        cos = tf.tensor4d(tab.cos, [rows, 1, 1, hd]),
+        sin = tf.tensor4d(tab.sin, [rows, 1, 1, hd]);
+      const prof = await tf.profile(() => {
+        tf.dispose(decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)!);
+      });
+      expect(
+        prof.kernels.map((k) => k.name),
+        backend,
+      ).toEqual(["MarlDecodeHeads"]);
       tf.dispose([qkv, cos, sin]);
       expect(tf.memory().numTensors, backend).toBe(before);
     }
@@ -96,7 +155,9 @@ describe("RoPE and SwiGLU kernels", () => {
   it("above the size limit (prefill, training) the op path runs", async () => {
     await initBackend("wasm");
     const rows = 2000; // 2000 × 3 × 5 × 8 = 240 000 elements
-    const prof = await tf.profile(() => { ropeRun(rope, rows); });
+    const prof = await tf.profile(() => {
+      ropeRun(rope, rows);
+    });
     const names = prof.kernels.map((k) => k.name);
     expect(names).not.toContain("MarlRope");
     expect(names).toContain("Concat");
@@ -104,15 +165,22 @@ describe("RoPE and SwiGLU kernels", () => {
 
   it("on wasm, SwiGLU with I a multiple of 4 runs on the heap module's vector kernel at any size: value and gradient within float32 rounding of float64, NaN kept, silu's ends", async () => {
     await initBackend("wasm");
-    const rows = 150, I4 = 344; // 103 200 outputs: above the JS kernel's limit and the thread split's
+    const rows = 150,
+      I4 = 344; // 103 200 outputs: above the JS kernel's limit and the thread split's
     const g = Float32Array.from({ length: rows * 2 * I4 }, (_, i) => Math.sin(i * 1.7) * (i % 97 === 0 ? 120 : 9));
-    g[5] = NaN; g[6] = -0; g[7] = 1e-30; g[8] = 87.5; g[9] = -88.5;
+    g[5] = NaN;
+    g[6] = -0;
+    g[7] = 1e-30;
+    g[8] = 87.5;
+    g[9] = -88.5;
     const c = Float32Array.from({ length: rows * I4 }, (_, i) => Math.cos(i));
     const before = tf.memory().numTensors;
-    let y: Float32Array = new Float32Array(), d: Float32Array = new Float32Array();
+    let y: Float32Array = new Float32Array(),
+      d: Float32Array = new Float32Array();
     const prof = await tf.profile(() => {
       [y, d] = tf.tidy(() => {
-        const gu = tf.tensor2d(g, [rows, 2 * I4]), ct = tf.tensor2d(c, [rows, I4]);
+        const gu = tf.tensor2d(g, [rows, 2 * I4]),
+          ct = tf.tensor2d(c, [rows, I4]);
         const { grads } = tf.valueAndGrads((x: tf.Tensor) => tf.sum(tf.mul(swiglu(x as tf.Tensor2D), ct)) as tf.Scalar)([gu]);
         return [swiglu(gu).dataSync().slice() as Float32Array, grads[0].dataSync().slice() as Float32Array];
       });
@@ -124,7 +192,10 @@ describe("RoPE and SwiGLU kernels", () => {
     const bad: string[] = [];
     for (let n = 0; n < rows; n++)
       for (let j = 0; j < I4; j++) {
-        const a = g[n * 2 * I4 + j], u = g[n * 2 * I4 + I4 + j], w = c[n * I4 + j], s = 1 / (1 + Math.exp(-a));
+        const a = g[n * 2 * I4 + j],
+          u = g[n * 2 * I4 + I4 + j],
+          w = c[n * I4 + j],
+          s = 1 / (1 + Math.exp(-a));
         const got = [y[n * I4 + j], d[n * 2 * I4 + j], d[n * 2 * I4 + I4 + j]];
         if (Number.isNaN(a)) {
           if (!got.every(Number.isNaN)) bad.push(`row ${n}, column ${j}: NaN gate gave ${got}`);
@@ -134,11 +205,17 @@ describe("RoPE and SwiGLU kernels", () => {
         // clamped exp moves values of ~1e-37
         const want = [a * s * u, w * u * s * (1 + a * (1 - s)), w * a * s];
         const tol = [Math.abs(a * s * u), Math.abs(w * u * s) * (1 + Math.abs(a)), Math.abs(w * a * s)].map((t) => 1e-6 * t + 1e-35);
-        want.forEach((x, i) => { if (!(Math.abs(got[i] - x) <= tol[i])) bad.push(`row ${n}, column ${j}, gate ${a}, output ${i}: ${got[i]} vs ${x}`); });
+        want.forEach((x, i) => {
+          if (!(Math.abs(got[i] - x) <= tol[i])) bad.push(`row ${n}, column ${j}, gate ${a}, output ${i}: ${got[i]} vs ${x}`);
+        });
       }
     expect(bad.slice(0, 5)).toEqual([]);
     // A width that is not a multiple of 4 takes the op path at this size.
-    const odd = await tf.profile(() => { tf.tidy(() => { swiglu(tf.zeros([20000, 12])); }); });
+    const odd = await tf.profile(() => {
+      tf.tidy(() => {
+        swiglu(tf.zeros([20000, 12]));
+      });
+    });
     expect(odd.kernels.map((k) => k.name)).toContain("Sigmoid");
   });
 
@@ -147,13 +224,22 @@ describe("RoPE and SwiGLU kernels", () => {
     const [, , dgu] = swigluRun(swiglu);
     const loss = (g: Float64Array) => {
       let s = 0;
-      for (let n = 0; n < N; n++) for (let j = 0; j < I; j++) { const a = g[n * 2 * I + j]; s += (a / (1 + Math.exp(-a))) * g[n * 2 * I + I + j] * cs[n * I + j]; }
+      for (let n = 0; n < N; n++)
+        for (let j = 0; j < I; j++) {
+          const a = g[n * 2 * I + j];
+          s += (a / (1 + Math.exp(-a))) * g[n * 2 * I + I + j] * cs[n * I + j];
+        }
       return s;
     };
-    const g = Float64Array.from(gus), h = 1e-5;
+    const g = Float64Array.from(gus),
+      h = 1e-5;
     for (const k of [0, 3, 5, 6, 11, 13, 30, 47]) {
       const o = g[k];
-      g[k] = o + h; const up = loss(g); g[k] = o - h; const dn = loss(g); g[k] = o;
+      g[k] = o + h;
+      const up = loss(g);
+      g[k] = o - h;
+      const dn = loss(g);
+      g[k] = o;
       expect(dgu[k], `dgu[${k}]`).toBeCloseTo((up - dn) / (2 * h), 3);
     }
   });

@@ -29,7 +29,12 @@ async function run(dir: string, threads: string, noSab = false): Promise<Run> {
   const out = path.join(dir, `out-${threads}-${noSab}.bin`);
   const r = await new Promise<Run>((resolve) => {
     execFile(process.execPath, [tsxCli, child, threads, out, ...(noSab ? ["no-sab"] : [])], { timeout: 150_000 }, (err, stdout, stderr) =>
-      resolve({ code: err ? ((err as { code?: number }).code ?? null) : 0, signal: (err as { signal?: string } | null)?.signal ?? null, stdout, stderr }),
+      resolve({
+        code: err ? ((err as { code?: number }).code ?? null) : 0,
+        signal: (err as { signal?: string } | null)?.signal ?? null,
+        stdout,
+        stderr,
+      }),
     );
   });
   r.bytes = await fs.readFile(out).catch(() => undefined);
@@ -41,15 +46,23 @@ describe("threaded wasm", () => {
     expect(resolveThreads("auto")).toBe(Math.min(MAX_WASM_THREADS, os.availableParallelism()));
     expect(resolveThreads(2)).toBe(2);
     expect(resolveThreads("3")).toBe(3);
-    for (const bad of [0, 9, 1.5, "two", ""]) expect(() => resolveThreads(bad as number)).toThrow(/expected auto or a whole number from 1 to 8/);
+    for (const bad of [0, 9, 1.5, "two", ""])
+      expect(() => resolveThreads(bad as number)).toThrow(/expected auto or a whole number from 1 to 8/);
   });
 
   it("1 and 2 threads give bit-identical logits and gradients, and the process exits by itself", async () => {
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), "threads-"));
     try {
       const [one, two] = await Promise.all([run(dir, "1"), run(dir, "2")]);
-      for (const [r, n] of [[one, 1], [two, 2]] as const) {
-        expect({ code: r.code, signal: r.signal, stdout: r.stdout.trim() }, r.stderr).toEqual({ code: 0, signal: null, stdout: `threads ${n}, split products ${n > 1 ? "yes" : "no"}` });
+      for (const [r, n] of [
+        [one, 1],
+        [two, 2],
+      ] as const) {
+        expect({ code: r.code, signal: r.signal, stdout: r.stdout.trim() }, r.stderr).toEqual({
+          code: 0,
+          signal: null,
+          stdout: `threads ${n}, split products ${n > 1 ? "yes" : "no"}`,
+        });
         expect(r.stderr).toContain(`tfjs backend: wasm (${n} thread`);
       }
       const a = new Float32Array(one.bytes!.buffer, one.bytes!.byteOffset, one.bytes!.length / 4);
@@ -72,13 +85,21 @@ describe("threaded wasm", () => {
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), "threads-"));
     try {
       const [auto, two] = await Promise.all([run(dir, "auto", true), run(dir, "2", true)]);
-      expect({ code: auto.code, signal: auto.signal, stdout: auto.stdout.trim() }, auto.stderr).toEqual({ code: 0, signal: null, stdout: "threads 1, split products no" });
+      expect({ code: auto.code, signal: auto.signal, stdout: auto.stdout.trim() }, auto.stderr).toEqual({
+        code: 0,
+        signal: null,
+        stdout: "threads 1, split products no",
+      });
       const warnings = auto.stderr.split("\n").filter((l) => l.startsWith("warning:"));
       if (resolveThreads("auto") > 1)
-        expect(warnings).toEqual([`warning: threaded wasm with ${resolveThreads("auto")} threads cannot start: this runtime has no SharedArrayBuffer; using the single-threaded build`]);
+        expect(warnings).toEqual([
+          `warning: threaded wasm with ${resolveThreads("auto")} threads cannot start: this runtime has no SharedArrayBuffer; using the single-threaded build`,
+        ]);
       else expect(warnings).toEqual([]); // one usable core: auto never asks for the threaded build
       expect({ code: two.code, stdout: two.stdout }).toEqual({ code: 2, stdout: "" });
-      expect(two.stderr.trim().split("\n")).toEqual(["error: threaded wasm with 2 threads cannot start: this runtime has no SharedArrayBuffer; --threads 1 uses the single-threaded build"]);
+      expect(two.stderr.trim().split("\n")).toEqual([
+        "error: threaded wasm with 2 threads cannot start: this runtime has no SharedArrayBuffer; --threads 1 uses the single-threaded build",
+      ]);
     } finally {
       await fs.rm(dir, { recursive: true, force: true });
     }

@@ -12,7 +12,13 @@ import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 
 type Body = Record<string, unknown>;
-interface Exchange { method: string; path: string; body?: Body; status: number; reply: unknown }
+interface Exchange {
+  method: string;
+  path: string;
+  body?: Body;
+  status: number;
+  reply: unknown;
+}
 
 export interface ReplayServer {
   url: string;
@@ -36,7 +42,10 @@ const observationIn = (reply: unknown): string => {
   return String(r.observation ?? r.state);
 };
 
-export async function replayAgentGym(fixture: string, o: { barrier?: number; barrierTimeoutMs?: number; onStep?: (waiting: number) => void } = {}): Promise<ReplayServer> {
+export async function replayAgentGym(
+  fixture: string,
+  o: { barrier?: number; barrierTimeoutMs?: number; onStep?: (waiting: number) => void } = {},
+): Promise<ReplayServer> {
   const { exchanges } = JSON.parse(await fs.readFile(fixture, "utf8")) as { exchanges: Exchange[] };
   const firstReset = exchanges.find((e) => e.path === "/reset" && e.status === 200)!;
   const key = KEYS.find((k) => k in firstReset.body!)!; // the instance field
@@ -45,7 +54,10 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
   const resets = new Map<number, Exchange>(); // by task
   const steps = new Map<string, Exchange>(); // by JSON [task, ...actions]
   const recorded = new Map<unknown, { task: number; actions: string[] }>();
-  let banner: Exchange | undefined, create: Exchange | undefined, badId: Exchange | undefined, closes = false;
+  let banner: Exchange | undefined,
+    create: Exchange | undefined,
+    badId: Exchange | undefined,
+    closes = false;
   for (const e of exchanges) {
     const id = e.body?.[key];
     if (e.path === "/") banner = e;
@@ -56,7 +68,8 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
       recorded.set(id, { task: e.body![taskField] as number, actions: [] });
     } else if (e.path === "/step") {
       const s = recorded.get(id);
-      if (!s) badId = e; // a step on an id the server never made, answered with HTTP 200
+      if (!s)
+        badId = e; // a step on an id the server never made, answered with HTTP 200
       else {
         s.actions.push(e.body!.action as string);
         steps.set(JSON.stringify([s.task, ...s.actions]), e);
@@ -77,7 +90,8 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
     const id = Number(body[key] ?? url.searchParams.get(key));
     const s = state.get(id);
     switch (`${method} ${url.pathname}`) {
-      case "GET /": return [200, banner!.reply];
+      case "GET /":
+        return [200, banner!.reply];
       case "POST /create": {
         const n = server.created++;
         state.set(n, null);
@@ -101,7 +115,8 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
         s.observation = observationIn(e.reply);
         return [200, e.reply];
       }
-      case "GET /observation": return s ? [200, s.observation] : notValid(id);
+      case "GET /observation":
+        return s ? [200, s.observation] : notValid(id);
       case "POST /close": {
         if (!closes) break;
         const known = state.delete(id);
@@ -113,19 +128,20 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
   };
   // Replies wait until `n` steps wait together (or their time-out): the steps of one turn either
   // overlap or they do not.
-  const barrier = (n: number, timeoutMs: number) => new Promise<void>((resolve) => {
-    waiting.push(resolve);
-    server.maxConcurrentSteps = Math.max(server.maxConcurrentSteps, waiting.length);
-    o.onStep?.(waiting.length);
-    if (waiting.length >= n) {
-      for (const w of waiting) w();
-      waiting = [];
-    } else
-      setTimeout(() => {
-        waiting = waiting.filter((w) => w !== resolve); // no longer waiting
-        resolve();
-      }, timeoutMs);
-  });
+  const barrier = (n: number, timeoutMs: number) =>
+    new Promise<void>((resolve) => {
+      waiting.push(resolve);
+      server.maxConcurrentSteps = Math.max(server.maxConcurrentSteps, waiting.length);
+      o.onStep?.(waiting.length);
+      if (waiting.length >= n) {
+        for (const w of waiting) w();
+        waiting = [];
+      } else
+        setTimeout(() => {
+          waiting = waiting.filter((w) => w !== resolve); // no longer waiting
+          resolve();
+        }, timeoutMs);
+    });
 
   const srv = http.createServer((req, res) => {
     let raw = "";
@@ -139,15 +155,17 @@ export async function replayAgentGym(fixture: string, o: { barrier?: number; bar
         [status, out] = [400, { detail: `bad request: ${(err as Error).message}` }];
       }
       // A reply recorded as plain text (FastAPI's "Internal Server Error") goes back as text.
-      const text = out !== null && typeof out === "object" && Object.keys(out).length === 1 && "text" in out ? String((out as Body).text) : null;
+      const text =
+        out !== null && typeof out === "object" && Object.keys(out).length === 1 && "text" in out ? String((out as Body).text) : null;
       res.writeHead(status, { "content-type": text === null ? "application/json" : "text/plain" }).end(text ?? JSON.stringify(out));
     });
   });
   await new Promise<void>((resolve) => srv.listen(0, "127.0.0.1", () => resolve()));
   server.url = `http://127.0.0.1:${(srv.address() as AddressInfo).port}`;
-  server.close = () => new Promise<void>((resolve) => {
-    srv.closeAllConnections();
-    srv.close(() => resolve());
-  });
+  server.close = () =>
+    new Promise<void>((resolve) => {
+      srv.closeAllConnections();
+      srv.close(() => resolve());
+    });
   return server;
 }

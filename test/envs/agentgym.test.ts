@@ -21,11 +21,11 @@ import { qwenTokenizer } from "../rollout/qwen-tokenizer.ts";
 import { ScriptedModel } from "../rollout/scripted-model.ts";
 import { tinyEnvRunConfig } from "./tiny-env-run.ts";
 
-
 /** The optimal policy: binary search; the guesses it makes for a secret. */
 function binarySearch(secret: number): number[] {
   const out: number[] = [];
-  let lo = 1, hi = GUESS_MAX;
+  let lo = 1,
+    hi = GUESS_MAX;
   for (;;) {
     const mid = Math.floor((lo + hi) / 2);
     out.push(mid);
@@ -39,7 +39,10 @@ const servers: GuessServer[] = [];
 const raw: http.Server[] = [];
 afterAll(async () => {
   await Promise.all(servers.map((s) => s.close()));
-  for (const s of raw) { s.closeAllConnections(); s.close(); }
+  for (const s of raw) {
+    s.closeAllConnections();
+    s.close();
+  }
 });
 
 describe.each(["id", "env_idx"] as const)("the shipped server, %s dialect", (dialect) => {
@@ -55,7 +58,11 @@ describe.each(["id", "env_idx"] as const)("the shipped server, %s dialect", (dia
     for (const idx of [0, 1, 2, 3, 4]) {
       const env = await factory.create();
       expect(await env.reset(idx)).toMatch(/^Guess the secret whole number between 1 and 100/);
-      let lo = 1, hi = GUESS_MAX, steps = 0, total = 0, done = false;
+      let lo = 1,
+        hi = GUESS_MAX,
+        steps = 0,
+        total = 0,
+        done = false;
       while (!done) {
         const mid = Math.floor((lo + hi) / 2);
         const r = await env.step(`Thought: halve the range.\nAction: guess ${mid}`);
@@ -83,7 +90,8 @@ describe.each(["id", "env_idx"] as const)("the shipped server, %s dialect", (dia
   });
   it("bad requests get a JSON 4xx and the server keeps serving", async () => {
     const key = dialect === "id" ? "id" : "env_idx";
-    const post = (route: string, body: string) => fetch(url + route, { method: "POST", body, headers: { "content-type": "application/json" } });
+    const post = (route: string, body: string) =>
+      fetch(url + route, { method: "POST", body, headers: { "content-type": "application/json" } });
     let r = await post("/step", "{not json");
     expect(r.status).toBe(400);
     expect(await r.json()).toMatchObject({ error: expect.stringMatching(/bad request/) });
@@ -112,7 +120,9 @@ describe("broken servers give an EnvError, never a hang", () => {
   it("a hung server: a time-out", async () => {
     const url = await brokenServer(null);
     const t0 = Date.now();
-    await expect(agentGymEnvironments(url, { family: FAMILIES.id, timeoutMs: 300 }).create()).rejects.toThrow(/\/create: no reply within 0\.3 s/);
+    await expect(agentGymEnvironments(url, { family: FAMILIES.id, timeoutMs: 300 }).create()).rejects.toThrow(
+      /\/create: no reply within 0\.3 s/,
+    );
     expect(Date.now() - t0).toBeLessThan(5_000);
   });
   it("malformed replies: not JSON, missing fields, HTTP errors", async () => {
@@ -124,7 +134,9 @@ describe("broken servers give an EnvError, never a hang", () => {
     await expect(env.step("guess 1")).rejects.toThrow(/\/step: "done" is undefined, expected true or false/);
     const fails = await brokenServer(() => [500, '{"detail": "boom"}']);
     await expect(agentGymEnvironments(fails, { family: FAMILIES.env_idx }).create()).rejects.toThrow(/\/create: HTTP 500/);
-    await expect(openEnvironmentServer(fails, { dialect: "id", timeoutMs: 1000, maxChars: 100 })).rejects.toThrow(/--env http.*HTTP 500.*is --env_dialect id its family/);
+    await expect(openEnvironmentServer(fails, { dialect: "id", timeoutMs: 1000, maxChars: 100 })).rejects.toThrow(
+      /--env http.*HTTP 500.*is --env_dialect id its family/,
+    );
   });
 });
 
@@ -144,12 +156,33 @@ describe("rollouts against the environment", () => {
     const episodes = await openEpisodes(factory, tasks, 2);
     // Row 0 of each task plays binary search (scripted from the known secret); row 1 guesses 1 forever.
     const say = (n: number) => `Thought: halve it.\nAction: guess ${n}`;
-    const scripts = tasks.flatMap((idx) => [binarySearch(secretFor(idx)).map(say), Array.from({ length: 3 }, () => say(secretFor(idx) === 1 ? 2 : 1))]);
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: scripts.map((turns) => turns.map((t) => tok.encode(t))) });
-    const before = tf.memory().numTensors;
-    const out = await rolloutGroups(model, tok, episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT)), {
-      samplesPerPrompt: 2, maxNewTokens: 400, maxTurns: 3 + 7, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: episodes.envs,
+    const scripts = tasks.flatMap((idx) => [
+      binarySearch(secretFor(idx)).map(say),
+      Array.from({ length: 3 }, () => say(secretFor(idx) === 1 ? 2 : 1)),
+    ]);
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: scripts.map((turns) => turns.map((t) => tok.encode(t))),
     });
+    const before = tf.memory().numTensors;
+    const out = await rolloutGroups(
+      model,
+      tok,
+      episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT)),
+      {
+        samplesPerPrompt: 2,
+        maxNewTokens: 400,
+        maxTurns: 3 + 7,
+        temperature: 1,
+        topP: 1,
+        topK: 0,
+        rng: new Rng(0),
+        tools: [],
+        envs: episodes.envs,
+      },
+    );
     await episodes.close();
     expect(tf.memory().numTensors).toBe(before);
     expect(out[0].envReward).toBe(1);
@@ -171,11 +204,33 @@ describe("rollouts against the environment", () => {
 
   it("an environment that fails mid-episode ends that rollout with env_error, the others go on", async () => {
     const ok = (await openEpisodes(agentGymEnvironments(url, { family: FAMILIES.id }), [3], 1)).envs[0];
-    const failing: Environment = { reset: async () => "", step: async () => { throw new EnvError("environment x/step: no reply within 1 s"); }, close: async () => {} };
+    const failing: Environment = {
+      reset: async () => "",
+      step: async () => {
+        throw new EnvError("environment x/step: no reply within 1 s");
+      },
+      close: async () => {},
+    };
     const say = tok.encode("Action: guess 50");
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[say, say], [say, say]] });
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: [
+        [say, say],
+        [say, say],
+      ],
+    });
     const out = await rolloutGroups(model, tok, [toPrompt("Guess.", ENV_SYSTEM_PROMPT)], {
-      samplesPerPrompt: 2, maxNewTokens: 200, maxTurns: 2, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: [ok, failing],
+      samplesPerPrompt: 2,
+      maxNewTokens: 200,
+      maxTurns: 2,
+      temperature: 1,
+      topP: 1,
+      topK: 0,
+      rng: new Rng(0),
+      tools: [],
+      envs: [ok, failing],
     });
     expect(out[1]).toMatchObject({ finishReason: "env_error", envError: "environment x/step: no reply within 1 s", envReward: 0 });
     expect(out[0].finishReason).not.toBe("env_error");
@@ -189,15 +244,37 @@ describe("rows on their own random streams", () => {
     const tok = await qwenTokenizer();
     // Every step the same distribution over a few tokens and the stop token; each row's environment
     // takes 0 or 40 ms per step, in the opposite order in the second run.
-    const fixed = new Map([[tok.encode("a")[0], 0.3], [tok.encode("b")[0], 0.3], [tok.encode(" c")[0], 0.2], [tok.eosTokenId, 0.2]]);
+    const fixed = new Map([
+      [tok.encode("a")[0], 0.3],
+      [tok.encode("b")[0], 0.3],
+      [tok.encode(" c")[0], 0.2],
+      [tok.eosTokenId, 0.2],
+    ]);
     const env = (ms: number): Environment => ({
-      reset: async () => "", close: async () => {},
-      step: async () => (await new Promise((r) => setTimeout(r, ms)), { action: "", observation: "ok", reward: 0, done: false, score: 0, success: false }),
+      reset: async () => "",
+      close: async () => {},
+      step: async () => (
+        await new Promise((r) => setTimeout(r, ms)),
+        { action: "", observation: "ok", reward: 0, done: false, score: 0, success: false }
+      ),
     });
     const run = async (delays: number[]) => {
-      const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), fixed });
+      const model = new ScriptedModel({
+        vocabSize: tok.vocabSize,
+        eosTokenId: tok.eosTokenId,
+        header: tok.encode("<|im_start|>assistant\n"),
+        fixed,
+      });
       const out = await rolloutGroups(model, tok, [toPrompt("Go.", ENV_SYSTEM_PROMPT)], {
-        samplesPerPrompt: 4, maxNewTokens: 60, maxTurns: 3, temperature: 1, topP: 1, topK: 0, rng: new Rng(7), tools: [], envs: delays.map(env),
+        samplesPerPrompt: 4,
+        maxNewTokens: 60,
+        maxTurns: 3,
+        temperature: 1,
+        topP: 1,
+        topK: 0,
+        rng: new Rng(7),
+        tools: [],
+        envs: delays.map(env),
       });
       return out.map((t) => t.completionIds);
     };
@@ -215,12 +292,27 @@ describe("GRPO against the environment", () => {
     servers.push(s);
     // Training and held-out ranges that share a data_idx: a usage error before the run folder exists.
     const clash = await tinyEnvRunConfig(s.url, "env_idx", { env_tasks: "0-3", env_eval_tasks: "2-5", eval_samples: 1 });
-    await expect(runGrpo(clash)).rejects.toThrow(/^--env_tasks 0-3 and --env_eval_tasks 2-5 share data_idx 2-3; held-out tasks must not be trained on$/);
-    expect(await fs.stat(clash.output_dir).then(() => true, () => false)).toBe(false);
-    const cfg = await tinyEnvRunConfig(s.url, "env_idx", { reward_weights: "correctness=0,format=0,tool_use=0,env=1", env_tasks: "5,7", eval_samples: 2, max_new_tokens: 48 });
+    await expect(runGrpo(clash)).rejects.toThrow(
+      /^--env_tasks 0-3 and --env_eval_tasks 2-5 share data_idx 2-3; held-out tasks must not be trained on$/,
+    );
+    expect(
+      await fs.stat(clash.output_dir).then(
+        () => true,
+        () => false,
+      ),
+    ).toBe(false);
+    const cfg = await tinyEnvRunConfig(s.url, "env_idx", {
+      reward_weights: "correctness=0,format=0,tool_use=0,env=1",
+      env_tasks: "5,7",
+      eval_samples: 2,
+      max_new_tokens: 48,
+    });
     const out = cfg.output_dir;
     await runGrpo(cfg);
-    const lines = (await fs.readFile(path.join(out, "trajectories.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    const lines = (await fs.readFile(path.join(out, "trajectories.jsonl"), "utf8"))
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(lines).toHaveLength(4);
     for (const t of lines) {
       expect(t.promptText).toContain("Guess the secret whole number between 1 and 100");
@@ -252,13 +344,37 @@ describe("evaluation against the environment", () => {
     servers.push(s);
     const say = (n: number) => `Action: guess ${n}`;
     // Rows: task 0 × (binary search, always "guess 1"), task 1 × (binary search, always "guess 1").
-    const scripts = [0, 1].flatMap((idx) => [binarySearch(secretFor(idx)).map(say), Array.from({ length: 10 }, () => say(secretFor(idx) === 1 ? 2 : 1))]);
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: scripts.map((turns) => turns.map((t) => tok.encode(t))) });
+    const scripts = [0, 1].flatMap((idx) => [
+      binarySearch(secretFor(idx)).map(say),
+      Array.from({ length: 10 }, () => say(secretFor(idx) === 1 ? 2 : 1)),
+    ]);
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: scripts.map((turns) => turns.map((t) => tok.encode(t))),
+    });
     const r = await evaluate(model, tok, environmentTasks([0, 1]), {
-      samplesPerPrompt: 2, temperature: 1, batchSize: 2, maxNewTokens: 400, maxTurns: 10, toolsInPrompt: false, seed: 0, tools: [],
+      samplesPerPrompt: 2,
+      temperature: 1,
+      batchSize: 2,
+      maxNewTokens: 400,
+      maxTurns: 10,
+      toolsInPrompt: false,
+      seed: 0,
+      tools: [],
       envs: agentGymEnvironments(s.url, { family: FAMILIES.id }),
     });
-    expect(r.questions.map((q) => q.samples.map((x) => [x.strict, x.envReward, x.formatValid]))).toEqual([[[true, 1, true], [false, 0, true]], [[true, 1, true], [false, 0, true]]]);
+    expect(r.questions.map((q) => q.samples.map((x) => [x.strict, x.envReward, x.formatValid]))).toEqual([
+      [
+        [true, 1, true],
+        [false, 0, true],
+      ],
+      [
+        [true, 1, true],
+        [false, 0, true],
+      ],
+    ]);
     expect(r.questions[0].question).toMatch(/^Guess the secret whole number/);
     expect(r.strict.value).toBe(0.5);
     expect(r.envReward).toBe(0.5);
@@ -275,11 +391,40 @@ describe("evaluation against the environment", () => {
     const s = await serveGuessNumber(0, "env_idx");
     servers.push(s);
     const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "env-eval-")), "eval");
-    const args = (env: string) => ["node", "eval", "--model_path", TINY_BASE_DIR, "--env", env, "--env_dialect", "env_idx", "--max_samples", "2",
-      "--samples_per_prompt", "2", "--temperature", "1", "--max_new_tokens", "48", "--max_turns", "2", "--backend", "wasm", "--output_dir", out];
+    const args = (env: string) => [
+      "node",
+      "eval",
+      "--model_path",
+      TINY_BASE_DIR,
+      "--env",
+      env,
+      "--env_dialect",
+      "env_idx",
+      "--max_samples",
+      "2",
+      "--samples_per_prompt",
+      "2",
+      "--temperature",
+      "1",
+      "--max_new_tokens",
+      "48",
+      "--max_turns",
+      "2",
+      "--backend",
+      "wasm",
+      "--output_dir",
+      out,
+    ];
     const hung = await brokenServer(null);
-    await expect(runEval(await parseEvalArgs([...args(hung), "--tool_timeout", "0.3"]), { out: () => {}, progress: false })).rejects.toThrow(/^--env http.*no reply within 0\.3 s/);
-    expect(await fs.stat(out).then(() => true, () => false)).toBe(false);
+    await expect(
+      runEval(await parseEvalArgs([...args(hung), "--tool_timeout", "0.3"]), { out: () => {}, progress: false }),
+    ).rejects.toThrow(/^--env http.*no reply within 0\.3 s/);
+    expect(
+      await fs.stat(out).then(
+        () => true,
+        () => false,
+      ),
+    ).toBe(false);
     await expect(parseEvalArgs(args("localhost:1"))).rejects.toThrow(/^--env localhost:1: expected an http\(s\) URL/);
 
     const cfg = await parseEvalArgs(args(s.url));
@@ -294,7 +439,10 @@ describe("evaluation against the environment", () => {
     expect(evalJson.config).toMatchObject({ env: s.url, env_dialect: "env_idx", max_samples: 2, samples_per_prompt: 2, output_dir: out });
     expect(evalJson.models[0]).toHaveProperty("envReward");
     expect(evalJson.models[0].envErrorRate).toBe(0);
-    const rows = (await fs.readFile(path.join(out, `samples-${evalJson.models[0].name}.jsonl`), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    const rows = (await fs.readFile(path.join(out, `samples-${evalJson.models[0].name}.jsonl`), "utf8"))
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(rows.map((r) => r.id)).toEqual(["1000", "1001"]); // held out from GRPO's default training tasks
     expect(evalJson.config).toMatchObject({ env_tasks: "1000-1001" });
     for (const r of rows) {

@@ -24,7 +24,6 @@ import { qwenTokenizer } from "../rollout/qwen-tokenizer.ts";
 import { ScriptedModel } from "../rollout/scripted-model.ts";
 import { tinyEnvRunConfig } from "./tiny-env-run.ts";
 
-
 type Fault = "ok" | "http500" | "garbage" | "hang";
 
 /** A real HTTP server in front of `target`: `fault(route, n)` (n: 1-based count of that route so far)
@@ -43,7 +42,11 @@ async function faultyProxy(target: string, fault: (route: string, n: number) => 
       if (f === "http500") return void res.writeHead(500, { "content-type": "application/json" }).end('{"detail": "internal error"}');
       if (f === "garbage") return void res.writeHead(200, { "content-type": "text/html" }).end("<html>bad gateway</html>");
       const body = Buffer.concat(chunks);
-      const reply = await fetch(target + req.url, { method: req.method, body: req.method === "GET" ? undefined : body, headers: { "content-type": "application/json" } });
+      const reply = await fetch(target + req.url, {
+        method: req.method,
+        body: req.method === "GET" ? undefined : body,
+        headers: { "content-type": "application/json" },
+      });
       res.writeHead(reply.status, { "content-type": "application/json" }).end(await reply.text());
     });
   });
@@ -76,7 +79,13 @@ describe("create and reset failures are per rollout", () => {
   it("a failed create, a failed reset and a hung reset fail their rows; the other rows play", async () => {
     // 2 tasks × 3 rows: create #2 gets HTTP 500, reset #1 a non-JSON reply, reset #3 no reply at all.
     const proxy = await faultyProxy(guess.url, (route, n) =>
-      route === "/create" && n === 2 ? "http500" : route === "/reset" && n === 1 ? "garbage" : route === "/reset" && n === 3 ? "hang" : "ok",
+      route === "/create" && n === 2
+        ? "http500"
+        : route === "/reset" && n === 1
+          ? "garbage"
+          : route === "/reset" && n === 3
+            ? "hang"
+            : "ok",
     );
     proxies.push(proxy);
     const t0 = Date.now();
@@ -93,11 +102,29 @@ describe("create and reset failures are per rollout", () => {
 
     const say = (n: number) => tok.encode(`Action: guess ${n}`);
     const scripts = [3, 3, 3, 5, 5, 5].map((idx) => [say(secretFor(idx))]); // every row guesses right at once
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts });
-    const before = tf.memory().numTensors;
-    const out = await rolloutGroups(model, tok, episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT)), {
-      samplesPerPrompt: 3, maxNewTokens: 100, maxTurns: 2, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: episodes.envs,
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts,
     });
+    const before = tf.memory().numTensors;
+    const out = await rolloutGroups(
+      model,
+      tok,
+      episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT)),
+      {
+        samplesPerPrompt: 3,
+        maxNewTokens: 100,
+        maxTurns: 2,
+        temperature: 1,
+        topP: 1,
+        topK: 0,
+        rng: new Rng(0),
+        tools: [],
+        envs: episodes.envs,
+      },
+    );
     await episodes.close();
     expect(tf.memory().numTensors).toBe(before);
     out.forEach((t, i) => {
@@ -117,10 +144,28 @@ describe("create and reset failures are per rollout", () => {
     const episodes = await openEpisodes(agentGymEnvironments(proxy.url, { family: FAMILIES.id }), [4], 2);
     expect(episodes.failed).toBe(2);
     expect(episodes.observations).toEqual(["(task 4: the environment did not start)"]);
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[[1]], [[1]]] });
-    const out = await rolloutGroups(model, tok, episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT)), {
-      samplesPerPrompt: 2, maxNewTokens: 50, maxTurns: 2, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: episodes.envs,
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: [[[1]], [[1]]],
     });
+    const out = await rolloutGroups(
+      model,
+      tok,
+      episodes.observations.map((o) => toPrompt(o, ENV_SYSTEM_PROMPT)),
+      {
+        samplesPerPrompt: 2,
+        maxNewTokens: 50,
+        maxTurns: 2,
+        temperature: 1,
+        topP: 1,
+        topK: 0,
+        rng: new Rng(0),
+        tools: [],
+        envs: episodes.envs,
+      },
+    );
     await episodes.close();
     expect(out.map((t) => t.finishReason)).toEqual(["env_error", "env_error"]);
     expect(model.lastCache).toBeNull(); // no prefill, no decode step
@@ -132,9 +177,21 @@ describe("create and reset failures are per rollout", () => {
     const proxy = await faultyProxy(guess.url, (route, n) => (route === "/create" && n === 1 ? "http500" : "ok"));
     proxies.push(proxy);
     const say = tok.encode(`Action: guess ${secretFor(0)}`);
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[say], [say]] });
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: [[say], [say]],
+    });
     const r = await evaluate(model, tok, environmentTasks([0]), {
-      samplesPerPrompt: 2, temperature: 1, batchSize: 1, maxNewTokens: 100, maxTurns: 2, toolsInPrompt: false, seed: 0, tools: [],
+      samplesPerPrompt: 2,
+      temperature: 1,
+      batchSize: 1,
+      maxNewTokens: 100,
+      maxTurns: 2,
+      toolsInPrompt: false,
+      seed: 0,
+      tools: [],
       envs: agentGymEnvironments(proxy.url, { family: FAMILIES.id }),
     });
     const samples = r.questions[0].samples;
@@ -149,8 +206,30 @@ describe("create and reset failures are per rollout", () => {
     const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
     await initBackend("wasm");
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), "env-eval-fail-"));
-    const args = (env: string, out: string) => ["node", "eval", "--model_path", TINY_BASE_DIR, "--env", env, "--env_dialect", "id", "--max_samples", "2",
-      "--samples_per_prompt", "2", "--temperature", "1", "--max_new_tokens", "16", "--max_turns", "1", "--backend", "wasm", "--output_dir", out];
+    const args = (env: string, out: string) => [
+      "node",
+      "eval",
+      "--model_path",
+      TINY_BASE_DIR,
+      "--env",
+      env,
+      "--env_dialect",
+      "id",
+      "--max_samples",
+      "2",
+      "--samples_per_prompt",
+      "2",
+      "--temperature",
+      "1",
+      "--max_new_tokens",
+      "16",
+      "--max_turns",
+      "1",
+      "--backend",
+      "wasm",
+      "--output_dir",
+      out,
+    ];
     // Create #1 and reset #1 are the start-up probe; then create #3 fails: 1 of 4 episodes.
     const some = await faultyProxy(guess.url, (route, n) => (route === "/create" && n === 3 ? "http500" : "ok"));
     // After the probe the server is down: every episode fails.
@@ -164,7 +243,12 @@ describe("create and reset failures are per rollout", () => {
     await expect(runEval(await parseEvalArgs(args(down.url, path.join(dir, "down"))), { out: () => {}, progress: false })).rejects.toThrow(
       /^environment http:\/\/127\.0\.0\.1:\d+: all 4 episodes failed on the environment, none was played \(first: environment .*\/create: HTTP 500/,
     );
-    expect(await fs.stat(path.join(dir, "down")).then(() => true, () => false)).toBe(false);
+    expect(
+      await fs.stat(path.join(dir, "down")).then(
+        () => true,
+        () => false,
+      ),
+    ).toBe(false);
     await fs.rm(dir, { recursive: true, force: true });
   }, 120_000);
 
@@ -192,7 +276,9 @@ describe("GRPO against a failing environment server", () => {
     );
     proxies.push(proxy);
     const cfg = await tinyEnvRunConfig(proxy.url, "id", {
-      max_steps: 4, max_new_tokens: 64, env_max_failed_steps: 2,
+      max_steps: 4,
+      max_new_tokens: 64,
+      env_max_failed_steps: 2,
     });
     // Sample 1 of a group beats sample 0, so every group of two good rollouts carries a signal.
     const bySample: RolloutScorer = (t) => ({ reward: t.sampleIndex, components: { sample: t.sampleIndex } });
@@ -205,8 +291,14 @@ describe("GRPO against a failing environment server", () => {
     // Step 1 trained on its good rollouts (the group with the failed one has one left: no signal).
     expect(metrics[0].train_tokens_per_s).toBeGreaterThan(0);
     expect(metrics[0].zero_signal_groups).toBe(0.5);
-    expect(metrics.slice(1).map((m) => [m.reward, m.grad_norm])).toEqual([[0, 0], [0, 0]]); // nothing to train on
-    const lines = (await fs.readFile(path.join(out, "trajectories.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    expect(metrics.slice(1).map((m) => [m.reward, m.grad_norm])).toEqual([
+      [0, 0],
+      [0, 0],
+    ]); // nothing to train on
+    const lines = (await fs.readFile(path.join(out, "trajectories.jsonl"), "utf8"))
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(lines).toHaveLength(12);
     const failed = lines.filter((t) => t.finishReason === "env_error");
     expect(failed).toHaveLength(9);

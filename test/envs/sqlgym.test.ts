@@ -46,11 +46,24 @@ describe("SQLGym", () => {
     const say = (sql: string) => `Thought: count them.\n\nAction: \`\`\`sql\n${sql}\n\`\`\``;
     // The prompt holds AgentGym's acknowledgement turn: the stand-in's scripts start after it.
     const model = new ScriptedModel({
-      vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"),
-      scripts: [["", say("SELECT COUNT(*) FROM singer")], ["", say("SELECT MIN(age) FROM singer")]].map((turns) => turns.map((t) => tok.encode(t))),
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: [
+        ["", say("SELECT COUNT(*) FROM singer")],
+        ["", say("SELECT MIN(age) FROM singer")],
+      ].map((turns) => turns.map((t) => tok.encode(t))),
     });
     const r = await evaluate(model, tok, environmentTasks([0, 9429]), {
-      samplesPerPrompt: 1, temperature: 0, batchSize: 2, maxNewTokens: 200, maxTurns: 2, toolsInPrompt: false, seed: 0, tools: [], envs: factory,
+      samplesPerPrompt: 1,
+      temperature: 0,
+      batchSize: 2,
+      maxNewTokens: 200,
+      maxTurns: 2,
+      toolsInPrompt: false,
+      seed: 0,
+      tools: [],
+      envs: factory,
     });
     expect(r.questions.map((q) => q.question)).toEqual([
       "(train) The database has table singer(id, name, age). Question: how many singers are there?",
@@ -66,7 +79,9 @@ describe("SQLGym", () => {
 
   it("an item past BIRD's range: the server's 500 fails the probe; ranges past 10,961 are refused before", async () => {
     const s = await replay();
-    await expect(openEnvironmentServer(s.url, { dialect: "sqlgym", ...open, probeIdx: 20000 })).rejects.toThrow(/\/reset: HTTP 500 Internal Server Error/);
+    await expect(openEnvironmentServer(s.url, { dialect: "sqlgym", ...open, probeIdx: 20000 })).rejects.toThrow(
+      /\/reset: HTTP 500 Internal Server Error/,
+    );
     expect(defaultTaskRanges(FAMILIES.sqlgym, 100)).toEqual({ train: "0-99", heldOut: "9428-10427", evaluate: "9428-9527" });
     expect(() => checkTaskRange(FAMILIES.sqlgym, "--env_tasks", "0-99,20000")).toThrow(
       "--env_tasks 0-99,20000: the sqlgym server has 10962 tasks (data_idx 0-10961); data_idx 20000 are past its last",

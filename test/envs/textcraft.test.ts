@@ -8,7 +8,14 @@
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { missingFields } from "../../src/envs/agentgym.ts";
-import { checkTaskRange, defaultTaskRanges, environmentTasks, episodePrompt, openEnvironmentServer, openEpisodes } from "../../src/envs/episodes.ts";
+import {
+  checkTaskRange,
+  defaultTaskRanges,
+  environmentTasks,
+  episodePrompt,
+  openEnvironmentServer,
+  openEpisodes,
+} from "../../src/envs/episodes.ts";
 import { actionLine, FAMILIES, reactAction } from "../../src/envs/families.ts";
 import type { Environment } from "../../src/envs/types.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
@@ -39,7 +46,9 @@ beforeAll(async () => {
  *  acknowledgement), so its scripts start with a turn that is never played. */
 const scripted = (scripts: string[][], agentGymPrompt = true) =>
   new ScriptedModel({
-    vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"),
+    vocabSize: tok.vocabSize,
+    eosTokenId: tok.eosTokenId,
+    header: tok.encode("<|im_start|>assistant\n"),
     scripts: scripts.map((turns) => [...(agentGymPrompt ? ["(in the prompt)"] : []), ...turns].map((t) => tok.encode(t))),
   });
 /** A turn in AgentGym's ReAct layout: the action on the line after "Action:". */
@@ -62,17 +71,23 @@ describe("the start-up probe", () => {
     // The recorded 422 for a WebShop/SQLGym-shaped reset (pydantic 1), and pydantic 2's shape.
     const recorded = '{"detail": [{"loc": ["body", "id"], "msg": "field required", "type": "value_error.missing"}]}';
     expect(missingFields(recorded)).toBe('the server requires "id" (field required)');
-    expect(missingFields('{"detail":[{"type":"missing","loc":["body","item_id"],"msg":"Field required","input":{"env_idx":0,"data_idx":3}}]}')).toBe('the server requires "item_id" (Field required)');
+    expect(
+      missingFields('{"detail":[{"type":"missing","loc":["body","item_id"],"msg":"Field required","input":{"env_idx":0,"data_idx":3}}]}'),
+    ).toBe('the server requires "item_id" (Field required)');
     expect(missingFields("Internal Server Error")).toBe("the server refused the request: Internal Server Error");
   });
 
   it("a probe on a task the server refuses, or a dead server, is a usage error", async () => {
     const s = await replay();
-    await expect(openEnvironmentServer(s.url, { dialect: "textcraft", ...open, probeIdx: 5 })).rejects.toThrow(/\/reset: HTTP 500 .*not recorded: reset .*data_idx.*5\}/);
+    await expect(openEnvironmentServer(s.url, { dialect: "textcraft", ...open, probeIdx: 5 })).rejects.toThrow(
+      /\/reset: HTTP 500 .*not recorded: reset .*data_idx.*5\}/,
+    );
     expect(s.open.size).toBe(0);
     const url = s.url;
     await s.close();
-    await expect(openEnvironmentServer(url, { dialect: "textcraft", ...open })).rejects.toThrow(/^--env http:\/\/127\.0\.0\.1:\d+: environment .*\/create: connect ECONNREFUSED/);
+    await expect(openEnvironmentServer(url, { dialect: "textcraft", ...open })).rejects.toThrow(
+      /^--env http:\/\/127\.0\.0\.1:\d+: environment .*\/create: connect ECONNREFUSED/,
+    );
   });
 });
 
@@ -84,22 +99,43 @@ describe("episodes against TextCraft", () => {
     // Task 3 × 2: three useless actions; the second row first writes two actions, which the client
     // refuses itself, as AgentGym's does, without stepping the server.
     const win = [turn("I need a blue orchid.", "get 1 blue orchid."), turn("Now craft it.", "craft 1 light blue dye using 1 blue orchid")];
-    const lose = [turn("Look first.", "inventory"), turn("Glass.", "get 8 glass"), turn("Craft.", "craft 8 green stained glass using 8 glass, 1 green dye")];
+    const lose = [
+      turn("Look first.", "inventory"),
+      turn("Glass.", "get 8 glass"),
+      turn("Craft.", "craft 8 green stained glass using 8 glass, 1 green dye"),
+    ];
     const model = scripted([win, win, lose, ["Action: inventory\nAction: get 8 glass", ...lose]]);
     const before = tf.memory().numTensors;
     const r = await evaluate(model, tok, environmentTasks([0, 3]), {
-      samplesPerPrompt: 2, temperature: 1, batchSize: 2, maxNewTokens: 400, maxTurns: 3, toolsInPrompt: false, seed: 0, tools: [], envs: factory,
+      samplesPerPrompt: 2,
+      temperature: 1,
+      batchSize: 2,
+      maxNewTokens: 400,
+      maxTurns: 3,
+      toolsInPrompt: false,
+      seed: 0,
+      tools: [],
+      envs: factory,
     });
     expect(tf.memory().numTensors).toBe(before);
     const [won, lost] = r.questions;
     expect(won.question).toMatch(/^Crafting commands:\n[\s\S]*\n\nGoal: craft light blue dye\.$/);
-    expect(won.samples.map((x) => [x.strict, x.envReward, x.formatValid])).toEqual([[true, 1, true], [true, 1, true]]);
+    expect(won.samples.map((x) => [x.strict, x.envReward, x.formatValid])).toEqual([
+      [true, 1, true],
+      [true, 1, true],
+    ]);
     expect(won.samples[0].turns.map((t) => [t.action, t.observation, t.reward])).toEqual([
       ["get 1 blue orchid", "Got 1 blue orchid", 0],
       ["craft 1 light blue dye using 1 blue orchid", "Crafted 1 minecraft:light_blue_dye", 1],
     ]);
-    expect(lost.samples.map((x) => [x.strict, x.envReward, x.envError])).toEqual([[false, 0, undefined], [false, 0, undefined]]);
-    expect(lost.samples[1].turns[0]).toMatchObject({ action: "", observation: "Error: Only one 'Action' is allowed per response. Please adjust your response." });
+    expect(lost.samples.map((x) => [x.strict, x.envReward, x.envError])).toEqual([
+      [false, 0, undefined],
+      [false, 0, undefined],
+    ]);
+    expect(lost.samples[1].turns[0]).toMatchObject({
+      action: "",
+      observation: "Error: Only one 'Action' is allowed per response. Please adjust your response.",
+    });
     expect(lost.samples[1].turns.at(-1)!.observation).toBe("Got 8 glass"); // max_turns 3: the refused turn, then two of the three
     expect(r.strict.value).toBe(0.5);
     expect(r.envErrorRate).toBe(0);
@@ -111,13 +147,30 @@ describe("episodes against TextCraft", () => {
     const factory = await openEnvironmentServer(s.url, { dialect: "auto", ...open });
     const episodes = await openEpisodes(factory, [0], 1);
     const model = scripted([[turn("x", "get 1 blue orchid")]]);
-    const [t] = await rolloutGroups(model, tok, episodes.observations.map((o) => episodePrompt(factory, o)), {
-      samplesPerPrompt: 1, maxNewTokens: 100, maxTurns: 1, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: episodes.envs,
-    });
+    const [t] = await rolloutGroups(
+      model,
+      tok,
+      episodes.observations.map((o) => episodePrompt(factory, o)),
+      {
+        samplesPerPrompt: 1,
+        maxNewTokens: 100,
+        maxTurns: 1,
+        temperature: 1,
+        topP: 1,
+        topK: 0,
+        rng: new Rng(0),
+        tools: [],
+        envs: episodes.envs,
+      },
+    );
     await episodes.close();
     const prompt = tok.decode(t.promptIds);
-    expect(prompt).toContain('<|im_start|>user\nYou are given few useful crafting recipes to craft items in Minecraft. Crafting commands are of the format "craft [target object] using [input ingredients]".');
-    expect(prompt).toContain(`<|im_start|>assistant\nOK. I'll follow your instructions and try my best to solve the task.<|im_end|>\n<|im_start|>user\n${episodes.observations[0]}<|im_end|>\n<|im_start|>assistant\n`);
+    expect(prompt).toContain(
+      '<|im_start|>user\nYou are given few useful crafting recipes to craft items in Minecraft. Crafting commands are of the format "craft [target object] using [input ingredients]".',
+    );
+    expect(prompt).toContain(
+      `<|im_start|>assistant\nOK. I'll follow your instructions and try my best to solve the task.<|im_end|>\n<|im_start|>user\n${episodes.observations[0]}<|im_end|>\n<|im_start|>assistant\n`,
+    );
     expect(t).toMatchObject({ finishReason: "max_turns", envReward: 0, envSuccess: false });
     expect(s.open.size).toBe(0);
   });
@@ -129,10 +182,25 @@ describe("episodes against TextCraft", () => {
     const factory = await openEnvironmentServer(s.url, { dialect: "textcraft", ...open });
     const episodes = await openEpisodes(factory, [0], 4);
     const thoughts = ["Hm.", "I need the orchid first.", "The recipe says one blue orchid makes one light blue dye, so get it.", "Get it."];
-    const model = scripted(thoughts.map((th) => [turn(th, "get 1 blue orchid"), turn("Craft.", "craft 1 light blue dye using 1 blue orchid")]));
-    const out = await rolloutGroups(model, tok, episodes.observations.map((o) => episodePrompt(factory, o)), {
-      samplesPerPrompt: 4, maxNewTokens: 300, maxTurns: 3, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: episodes.envs,
-    });
+    const model = scripted(
+      thoughts.map((th) => [turn(th, "get 1 blue orchid"), turn("Craft.", "craft 1 light blue dye using 1 blue orchid")]),
+    );
+    const out = await rolloutGroups(
+      model,
+      tok,
+      episodes.observations.map((o) => episodePrompt(factory, o)),
+      {
+        samplesPerPrompt: 4,
+        maxNewTokens: 300,
+        maxTurns: 3,
+        temperature: 1,
+        topP: 1,
+        topK: 0,
+        rng: new Rng(0),
+        tools: [],
+        envs: episodes.envs,
+      },
+    );
     await episodes.close();
     expect(s.maxConcurrentSteps).toBe(4);
     expect(out.map((t) => [t.finishReason, t.envReward, t.envSuccess])).toEqual(Array(4).fill(["stop", 1, true]));
@@ -149,10 +217,23 @@ describe("episodes against TextCraft", () => {
     const factory = await openEnvironmentServer(s.url, { dialect: "textcraft", ...open });
     const episodes = await openEpisodes(factory, [0], 2);
     const model = scripted([[turn("a", "get 1 blue orchid")], [turn("b", "get 1 blue orchid")]]);
-    const out = await rolloutGroups(model, tok, episodes.observations.map((o) => episodePrompt(factory, o)), {
-      samplesPerPrompt: 2, maxNewTokens: 300, maxTurns: 3, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: episodes.envs,
-      signal: ctl.signal,
-    });
+    const out = await rolloutGroups(
+      model,
+      tok,
+      episodes.observations.map((o) => episodePrompt(factory, o)),
+      {
+        samplesPerPrompt: 2,
+        maxNewTokens: 300,
+        maxTurns: 3,
+        temperature: 1,
+        topP: 1,
+        topK: 0,
+        rng: new Rng(0),
+        tools: [],
+        envs: episodes.envs,
+        signal: ctl.signal,
+      },
+    );
     await episodes.close();
     expect(out.map((t) => t.finishReason)).toEqual(["aborted", "aborted"]);
     expect(out.map((t) => t.turns.map((x) => x.observation))).toEqual([[undefined], [undefined]]); // ended while stepping
@@ -196,7 +277,9 @@ describe("the families' action formats and scores, on their clients' own example
   const act = (p: ReturnType<typeof actionLine>) => ("action" in p ? p.action : `invalid: ${p.invalid}`);
   it("TextCraft/BabyAI: the one Action:, same or next line, letters, digits, commas and spaces only", () => {
     expect(act(actionLine("Thought:\nI need sticks.\n\nAction:\nget 2 oak planks.\n"))).toBe("get 2 oak planks");
-    expect(act(actionLine("Action: craft 1 golden carrot using 8 gold nugget, 1 carrot"))).toBe("craft 1 golden carrot using 8 gold nugget, 1 carrot");
+    expect(act(actionLine("Action: craft 1 golden carrot using 8 gold nugget, 1 carrot"))).toBe(
+      "craft 1 golden carrot using 8 gold nugget, 1 carrot",
+    );
     expect(act(actionLine("no action here"))).toBe("");
     expect(act(actionLine("Action: a\nAction: b"))).toMatch(/^invalid: Error: Only one 'Action' is allowed/);
   });
@@ -215,24 +298,53 @@ describe("the families' action formats and scores, on their clients' own example
     expect(FAMILIES.alfworld.resetBody(7)).toEqual({ game: 7, world_type: "Text" });
     expect(FAMILIES.sqlgym.resetBody(7)).toEqual({ item_id: 7 });
     expect(FAMILIES.webshop.resetBody(7)).toEqual({ session_id: 7 });
-    expect(FAMILIES.sciworld.firstObservation({ task_description: "Your task is to boil water.", observation: "This room is called the kitchen." })).toBe("Your task is to boil water.\nThis room is called the kitchen.");
-    expect(FAMILIES.alfworld.firstObservation({ observation: "You are in the middle of a room.", available_actions: ["go to desk 1", "look"] })).toBe("You are in the middle of a room.\nAVAILABLE ACTIONS: go to desk 1,look");
+    expect(
+      FAMILIES.sciworld.firstObservation({
+        task_description: "Your task is to boil water.",
+        observation: "This room is called the kitchen.",
+      }),
+    ).toBe("Your task is to boil water.\nThis room is called the kitchen.");
+    expect(
+      FAMILIES.alfworld.firstObservation({ observation: "You are in the middle of a room.", available_actions: ["go to desk 1", "look"] }),
+    ).toBe("You are in the middle of a room.\nAVAILABLE ACTIONS: go to desk 1,look");
   });
 });
 
 describe("a first observation too long for the context", () => {
   it("fails its row alone (env_error, nothing decoded for it); the other rows play", async () => {
     const env = (obs: string): Environment => ({
-      reset: async () => obs, close: async () => {},
+      reset: async () => obs,
+      close: async () => {},
       step: async () => ({ action: "x", observation: "done", reward: 1, done: true, score: 1, success: true }),
     });
     const long = "word ".repeat(5000); // ~5,000 tokens; the stand-in's context is 4,096
     const model = scripted([["Action: x"], ["Action: x"], ["Action: x"], ["Action: x"]], false);
-    const out = await rolloutGroups(model, tok, [episodePrompt({ label: "t", create: async () => env("") }, long), [{ role: "user", content: "short" }]], {
-      samplesPerPrompt: 2, maxNewTokens: 50, maxTurns: 2, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [], envs: [env(long), env(long), env("short"), env("short")],
-    });
-    expect(out.slice(0, 2).map((t) => [t.finishReason, t.completionIds.length])).toEqual([["env_error", 0], ["env_error", 0]]);
-    expect(out[0].envError).toMatch(/^the first observation makes a prompt of \d+ tokens; with maxNewTokens 50 it passes the model's context of 4096 tokens$/);
-    expect(out.slice(2).map((t) => [t.finishReason, t.envReward])).toEqual([["stop", 1], ["stop", 1]]);
+    const out = await rolloutGroups(
+      model,
+      tok,
+      [episodePrompt({ label: "t", create: async () => env("") }, long), [{ role: "user", content: "short" }]],
+      {
+        samplesPerPrompt: 2,
+        maxNewTokens: 50,
+        maxTurns: 2,
+        temperature: 1,
+        topP: 1,
+        topK: 0,
+        rng: new Rng(0),
+        tools: [],
+        envs: [env(long), env(long), env("short"), env("short")],
+      },
+    );
+    expect(out.slice(0, 2).map((t) => [t.finishReason, t.completionIds.length])).toEqual([
+      ["env_error", 0],
+      ["env_error", 0],
+    ]);
+    expect(out[0].envError).toMatch(
+      /^the first observation makes a prompt of \d+ tokens; with maxNewTokens 50 it passes the model's context of 4096 tokens$/,
+    );
+    expect(out.slice(2).map((t) => [t.finishReason, t.envReward])).toEqual([
+      ["stop", 1],
+      ["stop", 1],
+    ]);
   });
 });

@@ -16,9 +16,32 @@ export async function tinyEnvRunConfig(env: string, dialect: Dialect, overrides:
   await initBackend("wasm");
   const output_dir = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "env-grpo-")), "run");
   const cfg: GrpoRunConfig & { output_dir: string } = {
-    ...defaultsOf(GRPO_FLAGS), model_path: TINY_BASE_DIR, dataset: "synthetic", max_samples: 4, max_steps: 1, prompts_per_step: 2, samples_per_prompt: 2,
-    max_new_tokens: 128, max_turns: 2, temperature: 1, beta: 0, learning_rate: 1e-3, micro_batch_size: 4, lora_r: 2, lora_alpha: 4, quantize: "none",
-    tools_in_prompt: false, save_steps: 0, save_total_limit: 2, seed: 1, backend: "wasm", quiet: true, env, env_dialect: dialect, ...overrides, output_dir,
+    ...defaultsOf(GRPO_FLAGS),
+    model_path: TINY_BASE_DIR,
+    dataset: "synthetic",
+    max_samples: 4,
+    max_steps: 1,
+    prompts_per_step: 2,
+    samples_per_prompt: 2,
+    max_new_tokens: 128,
+    max_turns: 2,
+    temperature: 1,
+    beta: 0,
+    learning_rate: 1e-3,
+    micro_batch_size: 4,
+    lora_r: 2,
+    lora_alpha: 4,
+    quantize: "none",
+    tools_in_prompt: false,
+    save_steps: 0,
+    save_total_limit: 2,
+    seed: 1,
+    backend: "wasm",
+    quiet: true,
+    env,
+    env_dialect: dialect,
+    ...overrides,
+    output_dir,
   };
   return cfg;
 }

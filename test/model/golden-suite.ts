@@ -65,12 +65,17 @@ export function goldenSuite(backend: "wasm" | "webgpu") {
     });
 
     it("token log-probs, loss and every LoRA gradient match", async () => {
-      for (const [model, ref] of [[base, exp.base], [lora, exp.lora]] as const) {
+      for (const [model, ref] of [
+        [base, exp.base],
+        [lora, exp.lora],
+      ] as const) {
         const { logprobs } = model.tokenLogprobs(ids, mask);
         const got = (await logprobs.array()) as number[][];
         logprobs.dispose();
         let worst = 0;
-        nextPos.forEach((ps: number[], b: number) => ps.forEach((t, k) => (worst = Math.max(worst, Math.abs(got[b][t + 1] - ref.next_token_logprobs[b][k])))));
+        nextPos.forEach((ps: number[], b: number) =>
+          ps.forEach((t, k) => (worst = Math.max(worst, Math.abs(got[b][t + 1] - ref.next_token_logprobs[b][k])))),
+        );
         expect(worst).toBeLessThanOrEqual(1e-4);
       }
       const before = tf.memory().numTensors;
@@ -83,7 +88,10 @@ export function goldenSuite(backend: "wasm" | "webgpu") {
     });
 
     it("greedy 8-token decode matches, by full forward and by KV cache", async () => {
-      for (const [model, ref] of [[base, exp.greedy.base], [lora, exp.greedy.lora]] as const) {
+      for (const [model, ref] of [
+        [base, exp.greedy.base],
+        [lora, exp.greedy.lora],
+      ] as const) {
         const seq = [...exp.greedy.prompt];
         for (let s = 0; s < 8; s++) {
           const l = model.forward([seq], undefined);

@@ -10,7 +10,14 @@ import { parseConfig, readConfig } from "../../src/model/config.ts";
 import { resolveModelDir } from "../../src/model/model-dir.ts";
 import { cacheAsHubWrites, startFakeHub } from "../fixtures/hub/fake-hub.ts";
 import { createModel, loadModel } from "../../src/model/load.ts";
-import { Checkpoint, encodeSafetensors, readSafetensorsAll, SafetensorsFile, toFloat32, writeSafetensors } from "../../src/model/safetensors.ts";
+import {
+  Checkpoint,
+  encodeSafetensors,
+  readSafetensorsAll,
+  SafetensorsFile,
+  toFloat32,
+  writeSafetensors,
+} from "../../src/model/safetensors.ts";
 
 const FIX = path.resolve("test/fixtures/qwen2-tiny");
 let tmp: string;
@@ -54,8 +61,12 @@ describe("config.json", () => {
     expect(await errorOf(readConfig(path.join(tmp, "nowhere")))).toMatch(/nowhere\/config\.json: missing config\.json/);
     const dir = await variant("llama", { "config.json": JSON.stringify({ ...fixConfig(), model_type: "llama" }) });
     expect(await errorOf(readConfig(dir))).toMatch(/llama\/config\.json: unsupported model_type "llama"; accepted: "qwen2"/);
-    expect(() => parseConfig({ ...fixConfig(), use_sliding_window: true }, "c.json")).toThrow(/c\.json: use_sliding_window is true; only full attention/);
-    expect(() => parseConfig({ ...fixConfig(), hidden_size: "64" }, "c.json")).toThrow(/c\.json: hidden_size must be a positive integer, got "64"/);
+    expect(() => parseConfig({ ...fixConfig(), use_sliding_window: true }, "c.json")).toThrow(
+      /c\.json: use_sliding_window is true; only full attention/,
+    );
+    expect(() => parseConfig({ ...fixConfig(), hidden_size: "64" }, "c.json")).toThrow(
+      /c\.json: hidden_size must be a positive integer, got "64"/,
+    );
   });
 });
 
@@ -65,7 +76,10 @@ describe("safetensors", () => {
     expect(Array.from(toFloat32(new Uint8Array([0x00, 0x3c, 0x00, 0x35, 0x01, 0x00]), "F16"))).toEqual([1, 0.3125, 2 ** -24]);
   });
   it("writes deterministic files that round-trip byte for byte, and reads shards lazily", async () => {
-    const t = { "b.weight": { shape: [2, 3], data: Float32Array.from([1, 2, 3, 4, 5, -6.5]) }, "a.bias": { shape: [3], data: Float32Array.from([0.1, 0.2, 0.3]) } };
+    const t = {
+      "b.weight": { shape: [2, 3], data: Float32Array.from([1, 2, 3, 4, 5, -6.5]) },
+      "a.bias": { shape: [3], data: Float32Array.from([0.1, 0.2, 0.3]) },
+    };
     const f1 = path.join(tmp, "one.safetensors");
     await writeSafetensors(f1, t);
     const back = await readSafetensorsAll(f1);
@@ -79,7 +93,10 @@ describe("safetensors", () => {
     const dir = path.join(tmp, "sharded");
     await writeSafetensors(path.join(dir, "model-00001-of-00002.safetensors"), { "a.bias": t["a.bias"] });
     await writeSafetensors(path.join(dir, "model-00002-of-00002.safetensors"), { "b.weight": t["b.weight"] });
-    await fs.writeFile(path.join(dir, "model.safetensors.index.json"), JSON.stringify({ weight_map: { "a.bias": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors" } }));
+    await fs.writeFile(
+      path.join(dir, "model.safetensors.index.json"),
+      JSON.stringify({ weight_map: { "a.bias": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors" } }),
+    );
     const ck = await Checkpoint.open(dir);
     expect(ck.keys().sort()).toEqual(["a.bias", "b.weight"]);
     expect(ck.shape("b.weight")).toEqual([2, 3]);
@@ -91,7 +108,11 @@ describe("safetensors", () => {
     const cases: [string, Uint8Array, RegExp][] = [
       ["short", good.subarray(0, 5), /short\.safetensors: truncated safetensors header/],
       ["cut", good.subarray(0, 1000), /cut\.safetensors: truncated or corrupted safetensors header \(header length 2672/],
-      ["junk", Buffer.concat([good.subarray(0, 8), Buffer.from("{not json"), good.subarray(17)]), /junk\.safetensors: corrupted safetensors header \(not valid JSON\)/],
+      [
+        "junk",
+        Buffer.concat([good.subarray(0, 8), Buffer.from("{not json"), good.subarray(17)]),
+        /junk\.safetensors: corrupted safetensors header \(not valid JSON\)/,
+      ],
       ["tail", good.subarray(0, good.length - 100), /tail\.safetensors: truncated safetensors file \(tensor .* ends at byte/],
     ];
     for (const [name, bytes, re] of cases) {
@@ -103,7 +124,9 @@ describe("safetensors", () => {
     const text = Buffer.from(bad).toString("latin1").replace('"shape":[2]', '"shape":[3]');
     const f = path.join(tmp, "shape.safetensors");
     await fs.writeFile(f, Buffer.from(text, "latin1"));
-    expect(await errorOf(SafetensorsFile.open(f))).toMatch(/shape\.safetensors: corrupted safetensors header \(tensor x: shape \[3\] × F32 is 12 bytes, data_offsets span 8\)/);
+    expect(await errorOf(SafetensorsFile.open(f))).toMatch(
+      /shape\.safetensors: corrupted safetensors header \(tensor x: shape \[3\] × F32 is 12 bytes, data_offsets span 8\)/,
+    );
   });
 });
 
@@ -127,7 +150,13 @@ describe("model folders and the Hugging Face cache", () => {
 
   it("downloads a model into the cache layout when online (local server standing in for the hub)", async () => {
     const files = ["config.json", "model.safetensors"];
-    const hub = await startFakeHub({ type: "model", name: "acme/tiny", commit: "c0ffee", files: Object.fromEntries(files.map((f) => [f, readFileSync(path.join(FIX, f))])), listedOnly: ["README.md"] });
+    const hub = await startFakeHub({
+      type: "model",
+      name: "acme/tiny",
+      commit: "c0ffee",
+      files: Object.fromEntries(files.map((f) => [f, readFileSync(path.join(FIX, f))])),
+      listedOnly: ["README.md"],
+    });
     try {
       const cache = path.join(tmp, "hub-download");
       const env = { HF_HUB_CACHE: cache, HF_ENDPOINT: hub.url };
@@ -150,7 +179,11 @@ describe("model folders and the Hugging Face cache", () => {
       expect(hub.seen).toHaveLength(before);
       expect(hub.seen).toEqual([
         "GET /api/models/acme/tiny/revision/main",
-        ...files.flatMap((f) => ["POST /api/models/acme/tiny/paths-info/c0ffee", `GET /acme/tiny/resolve/c0ffee/${f}`, `GET /acme/tiny/resolve/c0ffee/${f}`]),
+        ...files.flatMap((f) => [
+          "POST /api/models/acme/tiny/paths-info/c0ffee",
+          `GET /acme/tiny/resolve/c0ffee/${f}`,
+          `GET /acme/tiny/resolve/c0ffee/${f}`,
+        ]),
       ]);
     } finally {
       await hub.close();
@@ -161,9 +194,13 @@ describe("model folders and the Hugging Face cache", () => {
     const all = await readSafetensorsAll(`${FIX}/model.safetensors`);
     const { ["model.norm.weight"]: _gone, ...rest } = all;
     const missing = await variant("missing", { "model.safetensors": encodeSafetensors(rest) });
-    expect(await errorOf(loadModel(missing))).toMatch(/missing\/model\.safetensors: tensor model\.norm\.weight missing from the checkpoint/);
+    expect(await errorOf(loadModel(missing))).toMatch(
+      /missing\/model\.safetensors: tensor model\.norm\.weight missing from the checkpoint/,
+    );
     const wide = await variant("wide", { "config.json": JSON.stringify({ ...fixConfig(), intermediate_size: 180 }) });
-    expect(await errorOf(loadModel(wide))).toMatch(/wide\/model\.safetensors: tensor model\.layers\.0\.mlp\.gate_proj\.weight has shape \[176,64\], config\.json implies \[180,64\]/);
+    expect(await errorOf(loadModel(wide))).toMatch(
+      /wide\/model\.safetensors: tensor model\.layers\.0\.mlp\.gate_proj\.weight has shape \[176,64\], config\.json implies \[180,64\]/,
+    );
   });
 });
 
@@ -191,21 +228,32 @@ describe("PEFT adapters", () => {
       const dir = path.join(tmp, name);
       await fs.mkdir(dir, { recursive: true });
       await fs.writeFile(path.join(dir, "adapter_config.json"), JSON.stringify(c));
-      await fs.writeFile(path.join(dir, "adapter_model.safetensors"), tensors ?? (await fs.readFile(`${FIX}/lora/adapter_model.safetensors`)));
+      await fs.writeFile(
+        path.join(dir, "adapter_model.safetensors"),
+        tensors ?? (await fs.readFile(`${FIX}/lora/adapter_model.safetensors`)),
+      );
       return dir;
     };
     const r8 = await mk("r8", { ...cfg, r: 8 });
-    expect(await errorOf(loadModel(FIX, { adapter: r8 }))).toMatch(/r8\/adapter_model\.safetensors: .*lora_A\.weight has shape \[4,64\], expected \[8, 64\]/);
+    expect(await errorOf(loadModel(FIX, { adapter: r8 }))).toMatch(
+      /r8\/adapter_model\.safetensors: .*lora_A\.weight has shape \[4,64\], expected \[8, 64\]/,
+    );
     const fewer = await mk("fewer", { ...cfg, target_modules: ["q_proj", "v_proj"] });
-    expect(await errorOf(loadModel(FIX, { adapter: fewer }))).toMatch(/fewer\/adapter_model\.safetensors: tensor .*(k_proj|o_proj|mlp).* does not match the model or the target modules q_proj, v_proj/);
+    expect(await errorOf(loadModel(FIX, { adapter: fewer }))).toMatch(
+      /fewer\/adapter_model\.safetensors: tensor .*(k_proj|o_proj|mlp).* does not match the model or the target modules q_proj, v_proj/,
+    );
     const unknown = await mk("unknown", { ...cfg, target_modules: ["q_proj", "qkv"] });
     expect(await errorOf(loadModel(FIX, { adapter: unknown }))).toMatch(/unknown\/adapter_config\.json: unknown LoRA target module "qkv"/);
     const all = await readSafetensorsAll(`${FIX}/lora/adapter_model.safetensors`);
     const k = "base_model.model.model.layers.1.mlp.up_proj.lora_B.weight";
     const { [k]: _gone, ...rest } = all;
     const lacking = await mk("lacking", cfg, encodeSafetensors(rest));
-    expect(await errorOf(loadModel(FIX, { adapter: lacking }))).toMatch(/lacking\/adapter_model\.safetensors: tensor base_model\.model\.model\.layers\.1\.mlp\.up_proj\.lora_B\.weight missing/);
-    expect(await errorOf(loadModel(FIX, { adapter: `${FIX}/lora`, lora: { r: 8, alpha: 16, dropout: 0, targetModules: ["q_proj"] } }))).toMatch(/lora\/adapter_config\.json: adapter has r 4 .* but r 8 on q_proj was asked for/);
+    expect(await errorOf(loadModel(FIX, { adapter: lacking }))).toMatch(
+      /lacking\/adapter_model\.safetensors: tensor base_model\.model\.model\.layers\.1\.mlp\.up_proj\.lora_B\.weight missing/,
+    );
+    expect(
+      await errorOf(loadModel(FIX, { adapter: `${FIX}/lora`, lora: { r: 8, alpha: 16, dropout: 0, targetModules: ["q_proj"] } })),
+    ).toMatch(/lora\/adapter_config\.json: adapter has r 4 .* but r 8 on q_proj was asked for/);
   });
 });
 
@@ -231,7 +279,14 @@ describe("full checkpoints and full training", () => {
     const m = await createModel(cfg, { trainable: "full", seed: 3 });
     const vars = m.trainableVariables();
     expect(vars.length).toBe(3 + 3 + 4); // embed, head, final norm; 2 norms, the q/k/v bias and 4 (fused) matrices per layer
-    const ids = [[1, 2, 3, 4, 5, 6], [0, 0, 7, 8, 9, 10]], mask = [[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]];
+    const ids = [
+        [1, 2, 3, 4, 5, 6],
+        [0, 0, 7, 8, 9, 10],
+      ],
+      mask = [
+        [1, 1, 1, 1, 1, 1],
+        [0, 0, 1, 1, 1, 1],
+      ];
     const opt = tf.train.adam(1e-2);
     const loss = () => tf.neg(tf.mean(m.tokenLogprobs(ids, mask).logprobs)) as tf.Scalar;
     const embedBefore = await m.weights.embedT.f32!.data();
@@ -253,8 +308,23 @@ describe("full checkpoints and full training", () => {
     const changed = embedAfter.some((v, i) => v !== embedBefore[i]);
     expect(changed).toBe(true);
     // the embedding gradient (UnsortedSegmentSum registered for wasm) matches the cpu backend's
-    const g = tf.tidy(() => tf.grad((e: tf.Tensor) => tf.sum(tf.mul(tf.gather(e, tf.tensor1d([2, 0, 2], "int32"), 1), tf.tensor2d([[1, 2, 3], [4, 5, 6]]))))(tf.ones([2, 4])));
-    expect(await g.array()).toEqual([[2, 0, 4, 0], [5, 0, 10, 0]]);
+    const g = tf.tidy(() =>
+      tf.grad((e: tf.Tensor) =>
+        tf.sum(
+          tf.mul(
+            tf.gather(e, tf.tensor1d([2, 0, 2], "int32"), 1),
+            tf.tensor2d([
+              [1, 2, 3],
+              [4, 5, 6],
+            ]),
+          ),
+        ),
+      )(tf.ones([2, 4])),
+    );
+    expect(await g.array()).toEqual([
+      [2, 0, 4, 0],
+      [5, 0, 10, 0],
+    ]);
     g.dispose();
     opt.dispose();
     m.dispose();
@@ -266,9 +336,13 @@ describe("full checkpoints and full training", () => {
     expect(vars.length).toBe(2 * 2 * 2);
     const baseBefore = await m.weights.layers[0].proj.qkv_proj.f32!.data();
     const opt = tf.train.adam(1e-2);
-    const ids = [[1, 2, 3, 4, 5, 6]], mask = [[1, 1, 1, 1, 1, 1]];
+    const ids = [[1, 2, 3, 4, 5, 6]],
+      mask = [[1, 1, 1, 1, 1, 1]];
     const step = () => {
-      const { value, grads } = tf.variableGrads(() => tf.neg(tf.mean(m.tokenLogprobs(ids, mask, { training: true }).logprobs)) as tf.Scalar, vars);
+      const { value, grads } = tf.variableGrads(
+        () => tf.neg(tf.mean(m.tokenLogprobs(ids, mask, { training: true }).logprobs)) as tf.Scalar,
+        vars,
+      );
       opt.applyGradients(grads as Record<string, tf.Variable>);
       tf.dispose([value, grads]);
     };

@@ -20,7 +20,15 @@ const maxDiff = (a: number[][], b: number[][]) => Math.max(...a.flatMap((r, i) =
 
 describe("mask helpers", () => {
   it("position ids follow cumsum(mask)−1 with pads at 1, continuing from the past", () => {
-    expect(positionIds([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])).toEqual([[1, 1, 0, 1, 2], [0, 1, 2, 3, 4]]);
+    expect(
+      positionIds([
+        [0, 0, 1, 1, 1],
+        [1, 1, 1, 1, 1],
+      ]),
+    ).toEqual([
+      [1, 1, 0, 1, 2],
+      [0, 1, 2, 3, 4],
+    ]);
     expect(positionIds([[1], [1]], [3, 5])).toEqual([[3], [5]]);
   });
   it("bias allows j ≤ i on real keys only", () => {
@@ -38,15 +46,31 @@ describe("KV cache (wasm)", () => {
   });
 
   it("prefill + decode steps give the full-recompute logits for left-padded rows", async () => {
-    const ids = [[0, 0, 0, 56, 61, 139], [16, 217, 62, 54, 40, 191], [0, 7, 8, 9, 10, 11]];
-    const mask = [[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]];
+    const ids = [
+      [0, 0, 0, 56, 61, 139],
+      [16, 217, 62, 54, 40, 191],
+      [0, 7, 8, 9, 10, 11],
+    ];
+    const mask = [
+      [0, 0, 0, 1, 1, 1],
+      [1, 1, 1, 1, 1, 1],
+      [0, 1, 1, 1, 1, 1],
+    ];
     const { logits, cache } = model.prefill(ids, mask);
     let worst = maxDiff((await logits.array()) as number[][], await lastLogits(model, ids, mask));
     logits.dispose();
-    const seq = ids.map((r) => [...r]), m = mask.map((r) => [...r]);
-    for (const step of [[5, 6, 7], [100, 200, 3], [42, 43, 44]]) {
+    const seq = ids.map((r) => [...r]),
+      m = mask.map((r) => [...r]);
+    for (const step of [
+      [5, 6, 7],
+      [100, 200, 3],
+      [42, 43, 44],
+    ]) {
       const l = model.decodeStep(step, cache);
-      step.forEach((t, b) => { seq[b].push(t); m[b].push(1); });
+      step.forEach((t, b) => {
+        seq[b].push(t);
+        m[b].push(1);
+      });
       worst = Math.max(worst, maxDiff((await l.array()) as number[][], await lastLogits(model, seq, m)));
       l.dispose();
     }
@@ -54,7 +78,17 @@ describe("KV cache (wasm)", () => {
     // drop the middle row: the remaining rows keep decoding correctly
     cache.select([2, 0]);
     const l = model.decodeStep([1, 2], cache);
-    const want = await lastLogits(model, [[...seq[2], 1], [...seq[0], 2]], [[...m[2], 1], [...m[0], 1]]);
+    const want = await lastLogits(
+      model,
+      [
+        [...seq[2], 1],
+        [...seq[0], 2],
+      ],
+      [
+        [...m[2], 1],
+        [...m[0], 1],
+      ],
+    );
     worst = Math.max(worst, maxDiff((await l.array()) as number[][], want));
     l.dispose();
     cache.dispose();
@@ -63,7 +97,13 @@ describe("KV cache (wasm)", () => {
   });
 
   it("a prefill in row groups (bounded activation memory) gives the same bits as one pass, and decodes on", async () => {
-    const ids = [[0, 0, 0, 56, 61, 139], [16, 217, 62, 54, 40, 191], [0, 7, 8, 9, 10, 11], [3, 4, 5, 6, 7, 8], [0, 0, 9, 9, 9, 9]];
+    const ids = [
+      [0, 0, 0, 56, 61, 139],
+      [16, 217, 62, 54, 40, 191],
+      [0, 7, 8, 9, 10, 11],
+      [3, 4, 5, 6, 7, 8],
+      [0, 0, 9, 9, 9, 9],
+    ];
     const mask = ids.map((r) => r.map((t, i) => (t === 0 && (i === 0 || r[i - 1] === 0) ? 0 : 1)));
     const read = async (p: { logits: tf.Tensor2D; cache: { k: tf.Tensor[]; v: tf.Tensor[]; mask: number[][]; count: number[] } }) => ({
       logits: Array.from(await p.logits.data()),
@@ -89,9 +129,29 @@ describe("KV cache (wasm)", () => {
 
   it("a held row reads nothing: its next logits are those of the same context without the held steps", async () => {
     // Row 0 is held for two steps (a rollout row waiting for its environment) while row 1 decodes on.
-    const { logits, cache } = model.prefill([[0, 56, 61, 139], [16, 217, 62, 54]], [[0, 1, 1, 1], [1, 1, 1, 1]]);
+    const { logits, cache } = model.prefill(
+      [
+        [0, 56, 61, 139],
+        [16, 217, 62, 54],
+      ],
+      [
+        [0, 1, 1, 1],
+        [1, 1, 1, 1],
+      ],
+    );
     logits.dispose();
-    const steps: [number[], boolean[] | undefined][] = [[[5, 6], undefined], [[0, 7], [true, false]], [[0, 8], [true, false]], [[9, 10], undefined]];
+    const steps: [number[], boolean[] | undefined][] = [
+      [[5, 6], undefined],
+      [
+        [0, 7],
+        [true, false],
+      ],
+      [
+        [0, 8],
+        [true, false],
+      ],
+      [[9, 10], undefined],
+    ];
     let l: tf.Tensor2D | null = null;
     for (const [tokens, hold] of steps) {
       l?.dispose();
@@ -104,12 +164,23 @@ describe("KV cache (wasm)", () => {
     const want1 = await lastLogits(model, [[16, 217, 62, 54, 6, 7, 8, 10]], [[1, 1, 1, 1, 1, 1, 1, 1]]);
     expect(maxDiff([got[0]], want0)).toBeLessThanOrEqual(1e-4);
     expect(maxDiff([got[1]], want1)).toBeLessThanOrEqual(1e-4);
-    expect(() => model.decodeStep([1, 2], model.prefill([[1], [2]], [[1], [1]]).cache, { hold: [true] })).toThrow(/1 hold flags for 2 rows/);
+    expect(() => model.decodeStep([1, 2], model.prefill([[1], [2]], [[1], [1]]).cache, { hold: [true] })).toThrow(
+      /1 hold flags for 2 rows/,
+    );
   });
 
   it("50 decode steps leave the tensor count unchanged", async () => {
     const before = tf.memory().numTensors;
-    const { logits, cache } = model.prefill([[1, 2, 3], [0, 4, 5]], [[1, 1, 1], [0, 1, 1]]);
+    const { logits, cache } = model.prefill(
+      [
+        [1, 2, 3],
+        [0, 4, 5],
+      ],
+      [
+        [1, 1, 1],
+        [0, 1, 1],
+      ],
+    );
     let lg = logits;
     for (let s = 0; s < 50; s++) {
       const am = tf.argMax(lg, 1);

@@ -5,8 +5,21 @@ import { LoraAdapter, moduleDims } from "../../src/model/lora.ts";
 import { FUSED, type LoraTarget, type Qwen2Config } from "../../src/model/types.ts";
 import { Rng } from "../../src/util/rng.ts";
 
-const cfg = { hiddenSize: 32, intermediateSize: 48, numAttentionHeads: 4, numKeyValueHeads: 2, headDim: 8, numHiddenLayers: 1 } as Qwen2Config;
-const randn = (shape: number[], seed: number) => { const r = new Rng(seed); return tf.tensor(Float32Array.from({ length: shape.reduce((a, b) => a * b) }, () => r.normal()), shape); };
+const cfg = {
+  hiddenSize: 32,
+  intermediateSize: 48,
+  numAttentionHeads: 4,
+  numKeyValueHeads: 2,
+  headDim: 8,
+  numHiddenLayers: 1,
+} as Qwen2Config;
+const randn = (shape: number[], seed: number) => {
+  const r = new Rng(seed);
+  return tf.tensor(
+    Float32Array.from({ length: shape.reduce((a, b) => a * b) }, () => r.normal()),
+    shape,
+  );
+};
 const maxDiff = (a: tf.Tensor, b: tf.Tensor) => tf.tidy(() => tf.max(tf.abs(tf.sub(a, b))).dataSync()[0]);
 
 /** An adapter on `targets` with B made non-zero (init leaves it zero), plus named access to A/B. */
@@ -23,8 +36,13 @@ describe("LoRA on fused modules", () => {
     const { ad } = adapter(["q_proj", "v_proj", "gate_proj", "up_proj"]);
     const x = randn([6, cfg.hiddenSize], 1) as tf.Tensor2D;
     for (const f of ["qkv_proj", "gate_up_proj"] as const) {
-      const members = FUSED[f], dims = members.map((m) => moduleDims(cfg, m)[1]);
-      const perMember = () => tf.concat(members.map((m, i) => ad.delta(0, m, x, true) ?? tf.zeros([6, dims[i]])), 1);
+      const members = FUSED[f],
+        dims = members.map((m) => moduleDims(cfg, m)[1]);
+      const perMember = () =>
+        tf.concat(
+          members.map((m, i) => ad.delta(0, m, x, true) ?? tf.zeros([6, dims[i]])),
+          1,
+        );
       const fused = () => ad.fusedDelta(0, members, dims, x, true)!;
       const weights = randn([6, dims.reduce((a, b) => a + b)], 2);
       const loss = (g: () => tf.Tensor) => () => tf.sum(tf.mul(g(), weights)) as tf.Scalar;
@@ -32,12 +50,23 @@ describe("LoRA on fused modules", () => {
       const got = tf.variableGrads(loss(fused), ad.variables());
       const [a, b] = [tf.tidy(perMember), tf.tidy(fused)];
       expect(maxDiff(a, b), f).toBeLessThan(1e-5);
-      expect(tf.tidy(() => tf.max(tf.abs(a)).dataSync()[0]), f).toBeGreaterThan(0.1);
+      expect(
+        tf.tidy(() => tf.max(tf.abs(a)).dataSync()[0]),
+        f,
+      ).toBeGreaterThan(0.1);
       for (const [name, g] of Object.entries(ref.grads)) expect(maxDiff(g, got.grads[name]), `${f} ${name}`).toBeLessThan(1e-5);
       tf.dispose([a, b, weights, ref.value, got.value, ref.grads, got.grads]);
     }
     expect(ad.fusedDelta(0, FUSED.qkv_proj, [32, 16, 16], x, false)!.shape).toEqual([6, 64]);
-    expect(LoraAdapter.init(cfg, { r: 4, alpha: 8, dropout: 0, targetModules: ["o_proj"] }).fusedDelta(0, FUSED.qkv_proj, [32, 16, 16], x, false)).toBeNull();
+    expect(
+      LoraAdapter.init(cfg, { r: 4, alpha: 8, dropout: 0, targetModules: ["o_proj"] }).fusedDelta(
+        0,
+        FUSED.qkv_proj,
+        [32, 16, 16],
+        x,
+        false,
+      ),
+    ).toBeNull();
     tf.dispose(x);
     ad.dispose();
   });
@@ -63,8 +92,23 @@ describe("LoRA on fused modules", () => {
     await initBackend("wasm");
     const { ad, v } = adapter(["q_proj", "v_proj", "o_proj"]);
     const x = randn([3, cfg.hiddenSize], 1) as tf.Tensor2D;
-    const terms = () => (["qkv_proj", "o_proj"] as const).map((f) => { const ms = FUSED[f]; return tf.tidy(() => ad.fusedDelta(0, ms, ms.map((m) => moduleDims(cfg, m)[1]), x, false)!); });
-    const perMember = () => [tf.tidy(() => tf.concat([ad.delta(0, "q_proj", x, false)!, tf.zeros([3, 16]), ad.delta(0, "v_proj", x, false)!], 1)), tf.tidy(() => ad.delta(0, "o_proj", x, false)!)];
+    const terms = () =>
+      (["qkv_proj", "o_proj"] as const).map((f) => {
+        const ms = FUSED[f];
+        return tf.tidy(() =>
+          ad.fusedDelta(
+            0,
+            ms,
+            ms.map((m) => moduleDims(cfg, m)[1]),
+            x,
+            false,
+          )!,
+        );
+      });
+    const perMember = () => [
+      tf.tidy(() => tf.concat([ad.delta(0, "q_proj", x, false)!, tf.zeros([3, 16]), ad.delta(0, "v_proj", x, false)!], 1)),
+      tf.tidy(() => ad.delta(0, "o_proj", x, false)!),
+    ];
     const before = tf.memory().numTensors;
     const release = ad.holdFactors();
     for (let round = 0; round < 2; round++) {

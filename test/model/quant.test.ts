@@ -4,11 +4,23 @@ import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
 import { loadModel } from "../../src/model/load.ts";
-import { dequantizeInt8, dequantizeNf4, NF4_CODE, nf4Code, packCodes, QuantizedMatrix, quantizeInt8, quantizeNf4 } from "../../src/model/quant.ts";
+import {
+  dequantizeInt8,
+  dequantizeNf4,
+  NF4_CODE,
+  nf4Code,
+  packCodes,
+  QuantizedMatrix,
+  quantizeInt8,
+  quantizeNf4,
+} from "../../src/model/quant.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const FIX = "test/fixtures/qwen2-tiny";
-const randn = (n: number, seed: number) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => r.normal()); };
+const randn = (n: number, seed: number) => {
+  const r = new Rng(seed);
+  return Float32Array.from({ length: n }, () => r.normal());
+};
 
 describe("quantization, pure functions", () => {
   it("int8: per-output-channel absmax/127 scale and rounding on hand values", () => {
@@ -28,7 +40,9 @@ describe("quantization, pure functions", () => {
     // 70 rows × 1 col: block 0 = rows 0..63 (absmax 4), block 1 = rows 64..69 (absmax 0.5)
     const w = new Float32Array(70);
     w.fill(1, 0, 64);
-    w[3] = -4; w[64] = 0.5; w[65] = -0.25;
+    w[3] = -4;
+    w[64] = 0.5;
+    w[65] = -0.25;
     const { codes, absmax, rowsPad } = quantizeNf4(w, 70, 1);
     expect(rowsPad).toBe(128);
     expect(Array.from(absmax)).toEqual([4, 0.5]);
@@ -38,7 +52,9 @@ describe("quantization, pure functions", () => {
     expect(codes[100]).toBe(7); // padding is code 7 = 0.0
   });
   it("round-trip error is within half a quantization step", () => {
-    const rows = 96, cols = 40, w = randn(rows * cols, 3);
+    const rows = 96,
+      cols = 40,
+      w = randn(rows * cols, 3);
     const { q, scale } = quantizeInt8(w, rows, cols);
     const w8 = dequantizeInt8(q, scale, rows, cols);
     for (let i = 0; i < w.length; i++) expect(Math.abs(w8[i] - w[i])).toBeLessThanOrEqual(scale[i % cols] / 2 + 1e-6);
@@ -64,17 +80,27 @@ describe("quantized matrices on the backend (wasm)", () => {
     await initBackend("wasm");
   });
   it("dequantize and column gathers equal the host reference exactly; bytes ≤ 0.3× f32", async () => {
-    const rows = 176, cols = 24, w = randn(rows * cols, 5);
+    const rows = 176,
+      cols = 24,
+      w = randn(rows * cols, 5);
     const before = tf.memory().numTensors;
     for (const kind of ["int8", "nf4"] as const) {
       const m = QuantizedMatrix.fromFloat32(kind, w, rows, cols);
-      const host = kind === "int8" ? (() => { const { q, scale } = quantizeInt8(w, rows, cols); return dequantizeInt8(q, scale, rows, cols); })()
-        : (() => { const { codes, absmax } = quantizeNf4(w, rows, cols); return dequantizeNf4(codes, absmax, rows, cols); })();
+      const host =
+        kind === "int8"
+          ? (() => {
+              const { q, scale } = quantizeInt8(w, rows, cols);
+              return dequantizeInt8(q, scale, rows, cols);
+            })()
+          : (() => {
+              const { codes, absmax } = quantizeNf4(w, rows, cols);
+              return dequantizeNf4(codes, absmax, rows, cols);
+            })();
       const d = tf.tidy(() => m.dequantize());
       expect(d.shape).toEqual([rows, cols]);
       expect(Array.from(await d.data())).toEqual(Array.from(host));
       const c = tf.tidy(() => m.columns(tf.tensor1d([5, 0, 5, 23], "int32")));
-      const cv = await c.array() as number[][];
+      const cv = (await c.array()) as number[][];
       for (let i = 0; i < rows; i++) expect(cv[i]).toEqual([5, 0, 5, 23].map((j) => host[i * cols + j]));
       tf.dispose([d, c]);
       console.log(`${kind}: ${m.bytes} bytes held vs f32 ${4 * rows * cols} (${(m.bytes / (4 * rows * cols)).toFixed(3)}×)`);
@@ -85,8 +111,14 @@ describe("quantized matrices on the backend (wasm)", () => {
   });
 
   it("quantized qwen2-tiny: the quantized linear layers take ≤ 0.3× their f32 bytes, embeddings stay f32, bounded logits error", async () => {
-    const ids = [[16, 217, 62, 54, 40, 191, 113, 143], [0, 0, 56, 61, 139, 212, 80, 20]];
-    const mask = [[1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1, 1]];
+    const ids = [
+      [16, 217, 62, 54, 40, 191, 113, 143],
+      [0, 0, 56, 61, 139, 212, 80, 20],
+    ];
+    const mask = [
+      [1, 1, 1, 1, 1, 1, 1, 1],
+      [0, 0, 1, 1, 1, 1, 1, 1],
+    ];
     const ref = await loadModel(FIX);
     const want = ref.forward(ids, mask);
     const wv = await want.data();
@@ -98,10 +130,17 @@ describe("quantized matrices on the backend (wasm)", () => {
       const m = await loadModel(FIX, { quantize: q, adapter: `${FIX}/lora` });
       const got = m.forward(ids, mask, { adapters: false });
       const gv = await got.data();
-      let err = 0, scale = 0;
-      for (let i = 0; i < gv.length; i++) if (mask[Math.floor(i / (8 * 256))][Math.floor(i / 256) % 8]) { err = Math.max(err, Math.abs(gv[i] - wv[i])); scale = Math.max(scale, Math.abs(wv[i])); }
+      let err = 0,
+        scale = 0;
+      for (let i = 0; i < gv.length; i++)
+        if (mask[Math.floor(i / (8 * 256))][Math.floor(i / 256) % 8]) {
+          err = Math.max(err, Math.abs(gv[i] - wv[i]));
+          scale = Math.max(scale, Math.abs(wv[i]));
+        }
       const ratio = m.linearBytes() / f32Bytes;
-      console.log(`${q}: linear layers ${m.linearBytes()} bytes = ${ratio.toFixed(3)}× f32; whole base ${(m.baseBytes() / ref.baseBytes()).toFixed(3)}× f32; logits max |Δ| ${err.toExponential(2)} (logit scale ${scale.toFixed(3)})`);
+      console.log(
+        `${q}: linear layers ${m.linearBytes()} bytes = ${ratio.toFixed(3)}× f32; whole base ${(m.baseBytes() / ref.baseBytes()).toFixed(3)}× f32; logits max |Δ| ${err.toExponential(2)} (logit scale ${scale.toFixed(3)})`,
+      );
       expect(ratio).toBeLessThanOrEqual(0.3);
       // QLoRA / bitsandbytes keep the embedding (and head) in full precision
       expect(m.weights.embedT.quant).toBeNull();

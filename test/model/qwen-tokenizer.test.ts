@@ -30,8 +30,13 @@ afterAll(async () => {
 describe("Qwen tokenizer", () => {
   it("maps the special and tool tokens to Qwen's ids, as single tokens inside text", () => {
     const known: Record<string, number> = {
-      "<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-      "<tool_call>": 151657, "</tool_call>": 151658, "<tool_response>": 151665, "</tool_response>": 151666,
+      "<|endoftext|>": 151643,
+      "<|im_start|>": 151644,
+      "<|im_end|>": 151645,
+      "<tool_call>": 151657,
+      "</tool_call>": 151658,
+      "<tool_response>": 151665,
+      "</tool_response>": 151666,
     };
     for (const [text, id] of Object.entries(known)) {
       expect(tok.tokenToId(text)).toBe(id);
@@ -58,7 +63,7 @@ describe("Qwen tokenizer", () => {
       "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?",
       "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?\n\n12/60 = $<<12/60=0.2>>0.2 per minute.\n#### 10",
       "  leading spaces, tabs\tand\r\nCRLF; unicode: café, 温度 3.5°C, emoji 🎉 — done.  ",
-      "<|im_start|>assistant\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"48/2\"}}\n</tool_call><|im_end|>",
+      '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "48/2"}}\n</tool_call><|im_end|>',
     ];
     for (const t of texts) {
       const ids = tok.encode(t);
@@ -128,7 +133,11 @@ describe("Qwen tokenizer", () => {
   it("encodeChat: a tool-call-only assistant turn (no content) is masked from <tool_call> on", () => {
     const msgs: ChatMessage[] = [
       { role: "user", content: "3*4?" },
-      { role: "assistant", content: "", tool_calls: [{ type: "function", function: { name: "calculator", arguments: { expression: "3*4" } } }] },
+      {
+        role: "assistant",
+        content: "",
+        tool_calls: [{ type: "function", function: { name: "calculator", arguments: { expression: "3*4" } } }],
+      },
       { role: "tool", content: "12" },
     ];
     const { ids, assistantMask } = tok.encodeChat(msgs, { tools, addGenerationPrompt: true });
@@ -159,6 +168,8 @@ describe("Qwen tokenizer", () => {
     expect(() => tok.applyChatTemplate([{ role: "robot", content: "x" } as unknown as ChatMessage])).toThrow(
       /messages\[0\]\.role "robot" is not one of system, user, assistant, tool/,
     );
-    expect(() => tok.encodeChat([{ role: "user", content: 5 } as unknown as ChatMessage])).toThrow(/messages\[0\]\.content must be a string/);
+    expect(() => tok.encodeChat([{ role: "user", content: 5 } as unknown as ChatMessage])).toThrow(
+      /messages\[0\]\.content must be a string/,
+    );
   });
 });

@@ -16,7 +16,7 @@ const corpus = [
   "How many clips did Natalia sell altogether in April and May?",
   "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
   "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?",
-  "<|im_start|>user\nJanet has 16 eggs. She eats 3 and bakes with 4. How many are left?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"16-3-4\"}}\n</tool_call><|im_end|>",
+  '<|im_start|>user\nJanet has 16 eggs. She eats 3 and bakes with 4. How many are left?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "16-3-4"}}\n</tool_call><|im_end|>',
   "<|im_start|>user\n<tool_response>\n9\n</tool_response><|im_end|>\n<|im_start|>assistant\nThe answer is \\boxed{9}.<|im_end|>",
 ];
 const VOCAB = 400;
@@ -60,22 +60,37 @@ describe("buildTinyTokenizer", () => {
     expect(model.vocab["cd"]).toBe(258);
     // one more merge ("Ġ cd") exhausts the corpus: 267 ids at most
     expect(buildTinyTokenizer(["ab ab ab cd"], { vocabSize: 267 }).tokenizerJson).toBeTruthy();
-    expect(() => buildTinyTokenizer(["ab ab ab cd"], { vocabSize: 268 })).toThrow(/corpus too small: only 267 ids learnable \(every word is one token\), vocabSize 268 requested/);
+    expect(() => buildTinyTokenizer(["ab ab ab cd"], { vocabSize: 268 })).toThrow(
+      /corpus too small: only 267 ids learnable \(every word is one token\), vocabSize 268 requested/,
+    );
   });
 
   it("has exactly the requested vocabulary size, with Qwen's added tokens at the end", () => {
     expect(tok.vocabSize).toBe(VOCAB);
     const added = built.tokenizerJson.added_tokens as { id: number; content: string; special: boolean }[];
     expect(added.map((t) => [t.id, t.content, t.special])).toEqual([
-      [393, "<|endoftext|>", true], [394, "<|im_start|>", true], [395, "<|im_end|>", true],
-      [396, "<tool_call>", false], [397, "</tool_call>", false], [398, "<tool_response>", false], [399, "</tool_response>", false],
+      [393, "<|endoftext|>", true],
+      [394, "<|im_start|>", true],
+      [395, "<|im_end|>", true],
+      [396, "<tool_call>", false],
+      [397, "</tool_call>", false],
+      [398, "<tool_response>", false],
+      [399, "</tool_response>", false],
     ]);
     expect(tok.eosTokenId).toBe(395);
     expect(tok.padTokenId).toBe(393);
   });
 
   it("special and tool tokens are single ids inside text", () => {
-    for (const [text, id] of [["<|endoftext|>", 393], ["<|im_start|>", 394], ["<|im_end|>", 395], ["<tool_call>", 396], ["</tool_call>", 397], ["<tool_response>", 398], ["</tool_response>", 399]] as const) {
+    for (const [text, id] of [
+      ["<|endoftext|>", 393],
+      ["<|im_start|>", 394],
+      ["<|im_end|>", 395],
+      ["<tool_call>", 396],
+      ["</tool_call>", 397],
+      ["<tool_response>", 398],
+      ["</tool_response>", 399],
+    ] as const) {
       expect(tok.tokenToId(text)).toBe(id);
       const ids = tok.encode(`x${text}y`);
       expect(ids).toHaveLength(3);
@@ -143,9 +158,15 @@ describe("loadTokenizerFromDir file handling", () => {
     await expect(loadTokenizerFromDir(corrupt)).rejects.toThrow(`${path.join(corrupt, "tokenizer.json")} is not valid JSON`);
     const noModel = await variant("no-model", (f) => (f["tokenizer.json"] = "{}"));
     await expect(loadTokenizerFromDir(noModel)).rejects.toThrow(/tokenizer\.json has no "model" section/);
-    const badEos = await variant("bad-eos", (f) => (f["tokenizer_config.json"] = JSON.stringify({ ...built.tokenizerConfig, eos_token: "<eos>" })));
+    const badEos = await variant(
+      "bad-eos",
+      (f) => (f["tokenizer_config.json"] = JSON.stringify({ ...built.tokenizerConfig, eos_token: "<eos>" })),
+    );
     await expect(loadTokenizerFromDir(badEos)).rejects.toThrow(/tokenizer_config\.json: eos_token "<eos>" is not in the vocabulary/);
-    const badTemplate = await variant("bad-template", (f) => (f["tokenizer_config.json"] = JSON.stringify({ ...built.tokenizerConfig, chat_template: "{% if %}" })));
+    const badTemplate = await variant(
+      "bad-template",
+      (f) => (f["tokenizer_config.json"] = JSON.stringify({ ...built.tokenizerConfig, chat_template: "{% if %}" })),
+    );
     await expect(loadTokenizerFromDir(badTemplate)).rejects.toThrow(/chat template "default" does not parse/);
   });
 
@@ -177,7 +198,15 @@ describe("loadTokenizerFromDir file handling", () => {
     const withJinja = await variant("jinja-file", () => {});
     await fs.writeFile(path.join(withJinja, "chat_template.jinja"), "J:{{ messages | length }}{% if add_generation_prompt %}+{% endif %}");
     const j = await loadTokenizerFromDir(withJinja);
-    expect(j.applyChatTemplate([{ role: "user", content: "a" }, { role: "user", content: "b" }], { addGenerationPrompt: true })).toBe("J:2+");
+    expect(
+      j.applyChatTemplate(
+        [
+          { role: "user", content: "a" },
+          { role: "user", content: "b" },
+        ],
+        { addGenerationPrompt: true },
+      ),
+    ).toBe("J:2+");
   });
 
   it("builds from in-memory files too", () => {

@@ -9,7 +9,12 @@ import { DelegatingLM } from "../../src/model/delegate.ts";
 import { loadModel } from "../../src/model/load.ts";
 
 const FIX = "test/fixtures/qwen2-tiny";
-const LORA = { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] as const };
+const LORA = {
+  r: 4,
+  alpha: 8,
+  dropout: 0,
+  targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] as const,
+};
 beforeAll(() => initBackend("wasm"));
 
 describe("unpackBase", () => {
@@ -17,48 +22,57 @@ describe("unpackBase", () => {
     ["nf4", false],
     ["nf4", true],
     ["int8", false],
-  ] as const)("%s (left layout %s): identical outputs and gradients (left: up to rounding), no tensor left after release", async (quantize, left) => {
-    const start = tf.memory().numTensors;
-    const m = await loadModel(FIX, { quantize, lora: { ...LORA, targetModules: [...LORA.targetModules] }, seed: 1 });
-    const ids = [[0, 3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8]];
-    const mask = [[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]];
-    const run = async () => {
-      const out = m.forward(ids, mask);
-      const logits = Array.from(await out.data());
-      out.dispose();
-      const { logits: first, cache } = m.prefill(ids, mask);
-      const step = m.decodeStep([9, 6], cache);
-      const decoded = [...(await first.data()), ...(await step.data())];
-      tf.dispose([first, step]);
-      cache.dispose();
-      const grads = tf.variableGrads(() => tf.sum(m.tokenLogprobs(ids, mask).logprobs) as tf.Scalar, m.trainableVariables());
-      const g = await Promise.all(Object.values(grads.grads).map((t) => t.data()));
-      tf.dispose([grads.value, ...Object.values(grads.grads)]);
-      return { logits, decoded, grads: g.map((x) => Array.from(x)) };
-    };
-    const packed = await run();
-    const before = tf.memory().numTensors;
-    const release = m.unpackBase(left);
-    // per (fused) linear module: one f32 matrix, and the adapter's two held factors (lora.ts holdFactors)
-    const held = 3 * FUSED_MODULES.length * m.config.numHiddenLayers;
-    expect(tf.memory().numTensors).toBe(before + held);
-    m.unpackBase(); // nested: a no-op
-    expect(tf.memory().numTensors).toBe(before + held);
-    const unpacked = await run();
-    release();
-    expect(tf.memory().numTensors).toBe(before);
-    expect(unpacked.logits).toEqual(packed.logits);
-    expect(unpacked.decoded).toEqual(packed.decoded);
-    // The left layout multiplies in another order: its gradients are equal up to float32 rounding.
-    if (left)
-      unpacked.grads.forEach((g, i) => {
-        const scale = Math.max(1e-30, ...packed.grads[i].map(Math.abs)); // A of a fresh adapter: all 0
-        expect(Math.max(...g.map((v, j) => Math.abs(v - packed.grads[i][j]))) / scale).toBeLessThanOrEqual(1e-5);
-      });
-    else expect(unpacked.grads).toEqual(packed.grads);
-    m.dispose();
-    expect(tf.memory().numTensors).toBe(start);
-  });
+  ] as const)(
+    "%s (left layout %s): identical outputs and gradients (left: up to rounding), no tensor left after release",
+    async (quantize, left) => {
+      const start = tf.memory().numTensors;
+      const m = await loadModel(FIX, { quantize, lora: { ...LORA, targetModules: [...LORA.targetModules] }, seed: 1 });
+      const ids = [
+        [0, 3, 1, 4, 1, 5],
+        [2, 7, 1, 8, 2, 8],
+      ];
+      const mask = [
+        [0, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1],
+      ];
+      const run = async () => {
+        const out = m.forward(ids, mask);
+        const logits = Array.from(await out.data());
+        out.dispose();
+        const { logits: first, cache } = m.prefill(ids, mask);
+        const step = m.decodeStep([9, 6], cache);
+        const decoded = [...(await first.data()), ...(await step.data())];
+        tf.dispose([first, step]);
+        cache.dispose();
+        const grads = tf.variableGrads(() => tf.sum(m.tokenLogprobs(ids, mask).logprobs) as tf.Scalar, m.trainableVariables());
+        const g = await Promise.all(Object.values(grads.grads).map((t) => t.data()));
+        tf.dispose([grads.value, ...Object.values(grads.grads)]);
+        return { logits, decoded, grads: g.map((x) => Array.from(x)) };
+      };
+      const packed = await run();
+      const before = tf.memory().numTensors;
+      const release = m.unpackBase(left);
+      // per (fused) linear module: one f32 matrix, and the adapter's two held factors (lora.ts holdFactors)
+      const held = 3 * FUSED_MODULES.length * m.config.numHiddenLayers;
+      expect(tf.memory().numTensors).toBe(before + held);
+      m.unpackBase(); // nested: a no-op
+      expect(tf.memory().numTensors).toBe(before + held);
+      const unpacked = await run();
+      release();
+      expect(tf.memory().numTensors).toBe(before);
+      expect(unpacked.logits).toEqual(packed.logits);
+      expect(unpacked.decoded).toEqual(packed.decoded);
+      // The left layout multiplies in another order: its gradients are equal up to float32 rounding.
+      if (left)
+        unpacked.grads.forEach((g, i) => {
+          const scale = Math.max(1e-30, ...packed.grads[i].map(Math.abs)); // A of a fresh adapter: all 0
+          expect(Math.max(...g.map((v, j) => Math.abs(v - packed.grads[i][j]))) / scale).toBeLessThanOrEqual(1e-5);
+        });
+      else expect(unpacked.grads).toEqual(packed.grads);
+      m.dispose();
+      expect(tf.memory().numTensors).toBe(start);
+    },
+  );
 
   it("a model wrapper (DelegatingLM) unpacks and releases the model it wraps", async () => {
     const m = await loadModel(FIX, { quantize: "nf4" });

@@ -36,7 +36,9 @@ describe("a sharded index", () => {
     await fs.mkdir(other, { recursive: true });
     await fs.writeFile(path.join(other, "shard.safetensors"), encodeSafetensors({ w: tensor }));
     const passwd = await indexedModel("passwd", { w: "../../../../../../../../etc/passwd" });
-    await expect(Checkpoint.open(passwd)).rejects.toThrow(/weight_map\["w"\] is "(\.\.\/)+etc\/passwd", which is outside .*; expected a file name inside the model folder/);
+    await expect(Checkpoint.open(passwd)).rejects.toThrow(
+      /weight_map\["w"\] is "(\.\.\/)+etc\/passwd", which is outside .*; expected a file name inside the model folder/,
+    );
     const sibling = await indexedModel("sibling", { w: "../../other/shard.safetensors" });
     await expect(Checkpoint.open(sibling)).rejects.toThrow(/which is outside/);
     const absolute = await indexedModel("absolute", { w: path.join(other, "shard.safetensors") });
@@ -49,7 +51,9 @@ describe("a sharded index", () => {
   });
 
   it("a header whose tensors overlap is corrupt", async () => {
-    const header = Buffer.from(JSON.stringify({ a: { dtype: "F32", shape: [2], data_offsets: [0, 8] }, b: { dtype: "F32", shape: [2], data_offsets: [4, 12] } }));
+    const header = Buffer.from(
+      JSON.stringify({ a: { dtype: "F32", shape: [2], data_offsets: [0, 8] }, b: { dtype: "F32", shape: [2], data_offsets: [4, 12] } }),
+    );
     const len = Buffer.alloc(8);
     len.writeBigUInt64LE(BigInt(header.length));
     const file = path.join(root, "overlap.safetensors");
@@ -70,7 +74,9 @@ describe("adapter folders", () => {
     const model = path.join(root, "m");
     await fs.mkdir(model);
     await fs.writeFile(path.join(model, "config.json"), "{}");
-    await expect(checkModelSource(model, "--model_path", root, "--init_adapter")).rejects.toThrow(/^--init_adapter .*: no adapter_config.json there/);
+    await expect(checkModelSource(model, "--model_path", root, "--init_adapter")).rejects.toThrow(
+      /^--init_adapter .*: no adapter_config.json there/,
+    );
   });
 });
 
@@ -78,7 +84,12 @@ describe("error text", () => {
   it("shows control characters escaped", async () => {
     expect(printable("bad \u001b[2J\u0000name\ttab")).toBe("bad \\x1b[2J\\x00name\ttab"); // a tab is harmless
     const lines: string[] = [];
-    await runMain(async () => { throw new Error("tensor \u001b]0;owned\u0007 missing"); }, { exit: () => {}, stderr: (l) => lines.push(l), env: {} });
+    await runMain(
+      async () => {
+        throw new Error("tensor \u001b]0;owned\u0007 missing");
+      },
+      { exit: () => {}, stderr: (l) => lines.push(l), env: {} },
+    );
     expect(lines).toEqual(["error: tensor \\x1b]0;owned\\x07 missing"]);
   });
 

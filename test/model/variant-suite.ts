@@ -14,7 +14,10 @@ export function variantSuite(backend: "wasm" | "webgpu") {
   describe(`qwen2 variant: untied head, MHA, F16, LoRA on q/v (${backend})`, () => {
     it("base and LoRA logits match the PyTorch reference to 1e-4", async () => {
       expect(await initBackend(backend)).toBe(backend);
-      for (const [adapter, want] of [[undefined, exp.base_logits], [`${DIR}/lora`, exp.lora_logits]] as const) {
+      for (const [adapter, want] of [
+        [undefined, exp.base_logits],
+        [`${DIR}/lora`, exp.lora_logits],
+      ] as const) {
         const m = await loadModel(DIR, { adapter });
         expect(m.weights.lmHeadT).not.toBeNull();
         if (adapter) expect(m.lora!.targetModules).toEqual(["q_proj", "v_proj"]);
@@ -24,7 +27,8 @@ export function variantSuite(backend: "wasm" | "webgpu") {
         m.dispose();
         let worst = 0;
         exp.valid_positions.forEach((ps: number[], b: number) =>
-          ps.forEach((t, k) => got[b][t].forEach((v, j) => (worst = Math.max(worst, Math.abs(v - want[b][k][j]))))));
+          ps.forEach((t, k) => got[b][t].forEach((v, j) => (worst = Math.max(worst, Math.abs(v - want[b][k][j]))))),
+        );
         console.log(`${backend} ${adapter ? "lora" : "base"} logits max |Δ| ${worst.toExponential(2)}`);
         expect(worst).toBeLessThanOrEqual(1e-4);
       }

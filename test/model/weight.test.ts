@@ -8,7 +8,10 @@ import { mmFrozenLeft } from "../../src/engine/matmul.ts";
 import { BaseWeight } from "../../src/model/weight.ts";
 import { Rng } from "../../src/util/rng.ts";
 
-const randn = (n: number, seed: number) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => r.normal()); };
+const randn = (n: number, seed: number) => {
+  const r = new Rng(seed);
+  return Float32Array.from({ length: n }, () => r.normal());
+};
 
 describe("frozen base weights (wasm)", () => {
   beforeAll(async () => {
@@ -16,7 +19,9 @@ describe("frozen base weights (wasm)", () => {
   });
 
   it("an embedding lookup under a gradient tape holds the looked-up rows, not a copy of the matrix", async () => {
-    const H = 32, V = 4096, matBytes = 4 * H * V;
+    const H = 32,
+      V = 4096,
+      matBytes = 4 * H * V;
     for (const w of [BaseWeight.fromFloat32(randn(H * V, 1), H, V, "none"), BaseWeight.frozenLeft(randn(H * V, 1), H, V)]) {
       const v = tf.variable(tf.ones([5, H]), true, `lookup-scale-${w.left ? "left" : "right"}`);
       const ids = tf.tensor1d([3, 4095, 0, 17, 3], "int32");
@@ -39,8 +44,18 @@ describe("frozen base weights (wasm)", () => {
 
   it("random weights made in the left-operand layout give the same logits as the default layout", async () => {
     const cfg = {
-      modelType: "qwen2" as const, vocabSize: 96, hiddenSize: 32, intermediateSize: 48, numHiddenLayers: 1, numAttentionHeads: 2,
-      numKeyValueHeads: 1, headDim: 16, ropeTheta: 1e4, rmsNormEps: 1e-6, tieWordEmbeddings: true, maxPositionEmbeddings: 64,
+      modelType: "qwen2" as const,
+      vocabSize: 96,
+      hiddenSize: 32,
+      intermediateSize: 48,
+      numHiddenLayers: 1,
+      numAttentionHeads: 2,
+      numKeyValueHeads: 1,
+      headDim: 16,
+      ropeTheta: 1e4,
+      rmsNormEps: 1e-6,
+      tieWordEmbeddings: true,
+      maxPositionEmbeddings: 64,
     };
     const [a, b] = [await createModel(cfg, { seed: 4 }), await createModel(cfg, { seed: 4, frozenLeft: true })];
     expect(b.weights.layers[0].proj.gate_up_proj.left).not.toBeNull();
@@ -54,14 +69,19 @@ describe("frozen base weights (wasm)", () => {
 
   it("x · wᵀ for a weight held [out, in] (mmFrozenLeft) matches the plain product, value and input gradient, for few rows and many", async () => {
     for (const M of [5, 70]) {
-      const x = tf.tensor2d(randn(M * 50, 2), [M, 50]), w = tf.tensor2d(randn(50 * 9, 3), [9, 50]), dy = tf.tensor2d(randn(M * 9, 4), [M, 9]);
+      const x = tf.tensor2d(randn(M * 50, 2), [M, 50]),
+        w = tf.tensor2d(randn(50 * 9, 3), [9, 50]),
+        dy = tf.tensor2d(randn(M * 9, 4), [M, 9]);
       const before = tf.memory().numTensors;
       const { value, grads } = tf.tidy(() => {
         const g = tf.grads((xx: tf.Tensor) => tf.sum(tf.mul(mmFrozenLeft(xx as tf.Tensor2D, w), dy)));
         return { value: mmFrozenLeft(x, w), grads: g([x])[0] };
       });
       expect(tf.memory().numTensors).toBe(before + 2);
-      const [v, g] = await Promise.all([tf.tidy(() => tf.max(tf.abs(tf.sub(value, tf.matMul(x, tf.transpose(w)))))).data(), tf.tidy(() => tf.max(tf.abs(tf.sub(grads, tf.matMul(dy, w))))).data()]);
+      const [v, g] = await Promise.all([
+        tf.tidy(() => tf.max(tf.abs(tf.sub(value, tf.matMul(x, tf.transpose(w)))))).data(),
+        tf.tidy(() => tf.max(tf.abs(tf.sub(grads, tf.matMul(dy, w))))).data(),
+      ]);
       expect(v[0], `M ${M}`).toBeLessThanOrEqual(1e-5);
       expect(g[0], `M ${M}`).toBeLessThanOrEqual(1e-5);
       tf.dispose([x, w, dy, value, grads]);

@@ -6,5 +6,6 @@ export function expectSelfContained(html: string) {
   expect(html.startsWith("<!DOCTYPE html>")).toBe(true);
   expect(html.trim().endsWith("</html>")).toBe(true);
   expect(html).not.toMatch(/https?:|\/\/[a-z]|<script|<link|<img|<iframe|<object|<embed|<a\s|\ssrc=|\shref=|@import|url\(/i);
-  for (const tag of ["svg", "pre", "details", "div", "table"]) expect(html.match(new RegExp(`<${tag}[ >]`, "g"))?.length, tag).toBe(html.match(new RegExp(`</${tag}>`, "g"))?.length);
+  for (const tag of ["svg", "pre", "details", "div", "table"])
+    expect(html.match(new RegExp(`<${tag}[ >]`, "g"))?.length, tag).toBe(html.match(new RegExp(`</${tag}>`, "g"))?.length);
 }

@@ -32,7 +32,13 @@ function turns(answer: string, opts: { call?: string; result?: string; error?: b
   const out: TurnRecord[] = [];
   if (opts.call) {
     const text = `Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "${opts.call}"}}\n</tool_call>`;
-    out.push({ text, content: "Let me compute.", toolCalls: [{ name: "calculator", arguments: { expression: opts.call }, result: opts.result ?? "1", error: !!opts.error }], parseErrors: [], ended: true });
+    out.push({
+      text,
+      content: "Let me compute.",
+      toolCalls: [{ name: "calculator", arguments: { expression: opts.call }, result: opts.result ?? "1", error: !!opts.error }],
+      parseErrors: [],
+      ended: true,
+    });
   }
   out.push({ text: answer, content: answer, toolCalls: [], parseErrors: opts.parseError ? [opts.parseError] : [], ended: true });
   return out;
@@ -42,18 +48,41 @@ function turns(answer: string, opts: { call?: string; result?: string; error?: b
 function trajLine(step: number, p: number, i: number, reward: number, t: TurnRecord[], question = `What is ${p} + ${i}?`) {
   const n = 20 + i;
   return JSON.stringify({
-    step, promptIndex: p, sampleIndex: i,
+    step,
+    promptIndex: p,
+    sampleIndex: i,
     promptText: `<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n${question}<|im_end|>\n<|im_start|>assistant\n`,
-    completionText: t.map((x) => x.text).join("\n"), finishReason: "stop", truncated: false, reward,
-    rewardComponents: { correctness: reward >= 1 ? 1 : 0, format: 1 }, numToolCalls: t.reduce((a, x) => a + x.toolCalls.length, 0),
-    numToolErrors: t.reduce((a, x) => a + x.toolCalls.filter((c) => c.error).length, 0), numParseErrors: 0, finalText: t[t.length - 1].content, turns: t,
-    promptIds: [1, 2, 3], completionIds: Array.from({ length: n }, (_, k) => k), lossMask: Array.from({ length: n }, (_, k) => (k < 15 ? 1 : 0)), sampleLogprobs: Array(n).fill(-0.5),
+    completionText: t.map((x) => x.text).join("\n"),
+    finishReason: "stop",
+    truncated: false,
+    reward,
+    rewardComponents: { correctness: reward >= 1 ? 1 : 0, format: 1 },
+    numToolCalls: t.reduce((a, x) => a + x.toolCalls.length, 0),
+    numToolErrors: t.reduce((a, x) => a + x.toolCalls.filter((c) => c.error).length, 0),
+    numParseErrors: 0,
+    finalText: t[t.length - 1].content,
+    turns: t,
+    promptIds: [1, 2, 3],
+    completionIds: Array.from({ length: n }, (_, k) => k),
+    lossMask: Array.from({ length: n }, (_, k) => (k < 15 ? 1 : 0)),
+    sampleLogprobs: Array(n).fill(-0.5),
   });
 }
 
 describe("charts", () => {
   it("draws bytes in MB and seconds with units, and collapses metrics that never move", () => {
-    const records = Array.from({ length: 10 }, (_, s) => ({ step: s + 1, time: s, reward: s / 10, reward_correctness: s % 2, loss: 1 / (s + 1), rss_bytes: 400e6 + s * 3e6, step_time: 2 + s / 10, kl: 0, clip_ratio: 0, rollout_tokens_per_s: 12000 + s * 500 }));
+    const records = Array.from({ length: 10 }, (_, s) => ({
+      step: s + 1,
+      time: s,
+      reward: s / 10,
+      reward_correctness: s % 2,
+      loss: 1 / (s + 1),
+      rss_bytes: 400e6 + s * 3e6,
+      step_time: 2 + s / 10,
+      kl: 0,
+      clip_ratio: 0,
+      rollout_tokens_per_s: 12000 + s * 500,
+    }));
     const { charts, flat } = metricCharts(records);
     expect(charts[0]).toContain('aria-label="Reward (mean ± std)"'); // reward first
     expect(charts[1]).toContain('aria-label="Reward: correctness"'); // then its components
@@ -65,7 +94,10 @@ describe("charts", () => {
     const labels = [...charts.join("").matchAll(/class="yl">([^<]*)</g)].map((m) => m[1]);
     expect(labels.length).toBeGreaterThan(8);
     for (const l of labels) expect(l.length).toBeLessThanOrEqual(6);
-    expect(flat).toEqual(["<li><b>kl</b>: 0 throughout (10 steps, 1–10)</li>", "<li><b>clip_ratio</b>: 0 throughout (10 steps, 1–10)</li>"]);
+    expect(flat).toEqual([
+      "<li><b>kl</b>: 0 throughout (10 steps, 1–10)</li>",
+      "<li><b>clip_ratio</b>: 0 throughout (10 steps, 1–10)</li>",
+    ]);
     // what the model does comes first; speed and memory are folded away below
     const section = chartsSection(records);
     expect(section.indexOf("Reward (mean ± std)")).toBeLessThan(section.indexOf("<details><summary>Speed and memory (3 charts)</summary>"));
@@ -76,7 +108,14 @@ describe("charts", () => {
   });
 
   it("merges records logged for the same step (the final eval line) instead of dropping the step's metrics", () => {
-    const html = renderTrainReport({ title: "t", records: [{ step: 1, time: 0, reward: 0.1 }, { step: 2, time: 1, reward: 0.5 }, { step: 2, time: 2, eval_accuracy: 0.7 }] });
+    const html = renderTrainReport({
+      title: "t",
+      records: [
+        { step: 1, time: 0, reward: 0.1 },
+        { step: 2, time: 1, reward: 0.5 },
+        { step: 2, time: 2, eval_accuracy: 0.7 },
+      ],
+    });
     expect(html).toContain('aria-label="Reward (mean ± std)"');
     expect(html).toContain("<li><b>eval_accuracy</b>: 0.7 (step 2 only)</li>");
     expect(html).toMatch(/<tr><th>reward<\/th><td class="n">0.5<\/td><td class="n">2<\/td>/);
@@ -95,7 +134,10 @@ describe("GRPO rollout browser", () => {
       for (let p = 0; p < 6; p++)
         for (let i = 0; i < 10; i++) {
           const reward = p === 1 ? 0.5 : i === 3 ? 1.2 : i === 7 ? -1 : 0.2; // group 1: all equal
-          const t = step === 1 && p === 0 && i === 0 ? turns(EVIL, { call: EVIL, result: EVIL, error: true, parseError: EVIL }) : turns(`The answer is \\boxed{${i}}. ${long}`, { call: "2+3", result: "5" });
+          const t =
+            step === 1 && p === 0 && i === 0
+              ? turns(EVIL, { call: EVIL, result: EVIL, error: true, parseError: EVIL })
+              : turns(`The answer is \\boxed{${i}}. ${long}`, { call: "2+3", result: "5" });
           lines.push(trajLine(step, p, i, reward, t, step === 1 && p === 0 ? EVIL : undefined));
         }
     }
@@ -142,25 +184,55 @@ describe("GRPO rollout browser", () => {
 });
 
 function sample(strict: boolean, o: Partial<QuestionSample> & { answer?: string } = {}): QuestionSample {
-  const t = turns(o.answer ?? `\\boxed{${strict ? 7 : 8}}`, { call: "3+4", result: o.toolErrors ? "Error: bad" : "7", error: !!o.toolErrors });
-  return { text: "", finalText: "", strict, lenient: strict, formatValid: true, toolCalls: 1, toolErrors: 0, parseErrors: 0, truncated: false, turns: t, ...o };
+  const t = turns(o.answer ?? `\\boxed{${strict ? 7 : 8}}`, {
+    call: "3+4",
+    result: o.toolErrors ? "Error: bad" : "7",
+    error: !!o.toolErrors,
+  });
+  return {
+    text: "",
+    finalText: "",
+    strict,
+    lenient: strict,
+    formatValid: true,
+    toolCalls: 1,
+    toolErrors: 0,
+    parseErrors: 0,
+    truncated: false,
+    turns: t,
+    ...o,
+  };
 }
 
 describe("evaluation report: per-question view", () => {
   const mk = (name: string, right: boolean[], extra: (qi: number) => Partial<QuestionSample> = () => ({})): ModelQuestions => ({
     name,
-    questions: right.map((r, qi) => ({ id: `q${qi}`, question: qi === 0 ? EVIL : `Question ${qi}?`, gold: "7", samples: [sample(r, extra(qi))] })),
+    questions: right.map((r, qi) => ({
+      id: `q${qi}`,
+      question: qi === 0 ? EVIL : `Question ${qi}?`,
+      gold: "7",
+      samples: [sample(r, extra(qi))],
+    })),
   });
 
   it("puts every model's transcript side by side, with filters and exact counts, escaped", () => {
-    const base = mk("base", [false, false, true, false, true], (qi) => (qi === 3 ? { formatValid: false } : qi === 0 ? { answer: EVIL } : {}));
+    const base = mk("base", [false, false, true, false, true], (qi) =>
+      qi === 3 ? { formatValid: false } : qi === 0 ? { answer: EVIL } : {},
+    );
     const sft = mk("sft", [true, false, false, true, true], (qi) => (qi === 1 ? { toolErrors: 1 } : {}));
     const rl = mk("rl", [true, true, true, true, false]);
     const html = renderEvalReport({
       title: "eval",
-      rows: [{ name: "base", n: 5, correct: 2 }, { name: "sft", n: 5, correct: 3 }, { name: "rl", n: 5, correct: 4 }],
+      rows: [
+        { name: "base", n: 5, correct: 2 },
+        { name: "sft", n: 5, correct: 3 },
+        { name: "rl", n: 5, correct: 4 },
+      ],
       questions: [base, sft, rl],
-      compare: [["sft", "base"], ["rl", "sft"]],
+      compare: [
+        ["sft", "base"],
+        ["rl", "sft"],
+      ],
     });
     expectSelfContained(html);
     expectInert(html);
@@ -182,8 +254,14 @@ describe("evaluation report: per-question view", () => {
 
   it("shows at most maxQuestions, those a filter selects first, and says so", () => {
     const n = 50;
-    const a = mk("a", Array.from({ length: n }, (_, i) => i % 10 === 9));
-    const b = mk("b", Array.from({ length: n }, () => false));
+    const a = mk(
+      "a",
+      Array.from({ length: n }, (_, i) => i % 10 === 9),
+    );
+    const b = mk(
+      "b",
+      Array.from({ length: n }, () => false),
+    );
     const html = renderEvalReport({ title: "e", rows: [], questions: [a, b], questionLimits: { maxQuestions: 8, maxChars: 100 } });
     expect(html.match(/<div class="group qq/g)).toHaveLength(8);
     expect(html).toContain("a → b: right → wrong (5)</label>");
@@ -199,7 +277,12 @@ describe("SFT report", () => {
     const run = await tmp();
     const log = new MetricsLogger(path.join(run, "metrics.jsonl"));
     for (let s = 1; s <= 5; s++) log.log(s, { loss: 2 / s, lr: 1e-3 });
-    const samples = Array.from({ length: 10 }, (_, i) => ({ id: `q${i}`, question: i === 0 ? EVIL : `Q${i}`, gold: "7", samples: [sample(i % 2 === 0, i === 0 ? { answer: EVIL } : {})] }));
+    const samples = Array.from({ length: 10 }, (_, i) => ({
+      id: `q${i}`,
+      question: i === 0 ? EVIL : `Q${i}`,
+      gold: "7",
+      samples: [sample(i % 2 === 0, i === 0 ? { answer: EVIL } : {})],
+    }));
     // an older eval.json stored only the flat text
     samples[9].samples[0] = { ...samples[9].samples[0], turns: undefined, text: `plain ${EVIL}` };
     await fs.writeFile(path.join(run, "eval.json"), JSON.stringify({ n: 10, samples }));
@@ -215,9 +298,20 @@ describe("SFT report", () => {
 
 describe("transcripts", () => {
   it("show an environment's observation after the action's turn, as forced text, escaped", () => {
-    const turn = { text: "Action: guess 50", content: "Action: guess 50", toolCalls: [], parseErrors: [], ended: true, action: "guess 50", observation: `higher ${EVIL}`, reward: 0.5 };
+    const turn = {
+      text: "Action: guess 50",
+      content: "Action: guess 50",
+      toolCalls: [],
+      parseErrors: [],
+      ended: true,
+      action: "guess 50",
+      observation: `higher ${EVIL}`,
+      reward: 0.5,
+    };
     const html = renderTurns([turn as TurnRecord]);
-    expect(html).toContain('<span class="res" title="forced tokens: what the environment answered, not sampled">observation (reward 0.5) → higher &lt;script&gt;');
+    expect(html).toContain(
+      '<span class="res" title="forced tokens: what the environment answered, not sampled">observation (reward 0.5) → higher &lt;script&gt;',
+    );
     expectInert(`<!DOCTYPE html>${html}`);
   });
 });

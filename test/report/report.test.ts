@@ -16,7 +16,15 @@ describe("training report", () => {
     await writeRunConfig(run, { lr: 1e-5, model: "<tiny>" }, "grpo");
     const log = new MetricsLogger(path.join(run, "metrics.jsonl"));
     for (let s = 1; s <= 40; s++) {
-      const m: Record<string, number | string> = { reward: s / 40, reward_std: 0.2, kl: 0.001 * s, completion_len: 100 + s, lr: 1e-5, my_custom: s % 3, phase: "rl" };
+      const m: Record<string, number | string> = {
+        reward: s / 40,
+        reward_std: 0.2,
+        kl: 0.001 * s,
+        completion_len: 100 + s,
+        lr: 1e-5,
+        my_custom: s % 3,
+        phase: "rl",
+      };
       if (s % 10 === 0) m.eval_accuracy = s / 50;
       log.log(s, m);
     }
@@ -52,7 +60,10 @@ describe("training report", () => {
     expect(html).not.toContain("<svg");
     expect(html).toContain("<li><b>loss</b>: 2.5 (step 1 only)</li>");
     // a step logged twice (resume without truncation) is drawn once, with its last value
-    await fs.writeFile(path.join(run, "metrics.jsonl"), '{"step":1,"time":0,"loss":3}\n{"step":2,"time":1,"loss":2}\n{"step":2,"time":2,"loss":1.5}\n');
+    await fs.writeFile(
+      path.join(run, "metrics.jsonl"),
+      '{"step":1,"time":0,"loss":3}\n{"step":2,"time":1,"loss":2}\n{"step":2,"time":2,"loss":1.5}\n',
+    );
     const again = await fs.readFile(await writeReport(run, { title: "SFT" }), "utf8");
     expect(again).toContain("2 logged steps, step 1 to 2");
     expect(again.match(/<circle/g)).toHaveLength(2);
@@ -82,9 +93,9 @@ describe("evaluation report", () => {
       config: { split: "test" },
     });
     expectSelfContained(html);
-    expect(html).toContain("80.0%</td><td class=\"n\">49.0% – 94.3%");
-    expect(html).toContain("50.0%</td><td class=\"n\">40.4% – 59.6%");
-    expect(html).toContain("62.5%</td><td class=\"n\">50.0% – 75.0%");
+    expect(html).toContain('80.0%</td><td class="n">49.0% – 94.3%');
+    expect(html).toContain('50.0%</td><td class="n">40.4% – 59.6%');
+    expect(html).toContain('62.5%</td><td class="n">50.0% – 75.0%');
     expect(html).toContain("<th>pass@4</th>");
     expect(html).toContain("71.0%");
     expect(html).toContain("grpo &lt;step 200&gt;");

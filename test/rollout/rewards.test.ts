@@ -47,7 +47,9 @@ describe("scoreRollout", () => {
   it("default weights and unknown names", () => {
     const s = scoreRollout(roll({ finalText: "\\boxed{2}" }), "2");
     expect(s.reward).toBeCloseTo(DEFAULT_REWARD_WEIGHTS.correctness + DEFAULT_REWARD_WEIGHTS.format, 12);
-    expect(() => scoreRollout(base, "1", { corectness: 1 })).toThrow(/unknown reward component "corectness", expected one of correctness, format, tool_use, env/);
+    expect(() => scoreRollout(base, "1", { corectness: 1 })).toThrow(
+      /unknown reward component "corectness", expected one of correctness, format, tool_use, env/,
+    );
   });
 });
 

@@ -24,22 +24,45 @@ beforeAll(async () => {
   const corpus = ["Janet has 16 eggs and sells 3 of them.", "How many apples are left? The answer is 9.", "user assistant system"];
   await saveTinyTokenizer(dir, buildTinyTokenizer(corpus, { vocabSize: 300 }));
   tok = await loadTokenizerFromDir(dir);
-  model = await createModel({
-    modelType: "qwen2", vocabSize: tok.vocabSize, hiddenSize: 64, intermediateSize: 176, numHiddenLayers: 2,
-    numAttentionHeads: 4, numKeyValueHeads: 2, headDim: 16, ropeTheta: 1e6, rmsNormEps: 1e-6,
-    tieWordEmbeddings: true, maxPositionEmbeddings: 512,
-  }, { seed: 7 });
+  model = await createModel(
+    {
+      modelType: "qwen2",
+      vocabSize: tok.vocabSize,
+      hiddenSize: 64,
+      intermediateSize: 176,
+      numHiddenLayers: 2,
+      numAttentionHeads: 4,
+      numKeyValueHeads: 2,
+      headDim: 16,
+      ropeTheta: 1e6,
+      rmsNormEps: 1e-6,
+      tieWordEmbeddings: true,
+      maxPositionEmbeddings: 512,
+    },
+    { seed: 7 },
+  );
 });
 afterAll(() => model?.dispose());
 
 const prompts: ChatMessage[][] = [
   [{ role: "user", content: "Janet has 16 eggs." }],
-  [{ role: "system", content: "Be brief." }, { role: "user", content: "How many apples are left after she sells 3 of them?" }],
+  [
+    { role: "system", content: "Be brief." },
+    { role: "user", content: "How many apples are left after she sells 3 of them?" },
+  ],
   [{ role: "user", content: "9?" }],
 ];
 const cfg = (over: Partial<RolloutConfig>): RolloutConfig => ({
-  samplesPerPrompt: 1, maxNewTokens: 12, maxTurns: 2, temperature: 0, topP: 1, topK: 0, rng: new Rng(1),
-  tools: [], toolsInPrompt: false, ...over,
+  samplesPerPrompt: 1,
+  maxNewTokens: 12,
+  maxTurns: 2,
+  temperature: 0,
+  topP: 1,
+  topK: 0,
+  rng: new Rng(1),
+  tools: [],
+  toolsInPrompt: false,
+  ...over,
 });
 
 describe("rolloutGroups on Qwen2", () => {
@@ -107,8 +130,12 @@ describe("rolloutGroups on Qwen2", () => {
 
 /** Echoes its argument: lets the steered script's call show up in the forced tokens. */
 const echo: Tool = {
-  name: "echo", description: "echo", parameters: { type: "object" },
-  async run(args) { return `echo ${String(args.n)}`; },
+  name: "echo",
+  description: "echo",
+  parameters: { type: "object" },
+  async run(args) {
+    return `echo ${String(args.n)}`;
+  },
 };
 
 /** The real model with a steering bias: in the first turn every row writes an echo call (carrying its
@@ -118,7 +145,10 @@ const echo: Tool = {
 class Steered extends DelegatingLM {
   selects = 0;
   private readonly header: number[];
-  constructor(m: CausalLM, private readonly tok: Tokenizer) {
+  constructor(
+    m: CausalLM,
+    private readonly tok: Tokenizer,
+  ) {
     super(m);
     this.header = tok.encode("<|im_start|>assistant\n");
   }
@@ -140,24 +170,34 @@ class Steered extends DelegatingLM {
     const add = new Float32Array(B * V);
     ctx.forEach((c, b) => {
       const promptLen = this.promptLength(c);
-      let headers = 0, last = 0;
+      let headers = 0,
+        last = 0;
       for (let t = this.header.length; t <= c.length; t++)
-        if (this.header.every((h, j) => c[t - this.header.length + j] === h)) { headers++; last = t; }
+        if (this.header.every((h, j) => c[t - this.header.length + j] === h)) {
+          headers++;
+          last = t;
+        }
       const pos = c.length - last;
       let want = -1;
       if (headers === 1) {
-        const script = [...this.tok.encode(`<tool_call>\n{"name": "echo", "arguments": {"n": ${promptLen}}}\n</tool_call>`), this.tok.eosTokenId];
+        const script = [
+          ...this.tok.encode(`<tool_call>\n{"name": "echo", "arguments": {"n": ${promptLen}}}\n</tool_call>`),
+          this.tok.eosTokenId,
+        ];
         want = script[pos] ?? -1;
       } else if (pos === 2 + (promptLen % 5)) want = this.tok.eosTokenId;
       else if (this.tok.eosTokenId !== undefined) add[b * V + this.tok.eosTokenId] = -1e4; // no early stop
       if (want >= 0) add[b * V + want] = 1e4;
     });
-    return tf.tidy(() => { const out = tf.add(logits, tf.tensor2d(add, [B, V])) as tf.Tensor2D; logits.dispose(); return out; });
+    return tf.tidy(() => {
+      const out = tf.add(logits, tf.tensor2d(add, [B, V])) as tf.Tensor2D;
+      logits.dispose();
+      return out;
+    });
   }
   private promptLength(c: number[]): number {
     // The prompt ends at the first assistant header.
-    for (let t = this.header.length; t <= c.length; t++)
-      if (this.header.every((h, j) => c[t - this.header.length + j] === h)) return t;
+    for (let t = this.header.length; t <= c.length; t++) if (this.header.every((h, j) => c[t - this.header.length + j] === h)) return t;
     return c.length;
   }
 }

@@ -31,14 +31,32 @@ const calc: Tool = {
     return String(acc);
   },
 };
-const crashing: Tool = { name: "crash", description: "always throws", parameters: { type: "object" }, async run() { throw new Error("boom"); } };
+const crashing: Tool = {
+  name: "crash",
+  description: "always throws",
+  parameters: { type: "object" },
+  async run() {
+    throw new Error("boom");
+  },
+};
 
-const call = (name: string, expression: string) => `<tool_call>\n{"name": "${name}", "arguments": {"expression": "${expression}"}}\n</tool_call>`;
+const call = (name: string, expression: string) =>
+  `<tool_call>\n{"name": "${name}", "arguments": {"expression": "${expression}"}}\n</tool_call>`;
 const response = (...results: string[]) =>
   `\n<|im_start|>user${results.map((r) => `\n<tool_response>\n${r}\n</tool_response>`).join("")}<|im_end|>\n<|im_start|>assistant\n`;
 
 function config(over: Partial<RolloutConfig> = {}): RolloutConfig {
-  return { samplesPerPrompt: 2, maxNewTokens: 200, maxTurns: 3, temperature: 1, topP: 1, topK: 0, rng: new Rng(1), tools: [calc, crashing], ...over };
+  return {
+    samplesPerPrompt: 2,
+    maxNewTokens: 200,
+    maxTurns: 3,
+    temperature: 1,
+    topP: 1,
+    topK: 0,
+    rng: new Rng(1),
+    tools: [calc, crashing],
+    ...over,
+  };
 }
 
 describe("rolloutGroups with a scripted policy", () => {
@@ -47,7 +65,7 @@ describe("rolloutGroups with a scripted policy", () => {
     // scripts[row][turn]; rows are promptIndex * G + sampleIndex with G = 2
     const scriptText: string[][] = [
       ["Let me compute.\n" + call("calculator", "16-3-4"), "So \\boxed{9}."], // tool call, then the answer
-      ["<tool_call>\n{\"name\": \"calculator\", \"arguments\": \n</tool_call>", "Sorry. \\boxed{1}"], // malformed call
+      ['<tool_call>\n{"name": "calculator", "arguments": \n</tool_call>', "Sorry. \\boxed{1}"], // malformed call
       [call("search", "x"), "\\boxed{2}"], // unknown tool
       [call("calculator", "1+1")], // calls every turn: runs out of turns
       [long], // runs out of tokens inside a turn
@@ -56,7 +74,12 @@ describe("rolloutGroups with a scripted policy", () => {
       [call("crash", "1"), "done \\boxed{0}"], // a tool that throws
     ];
     const scripts = scriptText.map((turns) => turns.map((t) => tok.encode(t)));
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts });
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts,
+    });
     const prompts = [0, 1, 2, 3].map((i) => [{ role: "user" as const, content: `Question ${i}: ${"and more ".repeat(i * 3)}?` }]);
     const steps: RolloutStepInfo[] = [];
     const before = tf.memory().numTensors;
@@ -64,19 +87,38 @@ describe("rolloutGroups with a scripted policy", () => {
     expect(tf.memory().numTensors).toBe(before);
     expect(model.lastCache!.disposed).toBe(true);
 
-    expect(out.map((t) => [t.promptIndex, t.sampleIndex])).toEqual([[0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0], [3, 1]]);
+    expect(out.map((t) => [t.promptIndex, t.sampleIndex])).toEqual([
+      [0, 0],
+      [0, 1],
+      [1, 0],
+      [1, 1],
+      [2, 0],
+      [2, 1],
+      [3, 0],
+      [3, 1],
+    ]);
     const schemaPrompt = (i: number) =>
-      tok.encode(tok.applyChatTemplate(prompts[i], { tools: [calc, crashing].map((t) => ({ type: "function" as const, function: { name: t.name, description: t.description, parameters: t.parameters } })), addGenerationPrompt: true }));
+      tok.encode(
+        tok.applyChatTemplate(prompts[i], {
+          tools: [calc, crashing].map((t) => ({
+            type: "function" as const,
+            function: { name: t.name, description: t.description, parameters: t.parameters },
+          })),
+          addGenerationPrompt: true,
+        }),
+      );
     out.forEach((t) => expect(t.promptIds).toEqual(schemaPrompt(t.promptIndex)));
     expect(tok.decode(out[0].promptIds)).toContain("<tools>");
 
     // Expected completion: sampled turn ids + stop (mask 1), forced response (mask 0), ...
     const eos = tok.eosTokenId;
     const expectSeq = (row: number, parts: Array<[string, 0 | 1]>, reason: string) => {
-      const ids: number[] = [], mask: number[] = [];
+      const ids: number[] = [],
+        mask: number[] = [];
       for (const [text, m] of parts) {
         const piece = m === 1 ? [...tok.encode(text), eos] : tok.encode(text);
-        ids.push(...piece); mask.push(...piece.map(() => m));
+        ids.push(...piece);
+        mask.push(...piece.map(() => m));
       }
       const t = out[row];
       expect(tok.decode(t.completionIds)).toBe(tok.decode(ids));
@@ -86,17 +128,72 @@ describe("rolloutGroups with a scripted policy", () => {
       expect(t.finishReason).toBe(reason);
     };
     const s = scriptText;
-    expectSeq(0, [[s[0][0], 1], [response("9"), 0], [s[0][1], 1]], "stop");
+    expectSeq(
+      0,
+      [
+        [s[0][0], 1],
+        [response("9"), 0],
+        [s[0][1], 1],
+      ],
+      "stop",
+    );
     const malformedErr = parseToolCalls(s[1][0]).errors;
     expect(malformedErr.length).toBe(1);
-    expectSeq(1, [[s[1][0], 1], [response(malformedErr[0]), 0], [s[1][1], 1]], "stop");
+    expectSeq(
+      1,
+      [
+        [s[1][0], 1],
+        [response(malformedErr[0]), 0],
+        [s[1][1], 1],
+      ],
+      "stop",
+    );
     expect(out[2].turns[0].toolCalls[0].result).toMatch(/unknown tool "search".*calculator, crash/);
-    expectSeq(2, [[s[2][0], 1], [response(out[2].turns[0].toolCalls[0].result), 0], [s[2][1], 1]], "stop");
-    expectSeq(3, [[s[3][0], 1], [response("2"), 0], [s[3][0], 1], [response("2"), 0], [s[3][0], 1]], "max_turns");
-    expectSeq(5, [[s[5][0], 1], [response("6", "15"), 0], [s[5][1], 1]], "stop");
+    expectSeq(
+      2,
+      [
+        [s[2][0], 1],
+        [response(out[2].turns[0].toolCalls[0].result), 0],
+        [s[2][1], 1],
+      ],
+      "stop",
+    );
+    expectSeq(
+      3,
+      [
+        [s[3][0], 1],
+        [response("2"), 0],
+        [s[3][0], 1],
+        [response("2"), 0],
+        [s[3][0], 1],
+      ],
+      "max_turns",
+    );
+    expectSeq(
+      5,
+      [
+        [s[5][0], 1],
+        [response("6", "15"), 0],
+        [s[5][1], 1],
+      ],
+      "stop",
+    );
     expectSeq(6, [[s[6][0], 1]], "stop");
-    expect(out[7].turns[0].toolCalls[0]).toEqual({ name: "crash", arguments: { expression: "1" }, result: 'Error: tool "crash" failed: boom', error: true });
-    expectSeq(7, [[s[7][0], 1], [response('Error: tool "crash" failed: boom'), 0], [s[7][1], 1]], "stop");
+    expect(out[7].turns[0].toolCalls[0]).toEqual({
+      name: "crash",
+      arguments: { expression: "1" },
+      result: 'Error: tool "crash" failed: boom',
+      error: true,
+    });
+    expectSeq(
+      7,
+      [
+        [s[7][0], 1],
+        [response('Error: tool "crash" failed: boom'), 0],
+        [s[7][1], 1],
+      ],
+      "stop",
+    );
 
     // Out of tokens inside the first turn: exactly maxNewTokens sampled tokens, an unended turn.
     const t4 = out[4];
@@ -107,8 +204,13 @@ describe("rolloutGroups with a scripted policy", () => {
 
     // Turn records and counters.
     expect(out[0].turns).toEqual([
-      { text: s[0][0], content: parseToolCalls(s[0][0]).content, ended: true, parseErrors: [],
-        toolCalls: [{ name: "calculator", arguments: { expression: "16-3-4" }, result: "9", error: false }] },
+      {
+        text: s[0][0],
+        content: parseToolCalls(s[0][0]).content,
+        ended: true,
+        parseErrors: [],
+        toolCalls: [{ name: "calculator", arguments: { expression: "16-3-4" }, result: "9", error: false }],
+      },
       { text: s[0][1], content: s[0][1], ended: true, parseErrors: [], toolCalls: [] },
     ]);
     expect(out[0].finalText).toBe("So \\boxed{9}.");
@@ -125,7 +227,8 @@ describe("rolloutGroups with a scripted policy", () => {
     expect(model.lastCache!.selects.length).toBeGreaterThan(0);
     expect(Math.min(...model.decodeBatchSizes)).toBeLessThan(8);
     expect(steps[steps.length - 1].live).toBe(0);
-    const sampled = steps.reduce((a, x) => a + x.sampled, 0), forced = steps.reduce((a, x) => a + x.forced, 0);
+    const sampled = steps.reduce((a, x) => a + x.sampled, 0),
+      forced = steps.reduce((a, x) => a + x.forced, 0);
     expect(sampled).toBe(out.reduce((a, t) => a + t.lossMask.filter((m) => m === 1).length, 0));
     expect(forced).toBe(out.reduce((a, t) => a + t.lossMask.filter((m) => m === 0).length, 0));
     expect(steps.length).toBe(Math.max(...out.map((t) => t.completionIds.length)));
@@ -135,7 +238,11 @@ describe("rolloutGroups with a scripted policy", () => {
 
   it("keeps the sampling log-prob of each sampled token (temperature, top-k renormalisation)", async () => {
     const [a, b] = [tok.encode("a")[0], tok.encode("b")[0]];
-    const probs = new Map([[a, 0.6], [b, 0.3], [tok.eosTokenId, 0.1]]);
+    const probs = new Map([
+      [a, 0.6],
+      [b, 0.3],
+      [tok.eosTokenId, 0.1],
+    ]);
     const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: [], fixed: probs });
     const prompts = [[{ role: "user" as const, content: "write" }]];
     const full = await rolloutGroups(model, tok, prompts, config({ samplesPerPrompt: 4, maxNewTokens: 30, tools: [], rng: new Rng(3) }));
@@ -146,7 +253,12 @@ describe("rolloutGroups with a scripted policy", () => {
     }
     expect(full.some((t) => t.finishReason === "stop")).toBe(true);
     // top-k 2 drops the stop token: every row runs to the budget; log-probs are renormalised over {a, b}.
-    const topk = await rolloutGroups(model, tok, prompts, config({ samplesPerPrompt: 2, maxNewTokens: 12, topK: 2, tools: [], rng: new Rng(3) }));
+    const topk = await rolloutGroups(
+      model,
+      tok,
+      prompts,
+      config({ samplesPerPrompt: 2, maxNewTokens: 12, topK: 2, tools: [], rng: new Rng(3) }),
+    );
     for (const t of topk) {
       expect([t.finishReason, t.completionIds.length]).toEqual(["length", 12]);
       t.completionIds.forEach((id, i) => expect(t.sampleLogprobs[i]).toBeCloseTo(Math.log(probs.get(id)! / 0.9), 5));
@@ -157,14 +269,24 @@ describe("rolloutGroups with a scripted policy", () => {
   });
 
   it("handles a turn that is only a stop token (empty final answer)", async () => {
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[[]]] });
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: [[[]]],
+    });
     const [t] = await rolloutGroups(model, tok, [[{ role: "user", content: "q" }]], config({ samplesPerPrompt: 1 }));
     expect([t.completionIds, t.lossMask, t.finishReason, t.finalText, t.turns.length]).toEqual([[tok.eosTokenId], [1], "stop", "", 1]);
   });
 
   it("unpacks a quantized base for the rollout and releases it after, also when the rollout fails", async () => {
     const events: string[] = [];
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [[tok.encode("\\boxed{1}")]] });
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: [[tok.encode("\\boxed{1}")]],
+    });
     const unpacking = Object.assign(model, {
       unpackBase: () => {
         events.push("unpack");
@@ -178,7 +300,9 @@ describe("rolloutGroups with a scripted policy", () => {
     model.prefill = () => {
       throw new Error("out of memory");
     };
-    await expect(rolloutGroups(unpacking, tok, [[{ role: "user", content: "q" }]], config({ samplesPerPrompt: 1 }))).rejects.toThrow(/out of memory/);
+    await expect(rolloutGroups(unpacking, tok, [[{ role: "user", content: "q" }]], config({ samplesPerPrompt: 1 }))).rejects.toThrow(
+      /out of memory/,
+    );
     expect(events.slice(3)).toEqual(["unpack", "release"]);
   });
 
@@ -189,7 +313,12 @@ describe("rolloutGroups with a scripted policy", () => {
   });
 
   it("rejects bad configurations with the value and what is accepted", async () => {
-    const model = new ScriptedModel({ vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: [], fixed: new Map([[tok.eosTokenId, 1]]) });
+    const model = new ScriptedModel({
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: [],
+      fixed: new Map([[tok.eosTokenId, 1]]),
+    });
     const p = [[{ role: "user" as const, content: "q" }]];
     await expect(rolloutGroups(model, tok, p, config({ samplesPerPrompt: 0 }))).rejects.toThrow(/samplesPerPrompt 0 .*integer >= 1/);
     await expect(rolloutGroups(model, tok, p, config({ maxTurns: 1.5 }))).rejects.toThrow(/maxTurns 1.5/);

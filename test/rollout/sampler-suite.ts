@@ -16,9 +16,13 @@ export function structuredLogits(B: number, V: number, seed = 3): Float32Array {
   for (let b = 0; b < B; b++) {
     const row = out.subarray(b * V, (b + 1) * V);
     const kind = b % 6;
-    for (let j = 0; j < V; j++) row[j] = kind === 2 ? 0 : kind === 4 ? rng.normal() - 6 : rng.normal() * (kind === 1 ? 3 : kind === 5 ? 1.5 : 1);
+    for (let j = 0; j < V; j++)
+      row[j] = kind === 2 ? 0 : kind === 4 ? rng.normal() - 6 : rng.normal() * (kind === 1 ? 3 : kind === 5 ? 1.5 : 1);
     if (kind === 0) row[rng.int(0, V - 1)] = 12; // peaked
-    if (kind === 3) { row[7] = 9; row[V - 3] = 9; } // two equal maxima: the lower id wins greedy
+    if (kind === 3) {
+      row[7] = 9;
+      row[V - 3] = 9;
+    } // two equal maxima: the lower id wins greedy
     if (kind === 4) for (let j = 0; j < CANDIDATES + 6; j++) row[(j * 37) % V] = j < CANDIDATES - 4 ? 8 - j / 10 : 1.25; // ranks 61–70 tied, across rank K
   }
   return out;
@@ -36,7 +40,13 @@ export const PARAM_SETS: SamplingParams[] = [
 ];
 
 /** `steps` successive draws from one stream, as a decode loop makes them. */
-export async function drawSteps(logits: tf.Tensor2D, params: SamplingParams, opts: SampleOptions, steps = 3, seed = 17): Promise<SampleResult[]> {
+export async function drawSteps(
+  logits: tf.Tensor2D,
+  params: SamplingParams,
+  opts: SampleOptions,
+  steps = 3,
+  seed = 17,
+): Promise<SampleResult[]> {
   const rng = new Rng(seed);
   const out: SampleResult[] = [];
   for (let s = 0; s < steps; s++) out.push(await sampleTokens(logits, params, rng, opts));
@@ -72,7 +82,7 @@ export async function countReads<T>(f: () => Promise<T>): Promise<{ value: T; si
 /** The candidate path's reads: one of B·(2 + 2K) floats when every row is decided by its
  *  candidates (peaked rows), plus one of n·V when n rows need their whole row (flat rows). */
 export async function expectCandidateReads(B: number, V: number): Promise<void> {
-  const peaked = new Float32Array(B * V).map((_, i) => (i % V === (i / V | 0) * 13 ? 30 : Math.sin(i)));
+  const peaked = new Float32Array(B * V).map((_, i) => (i % V === ((i / V) | 0) * 13 ? 30 : Math.sin(i)));
   const logits = tf.tensor2d(peaked, [B, V]);
   const K = CANDIDATES;
   for (const params of [{ temperature: 0 }, { temperature: 1 }, { temperature: 0.9, topP: 0.95 }, { temperature: 1, topK: 20 }]) {

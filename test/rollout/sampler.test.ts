@@ -25,7 +25,10 @@ async function frequencies(row: number[], n: number, params: Parameters<typeof s
   const logprobOf = new Map<number, number>();
   for (let i = 0; i < n / B; i++) {
     const r = await sampleTokens(logits, params, rng, opts);
-    r.tokens.forEach((t, b) => { counts[t]++; logprobOf.set(t, r.logprobs[b]); });
+    r.tokens.forEach((t, b) => {
+      counts[t]++;
+      logprobOf.set(t, r.logprobs[b]);
+    });
   }
   logits.dispose();
   return { freq: counts.map((c) => c / n), logprobOf };
@@ -33,12 +36,20 @@ async function frequencies(row: number[], n: number, params: Parameters<typeof s
 
 // Every path: the host's (whole logits read) walking ids (its default) or ranks, and the candidates'
 // (statistics on the backend, rank walk).
-const PATHS: [string, SampleOptions][] = [["host, id walk", { onDevice: false }], ["host, rank walk", RANK_REFERENCE], ["candidates", { onDevice: true }]];
+const PATHS: [string, SampleOptions][] = [
+  ["host, id walk", { onDevice: false }],
+  ["host, rank walk", RANK_REFERENCE],
+  ["candidates", { onDevice: true }],
+];
 describe.each(PATHS)("sampleTokens (%s)", (_, opts) => {
   const row = [0.5, 2.0, -1.0, 1.2, 0.0];
 
   it("temperature 0 is argmax with the lowest id on ties", async () => {
-    const logits = tf.tensor2d([[1, 3, 3, 0], [5, 1, 1, 5], [-2, -1, -3, -1.5]]);
+    const logits = tf.tensor2d([
+      [1, 3, 3, 0],
+      [5, 1, 1, 5],
+      [-2, -1, -3, -1.5],
+    ]);
     const r = await sampleTokens(logits, { temperature: 0 }, new Rng(0), opts);
     expect(r.tokens).toEqual([1, 0, 1]);
     expect(r.logprobs).toEqual([0, 0, 0]);
@@ -47,7 +58,10 @@ describe.each(PATHS)("sampleTokens (%s)", (_, opts) => {
 
   it("top-k 1 and a tiny top-p both give the argmax with sampling log-prob 0", async () => {
     const logits = tf.tensor2d([row, [3, 1, 4, 1, 5]]);
-    for (const params of [{ temperature: 0.7, topK: 1 }, { temperature: 1.3, topP: 1e-6 }]) {
+    for (const params of [
+      { temperature: 0.7, topK: 1 },
+      { temperature: 1.3, topP: 1e-6 },
+    ]) {
       const r = await sampleTokens(logits, params, new Rng(5), opts);
       expect(r.tokens).toEqual([1, 4]);
       r.logprobs.forEach((v) => expect(v).toBeCloseTo(0, 6));
@@ -137,7 +151,8 @@ describe.each(PATHS)("sampleTokens (%s)", (_, opts) => {
 
 describe("the candidate path draws the host rank walk's tokens (wasm)", () => {
   it("same seed, same tokens, log-probs to float32 rounding, for every kind of row and option", async () => {
-    const B = 12, V = 3000;
+    const B = 12,
+      V = 3000;
     const logits = tf.tensor2d(structuredLogits(B, V), [B, V]);
     const before = tf.memory().numTensors;
     for (const params of PARAM_SETS) {
@@ -152,7 +167,10 @@ describe("the candidate path draws the host rank walk's tokens (wasm)", () => {
   });
 
   it("a non-finite row is a NonFiniteError on both paths", async () => {
-    const logits = tf.tensor2d([[1, 2, 3], [NaN, NaN, NaN]]);
+    const logits = tf.tensor2d([
+      [1, 2, 3],
+      [NaN, NaN, NaN],
+    ]);
     for (const onDevice of [false, true])
       await expect(sampleTokens(logits, { temperature: 1 }, new Rng(0), { onDevice })).rejects.toThrow(/largest logit of a sampled row/);
     logits.dispose();
@@ -169,9 +187,11 @@ describe("the host sampler's draws for a seed are every earlier version's", () =
     // since b1dafa2; before device sampling) on these
     // logits: 3 steps of 4 rows from Rng(17). They pin the published seeded runs (README results) on
     // wasm/cpu; the rank walk (the device path's) gives other ids in the first three modes.
-    const B = 4, V = 50;
+    const B = 4,
+      V = 50;
     const data = new Float32Array(B * V).map((_, i) => {
-      const b = (i / V) | 0, j = i % V;
+      const b = (i / V) | 0,
+        j = i % V;
       return Math.sin(j * 12.9898 + b * 78.233) * (1 + b) + (j % 7 === b ? 2 : 0);
     });
     const logits = tf.tensor2d(data, [B, V]);

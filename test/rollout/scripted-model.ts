@@ -7,8 +7,14 @@ import * as tf from "@tensorflow/tfjs";
 import type { CausalLM, ForwardOptions, KVCache, Qwen2Config } from "../../src/model/types.ts";
 
 class ScriptedCache implements KVCache {
-  constructor(public rows: number[], public contexts: number[][], public length: number) {}
-  get batchSize() { return this.rows.length; }
+  constructor(
+    public rows: number[],
+    public contexts: number[][],
+    public length: number,
+  ) {}
+  get batchSize() {
+    return this.rows.length;
+  }
   selects: number[][] = [];
   disposed = false;
   select(keep: number[]): void {
@@ -17,7 +23,9 @@ class ScriptedCache implements KVCache {
     this.contexts = keep.map((k) => this.contexts[k]);
     this.selects.push(keep);
   }
-  dispose(): void { this.disposed = true; }
+  dispose(): void {
+    this.disposed = true;
+  }
 }
 
 export interface ScriptedOptions {
@@ -40,15 +48,28 @@ export class ScriptedModel implements CausalLM {
 
   constructor(private readonly o: ScriptedOptions) {
     this.config = {
-      modelType: "qwen2", vocabSize: o.vocabSize, hiddenSize: 8, intermediateSize: 8, numHiddenLayers: 1,
-      numAttentionHeads: 1, numKeyValueHeads: 1, headDim: 8, ropeTheta: 1e4, rmsNormEps: 1e-6,
-      tieWordEmbeddings: true, maxPositionEmbeddings: 4096,
+      modelType: "qwen2",
+      vocabSize: o.vocabSize,
+      hiddenSize: 8,
+      intermediateSize: 8,
+      numHiddenLayers: 1,
+      numAttentionHeads: 1,
+      numKeyValueHeads: 1,
+      headDim: 8,
+      ropeTheta: 1e4,
+      rmsNormEps: 1e-6,
+      tieWordEmbeddings: true,
+      maxPositionEmbeddings: 4096,
     };
   }
 
   prefill(inputIds: number[][], attentionMask: number[][]): { logits: tf.Tensor2D; cache: KVCache } {
     const contexts = inputIds.map((ids, b) => ids.filter((_, t) => attentionMask[b][t] === 1));
-    const cache = new ScriptedCache(inputIds.map((_, b) => b), contexts, inputIds[0].length);
+    const cache = new ScriptedCache(
+      inputIds.map((_, b) => b),
+      contexts,
+      inputIds[0].length,
+    );
     this.lastCache = cache;
     return { logits: this.logits(cache), cache };
   }
@@ -81,19 +102,33 @@ export class ScriptedModel implements CausalLM {
   /** Turn = headers read - 1; pos = tokens since the last header. */
   private where(ctx: number[]): { turn: number; pos: number } {
     const h = this.o.header;
-    let turn = -1, last = 0;
+    let turn = -1,
+      last = 0;
     for (let t = h.length; t <= ctx.length; t++) {
       let match = true;
       for (let j = 0; j < h.length && match; j++) match = ctx[t - h.length + j] === h[j];
-      if (match) { turn++; last = t; }
+      if (match) {
+        turn++;
+        last = t;
+      }
     }
     return { turn: Math.max(turn, 0), pos: ctx.length - last };
   }
 
-  forward(): tf.Tensor3D { throw new Error("forward is not part of the scripted stand-in"); }
-  tokenLogprobs(): { logprobs: tf.Tensor2D } { throw new Error("tokenLogprobs is not part of the scripted stand-in"); }
-  trainableVariables(): tf.Variable[] { return []; }
-  async saveAdapter(): Promise<void> { throw new Error("saveAdapter is not part of the scripted stand-in"); }
-  async savePretrained(): Promise<void> { throw new Error("savePretrained is not part of the scripted stand-in"); }
+  forward(): tf.Tensor3D {
+    throw new Error("forward is not part of the scripted stand-in");
+  }
+  tokenLogprobs(): { logprobs: tf.Tensor2D } {
+    throw new Error("tokenLogprobs is not part of the scripted stand-in");
+  }
+  trainableVariables(): tf.Variable[] {
+    return [];
+  }
+  async saveAdapter(): Promise<void> {
+    throw new Error("saveAdapter is not part of the scripted stand-in");
+  }
+  async savePretrained(): Promise<void> {
+    throw new Error("savePretrained is not part of the scripted stand-in");
+  }
   dispose(): void {}
 }

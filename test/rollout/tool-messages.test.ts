@@ -9,20 +9,37 @@ const tools = (...list: Tool[]) => new Map(list.map((t) => [t.name, t]));
 
 describe("runToolCall", () => {
   it("runs a call and marks the tool's own Error replies", async () => {
-    expect(await runToolCall({ name: "echo", arguments: { text: "hi" } }, tools(echo))).toEqual({ name: "echo", arguments: { text: "hi" }, result: "hi", error: false });
+    expect(await runToolCall({ name: "echo", arguments: { text: "hi" } }, tools(echo))).toEqual({
+      name: "echo",
+      arguments: { text: "hi" },
+      result: "hi",
+      error: false,
+    });
     expect(await runToolCall({ name: "echo", arguments: {} }, tools(echo))).toMatchObject({ result: "Error: missing text", error: true });
   });
 
   it("a tool's isError decides (MCP's flag): text that starts with ERROR can be a success", async () => {
     const log = tool("read_log", async () => ({ text: "ERROR disk full at 12:00", isError: false }));
     const missing = tool("read_missing", async () => ({ text: "no such file", isError: true }));
-    expect(await runToolCall({ name: "read_log", arguments: {} }, tools(log))).toMatchObject({ result: "ERROR disk full at 12:00", error: false });
-    expect(await runToolCall({ name: "read_missing", arguments: {} }, tools(missing))).toMatchObject({ result: "no such file", error: true });
+    expect(await runToolCall({ name: "read_log", arguments: {} }, tools(log))).toMatchObject({
+      result: "ERROR disk full at 12:00",
+      error: false,
+    });
+    expect(await runToolCall({ name: "read_missing", arguments: {} }, tools(missing))).toMatchObject({
+      result: "no such file",
+      error: true,
+    });
   });
 
   it("never rejects: unknown tools name the known ones; a throwing tool or one without text becomes error text", async () => {
-    expect(await runToolCall({ name: "python", arguments: {} }, tools(echo))).toMatchObject({ result: 'Error: unknown tool "python"; known tools: echo', error: true });
-    expect(await runToolCall({ name: "x", arguments: {} }, tools())).toMatchObject({ result: 'Error: unknown tool "x"; known tools: (none)', error: true });
+    expect(await runToolCall({ name: "python", arguments: {} }, tools(echo))).toMatchObject({
+      result: 'Error: unknown tool "python"; known tools: echo',
+      error: true,
+    });
+    expect(await runToolCall({ name: "x", arguments: {} }, tools())).toMatchObject({
+      result: 'Error: unknown tool "x"; known tools: (none)',
+      error: true,
+    });
     const huge = tool("huge", async () => {
       throw new Error("disk on fire " + "!".repeat(10_000));
     });
@@ -31,6 +48,9 @@ describe("runToolCall", () => {
     expect(r.result).toMatch(/^Error: tool "huge" failed: disk on fire !+$/);
     expect(r.result.length).toBeLessThan(300); // the message is untrusted text: cut
     const silent = tool("silent", async () => undefined as unknown as string);
-    expect(await runToolCall({ name: "silent", arguments: {} }, tools(silent))).toMatchObject({ result: 'Error: tool "silent" returned no text', error: true });
+    expect(await runToolCall({ name: "silent", arguments: {} }, tools(silent))).toMatchObject({
+      result: 'Error: tool "silent" returned no text',
+      error: true,
+    });
   });
 });

@@ -28,11 +28,26 @@ describe("rollouts with the real calculator, logged to JSONL", () => {
       "She makes 9 * 2 = 18 dollars. \\boxed{18}",
     ];
     const model = new ScriptedModel({
-      vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"),
-      scripts: [turns.map((t) => tok.encode(t)), [tok.encode(`<tool_call>\n{"name": "calculator", "arguments": {"expression": "import('fs')"}}\n</tool_call>`), tok.encode("\\boxed{0}")]],
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: [
+        turns.map((t) => tok.encode(t)),
+        [
+          tok.encode(`<tool_call>\n{"name": "calculator", "arguments": {"expression": "import('fs')"}}\n</tool_call>`),
+          tok.encode("\\boxed{0}"),
+        ],
+      ],
     });
     const out = await rolloutGroups(model, tok, [[{ role: "user", content: "Janet has 16 eggs..." }]], {
-      samplesPerPrompt: 2, maxNewTokens: 120, maxTurns: 4, temperature: 1, topP: 1, topK: 0, rng: new Rng(0), tools: [calculatorTool],
+      samplesPerPrompt: 2,
+      maxNewTokens: 120,
+      maxTurns: 4,
+      temperature: 1,
+      topP: 1,
+      topK: 0,
+      rng: new Rng(0),
+      tools: [calculatorTool],
     });
     expect(out[0].turns[0].toolCalls).toEqual([{ name: "calculator", arguments: { expression: "16-3-4" }, result: "9", error: false }]);
     const forced = out[0].completionIds.filter((_, i) => out[0].lossMask[i] === 0);
@@ -48,14 +63,25 @@ describe("rollouts with the real calculator, logged to JSONL", () => {
     const log = new TrajectoryLog(file);
     await log.append(3, out, tok, { question: "q1" });
     await log.append(4, out.slice(0, 1), tok);
-    const lines = (await fs.readFile(file, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l));
-    expect(lines.map((l) => [l.step, l.sampleIndex])).toEqual([[3, 0], [3, 1], [4, 0]]);
+    const lines = (await fs.readFile(file, "utf8"))
+      .trimEnd()
+      .split("\n")
+      .map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.step, l.sampleIndex])).toEqual([
+      [3, 0],
+      [3, 1],
+      [4, 0],
+    ]);
     const first = lines[0];
     expect(first.question).toBe("q1");
     expect(first.completionText).toBe(tok.decode(out[0].completionIds));
     expect(first.completionText).toContain("<tool_response>\n9\n</tool_response>");
     expect(first.promptText).toBe(tok.decode(out[0].promptIds));
-    expect([first.completionIds, first.lossMask, first.sampleLogprobs]).toEqual([out[0].completionIds, out[0].lossMask, out[0].sampleLogprobs]);
+    expect([first.completionIds, first.lossMask, first.sampleLogprobs]).toEqual([
+      out[0].completionIds,
+      out[0].lossMask,
+      out[0].sampleLogprobs,
+    ]);
     expect([first.reward, first.rewardComponents, first.finishReason]).toEqual([1, { correct: 1, format: 0.5 }, "stop"]);
     expect(lines[1].reward).toBeNull();
     expect(first.turns[0].toolCalls[0].result).toBe("9");
@@ -64,7 +90,11 @@ describe("rollouts with the real calculator, logged to JSONL", () => {
     // Reopened after a crash mid-write: the torn line goes, the whole ones stay.
     await fs.appendFile(file, '{"step": 5, "promptIn');
     new TrajectoryLog(file);
-    const steps = async () => (await fs.readFile(file, "utf8")).trimEnd().split("\n").map((l) => JSON.parse(l).step);
+    const steps = async () =>
+      (await fs.readFile(file, "utf8"))
+        .trimEnd()
+        .split("\n")
+        .map((l) => JSON.parse(l).step);
     expect(await steps()).toEqual([3, 3, 4]);
     // Resumed from checkpoint 3: step 4 is run again, so its old lines go.
     const resumed = new TrajectoryLog(file, { resumeStep: 3 });

@@ -16,7 +16,17 @@ import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { rolloutGroups, type Trajectory } from "../../src/rollout/rollout.ts";
-import { ChatSession, parseChatArgs, parseChatCommand, printable, runChat, TokenStreamer, trajectoryToMessages, type ChatRunConfig, type OpenChatModel } from "../../src/run/chat.ts";
+import {
+  ChatSession,
+  parseChatArgs,
+  parseChatCommand,
+  printable,
+  runChat,
+  TokenStreamer,
+  trajectoryToMessages,
+  type ChatRunConfig,
+  type OpenChatModel,
+} from "../../src/run/chat.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { ScriptedModel } from "../rollout/scripted-model.ts";
 import { makeSmallModelDir, SMALL_MODEL_CONFIG } from "./tiny-fixture.ts";
@@ -46,30 +56,58 @@ describe("parseChatCommand", () => {
     expect(parseChatCommand("/tools   on")).toEqual({ kind: "tools", on: true });
   });
   it("rejects bad arguments with the value and what is accepted", () => {
-    expect(parseChatCommand("/temp abc")).toEqual({ kind: "invalid", message: '/temp "abc": expected one number between 0 and 10 (0 = greedy)' });
+    expect(parseChatCommand("/temp abc")).toEqual({
+      kind: "invalid",
+      message: '/temp "abc": expected one number between 0 and 10 (0 = greedy)',
+    });
     expect(parseChatCommand("/temp")).toMatchObject({ kind: "invalid" });
     expect(parseChatCommand("/temp -1")).toMatchObject({ kind: "invalid" });
     expect(parseChatCommand("/temp 0.5 1")).toMatchObject({ kind: "invalid" });
     expect(parseChatCommand("/tools maybe")).toEqual({ kind: "invalid", message: '/tools "maybe": expected on or off' });
     expect(parseChatCommand("/reset now")).toMatchObject({ kind: "invalid" });
-    expect(parseChatCommand("/nope")).toMatchObject({ kind: "invalid", message: expect.stringMatching(/^unknown command \/nope; commands: /) });
+    expect(parseChatCommand("/nope")).toMatchObject({
+      kind: "invalid",
+      message: expect.stringMatching(/^unknown command \/nope; commands: /),
+    });
   });
 });
 
 const traj = (turns: Trajectory["turns"]): Trajectory => ({
-  promptIndex: 0, sampleIndex: 0, promptIds: [], completionIds: [], lossMask: [], sampleLogprobs: [], turns,
-  finalText: "", finishReason: "stop", truncated: false, numToolCalls: 0, numToolErrors: 0, numParseErrors: 0, numUnknownTools: 0,
+  promptIndex: 0,
+  sampleIndex: 0,
+  promptIds: [],
+  completionIds: [],
+  lossMask: [],
+  sampleLogprobs: [],
+  turns,
+  finalText: "",
+  finishReason: "stop",
+  truncated: false,
+  numToolCalls: 0,
+  numToolErrors: 0,
+  numParseErrors: 0,
+  numUnknownTools: 0,
 });
 
 describe("trajectoryToMessages", () => {
   const call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "16-3"}}\n</tool_call>';
   it("turns tool calls into assistant tool_calls plus tool messages, and the answer into plain content", () => {
     const t = traj([
-      { text: `First the eggs. ${call}`, content: "First the eggs. ", toolCalls: [{ name: "calculator", arguments: { expression: "16-3" }, result: "13", error: false }], parseErrors: [], ended: true },
+      {
+        text: `First the eggs. ${call}`,
+        content: "First the eggs. ",
+        toolCalls: [{ name: "calculator", arguments: { expression: "16-3" }, result: "13", error: false }],
+        parseErrors: [],
+        ended: true,
+      },
       { text: "\\boxed{13}", content: "\\boxed{13}", toolCalls: [], parseErrors: [], ended: true },
     ]);
     expect(trajectoryToMessages(t)).toEqual([
-      { role: "assistant", content: "First the eggs.", tool_calls: [{ type: "function", function: { name: "calculator", arguments: { expression: "16-3" } } }] },
+      {
+        role: "assistant",
+        content: "First the eggs.",
+        tool_calls: [{ type: "function", function: { name: "calculator", arguments: { expression: "16-3" } } }],
+      },
       { role: "tool", content: "13" },
       { role: "assistant", content: "\\boxed{13}" },
     ]);
@@ -85,7 +123,15 @@ describe("trajectoryToMessages", () => {
       { role: "tool", content: "Error: tool call is not valid JSON" },
       { role: "assistant", content: "unfinished" },
     ]);
-    const off = traj([{ text: `x ${call}`, content: "x ", toolCalls: [{ name: "calculator", arguments: {}, result: "Error: unknown tool", error: true }], parseErrors: [], ended: true }]);
+    const off = traj([
+      {
+        text: `x ${call}`,
+        content: "x ",
+        toolCalls: [{ name: "calculator", arguments: {}, result: "Error: unknown tool", error: true }],
+        parseErrors: [],
+        ended: true,
+      },
+    ]);
     expect(trajectoryToMessages(off, false)).toEqual([{ role: "assistant", content: `x ${call}` }]);
   });
 });
@@ -119,7 +165,9 @@ describe("rollout streaming hooks", () => {
     const before = tf.memory().numTensors;
     const cfg = { samplesPerPrompt: 2, maxNewTokens: 8, maxTurns: 2, temperature: 1, topP: 1, topK: 0, tools: [], toolsInPrompt: false };
     const out = await rolloutGroups(model, tok, [[{ role: "user", content: "Janet has 16 eggs." }]], {
-      ...cfg, rng: new Rng(3), onToken: (row, id, forced) => seen.push([row, id, forced]),
+      ...cfg,
+      rng: new Rng(3),
+      onToken: (row, id, forced) => seen.push([row, id, forced]),
     });
     for (const [r, t] of out.entries()) {
       const mine = seen.filter((s) => s[0] === r);
@@ -129,7 +177,13 @@ describe("rollout streaming hooks", () => {
     const ac = new AbortController();
     let n = 0;
     const stopped = await rolloutGroups(model, tok, [[{ role: "user", content: "Janet has 16 eggs." }]], {
-      ...cfg, maxNewTokens: 50, rng: new Rng(3), signal: ac.signal, onToken: () => { if (++n === 3) ac.abort(); },
+      ...cfg,
+      maxNewTokens: 50,
+      rng: new Rng(3),
+      signal: ac.signal,
+      onToken: () => {
+        if (++n === 3) ac.abort();
+      },
     });
     for (const t of stopped) {
       expect(["aborted", "stop"]).toContain(t.finishReason); // stopped by the abort, or had already ended
@@ -144,10 +198,19 @@ describe("ChatSession", () => {
   it("streams a scripted agent turn, shows the calculator call as it runs, and keeps the conversation", async () => {
     const call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "16-3"}}\n</tool_call>';
     const scripted = new ScriptedModel({
-      vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"),
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
       scripts: [[tok.encode(call), tok.encode("She has \\boxed{13} eggs left.")]],
     });
-    const session = new ChatSession(scripted, tok, { temperature: 0, top_p: 1, max_new_tokens: 200, max_turns: 3, tools_in_prompt: false, seed: 0 });
+    const session = new ChatSession(scripted, tok, {
+      temperature: 0,
+      top_p: 1,
+      max_new_tokens: 200,
+      max_turns: 3,
+      tools_in_prompt: false,
+      seed: 0,
+    });
     let shown = "";
     const t = await session.send("Janet has 16 eggs and sells 3. How many are left?", (s) => (shown += s));
     expect(shown).toBe(`${call}\n[calculator] 16-3 → 13\nShe has \\boxed{13} eggs left.\n`);
@@ -179,18 +242,36 @@ describe("runChat with two tool sets", () => {
     // The project's MCP server (a real process over stdio) serves its calculator as remote_calculator.
     const server = path.resolve("scripts/mcp-tool-server.ts");
     const tools = `calculator,mcp:${JSON.stringify(process.execPath)} --import tsx ${JSON.stringify(server)} --prefix remote_`;
-    const cfg = await parseChatArgs(["node", "chat", "--model_path", modelDir, "--tools", tools, "--max_new_tokens", "400", "--backend", "wasm"]);
-    const call = (name: string, expression: string) => `<tool_call>\n{"name": "${name}", "arguments": {"expression": "${expression}"}}\n</tool_call>`;
+    const cfg = await parseChatArgs([
+      "node",
+      "chat",
+      "--model_path",
+      modelDir,
+      "--tools",
+      tools,
+      "--max_new_tokens",
+      "400",
+      "--backend",
+      "wasm",
+    ]);
+    const call = (name: string, expression: string) =>
+      `<tool_call>\n{"name": "${name}", "arguments": {"expression": "${expression}"}}\n</tool_call>`;
     const turns = [call("calculator", "17*23"), call("remote_calculator", "391-58"), "17*23-58 = \\boxed{333}"];
     const scripted = new ScriptedModel({
-      vocabSize: tok.vocabSize, eosTokenId: tok.eosTokenId, header: tok.encode("<|im_start|>assistant\n"), scripts: [turns.map((t) => tok.encode(t))],
+      vocabSize: tok.vocabSize,
+      eosTokenId: tok.eosTokenId,
+      header: tok.encode("<|im_start|>assistant\n"),
+      scripts: [turns.map((t) => tok.encode(t))],
     });
     const { stdout, errs, replies } = await chatPiped(cfg, "What is 17*23-58?\n", async () => ({ model: scripted, tokenizer: tok }));
     expect(errs).toEqual(["tools: calculator, remote_calculator"]);
     // The transcript a person sees: each call as it runs, with the result the model reads next.
     expect(stdout).toBe(`${turns[0]}\n[calculator] 17*23 → 391\n${turns[1]}\n[remote_calculator] 391-58 → 333\n${turns[2]}\n`);
     const [t] = replies;
-    expect(t.turns.flatMap((x) => x.toolCalls.map((c) => [c.name, c.result, c.error]))).toEqual([["calculator", "391", false], ["remote_calculator", "333", false]]);
+    expect(t.turns.flatMap((x) => x.toolCalls.map((c) => [c.name, c.result, c.error]))).toEqual([
+      ["calculator", "391", false],
+      ["remote_calculator", "333", false],
+    ]);
     expect(t).toMatchObject({ finishReason: "stop", numToolCalls: 2, numToolErrors: 0 });
     // Both tools' schemas are in the prompt's <tools> block.
     const prompt = tok.decode(t.promptIds);
@@ -203,13 +284,20 @@ describe("runChat with piped input", () => {
     const cfg = await parseChatArgs(["node", "chat", "--model_path", modelDir, "--max_new_tokens", "4", "--backend", "wasm"]);
     const { stdout, errs, replies } = await chatPiped(cfg, "Janet has 16 eggs.\n/temp 0.7\n/tools off\n\nHow many are left?\n/temp x\n");
     expect(replies).toHaveLength(2);
-    expect(errs.filter((l) => !l.startsWith("(stopped at"))).toEqual(["tools: calculator", "(temperature 0.7)", "(tools off)", '/temp "x": expected one number between 0 and 10 (0 = greedy)']);
+    expect(errs.filter((l) => !l.startsWith("(stopped at"))).toEqual([
+      "tools: calculator",
+      "(temperature 0.7)",
+      "(tools off)",
+      '/temp "x": expected one number between 0 and 10 (0 = greedy)',
+    ]);
     expect(stdout).not.toMatch(/\x1b\[|you>/); // no prompts or ANSI when piped
   });
 
   it("the script exits 0 at end of piped input", async () => {
     const tsx = path.resolve("node_modules/.bin/tsx");
-    const p = spawn(tsx, ["scripts/chat.ts", "--model_path", modelDir, "--max_new_tokens", "3", "--backend", "wasm"], { stdio: ["pipe", "pipe", "pipe"] });
+    const p = spawn(tsx, ["scripts/chat.ts", "--model_path", modelDir, "--max_new_tokens", "3", "--backend", "wasm"], {
+      stdio: ["pipe", "pipe", "pipe"],
+    });
     let stderr = "";
     p.stderr.on("data", (d) => (stderr += d));
     p.stdin.end("What is 2+3?\n/reset\nAnd 4*5?\n");

@@ -13,8 +13,13 @@ const LORA_FIXTURE = path.join(ROOT, "test", "fixtures", "qwen2-tiny", "lora");
 
 function run(script: string, args: string[]): Promise<{ code: number | null; stderr: string; stdout: string }> {
   return new Promise((resolve) => {
-    const p = spawn(TSX, [path.join("scripts", script), ...args], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, CI: "true" } });
-    let stderr = "", stdout = "";
+    const p = spawn(TSX, [path.join("scripts", script), ...args], {
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "pipe"],
+      env: { ...process.env, CI: "true" },
+    });
+    let stderr = "",
+      stdout = "";
     p.stderr.on("data", (d) => (stderr += d));
     p.stdout.on("data", (d) => (stdout += d));
     p.on("close", (code) => resolve({ code, stderr, stdout }));
@@ -59,9 +64,17 @@ describe.each([
   ["train-sft.ts", ["--max_length", "8", "--max_samples", "4"], /no training conversations left/],
   ["train-gsm8k-agent.ts", ["--tools", "nosuch"], /--tools: unknown tool "nosuch"; built in: calculator/],
   ["train-gsm8k-agent.ts", ["--tools", "calculator,mcp:"], /mcp: needs a command line/],
-  ["train-gsm8k-agent.ts", ["--tools", "mcp:/no/such/mcp-server --stdio"], /--tools mcp:\/no\/such\/mcp-server --stdio: server did not start \(command not found\)/],
+  [
+    "train-gsm8k-agent.ts",
+    ["--tools", "mcp:/no/such/mcp-server --stdio"],
+    /--tools mcp:\/no\/such\/mcp-server --stdio: server did not start \(command not found\)/,
+  ],
   ["train-gsm8k-agent.ts", ["--env", "http://127.0.0.1:9"], /--env http:\/\/127\.0\.0\.1:9: .*is --env_dialect id its dialect\?\)/],
-  ["train-gsm8k-agent.ts", ["--env_tasks", "0-99,50-20"], /--env_tasks "0-99,50-20": 50-20 ends before it starts; expected data_idx ranges like 0-99,200-249/],
+  [
+    "train-gsm8k-agent.ts",
+    ["--env_tasks", "0-99,50-20"],
+    /--env_tasks "0-99,50-20": 50-20 ends before it starts; expected data_idx ranges like 0-99,200-249/,
+  ],
   ["eval.ts", ["--env_tasks", "1000-"], /--env_tasks "1000-": "1000-" is not a number or a range; expected data_idx ranges/],
   ["train-gsm8k-agent.ts", ["--tools", "mcp:http://127.0.0.1:9/mcp"], /--tools mcp:http:\/\/127\.0\.0\.1:9\/mcp: server did not start/],
 ])("%s %j", (script, args, message) => {
@@ -69,7 +82,16 @@ describe.each([
     const out = path.join(tmp, `out-${script}-${args.join("_").replace(/[^\w]/g, "")}`);
     const argv = args.map((a) => (a === "LORA" ? LORA_FIXTURE : a));
     const needsModel = !argv.includes("--model_path");
-    const r = await run(script, [...(needsModel ? ["--model_path", model] : []), "--dataset", "synthetic", ...argv, "--output_dir", out, "--backend", "wasm"]);
+    const r = await run(script, [
+      ...(needsModel ? ["--model_path", model] : []),
+      "--dataset",
+      "synthetic",
+      ...argv,
+      "--output_dir",
+      out,
+      "--backend",
+      "wasm",
+    ]);
     expect(r.code, r.stderr).toBe(2);
     const lines = errorLines(r.stderr);
     expect(lines, r.stderr).toHaveLength(1);

@@ -4,7 +4,16 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { Command } from "commander";
-import { parseChoice, parseFloatArg, parseIntArg, parseList, prepareOutputDir, readRunConfig, runMain, writeRunConfig } from "../../src/run/cli.ts";
+import {
+  parseChoice,
+  parseFloatArg,
+  parseIntArg,
+  parseList,
+  prepareOutputDir,
+  readRunConfig,
+  runMain,
+  writeRunConfig,
+} from "../../src/run/cli.ts";
 import { UsageError } from "../../src/util/errors.ts";
 import { StopRequest } from "../../src/run/shutdown.ts";
 
@@ -23,17 +32,22 @@ describe("flag parsers", () => {
     expect(parseChoice("quant", ["int8", "nf4", "none"])("nf4")).toBe("nf4");
     expect(() => parseChoice("quant", ["int8", "nf4"])("fp4")).toThrow('--quant "fp4": expected one of int8, nf4');
     expect(parseList("targets")("q_proj, v_proj")).toEqual(["q_proj", "v_proj"]);
-    expect(() => parseList("targets", ["q_proj", "v_proj"])("q_proj,x_proj")).toThrow(/unknown x_proj; expected a comma-separated list of q_proj, v_proj/);
+    expect(() => parseList("targets", ["q_proj", "v_proj"])("q_proj,x_proj")).toThrow(
+      /unknown x_proj; expected a comma-separated list of q_proj, v_proj/,
+    );
     expect(() => parseList("targets")("a,,b")).toThrow(UsageError);
   });
 
   it("let UsageError escape commander so runMain can report it", async () => {
     const lines: string[] = [];
     let code = -1;
-    await runMain(async () => {
-      const cmd = new Command().exitOverride().option("--steps <n>", "steps", parseIntArg("steps", 1));
-      await cmd.parseAsync(["node", "x", "--steps", "-3"]);
-    }, { exit: (c) => (code = c), stderr: (l) => lines.push(l), env: {} });
+    await runMain(
+      async () => {
+        const cmd = new Command().exitOverride().option("--steps <n>", "steps", parseIntArg("steps", 1));
+        await cmd.parseAsync(["node", "x", "--steps", "-3"]);
+      },
+      { exit: (c) => (code = c), stderr: (l) => lines.push(l), env: {} },
+    );
     expect(code).toBe(2);
     expect(lines).toEqual(['error: --steps "-3": expected a whole number >= 1']);
   });
@@ -48,8 +62,17 @@ describe("runMain", () => {
       return { code, lines };
     };
     expect(await run(async () => {})).toEqual({ code: undefined, lines: [] });
-    expect(await run(async () => { throw new Error("boom\nmore"); })).toEqual({ code: 1, lines: ["error: boom"] });
-    const dbg = await run(async () => { throw new Error("boom"); }, { DEBUG: "1" });
+    expect(
+      await run(async () => {
+        throw new Error("boom\nmore");
+      }),
+    ).toEqual({ code: 1, lines: ["error: boom"] });
+    const dbg = await run(
+      async () => {
+        throw new Error("boom");
+      },
+      { DEBUG: "1" },
+    );
     expect(dbg.code).toBe(1);
     expect(dbg.lines.length).toBe(2);
     expect(dbg.lines[1]).toMatch(/at /);
@@ -91,7 +114,9 @@ describe("exit codes of a real process", () => {
     const [usage, fail, intr] = await Promise.all([
       runChild(["usage"]),
       runChild(["fail"]),
-      runChild(["interrupt", out], (s, kill) => { if (s.includes("ready")) kill("SIGINT"); }),
+      runChild(["interrupt", out], (s, kill) => {
+        if (s.includes("ready")) kill("SIGINT");
+      }),
     ]);
     expect(usage.code).toBe(2);
     expect(usage.stderr.trim()).toBe('error: --steps "x": expected a whole number >= 1');
@@ -109,7 +134,10 @@ function runGroup(out: string, sigintAfterMs: number[]) {
   return new Promise<{ code: number | null; stderr: string; ms: number }>((resolve) => {
     const tsx = path.join(__dirname, "..", "..", "node_modules", "tsx", "dist", "cli.mjs");
     const child = spawn(process.execPath, [tsx, path.join(__dirname, "fixtures", "cli-child.ts"), "busy", out], {
-      cwd: path.join(__dirname, "..", ".."), detached: true, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, DEBUG: "" },
+      cwd: path.join(__dirname, "..", ".."),
+      detached: true,
+      stdio: ["ignore", "pipe", "pipe"],
+      env: { ...process.env, DEBUG: "" },
     });
     let stderr = "";
     let t0 = 0;
@@ -140,18 +168,24 @@ describe("run-folder lock", () => {
     const out = path.join(await tmp(), "run");
     let ready!: () => void;
     const isReady = new Promise<void>((r) => (ready = r));
-    const first = runChild(["hold", out], (s) => { if (s.includes("ready")) ready(); });
+    const first = runChild(["hold", out], (s) => {
+      if (s.includes("ready")) ready();
+    });
     await isReady;
     const second = await runChild(["hold", out]);
     expect(second.code).toBe(2);
-    expect(second.stderr.trim()).toMatch(/^error: --output_dir .*run is in use by another run \(process \d+\); wait for it to end or pick another folder$/);
+    expect(second.stderr.trim()).toMatch(
+      /^error: --output_dir .*run is in use by another run \(process \d+\); wait for it to end or pick another folder$/,
+    );
     expect(await fs.readFile(path.join(out, "metrics.jsonl"), "utf8")).toMatch(/^\{"step":1,"pid":\d+\}\n$/); // untouched
     const pid = JSON.parse(await fs.readFile(path.join(out, "metrics.jsonl"), "utf8")).pid;
     process.kill(pid, "SIGKILL"); // the run dies holding the lock
     await first;
     expect(await fs.readFile(path.join(out, ".lock"), "utf8")).toMatch(/^\d+\n$/);
     await fs.rm(path.join(out, "metrics.jsonl"));
-    const third = runChild(["hold", out], (s, k) => { if (s.includes("ready")) k("SIGTERM"); });
+    const third = runChild(["hold", out], (s, k) => {
+      if (s.includes("ready")) k("SIGTERM");
+    });
     const r = await third;
     expect(r.stderr).toMatch(/warning: .* was locked by process \d+, which is no longer running; taking the lock over/);
   }, 120_000);
@@ -183,14 +217,17 @@ describe("prepareOutputDir", () => {
   });
 
   it("refuses a place where no folder can be made instead of hanging (/proc)", async () => {
-    await expect(prepareOutputDir("/proc/self/out", { runKind: "grpo" })).rejects.toThrow(/^--output_dir \/proc\/self\/out: cannot create the folder/);
+    await expect(prepareOutputDir("/proc/self/out", { runKind: "grpo" })).rejects.toThrow(
+      /^--output_dir \/proc\/self\/out: cannot create the folder/,
+    );
   });
 
   it("on --resume, removes temp files of interrupted writes and puts back a folder moved aside", async () => {
     const dir = path.join(await tmp(), "run");
     await prepareOutputDir(dir, { runKind: "grpo" });
     await writeRunConfig(dir, {}, "grpo");
-    for (const d of ["checkpoint-1", ".checkpoint-2.11.22.tmp", ".final.11.22.tmp", ".checkpoint-1.11.22.old", ".checkpoint-3.11.22.old"]) await fs.mkdir(path.join(dir, d));
+    for (const d of ["checkpoint-1", ".checkpoint-2.11.22.tmp", ".final.11.22.tmp", ".checkpoint-1.11.22.old", ".checkpoint-3.11.22.old"])
+      await fs.mkdir(path.join(dir, d));
     await fs.writeFile(path.join(dir, "latest.11.22.tmp"), "checkpoint-2\n");
     await prepareOutputDir(dir, { runKind: "grpo", resume: true });
     expect((await fs.readdir(dir)).sort()).toEqual([".lock", "checkpoint-1", "checkpoint-3", "run.json"]);
@@ -202,6 +239,8 @@ describe("prepareOutputDir", () => {
     await expect(prepareOutputDir(dir, { runKind: "grpo", overwrite: true })).rejects.toThrow(/not empty and does not hold a run/);
     await expect(prepareOutputDir(dir, { runKind: "grpo", resume: true })).rejects.toThrow(/holds no run to continue/);
     expect(await fs.readFile(path.join(dir, "notes.txt"), "utf8")).toBe("mine");
-    await expect(prepareOutputDir(path.join(dir, "notes.txt"), { runKind: "grpo", flag: "--out" })).rejects.toThrow(/^--out .*notes.txt is a file/);
+    await expect(prepareOutputDir(path.join(dir, "notes.txt"), { runKind: "grpo", flag: "--out" })).rejects.toThrow(
+      /^--out .*notes.txt is a file/,
+    );
   });
 });

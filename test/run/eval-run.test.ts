@@ -21,21 +21,44 @@ afterAll(async () => {
 });
 
 const sample = (strict: boolean): EvalSample => ({
-  finalText: "", text: "", strict, lenient: strict, formatValid: true, toolCalls: 0, toolErrors: 0, parseErrors: 0, truncated: false, turns: [],
+  finalText: "",
+  text: "",
+  strict,
+  lenient: strict,
+  formatValid: true,
+  toolCalls: 0,
+  toolErrors: 0,
+  parseErrors: 0,
+  truncated: false,
+  turns: [],
 });
 const result = (perQuestion: boolean[][]): EvalResult =>
-  summarize(perQuestion.map((s, i): EvalQuestion => ({ id: `q${i}`, question: "?", gold: "1", samples: s.map(sample) })), perQuestion[0].length, 0);
+  summarize(
+    perQuestion.map((s, i): EvalQuestion => ({ id: `q${i}`, question: "?", gold: "1", samples: s.map(sample) })),
+    perQuestion[0].length,
+    0,
+  );
 
 describe("pairedImprovement", () => {
   it("is the mean per-question difference with a normal 95% interval", () => {
     // k = 2: per-question accuracies a = [1, .5, 0, 0], b = [.5, .5, .5, 0] → d = [.5, 0, -.5, 0]
-    const a = result([[true, true], [true, false], [false, false], [false, false]]);
-    const b = result([[true, false], [false, true], [true, false], [false, false]]);
+    const a = result([
+      [true, true],
+      [true, false],
+      [false, false],
+      [false, false],
+    ]);
+    const b = result([
+      [true, false],
+      [false, true],
+      [true, false],
+      [false, false],
+    ]);
     const d = pairedImprovement(a, b);
     const sd = Math.sqrt((0.25 + 0 + 0.25 + 0) / 3); // sample std of d, mean 0
     expect(d.value).toBeCloseTo(0, 12);
-    expect(d.hi).toBeCloseTo(1.96 * sd / 2, 12);
-    expect(d.lo).toBeCloseTo(-1.96 * sd / 2, 12);
+    expect(d.hi).toBeCloseTo((1.96 * sd) / 2, 12);
+    expect(d.lo).toBeCloseTo((-1.96 * sd) / 2, 12);
     expect(d.n).toBe(4);
   });
   it("clamps to [-1, 1] and refuses unpaired results", () => {
@@ -46,7 +69,10 @@ describe("pairedImprovement", () => {
     expect(() => pairedImprovement(all, result([[true]]))).toThrow(/same questions: 2 vs 1/);
   });
   it("table has one row per model and the pass@k column named by k", () => {
-    const t = formatEvalTable([{ name: "base", result: result([[true, false]]) }, { name: "rl", result: result([[true, true]]) }]);
+    const t = formatEvalTable([
+      { name: "base", result: result([[true, false]]) },
+      { name: "rl", result: result([[true, true]]) },
+    ]);
     const lines = t.split("\n");
     expect(lines).toHaveLength(4);
     expect(lines[0]).toMatch(/^model +\| strict acc \[95% CI\] +\| lenient acc \| pass@2 \| format \| tools\/rollout$/);
@@ -58,9 +84,32 @@ describe("pairedImprovement", () => {
 describe("runEval on a random tiny model", () => {
   it("writes eval.json, samples per model and report.html with the right counts, and leaks no tensors", async () => {
     const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "eval-run-out-")), "eval");
-    const cfg = await parseEvalArgs(["node", "eval", "--model_path", modelDir, "--baseline", modelDir, "--dataset", "synthetic",
-      "--max_samples", "3", "--samples_per_prompt", "2", "--temperature", "1", "--batch_size", "2", "--max_new_tokens", "6",
-      "--max_turns", "2", "--backend", "wasm", "--output_dir", out]);
+    const cfg = await parseEvalArgs([
+      "node",
+      "eval",
+      "--model_path",
+      modelDir,
+      "--baseline",
+      modelDir,
+      "--dataset",
+      "synthetic",
+      "--max_samples",
+      "3",
+      "--samples_per_prompt",
+      "2",
+      "--temperature",
+      "1",
+      "--batch_size",
+      "2",
+      "--max_new_tokens",
+      "6",
+      "--max_turns",
+      "2",
+      "--backend",
+      "wasm",
+      "--output_dir",
+      out,
+    ]);
     const name = path.basename(modelDir);
     expect(cfg.models.map((m) => m.name)).toEqual([`${name}-baseline`, name]);
     const lines: string[] = [];
@@ -78,7 +127,10 @@ describe("runEval on a random tiny model", () => {
     // Same weights, same seed, same questions → the same samples, so the paired difference is exactly 0.
     expect(evalJson.improvements[0]).toMatchObject({ model: name, baseline: `${name}-baseline`, value: 0, lo: 0, hi: 0, n: 3 });
     for (const m of cfg.models) {
-      const rows = (await fs.readFile(path.join(out, `samples-${m.name}.jsonl`), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+      const rows = (await fs.readFile(path.join(out, `samples-${m.name}.jsonl`), "utf8"))
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l));
       expect(rows).toHaveLength(3);
       for (const r of rows) {
         expect(r.samples).toHaveLength(2);
@@ -108,12 +160,37 @@ describe("runEval on a random tiny model", () => {
 
 describe("--preset tiny with --model_path", () => {
   it("evaluates that model (and --baseline) on the preset's questions with the preset's protocol", async () => {
-    const cfg = await parseEvalArgs(["node", "eval", "--preset", "tiny", "--model_path", modelDir, "--baseline", modelDir, "--max_samples", "3"]);
+    const cfg = await parseEvalArgs([
+      "node",
+      "eval",
+      "--preset",
+      "tiny",
+      "--model_path",
+      modelDir,
+      "--baseline",
+      modelDir,
+      "--max_samples",
+      "3",
+    ]);
     const name = path.basename(modelDir);
-    expect(cfg.models.map((m) => [m.name, m.modelPath, m.quantize])).toEqual([[`${name}-baseline`, modelDir, "none"], [name, modelDir, "none"]]);
+    expect(cfg.models.map((m) => [m.name, m.modelPath, m.quantize])).toEqual([
+      [`${name}-baseline`, modelDir, "none"],
+      [name, modelDir, "none"],
+    ]);
     expect(cfg.synthetic).toEqual(TINY_PROBLEMS);
-    expect(cfg).toMatchObject({ dataset: "synthetic", max_samples: 3, max_new_tokens: 160, max_turns: 5, tools_in_prompt: false, batch_size: 16, output_dir: path.join("outputs", name, "eval") });
-    const err = await parseEvalArgs(["node", "eval", "--preset", "tiny", "--baseline", modelDir]).then(() => null, (e: Error) => e);
+    expect(cfg).toMatchObject({
+      dataset: "synthetic",
+      max_samples: 3,
+      max_new_tokens: 160,
+      max_turns: 5,
+      tools_in_prompt: false,
+      batch_size: 16,
+      output_dir: path.join("outputs", name, "eval"),
+    });
+    const err = await parseEvalArgs(["node", "eval", "--preset", "tiny", "--baseline", modelDir]).then(
+      () => null,
+      (e: Error) => e,
+    );
     expect(err?.message).toMatch(/^--preset tiny without --model_path evaluates its own base, sft and rl checkpoints/);
   });
 });
@@ -133,11 +210,19 @@ describe("bad input", () => {
       [["--nope"], /unknown option '--nope'/],
     ];
     for (const [args, msg] of cases) {
-      const err = await parseEvalArgs(["node", "eval", ...args, "--output_dir", out]).then(() => null, (e: Error) => e);
+      const err = await parseEvalArgs(["node", "eval", ...args, "--output_dir", out]).then(
+        () => null,
+        (e: Error) => e,
+      );
       expect(err?.name, args.join(" ")).toBe("UsageError");
       expect(err!.message).toMatch(msg);
     }
-    expect(await fs.stat(out).then(() => true, () => false)).toBe(false);
+    expect(
+      await fs.stat(out).then(
+        () => true,
+        () => false,
+      ),
+    ).toBe(false);
   });
 
   it("a model that fails to load after the run folder was made leaves nothing behind", async () => {
@@ -145,28 +230,54 @@ describe("bad input", () => {
     await fs.cp(modelDir, bad, { recursive: true });
     await fs.writeFile(path.join(bad, "model.safetensors"), "not a safetensors file");
     const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "eval-bad-")), "eval");
-    const cfg = await parseEvalArgs(["node", "eval", "--model_path", bad, "--dataset", "synthetic", "--max_samples", "2", "--output_dir", out]);
+    const cfg = await parseEvalArgs([
+      "node",
+      "eval",
+      "--model_path",
+      bad,
+      "--dataset",
+      "synthetic",
+      "--max_samples",
+      "2",
+      "--output_dir",
+      out,
+    ]);
     await expect(runEval(cfg, { out: () => {}, progress: false })).rejects.toThrow(/model.safetensors/);
-    expect(await fs.stat(out).then(() => true, () => false)).toBe(false); // no stale run.json to block the rerun
+    expect(
+      await fs.stat(out).then(
+        () => true,
+        () => false,
+      ),
+    ).toBe(false); // no stale run.json to block the rerun
   });
 
   it("the script exits 2 with one error line and writes nothing", async () => {
     const tsx = path.resolve("node_modules/.bin/tsx");
     const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "eval-bad-")), "eval");
-    const run = (args: string[]) => new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve) => {
-      const p = spawn(tsx, ["scripts/eval.ts", ...args, "--output_dir", out], { stdio: ["ignore", "pipe", "pipe"] });
-      let stdout = "", stderr = "";
-      p.stdout.on("data", (d) => (stdout += d));
-      p.stderr.on("data", (d) => (stderr += d));
-      p.on("close", (status) => resolve({ status, stdout, stderr }));
-    });
+    const run = (args: string[]) =>
+      new Promise<{ status: number | null; stdout: string; stderr: string }>((resolve) => {
+        const p = spawn(tsx, ["scripts/eval.ts", ...args, "--output_dir", out], { stdio: ["ignore", "pipe", "pipe"] });
+        let stdout = "",
+          stderr = "";
+        p.stdout.on("data", (d) => (stdout += d));
+        p.stderr.on("data", (d) => (stderr += d));
+        p.on("close", (status) => resolve({ status, stdout, stderr }));
+      });
     const [a, b] = await Promise.all([run(["--temperature", "abc"]), run(["--model_path", path.join(out, "missing")])]);
-    for (const [r, msg] of [[a, /^error: --temperature "abc": expected a number/], [b, /^error: --model_path .*missing: no such folder/]] as const) {
+    for (const [r, msg] of [
+      [a, /^error: --temperature "abc": expected a number/],
+      [b, /^error: --model_path .*missing: no such folder/],
+    ] as const) {
       expect(r.status).toBe(2);
       expect(r.stderr.trim().split("\n")).toHaveLength(1);
       expect(r.stderr.trim()).toMatch(msg);
       expect(r.stdout).toBe("");
     }
-    expect(await fs.stat(out).then(() => true, () => false)).toBe(false);
+    expect(
+      await fs.stat(out).then(
+        () => true,
+        () => false,
+      ),
+    ).toBe(false);
   }, 240_000); // two tsx processes starting at once: slow on a loaded machine
 });

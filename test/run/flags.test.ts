@@ -18,7 +18,14 @@ describe("flag tables", () => {
   it("parse into options named as the flags, with the table's defaults", () => {
     const { o } = grpo("--beta", "0", "--no-tools_in_prompt");
     expect(o).toEqual({ ...defaultsOf(GRPO_FLAGS), beta: 0, tools_in_prompt: false });
-    expect(defaultsOf(GRPO_FLAGS)).toMatchObject({ max_steps: 100, loss_type: "grpo", tools_in_prompt: true, unpack_base: true, overwrite: false, epsilon_high: undefined });
+    expect(defaultsOf(GRPO_FLAGS)).toMatchObject({
+      max_steps: 100,
+      loss_type: "grpo",
+      tools_in_prompt: true,
+      unpack_base: true,
+      overwrite: false,
+      epsilon_high: undefined,
+    });
     expect(defaultsOf(SFT_FLAGS)).toMatchObject({ learning_rate: 2e-4, lr_scheduler: "cosine", full: false, quantize: "none" });
   });
 
@@ -49,10 +56,34 @@ describe("flag tables", () => {
 
 describe("eval and chat", () => {
   it("their configs are their parsed flags, plus only the values the flags leave open", async () => {
-    const e = await parseEvalArgs(["node", "eval", "--model_path", TINY_BASE_DIR, "--dataset", "synthetic", "--max_samples", "3", "--no-tools_in_prompt", "--output_dir", "/tmp/x"]);
+    const e = await parseEvalArgs([
+      "node",
+      "eval",
+      "--model_path",
+      TINY_BASE_DIR,
+      "--dataset",
+      "synthetic",
+      "--max_samples",
+      "3",
+      "--no-tools_in_prompt",
+      "--output_dir",
+      "/tmp/x",
+    ]);
     const { models, compare, skipped, synthetic, ...flags } = e;
-    expect(flags).toEqual({ ...defaultsOf(EVAL_FLAGS), model_path: TINY_BASE_DIR, dataset: "synthetic", max_samples: 3, tools_in_prompt: false, output_dir: "/tmp/x" });
-    expect({ models, compare, skipped, synthetic }).toEqual({ models: [{ name: "tiny", modelPath: TINY_BASE_DIR, quantize: "none" }], compare: [], skipped: [], synthetic: undefined });
+    expect(flags).toEqual({
+      ...defaultsOf(EVAL_FLAGS),
+      model_path: TINY_BASE_DIR,
+      dataset: "synthetic",
+      max_samples: 3,
+      tools_in_prompt: false,
+      output_dir: "/tmp/x",
+    });
+    expect({ models, compare, skipped, synthetic }).toEqual({
+      models: [{ name: "tiny", modelPath: TINY_BASE_DIR, quantize: "none" }],
+      compare: [],
+      skipped: [],
+      synthetic: undefined,
+    });
     const c = await parseChatArgs(["node", "chat", "--model_path", TINY_BASE_DIR, "--top_p", "0.9", "--tools", "calculator"]);
     expect(c).toEqual({ ...defaultsOf(CHAT_FLAGS), model_path: TINY_BASE_DIR, top_p: 0.9 });
   });

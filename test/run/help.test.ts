@@ -17,10 +17,26 @@ const FIXTURES = path.join(ROOT, "test", "fixtures", "help");
 
 /** Flags (as the entry starts, e.g. "--max_steps <n>") that exist now and did not at the capture. */
 const TOOL_FLAGS = ["--tools <list>", "--tool_timeout <s>", "--tool_max_chars <n>"];
-const ROLLOUT_FLAGS = ["--rollout_engine <kind>", "--rollout_url <url>", "--rollout_model <name>", "--rollout_timeout <s>", "--async_rollouts <k>"];
+const ROLLOUT_FLAGS = [
+  "--rollout_engine <kind>",
+  "--rollout_url <url>",
+  "--rollout_model <name>",
+  "--rollout_timeout <s>",
+  "--async_rollouts <k>",
+];
 const ADDED: Record<string, string[]> = {
   "train-sft": [],
-  "train-gsm8k-agent": ["--importance_sampling_level <level>", "--mask_truncated_completions", ...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_max_failed_steps <n>", "--env_tasks <ranges>", "--env_eval_tasks <ranges>", ...ROLLOUT_FLAGS],
+  "train-gsm8k-agent": [
+    "--importance_sampling_level <level>",
+    "--mask_truncated_completions",
+    ...TOOL_FLAGS,
+    "--env <url>",
+    "--env_dialect <kind>",
+    "--env_max_failed_steps <n>",
+    "--env_tasks <ranges>",
+    "--env_eval_tasks <ranges>",
+    ...ROLLOUT_FLAGS,
+  ],
   eval: [...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_tasks <ranges>"],
   chat: TOOL_FLAGS,
 };
@@ -35,10 +51,12 @@ const HEADS: Record<string, string> = {
 const CHANGED: Record<string, Record<string, string>> = {
   "train-sft": {
     // Micro-batches split by memory on wasm.
-    "--batch_size <n>": "--batch_size <n> conversations per micro-batch (on wasm, fewer where one layer of it would hold over 1 GiB; results do not change) (default: 8)",
+    "--batch_size <n>":
+      "--batch_size <n> conversations per micro-batch (on wasm, fewer where one layer of it would hold over 1 GiB; results do not change) (default: 8)",
   },
   eval: {
-    "--dataset <name>": '--dataset <name> gsm8k, synthetic, a GSM8K .jsonl/.parquet path or folder, or a task .jsonl ({id, query, answer, scorer?, answer_schema?}) (default: "gsm8k")',
+    "--dataset <name>":
+      '--dataset <name> gsm8k, synthetic, a GSM8K .jsonl/.parquet path or folder, or a task .jsonl ({id, query, answer, scorer?, answer_schema?}) (default: "gsm8k")',
   },
   "train-gsm8k-agent": {
     // "RL steps" was named after epochs; the old name stays accepted, hidden from --help.
@@ -47,10 +65,13 @@ const CHANGED: Record<string, Record<string, string>> = {
     "--loss_type <kind>": '--loss_type <kind> grpo, bnpo, dapo, dr_grpo, gspo, minirl (default: "grpo")',
     "--epsilon_high <x>": "--epsilon_high <x> upper clip range (default: --epsilon; minirl: --epsilon + 0.1, AgentRL's window)",
     // Task files next to GSM8K's format, and the environment's reward.
-    "--dataset <name|path>": '--dataset <name|path> gsm8k (local HF cache or hub), synthetic, a GSM8K-format .jsonl/.parquet path, or a task .jsonl ({id, query, answer, scorer?, answer_schema?}) (default: "gsm8k")',
-    "--reward_weights <spec>": '--reward_weights <spec> weights of the reward components, e.g. correctness=1,format=0.1,tool_use=0 (with --env: env=1) (default: "correctness=1,format=0.1")',
+    "--dataset <name|path>":
+      '--dataset <name|path> gsm8k (local HF cache or hub), synthetic, a GSM8K-format .jsonl/.parquet path, or a task .jsonl ({id, query, answer, scorer?, answer_schema?}) (default: "gsm8k")',
+    "--reward_weights <spec>":
+      '--reward_weights <spec> weights of the reward components, e.g. correctness=1,format=0.1,tool_use=0 (with --env: env=1) (default: "correctness=1,format=0.1")',
     // Micro-batches split by memory on wasm.
-    "--micro_batch_size <n>": "--micro_batch_size <n> rollouts per forward/backward, at most (memory knob; results do not change). On wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 tokens) (default: 8)",
+    "--micro_batch_size <n>":
+      "--micro_batch_size <n> rollouts per forward/backward, at most (memory knob; results do not change). On wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 tokens) (default: 8)",
   },
 };
 
@@ -82,7 +103,12 @@ function flagOf(entry: string): string {
   return /^(-\w, )?--[\w-]+( <[^>]+>| \[[^\]]+\])?/.exec(entry)![0];
 }
 
-const COMMANDS: Record<string, () => Command> = { "train-sft": sftCommand, "train-gsm8k-agent": grpoCommand, eval: evalCommand, chat: chatCommand };
+const COMMANDS: Record<string, () => Command> = {
+  "train-sft": sftCommand,
+  "train-gsm8k-agent": grpoCommand,
+  eval: evalCommand,
+  chat: chatCommand,
+};
 
 describe.each(Object.keys(ADDED))("%s --help", (script) => {
   it("is the captured text apart from the flags added or changed on purpose", async () => {
@@ -91,7 +117,9 @@ describe.each(Object.keys(ADDED))("%s --help", (script) => {
     expect(now.head).toBe(HEADS[script] ?? before.head);
     const changed = CHANGED[script] ?? {};
     for (const flag of Object.keys(changed)) expect(before.entries.has(flag), `${flag} was not in the captured help`).toBe(true);
-    const expected = new Map([...before.entries].map(([flag, entry]) => (changed[flag] ? [flagOf(changed[flag]), changed[flag]] : [flag, entry])));
+    const expected = new Map(
+      [...before.entries].map(([flag, entry]) => (changed[flag] ? [flagOf(changed[flag]), changed[flag]] : [flag, entry])),
+    );
     const added = new Set(ADDED[script]);
     const nowKept = [...now.entries].filter(([flag]) => !added.has(flag));
     for (const flag of added) expect(now.entries.has(flag), `${flag} is listed as added but absent`).toBe(true);

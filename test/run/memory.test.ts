@@ -34,22 +34,47 @@ describe("GRPO run memory", () => {
 
   it("tensors, tensor bytes, wasm heap and live JS heap stay flat across steps", async () => {
     const data = path.join(root, "one-question.jsonl");
-    const row = JSON.stringify({ question: "Tom has 12 apples and buys 30 more. How many apples does he have?", answer: "12+30=<<12+30=42>>42 apples.\n#### 42" });
+    const row = JSON.stringify({
+      question: "Tom has 12 apples and buys 30 more. How many apples does he have?",
+      answer: "12+30=<<12+30=42>>42 apples.\n#### 42",
+    });
     await fs.writeFile(data, Array.from({ length: 4 }, () => row).join("\n") + "\n");
     const steps = 8;
     const out = path.join(root, "grpo");
-    await runGrpo({
-      ...defaultsOf(GRPO_FLAGS), model_path: base, dataset: data, eval_samples: 0, max_steps: steps, prompts_per_step: 2, samples_per_prompt: 4,
-      max_new_tokens: 24, max_turns: 2, temperature: 1, beta: 0, lora_r: 4, lora_alpha: 8, quantize: "nf4", micro_batch_size: 4,
-      save_steps: 1, save_total_limit: 2, tools_in_prompt: false, seed: 5, output_dir: out, backend: "wasm", quiet: true,
-    },
-    // Random weights never answer right: reward even token ids, so every group carries a signal and trains.
-    (t) => ({ reward: t.completionIds.filter((id) => id % 2 === 0).length / Math.max(1, t.completionIds.length), components: {} }),
+    await runGrpo(
+      {
+        ...defaultsOf(GRPO_FLAGS),
+        model_path: base,
+        dataset: data,
+        eval_samples: 0,
+        max_steps: steps,
+        prompts_per_step: 2,
+        samples_per_prompt: 4,
+        max_new_tokens: 24,
+        max_turns: 2,
+        temperature: 1,
+        beta: 0,
+        lora_r: 4,
+        lora_alpha: 8,
+        quantize: "nf4",
+        micro_batch_size: 4,
+        save_steps: 1,
+        save_total_limit: 2,
+        tools_in_prompt: false,
+        seed: 5,
+        output_dir: out,
+        backend: "wasm",
+        quiet: true,
+      },
+      // Random weights never answer right: reward even token ids, so every group carries a signal and trains.
+      (t) => ({ reward: t.completionIds.filter((id) => id % 2 === 0).length / Math.max(1, t.completionIds.length), components: {} }),
     );
     const m = await readMetrics(path.join(out, "metrics.jsonl"));
     const col = (k: string) => m.filter((r) => typeof r[k] === "number").map((r) => r[k] as number);
     expect(col("tensors")).toHaveLength(steps);
-    const show = ["tensors", "tensor_bytes", "wasm_bytes", "heap_bytes", "completion_len_max"].map((k) => `${k}: ${col(k).join(" ")}`).join("\n");
+    const show = ["tensors", "tensor_bytes", "wasm_bytes", "heap_bytes", "completion_len_max"]
+      .map((k) => `${k}: ${col(k).join(" ")}`)
+      .join("\n");
     expect(new Set(col("tensors")).size, show).toBe(1);
     expect(new Set(col("tensor_bytes")).size, show).toBe(1);
     // The wasm heap grows to the largest batch's peak and never shrinks. It may grow until the step

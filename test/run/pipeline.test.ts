@@ -32,9 +32,26 @@ afterAll(async () => {
 });
 
 const sftCfg = (output_dir: string): SftRunConfig => ({
-  ...defaultsOf(SFT_FLAGS), model_path: base, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_samples: 8, batch_size: 4, learning_rate: 1e-3,
-  lr_scheduler: "constant", warmup_ratio: 0, max_length: 512, lora_r: 4, lora_alpha: 8, full: true, tools_in_prompt: false, eval_samples: 4,
-  eval_max_new_tokens: 24, max_turns: 3, output_dir, backend: "wasm", quiet: true,
+  ...defaultsOf(SFT_FLAGS),
+  model_path: base,
+  dataset: "synthetic",
+  synthetic: TINY_PROBLEMS,
+  max_samples: 8,
+  batch_size: 4,
+  learning_rate: 1e-3,
+  lr_scheduler: "constant",
+  warmup_ratio: 0,
+  max_length: 512,
+  lora_r: 4,
+  lora_alpha: 8,
+  full: true,
+  tools_in_prompt: false,
+  eval_samples: 4,
+  eval_max_new_tokens: 24,
+  max_turns: 3,
+  output_dir,
+  backend: "wasm",
+  quiet: true,
 });
 
 // Random weights never answer right, so every group would carry no signal: reward the share of
@@ -46,17 +63,48 @@ const evenIds: RolloutScorer = (t) => {
 };
 
 const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
-  ...defaultsOf(GRPO_FLAGS), model_path, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_steps: 2, prompts_per_step: 2, samples_per_prompt: 3,
-  max_new_tokens: 24, max_turns: 3, temperature: 1, beta: 0.04, epsilon: 0.2, epsilon_high: 0.2, reward_weights: "correctness=1,format=0.1,tool_use=0",
-  learning_rate: 1e-2, micro_batch_size: 4, lora_r: 4, lora_alpha: 8, quantize: "nf4",
-  tools_in_prompt: false, save_steps: 1, save_total_limit: 3, seed: 3, output_dir, backend: "wasm", quiet: true, ...over,
+  ...defaultsOf(GRPO_FLAGS),
+  model_path,
+  dataset: "synthetic",
+  synthetic: TINY_PROBLEMS,
+  max_steps: 2,
+  prompts_per_step: 2,
+  samples_per_prompt: 3,
+  max_new_tokens: 24,
+  max_turns: 3,
+  temperature: 1,
+  beta: 0.04,
+  epsilon: 0.2,
+  epsilon_high: 0.2,
+  reward_weights: "correctness=1,format=0.1,tool_use=0",
+  learning_rate: 1e-2,
+  micro_batch_size: 4,
+  lora_r: 4,
+  lora_alpha: 8,
+  quantize: "nf4",
+  tools_in_prompt: false,
+  save_steps: 1,
+  save_total_limit: 3,
+  seed: 3,
+  output_dir,
+  backend: "wasm",
+  quiet: true,
+  ...over,
 });
 
 describe("tiny pipeline", () => {
   it("SFT then GRPO leave the files and metrics a run must produce", async () => {
     expect(sft.steps).toBe(2);
     expect(Number.isFinite(sft.finalLoss)).toBe(true);
-    for (const f of ["run.json", "metrics.jsonl", "report.html", "eval.json", "final/config.json", "final/model.safetensors", "final/tokenizer.json"])
+    for (const f of [
+      "run.json",
+      "metrics.jsonl",
+      "report.html",
+      "eval.json",
+      "final/config.json",
+      "final/model.safetensors",
+      "final/tokenizer.json",
+    ])
       await expect(fs.stat(path.join(sftDir, f)), f).resolves.toBeTruthy();
     const sftMetrics = await readMetrics(path.join(sftDir, "metrics.jsonl"));
     expect(sftMetrics.filter((m) => typeof m.loss === "number")).toHaveLength(2);
@@ -68,26 +116,65 @@ describe("tiny pipeline", () => {
     const r = await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir), evenIds);
     expect(r.steps).toBe(2);
     expect(tf.memory().numTensors).toBe(before);
-    for (const f of ["run.json", "metrics.jsonl", "report.html", "trajectories.jsonl", "latest", "final/adapter_config.json", "final/adapter_model.safetensors"])
+    for (const f of [
+      "run.json",
+      "metrics.jsonl",
+      "report.html",
+      "trajectories.jsonl",
+      "latest",
+      "final/adapter_config.json",
+      "final/adapter_model.safetensors",
+    ])
       await expect(fs.stat(path.join(grpoDir, f)), f).resolves.toBeTruthy();
     const m = await readMetrics(path.join(grpoDir, "metrics.jsonl"));
     expect(m.map((x) => x.step)).toEqual([1, 2]);
     expect(m[0].kl).toBe(0); // the adapter starts at B = 0: policy = reference
     expect(m[1].kl as number).toBeGreaterThan(0);
-    for (const key of ["reward", "reward_std", "accuracy", "reward_even", "kl", "clip_ratio", "entropy", "completion_len", "tool_calls", "tool_error_rate", "zero_signal_groups", "rollout_tokens_per_s", "step_time", "tensors", "rss_bytes"])
+    for (const key of [
+      "reward",
+      "reward_std",
+      "accuracy",
+      "reward_even",
+      "kl",
+      "clip_ratio",
+      "entropy",
+      "completion_len",
+      "tool_calls",
+      "tool_error_rate",
+      "zero_signal_groups",
+      "rollout_tokens_per_s",
+      "step_time",
+      "tensors",
+      "rss_bytes",
+    ])
       expect(m[0], key).toHaveProperty(key);
     // The loss and its settings: on every metrics line, in run.json (the flags, resolved) and the report.
-    expect(m[1]).toMatchObject({ loss_type: "grpo", importance_sampling_level: "token", epsilon: 0.2, epsilon_high: 0.2, beta: 0.04, mask_truncated_completions: false });
+    expect(m[1]).toMatchObject({
+      loss_type: "grpo",
+      importance_sampling_level: "token",
+      epsilon: 0.2,
+      epsilon_high: 0.2,
+      beta: 0.04,
+      mask_truncated_completions: false,
+    });
     const run = JSON.parse(await fs.readFile(path.join(grpoDir, "run.json"), "utf8"));
-    expect(run.config).toMatchObject({ loss_type: "grpo", importance_sampling_level: "token", epsilon_high: 0.2, max_steps: 2, output_dir: grpoDir });
-    expect(await fs.readFile(path.join(grpoDir, "report.html"), "utf8")).toContain("grpo (ε 0.2, ε_high 0.2, β 0.04, token-level ratios, truncated rollouts trained)");
+    expect(run.config).toMatchObject({
+      loss_type: "grpo",
+      importance_sampling_level: "token",
+      epsilon_high: 0.2,
+      max_steps: 2,
+      output_dir: grpoDir,
+    });
+    expect(await fs.readFile(path.join(grpoDir, "report.html"), "utf8")).toContain(
+      "grpo (ε 0.2, ε_high 0.2, β 0.04, token-level ratios, truncated rollouts trained)",
+    );
     const lines = (await fs.readFile(path.join(grpoDir, "trajectories.jsonl"), "utf8")).trim().split("\n");
     expect(lines).toHaveLength(2 * 2 * 3);
     // the report shows both steps' groups of rollouts, and the SFT report its held-out transcripts
     const report = await fs.readFile(path.join(grpoDir, "report.html"), "utf8");
     expect(report.match(/<details open><summary>step \d/g)).toHaveLength(2);
     expect(report.match(/<div class="group">/g)).toHaveLength(2 * 2);
-    expect(await fs.readFile(path.join(sftDir, "report.html"), "utf8")).toContain("<h2 id=\"held-out\">Held-out transcripts</h2>");
+    expect(await fs.readFile(path.join(sftDir, "report.html"), "utf8")).toContain('<h2 id="held-out">Held-out transcripts</h2>');
     const adapterCfg = JSON.parse(await fs.readFile(path.join(grpoDir, "final/adapter_config.json"), "utf8"));
     expect(adapterCfg.base_model_name_or_path).toBe(path.join(sftDir, "final"));
   });
@@ -107,11 +194,18 @@ describe("tiny pipeline", () => {
     expect(m.map((x) => x.step)).toEqual([1, 2]);
     const rollouts = (dir: string) => fs.readFile(path.join(dir, "trajectories.jsonl"), "utf8");
     expect(await rollouts(halves)).toBe(await rollouts(whole)); // same rollouts, each step once
-    const history = async (dir: string) => JSON.parse(await fs.readFile(path.join(dir, "checkpoint-2", "trainer_state.json"), "utf8")).log_history.map((h: { step: number }) => h.step);
+    const history = async (dir: string) =>
+      JSON.parse(await fs.readFile(path.join(dir, "checkpoint-2", "trainer_state.json"), "utf8")).log_history.map(
+        (h: { step: number }) => h.step,
+      );
     expect(await history(halves)).toEqual([1, 2]); // the resumed run keeps the first run's history
     expect(await history(halves)).toEqual(await history(whole));
     // Resuming with other settings names them; --overwrite with --resume is refused.
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, learning_rate: 5e-3 }), evenIds)).rejects.toThrow(/other settings \(learning_rate\)/);
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, overwrite: true }), evenIds)).rejects.toThrow(/--overwrite and --resume together/);
+    await expect(
+      runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, learning_rate: 5e-3 }), evenIds),
+    ).rejects.toThrow(/other settings \(learning_rate\)/);
+    await expect(
+      runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, overwrite: true }), evenIds),
+    ).rejects.toThrow(/--overwrite and --resume together/);
   });
 });

@@ -19,10 +19,12 @@ afterAll(() => fs.rm(dir, { recursive: true, force: true }));
 
 describe("unpacking a quantized base for generation", () => {
   it("is on by default and off with --no-unpack_base", async () => {
-    const parse = (...argv: string[]) => addModelOptions(new Command(), { modelPath: "x", quantize: "nf4" }).parse(argv, { from: "user" }).opts();
+    const parse = (...argv: string[]) =>
+      addModelOptions(new Command(), { modelPath: "x", quantize: "nf4" }).parse(argv, { from: "user" }).opts();
     expect(parse().unpack_base).toBe(true);
     expect(parse("--no-unpack_base").unpack_base).toBe(false);
-    const evalArgs = (...extra: string[]) => parseEvalArgs(["node", "eval", "--model_path", dir, "--dataset", "synthetic", "--output_dir", path.join(dir, "eval"), ...extra]);
+    const evalArgs = (...extra: string[]) =>
+      parseEvalArgs(["node", "eval", "--model_path", dir, "--dataset", "synthetic", "--output_dir", path.join(dir, "eval"), ...extra]);
     expect((await evalArgs()).unpack_base).toBe(true);
     expect((await evalArgs("--no-unpack_base")).unpack_base).toBe(false);
     const chatArgs = (...extra: string[]) => parseChatArgs(["node", "chat", "--model_path", dir, ...extra]);

@@ -33,7 +33,14 @@ let server: ServingOpenAi;
 beforeAll(async () => {
   base = await makeTinyModelDir();
   root = await fs.mkdtemp(path.join(os.tmpdir(), "marl-remote-"));
-  server = await serveOpenAi({ ...defaultsOf(SERVE_OPENAI_FLAGS), model_path: base, served_model_name: "tiny", port: 0, backend: "wasm", tools_in_prompt: false });
+  server = await serveOpenAi({
+    ...defaultsOf(SERVE_OPENAI_FLAGS),
+    model_path: base,
+    served_model_name: "tiny",
+    port: 0,
+    backend: "wasm",
+    tools_in_prompt: false,
+  });
 });
 afterAll(async () => {
   await server?.close();
@@ -48,10 +55,32 @@ const evenIds: RolloutScorer = (t) => {
 };
 
 const grpoCfg = (output_dir: string, url: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
-  ...defaultsOf(GRPO_FLAGS), model_path: base, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_steps: 2, prompts_per_step: 2, samples_per_prompt: 3,
-  max_new_tokens: 24, max_turns: 3, temperature: 1, beta: 0, reward_weights: "correctness=1",
-  learning_rate: 1e-2, micro_batch_size: 8, lora_r: 4, lora_alpha: 8, quantize: "none", tools_in_prompt: false, save_steps: 1,
-  seed: 3, output_dir, backend: "wasm", quiet: true, rollout_engine: "openai", rollout_url: `${url}/v1`, ...over,
+  ...defaultsOf(GRPO_FLAGS),
+  model_path: base,
+  dataset: "synthetic",
+  synthetic: TINY_PROBLEMS,
+  max_steps: 2,
+  prompts_per_step: 2,
+  samples_per_prompt: 3,
+  max_new_tokens: 24,
+  max_turns: 3,
+  temperature: 1,
+  beta: 0,
+  reward_weights: "correctness=1",
+  learning_rate: 1e-2,
+  micro_batch_size: 8,
+  lora_r: 4,
+  lora_alpha: 8,
+  quantize: "none",
+  tools_in_prompt: false,
+  save_steps: 1,
+  seed: 3,
+  output_dir,
+  backend: "wasm",
+  quiet: true,
+  rollout_engine: "openai",
+  rollout_url: `${url}/v1`,
+  ...over,
 });
 
 describe("rollouts on an OpenAI-compatible engine", () => {
@@ -60,9 +89,24 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     const client = new EngineClient({ url: server.url, timeoutMs: 60_000 }, policy.model.config.vocabSize);
     const prompts = [toPrompt("Tom has 12 apples and buys 30 more. How many apples?"), toPrompt("What is 7 times 8?")];
     const trajs = await remoteRolloutGroups(client, policy.tokenizer, prompts, {
-      samplesPerPrompt: 2, maxNewTokens: 20, maxTurns: 3, temperature: 1, topP: 1, topK: 0, tools: [calculatorTool], toolsInPrompt: false, seed: 5, model: "tiny", maxPositions: 1024,
+      samplesPerPrompt: 2,
+      maxNewTokens: 20,
+      maxTurns: 3,
+      temperature: 1,
+      topP: 1,
+      topK: 0,
+      tools: [calculatorTool],
+      toolsInPrompt: false,
+      seed: 5,
+      model: "tiny",
+      maxPositions: 1024,
     });
-    expect(trajs.map((t) => [t.promptIndex, t.sampleIndex])).toEqual([[0, 0], [0, 1], [1, 0], [1, 1]]);
+    expect(trajs.map((t) => [t.promptIndex, t.sampleIndex])).toEqual([
+      [0, 0],
+      [0, 1],
+      [1, 0],
+      [1, 1],
+    ]);
     const local = policy.tokenizer.encode(policy.tokenizer.applyChatTemplate(prompts[0], { addGenerationPrompt: true }));
     expect(trajs[0].promptIds).toEqual(local); // the trainer's template, tokenized once
     for (const t of trajs) {
@@ -92,13 +136,27 @@ describe("rollouts on an OpenAI-compatible engine", () => {
         const r = JSON.parse(body);
         prompts.push(r.prompt);
         const ids = turns[prompts.length - 1];
-        res.writeHead(200, { "Content-Type": "application/json" }).end(JSON.stringify({ choices: [{ finish_reason: "stop", token_ids: ids, logprobs: { token_logprobs: ids.map(() => -0.25) } }] }));
+        res
+          .writeHead(200, { "Content-Type": "application/json" })
+          .end(
+            JSON.stringify({ choices: [{ finish_reason: "stop", token_ids: ids, logprobs: { token_logprobs: ids.map(() => -0.25) } }] }),
+          );
       });
     });
     await new Promise<void>((r) => engine.listen(0, "127.0.0.1", () => r()));
     const client = new EngineClient({ url: `http://127.0.0.1:${(engine.address() as AddressInfo).port}`, timeoutMs: 10_000 }, 512);
     const [t] = await remoteRolloutGroups(client, tok, [toPrompt("Each bag has 15 marbles. How many marbles are in 6 bags?")], {
-      samplesPerPrompt: 1, maxNewTokens: 200, maxTurns: 3, temperature: 1, topP: 1, topK: 0, tools: [calculatorTool], toolsInPrompt: false, seed: 1, model: "m", maxPositions: 1024,
+      samplesPerPrompt: 1,
+      maxNewTokens: 200,
+      maxTurns: 3,
+      temperature: 1,
+      topP: 1,
+      topK: 0,
+      tools: [calculatorTool],
+      toolsInPrompt: false,
+      seed: 1,
+      model: "m",
+      maxPositions: 1024,
     });
     engine.close();
     expect(t.finishReason).toBe("stop");
@@ -117,7 +175,10 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     const sync = await runGrpo(grpoCfg(path.join(root, "sync"), server.url), evenIds);
     expect(sync.steps).toBe(2);
     const m = await readMetrics(path.join(root, "sync", "metrics.jsonl"));
-    expect(m.map((x) => [x.policy_version, x.staleness])).toEqual([[0, 0], [1, 0]]);
+    expect(m.map((x) => [x.policy_version, x.staleness])).toEqual([
+      [0, 0],
+      [1, 0],
+    ]);
     for (const x of m) {
       for (const k of ["trainer_wait", "engine_wait", "rollout_time"]) expect(x[k] as number, k).toBeGreaterThanOrEqual(0);
       expect(x.engine_logprob_gap as number).toBeLessThan(1e-3); // same model code on both sides
@@ -128,9 +189,16 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     expect(ahead.steps).toBe(3);
     const a = await readMetrics(path.join(root, "async", "metrics.jsonl"));
     // Steps 1 and 2 were requested at the start (version 0); step 3 once version 1 was published.
-    expect(a.map((x) => [x.policy_version, x.staleness])).toEqual([[0, 0], [0, 1], [1, 1]]);
+    expect(a.map((x) => [x.policy_version, x.staleness])).toEqual([
+      [0, 0],
+      [0, 1],
+      [1, 1],
+    ]);
     expect(a[1].engine_logprob_gap as number).toBeGreaterThan(0); // rollouts of older weights: the ratio is not 1
-    const lines = (await fs.readFile(path.join(root, "async", "trajectories.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    const lines = (await fs.readFile(path.join(root, "async", "trajectories.jsonl"), "utf8"))
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(new Set(lines.map((l) => `${l.step}:${l.policyVersion}`))).toEqual(new Set(["1:0", "2:0", "3:1"]));
     // Every version loaded into the engine was unloaded again, and its folder removed.
     expect(server.engine.adapterNames()).toEqual([]);
@@ -147,11 +215,20 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     expect(err).toBeInstanceOf(UsageError);
     expect((err as Error).message).toMatch(/cannot be reached \(ECONNREFUSED\)/);
     expect((err as Error).message).not.toContain("\n");
-    await expect(openRemoteRollouts({ ...f, rollout_engine: "local", async_rollouts: 1, rollout_url: undefined }, 320, () => {})).rejects.toThrow(/--async_rollouts 1 needs --rollout_engine openai/);
+    await expect(
+      openRemoteRollouts({ ...f, rollout_engine: "local", async_rollouts: 1, rollout_url: undefined }, 320, () => {}),
+    ).rejects.toThrow(/--async_rollouts 1 needs --rollout_engine openai/);
   });
 
   it("stops a run whose engine goes away with a checkpoint, and the run resumes", async () => {
-    const second = await serveOpenAi({ ...defaultsOf(SERVE_OPENAI_FLAGS), model_path: base, served_model_name: "tiny", port: 0, backend: "wasm", tools_in_prompt: false });
+    const second = await serveOpenAi({
+      ...defaultsOf(SERVE_OPENAI_FLAGS),
+      model_path: base,
+      served_model_name: "tiny",
+      port: 0,
+      backend: "wasm",
+      tools_in_prompt: false,
+    });
     const dir = path.join(root, "dies");
     let scored = 0;
     const cfg = grpoCfg(dir, second.url, { max_steps: 3 });
@@ -191,12 +268,18 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     flaky.closeAllConnections();
     await new Promise<void>((r) => flaky.close(() => r()));
 
-    const choice = (c: Record<string, unknown>) => ({ choices: [{ finish_reason: "stop", logprobs: { token_logprobs: [-0.5], tokens: ["token_id:7"] }, ...c }] });
+    const choice = (c: Record<string, unknown>) => ({
+      choices: [{ finish_reason: "stop", logprobs: { token_logprobs: [-0.5], tokens: ["token_id:7"] }, ...c }],
+    });
     expect(parseCompletion(choice({}), 320)).toEqual({ ids: [7], logprobs: [-0.5], finishReason: "stop" });
-    expect(() => parseCompletion(choice({ logprobs: { token_logprobs: [-0.5], tokens: ["hello"] } }), 320)).toThrow(/choices\[0\]\.logprobs\.tokens\[0\]/);
+    expect(() => parseCompletion(choice({ logprobs: { token_logprobs: [-0.5], tokens: ["hello"] } }), 320)).toThrow(
+      /choices\[0\]\.logprobs\.tokens\[0\]/,
+    );
     expect(() => parseCompletion(choice({ token_ids: [7, 999] }), 320)).toThrow(/choices\[0\]\.token_ids\[1\]/);
     expect(() => parseCompletion(choice({ finish_reason: "abort" }), 320)).toThrow(/choices\[0\]\.finish_reason/);
-    expect(() => parseCompletion(choice({ logprobs: { token_logprobs: ["x"], tokens: ["token_id:7"] } }), 320)).toThrow(/token_logprobs\[0\]/);
+    expect(() => parseCompletion(choice({ logprobs: { token_logprobs: ["x"], tokens: ["token_id:7"] } }), 320)).toThrow(
+      /token_logprobs\[0\]/,
+    );
     expect(() => parseCompletion({ choices: [] }, 320)).toThrow(EngineError);
   });
 });

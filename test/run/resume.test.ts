@@ -30,22 +30,63 @@ afterAll(async () => {
 });
 
 const sftCfg = (output_dir: string, over: Partial<SftRunConfig> = {}): SftRunConfig => ({
-  ...defaultsOf(SFT_FLAGS), model_path: base, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_samples: 8, num_epochs: 2, batch_size: 2,
-  learning_rate: 1e-3, warmup_ratio: 0, max_length: 512, lora_r: 4, lora_alpha: 8, tools_in_prompt: false, eval_samples: 0,
-  eval_max_new_tokens: 8, max_turns: 1, output_dir, backend: "wasm", quiet: true, ...over,
+  ...defaultsOf(SFT_FLAGS),
+  model_path: base,
+  dataset: "synthetic",
+  synthetic: TINY_PROBLEMS,
+  max_samples: 8,
+  num_epochs: 2,
+  batch_size: 2,
+  learning_rate: 1e-3,
+  warmup_ratio: 0,
+  max_length: 512,
+  lora_r: 4,
+  lora_alpha: 8,
+  tools_in_prompt: false,
+  eval_samples: 0,
+  eval_max_new_tokens: 8,
+  max_turns: 1,
+  output_dir,
+  backend: "wasm",
+  quiet: true,
+  ...over,
 });
 
 const evenCount: RolloutScorer = (t) => ({ reward: t.completionIds.filter((id) => id % 2 === 0).length, components: {} });
 
 const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
-  ...defaultsOf(GRPO_FLAGS), model_path, dataset: "synthetic", synthetic: TINY_PROBLEMS, max_steps: 2, prompts_per_step: 1, samples_per_prompt: 2,
-  max_new_tokens: 8, max_turns: 1, beta: 0, epsilon_high: 0.2, reward_weights: "correctness=1",
-  learning_rate: 1e-2, micro_batch_size: 4, lora_r: 4, lora_alpha: 8, quantize: "nf4", tools_in_prompt: false, save_steps: 0, seed: 3,
-  output_dir, backend: "wasm", quiet: true, ...over,
+  ...defaultsOf(GRPO_FLAGS),
+  model_path,
+  dataset: "synthetic",
+  synthetic: TINY_PROBLEMS,
+  max_steps: 2,
+  prompts_per_step: 1,
+  samples_per_prompt: 2,
+  max_new_tokens: 8,
+  max_turns: 1,
+  beta: 0,
+  epsilon_high: 0.2,
+  reward_weights: "correctness=1",
+  learning_rate: 1e-2,
+  micro_batch_size: 4,
+  lora_r: 4,
+  lora_alpha: 8,
+  quantize: "nf4",
+  tools_in_prompt: false,
+  save_steps: 0,
+  seed: 3,
+  output_dir,
+  backend: "wasm",
+  quiet: true,
+  ...over,
 });
 
 const read = (dir: string, f: string) => fs.readFile(path.join(dir, f));
-const exists = (p: string) => fs.stat(p).then(() => true, () => false);
+const exists = (p: string) =>
+  fs.stat(p).then(
+    () => true,
+    () => false,
+  );
 
 /** Deliver SIGINT to the process's listeners once metrics.jsonl has `lines` lines. */
 function interruptAfter(dir: string, lines: number): () => void {
@@ -78,8 +119,13 @@ describe("SFT --resume", () => {
     expect(await exists(path.join(cut, "final"))).toBe(false);
     const b = await runSft(sftCfg(cut, { resume: true }));
     expect(b.steps).toBe(8);
-    expect(Buffer.compare(await read(cut, "final/adapter_model.safetensors"), await read(whole, "final/adapter_model.safetensors"))).toBe(0);
-    const steps = (await fs.readFile(path.join(cut, "metrics.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l).step);
+    expect(Buffer.compare(await read(cut, "final/adapter_model.safetensors"), await read(whole, "final/adapter_model.safetensors"))).toBe(
+      0,
+    );
+    const steps = (await fs.readFile(path.join(cut, "metrics.jsonl"), "utf8"))
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l).step);
     expect(steps).toEqual([1, 2, 3, 4, 5, 6, 7, 8]);
     for (const f of ["tokenizer.json", "adapter_config.json"]) expect(await exists(path.join(cut, "final", f)), f).toBe(true);
     // Finished: nothing left to resume.
@@ -93,8 +139,14 @@ describe("a run killed after its last step", () => {
     await runSft(sftCfg(sftDir, { num_epochs: 1 }));
     const grpoDir = path.join(root, "grpo-end");
     await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir), evenCount);
-    const finals = { sft: await read(sftDir, "final/adapter_model.safetensors"), grpo: await read(grpoDir, "final/adapter_model.safetensors") };
-    for (const [kind, dir] of [["sft", sftDir], ["grpo", grpoDir]] as const) {
+    const finals = {
+      sft: await read(sftDir, "final/adapter_model.safetensors"),
+      grpo: await read(grpoDir, "final/adapter_model.safetensors"),
+    };
+    for (const [kind, dir] of [
+      ["sft", sftDir],
+      ["grpo", grpoDir],
+    ] as const) {
       // As the kill left it: the last checkpoint written, final/ still under its temp name, no report.
       await fs.rename(path.join(dir, "final"), path.join(dir, ".final.1234.5678.tmp"));
       await fs.rm(path.join(dir, "report.html"));
@@ -109,7 +161,9 @@ describe("a run killed after its last step", () => {
     }
     // A checkpoint without optimizer state is refused instead of silently restarting AdamW.
     await fs.rm(path.join(grpoDir, "checkpoint-2", "optimizer.safetensors"));
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir, { max_steps: 3, resume: true }), evenCount)).rejects.toThrow(/has no optimizer.safetensors/);
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir, { max_steps: 3, resume: true }), evenCount)).rejects.toThrow(
+      /has no optimizer.safetensors/,
+    );
   }, 120_000);
 });
 
@@ -128,12 +182,18 @@ describe("held-out evaluation with a .jsonl dataset", () => {
       process.stderr.write = write;
     }
     const evaluated = JSON.parse(String(await read(out, "eval.json"))).samples.map((q: { question: string }) => q.question);
-    expect(evaluated.sort()).toEqual(rows.slice(8).map((r) => r.question).sort());
+    expect(evaluated.sort()).toEqual(
+      rows
+        .slice(8)
+        .map((r) => r.question)
+        .sort(),
+    );
     const split = (await readRunConfig(out)).config as { dataSplit: string };
     expect(split.dataSplit).toMatch(/rows 1-8 for training \(8 used\), the last 4 held out/);
     expect(lines.join("")).toContain(`data: ${split.dataSplit}`);
     // Held-out rows are cut from this file's end, so another --eval_samples would train on other rows.
-    await expect(runSft(sftCfg(out, { dataset: file, max_samples: undefined, num_epochs: 1, batch_size: 4, eval_samples: 2, resume: true })))
-      .rejects.toThrow(/^--resume: .* was run with other settings \(eval_samples\)/);
+    await expect(
+      runSft(sftCfg(out, { dataset: file, max_samples: undefined, num_epochs: 1, batch_size: 4, eval_samples: 2, resume: true })),
+    ).rejects.toThrow(/^--resume: .* was run with other settings \(eval_samples\)/);
   }, 120_000);
 });

@@ -19,19 +19,28 @@ async function makeRun(steps: number, folders: Record<string, string>): Promise<
 
 describe("run folders as model paths", () => {
   it("a run folder is its final model; epoch_N is the last model or checkpoint-N", async () => {
-    const run = await makeRun(3, { final: "adapter_config.json", "checkpoint-2": "adapter_config.json", "checkpoint-3": "adapter_config.json" });
+    const run = await makeRun(3, {
+      final: "adapter_config.json",
+      "checkpoint-2": "adapter_config.json",
+      "checkpoint-3": "adapter_config.json",
+    });
     const notes: string[] = [];
     const note = (l: string) => notes.push(l);
     expect(await runFolderModel(run, "--model_path", note)).toBe(path.join(run, "final"));
     expect(await runFolderModel(path.join(run, "epoch_3"), "--model_path", note)).toBe(path.join(run, "final"));
     expect(await runFolderModel(path.join(run, "epoch_2"), "--model_path", note)).toBe(path.join(run, "checkpoint-2"));
     expect(notes[0]).toMatch(/is a training run's folder: using its final model/);
-    expect(notes[1]).toMatch(/runs write checkpoint-<step>\/ and final\/ instead of epoch_N\/ \(--total_epochs counts RL steps\); using .*final$/);
+    expect(notes[1]).toMatch(
+      /runs write checkpoint-<step>\/ and final\/ instead of epoch_N\/ \(--total_epochs counts RL steps\); using .*final$/,
+    );
   });
 
   it("a missing epoch_N is a usage error naming what the run holds; other paths are left alone", async () => {
     const run = await makeRun(3, { final: "adapter_config.json", "checkpoint-3": "adapter_config.json" });
-    const err = await runFolderModel(path.join(run, "epoch_1"), "--model_path", () => undefined).then(() => null, (e: Error) => e);
+    const err = await runFolderModel(path.join(run, "epoch_1"), "--model_path", () => undefined).then(
+      () => null,
+      (e: Error) => e,
+    );
     expect(err?.name).toBe("UsageError");
     expect(err!.message).toMatch(/epoch_1: no such folder; .* holds checkpoint-3\/, final\/$/);
     expect(await runFolderModel(path.join(run, "final"), "--model_path", () => undefined)).toBeNull(); // a model folder itself

@@ -26,9 +26,18 @@ export async function makeTinyModelDir(seed = 1): Promise<string> {
 
 /** One layer, hidden 32: the model of makeSmallModelDir (vocabulary 300). */
 export const SMALL_MODEL_CONFIG: Qwen2Config = {
-  modelType: "qwen2", vocabSize: 300, hiddenSize: 32, intermediateSize: 64, numHiddenLayers: 1,
-  numAttentionHeads: 2, numKeyValueHeads: 1, headDim: 16, ropeTheta: 1e4, rmsNormEps: 1e-6,
-  tieWordEmbeddings: true, maxPositionEmbeddings: 1024,
+  modelType: "qwen2",
+  vocabSize: 300,
+  hiddenSize: 32,
+  intermediateSize: 64,
+  numHiddenLayers: 1,
+  numAttentionHeads: 2,
+  numKeyValueHeads: 1,
+  headDim: 16,
+  ropeTheta: 1e4,
+  rmsNormEps: 1e-6,
+  tieWordEmbeddings: true,
+  maxPositionEmbeddings: 1024,
 };
 
 /** SMALL_MODEL_CONFIG with random weights and a byte-level BPE tokenizer with Qwen's special tokens

@@ -31,13 +31,25 @@ interface Exchange {
 
 /** Where ours answers otherwise than the real server, and why (kept in step with the README). */
 const DIFFERS: Record<string, { status?: number; nullable?: string[]; loose?: string[]; why: string }> = {
-  "set_baseline with a numeric string: float(score)": { loose: ["baseline_score"], why: "ours echoes the number it parsed, the real one the raw value" },
-  "a path outside the workspace": { status: 403, why: "ours says what is wrong (403, the path named) where the real one answers 400 \"Invalid request\"" },
-  "a gpu not in CUDA_VISIBLE_DEVICES": { status: 200, why: "ours evaluates on the backend chosen at start and ignores gpu; the real one checks it against CUDA_VISIBLE_DEVICES" },
+  "set_baseline with a numeric string: float(score)": {
+    loose: ["baseline_score"],
+    why: "ours echoes the number it parsed, the real one the raw value",
+  },
+  "a path outside the workspace": {
+    status: 403,
+    why: 'ours says what is wrong (403, the path named) where the real one answers 400 "Invalid request"',
+  },
+  "a gpu not in CUDA_VISIBLE_DEVICES": {
+    status: 200,
+    why: "ours evaluates on the backend chosen at start and ignores gpu; the real one checks it against CUDA_VISIBLE_DEVICES",
+  },
   "the list test_api.py asks for": { status: 200, why: "ours lists its scenarios at GET /scenarios; the early server had no such route" },
-  "missing scenario_id": { status: 400, why: "ours answers 400 {\"error\"}; FastAPI's validation answers 422 {\"detail\"}" },
-  "the scenario simple_agent.py reads": { loose: ["test_data_path"], why: "ours keeps the held-out questions to itself (test_data_path null); the early server pointed agents at its test split" },
-  "an unknown scenario": { loose: ["detail"], why: "ours answers {\"error\": ...} in both dialects; FastAPI answers {\"detail\": ...}" },
+  "missing scenario_id": { status: 400, why: 'ours answers 400 {"error"}; FastAPI\'s validation answers 422 {"detail"}' },
+  "the scenario simple_agent.py reads": {
+    loose: ["test_data_path"],
+    why: "ours keeps the held-out questions to itself (test_data_path null); the early server pointed agents at its test split",
+  },
+  "an unknown scenario": { loose: ["detail"], why: 'ours answers {"error": ...} in both dialects; FastAPI answers {"detail": ...}' },
 };
 
 /** The real server has no baseline until the harness sets one (its first submission, and so `best`,
@@ -108,8 +120,24 @@ beforeAll(async () => {
   await fs.writeFile(path.join(ws, "output", "broken", "model.safetensors"), "not a safetensors file");
   // Default scenarios (tiny, and gsm8k since its model and data are on this machine), a budget flag
   // that must not override the harness's.
-  const cfg = await parseServeArgs(["node", "serve", "--workspace", ws, "--port", "0", "--time_budget", "60", "--gsm8k_model", TINY_BASE_DIR,
-    "--gsm8k_data", path.resolve("test/fixtures/gsm8k/tiny.jsonl"), ...PROTOCOL], (l) => logs.push(l));
+  const cfg = await parseServeArgs(
+    [
+      "node",
+      "serve",
+      "--workspace",
+      ws,
+      "--port",
+      "0",
+      "--time_budget",
+      "60",
+      "--gsm8k_model",
+      TINY_BASE_DIR,
+      "--gsm8k_data",
+      path.resolve("test/fixtures/gsm8k/tiny.jsonl"),
+      ...PROTOCOL,
+    ],
+    (l) => logs.push(l),
+  );
   server = await startServer(cfg);
 }, 120_000);
 
@@ -127,7 +155,8 @@ describe("the harness's server (core/server.py), replayed", () => {
       const d = DIFFERS[ex.note] ?? {};
       const ours = await call(ex.request.method, ex.request.path, ex.request.body);
       expect([ex.note, ours.status], JSON.stringify(ours.json)).toEqual([ex.note, d.status ?? ex.response.status]);
-      if (d.status === undefined) expect([ex.note, sameShape(ex.response.json, ours.json, { ...d, nullable: NO_BASELINE_YET })]).toEqual([ex.note, []]);
+      if (d.status === undefined)
+        expect([ex.note, sameShape(ex.response.json, ours.json, { ...d, nullable: NO_BASELINE_YET })]).toEqual([ex.note, []]);
       if (ex.request.path === "/submit" && ours.status === 200) {
         expect(ours.json.score).toBeGreaterThanOrEqual(0);
         expect(ours.json.score).toBeLessThanOrEqual(100);
@@ -166,12 +195,14 @@ describe("the early server (FastAPI), replayed", () => {
   const rec = JSON.parse(readFileSync(path.join(FIXTURES, "early.json"), "utf8"));
 
   it("answers every recorded exchange with the real status and shape; GET /scenarios/* writes nothing outside the workspace", async () => {
-    for (let i = 0; i < 600 && (await call("GET", "/scenarios/gsm8k")).json.baseline.status === "computing"; i++) await new Promise((r) => setTimeout(r, 100));
+    for (let i = 0; i < 600 && (await call("GET", "/scenarios/gsm8k")).json.baseline.status === "computing"; i++)
+      await new Promise((r) => setTimeout(r, 100));
     for (const ex of rec.exchanges as Exchange[]) {
       const d = DIFFERS[ex.note] ?? {};
       const ours = await call(ex.request.method, ex.request.path, ex.request.body);
       expect([ex.note, ours.status], JSON.stringify(ours.json)).toEqual([ex.note, d.status ?? ex.response.status]);
-      if (d.status === undefined && ex.response.status === 200) expect([ex.note, sameShape(ex.response.json, ours.json, d)]).toEqual([ex.note, []]);
+      if (d.status === undefined && ex.response.status === 200)
+        expect([ex.note, sameShape(ex.response.json, ours.json, d)]).toEqual([ex.note, []]);
       if (ex.request.path === "/evaluate" && ours.status === 200) expect(ours.json.score).toBeCloseTo(ours.json.accuracy * 100, 6);
     }
     const tiny = await call("GET", "/scenarios/tiny");
@@ -192,7 +223,18 @@ describe("the real clients' requests", () => {
       if (r.path === "/submit") expect(typeof ours.json.score).toBe("number");
       if (r.path === "/evaluate") expect(ours.json).toHaveProperty("improvement");
       if (r.path === "/scenarios") expect(ours.json.scenarios.map((s: any) => s.id)).toContain("gsm8k");
-      if (r.path === "/scenarios/gsm8k") for (const k of ["name", "base_model", "train_data", "base_model_path", "train_data_path", "test_data_path", "baseline_score", "metric"]) expect(ours.json).toHaveProperty(k);
+      if (r.path === "/scenarios/gsm8k")
+        for (const k of [
+          "name",
+          "base_model",
+          "train_data",
+          "base_model_path",
+          "train_data_path",
+          "test_data_path",
+          "baseline_score",
+          "metric",
+        ])
+          expect(ours.json).toHaveProperty(k);
     }
   }, 300_000);
 });
@@ -208,11 +250,15 @@ describe("a default server without the gsm8k model", () => {
     try {
       (server as { url: string }).url = own.url;
       let gsm = (await call("GET", "/scenarios/gsm8k")).json;
-      for (let i = 0; i < 100 && gsm.baseline.status === "computing"; i++, gsm = (await call("GET", "/scenarios/gsm8k")).json) await new Promise((r) => setTimeout(r, 50));
+      for (let i = 0; i < 100 && gsm.baseline.status === "computing"; i++, gsm = (await call("GET", "/scenarios/gsm8k")).json)
+        await new Promise((r) => setTimeout(r, 50));
       expect(gsm).toMatchObject({ id: "gsm8k", baseline_score: null, baseline: { status: "unavailable" }, train_data: null });
       expect(gsm.baseline.error).toMatch(/base model Qwen\/Qwen2\.5-0\.5B is not on this machine/);
       const list = (await call("GET", "/scenarios")).json.scenarios;
-      expect(list.map((s: any) => [s.id, s.baseline_status === "unavailable"])).toEqual([["tiny", false], ["gsm8k", true]]);
+      expect(list.map((s: any) => [s.id, s.baseline_status === "unavailable"])).toEqual([
+        ["tiny", false],
+        ["gsm8k", true],
+      ]);
       const ev = await call("POST", "/evaluate", JSON.stringify({ scenario_id: "gsm8k", model_path: "x" }));
       expect(ev.status).toBe(503);
       expect(ev.json.error).toMatch(/scenario gsm8k is unavailable on this server: base model/);

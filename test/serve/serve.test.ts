@@ -31,27 +31,53 @@ let server: RunningServer;
 const logs: string[] = [];
 
 async function start(extra: string[] = []): Promise<RunningServer> {
-  const cfg = await parseServeArgs(["node", "serve", "--workspace", ws, "--port", "0", "--scenarios", "tiny,gsm8k", "--gsm8k_model", smallModel,
-    "--gsm8k_data", path.resolve("test/fixtures/gsm8k/tiny.jsonl"), ...PROTOCOL, ...extra], (l) => logs.push(l));
+  const cfg = await parseServeArgs(
+    [
+      "node",
+      "serve",
+      "--workspace",
+      ws,
+      "--port",
+      "0",
+      "--scenarios",
+      "tiny,gsm8k",
+      "--gsm8k_model",
+      smallModel,
+      "--gsm8k_data",
+      path.resolve("test/fixtures/gsm8k/tiny.jsonl"),
+      ...PROTOCOL,
+      ...extra,
+    ],
+    (l) => logs.push(l),
+  );
   return startServer(cfg);
 }
 
 /** One request on its own connection (no keep-alive reuse); `signal` aborts it. */
-function call(method: string, route: string, body?: unknown, init: { signal?: AbortSignal; base?: string } = {}): Promise<{ status: number; json: any; headers: http.IncomingHttpHeaders }> {
+function call(
+  method: string,
+  route: string,
+  body?: unknown,
+  init: { signal?: AbortSignal; base?: string } = {},
+): Promise<{ status: number; json: any; headers: http.IncomingHttpHeaders }> {
   const data = body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body);
   return new Promise((resolve, reject) => {
-    const req = http.request((init.base ?? server.url) + route, { method, agent: false, signal: init.signal, headers: { "Content-Type": "application/json" } }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on("data", (c: Buffer) => chunks.push(c));
-      res.on("end", () => {
-        try {
-          resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString("utf8")), headers: res.headers });
-        } catch (err) {
-          reject(err);
-        }
-      });
-      res.on("error", reject);
-    });
+    const req = http.request(
+      (init.base ?? server.url) + route,
+      { method, agent: false, signal: init.signal, headers: { "Content-Type": "application/json" } },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on("data", (c: Buffer) => chunks.push(c));
+        res.on("end", () => {
+          try {
+            resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString("utf8")), headers: res.headers });
+          } catch (err) {
+            reject(err);
+          }
+        });
+        res.on("error", reject);
+      },
+    );
     req.on("error", reject);
     req.end(data);
   });
@@ -69,7 +95,10 @@ async function waitForBaseline(id: string, base?: string): Promise<any> {
 /** A LoRA adapter on the tiny base with random (non-zero) weights, saved the PEFT way. */
 async function makeAdapter(dir: string, seed: number): Promise<void> {
   await initBackend("wasm");
-  const model = await loadModel(TINY_BASE_DIR, { lora: { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "v_proj", "down_proj"] }, seed });
+  const model = await loadModel(TINY_BASE_DIR, {
+    lora: { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "v_proj", "down_proj"] },
+    seed,
+  });
   for (const v of model.trainableVariables()) v.assign(tf.tidy(() => tf.add(v, tf.randomNormal(v.shape, 0, 0.3, "float32", seed))));
   await model.saveAdapter(dir);
   model.dispose();
@@ -95,13 +124,33 @@ describe("early dialect (/scenarios, /evaluate, /interact)", () => {
     expect(list.status).toBe(200);
     expect(list.json.scenarios.map((s: any) => s.id)).toEqual(["tiny", "gsm8k"]);
     const tiny = await waitForBaseline("tiny");
-    expect(tiny).toMatchObject({ id: "tiny", type: "offline", base_model: TINY_BASE_DIR, base_model_path: TINY_BASE_DIR, metric: "accuracy", score_unit: "percent" });
-    expect(tiny.evaluation).toMatchObject({ split: "test", n: 4, samples_per_prompt: 1, greedy: true, answer_schema: "boxed", scorer: "math", max_new_tokens: 160, max_turns: 5, tools_in_prompt: false });
+    expect(tiny).toMatchObject({
+      id: "tiny",
+      type: "offline",
+      base_model: TINY_BASE_DIR,
+      base_model_path: TINY_BASE_DIR,
+      metric: "accuracy",
+      score_unit: "percent",
+    });
+    expect(tiny.evaluation).toMatchObject({
+      split: "test",
+      n: 4,
+      samples_per_prompt: 1,
+      greedy: true,
+      answer_schema: "boxed",
+      scorer: "math",
+      max_new_tokens: 160,
+      max_turns: 5,
+      tools_in_prompt: false,
+    });
     expect(tiny.baseline.status).toBe("ready");
     expect(tiny.baseline_score).toBe(tiny.baseline.computed.score);
     expect(tiny.baseline_score).toBeCloseTo(100 * tiny.baseline.computed.accuracy, 4);
     expect(tiny.baseline.computed.n).toBe(4);
-    const rows = (await fs.readFile(tiny.train_data, "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    const rows = (await fs.readFile(tiny.train_data, "utf8"))
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(rows.length).toBe(5000);
     expect(rows[0].answer).toMatch(/<<.*=.*>>[\s\S]*#### \d+$/);
     expect(path.dirname(tiny.train_data).startsWith(ws)).toBe(true);
@@ -115,14 +164,40 @@ describe("early dialect (/scenarios, /evaluate, /interact)", () => {
   it("/evaluate scores an adapter as scripts/eval.ts does, with the paired improvement over the base", async () => {
     const r = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v1" });
     expect(r.status).toBe(200);
-    expect(r.json).toMatchObject({ scenario_id: "tiny", model_kind: "adapter", adapter_base: TINY_BASE_DIR, n: 4, k: 1, cached: false, baseline_source: "computed" });
+    expect(r.json).toMatchObject({
+      scenario_id: "tiny",
+      model_kind: "adapter",
+      adapter_base: TINY_BASE_DIR,
+      n: 4,
+      k: 1,
+      cached: false,
+      baseline_source: "computed",
+    });
     expect(r.json.baseline).toBe(r.json.baseline_score);
-    const lines = (await fs.readFile(r.json.samples_path, "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    const lines = (await fs.readFile(r.json.samples_path, "utf8"))
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l));
     expect(lines).toHaveLength(4);
 
     const out = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "serve-eval-")), "eval");
     const code = await new Promise<number | null>((resolve) => {
-      const p = spawn(tsx, ["scripts/eval.ts", "--preset", "tiny", "--model_path", path.join(ws, "output", "v1"), "--baseline", TINY_BASE_DIR, ...PROTOCOL, "--output_dir", out], { stdio: "ignore" });
+      const p = spawn(
+        tsx,
+        [
+          "scripts/eval.ts",
+          "--preset",
+          "tiny",
+          "--model_path",
+          path.join(ws, "output", "v1"),
+          "--baseline",
+          TINY_BASE_DIR,
+          ...PROTOCOL,
+          "--output_dir",
+          out,
+        ],
+        { stdio: "ignore" },
+      );
       p.on("close", resolve);
     });
     expect(code).toBe(0);
@@ -164,7 +239,11 @@ describe("current dialect (/submit, /set_baseline, /health, /time)", () => {
   });
 
   it("/set_baseline (percent, a number or a numeric string) replaces the baseline score in improvements (no paired interval then)", async () => {
-    expect((await call("POST", "/set_baseline", { score: "45.5" })).json).toEqual({ baseline_score: 45.5, status: "set", scenario_id: "tiny" });
+    expect((await call("POST", "/set_baseline", { score: "45.5" })).json).toEqual({
+      baseline_score: 45.5,
+      status: "set",
+      scenario_id: "tiny",
+    });
     const set = await call("POST", "/set_baseline", { score: 50, scenario_id: "tiny" });
     expect(set.json).toEqual({ baseline_score: 50, status: "set", scenario_id: "tiny" });
     const r = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v1" });
@@ -228,14 +307,18 @@ describe("bad requests get a JSON 4xx naming the problem, and the server keeps s
     expect(big.json.error).toMatch(/request body is \d+ bytes; the limit is 65536/);
     // 1 GiB announced: the 413 comes before the body is read (only 64 KiB of it is ever sent here).
     const huge = await new Promise<{ status: number; json: any }>((resolve, reject) => {
-      const req = http.request(server.url + "/submit", { method: "POST", agent: false, headers: { "Content-Type": "application/json", "Content-Length": String(2 ** 30) } }, (res) => {
-        const chunks: Buffer[] = [];
-        res.on("data", (c: Buffer) => chunks.push(c));
-        res.on("end", () => {
-          resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString("utf8")) });
-          req.destroy();
-        });
-      });
+      const req = http.request(
+        server.url + "/submit",
+        { method: "POST", agent: false, headers: { "Content-Type": "application/json", "Content-Length": String(2 ** 30) } },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on("data", (c: Buffer) => chunks.push(c));
+          res.on("end", () => {
+            resolve({ status: res.statusCode!, json: JSON.parse(Buffer.concat(chunks).toString("utf8")) });
+            req.destroy();
+          });
+        },
+      );
       req.on("error", reject);
       req.write(Buffer.alloc(64 * 1024, 32));
     });
@@ -256,7 +339,7 @@ describe("bad requests get a JSON 4xx naming the problem, and the server keeps s
     expect(extra.status, extra.json.error).toBe(200);
     expect(logs.some((l) => /\/submit: ignored unknown fields "priority", "reasoning"/.test(l))).toBe(true);
     const cases: Array<[string, string, unknown, number, RegExp]> = [
-      ["POST", "/submit", "{\"model_path\": ", 400, /not valid JSON/],
+      ["POST", "/submit", '{"model_path": ', 400, /not valid JSON/],
       ["POST", "/submit", "[1, 2]", 400, /must be a JSON object, got an array/],
       ["POST", "/submit", { model_path: 5 }, 400, /field "model_path" must be a string, got number/],
       ["POST", "/submit", {}, 400, /missing field "model_path"/],
@@ -300,7 +383,10 @@ describe("one evaluation at a time", () => {
     expect([a.status, b.status]).toEqual([200, 200]);
     expect(a.json.cached || b.json.cached).toBe(false);
     // The log: each evaluation's start is followed by its own end before the next starts.
-    const seq = logs.slice(before).filter((l) => /^evaluating |: strict /.test(l)).map((l) => (l.startsWith("evaluating") ? "start" : "end"));
+    const seq = logs
+      .slice(before)
+      .filter((l) => /^evaluating |: strict /.test(l))
+      .map((l) => (l.startsWith("evaluating") ? "start" : "end"));
     expect(seq).toEqual(["start", "end", "start", "end"]);
 
     // A copy is another folder: evaluated afresh. The client gives up at once; the evaluation goes on.
@@ -349,7 +435,8 @@ async function makeFullModel(dir: string, noise: number, shards = 1): Promise<vo
       t.data[i] += noise * (s / 2 ** 32 - 0.5) * 2;
     }
   await fs.mkdir(dir, { recursive: true });
-  for (const f of ["config.json", "tokenizer.json", "tokenizer_config.json"]) await fs.copyFile(path.join(TINY_BASE_DIR, f), path.join(dir, f));
+  for (const f of ["config.json", "tokenizer.json", "tokenizer_config.json"])
+    await fs.copyFile(path.join(TINY_BASE_DIR, f), path.join(dir, f));
   if (shards === 1) return writeSafetensors(path.join(dir, "model.safetensors"), tensors);
   const names = Object.keys(tensors).sort();
   const weightMap: Record<string, string> = {};
@@ -363,7 +450,14 @@ async function makeFullModel(dir: string, noise: number, shards = 1): Promise<vo
 }
 
 const samplesOf = async (file: string): Promise<string[]> =>
-  (await fs.readFile(file, "utf8")).trim().split("\n").map((l) => JSON.parse(l).samples.map((x: any) => x.text).join("\n---\n"));
+  (await fs.readFile(file, "utf8"))
+    .trim()
+    .split("\n")
+    .map((l) =>
+      JSON.parse(l)
+        .samples.map((x: any) => x.text)
+        .join("\n---\n"),
+    );
 
 describe("full model folders, cache by modification time, tensor counts", () => {
   it("scores full Hugging Face folders (single file and sharded), evaluates again when a shard is touched, and holds no tensors after", async () => {
@@ -376,7 +470,11 @@ describe("full model folders, cache by modification time, tensor counts", () => 
     const own = await start(["--state_dir", await fs.mkdtemp(path.join(os.tmpdir(), "serve-state-")), "--scenarios", "tiny"]);
     const base = { base: own.url };
     const idle = async () => {
-      for (let q = (await call("GET", "/health", undefined, base)).json.queue; q.running + q.waiting > 0; q = (await call("GET", "/health", undefined, base)).json.queue)
+      for (
+        let q = (await call("GET", "/health", undefined, base)).json.queue;
+        q.running + q.waiting > 0;
+        q = (await call("GET", "/health", undefined, base)).json.queue
+      )
         await new Promise((r) => setTimeout(r, 100));
     };
     try {
@@ -387,7 +485,14 @@ describe("full model folders, cache by modification time, tensor counts", () => 
 
       const same = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "full/exact" }, base);
       expect(same.status, same.json.error).toBe(200);
-      expect(same.json).toMatchObject({ model_kind: "model", cached: false, n: 4, score: tiny.baseline_score, baseline_source: "computed", improvement: 0 });
+      expect(same.json).toMatchObject({
+        model_kind: "model",
+        cached: false,
+        n: 4,
+        score: tiny.baseline_score,
+        baseline_source: "computed",
+        improvement: 0,
+      });
       expect(same.json.adapter_base).toBeUndefined();
       expect(same.json.improvement_ci).toMatchObject({ lo: 0, hi: 0, paired_over: 4 });
       const baseSamples = await samplesOf(tiny.baseline.computed.samples_path);
@@ -426,7 +531,9 @@ describe("limits", () => {
       const base = { base: tight.url };
       for (const id of ["tiny", "gsm8k"]) await waitForBaseline(id, tight.url); // the queue is empty again
       expect((await call("GET", "/health", undefined, base)).json.queue).toMatchObject({ running: 0, waiting: 0, max_waiting: 0 });
-      const [a, b] = await Promise.all(["output/v5", "output/v6"].map((p) => call("POST", "/evaluate", { scenario_id: "tiny", model_path: p }, base)));
+      const [a, b] = await Promise.all(
+        ["output/v5", "output/v6"].map((p) => call("POST", "/evaluate", { scenario_id: "tiny", model_path: p }, base)),
+      );
       const [ok, busy] = a.status === 200 ? [a, b] : [b, a];
       expect([ok.status, busy.status]).toEqual([200, 429]);
       expect(busy.json.error).toMatch(/evaluation queue is full \(1 running, 0 waiting\); retry in about \d+ s/);
@@ -451,7 +558,21 @@ describe("limits", () => {
 describe("scripts/serve.ts", () => {
   it("--help names every flag with its default", () => {
     const help = serveCommand().helpInformation();
-    for (const flag of ["--workspace", "--port", "--host", "--scenarios", "--time_budget", "--state_dir", "--max_queue", "--max_model_gb", "--gsm8k_model", "--gsm8k_data", "--max_samples", "--temperature", "--quantize"])
+    for (const flag of [
+      "--workspace",
+      "--port",
+      "--host",
+      "--scenarios",
+      "--time_budget",
+      "--state_dir",
+      "--max_queue",
+      "--max_model_gb",
+      "--gsm8k_model",
+      "--gsm8k_data",
+      "--max_samples",
+      "--temperature",
+      "--quantize",
+    ])
       expect(help).toContain(flag);
     expect(help).toMatch(/--host <addr> +address to bind.*\(default: "127\.0\.0\.1"\)/s);
   });
@@ -459,13 +580,22 @@ describe("scripts/serve.ts", () => {
   it("bad flags are one-line usage errors", async () => {
     const cases: Array<[string[], RegExp]> = [
       [[], /required option '--workspace <dir>' not specified/],
-      [["--workspace", ws, "--scenarios", "tiny,math"], /^--scenarios "tiny,math": unknown math; expected a comma-separated list of tiny, gsm8k/],
+      [
+        ["--workspace", ws, "--scenarios", "tiny,math"],
+        /^--scenarios "tiny,math": unknown math; expected a comma-separated list of tiny, gsm8k/,
+      ],
       [["--workspace", ws, "--samples_per_prompt", "4"], /^--samples_per_prompt 4 with a greedy evaluation/],
       [["--workspace", path.join(ws, "run_meta.json")], /is a file; expected a folder/],
-      [["--workspace", ws, "--scenarios", "gsm8k", "--gsm8k_data", path.join(ws, "nope.jsonl")], /^--gsm8k_data .*nope\.jsonl: no such file or folder/],
+      [
+        ["--workspace", ws, "--scenarios", "gsm8k", "--gsm8k_data", path.join(ws, "nope.jsonl")],
+        /^--gsm8k_data .*nope\.jsonl: no such file or folder/,
+      ],
     ];
     for (const [args, msg] of cases) {
-      const err = await parseServeArgs(["node", "serve", ...args]).then(() => null, (e: Error) => e);
+      const err = await parseServeArgs(["node", "serve", ...args]).then(
+        () => null,
+        (e: Error) => e,
+      );
       expect(err?.name, args.join(" ")).toBe("UsageError");
       expect(err!.message).toMatch(msg);
     }
@@ -484,7 +614,10 @@ describe("scripts/serve.ts", () => {
     };
     for (const target of ["npx", "group"] as const) {
       const ws3 = await fs.mkdtemp(path.join(os.tmpdir(), `serve-npx-${target}-`));
-      const p = spawn("npx", ["tsx", "scripts/serve.ts", "--workspace", ws3, "--port", "0", "--scenarios", "tiny", "--backend", "wasm"], { stdio: ["ignore", "pipe", "pipe"], detached: true });
+      const p = spawn("npx", ["tsx", "scripts/serve.ts", "--workspace", ws3, "--port", "0", "--scenarios", "tiny", "--backend", "wasm"], {
+        stdio: ["ignore", "pipe", "pipe"],
+        detached: true,
+      });
       let stderr = "";
       p.stderr.on("data", (d) => (stderr += d));
       while (!/grading server on/.test(stderr)) {
@@ -504,7 +637,25 @@ describe("scripts/serve.ts", () => {
     const ws2 = await fs.mkdtemp(path.join(os.tmpdir(), "serve-sigterm-"));
     await fs.cp(TINY_BASE_DIR, path.join(ws2, "output", "copy"), { recursive: true });
     // node --import tsx: the signal goes to the server itself, not through tsx's relaying parent.
-    const p = spawn(process.execPath, ["--import", "tsx", "scripts/serve.ts", "--workspace", ws2, "--port", "0", "--max_samples", "64", "--batch_size", "1", "--backend", "wasm"], { stdio: ["ignore", "pipe", "pipe"] });
+    const p = spawn(
+      process.execPath,
+      [
+        "--import",
+        "tsx",
+        "scripts/serve.ts",
+        "--workspace",
+        ws2,
+        "--port",
+        "0",
+        "--max_samples",
+        "64",
+        "--batch_size",
+        "1",
+        "--backend",
+        "wasm",
+      ],
+      { stdio: ["ignore", "pipe", "pipe"] },
+    );
     let stderr = "";
     p.stderr.on("data", (d) => (stderr += d));
     const exited = new Promise<number | null>((resolve) => p.on("close", resolve));
@@ -514,7 +665,8 @@ describe("scripts/serve.ts", () => {
     }
     const url = /grading server on (http:\/\/\S+)/.exec(stderr)![1];
     const waiting = call("POST", "/submit", { model_path: "output/copy" }, { base: url });
-    for (let q = 0; q === 0; q = (await call("GET", "/health", undefined, { base: url })).json.queue.waiting) await new Promise((r) => setTimeout(r, 50));
+    for (let q = 0; q === 0; q = (await call("GET", "/health", undefined, { base: url })).json.queue.waiting)
+      await new Promise((r) => setTimeout(r, 50));
     p.kill("SIGTERM");
     const answer = await waiting.catch((err: Error) => ({ status: 0, json: { error: `${err.message}; server stderr: ${stderr}` } }));
     expect(answer.status, answer.json.error).toBe(503);
@@ -522,6 +674,10 @@ describe("scripts/serve.ts", () => {
     expect(await exited).toBe(0);
     expect(stderr).toMatch(/SIGTERM: shutting down/);
     const files = (await fs.readdir(ws2, { recursive: true })).map(String);
-    expect(files.filter((f) => /\.tmp$|\.old$/.test(f) || f.includes(`evaluations${path.sep}`) || f.endsWith("baseline.json") || f.endsWith("scores.json"))).toEqual([]);
+    expect(
+      files.filter(
+        (f) => /\.tmp$|\.old$/.test(f) || f.includes(`evaluations${path.sep}`) || f.endsWith("baseline.json") || f.endsWith("scores.json"),
+      ),
+    ).toEqual([]);
   }, 300_000);
 });

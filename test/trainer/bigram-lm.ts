@@ -19,9 +19,18 @@ export class BigramLM implements CausalLM {
     deltaValues?: number[][],
   ) {
     this.config = {
-      modelType: "qwen2", vocabSize: vocab, hiddenSize: vocab, intermediateSize: vocab, numHiddenLayers: 0,
-      numAttentionHeads: 1, numKeyValueHeads: 1, headDim: vocab, ropeTheta: 1e4, rmsNormEps: 1e-6,
-      tieWordEmbeddings: false, maxPositionEmbeddings: 1 << 20,
+      modelType: "qwen2",
+      vocabSize: vocab,
+      hiddenSize: vocab,
+      intermediateSize: vocab,
+      numHiddenLayers: 0,
+      numAttentionHeads: 1,
+      numKeyValueHeads: 1,
+      headDim: vocab,
+      ropeTheta: 1e4,
+      rmsNormEps: 1e-6,
+      tieWordEmbeddings: false,
+      maxPositionEmbeddings: 1 << 20,
     };
     const id = uid++;
     this.base = tf.variable(baseValues ? tf.tensor2d(baseValues) : tf.zeros([vocab, vocab]), false, `bigram_${id}.base`);
@@ -29,13 +38,24 @@ export class BigramLM implements CausalLM {
   }
 
   tokenLogprobs(inputIds: number[][], attentionMask: number[][], opts: { adapters?: boolean; withEntropy?: boolean } = {}) {
-    const B = inputIds.length, L = inputIds[0].length, V = this.vocab;
+    const B = inputIds.length,
+      L = inputIds[0].length,
+      V = this.vocab;
     const logprobs = tf.tidy(() => {
       const table = opts.adapters === false ? this.base : tf.add(this.base, this.delta);
       const logsm = tf.logSoftmax(table); // [V, V]
       if (L < 2) return tf.zeros([B, L]) as tf.Tensor2D;
-      const prev = tf.tensor1d(inputIds.flatMap((r) => r.slice(0, -1)), "int32"); // [B·(L−1)]
-      const next = tf.oneHot(tf.tensor1d(inputIds.flatMap((r) => r.slice(1)), "int32"), V); // [B·(L−1), V]
+      const prev = tf.tensor1d(
+        inputIds.flatMap((r) => r.slice(0, -1)),
+        "int32",
+      ); // [B·(L−1)]
+      const next = tf.oneHot(
+        tf.tensor1d(
+          inputIds.flatMap((r) => r.slice(1)),
+          "int32",
+        ),
+        V,
+      ); // [B·(L−1), V]
       const lp = tf.reshape(tf.sum(tf.mul(tf.gather(logsm, prev), next), 1), [B, L - 1]); // [B, L−1]
       return tf.concat([tf.zeros([B, 1]), lp], 1) as tf.Tensor2D; // out[b][0] = 0
     });
@@ -45,7 +65,10 @@ export class BigramLM implements CausalLM {
       const logsm = tf.logSoftmax(table);
       const h = tf.neg(tf.sum(tf.mul(tf.exp(logsm), logsm), 1)); // [V] entropy of each row
       if (L < 2) return tf.zeros([B, L]) as tf.Tensor2D;
-      const prev = tf.tensor1d(inputIds.flatMap((r) => r.slice(0, -1)), "int32");
+      const prev = tf.tensor1d(
+        inputIds.flatMap((r) => r.slice(0, -1)),
+        "int32",
+      );
       return tf.concat([tf.zeros([B, 1]), tf.reshape(tf.gather(h, prev), [B, L - 1])], 1) as tf.Tensor2D;
     });
     void attentionMask; // a bigram never looks past one token, so padding cannot leak into real rows

@@ -3,8 +3,15 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import {
-  CheckpointSchedule, configDiff, configHash, listCheckpoints, loadCheckpoint, saveCheckpoint,
-  type OptimizerState, type SafetensorsIo, type TrainerState,
+  CheckpointSchedule,
+  configDiff,
+  configHash,
+  listCheckpoints,
+  loadCheckpoint,
+  saveCheckpoint,
+  type OptimizerState,
+  type SafetensorsIo,
+  type TrainerState,
 } from "../../src/trainer/checkpoint.ts";
 import { Rng } from "../../src/util/rng.ts";
 
@@ -12,17 +19,27 @@ const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-ckpt-"));
 
 function state(step: number, extra: Partial<TrainerState> = {}): TrainerState {
   return {
-    global_step: step, epoch: step / 10, data_position: step * 4,
-    config_hash: configHash({ lr: 1e-5 }), config: { lr: 1e-5 },
-    log_history: [{ step, loss: 1 / step }], ...extra,
+    global_step: step,
+    epoch: step / 10,
+    data_position: step * 4,
+    config_hash: configHash({ lr: 1e-5 }),
+    config: { lr: 1e-5 },
+    log_history: [{ step, loss: 1 / step }],
+    ...extra,
   };
 }
 
 function optimizer(seed: number): OptimizerState {
   const r = new Rng(seed);
   const m = new Float32Array(12).map(() => r.normal() * 1e-3);
-  m[0] = -0; m[1] = 1.4e-45; m[2] = 3.4e38; // sign of zero, smallest denormal, near max
-  return { "m/lora_A": { shape: [3, 4], data: m }, "v/lora_A": { shape: [3, 4], data: m.map((x) => x * x) }, step: { shape: [], data: new Float32Array([7]) } };
+  m[0] = -0;
+  m[1] = 1.4e-45;
+  m[2] = 3.4e38; // sign of zero, smallest denormal, near max
+  return {
+    "m/lora_A": { shape: [3, 4], data: m },
+    "v/lora_A": { shape: [3, 4], data: m.map((x) => x * x) },
+    step: { shape: [], data: new Float32Array([7]) },
+  };
 }
 
 const saveModel = (tag: string) => async (dir: string) => {
@@ -53,22 +70,42 @@ describe("checkpoint", () => {
         expect(bits(got.optimizerState![k].data)).toEqual(bits(opt[k].data));
       }
     }
-    expect(Object.is(( await loadCheckpoint(run)).optimizerState!["m/lora_A"].data[0], -0)).toBe(true);
+    expect(Object.is((await loadCheckpoint(run)).optimizerState!["m/lora_A"].data[0], -0)).toBe(true);
   });
 
   it("a crash while writing leaves the previous checkpoint and latest intact", async () => {
     const run = await tmp();
     await saveCheckpoint(run, { saveModel: saveModel("a"), state: state(5), optimizerState: optimizer(1) });
     // the model writer dies half-way
-    await expect(saveCheckpoint(run, {
-      saveModel: async (d) => { await fs.writeFile(path.join(d, "adapter_config.json"), "{"); throw new Error("disk full"); },
-      state: state(10), optimizerState: optimizer(2),
-    })).rejects.toThrow("disk full");
+    await expect(
+      saveCheckpoint(run, {
+        saveModel: async (d) => {
+          await fs.writeFile(path.join(d, "adapter_config.json"), "{");
+          throw new Error("disk full");
+        },
+        state: state(10),
+        optimizerState: optimizer(2),
+      }),
+    ).rejects.toThrow("disk full");
     // the optimizer writer dies
-    const failing: SafetensorsIo = { write: async () => { throw new Error("ENOSPC"); }, read: async () => ({}) };
-    await expect(saveCheckpoint(run, { saveModel: saveModel("b"), state: state(10), optimizerState: optimizer(2), io: failing })).rejects.toThrow("ENOSPC");
+    const failing: SafetensorsIo = {
+      write: async () => {
+        throw new Error("ENOSPC");
+      },
+      read: async () => ({}),
+    };
+    await expect(
+      saveCheckpoint(run, { saveModel: saveModel("b"), state: state(10), optimizerState: optimizer(2), io: failing }),
+    ).rejects.toThrow("ENOSPC");
     // re-saving the same step that fails must not lose the existing folder either
-    await expect(saveCheckpoint(run, { saveModel: async () => { throw new Error("again"); }, state: state(5) })).rejects.toThrow("again");
+    await expect(
+      saveCheckpoint(run, {
+        saveModel: async () => {
+          throw new Error("again");
+        },
+        state: state(5),
+      }),
+    ).rejects.toThrow("again");
 
     expect((await fs.readdir(run)).sort()).toEqual(["checkpoint-5", "latest"]);
     const got = await loadCheckpoint(run);
@@ -141,7 +178,8 @@ describe("resume", () => {
   it("continues bit-identically from a saved checkpoint", async () => {
     const run = await tmp();
     const rng = new Rng(11);
-    const p = new Float32Array(5), m = new Float32Array(5);
+    const p = new Float32Array(5),
+      m = new Float32Array(5);
     for (let s = 1; s <= 6; s++) {
       step(p, m, rng);
       if (s === 3)
@@ -154,10 +192,10 @@ describe("resume", () => {
     const got = await loadCheckpoint(run);
     const rng2 = new Rng(0);
     rng2.setState(got.state.extra!.sampler as number);
-    const p2 = got.optimizerState!.p.data, m2 = got.optimizerState!.m.data;
+    const p2 = got.optimizerState!.p.data,
+      m2 = got.optimizerState!.m.data;
     for (let s = got.state.global_step + 1; s <= 6; s++) step(p2, m2, rng2);
     expect(bits(p2)).toEqual(bits(p));
     expect(bits(m2)).toEqual(bits(m));
   });
 });
-

@@ -12,8 +12,15 @@ beforeAll(async () => {
 
 const V = 8;
 const cfg: GrpoConfig = {
-  beta: 0, epsilon: 0.2, epsilonHigh: 0.28, lossType: "grpo", maxNewTokens: 6,
-  numIterations: 1, maxGradNorm: 1, lr: 0.05, microBatchSize: 8,
+  beta: 0,
+  epsilon: 0.2,
+  epsilonHigh: 0.28,
+  lossType: "grpo",
+  maxNewTokens: 6,
+  numIterations: 1,
+  maxGradNorm: 1,
+  lr: 0.05,
+  microBatchSize: 8,
 };
 const init = () => Array.from({ length: V }, (_, i) => Array.from({ length: V }, (_, j) => 0.3 * Math.cos(i * 5 + j * 2)));
 
@@ -46,7 +53,13 @@ describe("grpoStep on a stand-in model", () => {
       { ids: [5, 6], lossMask: [0, 1], advantage: 0 },
       { ids: [5, 7], lossMask: [0, 1], advantage: 0 },
     ];
-    const adv = groupAdvantages([[1, 0], [0, 1]], "group");
+    const adv = groupAdvantages(
+      [
+        [1, 0],
+        [0, 1],
+      ],
+      "group",
+    );
     [adv[0][0], adv[0][1], adv[1][0], adv[1][1]].forEach((a, i) => (rollouts[i].advantage = a));
     const before = rollouts.map((r) => m.seqLogprob(r.ids, r.lossMask));
     const n0 = tf.memory().numTensors;
@@ -75,9 +88,25 @@ describe("grpoStep on a stand-in model", () => {
     const opt = new AdamW(m.trainableVariables(), { lr: 0.1, weightDecay: 0 });
     const c = { ...cfg, beta: 0.04 };
     const n0 = tf.memory().numTensors;
-    const first = await grpoStep(m, opt, batch([[1, 0, 0], [0, 1, 1]]), c);
+    const first = await grpoStep(
+      m,
+      opt,
+      batch([
+        [1, 0, 0],
+        [0, 1, 1],
+      ]),
+      c,
+    );
     expect(first.kl).toBe(0);
-    const second = await grpoStep(m, opt, batch([[1, 0, 0], [0, 1, 1]]), c);
+    const second = await grpoStep(
+      m,
+      opt,
+      batch([
+        [1, 0, 0],
+        [0, 1, 1],
+      ]),
+      c,
+    );
     expect(second.kl).toBeGreaterThan(0);
     expect(tf.memory().numTensors).toBe(n0);
     opt.dispose();
@@ -86,45 +115,62 @@ describe("grpoStep on a stand-in model", () => {
 
   for (const lossType of ["grpo", "bnpo", "dr_grpo"] as const) {
     it(`micro-batching gives the un-micro-batched loss, gradient norm and update (${lossType}, β > 0, 2 iterations)`, async () => {
-      const a = new BigramLM(V, init(), init()), b = new BigramLM(V, init(), init());
-      const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }), ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
+      const a = new BigramLM(V, init(), init()),
+        b = new BigramLM(V, init(), init());
+      const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }),
+        ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
       const c = { ...cfg, lossType, beta: 0.05, numIterations: 2, epsilon: 0.01, epsilonHigh: 0.01 };
-      const rollouts = batch([[1, 0, 0.5], [0, 2, 1]]);
+      const rollouts = batch([
+        [1, 0, 0.5],
+        [0, 2, 1],
+      ]);
       const sa = await grpoStep(a, oa, rollouts, { ...c, microBatchSize: 6 });
       const sb = await grpoStep(b, ob, rollouts, { ...c, microBatchSize: 2 });
       for (const k of ["loss", "gradNorm", "kl", "ratio", "entropy", "clipFrac", "tokens"] as const) expect(sb[k]).toBeCloseTo(sa[k], 5);
       // the second iteration ran on a moved policy: ratios left 1 and, with ε = 0.01, some were clipped
       expect(sa.clipFrac).toBeGreaterThan(0);
       expect(oa.step).toBe(2);
-      const wa = a.delta.dataSync(), wb = b.delta.dataSync();
+      const wa = a.delta.dataSync(),
+        wb = b.delta.dataSync();
       wa.forEach((x, i) => expect(wb[i]).toBeCloseTo(x, 5));
       [oa, ob, a, b].forEach((x) => x.dispose());
     });
   }
 
   it("splits micro-batches where the model's trainRowsFor allows fewer rows, with the same update", async () => {
-    const a = new BigramLM(V, init(), init()), b = new BigramLM(V, init(), init());
-    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }), ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
+    const a = new BigramLM(V, init(), init()),
+      b = new BigramLM(V, init(), init());
+    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }),
+      ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
     const rows: number[] = [];
     const seen = b.tokenLogprobs.bind(b);
     b.tokenLogprobs = (ids, mask, opts) => (rows.push(ids.length), seen(ids, mask, opts));
     (b as BigramLM & { trainRowsFor(length: number): number }).trainRowsFor = (length) => (length >= 5 ? 2 : 8);
     const c = { ...cfg, beta: 0.05, microBatchSize: 6 };
-    const rollouts = batch([[1, 0, 0.2], [0, 2, 1.5]]); // lengths 5, 4, 7, 2, 4, 3: one chunk of 6, longest 7
+    const rollouts = batch([
+      [1, 0, 0.2],
+      [0, 2, 1.5],
+    ]); // lengths 5, 4, 7, 2, 4, 3: one chunk of 6, longest 7
     expect(rollouts.every((r) => r.advantage !== 0)).toBe(true); // none skipped
     const sa = await grpoStep(a, oa, rollouts, c);
     const sb = await grpoStep(b, ob, rollouts, c);
     expect(rows).toEqual([2, 2, 2, 2, 2, 2]); // the reference pass, then the training pass, in 3 parts each
     for (const k of ["loss", "gradNorm", "kl", "ratio", "entropy", "tokens"] as const) expect(sb[k]).toBeCloseTo(sa[k], 5);
-    const wa = a.delta.dataSync(), wb = b.delta.dataSync();
+    const wa = a.delta.dataSync(),
+      wb = b.delta.dataSync();
     wa.forEach((x, i) => expect(wb[i]).toBeCloseTo(x, 5));
     [oa, ob, a, b].forEach((x) => x.dispose());
   });
 
   it("skips zero-advantage rollouts yet, with β = 0, equals the loss that keeps them", async () => {
-    const a = new BigramLM(V, undefined, init()), b = new BigramLM(V, undefined, init());
-    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }), ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
-    const rollouts = batch([[1, 1, 1], [0, 1, 1]]); // first group: all equal, no signal
+    const a = new BigramLM(V, undefined, init()),
+      b = new BigramLM(V, undefined, init());
+    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }),
+      ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
+    const rollouts = batch([
+      [1, 1, 1],
+      [0, 1, 1],
+    ]); // first group: all equal, no signal
     for (const lossType of ["grpo", "bnpo", "dr_grpo"] as const) {
       const sa = await grpoStep(a, oa, rollouts, { ...cfg, lossType, skipZeroAdvantage: true });
       const sb = await grpoStep(b, ob, rollouts, { ...cfg, lossType, skipZeroAdvantage: false });
@@ -135,7 +181,8 @@ describe("grpoStep on a stand-in model", () => {
       expect(sa.tokens).toBe(5);
       expect(sb.tokens).toBe(5 + 12); // group 0 holds 3 + 3 + 6 policy tokens
     }
-    const wa = a.delta.dataSync(), wb = b.delta.dataSync();
+    const wa = a.delta.dataSync(),
+      wb = b.delta.dataSync();
     wa.forEach((x, i) => expect(wb[i]).toBeCloseTo(x, 5));
     [oa, ob, a, b].forEach((x) => x.dispose());
   });
@@ -144,7 +191,15 @@ describe("grpoStep on a stand-in model", () => {
     const m = new BigramLM(V, undefined, init());
     const opt = new AdamW(m.trainableVariables(), { lr: 0.05 });
     const w = Array.from(m.delta.dataSync());
-    const s = await grpoStep(m, opt, batch([[1, 1, 1], [0, 0, 0]]), cfg);
+    const s = await grpoStep(
+      m,
+      opt,
+      batch([
+        [1, 1, 1],
+        [0, 0, 0],
+      ]),
+      cfg,
+    );
     expect(s.skipped).toBe(6);
     expect(opt.step).toBe(0);
     expect(Array.from(m.delta.dataSync())).toEqual(w);
@@ -159,7 +214,17 @@ describe("grpoStep on a stand-in model", () => {
     const opt = new AdamW(m.trainableVariables(), { lr: 0.05 });
     const n0 = tf.memory().numTensors;
     const w = Array.from(m.delta.dataSync());
-    await expect(grpoStep(m, opt, batch([[1, 0, 0], [0, 1, 1]]), { ...cfg, beta: 0.1, numIterations: 2, microBatchSize: 2 })).rejects.toThrow(NonFiniteError);
+    await expect(
+      grpoStep(
+        m,
+        opt,
+        batch([
+          [1, 0, 0],
+          [0, 1, 1],
+        ]),
+        { ...cfg, beta: 0.1, numIterations: 2, microBatchSize: 2 },
+      ),
+    ).rejects.toThrow(NonFiniteError);
     expect(tf.memory().numTensors).toBe(n0);
     expect(Array.from(m.delta.dataSync())).toEqual(w);
     expect(opt.step).toBe(0);
@@ -170,10 +235,15 @@ describe("grpoStep on a stand-in model", () => {
   it("rejects bad config and rollouts with clear messages", async () => {
     const m = new BigramLM(V);
     const opt = new AdamW(m.trainableVariables(), { lr: 0.05 });
-    const r = batch([[1, 0, 0], [0, 1, 1]]);
+    const r = batch([
+      [1, 0, 0],
+      [0, 1, 1],
+    ]);
     await expect(grpoStep(m, opt, r, { ...cfg, lossType: "ppo" as "grpo" })).rejects.toThrow(/lossType "ppo" is not one of/);
     await expect(grpoStep(m, opt, r, { ...cfg, numIterations: 0 })).rejects.toThrow(/numIterations 0/);
-    await expect(grpoStep(m, opt, [{ ids: [1, 2], lossMask: [1], advantage: 1 }], cfg)).rejects.toThrow(/rollout 0 has 2 ids but a loss mask of 1/);
+    await expect(grpoStep(m, opt, [{ ids: [1, 2], lossMask: [1], advantage: 1 }], cfg)).rejects.toThrow(
+      /rollout 0 has 2 ids but a loss mask of 1/,
+    );
     await expect(grpoStep(m, opt, [{ ids: [1, 2], lossMask: [0, 1], advantage: NaN }], cfg)).rejects.toThrow(/advantage is NaN/);
     opt.dispose();
     m.dispose();
@@ -184,12 +254,18 @@ describe("grpoStep with behaviour log-probs (an inference engine's)", () => {
   const logprobsOf = (m: BigramLM, ids: number[]) => tf.tidy(() => m.tokenLogprobs([ids], [ids.map(() => 1)]).logprobs.arraySync()[0]);
 
   it("reports their gap to the trainer's, and with offPolicy clips the ratio against them", async () => {
-    const rollouts = batch([[1, 0, 0], [0, 1, 1]]);
+    const rollouts = batch([
+      [1, 0, 0],
+      [0, 1, 1],
+    ]);
     const run = async (shift: number, offPolicy: boolean) => {
       const m = new BigramLM(V, undefined, init());
       const opt = new AdamW(m.trainableVariables(), { lr: 0.05, weightDecay: 0 });
       // The engine saw each token as e^shift times less likely than the trainer does; NaN on the prompt.
-      const withBehaviour = rollouts.map((r) => ({ ...r, behaviourLogprobs: logprobsOf(m, r.ids).map((x, t) => (t === 0 ? NaN : x - shift)) }));
+      const withBehaviour = rollouts.map((r) => ({
+        ...r,
+        behaviourLogprobs: logprobsOf(m, r.ids).map((x, t) => (t === 0 ? NaN : x - shift)),
+      }));
       const n0 = tf.memory().numTensors;
       const s = await grpoStep(m, opt, withBehaviour, { ...cfg, offPolicy });
       expect(tf.memory().numTensors).toBe(n0);

@@ -30,7 +30,8 @@ export function expectGradMatchesFd(c: LossCase, cfg: PolicyLossConfig, f: (logp
   let nonzero = 0;
   c.logp.forEach((row, n) =>
     row.forEach((_, t) => {
-      const up = c.logp.map((r) => [...r]), dn = c.logp.map((r) => [...r]);
+      const up = c.logp.map((r) => [...r]),
+        dn = c.logp.map((r) => [...r]);
       up[n][t] += h;
       dn[n][t] -= h;
       const fd = (f(up) - f(dn)) / (2 * h);

@@ -41,12 +41,40 @@ describe("groupAdvantages", () => {
 //  masked and has a huge ratio that must not leak.
 //  ref − logp: ln 2, 0, −ln 2 on the three counted tokens → k3 = 0.306853, 0, 0.193147 (sum 0.5).
 const hand = () => {
-  const logp = tf.tensor2d([[-1, -2, -1], [-3, -1, -1]]);
-  const delta = [[0, Math.log(1.5), Math.log(0.5)], [0, Math.log(0.5), 50]]; // logp − old
-  const oldLogp = tf.tensor2d([[-1, -2, -1], [-3, -1, -1]].map((r, n) => r.map((x, t) => x - delta[n][t])));
-  const dRef = [[0, Math.log(2), 0], [0, -Math.log(2), 3]];
-  const refLogp = tf.tensor2d([[-1, -2, -1], [-3, -1, -1]].map((r, n) => r.map((x, t) => x + dRef[n][t])));
-  return { logp, oldLogp, refLogp, advantages: tf.tensor1d([1, -2]), mask: tf.tensor2d([[0, 1, 1], [0, 1, 0]]) };
+  const logp = tf.tensor2d([
+    [-1, -2, -1],
+    [-3, -1, -1],
+  ]);
+  const delta = [
+    [0, Math.log(1.5), Math.log(0.5)],
+    [0, Math.log(0.5), 50],
+  ]; // logp − old
+  const oldLogp = tf.tensor2d(
+    [
+      [-1, -2, -1],
+      [-3, -1, -1],
+    ].map((r, n) => r.map((x, t) => x - delta[n][t])),
+  );
+  const dRef = [
+    [0, Math.log(2), 0],
+    [0, -Math.log(2), 3],
+  ];
+  const refLogp = tf.tensor2d(
+    [
+      [-1, -2, -1],
+      [-3, -1, -1],
+    ].map((r, n) => r.map((x, t) => x + dRef[n][t])),
+  );
+  return {
+    logp,
+    oldLogp,
+    refLogp,
+    advantages: tf.tensor1d([1, -2]),
+    mask: tf.tensor2d([
+      [0, 1, 1],
+      [0, 1, 0],
+    ]),
+  };
 };
 const base: PolicyLossConfig = { epsilon: 0.2, epsilonHigh: 0.28, beta: 0, lossType: "grpo", maxNewTokens: 4 };
 
@@ -87,7 +115,13 @@ describe("policyLoss on hand values", () => {
     let sum = 0;
     for (const n of [0, 1]) {
       const pick = (t: tf.Tensor2D) => tf.slice(t, [n, 0], [1, 3]) as tf.Tensor2D;
-      const part = { logp: pick(x.logp), oldLogp: pick(x.oldLogp), refLogp: null, advantages: tf.slice(x.advantages, [n], [1]) as tf.Tensor1D, mask: pick(x.mask) };
+      const part = {
+        logp: pick(x.logp),
+        oldLogp: pick(x.oldLogp),
+        refLogp: null,
+        advantages: tf.slice(x.advantages, [n], [1]) as tf.Tensor1D,
+        mask: pick(x.mask),
+      };
       const r = policyLoss(part, { ...base, lossType: "bnpo" }, { numSequences: 2, numTokens: 3 });
       sum += r.loss.dataSync()[0];
       await readSums(r.sums);
@@ -109,19 +143,24 @@ describe("policyLoss on hand values", () => {
 // float64 reference of the same loss, for finite differences.
 function refLoss(logp: number[][], old: number[][], ref: number[][], A: number[], mask: number[][], cfg: PolicyLossConfig): number {
   const N = logp.length;
-  let total = 0, tokens = 0;
+  let total = 0,
+    tokens = 0;
   const perSeq: number[] = [];
   logp.forEach((row, n) => {
-    let s = 0, c = 0;
+    let s = 0,
+      c = 0;
     row.forEach((lp, t) => {
       if (!mask[n][t]) return;
       const r = Math.exp(lp - old[n][t]);
       const cl = Math.min(Math.max(r, 1 - cfg.epsilon), 1 + cfg.epsilonHigh);
       const d = ref[n][t] - lp;
       const l = -Math.min(r * A[n], cl * A[n]) + cfg.beta * (Math.exp(d) - d - 1);
-      s += l; c += 1;
+      s += l;
+      c += 1;
     });
-    perSeq.push(s / Math.max(1, c)); total += s; tokens += c;
+    perSeq.push(s / Math.max(1, c));
+    total += s;
+    tokens += c;
   });
   if (cfg.lossType === "grpo") return perSeq.reduce((a, b) => a + b, 0) / N;
   if (cfg.lossType === "dr_grpo") return total / (N * cfg.maxNewTokens);
@@ -130,11 +169,27 @@ function refLoss(logp: number[][], old: number[][], ref: number[][], A: number[]
 
 describe("policyLoss gradients", () => {
   // Ratios spread over [0.6, 1.5] (some clipped, none on a clip edge), ref near logp.
-  const logp = [[-0.5, -1.2, -0.3, -2.0], [-0.7, -0.1, -1.5, -0.9], [-1.1, -0.4, -0.8, -0.2]];
-  const old = [[-0.4, -1.0, -0.7, -1.9], [-0.7, -0.5, -1.2, -0.9], [-1.0, -0.6, -0.6, -0.3]];
-  const ref = [[-0.6, -1.1, -0.2, -2.2], [-0.9, -0.3, -1.4, -0.7], [-1.2, -0.5, -0.9, -0.1]];
+  const logp = [
+    [-0.5, -1.2, -0.3, -2.0],
+    [-0.7, -0.1, -1.5, -0.9],
+    [-1.1, -0.4, -0.8, -0.2],
+  ];
+  const old = [
+    [-0.4, -1.0, -0.7, -1.9],
+    [-0.7, -0.5, -1.2, -0.9],
+    [-1.0, -0.6, -0.6, -0.3],
+  ];
+  const ref = [
+    [-0.6, -1.1, -0.2, -2.2],
+    [-0.9, -0.3, -1.4, -0.7],
+    [-1.2, -0.5, -0.9, -0.1],
+  ];
   const A = [1.2, -0.7, 0.4];
-  const mask = [[0, 1, 1, 1], [0, 1, 1, 0], [0, 0, 1, 1]];
+  const mask = [
+    [0, 1, 1, 1],
+    [0, 1, 1, 0],
+    [0, 0, 1, 1],
+  ];
 
   for (const lossType of ["grpo", "bnpo", "dr_grpo"] as const) {
     it(`match float64 finite differences (${lossType}, β = 0.05)`, () => {
@@ -144,10 +199,15 @@ describe("policyLoss gradients", () => {
   }
 
   it("with oldLogp = logp the ratio is 1 and the gradient is −A·mask/denominator", async () => {
-    const N = 3, counts = mask.map((r) => r.reduce((a, b) => a + b, 0)), total = counts.reduce((a, b) => a + b, 0);
+    const N = 3,
+      counts = mask.map((r) => r.reduce((a, b) => a + b, 0)),
+      total = counts.reduce((a, b) => a + b, 0);
     for (const lossType of ["grpo", "bnpo", "dr_grpo"] as const) {
       const cfg: PolicyLossConfig = { epsilon: 0.2, epsilonHigh: 0.2, beta: 0.3, lossType, maxNewTokens: 6 };
-      const x = tf.tensor2d(logp), old = tf.tensor2d(logp), msk = tf.tensor2d(mask), adv = tf.tensor1d(A);
+      const x = tf.tensor2d(logp),
+        old = tf.tensor2d(logp),
+        msk = tf.tensor2d(mask),
+        adv = tf.tensor1d(A);
       let sums: ReturnType<typeof policyLoss>["sums"] | null = null;
       const g = tf.grad((lp: tf.Tensor) => {
         // ref = logp too: the KL term and its gradient vanish
@@ -189,11 +249,46 @@ describe("learning-rate schedules", () => {
 describe("batch padding", () => {
   it("right-pads ids and masks", () => {
     const b = rightPad([[5, 6, 7], [8]], [[0, 1, 1], [1]], 0);
-    expect(b).toEqual({ ids: [[5, 6, 7], [8, 0, 0]], attentionMask: [[1, 1, 1], [1, 0, 0]], lossMask: [[0, 1, 1], [1, 0, 0]] });
+    expect(b).toEqual({
+      ids: [
+        [5, 6, 7],
+        [8, 0, 0],
+      ],
+      attentionMask: [
+        [1, 1, 1],
+        [1, 0, 0],
+      ],
+      lossMask: [
+        [0, 1, 1],
+        [1, 0, 0],
+      ],
+    });
     // micro-batches as GRPO forms them: index groups, each right-padded to its own longest row
-    const seqs = [[1], [2, 3], [4]], masks = [[1], [1, 1], [0]];
-    const padded = (groups: number[][]) => groups.map((g) => rightPad(g.map((r) => seqs[r]), g.map((r) => masks[r]), 9).ids);
-    expect(padded(microBatchRows(seqs.map((q) => q.length), 2))).toEqual([[[1, 9], [2, 3]], [[4]]]);
+    const seqs = [[1], [2, 3], [4]],
+      masks = [[1], [1, 1], [0]];
+    const padded = (groups: number[][]) =>
+      groups.map(
+        (g) =>
+          rightPad(
+            g.map((r) => seqs[r]),
+            g.map((r) => masks[r]),
+            9,
+          ).ids,
+      );
+    expect(
+      padded(
+        microBatchRows(
+          seqs.map((q) => q.length),
+          2,
+        ),
+      ),
+    ).toEqual([
+      [
+        [1, 9],
+        [2, 3],
+      ],
+      [[4]],
+    ]);
     expect(() => rightPad([[1, 2]], [[1]], 0)).toThrow(/sequence 0 has 2 tokens but its loss mask has 1/);
     expect(() => rightPad([[1, 2]], [[1, 1]], 0, 1)).toThrow(/length 1 is shorter/);
   });
@@ -204,11 +299,29 @@ describe("batch padding", () => {
     // rows of ≥ 9 tokens: 3 at a time, so 4 rows go as 2 + 2 (not 3 + 1); shorter chunks stay whole
     const cap = (len: number) => (len >= 9 ? 3 : len >= 5 ? 1 : 8);
     expect(microBatchRows(lengths, 4, cap)).toEqual([[0, 1], [2, 3], [4, 5, 6, 7], [8]]);
-    expect(microBatchRows(lengths, 9, cap)).toEqual([[0, 1, 2], [3, 4, 5], [6, 7, 8]]);
+    expect(microBatchRows(lengths, 9, cap)).toEqual([
+      [0, 1, 2],
+      [3, 4, 5],
+      [6, 7, 8],
+    ]);
     expect(microBatchRows([7, 7, 7], 3, () => 0)).toEqual([[0], [1], [2]]); // at least one row
     expect(microBatchRows([7, 7], 2, () => Infinity)).toEqual([[0, 1]]);
-    const seqs = [[1], [2, 3], [4]], masks = [[1], [1, 1], [0]];
-    const groups = microBatchRows(seqs.map((q) => q.length), 3, (len) => (len > 1 ? 1 : 3));
-    expect(groups.map((g) => rightPad(g.map((r) => seqs[r]), g.map((r) => masks[r]), 9).ids)).toEqual([[[1]], [[2, 3]], [[4]]]);
+    const seqs = [[1], [2, 3], [4]],
+      masks = [[1], [1, 1], [0]];
+    const groups = microBatchRows(
+      seqs.map((q) => q.length),
+      3,
+      (len) => (len > 1 ? 1 : 3),
+    );
+    expect(
+      groups.map(
+        (g) =>
+          rightPad(
+            g.map((r) => seqs[r]),
+            g.map((r) => masks[r]),
+            9,
+          ).ids,
+      ),
+    ).toEqual([[[1]], [[2, 3]], [[4]]]);
   });
 });

@@ -3,9 +3,7 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
-import {
-  formatNumber, formatStepLine, meanStd, memoryStats, MetricsLogger, readMetrics, SFT_LINE,
-} from "../../src/trainer/metrics.ts";
+import { formatNumber, formatStepLine, meanStd, memoryStats, MetricsLogger, readMetrics, SFT_LINE } from "../../src/trainer/metrics.ts";
 
 const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-metrics-"));
 
@@ -21,11 +19,23 @@ describe("meanStd", () => {
 
 describe("formatStepLine", () => {
   it("prints the same fields every step, compactly", () => {
-    const m = { reward: 0.4123, reward_std: 0.381, accuracy: 0.375, kl: 0.00412, clip_ratio: 0.02, completion_len: 143.2, tool_calls: 2.1, step_time: 9.84 };
-    expect(formatStepLine(12, 200, m)).toBe("step 12/200 | reward 0.41±0.38 | acc 0.38 | kl 0.0041 | clip 0.02 | len 143 | tools 2.1 | 9.8 s");
+    const m = {
+      reward: 0.4123,
+      reward_std: 0.381,
+      accuracy: 0.375,
+      kl: 0.00412,
+      clip_ratio: 0.02,
+      completion_len: 143.2,
+      tool_calls: 2.1,
+      step_time: 9.84,
+    };
+    expect(formatStepLine(12, 200, m)).toBe(
+      "step 12/200 | reward 0.41±0.38 | acc 0.38 | kl 0.0041 | clip 0.02 | len 143 | tools 2.1 | 9.8 s",
+    );
     expect(formatStepLine(1, 200, { reward: 0 })).toBe("step 1/200 | reward 0 | acc - | kl - | clip - | len - | tools - | - s");
-    expect(formatStepLine(3, 10, { loss: 1.23456, lr: 3e-5, grad_norm: 0.5, step_time: 0.25 }, SFT_LINE))
-      .toBe("step 3/10 | loss 1.23 | lr 3e-5 | grad 0.5 | 0.25 s");
+    expect(formatStepLine(3, 10, { loss: 1.23456, lr: 3e-5, grad_norm: 0.5, step_time: 0.25 }, SFT_LINE)).toBe(
+      "step 3/10 | loss 1.23 | lr 3e-5 | grad 0.5 | 0.25 s",
+    );
   });
 
   it("formats numbers compactly", () => {
@@ -67,7 +77,12 @@ describe("MetricsLogger", () => {
     const resumed = new MetricsLogger(file, { resumeStep: 3 });
     resumed.log(4, { loss: 40 });
     const recs = await readMetrics(file);
-    expect(recs.map((r) => [r.step, r.loss])).toEqual([[1, 1], [2, 2], [3, 3], [4, 40]]);
+    expect(recs.map((r) => [r.step, r.loss])).toEqual([
+      [1, 1],
+      [2, 2],
+      [3, 3],
+      [4, 40],
+    ]);
 
     await fs.writeFile(file, '{"step":1}\nnot json\n{"step":2}\n');
     await expect(readMetrics(file)).rejects.toThrow(/metrics.jsonl:2: not a JSON object/);

@@ -12,7 +12,9 @@ const variable = (values: number[], shape: number[]) => tf.variable(tf.tensor(va
 
 /** torch.optim.AdamW's single-tensor update in float64. */
 function adamwRef(theta: number[], grads: number[][], lr: number, wd: number, b1 = 0.9, b2 = 0.999, eps = 1e-8): number[] {
-  const p = [...theta], m = p.map(() => 0), v = p.map(() => 0);
+  const p = [...theta],
+    m = p.map(() => 0),
+    v = p.map(() => 0);
   grads.forEach((g, k) => {
     const t = k + 1;
     for (let i = 0; i < p.length; i++) {
@@ -61,9 +63,12 @@ describe("AdamW", () => {
     }
     // The reference with per-step lr: run one step at a time with the running state is the same as
     // adamwRef only for a constant lr, so replay step by step here.
-    const p = [...init], m = p.map(() => 0), v = p.map(() => 0);
+    const p = [...init],
+      m = p.map(() => 0),
+      v = p.map(() => 0);
     steps.forEach((g, k) => {
-      const t = k + 1, lr = lrs[k];
+      const t = k + 1,
+        lr = lrs[k];
       for (let i = 0; i < p.length; i++) {
         p[i] *= 1 - lr * 0.05;
         m[i] = 0.9 * m[i] + 0.1 * g[i];
@@ -77,12 +82,25 @@ describe("AdamW", () => {
     // constant-lr reference agrees with the closed loop helper too
     const c = variable([1, 2], [2]);
     const o2 = new AdamW([c], { lr: 0.01, weightDecay: 0 });
-    for (const g of [[1, -1], [0.5, 0.5], [-2, 0]]) {
+    for (const g of [
+      [1, -1],
+      [0.5, 0.5],
+      [-2, 0],
+    ]) {
       const gt = tf.tensor1d(g);
       await o2.applyGradients({ [c.name]: gt });
       gt.dispose();
     }
-    const want = adamwRef([1, 2], [[1, -1], [0.5, 0.5], [-2, 0]], 0.01, 0);
+    const want = adamwRef(
+      [1, 2],
+      [
+        [1, -1],
+        [0.5, 0.5],
+        [-2, 0],
+      ],
+      0.01,
+      0,
+    );
     Array.from(c.dataSync()).forEach((x, i) => expect(x).toBeCloseTo(want[i], 6));
     opt.dispose();
     o2.dispose();
@@ -90,7 +108,11 @@ describe("AdamW", () => {
   });
 
   it("exports and imports its state so a resumed run continues bit for bit", async () => {
-    const grads = [[0.1, -0.3, 0.2], [0.4, 0.1, -0.2], [-0.1, 0.5, 0.3]];
+    const grads = [
+      [0.1, -0.3, 0.2],
+      [0.4, 0.1, -0.2],
+      [-0.1, 0.5, 0.3],
+    ];
     const w1 = variable([0.5, -0.5, 1], [3]);
     const o1 = new AdamW([w1], { lr: 0.01 });
     const stepWith = async (o: AdamW, w: tf.Variable, g: number[]) => {

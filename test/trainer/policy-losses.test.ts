@@ -4,8 +4,17 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import {
-  aggregateLoss, defaultEpsilonHigh, importanceLevel, LOSS_TYPES, perTokenLoss, policyLoss, readSums, statsFromSums,
-  type LossType, type PolicyLossConfig, type PolicyLossInputs,
+  aggregateLoss,
+  defaultEpsilonHigh,
+  importanceLevel,
+  LOSS_TYPES,
+  perTokenLoss,
+  policyLoss,
+  readSums,
+  statsFromSums,
+  type LossType,
+  type PolicyLossConfig,
+  type PolicyLossInputs,
 } from "../../src/trainer/policy-loss.ts";
 import { grpoStep, type GrpoConfig, type GrpoRollout } from "../../src/trainer/grpo.ts";
 import { AdamW } from "../../src/trainer/optimizer.ts";
@@ -21,13 +30,25 @@ const base: PolicyLossConfig = { epsilon: 0.2, epsilonHigh: 0.28, beta: 0, lossT
 // The hand example of math.test.ts: 2 sequences, 3 positions, ε = 0.2, ε_high = 0.28.
 //  seq 0, A = +1, mask [0,1,1], logp [−1, −2, −1]: ρ = 1.5, 0.5
 //  seq 1, A = −2, mask [0,1,0], logp [−3, −1, −1]: ρ = 0.5; position 2 is masked, its ρ = e^50 must not leak.
-const LOGP = [[-1, -2, -1], [-3, -1, -1]];
-const hand = (delta = [[0, Math.log(1.5), Math.log(0.5)], [0, Math.log(0.5), 50]], A = [1, -2]): PolicyLossInputs => ({
+const LOGP = [
+  [-1, -2, -1],
+  [-3, -1, -1],
+];
+const hand = (
+  delta = [
+    [0, Math.log(1.5), Math.log(0.5)],
+    [0, Math.log(0.5), 50],
+  ],
+  A = [1, -2],
+): PolicyLossInputs => ({
   logp: tf.tensor2d(LOGP),
   oldLogp: tf.tensor2d(LOGP.map((r, n) => r.map((x, t) => x - delta[n][t]))),
   refLogp: null,
   advantages: tf.tensor1d(A),
-  mask: tf.tensor2d([[0, 1, 1], [0, 1, 0]]),
+  mask: tf.tensor2d([
+    [0, 1, 1],
+    [0, 1, 0],
+  ]),
 });
 
 /** Loss value and token stats, inputs disposed. */
@@ -69,7 +90,13 @@ describe("the policy-loss table on hand values", () => {
       expect(r.clipFracHigh * 3).toBeCloseTo(HAND[lossType].high, 6);
       expect(r.ratio * 3).toBeCloseTo(HAND[lossType].ratio, 5);
       // Whatever sits at the masked position (here ρ = e^−50 instead of e^50) changes nothing.
-      const other = await run(hand([[0, Math.log(1.5), Math.log(0.5)], [7, Math.log(0.5), -50]]), cfg);
+      const other = await run(
+        hand([
+          [0, Math.log(1.5), Math.log(0.5)],
+          [7, Math.log(0.5), -50],
+        ]),
+        cfg,
+      );
       expect(other.value).toBe(r.value);
     });
 
@@ -101,11 +128,20 @@ describe("the policy-loss table on hand values", () => {
 describe("ties at the clip bounds", () => {
   // logp 0 and old ∓ln 2 give ρ = 2 and 0.5 exactly in f32; with ε = 0.5, ε_high = 1 both sit on a bound.
   const tie = (): PolicyLossInputs => ({
-    logp: tf.tensor2d([[0, 0], [0, 0]]),
-    oldLogp: tf.tensor2d([[0, -Math.log(2)], [0, Math.log(2)]]),
+    logp: tf.tensor2d([
+      [0, 0],
+      [0, 0],
+    ]),
+    oldLogp: tf.tensor2d([
+      [0, -Math.log(2)],
+      [0, Math.log(2)],
+    ]),
     refLogp: null,
     advantages: tf.tensor1d([1, -1]),
-    mask: tf.tensor2d([[0, 1], [0, 1]]),
+    mask: tf.tensor2d([
+      [0, 1],
+      [0, 1],
+    ]),
   });
   const cfg = (lossType: LossType): PolicyLossConfig => ({ epsilon: 0.5, epsilonHigh: 1, beta: 0, lossType, maxNewTokens: 4 });
   const grad = (x: PolicyLossInputs, c: PolicyLossConfig) => {
@@ -125,11 +161,17 @@ describe("ties at the clip bounds", () => {
     expect(r.clipFrac).toBe(0);
     expect(r.value).toBeCloseTo((-2 + 0.5) / 2, 6); // −min(2·1, 2·1) and −min(−0.5, −0.5)
     // ∂/∂logp of −ρ·A is −ρ·A: −2 and +0.5, ÷ 2 sequences
-    expect(grad(tie(), cfg("grpo"))).toEqual([[0, -1], [0, 0.25]]);
+    expect(grad(tie(), cfg("grpo"))).toEqual([
+      [0, -1],
+      [0, 0.25],
+    ]);
     // minirl: on the bound the token stays; −sg(ρ)·A·logp has gradient −ρ·A (÷ 2 sequences), value 0 at logp 0
     const m = await run(tie(), cfg("minirl"));
     expect(m.clipFrac).toBe(0);
-    expect(grad(tie(), cfg("minirl"))).toEqual([[0, -1], [0, 0.25]]);
+    expect(grad(tie(), cfg("minirl"))).toEqual([
+      [0, -1],
+      [0, 0.25],
+    ]);
   });
 
   it("just past the bounds: clipped losses have zero gradient there, minirl drops the tokens", async () => {
@@ -137,7 +179,10 @@ describe("ties at the clip bounds", () => {
     for (const lossType of ["grpo", "minirl"] as const) {
       const c = { ...past, lossType };
       expect((await run(tie(), c)).clipFrac).toBe(1);
-      expect(grad(tie(), c)).toEqual([[0, 0], [0, 0]]);
+      expect(grad(tie(), c)).toEqual([
+        [0, 0],
+        [0, 0],
+      ]);
     }
   });
 });
@@ -162,7 +207,15 @@ function refGspo(logp: number[][], old: number[][], ref: number[][], A: number[]
 }
 
 /** MINIRL with its importance weight read at `at` (the detached point) and the log-prob term at `logp`. */
-function refMinirl(logp: number[][], at: number[][], old: number[][], ref: number[][], A: number[], mask: number[][], cfg: PolicyLossConfig): number {
+function refMinirl(
+  logp: number[][],
+  at: number[][],
+  old: number[][],
+  ref: number[][],
+  A: number[],
+  mask: number[][],
+  cfg: PolicyLossConfig,
+): number {
   let total = 0;
   logp.forEach((row, n) =>
     row.forEach((lp, t) => {
@@ -178,16 +231,33 @@ function refMinirl(logp: number[][], at: number[][], old: number[][], ref: numbe
 
 describe("gradients against float64 finite differences", () => {
   // Sequence ratios inside the window; token ratios over [0.6, 1.5], two of them out of minirl's window.
-  const logp = [[-0.5, -1.2, -0.3, -2.0], [-0.7, -0.1, -1.5, -0.9], [-1.1, -0.4, -0.8, -0.2]];
-  const old = [[-0.4, -1.0, -0.7, -1.9], [-0.7, -0.5, -1.2, -0.9], [-1.0, -0.6, -0.6, -0.3]];
-  const ref = [[-0.6, -1.1, -0.2, -2.2], [-0.9, -0.3, -1.4, -0.7], [-1.2, -0.5, -0.9, -0.1]];
+  const logp = [
+    [-0.5, -1.2, -0.3, -2.0],
+    [-0.7, -0.1, -1.5, -0.9],
+    [-1.1, -0.4, -0.8, -0.2],
+  ];
+  const old = [
+    [-0.4, -1.0, -0.7, -1.9],
+    [-0.7, -0.5, -1.2, -0.9],
+    [-1.0, -0.6, -0.6, -0.3],
+  ];
+  const ref = [
+    [-0.6, -1.1, -0.2, -2.2],
+    [-0.9, -0.3, -1.4, -0.7],
+    [-1.2, -0.5, -0.9, -0.1],
+  ];
   const A = [1.2, -0.7, 0.4];
-  const mask = [[0, 1, 1, 1], [0, 1, 1, 0], [0, 0, 1, 1]];
+  const mask = [
+    [0, 1, 1, 1],
+    [0, 1, 1, 0],
+    [0, 0, 1, 1],
+  ];
 
   for (const lossType of ["gspo", "minirl"] as const) {
     it(`${lossType}, β = 0.05`, async () => {
       const cfg: PolicyLossConfig = { epsilon: 0.2, epsilonHigh: 0.3, beta: 0.05, lossType, maxNewTokens: 5 };
-      const f = (lp: number[][]) => (lossType === "gspo" ? refGspo(lp, old, ref, A, mask, cfg) : refMinirl(lp, logp, old, ref, A, mask, cfg));
+      const f = (lp: number[][]) =>
+        lossType === "gspo" ? refGspo(lp, old, ref, A, mask, cfg) : refMinirl(lp, logp, old, ref, A, mask, cfg);
       expect(expectGradMatchesFd({ logp, old, ref, A, mask }, cfg, f)).toBeGreaterThanOrEqual(5); // not vacuous
     });
   }
@@ -210,10 +280,14 @@ describe("log-ratio clamp", () => {
 
   it("leaves in-range values bit for bit as they were", async () => {
     const cfg = { ...base, beta: 0.04 };
-    const rnd = (s: number) => Array.from({ length: 4 }, (_, n) => Array.from({ length: 6 }, (_, t) => -3 * Math.abs(Math.sin(s + 7 * n + t))));
+    const rnd = (s: number) =>
+      Array.from({ length: 4 }, (_, n) => Array.from({ length: 6 }, (_, t) => -3 * Math.abs(Math.sin(s + 7 * n + t))));
     const x: PolicyLossInputs = {
-      logp: tf.tensor2d(rnd(1)), oldLogp: tf.tensor2d(rnd(2)), refLogp: tf.tensor2d(rnd(3)),
-      advantages: tf.tensor1d([0.7, -1.3, 0, 2]), mask: tf.tensor2d(rnd(4).map((r) => r.map((v) => (v < -1 ? 1 : 0)))),
+      logp: tf.tensor2d(rnd(1)),
+      oldLogp: tf.tensor2d(rnd(2)),
+      refLogp: tf.tensor2d(rnd(3)),
+      advantages: tf.tensor1d([0.7, -1.3, 0, 2]),
+      mask: tf.tensor2d(rnd(4).map((r) => r.map((v) => (v < -1 ? 1 : 0)))),
     };
     const now = perTokenLoss(x, cfg);
     const was = unclamped(x, cfg);
@@ -224,8 +298,11 @@ describe("log-ratio clamp", () => {
   it("keeps an outlier token finite (it used to overflow to Inf and stop the run)", async () => {
     // logp − old = 120 and ref − logp = 95: exp overflows f32 (max e^88.7) without the clamp.
     const x = (): PolicyLossInputs => ({
-      logp: tf.tensor2d([[-1, -1]]), oldLogp: tf.tensor2d([[-1, -121]]), refLogp: tf.tensor2d([[-1, 94]]),
-      advantages: tf.tensor1d([-1]), mask: tf.tensor2d([[1, 1]]),
+      logp: tf.tensor2d([[-1, -1]]),
+      oldLogp: tf.tensor2d([[-1, -121]]),
+      refLogp: tf.tensor2d([[-1, 94]]),
+      advantages: tf.tensor1d([-1]),
+      mask: tf.tensor2d([[1, 1]]),
     });
     const cfg = { ...base, beta: 0.04 };
     const old = unclamped(x(), cfg);
@@ -276,7 +353,15 @@ describe("one GRPO step per loss type on a stand-in model", () => {
     { ids: [6, 2], lossMask: [0, 1], advantage: -0.5 },
   ];
   const step = (lossType: LossType): GrpoConfig => ({
-    epsilon: 0.2, epsilonHigh: defaultEpsilonHigh(lossType, 0.2), beta: 0.04, lossType, maxNewTokens: 4, numIterations: 2, maxGradNorm: 1, lr: 0.05, microBatchSize: 2,
+    epsilon: 0.2,
+    epsilonHigh: defaultEpsilonHigh(lossType, 0.2),
+    beta: 0.04,
+    lossType,
+    maxNewTokens: 4,
+    numIterations: 2,
+    maxGradNorm: 1,
+    lr: 0.05,
+    microBatchSize: 2,
   });
 
   for (const lossType of LOSS_TYPES) {

@@ -75,8 +75,19 @@ describe("trainer steps on qwen2-tiny (wasm)", () => {
   it("SFT with a fresh int8 LoRA: loss falls, LoRA changes, the base does not, no tensor leak", async () => {
     const m = await loadModel(FIX, { lora: fresh, quantize: "int8", seed: 1 });
     const opt = new AdamW(m.trainableVariables(), { lr: 2e-2, weightDecay: 0 });
-    const base0 = await baseWeights(m), lora0 = await snapshot(m.trainableVariables());
-    const batch = rightPad([[10, 20, 30, 40, 50, 60, 70], [11, 21, 31, 41]], [[0, 0, 1, 1, 1, 1, 1], [0, 1, 1, 1]], 0);
+    const base0 = await baseWeights(m),
+      lora0 = await snapshot(m.trainableVariables());
+    const batch = rightPad(
+      [
+        [10, 20, 30, 40, 50, 60, 70],
+        [11, 21, 31, 41],
+      ],
+      [
+        [0, 0, 1, 1, 1, 1, 1],
+        [0, 1, 1, 1],
+      ],
+      0,
+    );
     const n0 = tf.memory().numTensors;
     const losses: number[] = [];
     for (let i = 0; i < 6; i++) losses.push((await sftStep(m, opt, [batch], { maxGradNorm: 1, lr: 2e-2 })).loss);
@@ -92,8 +103,15 @@ describe("trainer steps on qwen2-tiny (wasm)", () => {
   it("GRPO with a fresh nf4 LoRA: KL 0 then > 0, rewarded rollouts gain log-prob, micro-batching changes nothing", async () => {
     const m = await loadModel(FIX, { lora: fresh, quantize: "nf4", seed: 2 });
     const vars = m.trainableVariables();
-    const base0 = await baseWeights(m), lora0 = await snapshot(vars);
-    const adv = groupAdvantages([[1, 0, 0], [0, 0, 1]], "group");
+    const base0 = await baseWeights(m),
+      lora0 = await snapshot(vars);
+    const adv = groupAdvantages(
+      [
+        [1, 0, 0],
+        [0, 0, 1],
+      ],
+      "group",
+    );
     const shapes = [
       { ids: [5, 6, 7, 100, 101, 102, 103], lossMask: [0, 0, 0, 1, 1, 1, 1] },
       { ids: [5, 6, 7, 110, 111], lossMask: [0, 0, 0, 1, 1] },
@@ -103,7 +121,17 @@ describe("trainer steps on qwen2-tiny (wasm)", () => {
       { ids: [8, 9, 150, 151, 152, 153, 154, 155], lossMask: [0, 0, 1, 1, 1, 1, 1, 1] },
     ];
     const rollouts: GrpoRollout[] = shapes.map((s, i) => ({ ...s, advantage: adv[Math.floor(i / 3)][i % 3] }));
-    const cfg: GrpoConfig = { beta: 0.04, epsilon: 0.2, epsilonHigh: 0.28, lossType: "grpo", maxNewTokens: 8, numIterations: 1, maxGradNorm: 1, lr: 2e-2, microBatchSize: 6 };
+    const cfg: GrpoConfig = {
+      beta: 0.04,
+      epsilon: 0.2,
+      epsilonHigh: 0.28,
+      lossType: "grpo",
+      maxNewTokens: 8,
+      numIterations: 1,
+      maxGradNorm: 1,
+      lr: 2e-2,
+      microBatchSize: 6,
+    };
 
     const before = rollouts.map((r) => seqLogprob(m, r));
     const opt = new AdamW(vars, { lr: 2e-2, weightDecay: 0 });
@@ -116,17 +144,20 @@ describe("trainer steps on qwen2-tiny (wasm)", () => {
     expect(tf.memory().numTensors).toBe(n0);
 
     // Second step from a saved state, once whole and once in micro-batches of 1: same numbers.
-    const lora1 = await snapshot(vars), optState = await opt.exportState();
+    const lora1 = await snapshot(vars),
+      optState = await opt.exportState();
     const s2 = await grpoStep(m, opt, rollouts, cfg);
     expect(s2.kl).toBeGreaterThan(0);
     const lora2 = await snapshot(vars);
     for (const v of vars) tf.tidy(() => v.assign(tf.tensor(lora1.get(v.name)!, v.shape)));
     opt.importState(optState);
     const s2mb = await grpoStep(m, opt, rollouts, { ...cfg, microBatchSize: 1 });
-    for (const k of ["loss", "kl", "gradNorm", "entropy", "tokens"] as const) expect(Math.abs(s2mb[k] - s2[k])).toBeLessThan(1e-5 * Math.max(1, Math.abs(s2[k])));
+    for (const k of ["loss", "kl", "gradNorm", "entropy", "tokens"] as const)
+      expect(Math.abs(s2mb[k] - s2[k])).toBeLessThan(1e-5 * Math.max(1, Math.abs(s2[k])));
     let worst = 0;
     for (const v of vars) {
-      const a = lora2.get(v.name)!, b = (await v.data()) as Float32Array;
+      const a = lora2.get(v.name)!,
+        b = (await v.data()) as Float32Array;
       a.forEach((x, i) => (worst = Math.max(worst, Math.abs(x - b[i]))));
     }
     expect(worst).toBeLessThan(1e-5);

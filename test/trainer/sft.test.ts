@@ -12,8 +12,16 @@ beforeAll(async () => {
 
 const V = 6;
 // Prompt tokens (mask 0) then answer tokens (mask 1); padded with id 0.
-const seqs = [[1, 2, 3, 4], [1, 5, 3], [2, 3, 4, 5, 1]];
-const masks = [[0, 0, 1, 1], [0, 1, 1], [0, 1, 1, 1, 1]];
+const seqs = [
+  [1, 2, 3, 4],
+  [1, 5, 3],
+  [2, 3, 4, 5, 1],
+];
+const masks = [
+  [0, 0, 1, 1],
+  [0, 1, 1],
+  [0, 1, 1, 1, 1],
+];
 const full = (): SftBatch => rightPad(seqs, masks, 0);
 
 describe("sftLoss", () => {
@@ -41,7 +49,9 @@ describe("sftLoss", () => {
     const m = new BigramLM(V);
     expect(countTokens({ ids: [[1, 2]], attentionMask: [[1, 1]], lossMask: [[1, 0]] })).toBe(0);
     expect(() => sftLoss(m, { ids: [[1, 2]], attentionMask: [[1, 1]], lossMask: [[1, 0]] })).toThrow(/0 tokens with lossMask 1/);
-    expect(() => sftLoss(m, { ids: [[1, 2]], attentionMask: [[1]], lossMask: [[1, 1]] })).toThrow(/attentionMask\[0\] has 1 columns; expected 2/);
+    expect(() => sftLoss(m, { ids: [[1, 2]], attentionMask: [[1]], lossMask: [[1, 1]] })).toThrow(
+      /attentionMask\[0\] has 1 columns; expected 2/,
+    );
     m.dispose();
   });
 });
@@ -63,8 +73,10 @@ describe("sftStep", () => {
 
   it("accumulating micro-batches weighted by tokens equals one big batch", async () => {
     const init = Array.from({ length: V }, (_, i) => Array.from({ length: V }, (_, j) => Math.sin(i * 7 + j * 3)));
-    const a = new BigramLM(V, undefined, init), b = new BigramLM(V, undefined, init);
-    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }), ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
+    const a = new BigramLM(V, undefined, init),
+      b = new BigramLM(V, undefined, init);
+    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }),
+      ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
     const mbs = [rightPad(seqs.slice(0, 1), masks.slice(0, 1), 0), rightPad(seqs.slice(1), masks.slice(1), 0)];
     // micro-batches hold 2 and 6 tokens: a plain mean of their means would weigh them 1:1, not 2:6
     expect(mbs.map(countTokens)).toEqual([2, 6]);
@@ -75,20 +87,33 @@ describe("sftStep", () => {
       expect(rb.loss).toBeCloseTo(ra.loss, 5);
       expect(rb.gradNorm).toBeCloseTo(ra.gradNorm, 5);
     }
-    const wa = a.delta.dataSync(), wb = b.delta.dataSync();
+    const wa = a.delta.dataSync(),
+      wb = b.delta.dataSync();
     wa.forEach((x, i) => expect(wb[i]).toBeCloseTo(x, 5));
     [oa, ob, a, b].forEach((x) => x.dispose());
   });
 
   it("runs a micro-batch in parts where the model's trainRowsFor allows fewer rows, with the same update", async () => {
     const init = Array.from({ length: V }, (_, i) => Array.from({ length: V }, (_, j) => Math.cos(i * 3 + j * 5)));
-    const a = new BigramLM(V, undefined, init), b = new BigramLM(V, undefined, init);
-    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }), ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
+    const a = new BigramLM(V, undefined, init),
+      b = new BigramLM(V, undefined, init);
+    const oa = new AdamW(a.trainableVariables(), { lr: 0.05 }),
+      ob = new AdamW(b.trainableVariables(), { lr: 0.05 });
     const rows: number[] = [];
     const seen = b.tokenLogprobs.bind(b);
     b.tokenLogprobs = (ids, mask, opts) => (rows.push(ids.length), seen(ids, mask, opts));
     (b as BigramLM & { trainRowsFor(length: number): number }).trainRowsFor = (length) => (length >= 5 ? 2 : 8);
-    const short = rightPad([[1, 2], [3, 4]], [[0, 1], [0, 1]], 0); // length 2: stays whole
+    const short = rightPad(
+      [
+        [1, 2],
+        [3, 4],
+      ],
+      [
+        [0, 1],
+        [0, 1],
+      ],
+      0,
+    ); // length 2: stays whole
     for (let i = 0; i < 2; i++) {
       const ra = await sftStep(a, oa, [full(), short], { maxGradNorm: 0.5, lr: 0.05 });
       const rb = await sftStep(b, ob, [full(), short], { maxGradNorm: 0.5, lr: 0.05 });
@@ -97,7 +122,8 @@ describe("sftStep", () => {
       expect(rb.gradNorm).toBeCloseTo(ra.gradNorm, 5);
     }
     expect(rows).toEqual([2, 1, 2, 2, 1, 2]); // full() (3 rows of 5 tokens) as 2 + 1, then short whole
-    const wa = a.delta.dataSync(), wb = b.delta.dataSync();
+    const wa = a.delta.dataSync(),
+      wb = b.delta.dataSync();
     wa.forEach((x, i) => expect(wb[i]).toBeCloseTo(x, 5));
     [oa, ob, a, b].forEach((x) => x.dispose());
   });

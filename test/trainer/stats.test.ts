@@ -35,7 +35,13 @@ describe("passAtK", () => {
   it("equals 1 - C(n-c,k)/C(n,k)", () => {
     expect(passAtK(10, 3, 5)).toBeCloseTo(1 - 21 / 252, 12);
     expect(passAtK(2, 1, 1)).toBeCloseTo(0.5, 12);
-    for (const [n, c, k] of [[20, 4, 1], [20, 4, 10], [16, 0, 4], [16, 16, 4], [30, 7, 3]]) {
+    for (const [n, c, k] of [
+      [20, 4, 1],
+      [20, 4, 10],
+      [16, 0, 4],
+      [16, 16, 4],
+      [30, 7, 3],
+    ]) {
       expect(passAtK(n, c, k)).toBeCloseTo(1 - binom(n - c, k) / binom(n, k), 12);
     }
   });

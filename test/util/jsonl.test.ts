@@ -25,7 +25,12 @@ describe("readLines", () => {
     const long = "é".repeat(700_000); // 1.4 MB: spans chunks, and a 2-byte char sits on a border
     await fs.writeFile(file, `a\n${long}\n\nlast`);
     const lines = [...readLines(file)];
-    expect(lines.map((l) => [l.lineNo, l.text.length, l.terminated])).toEqual([[1, 1, true], [2, 700_000, true], [3, 0, true], [4, 4, false]]);
+    expect(lines.map((l) => [l.lineNo, l.text.length, l.terminated])).toEqual([
+      [1, 1, true],
+      [2, 700_000, true],
+      [3, 0, true],
+      [4, 4, false],
+    ]);
     expect(lines[1].text).toBe(long);
     expect(lines[3].offset).toBe(2 + 1_400_000 + 2);
   });

@@ -11,7 +11,10 @@ import type { GenToken } from "./engine.ts";
 export const TOOL_OPEN = "<tool_call>";
 
 export function chatPromptIds(tokenizer: Tokenizer, messages: ChatMessage[], tools: ToolSchema[], toolsInPrompt: boolean): number[] {
-  const text = tokenizer.applyChatTemplate(messages, { tools: toolsInPrompt && tools.length > 0 ? tools : undefined, addGenerationPrompt: true });
+  const text = tokenizer.applyChatTemplate(messages, {
+    tools: toolsInPrompt && tools.length > 0 ? tools : undefined,
+    addGenerationPrompt: true,
+  });
   return tokenizer.encode(text);
 }
 
@@ -29,7 +32,11 @@ export interface AssistantMessage {
 
 /** Generated text → the assistant message and its finish reason. Tool calls are parsed only when the
  *  request offered tools. */
-export function assistantMessage(text: string, toolsOffered: boolean, finish: "stop" | "length"): { message: AssistantMessage; finishReason: string } {
+export function assistantMessage(
+  text: string,
+  toolsOffered: boolean,
+  finish: "stop" | "length",
+): { message: AssistantMessage; finishReason: string } {
   if (toolsOffered && text.includes(TOOL_OPEN)) {
     const parsed = parseToolCalls(text);
     if (parsed.calls.length > 0 && parsed.errors.length === 0)
@@ -37,7 +44,11 @@ export function assistantMessage(text: string, toolsOffered: boolean, finish: "s
         message: {
           role: "assistant",
           content: parsed.content === "" ? null : parsed.content,
-          tool_calls: parsed.calls.map((c) => ({ id: `call_${randomBytes(12).toString("hex")}`, type: "function", function: { name: c.name, arguments: JSON.stringify(c.arguments) } })),
+          tool_calls: parsed.calls.map((c) => ({
+            id: `call_${randomBytes(12).toString("hex")}`,
+            type: "function",
+            function: { name: c.name, arguments: JSON.stringify(c.arguments) },
+          })),
         },
         finishReason: "tool_calls",
       };

@@ -89,7 +89,11 @@ export class Engine {
   /** Batches run and rows decoded so far (tests and /health read them). */
   readonly stats = { batches: 0, rows: 0, maxRowsInBatch: 0 };
 
-  constructor(readonly model: Qwen2ForCausalLM, readonly tokenizer: Tokenizer, readonly o: EngineOptions) {
+  constructor(
+    readonly model: Qwen2ForCausalLM,
+    readonly tokenizer: Tokenizer,
+    readonly o: EngineOptions,
+  ) {
     this.startAdapter = model.loraAdapter;
     this.stopIds = new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
     // The server never trains: a quantized base is unpacked once, for good (adapter factors are held per batch).
@@ -115,7 +119,8 @@ export class Engine {
   }
 
   async loadAdapter(name: string, dir: string): Promise<void> {
-    if (this.hasAdapter(name)) throw new ApiError(400, `the LoRA adapter "${name}" has already been loaded; unload it first or use another lora_name`, "lora_name");
+    if (this.hasAdapter(name))
+      throw new ApiError(400, `the LoRA adapter "${name}" has already been loaded; unload it first or use another lora_name`, "lora_name");
     let adapter: LoraAdapter;
     try {
       adapter = await LoraAdapter.load(dir, this.model.config);
@@ -151,7 +156,13 @@ export class Engine {
   /** Queue a request; resolves with its choices (prompt-major, n per prompt). */
   generate(req: GenRequest): Promise<GenChoice[]> {
     if (this.queue.length >= this.o.maxQueue)
-      throw new ApiError(429, `${this.queue.length} requests are waiting (--max_queue ${this.o.maxQueue}); retry later`, null, "rate_limit_exceeded", "rate_limit_error");
+      throw new ApiError(
+        429,
+        `${this.queue.length} requests are waiting (--max_queue ${this.o.maxQueue}); retry later`,
+        null,
+        "rate_limit_exceeded",
+        "rate_limit_error",
+      );
     return new Promise((resolve, reject) => {
       this.queue.push({ req, resolve, reject });
       if (!this.busy) void this.pump();
@@ -186,7 +197,7 @@ export class Engine {
     const key = this.queue[0].req.adapter;
     const out: Pending[] = [];
     let rows = 0;
-    for (let i = 0; i < this.queue.length; ) {
+    for (let i = 0; i < this.queue.length;) {
       const p = this.queue[i];
       const n = p.req.prompts.length * p.req.n;
       if (p.req.adapter === key && (out.length === 0 || rows + n <= this.o.maxBatchRows)) {
@@ -202,7 +213,8 @@ export class Engine {
     const name = batch[0].req.adapter;
     const held = name === null ? null : this.adapters.get(name);
     if (name !== null && (!held || held.unloaded)) {
-      for (const p of batch) p.reject(new ApiError(404, `the model "${name}" does not exist (its adapter was unloaded)`, "model", "model_not_found"));
+      for (const p of batch)
+        p.reject(new ApiError(404, `the model "${name}" does not exist (its adapter was unloaded)`, "model", "model_not_found"));
       return;
     }
     if (held) held.users++;
@@ -210,7 +222,8 @@ export class Engine {
     for (const p of batch) {
       const rng = new Rng(p.req.params.seed ?? Math.floor(Math.random() * 2 ** 32));
       p.req.prompts.forEach((prompt, i) => {
-        for (let k = 0; k < p.req.n; k++) rows.push({ p, choice: i * p.req.n + k, prompt, rng, tokens: [], text: "", done: false, finish: "length" });
+        for (let k = 0; k < p.req.n; k++)
+          rows.push({ p, choice: i * p.req.n + k, prompt, rng, tokens: [], text: "", done: false, finish: "length" });
       });
     }
     this.stats.batches++;
@@ -222,7 +235,9 @@ export class Engine {
       await this.decode(rows);
       for (const p of batch) {
         const mine = rows.filter((r) => r.p === p).sort((a, b) => a.choice - b.choice);
-        p.resolve(mine.map((r) => ({ promptIndex: Math.floor(r.choice / p.req.n), tokens: r.tokens, text: r.text, finishReason: r.finish })));
+        p.resolve(
+          mine.map((r) => ({ promptIndex: Math.floor(r.choice / p.req.n), tokens: r.tokens, text: r.text, finishReason: r.finish })),
+        );
       }
     } catch (err) {
       for (const p of batch) p.reject(err as Error);
@@ -267,7 +282,10 @@ export class Engine {
         if (cacheRows.length - keep.length >= Math.max(1, 0.25 * cacheRows.length)) {
           cache.select(keep);
           cacheRows = keep.map((p) => cacheRows[p]);
-          logits = this.model.decodeStep(keep.map((p) => feed[p]), cache);
+          logits = this.model.decodeStep(
+            keep.map((p) => feed[p]),
+            cache,
+          );
         } else {
           logits = this.model.decodeStep(feed, cache);
         }
@@ -306,7 +324,10 @@ export class Engine {
   }
 
   private text(row: Row): string {
-    return this.tokenizer.decode(row.tokens.map((t) => t.id), { skipSpecialTokens: true });
+    return this.tokenizer.decode(
+      row.tokens.map((t) => t.id),
+      { skipSpecialTokens: true },
+    );
   }
 }
 

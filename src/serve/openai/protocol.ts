@@ -35,7 +35,8 @@ function unsupported(b: Body, k: string, neutral: (v: unknown) => boolean, what:
 
 /** The model name a request asks for (required, a string). */
 export function modelOf(b: Body): string {
-  if (typeof b.model !== "string" || b.model === "") throw badField("model", `expected the name of a served model (GET /v1/models), got ${kind(b.model)}`);
+  if (typeof b.model !== "string" || b.model === "")
+    throw badField("model", `expected the name of a served model (GET /v1/models), got ${kind(b.model)}`);
   return b.model;
 }
 
@@ -63,7 +64,8 @@ export function samplingOf(b: Body, topLogprobs: number): Sampling {
   if (typeof b.stop === "string") stop = [b.stop];
   else if (Array.isArray(b.stop)) stop = b.stop as string[];
   else if (b.stop !== undefined && b.stop !== null) throw badField("stop", `expected a string or a list of strings, got ${kind(b.stop)}`);
-  if (stop.length > 16 || stop.some((s) => typeof s !== "string" || s === "")) throw badField("stop", "expected at most 16 non-empty strings");
+  if (stop.length > 16 || stop.some((s) => typeof s !== "string" || s === ""))
+    throw badField("stop", "expected at most 16 non-empty strings");
   let stopTokenIds: number[] = [];
   if (b.stop_token_ids !== undefined && b.stop_token_ids !== null) {
     if (!Array.isArray(b.stop_token_ids) || b.stop_token_ids.some((x) => !Number.isInteger(x) || (x as number) < 0))
@@ -106,11 +108,13 @@ function textOf(v: unknown, param: string, allowNull: boolean): string {
   if (typeof v === "string") return v;
   if ((v === null || v === undefined) && allowNull) return "";
   if (Array.isArray(v)) {
-    return v.map((part, i) => {
-      if (!isObj(part) || part.type !== "text" || typeof part.text !== "string")
-        throw badField(`${param}[${i}]`, `expected a text part {"type": "text", "text": "..."}; only text is supported`);
-      return part.text;
-    }).join("");
+    return v
+      .map((part, i) => {
+        if (!isObj(part) || part.type !== "text" || typeof part.text !== "string")
+          throw badField(`${param}[${i}]`, `expected a text part {"type": "text", "text": "..."}; only text is supported`);
+        return part.text;
+      })
+      .join("");
   }
   throw badField(param, `expected a string or a list of text parts, got ${kind(v)}`);
 }
@@ -131,11 +135,18 @@ function toolCallOf(v: unknown, param: string): ChatToolCall {
   return { type: "function", function: { name: v.function.name, arguments: args } };
 }
 
-const ROLES = new Map<string, ChatMessage["role"]>([["system", "system"], ["developer", "system"], ["user", "user"], ["assistant", "assistant"], ["tool", "tool"]]);
+const ROLES = new Map<string, ChatMessage["role"]>([
+  ["system", "system"],
+  ["developer", "system"],
+  ["user", "user"],
+  ["assistant", "assistant"],
+  ["tool", "tool"],
+]);
 
 export function chatRequestOf(b: Body): ChatRequest {
   const model = modelOf(b);
-  if (!Array.isArray(b.messages) || b.messages.length === 0) throw badField("messages", `expected a non-empty list of messages, got ${kind(b.messages)}`);
+  if (!Array.isArray(b.messages) || b.messages.length === 0)
+    throw badField("messages", `expected a non-empty list of messages, got ${kind(b.messages)}`);
   const messages = b.messages.map((m, i): ChatMessage => {
     const p = `messages[${i}]`;
     if (!isObj(m)) throw badField(p, `expected an object, got ${kind(m)}`);
@@ -143,21 +154,32 @@ export function chatRequestOf(b: Body): ChatRequest {
     if (!role) throw badField(`${p}.role`, `expected system, developer, user, assistant or tool, got ${JSON.stringify(m.role)}`);
     const out: ChatMessage = { role, content: textOf(m.content, `${p}.content`, role === "assistant") };
     if (m.tool_calls !== undefined && m.tool_calls !== null) {
-      if (role !== "assistant" || !Array.isArray(m.tool_calls)) throw badField(`${p}.tool_calls`, "expected a list, on an assistant message");
+      if (role !== "assistant" || !Array.isArray(m.tool_calls))
+        throw badField(`${p}.tool_calls`, "expected a list, on an assistant message");
       if (m.tool_calls.length > 0) out.tool_calls = m.tool_calls.map((c, j) => toolCallOf(c, `${p}.tool_calls[${j}]`));
     }
     return out;
   });
   let tools: ToolSchema[] = [];
   if (b.tools !== undefined && b.tools !== null) {
-    if (!Array.isArray(b.tools)) throw badField("tools", `expected a list of {"type": "function", "function": {...}}, got ${kind(b.tools)}`);
+    if (!Array.isArray(b.tools))
+      throw badField("tools", `expected a list of {"type": "function", "function": {...}}, got ${kind(b.tools)}`);
     tools = b.tools.map((t, i): ToolSchema => {
       const f = isObj(t) ? t.function : undefined;
       if (!isObj(t) || t.type !== "function" || !isObj(f) || typeof f.name !== "string" || f.name === "")
         throw badField(`tools[${i}]`, `expected {"type": "function", "function": {"name", "description", "parameters"}}`);
-      if (f.parameters !== undefined && !isObj(f.parameters)) throw badField(`tools[${i}].function.parameters`, "expected a JSON schema object");
-      if (f.description !== undefined && typeof f.description !== "string") throw badField(`tools[${i}].function.description`, "expected a string");
-      return { type: "function", function: { name: f.name, description: (f.description as string) ?? "", parameters: (f.parameters as Body) ?? { type: "object", properties: {} } } };
+      if (f.parameters !== undefined && !isObj(f.parameters))
+        throw badField(`tools[${i}].function.parameters`, "expected a JSON schema object");
+      if (f.description !== undefined && typeof f.description !== "string")
+        throw badField(`tools[${i}].function.description`, "expected a string");
+      return {
+        type: "function",
+        function: {
+          name: f.name,
+          description: (f.description as string) ?? "",
+          parameters: (f.parameters as Body) ?? { type: "object", properties: {} },
+        },
+      };
     });
   }
   const choice = b.tool_choice;
@@ -189,7 +211,8 @@ export function completionRequestOf(b: Body, vocabSize: number): CompletionReque
   else throw badField("prompt", `expected a string, a list of strings, a list of token ids or a list of such lists, got ${kind(p)}`);
   if (prompts.length > 256) throw badField("prompt", `${prompts.length} prompts; at most 256 per request`);
   prompts.forEach((q, i) => {
-    if (q.ids?.some((x) => !Number.isInteger(x) || x < 0 || x >= vocabSize)) throw badField("prompt", `prompt ${i} holds a token id outside 0..${vocabSize - 1}`);
+    if (q.ids?.some((x) => !Number.isInteger(x) || x < 0 || x >= vocabSize))
+      throw badField("prompt", `prompt ${i} holds a token id outside 0..${vocabSize - 1}`);
     if (q.text === "") throw badField("prompt", `prompt ${i} is empty`);
   });
   let logprobs: number | null = null;

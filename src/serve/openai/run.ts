@@ -13,19 +13,33 @@ import { startOpenAiServer, type RunningOpenAiServer } from "./server.ts";
 export const SERVE_OPENAI_FLAGS = {
   ...modelFlags({ modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" }),
   adapter: optional("--adapter <dir>", "PEFT adapter folder served on --model_path under the served name"),
-  served_model_name: optional("--served_model_name <name>", "the name requests give as \"model\" (default: --model_path as given)"),
+  served_model_name: optional("--served_model_name <name>", 'the name requests give as "model" (default: --model_path as given)'),
   port: flag("--port <n>", "TCP port (0: any free one)", parseIntArg("port", 0, 65535), 8001),
   host: flag("--host <addr>", "address to bind; the default answers this machine only", undefined, "127.0.0.1"),
   api_key: optional("--api_key <key>", "require Authorization: Bearer <key> on every /v1 request"),
   max_queue: flag("--max_queue <n>", "requests that may wait behind the running batch; more get 429", parseIntArg("max_queue", 0), 256),
-  max_batch_rows: flag("--max_batch_rows <n>", "rows (prompts × n) decoded together in one batch, at most", parseIntArg("max_batch_rows", 1), 64),
-  batch_wait_ms: flag("--batch_wait_ms <ms>", "how long an idle engine waits for more requests before it starts a batch", parseFloatArg("batch_wait_ms", 0, 10_000), 5),
+  max_batch_rows: flag(
+    "--max_batch_rows <n>",
+    "rows (prompts × n) decoded together in one batch, at most",
+    parseIntArg("max_batch_rows", 1),
+    64,
+  ),
+  batch_wait_ms: flag(
+    "--batch_wait_ms <ms>",
+    "how long an idle engine waits for more requests before it starts a batch",
+    parseFloatArg("batch_wait_ms", 0, 10_000),
+    5,
+  ),
 } satisfies FlagTable;
 
 export type ServeOpenAiFlags = OptionsOf<typeof SERVE_OPENAI_FLAGS>;
 
 export const serveOpenAiCommand = () =>
-  commandOf("serve-openai", "OpenAI-compatible server (chat and text completions, tools, LoRA adapters) for any checkpoint", SERVE_OPENAI_FLAGS);
+  commandOf(
+    "serve-openai",
+    "OpenAI-compatible server (chat and text completions, tools, LoRA adapters) for any checkpoint",
+    SERVE_OPENAI_FLAGS,
+  );
 
 export async function parseServeOpenAiArgs(argv: string[]): Promise<ServeOpenAiFlags> {
   const { o } = parseFlags(serveOpenAiCommand(), SERVE_OPENAI_FLAGS, argv, { tiny: { model_path: TINY_BASE_DIR, tools_in_prompt: false } });
@@ -40,13 +54,28 @@ export interface ServingOpenAi extends RunningOpenAiServer {
 /** Open the checkpoint and serve it; close() stops the server and frees the model. */
 export async function serveOpenAi(cfg: ServeOpenAiFlags, log: (line: string) => void = () => {}): Promise<ServingOpenAi> {
   const policy = await openPolicy({
-    modelPath: cfg.model_path, adapter: cfg.adapter, quantize: cfg.quantize, backend: cfg.backend, threads: cfg.threads, seed: cfg.seed, unpackBase: cfg.unpack_base,
+    modelPath: cfg.model_path,
+    adapter: cfg.adapter,
+    quantize: cfg.quantize,
+    backend: cfg.backend,
+    threads: cfg.threads,
+    seed: cfg.seed,
+    unpackBase: cfg.unpack_base,
   });
-  const engine = new Engine(policy.model, policy.tokenizer, { maxQueue: cfg.max_queue, maxBatchRows: cfg.max_batch_rows, batchWaitMs: cfg.batch_wait_ms });
+  const engine = new Engine(policy.model, policy.tokenizer, {
+    maxQueue: cfg.max_queue,
+    maxBatchRows: cfg.max_batch_rows,
+    batchWaitMs: cfg.batch_wait_ms,
+  });
   let server: RunningOpenAiServer;
   try {
     server = await startOpenAiServer(engine, {
-      host: cfg.host, port: cfg.port, servedModelName: cfg.served_model_name ?? cfg.model_path, apiKey: cfg.api_key, toolsInPrompt: cfg.tools_in_prompt, log,
+      host: cfg.host,
+      port: cfg.port,
+      servedModelName: cfg.served_model_name ?? cfg.model_path,
+      apiKey: cfg.api_key,
+      toolsInPrompt: cfg.tools_in_prompt,
+      log,
     });
   } catch (err) {
     engine.dispose();

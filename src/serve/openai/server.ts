@@ -38,7 +38,8 @@ type Body = Record<string, unknown>;
 
 function readBody(req: http.IncomingMessage, cap: number): Promise<Body> {
   const declared = Number(req.headers["content-length"] ?? NaN);
-  if (declared > cap) return Promise.reject(new ApiError(413, `request body is ${declared} bytes; the limit is ${cap}`, null, "body_too_large"));
+  if (declared > cap)
+    return Promise.reject(new ApiError(413, `request body is ${declared} bytes; the limit is ${cap}`, null, "body_too_large"));
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
@@ -56,7 +57,8 @@ function readBody(req: http.IncomingMessage, cap: number): Promise<Body> {
       } catch (err) {
         return reject(new ApiError(400, `request body is not valid JSON (${(err as Error).message})`, null, "invalid_json"));
       }
-      if (v === null || typeof v !== "object" || Array.isArray(v)) return reject(new ApiError(400, "request body must be a JSON object", null, "invalid_json"));
+      if (v === null || typeof v !== "object" || Array.isArray(v))
+        return reject(new ApiError(400, "request body must be a JSON object", null, "invalid_json"));
       resolve(v as Body);
     });
   });
@@ -94,7 +96,10 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
   // One request decodes in one batch: prompts × n may not pass --max_batch_rows.
   const checkRows = (prompts: number, s: Sampling) => {
     if (prompts * s.n > engine.o.maxBatchRows)
-      throw badField(prompts > 1 ? "prompt" : "n", `${prompts} prompt(s) × n ${s.n} = ${prompts * s.n} rows; this server decodes at most ${engine.o.maxBatchRows} (--max_batch_rows) per request`);
+      throw badField(
+        prompts > 1 ? "prompt" : "n",
+        `${prompts} prompt(s) × n ${s.n} = ${prompts * s.n} rows; this server decodes at most ${engine.o.maxBatchRows} (--max_batch_rows) per request`,
+      );
   };
 
   const usage = (promptTokens: number, choices: GenChoice[]) => {
@@ -118,14 +123,30 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
     const s = r.sampling;
     const id = newId("chatcmpl");
     const head = { id, created: Math.floor(Date.now() / 1000), model: r.model };
-    const logprobsOf = (tokens: GenToken[]) => (r.logprobs ? { content: chatLogprobs(tok, tokens.filter((t) => !isStop(t, s)), s.tokenIds) } : null);
+    const logprobsOf = (tokens: GenToken[]) =>
+      r.logprobs
+        ? {
+            content: chatLogprobs(
+              tok,
+              tokens.filter((t) => !isStop(t, s)),
+              s.tokenIds,
+            ),
+          }
+        : null;
     if (!s.stream) {
       const choices = await engine.generate({ adapter, prompts: [ids], n: s.n, params: s.params, signal });
       return sendJson(res, 200, {
-        ...head, object: "chat.completion",
+        ...head,
+        object: "chat.completion",
         choices: choices.map((c, i) => {
           const { message, finishReason } = assistantMessage(c.text, r.tools.length > 0, c.finishReason);
-          return { index: i, message, logprobs: logprobsOf(c.tokens), finish_reason: finishReason, ...(s.returnTokenIds ? { token_ids: c.tokens.map((t) => t.id) } : {}) };
+          return {
+            index: i,
+            message,
+            logprobs: logprobsOf(c.tokens),
+            finish_reason: finishReason,
+            ...(s.returnTokenIds ? { token_ids: c.tokens.map((t) => t.id) } : {}),
+          };
         }),
         usage: usage(ids.length, choices),
         ...(s.returnTokenIds ? { prompt_token_ids: ids } : {}),
@@ -161,7 +182,14 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
         const rest = content.startsWith(state[i].sent) ? content.slice(state[i].sent.length) : "";
         if (rest !== "") chunk([{ index: i, delta: { content: rest }, logprobs: null, finish_reason: null }]);
         if (message.tool_calls)
-          chunk([{ index: i, delta: { tool_calls: message.tool_calls.map((tc, k) => ({ index: k, ...tc })) }, logprobs: null, finish_reason: null }]);
+          chunk([
+            {
+              index: i,
+              delta: { tool_calls: message.tool_calls.map((tc, k) => ({ index: k, ...tc })) },
+              logprobs: null,
+              finish_reason: null,
+            },
+          ]);
         chunk([{ index: i, delta: {}, logprobs: null, finish_reason: finishReason }]);
       });
       if (s.includeUsage) event({ ...head, object: "chat.completion.chunk", choices: [], usage: usage(ids.length, choices) });
@@ -197,17 +225,28 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
       };
     };
     sendJson(res, 200, {
-      id: newId("cmpl"), object: "text_completion", created: Math.floor(Date.now() / 1000), model: r.model,
+      id: newId("cmpl"),
+      object: "text_completion",
+      created: Math.floor(Date.now() / 1000),
+      model: r.model,
       choices: choices.map((c, i) => ({
-        index: i, text: c.text, logprobs: logprobsOf(c.tokens), finish_reason: c.finishReason, stop_reason: null,
+        index: i,
+        text: c.text,
+        logprobs: logprobsOf(c.tokens),
+        finish_reason: c.finishReason,
+        stop_reason: null,
         ...(s.returnTokenIds ? { token_ids: c.tokens.map((t) => t.id), prompt_token_ids: prompts[c.promptIndex] } : {}),
       })),
-      usage: usage(prompts.reduce((a, p) => a + p.length, 0), choices),
+      usage: usage(
+        prompts.reduce((a, p) => a + p.length, 0),
+        choices,
+      ),
     });
   }
 
   const str = (b: Body, k: string) => {
-    if (typeof b[k] !== "string" || b[k] === "") throw badField(k, `expected a non-empty string, got ${b[k] === undefined ? "nothing" : typeof b[k]}`);
+    if (typeof b[k] !== "string" || b[k] === "")
+      throw badField(k, `expected a non-empty string, got ${b[k] === undefined ? "nothing" : typeof b[k]}`);
     return b[k] as string;
   };
 
@@ -263,7 +302,8 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
       if (!route) throw new ApiError(404, `no route ${req.method} ${url.pathname}`, null, "not_found");
       const handler = route[req.method ?? ""];
       if (!handler) throw new ApiError(405, `${url.pathname} accepts ${Object.keys(route).join(", ")}`, null, "method_not_allowed");
-      if (url.pathname !== "/health" && !authorized(req)) throw new ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", null, "invalid_api_key");
+      if (url.pathname !== "/health" && !authorized(req))
+        throw new ApiError(401, "missing or wrong API key (Authorization: Bearer ...)", null, "invalid_api_key");
       const body = req.method === "POST" ? await readBody(req, cap) : {};
       await handler(body, res, abort.signal);
     } catch (err) {
@@ -287,9 +327,10 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
   const host = addr.family === "IPv6" ? `[${addr.address}]` : addr.address;
   return {
     url: `http://${host}:${addr.port}`,
-    close: () => new Promise<void>((resolve) => {
-      server.close(() => resolve());
-      server.closeAllConnections();
-    }),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
   };
 }

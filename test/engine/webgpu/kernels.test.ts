@@ -8,15 +8,26 @@ import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 const gpu = await webgpuForTests();
-const randn = (n: number, seed: number) => { const r = new Rng(seed); return Float32Array.from({ length: n }, () => r.normal()); };
+const randn = (n: number, seed: number) => {
+  const r = new Rng(seed);
+  return Float32Array.from({ length: n }, () => r.normal());
+};
 
 describe.skipIf(!gpu)("webgpu kernels", () => {
   it("dequantizes int8 and NF4 exactly as the host reference, whole and by columns", async () => {
     expect(await initBackend("webgpu")).toBe("webgpu");
-    const rows = 200, cols = 7, w = randn(rows * cols, 11); // 200 rows: padding to 4 (int8) and 64 (nf4)
+    const rows = 200,
+      cols = 7,
+      w = randn(rows * cols, 11); // 200 rows: padding to 4 (int8) and 64 (nf4)
     const refs = {
-      int8: (() => { const { q, scale } = quantizeInt8(w, rows, cols); return dequantizeInt8(q, scale, rows, cols); })(),
-      nf4: (() => { const { codes, absmax } = quantizeNf4(w, rows, cols); return dequantizeNf4(codes, absmax, rows, cols); })(),
+      int8: (() => {
+        const { q, scale } = quantizeInt8(w, rows, cols);
+        return dequantizeInt8(q, scale, rows, cols);
+      })(),
+      nf4: (() => {
+        const { codes, absmax } = quantizeNf4(w, rows, cols);
+        return dequantizeNf4(codes, absmax, rows, cols);
+      })(),
     };
     const before = tf.memory().numTensors;
     for (const kind of ["int8", "nf4"] as const) {

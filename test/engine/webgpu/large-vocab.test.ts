@@ -13,11 +13,21 @@ import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 const gpu = await webgpuForTests();
-const V = 151936, H = 224;
+const V = 151936,
+  H = 224;
 const CONFIG: Qwen2Config = {
-  modelType: "qwen2", vocabSize: V, hiddenSize: H, intermediateSize: 64, numHiddenLayers: 1,
-  numAttentionHeads: 4, numKeyValueHeads: 2, headDim: 56, ropeTheta: 1e6, rmsNormEps: 1e-6,
-  tieWordEmbeddings: true, maxPositionEmbeddings: 1024,
+  modelType: "qwen2",
+  vocabSize: V,
+  hiddenSize: H,
+  intermediateSize: 64,
+  numHiddenLayers: 1,
+  numAttentionHeads: 4,
+  numKeyValueHeads: 2,
+  headDim: 56,
+  ropeTheta: 1e6,
+  rmsNormEps: 1e-6,
+  tieWordEmbeddings: true,
+  maxPositionEmbeddings: 1024,
 };
 
 describe.skipIf(!gpu)("vocab 151,936 on webgpu", () => {
@@ -27,7 +37,7 @@ describe.skipIf(!gpu)("vocab 151,936 on webgpu", () => {
     expect(H * V).toBeGreaterThan(backendProfile().maxBindingFloats); // the case this test is about
     const rng = new Rng(1);
     const data = new Float32Array(H * V); // [H, V] = embeddingᵀ; distinct cheap values (34 M of them)
-    for (let i = 0; i < data.length; i++) data[i] = ((Math.imul(i, 2654435761) >>> 16) / 65536) - 0.5;
+    for (let i = 0; i < data.length; i++) data[i] = (Math.imul(i, 2654435761) >>> 16) / 65536 - 0.5;
     const w = BaseWeight.fromFloat32(data, H, V, "none");
     expect(w.parts!.length).toBeGreaterThanOrEqual(2);
     const per = w.parts![0].shape[1];
@@ -54,14 +64,24 @@ describe.skipIf(!gpu)("vocab 151,936 on webgpu", () => {
 
   it("a tied-head model gives wasm's logits, token log-probs and LoRA gradient norm", { timeout: 600_000 }, async () => {
     registerWasmExtras();
-    const ids = [[151935, 5, 77000, 151643], [0, 0, 90001, 12]], mask = [[1, 1, 1, 1], [0, 0, 1, 1]];
+    const ids = [
+        [151935, 5, 77000, 151643],
+        [0, 0, 90001, 12],
+      ],
+      mask = [
+        [1, 1, 1, 1],
+        [0, 0, 1, 1],
+      ];
     const run = async () => {
       const m = await createModel(CONFIG, { seed: 4, lora: { r: 2, alpha: 4, dropout: 0, targetModules: ["q_proj", "v_proj"] } });
       // B at 0 would give the LoRA A no gradient: one step of noise makes every gradient non-zero
       for (const v of m.trainableVariables()) v.assign(tf.mul(tf.randomNormal(v.shape, 0, 1, "float32", 9), 0.02));
       const last = tf.tidy(() => tf.slice(m.forward(ids, mask), [0, 3, 0], [2, 1, V]));
       const logits = (await last.data()) as Float32Array;
-      const { value, grads } = tf.variableGrads(() => tf.neg(tf.sum(m.tokenLogprobs(ids, mask, { training: true }).logprobs)) as tf.Scalar, m.trainableVariables());
+      const { value, grads } = tf.variableGrads(
+        () => tf.neg(tf.sum(m.tokenLogprobs(ids, mask, { training: true }).logprobs)) as tf.Scalar,
+        m.trainableVariables(),
+      );
       const loss = (await value.data())[0];
       const norm = Math.sqrt((await tf.tidy(() => tf.addN(Object.values(grads).map((g) => tf.sum(tf.square(g))))).data())[0]);
       tf.dispose([last, value, grads]);

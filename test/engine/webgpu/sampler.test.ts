@@ -7,7 +7,14 @@ import * as tf from "@tensorflow/tfjs";
 import { initBackend, registerWasmExtras } from "../../../src/engine/backend.ts";
 import { backendProfile } from "../../../src/engine/profile.ts";
 import type { SampleResult, SamplingParams } from "../../../src/rollout/sampler.ts";
-import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "../../rollout/sampler-suite.ts";
+import {
+  drawSteps,
+  expectCandidateReads,
+  expectSameDraws,
+  PARAM_SETS,
+  RANK_REFERENCE,
+  structuredLogits,
+} from "../../rollout/sampler-suite.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 const gpu = await webgpuForTests();
@@ -29,7 +36,8 @@ describe.skipIf(!gpu)("sampling on webgpu", () => {
     expect(await initBackend("webgpu")).toBe("webgpu");
     registerWasmExtras();
     expect(backendProfile().deviceSampling).toBe(true);
-    const B = 12, V = 3000;
+    const B = 12,
+      V = 3000;
     const data = structuredLogits(B, V);
     const logits = tf.tensor2d(data, [B, V]);
     const n0 = tf.memory().numTensors;
@@ -43,7 +51,8 @@ describe.skipIf(!gpu)("sampling on webgpu", () => {
   });
 
   it("at Qwen2.5's vocabulary too", async () => {
-    const B = 6, V = 151936;
+    const B = 6,
+      V = 151936;
     const data = structuredLogits(B, V, 5);
     const logits = tf.tensor2d(data, [B, V]);
     for (const params of [{ temperature: 0 }, { temperature: 1 }, { temperature: 0.7, topK: 50, topP: 0.9 }]) {

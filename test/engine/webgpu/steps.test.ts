@@ -57,7 +57,17 @@ async function trainSteps(quantize: Quantize) {
   // keeps the update a smooth function of the gradient, so equal gradients give equal adapters.
   const opt = new AdamW(m.trainableVariables(), { lr: 2e-2, weightDecay: 0, eps: 1e-3 });
   const n0 = tf.memory().numTensors;
-  const batch = rightPad([[10, 20, 30, 40, 50, 60, 70], [11, 21, 31, 41]], [[0, 0, 1, 1, 1, 1, 1], [0, 1, 1, 1]], 0);
+  const batch = rightPad(
+    [
+      [10, 20, 30, 40, 50, 60, 70],
+      [11, 21, 31, 41],
+    ],
+    [
+      [0, 0, 1, 1, 1, 1, 1],
+      [0, 1, 1, 1],
+    ],
+    0,
+  );
   const sft = await sftStep(m, opt, [batch], { maxGradNorm: 1, lr: 2e-2 });
   const afterSft = await adapterValues(m);
   const adv = groupAdvantages([[1, 0, 0]], "group");
@@ -68,7 +78,17 @@ async function trainSteps(quantize: Quantize) {
     { ids: [5, 6, 7, 110, 111], lossMask: [0, 0, 0, 1, 1] },
     { ids: [5, 6, 7, 120, 9, 121], lossMask: [0, 0, 0, 1, 0, 1] },
   ].map((r, i) => ({ ...r, advantage: adv[0][i] }));
-  const cfg: GrpoConfig = { beta: 0.04, epsilon: 0.2, epsilonHigh: 0.28, lossType: "grpo", maxNewTokens: 6, numIterations: 1, maxGradNorm: 1, lr: 2e-2, microBatchSize: 3 };
+  const cfg: GrpoConfig = {
+    beta: 0.04,
+    epsilon: 0.2,
+    epsilonHigh: 0.28,
+    lossType: "grpo",
+    maxNewTokens: 6,
+    numIterations: 1,
+    maxGradNorm: 1,
+    lr: 2e-2,
+    microBatchSize: 3,
+  };
   const grpo = await grpoStep(m, opt, rollouts, cfg);
   const afterGrpo = await adapterValues(m);
   const leaked = tf.memory().numTensors - n0;
@@ -81,7 +101,14 @@ describe.skipIf(!gpu)("webgpu equals wasm (qwen2-tiny)", () => {
   it("int8 and NF4 forwards give wasm's logits", async () => {
     expect(await initBackend("webgpu")).toBe("webgpu");
     registerWasmExtras();
-    const ids = [[3, 17, 42, 99, 7], [0, 0, 5, 6, 8]], mask = [[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]];
+    const ids = [
+        [3, 17, 42, 99, 7],
+        [0, 0, 5, 6, 8],
+      ],
+      mask = [
+        [1, 1, 1, 1, 1],
+        [0, 0, 1, 1, 1],
+      ];
     for (const quantize of ["int8", "nf4"] as const) {
       const logits = async () => {
         const m = await loadModel(FIX, { quantize });
@@ -91,7 +118,8 @@ describe.skipIf(!gpu)("webgpu equals wasm (qwen2-tiny)", () => {
         m.dispose();
         return v;
       };
-      const want = await on("wasm", logits), got = await logits();
+      const want = await on("wasm", logits),
+        got = await logits();
       expect(maxDiff([got], [want]), quantize).toBeLessThanOrEqual(1e-4);
     }
   });
@@ -105,7 +133,9 @@ describe.skipIf(!gpu)("webgpu equals wasm (qwen2-tiny)", () => {
       expect(Math.abs(got.sft.gradNorm - want.sft.gradNorm)).toBeLessThanOrEqual(1e-4 * Math.max(1, want.sft.gradNorm));
       expect(maxDiff(got.afterSft, want.afterSft), `${quantize} adapter after SFT`).toBeLessThanOrEqual(1e-5);
       for (const k of ["loss", "kl", "gradNorm", "entropy", "tokens"] as const)
-        expect(Math.abs(got.grpo[k] - want.grpo[k]), `${quantize} GRPO ${k}`).toBeLessThanOrEqual(1e-4 * Math.max(1, Math.abs(want.grpo[k])));
+        expect(Math.abs(got.grpo[k] - want.grpo[k]), `${quantize} GRPO ${k}`).toBeLessThanOrEqual(
+          1e-4 * Math.max(1, Math.abs(want.grpo[k])),
+        );
       expect(maxDiff(got.afterGrpo, want.afterGrpo), `${quantize} adapter after GRPO`).toBeLessThanOrEqual(1e-5);
     }
   });
@@ -115,8 +145,14 @@ describe.skipIf(!gpu)("webgpu equals wasm (qwen2-tiny)", () => {
     const release = m.unpackBase();
     const n0 = tf.memory().numTensors;
     const rng = new Rng(7);
-    const prompt = [[1, 2, 3, 4], [0, 5, 6, 7]];
-    const { logits, cache } = m.prefill(prompt, [[1, 1, 1, 1], [0, 1, 1, 1]]);
+    const prompt = [
+      [1, 2, 3, 4],
+      [0, 5, 6, 7],
+    ];
+    const { logits, cache } = m.prefill(prompt, [
+      [1, 1, 1, 1],
+      [0, 1, 1, 1],
+    ]);
     let lg = logits;
     for (let s = 0; s < 6; s++) {
       const { tokens } = await sampleTokens(lg, { temperature: 1, topP: 0.9 }, rng);
@@ -130,25 +166,37 @@ describe.skipIf(!gpu)("webgpu equals wasm (qwen2-tiny)", () => {
     m.dispose();
   });
 
-  it("the tiny preset's model answers the README question as on wasm (NF4 unpacked, greedy, calculator)", { timeout: 600_000 }, async () => {
-    const question = "Ava has 123 pencils and buys 456 more. How many pencils does Ava have now?";
-    const tokenizer = await loadTokenizerFromDir(TINY_BASE_DIR);
-    const answer = async () => {
-      const m = await loadModel(TINY_BASE_DIR, { quantize: "nf4" });
-      const release = m.unpackBase();
-      const [t] = await rolloutGroups(m, tokenizer, [toPrompt(question)], {
-        samplesPerPrompt: 1, maxNewTokens: 40, maxTurns: 3, temperature: 0, topP: 1, topK: 0, rng: new Rng(0), tools: [calculatorTool], toolsInPrompt: false,
-      });
-      release();
-      m.dispose();
-      return t;
-    };
-    const want = await on("wasm", answer);
-    const got = await answer();
-    expect(got.completionIds).toEqual(want.completionIds);
-    expect(got.finalText).toBe(want.finalText);
-    console.log(`tiny base on webgpu: ${JSON.stringify(tokenizer.decode(got.completionIds).slice(0, 160))}`);
-  });
+  it(
+    "the tiny preset's model answers the README question as on wasm (NF4 unpacked, greedy, calculator)",
+    { timeout: 600_000 },
+    async () => {
+      const question = "Ava has 123 pencils and buys 456 more. How many pencils does Ava have now?";
+      const tokenizer = await loadTokenizerFromDir(TINY_BASE_DIR);
+      const answer = async () => {
+        const m = await loadModel(TINY_BASE_DIR, { quantize: "nf4" });
+        const release = m.unpackBase();
+        const [t] = await rolloutGroups(m, tokenizer, [toPrompt(question)], {
+          samplesPerPrompt: 1,
+          maxNewTokens: 40,
+          maxTurns: 3,
+          temperature: 0,
+          topP: 1,
+          topK: 0,
+          rng: new Rng(0),
+          tools: [calculatorTool],
+          toolsInPrompt: false,
+        });
+        release();
+        m.dispose();
+        return t;
+      };
+      const want = await on("wasm", answer);
+      const got = await answer();
+      expect(got.completionIds).toEqual(want.completionIds);
+      expect(got.finalText).toBe(want.finalText);
+      console.log(`tiny base on webgpu: ${JSON.stringify(tokenizer.decode(got.completionIds).slice(0, 160))}`);
+    },
+  );
 });
 
 afterAll(() => shutdownCalculator());

@@ -38,8 +38,14 @@ async function makeAdapter(): Promise<string> {
 beforeAll(async () => {
   adapterDir = await makeAdapter();
   server = await serveOpenAi({
-    ...defaultsOf(SERVE_OPENAI_FLAGS), model_path: TINY_BASE_DIR, served_model_name: "tiny", tools_in_prompt: false, port: 0,
-    backend: "wasm", api_key: "test-key", batch_wait_ms: 200, // a wide window: the concurrent test's requests all land in it
+    ...defaultsOf(SERVE_OPENAI_FLAGS),
+    model_path: TINY_BASE_DIR,
+    served_model_name: "tiny",
+    tools_in_prompt: false,
+    port: 0,
+    backend: "wasm",
+    api_key: "test-key",
+    batch_wait_ms: 200, // a wide window: the concurrent test's requests all land in it
   });
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: "test-key", maxRetries: 0 });
 });
@@ -49,7 +55,11 @@ afterAll(async () => {
 });
 
 const post = (route: string, body: unknown, key = "test-key") =>
-  fetch(`${server.url}/v1/${route}`, { method: "POST", headers: { "Content-Type": "application/json", Authorization: `Bearer ${key}` }, body: JSON.stringify(body) });
+  fetch(`${server.url}/v1/${route}`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Authorization: `Bearer ${key}` },
+    body: JSON.stringify(body),
+  });
 
 describe("OpenAI-compatible server", () => {
   it("lists the served model", async () => {
@@ -104,7 +114,14 @@ describe("OpenAI-compatible server", () => {
   });
 
   it("samples n = 4 choices, reproducibly for a seed", async () => {
-    const body = { model: "tiny", messages: [{ role: "user" as const, content: "What is 12 plus 30?" }], n: 4, temperature: 1, seed: 11, max_tokens: 24 };
+    const body = {
+      model: "tiny",
+      messages: [{ role: "user" as const, content: "What is 12 plus 30?" }],
+      n: 4,
+      temperature: 1,
+      seed: 11,
+      max_tokens: 24,
+    };
     const a = await client.chat.completions.create(body);
     const b = await client.chat.completions.create(body);
     expect(a.choices.map((c) => c.index)).toEqual([0, 1, 2, 3]);
@@ -124,7 +141,14 @@ describe("OpenAI-compatible server", () => {
   });
 
   it("returns log-probs with their top alternatives", async () => {
-    const r = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "What is 5 times 6?" }], temperature: 0, max_tokens: 12, logprobs: true, top_logprobs: 3 });
+    const r = await client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "What is 5 times 6?" }],
+      temperature: 0,
+      max_tokens: 12,
+      logprobs: true,
+      top_logprobs: 3,
+    });
     const lp = r.choices[0].logprobs!.content!;
     expect(lp.length).toBeGreaterThan(0);
     expect(lp.map((t) => t.token).join("")).toBe(r.choices[0].message.content);
@@ -139,7 +163,14 @@ describe("OpenAI-compatible server", () => {
   it("completes a token-id prompt and returns token ids with their log-probs", async () => {
     const tok = server.engine.tokenizer;
     const ids = tok.encode(tok.applyChatTemplate([system, { role: "user", content: QUESTION }], { addGenerationPrompt: true }));
-    const r = await client.completions.create({ model: "tiny", prompt: ids, temperature: 0, max_tokens: 80, logprobs: 0, return_tokens_as_token_ids: true } as OpenAI.CompletionCreateParamsNonStreaming);
+    const r = await client.completions.create({
+      model: "tiny",
+      prompt: ids,
+      temperature: 0,
+      max_tokens: 80,
+      logprobs: 0,
+      return_tokens_as_token_ids: true,
+    } as OpenAI.CompletionCreateParamsNonStreaming);
     const c = r.choices[0];
     const out = c.logprobs!.tokens!.map((t) => {
       expect(t).toMatch(/^token_id:\d+$/);
@@ -173,15 +204,35 @@ describe("OpenAI-compatible server", () => {
 
   it("answers bad requests with OpenAI-shaped 4xx errors and keeps serving", async () => {
     const msg = [{ role: "user" as const, content: "hi" }];
-    await expect(client.chat.completions.create({ model: "gpt-4o", messages: msg })).rejects.toMatchObject({ status: 404, code: "model_not_found", param: "model" });
-    await expect(client.chat.completions.create({ model: "tiny", messages: msg, temperature: "hot" as unknown as number })).rejects.toMatchObject({ status: 400, param: "temperature", type: "invalid_request_error" });
-    await expect(client.chat.completions.create({ model: "tiny", messages: [{ role: "wizard", content: "x" }] as never })).rejects.toMatchObject({ status: 400, param: "messages[0].role" });
-    await expect(client.chat.completions.create({ model: "tiny", messages: msg, max_tokens: 5000 })).rejects.toMatchObject({ status: 400, param: "max_tokens" });
-    await expect(client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "x".repeat(10 * 1024 * 1024) }] })).rejects.toMatchObject({ status: 413 });
-    await expect(client.completions.create({ model: "tiny", prompt: Array.from({ length: 65 }, () => [1, 2]) })).rejects.toMatchObject({ status: 400, param: "prompt" });
+    await expect(client.chat.completions.create({ model: "gpt-4o", messages: msg })).rejects.toMatchObject({
+      status: 404,
+      code: "model_not_found",
+      param: "model",
+    });
+    await expect(
+      client.chat.completions.create({ model: "tiny", messages: msg, temperature: "hot" as unknown as number }),
+    ).rejects.toMatchObject({ status: 400, param: "temperature", type: "invalid_request_error" });
+    await expect(
+      client.chat.completions.create({ model: "tiny", messages: [{ role: "wizard", content: "x" }] as never }),
+    ).rejects.toMatchObject({ status: 400, param: "messages[0].role" });
+    await expect(client.chat.completions.create({ model: "tiny", messages: msg, max_tokens: 5000 })).rejects.toMatchObject({
+      status: 400,
+      param: "max_tokens",
+    });
+    await expect(
+      client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "x".repeat(10 * 1024 * 1024) }] }),
+    ).rejects.toMatchObject({ status: 413 });
+    await expect(client.completions.create({ model: "tiny", prompt: Array.from({ length: 65 }, () => [1, 2]) })).rejects.toMatchObject({
+      status: 400,
+      param: "prompt",
+    });
     const noKey = await post("chat/completions", { model: "tiny", messages: msg }, "wrong");
     expect(noKey.status).toBe(401);
-    const broken = await fetch(`${server.url}/v1/completions`, { method: "POST", headers: { Authorization: "Bearer test-key" }, body: "{not json" });
+    const broken = await fetch(`${server.url}/v1/completions`, {
+      method: "POST",
+      headers: { Authorization: "Bearer test-key" },
+      body: "{not json",
+    });
     expect(broken.status).toBe(400);
     const e = (await broken.json()) as { error: Record<string, unknown> };
     expect(Object.keys(e.error).sort()).toEqual(["code", "message", "param", "type"]);
@@ -192,14 +243,26 @@ describe("OpenAI-compatible server", () => {
   it("answers 8 concurrent requests, sharing decode batches, with no tensors left behind", async () => {
     const tensors = tf.memory().numTensors;
     const batches = server.engine.stats.batches;
-    const replies = await Promise.all(Array.from({ length: 8 }, (_, i) =>
-      client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: `What is ${i + 10} times 3?` }], temperature: 0.7, seed: i, max_tokens: 16 })));
+    const replies = await Promise.all(
+      Array.from({ length: 8 }, (_, i) =>
+        client.chat.completions.create({
+          model: "tiny",
+          messages: [{ role: "user", content: `What is ${i + 10} times 3?` }],
+          temperature: 0.7,
+          seed: i,
+          max_tokens: 16,
+        }),
+      ),
+    );
     expect(replies.map((r) => r.choices.length)).toEqual(new Array(8).fill(1));
     expect(server.engine.stats.batches - batches).toBeLessThan(8);
     expect(server.engine.stats.maxRowsInBatch).toBeGreaterThan(1);
     // A client that leaves mid-stream stops its rows; the server goes on.
     const abort = new AbortController();
-    const stream = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "Count to fifty." }], stream: true, max_tokens: 200 }, { signal: abort.signal });
+    const stream = await client.chat.completions.create(
+      { model: "tiny", messages: [{ role: "user", content: "Count to fifty." }], stream: true, max_tokens: 200 },
+      { signal: abort.signal },
+    );
     let chunks = 0;
     try {
       for await (const _ of stream) {
@@ -210,7 +273,12 @@ describe("OpenAI-compatible server", () => {
       // the client may end the iteration with an abort error or silently
     }
     expect(chunks).toBe(1);
-    const after = await client.chat.completions.create({ model: "tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 4, temperature: 0 });
+    const after = await client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "hi" }],
+      max_tokens: 4,
+      temperature: 0,
+    });
     expect(after.choices).toHaveLength(1);
     expect(tf.memory().numTensors).toBe(tensors);
   });
