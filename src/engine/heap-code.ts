@@ -36,12 +36,13 @@
  *  result does not depend on which thread computes it.
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N.
- *  The module is assembled here from the kernel bodies in heap-gemm-code.ts and heap-row-code.ts
+ *  The module is assembled here from the kernel bodies in heap-gemm-code.ts, heap-row-code.ts and heap-norm-code.ts
  *  (instructions through wasm-asm.ts). */
 
 import { I32, uleb, str, section, vec, op, F32 } from "./wasm-asm.ts";
 import { NPARAMS, tileBody, packBody, packTBody } from "./heap-gemm-code.ts";
-import { copyRowsBody, swigluBody, rowsBody, softmaxGradBody, rmsNormBody } from "./heap-row-code.ts";
+import { copyRowsBody, swigluBody, rowsBody, softmaxGradBody } from "./heap-row-code.ts";
+import { rmsNormBody } from "./heap-norm-code.ts";
 
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */

@@ -3,7 +3,9 @@
  *  product's columns (`heapGemm`, used by gemm.ts) or the rows of a row kernel (`heapSwiglu`,
  *  `heapRmsNorm`, `heapRowStats`, …, used by the op files). Work is split only where it repays a
  *  hand-off, and every output is computed the same way whatever the split, so results do not
- *  depend on the thread count. Leaves out: tfjs' own thread pool (kept at one thread, wasm-threads.ts). */
+ *  depend on the thread count. Leaves out: tfjs' own thread pool (kept at one thread, wasm-threads.ts).
+ *  Over 400 lines on purpose: the helper threads' source is built from part() and rowsPart() in this
+ *  file (Function.toString), so the job protocol and the jobs it runs must live together. */
 import * as tf from "@tensorflow/tfjs";
 import { Worker } from "node:worker_threads";
 import { wasmThreads } from "./wasm-threads.ts";

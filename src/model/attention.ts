@@ -54,3 +54,19 @@ export function ropeTables(positions: number[], invFreq: Float32Array): { cos: F
   });
   return { cos, sin };
 }
+
+/** The [batch][seq] token ids of a forward (equal lengths, ids below V) and their attention mask (all
+ *  ones when absent), checked: the mask is returned. */
+export function checkBatch(V: number, ids: number[][], mask?: number[][]): number[][] {
+  if (!Array.isArray(ids) || ids.length === 0 || !Array.isArray(ids[0]) || ids[0].length === 0)
+    throw new Error("inputIds must be a non-empty [batch][seq] array");
+  const T = ids[0].length;
+  for (const row of ids) {
+    if (row.length !== T) throw new Error(`inputIds rows must all have length ${T} (left-pad them), got ${row.length}`);
+    for (const t of row) if (!(Number.isInteger(t) && t >= 0 && t < V)) throw new Error(`token id ${t} out of range 0..${V - 1}`);
+  }
+  const m = mask ?? ids.map((r) => r.map(() => 1));
+  if (m.length !== ids.length || m.some((r) => r.length !== T))
+    throw new Error(`attentionMask must have the shape of inputIds [${ids.length}, ${T}]`);
+  return m;
+}

@@ -12,6 +12,25 @@ export class Qwen2KVCache implements KVCache {
     public mask: number[][], // [B][L]
     public count: number[], // real tokens seen per row (the next position id)
   ) {}
+  /** A cache of `rows` rows and no positions yet. */
+  static empty(rows: number): Qwen2KVCache {
+    return new Qwen2KVCache(
+      [],
+      [],
+      Array.from({ length: rows }, () => []),
+      new Array<number>(rows).fill(0),
+    );
+  }
+  /** The rows of `parts` in order, as one cache (the parts keep theirs; the caller disposes them). */
+  static concat(parts: Qwen2KVCache[]): Qwen2KVCache {
+    const join = <T extends tf.Tensor>(ts: T[]): T => tf.concat(ts, 0) as T;
+    return new Qwen2KVCache(
+      parts[0].k.map((_, l) => join(parts.map((p) => p.k[l]))),
+      parts[0].v.map((_, l) => join(parts.map((p) => p.v[l]))),
+      parts.flatMap((p) => p.mask),
+      parts.flatMap((p) => p.count),
+    );
+  }
   get batchSize(): number {
     return this.mask.length;
   }

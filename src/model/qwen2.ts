@@ -11,7 +11,7 @@
  *  the KV cache in kv-cache.ts, saving in save.ts.
  *  Leaves out: sliding-window attention, rope scaling, dropout in attention (Qwen2 uses 0). */
 import * as tf from "@tensorflow/tfjs";
-import { attentionBias, positionIds, ropeInvFreq, ropeTables } from "./attention.ts";
+import { attentionBias, checkBatch, positionIds, ropeInvFreq, ropeTables } from "./attention.ts";
 import { LoraAdapter, moduleDims } from "./lora.ts";
 import type { HostTensor } from "./safetensors.ts";
 import { headLogprobs } from "./head-logprobs.ts";
@@ -23,31 +23,11 @@ import { bmm } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { rmsNorm } from "../engine/rmsnorm.ts";
 import { softmax } from "../engine/softmax.ts";
-import { BaseWeight } from "./weight.ts";
-import {
-  FUSED,
-  FUSED_MODULES,
-  type CausalLM,
-  type ForwardOptions,
-  type FusedModule,
-  type KVCache,
-  type LoraConfig,
-  type Quantize,
-  type Qwen2Config,
-} from "./types.ts";
-
-export interface LayerWeights {
-  inputNorm: tf.Tensor1D;
-  postNorm: tf.Tensor1D;
-  qkvBias: tf.Tensor1D; // [q + 2·kv]: the q_proj, k_proj and v_proj biases end to end
-  proj: Record<FusedModule, BaseWeight>; // [in, out]; a fused module's outputs side by side (FUSED)
-}
-export interface Qwen2Weights {
-  embedT: BaseWeight; // [hidden, vocab] = model.embed_tokens.weightᵀ (also the head when tied)
-  lmHeadT: BaseWeight | null; // [hidden, vocab] = lm_head.weightᵀ when untied
-  norm: tf.Tensor1D;
-  layers: LayerWeights[];
-}
+import { baseBytes, BaseWeight, linearBytes, unpackLinear } from "./weight.ts";
+import type { LayerWeights, Qwen2Weights } from "./weight.ts";
+import { layerTapeBytes } from "./config.ts";
+import { FUSED, FUSED_MODULES } from "./types.ts";
+import type { CausalLM, ForwardOptions, FusedModule, KVCache, LoraConfig, Quantize, Qwen2Config } from "./types.ts";
 
 /** What every layer of one forward shares: shapes, RoPE tables [B, T, 1, hd], the attention bias
  *  [B, 1, T, S] and the cache (null in training forwards). */
@@ -61,13 +41,6 @@ interface LayerInputs {
   cache: Qwen2KVCache | null;
 }
 
-/** Bytes a gradient tape holds for one decoder layer recorded whole, B rows × T tokens: about 12
- *  [T, intermediate], 3 [heads, T, T] and 30 [T, hidden] per row, with a quarter more for what the
- *  backward pass allocates beside them (measured on the small bench config, 8 × 256 tokens, 4 layers:
- *  748 MB of tensors after the forward against 624 MB from the sum). */
-export function layerTapeBytes(c: Qwen2Config, B: number, T: number): number {
-  return 1.25 * 4 * B * T * (12 * c.intermediateSize + 3 * c.numAttentionHeads * T + 30 * c.hiddenSize);
-}
 export class Qwen2ForCausalLM implements CausalLM {
   readonly lora: LoraConfig | null;
   /** Keep only each layer's input on a gradient tape and recompute the layer in the backward pass
@@ -93,37 +66,16 @@ export class Qwen2ForCausalLM implements CausalLM {
 
   /** Bytes of the frozen base held on the backend (quantized or f32). */
   baseBytes(): number {
-    const w = this.weights;
-    let n = w.embedT.bytes + (w.lmHeadT?.bytes ?? 0) + 4 * w.norm.size;
-    for (const l of w.layers) {
-      n += 4 * (l.inputNorm.size + l.postNorm.size + l.qkvBias.size);
-      for (const f of FUSED_MODULES) n += l.proj[f].bytes;
-    }
-    return n;
+    return baseBytes(this.weights);
   }
 
   /** Bytes of the 7 linear modules of every layer: the part int8/nf4 quantize (embeddings stay f32). */
   linearBytes(): number {
-    return this.weights.layers.reduce((n, l) => n + FUSED_MODULES.reduce((s, f) => s + l.proj[f].bytes, 0), 0);
+    return linearBytes(this.weights);
   }
 
   private get head(): BaseWeight {
     return this.weights.lmHeadT ?? this.weights.embedT;
-  }
-
-  private checkBatch(ids: number[][], mask?: number[][]): number[][] {
-    if (!Array.isArray(ids) || ids.length === 0 || !Array.isArray(ids[0]) || ids[0].length === 0)
-      throw new Error("inputIds must be a non-empty [batch][seq] array");
-    const T = ids[0].length,
-      V = this.config.vocabSize;
-    for (const row of ids) {
-      if (row.length !== T) throw new Error(`inputIds rows must all have length ${T} (left-pad them), got ${row.length}`);
-      for (const t of row) if (!(Number.isInteger(t) && t >= 0 && t < V)) throw new Error(`token id ${t} out of range 0..${V - 1}`);
-    }
-    const m = mask ?? ids.map((r) => r.map(() => 1));
-    if (m.length !== ids.length || m.some((r) => r.length !== T))
-      throw new Error(`attentionMask must have the shape of inputIds [${ids.length}, ${T}]`);
-    return m;
   }
 
   private rmsNorm(x: tf.Tensor2D, w: tf.Tensor1D): tf.Tensor2D {
@@ -270,7 +222,7 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   forward(inputIds: number[][], attentionMask?: number[][], opts: ForwardOptions = {}): tf.Tensor3D {
-    const mask = this.checkBatch(inputIds, attentionMask);
+    const mask = checkBatch(this.config.vocabSize, inputIds, attentionMask);
     return tf.tidy(() => {
       const { hidden } = this.run(inputIds, mask, opts, null);
       return tf.reshape(this.head.matmul(hidden), [inputIds.length, inputIds[0].length, this.config.vocabSize]);
@@ -278,7 +230,7 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   tokenLogprobs(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions & { withEntropy?: boolean } = {}) {
-    const mask = this.checkBatch(inputIds, attentionMask);
+    const mask = checkBatch(this.config.vocabSize, inputIds, attentionMask);
     const B = inputIds.length,
       T = inputIds[0].length,
       H = this.config.hiddenSize;
@@ -312,7 +264,7 @@ export class Qwen2ForCausalLM implements CausalLM {
   prefillBytes: number | undefined = undefined;
 
   prefill(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions = {}) {
-    const mask = this.checkBatch(inputIds, attentionMask);
+    const mask = checkBatch(this.config.vocabSize, inputIds, attentionMask);
     const B = inputIds.length,
       rows = Math.max(
         1,
@@ -320,23 +272,15 @@ export class Qwen2ForCausalLM implements CausalLM {
       );
     const parts: { logits: tf.Tensor2D; cache: Qwen2KVCache }[] = [];
     for (let r = 0; r < B; r += rows) {
-      const cache = new Qwen2KVCache(
-        [],
-        [],
-        inputIds.slice(r, r + rows).map(() => []),
-        inputIds.slice(r, r + rows).map(() => 0),
-      );
+      const cache = Qwen2KVCache.empty(Math.min(rows, B - r));
       parts.push({ logits: this.step(inputIds.slice(r, r + rows), mask.slice(r, r + rows), cache, opts), cache });
     }
     if (parts.length === 1) return parts[0];
-    const join = <T extends tf.Tensor>(ts: T[]): T => tf.concat(ts, 0) as T;
-    const cache = new Qwen2KVCache(
-      parts[0].cache.k.map((_, l) => join(parts.map((p) => p.cache.k[l]))),
-      parts[0].cache.v.map((_, l) => join(parts.map((p) => p.cache.v[l]))),
-      parts.flatMap((p) => p.cache.mask),
-      parts.flatMap((p) => p.cache.count),
-    );
-    const logits = join(parts.map((p) => p.logits));
+    const cache = Qwen2KVCache.concat(parts.map((p) => p.cache));
+    const logits = tf.concat(
+      parts.map((p) => p.logits),
+      0,
+    ) as tf.Tensor2D;
     for (const p of parts) {
       p.logits.dispose();
       p.cache.dispose();
@@ -350,7 +294,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     const ids = tokens.map((t) => [t]);
     const hold = opts.hold;
     if (hold && hold.length !== tokens.length) throw new Error(`decodeStep got ${hold.length} hold flags for ${tokens.length} rows`);
-    return this.step(ids, this.checkBatch(ids, hold ? hold.map((h) => [h ? 0 : 1]) : undefined), cache, opts);
+    return this.step(ids, checkBatch(this.config.vocabSize, ids, hold ? hold.map((h) => [h ? 0 : 1]) : undefined), cache, opts);
   }
 
   private step(ids: number[][], mask: number[][], cache: Qwen2KVCache, opts: ForwardOptions): tf.Tensor2D {
@@ -413,13 +357,10 @@ export class Qwen2ForCausalLM implements CausalLM {
         (m) => moduleDims(this.config, m)[1],
       ) ?? (() => {});
     if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return releaseFactors;
-    const mats = this.weights.layers.flatMap((l) => FUSED_MODULES.map((f) => l.proj[f]));
-    // Over the profile's leftLayoutBytes of f32: held [out, in] as the left operand, like large f32 models (weight.ts).
-    left ??= 4 * mats.reduce((n, w) => n + w.inDim * w.outDim, 0) > backendProfile().leftLayoutBytes;
-    for (const w of mats) w.unpack(left);
+    const pack = unpackLinear(this.weights, left);
     this.unpacked = true;
     return () => {
-      for (const w of mats) w.pack();
+      pack();
       this.unpacked = false;
       releaseFactors();
     };

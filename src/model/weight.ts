@@ -13,7 +13,7 @@ import * as tf from "@tensorflow/tfjs";
 import { matMulBT, mm, mmFrozen, mmFrozenLeft } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { QuantizedMatrix } from "./quant.ts";
-import type { Quantize } from "./types.ts";
+import { FUSED_MODULES, type FusedModule, type Quantize } from "./types.ts";
 import type { CustomGradFn } from "../engine/kernels.ts";
 
 export class BaseWeight {
@@ -197,4 +197,44 @@ function columnBlocks(data: Float32Array, rows: number, cols: number, maxFloats:
  *  stage binds at most 8–16 buffers (a large head can have more blocks). Call inside tf.tidy. */
 function sumOf(ts: tf.Tensor2D[]): tf.Tensor2D {
   return ts.reduce((acc, t) => tf.add(acc, t));
+}
+
+export interface LayerWeights {
+  inputNorm: tf.Tensor1D;
+  postNorm: tf.Tensor1D;
+  qkvBias: tf.Tensor1D; // [q + 2·kv]: the q_proj, k_proj and v_proj biases end to end
+  proj: Record<FusedModule, BaseWeight>; // [in, out]; a fused module's outputs side by side (FUSED)
+}
+export interface Qwen2Weights {
+  embedT: BaseWeight; // [hidden, vocab] = model.embed_tokens.weightᵀ (also the head when tied)
+  lmHeadT: BaseWeight | null; // [hidden, vocab] = lm_head.weightᵀ when untied
+  norm: tf.Tensor1D;
+  layers: LayerWeights[];
+}
+
+/** Bytes of the frozen base held on the backend (quantized or f32). */
+export function baseBytes(w: Qwen2Weights): number {
+  let n = w.embedT.bytes + (w.lmHeadT?.bytes ?? 0) + 4 * w.norm.size;
+  for (const l of w.layers) {
+    n += 4 * (l.inputNorm.size + l.postNorm.size + l.qkvBias.size);
+    for (const f of FUSED_MODULES) n += l.proj[f].bytes;
+  }
+  return n;
+}
+
+/** Bytes of the linear modules of every layer: the part int8/nf4 quantize (embeddings stay f32). */
+export function linearBytes(w: Qwen2Weights): number {
+  return w.layers.reduce((n, l) => n + FUSED_MODULES.reduce((s, f) => s + l.proj[f].bytes, 0), 0);
+}
+
+/** Every layer's linear matrices held dequantized (BaseWeight.unpack) until the returned function
+ *  packs them again. Over the profile's leftLayoutBytes of f32 (unless `left` says): held [out, in]
+ *  as the left operand, like large f32 models. */
+export function unpackLinear(w: Qwen2Weights, left?: boolean): () => void {
+  const mats = w.layers.flatMap((l) => FUSED_MODULES.map((f) => l.proj[f]));
+  left ??= 4 * mats.reduce((n, m) => n + m.inDim * m.outDim, 0) > backendProfile().leftLayoutBytes;
+  for (const m of mats) m.unpack(left);
+  return () => {
+    for (const m of mats) m.pack();
+  };
 }

@@ -4,7 +4,9 @@
  *  paired improvements. `--preset tiny` compares the tiny base, its SFT output and its GRPO adapter,
  *  each quantized the way it runs in training; with `--model_path` it evaluates that model on the
  *  preset's questions instead. Leaves out: the accuracy math (evaluate.ts, stats.ts) and model loading
- *  (policy.ts). */
+ *  (policy.ts).
+ *  Over 400 lines on purpose: the evaluation run in one file, from flags to the model list, the
+ *  batches and the tables, so its order reads top to bottom. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";

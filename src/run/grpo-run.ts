@@ -4,7 +4,9 @@
  *  advantages, and update the LoRA adapter on the frozen (quantized) base; the KL reference is the
  *  same base with the adapter switched off. Checkpoints hold the adapter, optimizer state and the
  *  position in the data; sampling draws from an Rng seeded by (seed, step), so a resumed run makes
- *  the same rollouts as an uninterrupted one. */
+ *  the same rollouts as an uninterrupted one.
+ *  Over 400 lines on purpose: the GRPO run reads top to bottom in one file (checks, opening, the
+ *  step loop, checkpoints, the closing evaluation), as nanoGPT's train.py does. */
 import * as path from "node:path";
 import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";

@@ -2,7 +2,9 @@
  *  hint when it is full), results cached on disk by the weights' sizes and modification times, the
  *  baseline (the scenario's base model under the same protocol) computed once, improvements paired
  *  over the same questions, /submit history with the best score, and the time budget. The running
- *  evaluation is abandoned at its next batch when the server closes; nothing is written for it. */
+ *  evaluation is abandoned at its next batch when the server closes; nothing is written for it.
+ *  Over 400 lines on purpose: the queue, cache, baseline and history rules AutoRL-Bench's clients
+ *  rely on are one state machine; split, each half would need the other's invariants. */
 import { createHash } from "node:crypto";
 import { resolveModelDir } from "../model/model-dir.ts";
 import { evaluateModel, pairedImprovement } from "../run/eval-run.ts";
