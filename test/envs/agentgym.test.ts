@@ -1,5 +1,6 @@
 /** The AgentGym client against the shipped guess-the-number server over real HTTP on a loopback port,
- *  in both dialects; broken servers; rollouts, one GRPO step and evaluations against the environment. */
+ *  in both dialects; broken servers; rollouts, one GRPO step and evaluations against the environment.
+ *  Over 400 lines: every case shares one started server and one tiny model, which a split would start twice. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as http from "node:http";

@@ -4,7 +4,8 @@
  *  concurrent evaluations (one at a time), a client that goes away, and a restart that keeps the
  *  history; full model folders (one file and sharded), re-evaluation when the weights' modification
  *  time changes, and the tensor count across evaluations served in-process. Evaluations use 4
- *  questions so the file stays fast. */
+ *  questions so the file stays fast.
+ *  Over 400 lines: every case shares one started server, its workspace and its computed baseline. */
 import { initBackend } from "../../src/engine/backend.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { execFileSync, spawn } from "node:child_process";
