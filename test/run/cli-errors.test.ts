@@ -61,7 +61,7 @@ describe.each([
   ["train-gsm8k-agent.ts", ["--tools", "nosuch"], /--tools: unknown tool "nosuch"; built in: calculator/],
   ["train-gsm8k-agent.ts", ["--tools", "calculator,mcp:"], /mcp: needs a command line/],
   ["train-gsm8k-agent.ts", ["--tools", "mcp:/no/such/mcp-server --stdio"], /--tools mcp:\/no\/such\/mcp-server --stdio: server did not start \(command not found\)/],
-  ["train-gsm8k-agent.ts", ["--env", "http://127.0.0.1:9"], /--env http:\/\/127\.0\.0\.1:9: .*is --env_dialect id its dialect\?\)/],
+  ["train-gsm8k-agent.ts", ["--env", "http://127.0.0.1:9"], /--env http:\/\/127\.0\.0\.1:9: connect ECONNREFUSED 127\.0\.0\.1:9 \(is the server running\?\)/],
   ["train-gsm8k-agent.ts", ["--env_tasks", "0-99,50-20"], /--env_tasks "0-99,50-20": 50-20 ends before it starts; expected data_idx ranges like 0-99,200-249/],
   ["eval.ts", ["--env_tasks", "1000-"], /--env_tasks "1000-": "1000-" is not a number or a range; expected data_idx ranges/],
   ["train-gsm8k-agent.ts", ["--tools", "mcp:http://127.0.0.1:9/mcp"], /--tools mcp:http:\/\/127\.0\.0\.1:9\/mcp: server did not start/],
