@@ -18,7 +18,7 @@ export function serveCommand(): Command {
     .option("--port <n>", "TCP port (0: any free one)", parseIntArg("port", 0, 65535), 8000)
     .option("--host <addr>", "address to bind; the default answers this machine only", "127.0.0.1")
     .option("--scenarios <list>", `scenarios to serve, comma-separated (${SCENARIO_IDS.join(", ")}); the first is the default of /submit (default: tiny, and gsm8k where its model and data are on this machine)`, parseList("scenarios", SCENARIO_IDS))
-    .option("--time_budget <seconds>", "agents' time budget from the server's first start (kept in <workspace>/run_meta.json across restarts); evaluations are refused once it is spent (default: none)", parseIntArg("time_budget", 1))
+    .option("--time_budget <seconds>", "agents' time budget, written into <workspace>/run_meta.json only where that file (AutoRL-Bench's harness writes it first) sets none; evaluations are refused once it is spent (default: none)", parseIntArg("time_budget", 1))
     .option("--state_dir <dir>", "where baselines, the submission history and cached evaluations go (default <workspace>/grading)")
     .option("--max_queue <n>", "evaluations that may wait behind the running one; more get 429 with Retry-After", parseIntArg("max_queue", 0), 8)
     .option("--max_model_gb <x>", "refuse submitted folders whose weights and configs are larger than this", parseFloatArg("max_model_gb", 0), 8)
