@@ -8,7 +8,7 @@
  *  Over 400 lines on purpose: the GRPO run reads top to bottom in one file (checks, opening, the
  *  step loop, checkpoints, the closing evaluation), as nanoGPT's train.py does. */
 import * as path from "node:path";
-import { systemPromptFor, toPrompt } from "../agents/prompts.ts";
+import { checkToolsFit, systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";
 import type { Task } from "../datasets/tasks.ts";
 import {
@@ -226,6 +226,8 @@ async function train(
       throw new UsageError(
         `--max_new_tokens ${cfg.max_new_tokens}: the model holds ${positions} positions, prompt included; expected fewer`,
       );
+    // The system prompt with the tool schemas must leave room for the rollout (chat and eval check the same).
+    if (!c.envs && tools.length > 0) checkToolsFit(tokenizer, positions, tools, cfg.max_new_tokens, cfg.tools_in_prompt);
     if (!ckpt) await writeRunConfig(cfg.output_dir, { ...cfg, base: policy.base, adapter: policy.adapterDir, dataSplit: split }, "grpo");
     if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
     const question = dataStream(examples, cfg.seed);

@@ -27,7 +27,7 @@ export function serveCommand(): Command {
     )
     .option(
       "--time_budget <seconds>",
-      "agents' time budget from the server's first start (kept in <workspace>/run_meta.json across restarts); evaluations are refused once it is spent (default: none)",
+      "agents' time budget, written into <workspace>/run_meta.json only where that file (AutoRL-Bench's harness writes it first) sets none; evaluations are refused once it is spent (default: none)",
       parseIntArg("time_budget", 1),
     )
     .option("--state_dir <dir>", "where baselines, the submission history and cached evaluations go (default <workspace>/grading)")

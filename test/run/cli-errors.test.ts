@@ -61,6 +61,11 @@ describe.each([
   ["train-gsm8k-agent.ts", ["--top_p", "0"], /--top_p 0: expected a number above 0/],
   ["train-gsm8k-agent.ts", ["--epsilon", "5"], /--epsilon 5: expected a number >= 0 and below 1/],
   ["train-gsm8k-agent.ts", ["--max_new_tokens", "99999999"], /--max_new_tokens 99999999: the model holds 1024 positions/],
+  [
+    "train-gsm8k-agent.ts",
+    ["--max_new_tokens", "1000"],
+    /the system prompt with 1 tool is \d+ tokens; with 1000 new tokens it does not fit the model's context of 1024/,
+  ],
   ["train-sft.ts", ["--max_length", "8", "--max_samples", "4"], /no training conversations left/],
   ["train-gsm8k-agent.ts", ["--tools", "nosuch"], /--tools: unknown tool "nosuch"; built in: calculator/],
   ["train-gsm8k-agent.ts", ["--tools", "calculator,mcp:"], /mcp: needs a command line/],
@@ -69,7 +74,11 @@ describe.each([
     ["--tools", "mcp:/no/such/mcp-server --stdio"],
     /--tools mcp:\/no\/such\/mcp-server --stdio: server did not start \(command not found\)/,
   ],
-  ["train-gsm8k-agent.ts", ["--env", "http://127.0.0.1:9"], /--env http:\/\/127\.0\.0\.1:9: .*is --env_dialect id its dialect\?\)/],
+  [
+    "train-gsm8k-agent.ts",
+    ["--env", "http://127.0.0.1:9"],
+    /--env http:\/\/127\.0\.0\.1:9: connect ECONNREFUSED 127\.0\.0\.1:9 \(is the server running\?\)/,
+  ],
   [
     "train-gsm8k-agent.ts",
     ["--env_tasks", "0-99,50-20"],
