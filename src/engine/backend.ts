@@ -2,9 +2,19 @@
  *  wasm → cpu, or the one asked for. The native bindings are optional packages (not dependencies), so
  *  they are imported by a variable name and a failed import just moves on; webgpu (Dawn) is a
  *  dependency and starts in engine/webgpu.ts. A backend asked for by name that cannot start is a
- *  usage error (one line, exit 2); `auto` moves on to the next. Also fills the one kernel gap training
- *  hits on wasm: UnsortedSegmentSum (the gradient of gather), needed when embeddings train in full mode.
- *  wasm runs on `threads` threads (default: every core this process may use; see wasm-threads.ts).
+ *  usage error (one line, exit 2); `auto` moves on to the next. On wasm it puts the engine's own
+ *  kernels in place (registerWasmExtras) and runs on `threads` threads (default: every core this
+ *  process may use; see wasm-threads.ts). The run layer calls initBackend; model code never does.
+ *
+ *  engine/ is the floor of the project: it imports nothing above util/. Its files: backends
+ *  (backend.ts, webgpu.ts, wasm-threads.ts, profile.ts); the wasm heap module (heap.ts: the engine on
+ *  tfjs' heap, helper threads and jobs; heap-code.ts assembles the module from heap-gemm-code.ts,
+ *  heap-row-code.ts and heap-norm-code.ts through wasm-asm.ts); the kernels, each with its gradient
+ *  (gemm.ts, rmsnorm.ts, rope-swiglu.ts, softmax.ts, logprob.ts, dequant.ts, dequant-webgpu.ts,
+ *  concat.ts, gather.ts, slices.ts); matmul.ts and checkpoint.ts (activation checkpointing).
+ *  Every kernel is registered by one call of kernels.ts. Adding a heap kernel: its body as
+ *  instructions in a heap-*-code.ts file (exported by heap-code.ts), a heap<Name>() wrapper in
+ *  heap.ts that runs it as a job, and one registerKernel() call in the op's file.
  *  Leaves out: WebGL (this is a Node trainer). */
 import * as tf from "@tensorflow/tfjs";
 import "@tensorflow/tfjs-backend-wasm";
