@@ -9,6 +9,7 @@
  *  cached for the retry). Where this server differs from AutoRL-Bench's, the README's table says why. */
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
+import { z } from "zod";
 import { HttpError } from "./errors.ts";
 import { bestOf, Grader, type GraderOptions } from "./grader.ts";
 import { describeProtocol, localModelDir, type Scenario } from "./scenarios.ts";
@@ -33,38 +34,42 @@ export interface RunningServer {
 type Body = Record<string, unknown>;
 type Handler = (body: Body, req: http.IncomingMessage) => Promise<unknown>;
 
-type FieldType = "string" | "number" | "number-like" | "string-or-int";
+// The request bodies (zod). null counts as absent. What a field must be, for its error: a string
+// unless listed.
+const optional = <T extends z.ZodType>(t: T) => t.nullish().transform((v) => v ?? undefined);
+const MUST: Record<string, string> = { gpu: "a string or an integer", score: "a number (or a numeric string)" };
+const BODIES = {
+  "/evaluate": z.object({ scenario_id: z.string(), model_path: z.string() }),
+  "/interact": z.object({ scenario_id: optional(z.string()), session_id: optional(z.string()), action: optional(z.string()) }),
+  // gpu: AutoRL-Bench's device choice ("0", "0,1" or 0), kept as its string (`str(gpu)`); accepted and
+  // ignored (the backend is set at start).
+  "/submit": z.object({
+    model_path: z.string(),
+    scenario_id: optional(z.string()),
+    gpu: optional(z.union([z.string(), z.int()]).transform(String)),
+  }),
+  // score: a number or a numeric string, as AutoRL-Bench's `float(score)` reads it.
+  "/set_baseline": z.object({
+    score: z.union([z.number(), z.string().trim().min(1).pipe(z.coerce.number())]),
+    scenario_id: optional(z.string()),
+  }),
+};
 
-/** Field checks: name → expected type. Unknown names are returned (the caller logs them) and
- *  dropped; "number-like" takes a number or a numeric string (AutoRL-Bench's `float(score)`),
- *  "string-or-int" a string or an integer, kept as its string (`str(gpu)`). */
-function checkFields(body: Body, spec: Record<string, { type: FieldType; required?: boolean }>): string[] {
-  const unknown = Object.keys(body).filter((k) => !(k in spec));
-  for (const k of unknown) delete body[k];
-  for (const [k, s] of Object.entries(spec)) {
-    const v = body[k];
-    if (v === undefined || v === null) {
-      if (s.required) throw new HttpError(400, `missing field ${JSON.stringify(k)} (${s.type})`);
-      delete body[k];
-      continue;
-    }
-    const got = Array.isArray(v) ? "an array" : typeof v;
-    if (s.type === "number-like") {
-      const x = typeof v === "number" ? v : typeof v === "string" && v.trim() !== "" ? Number(v) : NaN;
-      if (!Number.isFinite(x))
-        throw new HttpError(
-          400,
-          `field ${JSON.stringify(k)} must be a number (or a numeric string), got ${typeof v === "string" ? JSON.stringify(v.slice(0, 40)) : got}`,
-        );
-      body[k] = x;
-    } else if (s.type === "string-or-int") {
-      if (!(typeof v === "string" || Number.isInteger(v)))
-        throw new HttpError(400, `field ${JSON.stringify(k)} must be a string or an integer, got ${got}`);
-      body[k] = String(v);
-    } else if (typeof v !== s.type || (s.type === "number" && !Number.isFinite(v)))
-      throw new HttpError(400, `field ${JSON.stringify(k)} must be a ${s.type}, got ${got}`);
-  }
-  return unknown;
+/** A route's body checked against its schema. Unknown fields are logged and dropped; the first wrong
+ *  field is a 400 naming it, what it must be and what it got. */
+function parseBody<R extends keyof typeof BODIES>(route: R, body: Body, log: (line: string) => void): z.output<(typeof BODIES)[R]> {
+  const schema = BODIES[route];
+  const unknown = Object.keys(body).filter((k) => !(k in schema.shape));
+  if (unknown.length)
+    log(`${route}: ignored unknown field${unknown.length > 1 ? "s" : ""} ${unknown.map((k) => JSON.stringify(k)).join(", ")}`);
+  const r = schema.safeParse(body);
+  if (r.success) return r.data as z.output<(typeof BODIES)[R]>;
+  const key = String(r.error.issues[0].path[0]),
+    v = body[key],
+    must = MUST[key] ?? "a string";
+  if (v === undefined || v === null) throw new HttpError(400, `missing field ${JSON.stringify(key)} (${must})`);
+  const got = typeof v === "string" ? JSON.stringify(v.slice(0, 40)) : Array.isArray(v) ? "an array" : typeof v;
+  throw new HttpError(400, `field ${JSON.stringify(key)} must be ${must}, got ${got}`);
 }
 
 const tooLarge = (size: number | string) => new HttpError(413, `request body is ${size} bytes; the limit is ${MAX_BODY_BYTES}`);
@@ -205,22 +210,14 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
       }),
     },
     "/evaluate": {
-      POST: async (body) => {
-        ignore(
-          "/evaluate",
-          checkFields(body, { scenario_id: { type: "string", required: true }, model_path: { type: "string", required: true } }),
-        );
-        const s = grader.scenario(body.scenario_id);
-        return (await grader.grade(s, body.model_path as string)).fields;
+      POST: async (raw) => {
+        const body = parseBody("/evaluate", raw, o.log);
+        return (await grader.grade(grader.scenario(body.scenario_id), body.model_path)).fields;
       },
     },
     "/interact": {
-      POST: async (body) => {
-        ignore(
-          "/interact",
-          checkFields(body, { scenario_id: { type: "string" }, session_id: { type: "string" }, action: { type: "string" } }),
-        );
-        const s = grader.scenario(body.scenario_id);
+      POST: async (raw) => {
+        const s = grader.scenario(parseBody("/interact", raw, o.log).scenario_id);
         throw new HttpError(
           400,
           `scenario ${s.id} is offline: /interact is not supported for offline scenarios; train on its train_data and POST /evaluate or /submit`,
@@ -228,23 +225,15 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
       },
     },
     "/submit": {
-      POST: async (body) => {
-        // gpu: AutoRL-Bench's device choice ("0", "0,1" or 0); accepted and ignored (the backend is set at start).
-        ignore(
-          "/submit",
-          checkFields(body, {
-            model_path: { type: "string", required: true },
-            scenario_id: { type: "string" },
-            gpu: { type: "string-or-int" },
-          }),
-        );
-        return grader.submit(grader.scenario(body.scenario_id), body.model_path as string);
+      POST: async (raw) => {
+        const body = parseBody("/submit", raw, o.log);
+        return grader.submit(grader.scenario(body.scenario_id), body.model_path);
       },
     },
     "/set_baseline": {
-      POST: async (body) => {
-        ignore("/set_baseline", checkFields(body, { score: { type: "number-like", required: true }, scenario_id: { type: "string" } }));
-        const score = body.score as number; // percent, as the scores this server gives
+      POST: async (raw) => {
+        const body = parseBody("/set_baseline", raw, o.log);
+        const score = body.score; // percent, as the scores this server gives
         const s = grader.scenario(body.scenario_id);
         await grader.setBaseline(s, score);
         return { baseline_score: score, status: "set", scenario_id: s.id };
