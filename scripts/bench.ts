@@ -5,7 +5,9 @@ import { Command } from "commander";
 import { BACKEND_NAMES, initBackend } from "../src/engine/backend.ts";
 import { runMain } from "../src/run/cli.ts";
 import { UsageError } from "../src/util/errors.ts";
-import { benchContext, BENCH_CONFIGS, kernelCounts, profileTop, WORKLOADS } from "./lib/bench.ts";
+import * as tf from "@tensorflow/tfjs";
+import { benchContext, BENCH_CONFIGS, kernelCounts, layerTracedCounts, profileTop, WORKLOADS } from "./lib/bench.ts";
+import { webgpuIsSoftware } from "../src/engine/webgpu.ts";
 import type { Quantize } from "../src/model/types.ts";
 import { threadsOption } from "../src/run/options.ts";
 import type { ThreadsSpec } from "../src/engine/wasm-threads.ts";
@@ -29,7 +31,10 @@ const opts = new Command()
 
 await runMain(async () => {
   const configs = opts.config === "all" ? Object.keys(BENCH_CONFIGS) : opts.config.split(",");
-  const names = opts.workloads.split(",").map((s) => s.trim());
+  const names = opts.workloads
+    .split(",")
+    .map((s) => s.trim())
+    .filter(Boolean); // "" = none (--profile then prints the step budget only)
   if (opts.repeat !== undefined && !/^[1-9][0-9]*$/.test(opts.repeat))
     throw new UsageError(`--repeat must be a whole number ≥ 1, got "${opts.repeat}"`);
   for (const c of configs)
@@ -41,10 +46,22 @@ await runMain(async () => {
   for (const c of configs) {
     const ctx = benchContext(c, opts.quantize as Quantize, opts.repeat ? Number(opts.repeat) : c === "small" ? 5 : 1);
     if (opts.profile) {
-      const k = await kernelCounts(ctx);
+      // 0.5B: counted from 1- and 2-layer models (exact); on a software adapter from short sequences
+      // (a 2 × 256 step of the vocabulary head alone is ~0.5 TFLOP there), which changes only how many
+      // vocabulary chunks the training step's head runs (one here; 2 × 256 rows make five on a GPU).
+      const slow = c !== "small" && (await webgpuIsSoftware());
+      const k =
+        c === "small"
+          ? await kernelCounts(ctx)
+          : await layerTracedCounts(c, opts.quantize as Quantize, slow ? { promptLen: 16, trainLen: 8 } : {});
       process.stderr.write(
-        `${c}: ${k.decodeStep} kernels per decode step (${k.decodeTop}), ${k.decodeStepLora} with LoRA, ${k.trainStep} per training step (${k.trainTop})\n`,
+        `${c}: ${k.decodeStep} kernels per decode step (${k.decodeTop}), ${k.decodeStepLora} with LoRA, ${k.trainStep} per training step (${k.trainTop})${c === "small" ? "" : " [1- and 2-layer trace × layers" + (slow ? ", prompt 16, training 2 × 8 tokens" : "") + "]"}\n`,
       );
+      if (k.dispatches)
+        process.stderr.write(
+          `${c}: webgpu dispatches per decode step ${k.dispatches.decode} (${k.dispatches.decodeTop}), ${k.dispatches.decodeLora} with LoRA, per training step ${k.dispatches.train} (${k.dispatches.trainTop}); bytes read back per decode step ${k.decodeReadbackBytes}\n`,
+        );
+      console.log(JSON.stringify({ budget: c, backend: tf.getBackend(), ...k }));
     }
     for (const w of WORKLOADS.filter((x) => names.includes(x.name))) {
       if (opts.profile) {

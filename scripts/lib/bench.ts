@@ -3,6 +3,9 @@
  *  Each run returns measurements; speed is measured here, never asserted in tests. */
 import * as tf from "@tensorflow/tfjs";
 import { wasmThreads } from "../../src/engine/wasm-threads.ts";
+import { webgpuTraffic } from "../../src/engine/webgpu.ts";
+import { sampleTokens } from "../../src/rollout/sampler.ts";
+import { Rng } from "../../src/util/rng.ts";
 import { createModel } from "../../src/model/load.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { LORA_TARGETS, type Quantize, type Qwen2Config } from "../../src/model/types.ts";
@@ -250,38 +253,68 @@ export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ va
 /** Kernels run by one decode step (batch 8 after a 128-token prefill, base unpacked as in rollouts;
  *  without and with LoRA r16 on all 7 modules)
  *  and by one training step (LoRA gradients of the mean token log-prob, batch 2 × 256): what the
- *  per-kernel overhead of small models scales with. Also the kinds that occur most in each. */
-export async function kernelCounts(
-  ctx: BenchContext,
-): Promise<{ decodeStep: number; decodeStepLora: number; trainStep: number; decodeTop: string; trainTop: string }> {
-  const count = async (f: () => void) => {
-    const info = await tf.profile(() => f());
+ *  per-kernel overhead of small models scales with. Also the kinds that occur most in each. On
+ *  webgpu also the dispatches (a Reshape or Identity is a kernel but no dispatch) and the bytes read
+ *  back to the host by a decode step, the rollout sampler's draw included. */
+export interface StepCounts {
+  decodeStep: number;
+  decodeStepLora: number;
+  trainStep: number;
+  decodeTop: string;
+  trainTop: string;
+  /** webgpu only: dispatches per decode step (without, with LoRA), per training step, and the programs. */
+  dispatches?: { decode: number; decodeLora: number; train: number; decodeTop: string; trainTop: string };
+  /** webgpu only: bytes read back by a decode step and its draw (temperature 1, the device path). */
+  decodeReadbackBytes?: number;
+}
+
+const topOf = (m: Map<string, number>, k = 8) =>
+  [...m]
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, k)
+    .map(([name, n]) => `${name} ${n}`)
+    .join(", ");
+
+export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number; trainLen?: number } = {}): Promise<StepCounts> {
+  const promptLen = opts.promptLen ?? 128,
+    trainLen = opts.trainLen ?? 256;
+  const gpu = tf.getBackend() === "webgpu";
+  const count = async (f: () => Promise<void> | void) => {
+    const t0 = webgpuTraffic();
+    const info = await tf.profile(async () => {
+      await f();
+    });
+    const t1 = webgpuTraffic();
     const kinds = new Map<string, number>();
     for (const k of info.kernels) kinds.set(k.name, (kinds.get(k.name) ?? 0) + 1);
-    const top = [...kinds]
-      .sort((a, b) => b[1] - a[1])
-      .slice(0, 8)
-      .map(([k, n]) => `${k} ${n}`)
-      .join(", ");
-    return { n: info.kernels.length, top };
+    const programs = new Map<string, number>();
+    for (const [name, n] of t1.byProgram) if (n - (t0.byProgram.get(name) ?? 0) > 0) programs.set(name, n - (t0.byProgram.get(name) ?? 0));
+    return {
+      n: info.kernels.length,
+      top: topOf(kinds),
+      dispatches: t1.dispatches - t0.dispatches,
+      programs: topOf(programs, 10),
+      readback: t1.readbackBytes - t0.readbackBytes,
+    };
   };
   const V = ctx.config.vocabSize;
   const decodeCount = async (model: Qwen2ForCausalLM) => {
     const release = model.unpackBase?.() ?? (() => {});
-    const ids = tokenBatch(8, 128, V, 7);
+    const ids = tokenBatch(8, promptLen, V, 7);
     const { logits, cache } = model.prefill(
       ids,
       ids.map((r) => r.map(() => 1)),
     );
     logits.dispose();
-    const n = await count(() =>
-      model
-        .decodeStep(
-          ids.map((r) => r[0]),
-          cache,
-        )
-        .dispose(),
-    );
+    // the draw as rollouts make it (its reads are what a decode step sends back to the host)
+    const n = await count(async () => {
+      const lg = model.decodeStep(
+        ids.map((r) => r[0]),
+        cache,
+      );
+      await sampleTokens(lg, { temperature: 1 }, new Rng(1));
+      lg.dispose();
+    });
     cache.dispose();
     release();
     return n;
@@ -289,21 +322,82 @@ export async function kernelCounts(
   const dec = await decodeCount(await ctx.model(false));
   const model = await ctx.model(true);
   const decLora = await decodeCount(model);
-  const tids = tokenBatch(2, 256, V),
+  const tids = tokenBatch(2, trainLen, V),
     mask = tids.map((r) => r.map(() => 1));
-  const train = await count(() => {
+  const train = await count(async () => {
     const { value, grads } = tf.variableGrads(
       () => tf.neg(tf.mean(model.tokenLogprobs(tids, mask, { training: true }).logprobs)) as tf.Scalar,
       model.trainableVariables(),
     );
+    await value.data();
     tf.dispose([value, grads]);
   });
-  return { decodeStep: dec.n, decodeStepLora: decLora.n, trainStep: train.n, decodeTop: dec.top, trainTop: train.top };
+  return {
+    decodeStep: dec.n,
+    decodeStepLora: decLora.n,
+    trainStep: train.n,
+    decodeTop: dec.top,
+    trainTop: train.top,
+    dispatches: gpu
+      ? {
+          decode: dec.dispatches,
+          decodeLora: decLora.dispatches,
+          train: train.dispatches,
+          decodeTop: dec.programs,
+          trainTop: train.programs,
+        }
+      : undefined,
+    decodeReadbackBytes: gpu ? dec.readback : undefined,
+  };
+}
+
+/** kernelCounts of a config without running all its layers: its layers are alike, so the counts of
+ *  1- and 2-layer models give the whole one (c1 + (L − 1)·(c2 − c1)), exactly. For a model too slow to
+ *  step whole (0.5B on a software adapter); the program lists are the 2-layer model's. */
+export async function layerTracedCounts(
+  configName: string,
+  quantize: Quantize,
+  opts: { promptLen?: number; trainLen?: number } = {},
+): Promise<StepCounts> {
+  const L = BENCH_CONFIGS[configName].numHiddenLayers;
+  const at = async (layers: number) => {
+    const ctx = benchContext(configName, quantize, 1, 0, { numHiddenLayers: layers });
+    try {
+      return await kernelCounts(ctx, opts);
+    } finally {
+      ctx.dispose();
+    }
+  };
+  const c1 = await at(1),
+    c2 = await at(2);
+  const x = (a: number, b: number) => a + (L - 1) * (b - a);
+  return {
+    ...c2,
+    decodeStep: x(c1.decodeStep, c2.decodeStep),
+    decodeStepLora: x(c1.decodeStepLora, c2.decodeStepLora),
+    trainStep: x(c1.trainStep, c2.trainStep),
+    dispatches:
+      c1.dispatches && c2.dispatches
+        ? {
+            ...c2.dispatches,
+            decode: x(c1.dispatches.decode, c2.dispatches.decode),
+            decodeLora: x(c1.dispatches.decodeLora, c2.dispatches.decodeLora),
+            train: x(c1.dispatches.train, c2.dispatches.train),
+          }
+        : undefined,
+    decodeReadbackBytes: c2.decodeReadbackBytes, // the draw's reads do not depend on the layers
+  };
 }
 
 /** Context for one (config, quantize): models are created lazily and reused across workloads. */
-export function benchContext(configName: string, quantize: Quantize, repeat = 1, seed = 0): BenchContext & { dispose(): void } {
-  const config = BENCH_CONFIGS[configName];
+export function benchContext(
+  configName: string,
+  quantize: Quantize,
+  repeat = 1,
+  seed = 0,
+  override: Partial<Qwen2Config> = {},
+): BenchContext & { dispose(): void } {
+  const config = BENCH_CONFIGS[configName] && { ...BENCH_CONFIGS[configName], ...override };
   if (!config) throw new Error(`unknown bench config "${configName}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}`);
   const models = new Map<boolean, Qwen2ForCausalLM>();
   return {

@@ -66,6 +66,13 @@ function vulkanLoaderFound(): boolean {
 
 let probe: Promise<WebgpuProbe> | null = null;
 
+/** Whether the current backend is webgpu on a software (fallback) adapter. */
+export async function webgpuIsSoftware(): Promise<boolean> {
+  if (tf.getBackend() !== "webgpu" || !probe) return false;
+  const p = await probe;
+  return p.ok && p.info.fallback;
+}
+
 /** Start Dawn, take an adapter and a device with the adapter's maximum limits, and register the tfjs
  *  backend "webgpu" on it. `hardwareOnly` (the `auto` choice) refuses a fallback adapter. Idempotent:
  *  the first call decides. Does not switch the current backend. */
@@ -134,9 +141,45 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
     writable: true,
   }); // Node 21+ has a read-only getter
   if (tf.findBackendFactory("webgpu")) tf.removeBackend("webgpu");
-  tf.registerBackend("webgpu", () => new mod.WebGPUBackend(device, ai), 3);
+  tf.registerBackend("webgpu", () => countTraffic(new mod.WebGPUBackend(device, ai)), 3);
   return {
     ok: true,
     info: { description, fallback, maxStorageBufferBindingSize: limits.maxStorageBufferBindingSize, maxBufferSize: limits.maxBufferSize },
   };
+}
+
+/** What the webgpu backend has sent to the GPU and read back since it started: compute dispatches
+ *  (by program name) and bytes copied back to the host. A Reshape or Identity costs no dispatch. */
+export interface WebgpuTraffic {
+  dispatches: number;
+  readbackBytes: number;
+  byProgram: Map<string, number>;
+}
+const traffic: WebgpuTraffic = { dispatches: 0, readbackBytes: 0, byProgram: new Map() };
+
+/** The running totals (zeros before the backend starts); take differences around a step. */
+export function webgpuTraffic(): WebgpuTraffic {
+  return { dispatches: traffic.dispatches, readbackBytes: traffic.readbackBytes, byProgram: new Map(traffic.byProgram) };
+}
+
+/** Count each dispatch (recordAndSubmit records one) and each read back (getBufferData copies a
+ *  whole buffer to a staging buffer and maps it), wrapping the backend's own methods. */
+function countTraffic<B extends object>(backend: B): B {
+  const b = backend as unknown as {
+    recordAndSubmit: (program: object, ...rest: unknown[]) => unknown;
+    getBufferData: (buffer: GPUBuffer) => Promise<ArrayBuffer>;
+  };
+  const record = b.recordAndSubmit.bind(b),
+    read = b.getBufferData.bind(b);
+  b.recordAndSubmit = (program, ...rest) => {
+    traffic.dispatches++;
+    const name = program.constructor.name;
+    traffic.byProgram.set(name, (traffic.byProgram.get(name) ?? 0) + 1);
+    return record(program, ...rest);
+  };
+  b.getBufferData = (buffer) => {
+    traffic.readbackBytes += buffer.size;
+    return read(buffer);
+  };
+  return backend;
 }
