@@ -59,7 +59,7 @@ await runMain(async () => {
       );
       if (k.dispatches)
         process.stderr.write(
-          `${c}: webgpu dispatches per decode step ${k.dispatches.decode} (${k.dispatches.decodeTop}), ${k.dispatches.decodeLora} with LoRA, per training step ${k.dispatches.train} (${k.dispatches.trainTop}); bytes read back per decode step ${k.decodeReadbackBytes}\n`,
+          `${c}: webgpu dispatches per decode step ${k.dispatches.decode} (${k.dispatches.decodeTop}), ${k.dispatches.decodeLora} with LoRA, ${k.dispatches.draw} more for its draw (${k.dispatches.drawTop}); per training step ${k.dispatches.train} (${k.dispatches.trainTop}); bytes read back per decode step ${k.decodeReadbackBytes}\n`,
         );
       console.log(JSON.stringify({ budget: c, backend: tf.getBackend(), ...k }));
     }

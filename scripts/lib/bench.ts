@@ -262,9 +262,11 @@ export interface StepCounts {
   trainStep: number;
   decodeTop: string;
   trainTop: string;
-  /** webgpu only: dispatches per decode step (without, with LoRA), per training step, and the programs. */
-  dispatches?: { decode: number; decodeLora: number; train: number; decodeTop: string; trainTop: string };
-  /** webgpu only: bytes read back by a decode step and its draw (temperature 1, the device path). */
+  /** webgpu only: dispatches per decode step (the model's, without and with LoRA), of its draw (the
+   *  rollout sampler's device path, temperature 1), per training step, and the programs. */
+  dispatches?: { decode: number; decodeLora: number; draw: number; train: number; decodeTop: string; drawTop: string; trainTop: string };
+  /** webgpu only: bytes read back by a decode step's draw (the model's step reads nothing). With random
+   *  weights the logits are flat, so a draw often falls outside the top candidates and reads its row. */
   decodeReadbackBytes?: number;
 }
 
@@ -306,18 +308,21 @@ export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number
       ids.map((r) => r.map(() => 1)),
     );
     logits.dispose();
-    // the draw as rollouts make it (its reads are what a decode step sends back to the host)
-    const n = await count(async () => {
-      const lg = model.decodeStep(
+    let lg: tf.Tensor2D | null = null;
+    const n = await count(() => {
+      lg = model.decodeStep(
         ids.map((r) => r[0]),
         cache,
       );
-      await sampleTokens(lg, { temperature: 1 }, new Rng(1));
-      lg.dispose();
     });
+    // the draw as rollouts make it (its reads are what a decode step sends back to the host)
+    const draw = await count(async () => {
+      await sampleTokens(lg!, { temperature: 1 }, new Rng(1));
+    });
+    tf.dispose([lg!]);
     cache.dispose();
     release();
-    return n;
+    return { ...n, draw };
   };
   const dec = await decodeCount(await ctx.model(false));
   const model = await ctx.model(true);
@@ -342,12 +347,14 @@ export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number
       ? {
           decode: dec.dispatches,
           decodeLora: decLora.dispatches,
+          draw: dec.draw.dispatches,
           train: train.dispatches,
           decodeTop: dec.programs,
+          drawTop: dec.draw.programs,
           trainTop: train.programs,
         }
       : undefined,
-    decodeReadbackBytes: gpu ? dec.readback : undefined,
+    decodeReadbackBytes: gpu ? dec.readback + dec.draw.readback : undefined,
   };
 }
 
@@ -382,7 +389,7 @@ export async function layerTracedCounts(
             ...c2.dispatches,
             decode: x(c1.dispatches.decode, c2.dispatches.decode),
             decodeLora: x(c1.dispatches.decodeLora, c2.dispatches.decodeLora),
-            train: x(c1.dispatches.train, c2.dispatches.train),
+            train: x(c1.dispatches.train, c2.dispatches.train), // the draw's count does not depend on the layers
           }
         : undefined,
     decodeReadbackBytes: c2.decodeReadbackBytes, // the draw's reads do not depend on the layers
