@@ -9,7 +9,7 @@ import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
 import { heapRowStats, heapSoftmaxRows } from "./heap.ts";
 
-const LOGP = "MarlLogpEntropy",
+export const LOGP = "MarlLogpEntropy",
   DLOGITS = "MarlDLogits";
 
 function checkTargets(targets: number[], n: number, V: number): void {
@@ -75,6 +75,18 @@ const useKernels = (logits: tf.Tensor2D) => {
   return tf.getBackend() === "wasm" && logits.dtype === "float32" && logits.shape[1] % 4 === 0;
 };
 
+/** webgpu's kernels (webgpu-rows.ts) read the targets from an int32 tensor (an upload, no dispatch). */
+const useWebgpu = (logits: tf.Tensor2D) =>
+  tf.getBackend() === "webgpu" && logits.dtype === "float32" && tf.getKernel(LOGP, "webgpu") !== undefined;
+function onWebgpu(name: string, logits: tf.Tensor2D, targets: number[], dy?: tf.Tensor2D): tf.Tensor2D {
+  const [n, V] = logits.shape;
+  checkTargets(targets, n, V);
+  const t = tf.tensor1d(targets, "int32");
+  const out = tf.engine().runKernel(name, dy ? { logits, targets: t, dy } : { logits, targets: t }) as tf.Tensor2D;
+  t.dispose();
+  return out;
+}
+
 /** The op forms (every backend; the reference the kernels are tested against). */
 export function logpEntropyOps(logits: tf.Tensor2D, targets: number[]): tf.Tensor2D {
   const V = logits.shape[1];
@@ -102,12 +114,14 @@ export function dLogitsOps(logits: tf.Tensor2D, targets: number[], dy: tf.Tensor
 
 /** From logits [n, V] and the target ids: [n, 2] = log p(target) and the entropy of each row. */
 export function logpEntropy(logits: tf.Tensor2D, targets: number[]): tf.Tensor2D {
+  if (useWebgpu(logits)) return onWebgpu(LOGP, logits, targets);
   return useKernels(logits) ? (tf.engine().runKernel(LOGP, { logits }, { targets }) as tf.Tensor2D) : logpEntropyOps(logits, targets);
 }
 
 /** The gradient with respect to the logits [n, V] of dy [n, 2]: only log p is differentiated,
  *  dy[:, 0] · (onehot(target) − softmax(logits)). */
 export function dLogits(logits: tf.Tensor2D, targets: number[], dy: tf.Tensor2D): tf.Tensor2D {
+  if (useWebgpu(logits)) return onWebgpu(DLOGITS, logits, targets, dy);
   return useKernels(logits)
     ? (tf.engine().runKernel(DLOGITS, { logits, dy }, { targets }) as tf.Tensor2D)
     : dLogitsOps(logits, targets, dy);

@@ -13,8 +13,8 @@ import { heapRmsNorm, heapRmsNormGrad } from "./heap.ts";
  *  the helper threads (a small training step: 9 norms of [2048, 256] each way). */
 const heapKernel = (backendName: string, H: number) => backendName === "wasm" && H % 4 === 0;
 
-const RMS_NORM = "MarlRmsNorm";
-const RMS_NORM_GRAD = "MarlRmsNormGrad";
+export const RMS_NORM = "MarlRmsNorm";
+export const RMS_NORM_GRAD = "MarlRmsNormGrad";
 
 /** y [N·H] from x [N·H], w [H]. */
 export function rmsNormInto(y: Float32Array, x: Float32Array, w: Float32Array, H: number, eps: number): void {
@@ -125,7 +125,11 @@ const MAX_KERNEL_ROWS = 256;
 export function rmsNorm(x: tf.Tensor2D, w: tf.Tensor1D, eps: number): tf.Tensor2D {
   register();
   const b = tf.getBackend();
-  if ((x.shape[0] > MAX_KERNEL_ROWS && !heapKernel(b, x.shape[1])) || tf.getKernel(RMS_NORM, b) === undefined || x.dtype !== "float32")
+  if (
+    (x.shape[0] > MAX_KERNEL_ROWS && !heapKernel(b, x.shape[1]) && b !== "webgpu") ||
+    tf.getKernel(RMS_NORM, b) === undefined ||
+    x.dtype !== "float32"
+  )
     return rmsNormOps(x, w, eps);
   return fused(eps)(x, w);
 }

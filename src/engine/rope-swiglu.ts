@@ -107,7 +107,7 @@ export function swigluGradInto(dgu: Float32Array, gu: Float32Array, dy: Float32A
  *  where I is a multiple of 4; the JS loop covers the rest. */
 const heapKernel = (backendName: string, I: number) => backendName === "wasm" && I % 4 === 0;
 
-const DECODE_HEADS = "MarlDecodeHeads",
+export const DECODE_HEADS = "MarlDecodeHeads",
   ROPE = "MarlRope",
   SWIGLU = "MarlSwiglu",
   SWIGLU_GRAD = "MarlSwigluGrad";
@@ -161,6 +161,9 @@ const kernels = (x: tf.Tensor) => {
   register();
   return x.size <= MAX_KERNEL_ELEMENTS && x.dtype === "float32" && tf.getKernel(ROPE, tf.getBackend()) !== undefined;
 };
+/** webgpu's kernels (webgpu-rows.ts) run at every size: there each op of the op path is a dispatch. */
+const webgpuKernel = (x: tf.Tensor, name: string) =>
+  tf.getBackend() === "webgpu" && x.dtype === "float32" && tf.getKernel(name, "webgpu") !== undefined;
 
 /** The tfjs-op forms (every backend; the references the kernels are tested against). */
 export function ropeOps(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
@@ -194,7 +197,7 @@ const swigluKernel = tf.customGrad(((gu: tf.Tensor2D, save: tf.GradSaveFunc) => 
 
 /** x [B, T, heads, hd] rotated by the per-row tables cos, sin [B, T, 1, hd] (rotate-half). */
 export function rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
-  return kernels(x) ? ropeKernel(x, cos, sin) : ropeOps(x, cos, sin);
+  return kernels(x) || webgpuKernel(x, ROPE) ? ropeKernel(x, cos, sin) : ropeOps(x, cos, sin);
 }
 
 /** One position per row (a decode step; no gradient): the fused projection qkv [B, (nH + 2·nKv)·hd]
@@ -212,7 +215,7 @@ export function decodeHeads(
   hd: number,
   scale: number,
 ): [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D] | null {
-  if (!kernels(qkv)) return null;
+  if (!webgpuKernel(qkv, DECODE_HEADS) && !kernels(qkv)) return null;
   return tf.engine().runKernel(DECODE_HEADS, { qkv, cos, sin }, { nH, nKv, hd, scale }) as unknown as [
     tf.Tensor3D,
     tf.Tensor4D,
@@ -223,7 +226,9 @@ export function decodeHeads(
 /** silu(gate)·up for gu [N, 2I] holding gate and up side by side (the fused gate_up projection). */
 export function swiglu(gu: tf.Tensor2D): tf.Tensor2D {
   const b = tf.getBackend();
-  return kernels(gu) || (gu.dtype === "float32" && heapKernel(b, gu.shape[1] / 2) && tf.getKernel(SWIGLU, b) !== undefined)
+  return kernels(gu) ||
+    (gu.dtype === "float32" && heapKernel(b, gu.shape[1] / 2) && tf.getKernel(SWIGLU, b) !== undefined) ||
+    webgpuKernel(gu, SWIGLU)
     ? swigluKernel(gu)
     : swigluOps(gu);
 }

@@ -7,7 +7,7 @@ import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
 import { heapSoftmaxGrad, heapSoftmaxRows } from "./heap.ts";
 
-const SOFTMAX = "MarlSoftmax",
+export const SOFTMAX = "MarlSoftmax",
   SOFTMAX_GRAD = "MarlSoftmaxGrad";
 
 const register = once(() => {
@@ -51,7 +51,11 @@ const kernelSoftmax = tf.customGrad(((x: tf.Tensor, save: tf.GradSaveFunc) => {
 export function softmax<T extends tf.Tensor>(x: T): T {
   register();
   const S = x.shape[x.shape.length - 1];
-  return tf.getBackend() === "wasm" && x.dtype === "float32" && x.rank > 0 && S % 4 === 0 && S > 0
+  const b = tf.getBackend();
+  return ((b === "wasm" && S % 4 === 0) || (b === "webgpu" && tf.getKernel(SOFTMAX, b) !== undefined)) &&
+    x.dtype === "float32" &&
+    x.rank > 0 &&
+    S > 0
     ? kernelSoftmax(x)
     : (tf.softmax(x) as T);
 }

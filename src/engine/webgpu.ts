@@ -11,6 +11,7 @@
 import * as tf from "@tensorflow/tfjs";
 import { existsSync } from "node:fs";
 import { registerWebgpuDequantize } from "./dequant-webgpu.ts";
+import { registerWebgpuRows } from "./webgpu-rows.ts";
 
 /** What the adapter is, as printed once when the backend starts. */
 export interface WebgpuAdapterInfo {
@@ -135,6 +136,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   // sees navigator.gpu, which is not set yet; ours is registered instead.
   const mod = await import("@tensorflow/tfjs-backend-webgpu");
   registerWebgpuDequantize(mod);
+  registerWebgpuRows(mod);
   Object.defineProperty(globalThis, "navigator", {
     value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu },
     configurable: true,

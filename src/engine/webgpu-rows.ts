@@ -1,0 +1,523 @@
+/** The row kernels the wasm heap module fused, as WGSL programs on the webgpu backend: RMSNorm and
+ *  its gradient, SwiGLU and its gradient, attention's softmax and its gradient, RoPE and its
+ *  gradient, a decode step's q/k/v heads with RoPE, and a row's log p(target), entropy and logits gradient over the vocabulary. Through
+ *  tfjs ops each was 4–15 dispatches and as many passes over its tensor; here each is one (RMSNorm's
+ *  gradient three, the decode heads three). A row reduction runs one workgroup per row (a tree sum in
+ *  workgroup memory, float32); element-wise kernels one thread per output. Sizes are compiled into
+ *  the shader (a model has a handful of row widths). Registered by webgpu.ts through kernels.ts'
+ *  registerKernel; the op files (rmsnorm.ts, rope-swiglu.ts, softmax.ts, logprob.ts) hold the
+ *  kernel names, the gradients and the choice of path. Inputs are 2-D views [rows, width] (a
+ *  reshape is free); the vocabulary kernels are given chunks of rows no larger than the device's
+ *  largest storage binding (profile.ts logitChunkFloats).
+ *  Leaves out: float16, and vector (vec4) loads. */
+import type * as tf from "@tensorflow/tfjs";
+import { registerKernel, type Backend } from "./kernels.ts";
+import { DLOGITS, LOGP } from "./logprob.ts";
+import { RMS_NORM, RMS_NORM_GRAD } from "./rmsnorm.ts";
+import { DECODE_HEADS, ROPE, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
+import { SOFTMAX, SOFTMAX_GRAD } from "./softmax.ts";
+
+type WebgpuModule = typeof import("@tensorflow/tfjs-backend-webgpu");
+
+const K = {
+  rmsNorm: RMS_NORM,
+  rmsNormGrad: RMS_NORM_GRAD,
+  swiglu: SWIGLU,
+  swigluGrad: SWIGLU_GRAD,
+  softmax: SOFTMAX,
+  softmaxGrad: SOFTMAX_GRAD,
+  decodeHeads: DECODE_HEADS,
+  rope: ROPE,
+  logp: LOGP,
+  dLogits: DLOGITS,
+};
+
+const f32 = (x: number) => (Number.isInteger(x) ? `${x}.0` : `${x}`);
+
+/** One program: its inputs, output shape, dispatch and WGSL body (the tfjs header declares the
+ *  inputs as arrays named by `inputs`, the output as `result`). */
+class RowProgram {
+  variableNames: string[];
+  outputShape: number[];
+  workgroupSize: [number, number, number];
+  dispatchLayout: { x: number[] };
+  dispatch: [number, number, number];
+  shaderKey: string;
+  constructor(
+    util: WebgpuModule["webgpu_util"],
+    name: string,
+    inputs: string[],
+    outputShape: number[],
+    /** "rows": one workgroup of `wg` per row of `rows`; "flat": one thread per output element. */
+    grid: { rows: number; wg: number } | "flat",
+    private body: string,
+  ) {
+    this.variableNames = inputs;
+    this.outputShape = outputShape;
+    this.dispatchLayout = util.flatDispatchLayout(outputShape);
+    if (grid === "flat") {
+      this.workgroupSize = [64, 1, 1];
+      this.dispatch = util.computeDispatch(this.dispatchLayout, outputShape, this.workgroupSize);
+    } else {
+      this.workgroupSize = [grid.wg, 1, 1];
+      this.dispatch = [grid.rows, 1, 1];
+    }
+    this.shaderKey = `marl_${name}_${body.length}_${hash(body)}`;
+  }
+  getUserCode(): string {
+    // Every binding statically used: the pipeline's "auto" layout leaves out the unused ones, and
+    // tfjs binds all of them (the uniforms included).
+    const uses = ["_ = uniforms.NAN;", ...this.variableNames.map((v) => `_ = ${v}[0];`)].join(" ");
+    return this.body.replace("fn main(index: i32) {", `fn main(index: i32) {\n      ${uses}`);
+  }
+}
+
+function hash(s: string): string {
+  let h = 2166136261;
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 16777619);
+  return (h >>> 0).toString(36);
+}
+
+/** Workgroup size for rows of `width`: 256 threads on wide rows, 64 on narrow ones. */
+const wgFor = (width: number) => (width >= 2048 ? 256 : 64);
+
+/** The row index (workgroups past the last row, from a dispatch tfjs reshaped to 2-D or 3-D, compute
+ *  row rows − 1 again and write nothing: barriers need every thread) and tree reductions. */
+const rowPrelude = (wg: number, rows: number) => `
+  const WG = ${wg}u;
+  var<workgroup> red: array<f32, ${wg}>;
+  fn rowIndex() -> i32 {
+    return i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x);
+  }
+  fn rowOk() -> bool { return rowIndex() < ${rows}; }
+  fn row() -> i32 { return min(rowIndex(), ${rows - 1}); }
+  fn reduceSum(v: f32) -> f32 {
+    red[localIndex] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+      if (localIndex < s) { red[localIndex] = red[localIndex] + red[localIndex + s]; }
+      workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+  }
+  fn reduceMax(v: f32) -> f32 {
+    red[localIndex] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+      if (localIndex < s) { red[localIndex] = max(red[localIndex], red[localIndex + s]); }
+      workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+  }
+`;
+
+/** y = x · rsqrt(mean(x²) + eps) · w; x [N, H]. */
+function rmsNormProgram(u: WebgpuModule["webgpu_util"], N: number, H: number, eps: number) {
+  const wg = wgFor(H);
+  return new RowProgram(
+    u,
+    "rmsnorm",
+    ["x", "w"],
+    [N, H],
+    { rows: N, wg },
+    `${rowPrelude(wg, N)}
+    fn main(index: i32) {
+      let o = row() * ${H};
+      var ss = 0.0;
+      for (var j = i32(localIndex); j < ${H}; j += ${wg}) { let v = x[o + j]; ss += v * v; }
+      let r = inverseSqrt(reduceSum(ss) / ${f32(H)} + ${f32(eps)});
+      if (rowOk()) { for (var j = i32(localIndex); j < ${H}; j += ${wg}) { result[o + j] = x[o + j] * r * w[j]; } }
+    }`,
+  );
+}
+
+/** r = rsqrt(mean(x²) + eps) per row: [N]. */
+function rmsRProgram(u: WebgpuModule["webgpu_util"], N: number, H: number, eps: number) {
+  const wg = wgFor(H);
+  return new RowProgram(
+    u,
+    "rms_r",
+    ["x"],
+    [N],
+    { rows: N, wg },
+    `${rowPrelude(wg, N)}
+    fn main(index: i32) {
+      let o = row() * ${H};
+      var ss = 0.0;
+      for (var j = i32(localIndex); j < ${H}; j += ${wg}) { let v = x[o + j]; ss += v * v; }
+      let r = inverseSqrt(reduceSum(ss) / ${f32(H)} + ${f32(eps)});
+      if (rowOk() && localIndex == 0u) { result[row()] = r; }
+    }`,
+  );
+}
+
+/** dx_j = r·dy_j·w_j − r³·x_j·Σ_k dy_k·w_k·x_k / H, per row. */
+function rmsDxProgram(u: WebgpuModule["webgpu_util"], N: number, H: number) {
+  const wg = wgFor(H);
+  return new RowProgram(
+    u,
+    "rms_dx",
+    ["x", "w", "dy", "r"],
+    [N, H],
+    { rows: N, wg },
+    `${rowPrelude(wg, N)}
+    fn main(index: i32) {
+      let o = row() * ${H};
+      var s = 0.0;
+      for (var j = i32(localIndex); j < ${H}; j += ${wg}) { s += dy[o + j] * w[j] * x[o + j]; }
+      let rr = r[row()];
+      let c = rr * rr * rr * reduceSum(s) / ${f32(H)};
+      if (rowOk()) { for (var j = i32(localIndex); j < ${H}; j += ${wg}) { result[o + j] = rr * dy[o + j] * w[j] - c * x[o + j]; } }
+    }`,
+  );
+}
+
+/** dw_j = Σ_rows dy_j·x_j·r: one thread per column. */
+function rmsDwProgram(u: WebgpuModule["webgpu_util"], N: number, H: number) {
+  return new RowProgram(
+    u,
+    "rms_dw",
+    ["x", "dy", "r"],
+    [H],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${H}) {
+        var acc = 0.0;
+        for (var n = 0; n < ${N}; n++) { acc += dy[n * ${H} + index] * x[n * ${H} + index] * r[n]; }
+        result[index] = acc;
+      }
+    }`,
+  );
+}
+
+/** y [N, I] = silu(gate)·up from gu [N, 2I]. */
+function swigluProgram(u: WebgpuModule["webgpu_util"], N: number, I: number) {
+  return new RowProgram(
+    u,
+    "swiglu",
+    ["gu"],
+    [N, I],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${N * I}) {
+        let n = index / ${I};
+        let j = index - n * ${I};
+        let g = gu[n * ${2 * I} + j];
+        result[index] = g / (1.0 + exp(-g)) * gu[n * ${2 * I} + ${I} + j];
+      }
+    }`,
+  );
+}
+
+/** dgu [N, 2I]: d gate = dy·u·s·(1 + g·(1 − s)), d up = dy·g·s, s = sigmoid(g). */
+function swigluGradProgram(u: WebgpuModule["webgpu_util"], N: number, I: number) {
+  return new RowProgram(
+    u,
+    "swiglu_grad",
+    ["gu", "dy"],
+    [N, 2 * I],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${2 * N * I}) {
+        let n = index / ${2 * I};
+        let c = index - n * ${2 * I};
+        let j = select(c - ${I}, c, c < ${I});
+        let g = gu[n * ${2 * I} + j];
+        let up = gu[n * ${2 * I} + ${I} + j];
+        let d = dy[n * ${I} + j];
+        let s = 1.0 / (1.0 + exp(-g));
+        result[index] = select(d * g * s, d * up * s * (1.0 + g * (1.0 - s)), c < ${I});
+      }
+    }`,
+  );
+}
+
+/** Softmax over rows of x [R, S]: masked scores (−1e9) get exactly 0. */
+function softmaxProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
+  const wg = wgFor(S);
+  return new RowProgram(
+    u,
+    "softmax",
+    ["x"],
+    [R, S],
+    { rows: R, wg },
+    `${rowPrelude(wg, R)}
+    fn main(index: i32) {
+      let o = row() * ${S};
+      var m = -3.402823e+38;
+      for (var j = i32(localIndex); j < ${S}; j += ${wg}) { m = max(m, x[o + j]); }
+      m = reduceMax(m);
+      var s = 0.0;
+      for (var j = i32(localIndex); j < ${S}; j += ${wg}) { s += exp(x[o + j] - m); }
+      let inv = 1.0 / reduceSum(s);
+      if (rowOk()) { for (var j = i32(localIndex); j < ${S}; j += ${wg}) { result[o + j] = exp(x[o + j] - m) * inv; } }
+    }`,
+  );
+}
+
+/** dx = y·(dy − Σ dy·y) per row of y, dy [R, S]. */
+function softmaxGradProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
+  const wg = wgFor(S);
+  return new RowProgram(
+    u,
+    "softmax_grad",
+    ["y", "dy"],
+    [R, S],
+    { rows: R, wg },
+    `${rowPrelude(wg, R)}
+    fn main(index: i32) {
+      let o = row() * ${S};
+      var s = 0.0;
+      for (var j = i32(localIndex); j < ${S}; j += ${wg}) { s += dy[o + j] * y[o + j]; }
+      let t = reduceSum(s);
+      if (rowOk()) { for (var j = i32(localIndex); j < ${S}; j += ${wg}) { result[o + j] = y[o + j] * (dy[o + j] - t); } }
+    }`,
+  );
+}
+
+/** Per row of logits [n, V]: [log p(target), entropy] → [n, 2]. */
+function logpProgram(u: WebgpuModule["webgpu_util"], n: number, V: number) {
+  const wg = wgFor(V);
+  return new RowProgram(
+    u,
+    "logp",
+    ["logits", "targets"],
+    [n, 2],
+    { rows: n, wg },
+    `${rowPrelude(wg, n)}
+    fn main(index: i32) {
+      let o = row() * ${V};
+      var m = -3.402823e+38;
+      for (var j = i32(localIndex); j < ${V}; j += ${wg}) { m = max(m, logits[o + j]); }
+      m = reduceMax(m);
+      var s = 0.0;
+      var sx = 0.0;
+      for (var j = i32(localIndex); j < ${V}; j += ${wg}) {
+        let x = logits[o + j];
+        let e = exp(x - m);
+        s += e;
+        sx += e * (x - m);
+      }
+      let S = reduceSum(s);
+      let SX = reduceSum(sx);
+      if (rowOk() && localIndex == 0u) {
+        let ls = log(S);
+        result[row() * 2] = logits[o + targets[row()]] - m - ls;
+        result[row() * 2 + 1] = ls - SX / S;
+      }
+    }`,
+  );
+}
+
+/** d logits [n, V] = dy[:, 0]·(onehot(target) − softmax(logits)). */
+function dLogitsProgram(u: WebgpuModule["webgpu_util"], n: number, V: number) {
+  const wg = wgFor(V);
+  return new RowProgram(
+    u,
+    "dlogits",
+    ["logits", "targets", "dy"],
+    [n, V],
+    { rows: n, wg },
+    `${rowPrelude(wg, n)}
+    fn main(index: i32) {
+      let o = row() * ${V};
+      var m = -3.402823e+38;
+      for (var j = i32(localIndex); j < ${V}; j += ${wg}) { m = max(m, logits[o + j]); }
+      m = reduceMax(m);
+      var s = 0.0;
+      for (var j = i32(localIndex); j < ${V}; j += ${wg}) { s += exp(logits[o + j] - m); }
+      let d = dy[row() * 2];
+      let c = -d / reduceSum(s);
+      let t = targets[row()];
+      if (rowOk()) {
+        for (var j = i32(localIndex); j < ${V}; j += ${wg}) { result[o + j] = c * exp(logits[o + j] - m) + select(0.0, d, j == t); }
+      }
+    }`,
+  );
+}
+
+/** One decode step's heads from qkv [B, (nH + 2·nKv)·hd]: part "q" (rope · scale, [B, nH, hd]), "k"
+ *  (rope, [B, nKv, hd]) or "v" (a copy, [B, nKv, hd]); cos, sin [B, hd] with rotate-half's sign in sin. */
+function headsProgram(
+  u: WebgpuModule["webgpu_util"],
+  part: "q" | "k" | "v",
+  B: number,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+) {
+  const heads = part === "q" ? nH : nKv,
+    first = part === "q" ? 0 : part === "k" ? nH : nH + nKv,
+    width = (nH + 2 * nKv) * hd,
+    half = hd / 2;
+  const value =
+    part === "v"
+      ? "qkv[src]"
+      : `(qkv[src] * cosT[b * ${hd} + j] + qkv[src - j + select(j - ${half}, j + ${half}, j < ${half})] * sinT[b * ${hd} + j])${part === "q" ? ` * ${f32(Math.fround(scale))}` : ""}`;
+  return new RowProgram(
+    u,
+    `heads_${part}`,
+    ["qkv", "cosT", "sinT"],
+    [B, heads, hd],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${B * heads * hd}) {
+        let b = index / ${heads * hd};
+        let hj = index - b * ${heads * hd};
+        let h = hj / ${hd};
+        let j = hj - h * ${hd};
+        let src = b * ${width} + (${first} + h) * ${hd} + j;
+        result[index] = ${value};
+      }
+    }`,
+  );
+}
+
+/** RoPE (rotate-half) of x [rows, heads, hd] by cos, sin [rows, hd]; with `transpose` its adjoint (the
+ *  gradient): out_j = x_j·cos_j + x_j'·sin_j' in place of x_j'·sin_j, j' = (j + hd/2) mod hd. */
+function ropeProgram(u: WebgpuModule["webgpu_util"], rows: number, heads: number, hd: number, transpose: boolean) {
+  const half = hd / 2;
+  return new RowProgram(
+    u,
+    `rope_${transpose ? "t" : "n"}`,
+    ["x", "cosT", "sinT"],
+    [rows, heads, hd],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${rows * heads * hd}) {
+        let r = index / ${heads * hd};
+        let j = index % ${hd};
+        let jr = select(j - ${half}, j + ${half}, j < ${half});
+        result[index] = x[index] * cosT[r * ${hd} + j] + x[index - j + jr] * sinT[r * ${hd} + ${transpose ? "jr" : "j"}];
+      }
+    }`,
+  );
+}
+
+/** Register the row kernels for the webgpu backend (once the package is loaded). */
+export function registerWebgpuRows(mod: WebgpuModule): void {
+  const u = mod.webgpu_util;
+  const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[]) => b.runWebGPUProgram(p, inputs, "float32") as tf.TensorInfo;
+  const on = ["webgpu"];
+  const rowsOf = (t: tf.TensorInfo) => t.shape.slice(0, -1).reduce((a, d) => a * d, 1);
+  const last = (t: tf.TensorInfo) => t.shape[t.shape.length - 1];
+  registerKernel(
+    K.rmsNorm,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { x, w } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo };
+        return run(backend, rmsNormProgram(u, x.shape[0], w.shape[0], attrs!.eps as number), [x, w]);
+      },
+    on,
+  );
+  registerKernel(
+    K.rmsNormGrad,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { x, w, dy } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo; dy: tf.TensorInfo };
+        const [N, H] = x.shape;
+        const r = run(backend, rmsRProgram(u, N, H, attrs!.eps as number), [x]);
+        const dx = run(backend, rmsDxProgram(u, N, H), [x, w, dy, r]);
+        const dw = run(backend, rmsDwProgram(u, N, H), [x, dy, r]);
+        (backend as Backend).disposeData(r.dataId);
+        return [dx, dw];
+      },
+    on,
+  );
+  registerKernel(
+    K.swiglu,
+    () =>
+      ({ inputs, backend }) => {
+        const { gu } = inputs as { gu: tf.TensorInfo };
+        return run(backend, swigluProgram(u, gu.shape[0], gu.shape[1] / 2), [gu]);
+      },
+    on,
+  );
+  registerKernel(
+    K.swigluGrad,
+    () =>
+      ({ inputs, backend }) => {
+        const { gu, dy } = inputs as { gu: tf.TensorInfo; dy: tf.TensorInfo };
+        return run(backend, swigluGradProgram(u, gu.shape[0], gu.shape[1] / 2), [gu, dy]);
+      },
+    on,
+  );
+  registerKernel(
+    K.softmax,
+    () =>
+      ({ inputs, backend }) => {
+        const { x } = inputs as { x: tf.TensorInfo };
+        const out = run(backend, softmaxProgram(u, rowsOf(x), last(x)), [x]);
+        return { ...out, shape: x.shape };
+      },
+    on,
+  );
+  registerKernel(
+    K.softmaxGrad,
+    () =>
+      ({ inputs, backend }) => {
+        const { y, dy } = inputs as { y: tf.TensorInfo; dy: tf.TensorInfo };
+        const out = run(backend, softmaxGradProgram(u, rowsOf(y), last(y)), [y, dy]);
+        return { ...out, shape: y.shape };
+      },
+    on,
+  );
+  registerKernel(
+    K.logp,
+    () =>
+      ({ inputs, backend }) => {
+        const { logits, targets } = inputs as { logits: tf.TensorInfo; targets: tf.TensorInfo };
+        return run(backend, logpProgram(u, logits.shape[0], logits.shape[1]), [logits, targets]);
+      },
+    on,
+  );
+  registerKernel(
+    K.dLogits,
+    () =>
+      ({ inputs, backend }) => {
+        const { logits, targets, dy } = inputs as { logits: tf.TensorInfo; targets: tf.TensorInfo; dy: tf.TensorInfo };
+        return run(backend, dLogitsProgram(u, logits.shape[0], logits.shape[1]), [logits, targets, dy]);
+      },
+    on,
+  );
+  registerKernel(
+    K.rope,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { x, cos, sin } = inputs as { x: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+        const [B, T, heads, hd] = x.shape;
+        const out = run(backend, ropeProgram(u, B * T, heads, hd, attrs!.transpose as boolean), [x, cos, sin]);
+        return { ...out, shape: x.shape };
+      },
+    on,
+  );
+  registerKernel(
+    K.decodeHeads,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+        const { nH, nKv, hd, scale } = attrs as { nH: number; nKv: number; hd: number; scale: number };
+        const B = qkv.shape[0];
+        const [q, k, v] = (["q", "k", "v"] as const).map((part) =>
+          run(backend, headsProgram(u, part, B, nH, nKv, hd, scale), [qkv, cos, sin]),
+        );
+        // the layouts the wasm kernel returns (attention.ts reads these shapes)
+        return [
+          { ...q, shape: [B * nKv, nH / nKv, hd] },
+          { ...k, shape: [B, nKv, hd, 1] },
+          { ...v, shape: [B, nKv, 1, hd] },
+        ];
+      },
+    on,
+  );
+}

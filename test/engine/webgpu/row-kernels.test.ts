@@ -1,0 +1,248 @@
+/** The fused WGSL row kernels (src/engine/webgpu-rows.ts) against float64 references computed on the
+ *  host from the same float32 inputs: RMSNorm, SwiGLU, RoPE and attention's softmax with their gradients,
+ *  a decode step's q/k/v heads, and a row's log p(target), entropy and logits gradient. Each also
+ *  checks it ran as the fused dispatches (not the op path). Widths that are not multiples of 4 and
+ *  rows wider than a workgroup are included. */
+import { describe, expect, it } from "vitest";
+import * as tf from "@tensorflow/tfjs";
+import { initBackend } from "../../../src/engine/backend.ts";
+import { dLogits, logpEntropy } from "../../../src/engine/logprob.ts";
+import { rmsNorm } from "../../../src/engine/rmsnorm.ts";
+import { decodeHeads, rope, swiglu } from "../../../src/engine/rope-swiglu.ts";
+import { softmax } from "../../../src/engine/softmax.ts";
+import { webgpuTraffic } from "../../../src/engine/webgpu.ts";
+import { Rng } from "../../../src/util/rng.ts";
+import { webgpuForTests } from "./adapter.ts";
+
+const gpu = await webgpuForTests();
+const randn = (n: number, seed: number, scale = 1) => {
+  const r = new Rng(seed);
+  return Float32Array.from({ length: n }, () => r.normal() * scale);
+};
+
+/** float32 rounding of the sums involved: |got − want| ≤ tol·(|want| + scale), scale the row's typical magnitude. */
+function close(got: ArrayLike<number>, want: ArrayLike<number>, what: string, tol = 2e-6, scale = 1): void {
+  expect(got.length, what).toBe(want.length);
+  let worst = 0,
+    at = -1;
+  for (let i = 0; i < want.length; i++) {
+    const e = Math.abs(got[i] - want[i]) / (Math.abs(want[i]) + scale);
+    if (!(e <= worst)) [worst, at] = [e, i];
+  }
+  expect(worst, `${what}: worst relative error at ${at}: got ${got[at]}, want ${want[at]}`).toBeLessThanOrEqual(tol);
+}
+
+/** Dispatches `f` makes (its tensors disposed after). */
+async function dispatchesOf(f: () => tf.Tensor | tf.Tensor[]): Promise<{ n: number; values: Float32Array[] }> {
+  const t0 = webgpuTraffic().dispatches;
+  const out = f();
+  const n = webgpuTraffic().dispatches - t0;
+  const list = Array.isArray(out) ? out : [out];
+  const values = await Promise.all(list.map(async (t) => (await t.data()) as Float32Array));
+  tf.dispose(list);
+  return { n, values };
+}
+
+describe.skipIf(!gpu)("webgpu fused row kernels", () => {
+  it("RMSNorm and its gradient: one dispatch forward, three backward, float64 reference", async () => {
+    expect(await initBackend("webgpu")).toBe("webgpu");
+    const before = tf.memory().numTensors;
+    for (const [N, H] of [
+      [5, 96],
+      [3, 2100],
+    ]) {
+      const xs = randn(N * H, 1),
+        ws = randn(H, 2, 0.5).map((v) => 1 + v),
+        dys = randn(N * H, 3),
+        eps = 1e-6;
+      const x = tf.tensor2d(xs, [N, H]),
+        w = tf.tensor1d(ws),
+        dy = tf.tensor2d(dys, [N, H]);
+      const y = new Float64Array(N * H),
+        dx = new Float64Array(N * H),
+        dw = new Float64Array(H);
+      for (let n = 0; n < N; n++) {
+        let ss = 0,
+          s = 0;
+        for (let j = 0; j < H; j++) ((ss += xs[n * H + j] ** 2), (s += dys[n * H + j] * ws[j] * xs[n * H + j]));
+        const r = 1 / Math.sqrt(ss / H + eps);
+        for (let j = 0; j < H; j++) {
+          y[n * H + j] = xs[n * H + j] * r * ws[j];
+          dx[n * H + j] = r * dys[n * H + j] * ws[j] - (r ** 3 * xs[n * H + j] * s) / H;
+          dw[j] += dys[n * H + j] * xs[n * H + j] * r;
+        }
+      }
+      const f = await dispatchesOf(() => rmsNorm(x, w, eps));
+      expect(f.n, "forward dispatches").toBe(1);
+      close(f.values[0], y, `rmsnorm ${N}×${H}`);
+      const g = await dispatchesOf(() =>
+        tf.grads((a: tf.Tensor, b: tf.Tensor) => rmsNorm(a as tf.Tensor2D, b as tf.Tensor1D, eps))([x, w], dy),
+      );
+      expect(g.n, "forward + backward dispatches").toBe(4);
+      close(g.values[0], dx, `rmsnorm dx ${N}×${H}`, 1e-5);
+      close(g.values[1], dw, `rmsnorm dw ${N}×${H}`, 1e-5, Math.sqrt(N));
+      tf.dispose([x, w, dy]);
+    }
+    expect(tf.memory().numTensors).toBe(before);
+  });
+
+  it("SwiGLU and its gradient: one dispatch each way", async () => {
+    await initBackend("webgpu");
+    const N = 6,
+      I = 75;
+    const gus = randn(N * 2 * I, 4, 3),
+      dys = randn(N * I, 5);
+    const y = new Float64Array(N * I),
+      dgu = new Float64Array(N * 2 * I);
+    for (let n = 0; n < N; n++)
+      for (let j = 0; j < I; j++) {
+        const g = gus[n * 2 * I + j],
+          u = gus[n * 2 * I + I + j],
+          d = dys[n * I + j],
+          s = 1 / (1 + Math.exp(-g));
+        y[n * I + j] = g * s * u;
+        dgu[n * 2 * I + j] = d * u * s * (1 + g * (1 - s));
+        dgu[n * 2 * I + I + j] = d * g * s;
+      }
+    const gu = tf.tensor2d(gus, [N, 2 * I]),
+      dy = tf.tensor2d(dys, [N, I]);
+    const f = await dispatchesOf(() => swiglu(gu));
+    expect(f.n).toBe(1);
+    close(f.values[0], y, "swiglu", 1e-6);
+    const g = await dispatchesOf(() => tf.grad((a: tf.Tensor) => swiglu(a as tf.Tensor2D))(gu, dy));
+    expect(g.n).toBe(2);
+    close(g.values[0], dgu, "swiglu grad", 1e-6);
+    tf.dispose([gu, dy]);
+  });
+
+  it("attention softmax and its gradient (masked scores get exactly 0): one dispatch each way", async () => {
+    await initBackend("webgpu");
+    const [B, H, T, S] = [2, 3, 4, 37];
+    const xs = randn(B * H * T * S, 6, 4),
+      dys = randn(B * H * T * S, 7);
+    for (let i = 0; i < xs.length; i += 5) xs[i] = -1e9; // masked
+    const R = B * H * T;
+    const y = new Float64Array(R * S),
+      dx = new Float64Array(R * S);
+    for (let r = 0; r < R; r++) {
+      const row = Array.from(xs.subarray(r * S, (r + 1) * S)),
+        m = Math.max(...row),
+        e = row.map((v) => Math.exp(v - m)),
+        z = e.reduce((a, b) => a + b, 0);
+      let t = 0;
+      for (let j = 0; j < S; j++) ((y[r * S + j] = e[j] / z), (t += dys[r * S + j] * (e[j] / z)));
+      for (let j = 0; j < S; j++) dx[r * S + j] = y[r * S + j] * (dys[r * S + j] - t);
+    }
+    const x = tf.tensor4d(xs, [B, H, T, S]),
+      dy = tf.tensor4d(dys, [B, H, T, S]);
+    const f = await dispatchesOf(() => softmax(x));
+    expect(f.n).toBe(1);
+    close(f.values[0], y, "softmax", 2e-6, 1e-6);
+    for (let i = 0; i < xs.length; i += 5) expect(f.values[0][i]).toBe(0);
+    const g = await dispatchesOf(() => tf.grad((a: tf.Tensor) => softmax(a))(x, dy));
+    expect(g.n).toBe(2);
+    close(g.values[0], dx, "softmax grad", 2e-6, 0.1); // dy − Σ dy·y cancels: float32 rounding of terms ~0.1
+    tf.dispose([x, dy]);
+  });
+
+  it("RoPE and its gradient (the adjoint rotation): one dispatch each way, float64 reference", async () => {
+    await initBackend("webgpu");
+    const [B, T, H, hd] = [2, 3, 5, 8],
+      rows = B * T;
+    const xs = randn(rows * H * hd, 13),
+      cs = randn(rows * hd, 14),
+      ss = randn(rows * hd, 15),
+      dys = randn(rows * H * hd, 16);
+    const y = new Float64Array(xs.length),
+      dx = new Float64Array(xs.length);
+    for (let r = 0; r < rows; r++)
+      for (let h = 0; h < H; h++)
+        for (let j = 0; j < hd; j++) {
+          const o = (r * H + h) * hd,
+            jr = j < hd / 2 ? j + hd / 2 : j - hd / 2;
+          y[o + j] = xs[o + j] * cs[r * hd + j] + xs[o + jr] * ss[r * hd + j];
+          // d/dx of Σ dy·y: x_j feeds y_j through cos_j and y_jr through sin_jr
+          dx[o + j] = dys[o + j] * cs[r * hd + j] + dys[o + jr] * ss[r * hd + jr];
+        }
+    const x = tf.tensor4d(xs, [B, T, H, hd]),
+      cos = tf.tensor4d(cs, [B, T, 1, hd]),
+      sin = tf.tensor4d(ss, [B, T, 1, hd]),
+      dy = tf.tensor4d(dys, [B, T, H, hd]);
+    const f = await dispatchesOf(() => rope(x, cos, sin));
+    expect(f.n).toBe(1);
+    close(f.values[0], y, "rope", 1e-6);
+    const g = await dispatchesOf(() => tf.grad((a: tf.Tensor) => rope(a as tf.Tensor4D, cos, sin))(x, dy));
+    expect(g.n).toBeLessThanOrEqual(4); // forward, the adjoint, and the zero gradients of the tables
+    close(g.values[0], dx, "rope grad", 1e-6);
+    tf.dispose([x, cos, sin, dy]);
+  });
+
+  it("a decode step's q/k/v heads with RoPE: three dispatches, the layouts attention reads", async () => {
+    await initBackend("webgpu");
+    const [B, nH, nKv, hd] = [3, 6, 2, 8],
+      width = (nH + 2 * nKv) * hd,
+      scale = 1 / Math.sqrt(hd);
+    const qkvs = randn(B * width, 8),
+      cs = randn(B * hd, 9),
+      ss = randn(B * hd, 10);
+    const rot = (b: number, h: number, j: number) => {
+      const o = b * width + h * hd,
+        jr = j < hd / 2 ? j + hd / 2 : j - hd / 2;
+      return qkvs[o + j] * cs[b * hd + j] + qkvs[o + jr] * ss[b * hd + j];
+    };
+    const q: number[] = [],
+      k: number[] = [],
+      v: number[] = [];
+    for (let b = 0; b < B; b++) {
+      for (let h = 0; h < nH; h++) for (let j = 0; j < hd; j++) q.push(rot(b, h, j) * scale);
+      for (let h = 0; h < nKv; h++) for (let j = 0; j < hd; j++) k.push(rot(b, nH + h, j));
+      for (let h = 0; h < nKv; h++) for (let j = 0; j < hd; j++) v.push(qkvs[b * width + (nH + nKv + h) * hd + j]);
+    }
+    const qkv = tf.tensor2d(qkvs, [B, width]),
+      cos = tf.tensor4d(cs, [B, 1, 1, hd]),
+      sin = tf.tensor4d(ss, [B, 1, 1, hd]);
+    let shapes: number[][] = [];
+    const r = await dispatchesOf(() => {
+      const out = decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)!;
+      shapes = out.map((t) => t.shape);
+      return out;
+    });
+    expect(r.n).toBe(3);
+    expect(shapes).toEqual([
+      [B * nKv, nH / nKv, hd],
+      [B, nKv, hd, 1],
+      [B, nKv, 1, hd],
+    ]);
+    close(r.values[0], q, "q", 1e-6);
+    close(r.values[1], k, "k", 1e-6);
+    close(r.values[2], v, "v", 0);
+    tf.dispose([qkv, cos, sin]);
+  });
+
+  it("log p(target), entropy and the logits gradient over a wide vocabulary: one dispatch each", async () => {
+    await initBackend("webgpu");
+    const [n, V] = [5, 3001];
+    const xs = randn(n * V, 11, 3),
+      targets = [0, 3000, 17, 1500, 17],
+      dys = randn(n * 2, 12);
+    const lp: number[] = [],
+      dl = new Float64Array(n * V);
+    for (let r = 0; r < n; r++) {
+      const row = Array.from(xs.subarray(r * V, (r + 1) * V)),
+        m = Math.max(...row),
+        z = row.reduce((a, x) => a + Math.exp(x - m), 0),
+        lse = m + Math.log(z);
+      lp.push(row[targets[r]] - lse, lse - row.reduce((a, x) => a + Math.exp(x - lse) * x, 0));
+      for (let j = 0; j < V; j++) dl[r * V + j] = dys[2 * r] * ((j === targets[r] ? 1 : 0) - Math.exp(row[j] - lse));
+    }
+    const logits = tf.tensor2d(xs, [n, V]),
+      dy = tf.tensor2d(dys, [n, 2]);
+    const f = await dispatchesOf(() => logpEntropy(logits, targets));
+    expect(f.n).toBe(1);
+    close(f.values[0], lp, "log p and entropy", 2e-6);
+    const g = await dispatchesOf(() => dLogits(logits, targets, dy));
+    expect(g.n).toBe(1);
+    close(g.values[0], dl, "d logits", 2e-6, 1e-4);
+    tf.dispose([logits, dy]);
+  });
+});
