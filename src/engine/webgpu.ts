@@ -20,6 +20,8 @@ export interface WebgpuAdapterInfo {
   fallback: boolean;
   maxStorageBufferBindingSize: number;
   maxBufferSize: number;
+  /** The device's limits this module asks for (the adapter's maxima), by WebGPU's names. */
+  limits: Record<string, number>;
 }
 
 /** The outcome of trying to start the backend: the adapter, or why there is none (one line). */
@@ -146,7 +148,13 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   tf.registerBackend("webgpu", () => countTraffic(new mod.WebGPUBackend(device, ai)), 3);
   return {
     ok: true,
-    info: { description, fallback, maxStorageBufferBindingSize: limits.maxStorageBufferBindingSize, maxBufferSize: limits.maxBufferSize },
+    info: {
+      description,
+      fallback,
+      maxStorageBufferBindingSize: limits.maxStorageBufferBindingSize,
+      maxBufferSize: limits.maxBufferSize,
+      limits: Object.fromEntries(WANTED_LIMITS.map((k) => [k, (device.limits as unknown as Record<string, number>)[k]])),
+    },
   };
 }
 
