@@ -1,7 +1,8 @@
 /** Matrix products with a transposed operand, formed the way the backend runs them best
  *  (backendProfile().matMulForm): on wasm, cpu and tensorflow as one matMul with transposeA/B (the
  *  wasm kernel, gemm.ts, reads a transposed A in place and packs a transposed B, so no transpose
- *  is materialised); on webgpu with the transpose materialised. Also the products with a frozen
+ *  is materialised); on webgpu with the flags too, except for one-batch products over K ≥ 2000, where
+ *  the transpose is materialised (see flagsFor). Also the products with a frozen
  *  weight, whose gradients go to the input only. */
 import * as tf from "@tensorflow/tfjs";
 import { backendProfile } from "./profile.ts";
@@ -9,20 +10,26 @@ import { backendProfile } from "./profile.ts";
 type CustomGradFn = Parameters<typeof tf.customGrad>[0];
 
 const flags = () => backendProfile().matMulForm === "flags";
+/** Whether a product of one batch over K may use the transpose flags: always on "flags" backends;
+ *  on webgpu ("batched") below K 2000, where tfjs never picks its split-K program (one batch,
+ *  K ≥ 2000, few output tiles), whose transposed operand sums wrong. Each transpose avoided is a
+ *  dispatch and a pass over the operand (a small training step materialised 129). */
+const flagsFor = (K: number) => flags() || K < SPLIT_K_MIN;
+const SPLIT_K_MIN = 2000;
 
 /** a [M, K] · bᵀ where b is [N, K] → [M, N]. */
 export function matMulBT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
-  return flags() ? tf.matMul(a, b, false, true) : tf.matMul(a, tf.transpose(b));
+  return flagsFor(a.shape[1]) ? tf.matMul(a, b, false, true) : tf.matMul(a, tf.transpose(b));
 }
 /** aᵀ · b for a [K, M], b [K, N] → [M, N]. */
 export function matMulAT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
-  return flags() ? tf.matMul(a, b, true, false) : tf.matMul(tf.transpose(a), b);
+  return flagsFor(a.shape[0]) ? tf.matMul(a, b, true, false) : tf.matMul(tf.transpose(a), b);
 }
 /** x [M, K] · wᵀ for a large w held [N, K] (torch's layout). With many rows, one transposed product
  *  (the kernel packs w's panels once for all M rows); with few (decoding), (w · xᵀ)ᵀ, so only the small
  *  x is repacked and the product runs over w's rows in place. */
 export function matMulXWT(x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D {
-  if (!flags()) return tf.transpose(tf.matMul(w, tf.transpose(x)));
+  if (!flags()) return flagsFor(x.shape[1]) ? tf.matMul(x, w, false, true) : tf.transpose(tf.matMul(w, tf.transpose(x)));
   return x.shape[0] >= 64 ? tf.matMul(x, w, false, true) : tf.transpose(tf.matMul(w, x, false, true));
 }
 
@@ -67,7 +74,8 @@ export function bmm(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
       value: tf.matMul(x, y),
       gradFunc: (dy: tf.Tensor3D, saved: tf.Tensor[]) => {
         const [sx, sy] = saved as tf.Tensor3D[];
-        if (flags()) return [tf.matMul(dy, sy, false, true), tf.matMul(sx, dy, true, false)];
+        // batched (more than one batch) products never take tfjs' split-K program: flags everywhere
+        if (flags() || sx.shape[0] > 1) return [tf.matMul(dy, sy, false, true), tf.matMul(sx, dy, true, false)];
         return [tf.matMul(dy, tf.transpose(sy, [0, 2, 1])), tf.matMul(tf.transpose(sx, [0, 2, 1]), dy)];
       },
     };

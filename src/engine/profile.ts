@@ -22,9 +22,9 @@ export interface BackendProfile {
   /** How matmul.ts forms products with a transposed operand (batched products are one kernel on
    *  both): "flags" (wasm, cpu, tensorflow): matMul's transposeA/B flags (gemm.ts reads a
    *  transposed A in place and packs a transposed B, at the plain product's speed);
-   *  "batched" (webgpu): transposes materialised as their own kernels, never
-   *  matMul's transposeB flag: tfjs-backend-webgpu 4.22's split-K program (one batch, K ≥ 2000, small
-   *  output) gives wrong sums with it (errors of 100s at K 2048). */
+   *  "batched" (webgpu): the flags, except that one-batch products over K ≥ 2000 materialise the
+   *  transpose as its own kernel: tfjs-backend-webgpu 4.22's split-K program (one batch, K ≥ 2000,
+   *  small output) gives wrong sums with a transposed operand (errors of 100s at K 2048). */
   matMulForm: "flags" | "batched";
   /** Where the rollout sampler works (rollout/sampler.ts): false = read the logits [B, V] and draw on
    *  the host (wasm, cpu: the read is a memory copy and a JS pass beats tfjs' reductions there);
