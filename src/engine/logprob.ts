@@ -4,7 +4,9 @@
  *  sub and product), each single-threaded: for Qwen2.5's 151,936-token vocabulary, 155 M elements a
  *  pass per 1,024 tokens. On wasm (V a multiple of 4) they are two kernels of the heap module
  *  (heap-code.ts rowStats, softmaxRows: two or three vector passes per row, rows split over the
- *  helper threads); results agree with the op forms to float32 rounding. Other backends keep the ops. */
+ *  helper threads); results agree with the op forms to float32 rounding. On webgpu they are two WGSL
+ *  programs (webgpu-rows.ts, one workgroup per row, any V), given chunks of rows no larger than the
+ *  device's largest binding by head-logprobs.ts. Other backends keep the ops. */
 import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
 import { heapRowStats, heapSoftmaxRows } from "./heap.ts";

@@ -2,7 +2,8 @@
  *  axis is a multiple of 4: the heap module's softmaxRows and softmaxGrad (heap-code.ts), rows
  *  split over the helper threads. tfjs' Softmax runs on one thread, and its gradient is four more
  *  single-threaded kernels (Multiply, Sum, Sub, Multiply). Masked scores (−1e9) get exactly 0, as
- *  with tfjs; values agree with it to float32 rounding. Other backends keep tf.softmax. */
+ *  with tfjs; values agree with it to float32 rounding. On webgpu both are WGSL programs
+ *  (webgpu-rows.ts, any width), one dispatch each; other backends keep tf.softmax. */
 import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
 import { heapSoftmaxGrad, heapSoftmaxRows } from "./heap.ts";
