@@ -108,6 +108,8 @@ export function swigluGradInto(dgu: Float32Array, gu: Float32Array, dy: Float32A
  *  where I is a multiple of 4; the JS loop covers the rest. */
 const heapKernel = (backendName: string, I: number) => backendName === "wasm" && I % 4 === 0;
 
+export const SEQ_HEADS = "MarlSeqHeads",
+  SEQ_HEADS_GRAD = "MarlSeqHeadsGrad";
 export const DECODE_HEADS = "MarlDecodeHeads",
   ROPE = "MarlRope",
   SWIGLU = "MarlSwiglu",
@@ -223,6 +225,49 @@ export function decodeHeads(
     tf.Tensor4D,
   ];
 }
+
+/** Any number of positions T (prefill, training), differentiable in qkv: the fused projection qkv
+ *  [B·T, (nH + 2·nKv)·hd] split into heads, q and k rotated by cos, sin [B, T, 1, hd] and q scaled, in
+ *  the layouts attention reads: q [B, nH, T, hd], kᵀ [B, nKv, hd, T], v [B, nKv, T, hd]. One kernel
+ *  each way on webgpu (three dispatches forward, one backward, where the op path is two splits, RoPE,
+ *  the scale and three transposes each way); null elsewhere (the layer then takes its op path). */
+export function seqHeads(
+  qkv: tf.Tensor2D,
+  cos: tf.Tensor4D,
+  sin: tf.Tensor4D,
+  B: number,
+  T: number,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+): [tf.Tensor4D, tf.Tensor4D, tf.Tensor4D] | null {
+  if (!webgpuKernel(qkv, SEQ_HEADS)) return null;
+  registerSeqHeadsGradient();
+  return tf.engine().runKernel(SEQ_HEADS, { qkv, cos, sin }, { B, T, nH, nKv, hd, scale }) as unknown as [
+    tf.Tensor4D,
+    tf.Tensor4D,
+    tf.Tensor4D,
+  ];
+}
+
+/** The kernel's gradient, registered with tfjs (a kernel of three outputs cannot be a customGrad). The
+ *  tables' gradients are never asked for: the tape keeps only inputs reached from the variables. */
+const registerSeqHeadsGradient = once(() =>
+  tf.registerGradient({
+    kernelName: SEQ_HEADS,
+    inputsToSave: ["cos", "sin"],
+    gradFunc: (dy, saved, attrs) => {
+      const [dq, dkT, dv] = dy as tf.Tensor[],
+        [cos, sin] = saved;
+      return {
+        qkv: () => tf.engine().runKernel(SEQ_HEADS_GRAD, { dq, dkT, dv, cos, sin }, attrs) as tf.Tensor,
+        cos: () => tf.zerosLike(cos),
+        sin: () => tf.zerosLike(sin),
+      };
+    },
+  }),
+);
 
 /** silu(gate)·up for gu [N, 2I] holding gate and up side by side (the fused gate_up projection). */
 export function swiglu(gu: tf.Tensor2D): tf.Tensor2D {

@@ -11,10 +11,11 @@
  *  largest storage binding (profile.ts logitChunkFloats).
  *  Leaves out: float16, and vector (vec4) loads. */
 import type * as tf from "@tensorflow/tfjs";
+import * as tfjs from "@tensorflow/tfjs";
 import { registerKernel, type Backend } from "./kernels.ts";
 import { DLOGITS, LOGP } from "./logprob.ts";
 import { RMS_NORM, RMS_NORM_GRAD } from "./rmsnorm.ts";
-import { DECODE_HEADS, ROPE, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
+import { DECODE_HEADS, ROPE, SEQ_HEADS, SEQ_HEADS_GRAD, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
 import { SOFTMAX, SOFTMAX_GRAD } from "./softmax.ts";
 
 type WebgpuModule = typeof import("@tensorflow/tfjs-backend-webgpu");
@@ -28,6 +29,8 @@ const K = {
   softmaxGrad: SOFTMAX_GRAD,
   decodeHeads: DECODE_HEADS,
   rope: ROPE,
+  seqHeads: SEQ_HEADS,
+  seqHeadsGrad: SEQ_HEADS_GRAD,
   logp: LOGP,
   dLogits: DLOGITS,
 };
@@ -404,6 +407,132 @@ function ropeProgram(u: WebgpuModule["webgpu_util"], rows: number, heads: number
   );
 }
 
+/** Any T (prefill, training): the heads of qkv [B·T, (nH + 2·nKv)·hd] in attention's layouts, part "q"
+ *  (rope · scale, [B, nH, T, hd]), "kT" (rope, [B, nKv, hd, T]) or "v" ([B, nKv, T, hd]); cos, sin
+ *  [B·T, hd]. In place of two splits, RoPE, the scale and three transposes. */
+function seqHeadsProgram(
+  u: WebgpuModule["webgpu_util"],
+  part: "q" | "kT" | "v",
+  B: number,
+  T: number,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+) {
+  const heads = part === "q" ? nH : nKv,
+    first = part === "q" ? 0 : part === "kT" ? nH : nH + nKv,
+    width = (nH + 2 * nKv) * hd,
+    half = hd / 2;
+  // index → (b, h, t, j) in the part's layout
+  const coords =
+    part === "kT"
+      ? `let t = index % ${T}; let j = (index / ${T}) % ${hd}; let h = (index / ${T * hd}) % ${heads}; let b = index / ${T * hd * heads};`
+      : `let j = index % ${hd}; let t = (index / ${hd}) % ${T}; let h = (index / ${T * hd}) % ${heads}; let b = index / ${T * hd * heads};`;
+  const value =
+    part === "v"
+      ? "qkv[src + j]"
+      : `(qkv[src + j] * cosT[n * ${hd} + j] + qkv[src + select(j - ${half}, j + ${half}, j < ${half})] * sinT[n * ${hd} + j])${part === "q" ? ` * ${f32(Math.fround(scale))}` : ""}`;
+  return new RowProgram(
+    u,
+    `seq_heads_${part}`,
+    ["qkv", "cosT", "sinT"],
+    part === "kT" ? [B, heads, hd, T] : [B, heads, T, hd],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${B * heads * T * hd}) {
+        ${coords}
+        let n = b * ${T} + t;
+        let src = n * ${width} + (${first} + h) * ${hd};
+        result[index] = ${value};
+      }
+    }`,
+  );
+}
+
+/** The gradient of seqHeadsProgram's three parts with respect to qkv [B·T, (nH + 2·nKv)·hd]: RoPE's
+ *  adjoint (x_j gets dy_j·cos_j + dy_j'·sin_j', j' = (j + hd/2) mod hd) and the scale, read from dq,
+ *  dkT and dv in their layouts. */
+function seqHeadsGradProgram(u: WebgpuModule["webgpu_util"], B: number, T: number, nH: number, nKv: number, hd: number, scale: number) {
+  const width = (nH + 2 * nKv) * hd,
+    half = hd / 2;
+  return new RowProgram(
+    u,
+    "seq_heads_grad",
+    ["dq", "dkT", "dv", "cosT", "sinT"],
+    [B * T, width],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${B * T * width}) {
+        let n = index / ${width};
+        let c = index % ${width};
+        let hh = c / ${hd};
+        let j = c % ${hd};
+        let jr = select(j - ${half}, j + ${half}, j < ${half});
+        let b = n / ${T};
+        let t = n % ${T};
+        var out = 0.0;
+        if (hh < ${nH}) {
+          let o = ((b * ${nH} + hh) * ${T} + t) * ${hd};
+          out = (dq[o + j] * cosT[n * ${hd} + j] + dq[o + jr] * sinT[n * ${hd} + jr]) * ${f32(Math.fround(scale))};
+        } else if (hh < ${nH + nKv}) {
+          let o = (b * ${nKv} + hh - ${nH}) * ${hd * T} + t;
+          out = dkT[o + j * ${T}] * cosT[n * ${hd} + j] + dkT[o + jr * ${T}] * sinT[n * ${hd} + jr];
+        } else {
+          out = dv[((b * ${nKv} + hh - ${nH + nKv}) * ${T} + t) * ${hd} + j];
+        }
+        result[index] = out;
+      }
+    }`,
+  );
+}
+
+/** The block-diagonal [k·r, Σout] of k matrices [r, out_i] (LoRA's fused-module B): one dispatch in
+ *  place of k pads and a concat. */
+function blockDiagProgram(u: WebgpuModule["webgpu_util"], r: number, outs: number[]) {
+  const total = outs.reduce((a, b) => a + b, 0);
+  let off = 0;
+  const cases = outs
+    .map((o, i) => {
+      const c = `if (i == ${i} && c >= ${off} && c < ${off + o}) { v = b${i}[(R - ${i * r}) * ${o} + c - ${off}]; }`;
+      off += o;
+      return c;
+    })
+    .join("\n        ");
+  return new RowProgram(
+    u,
+    "block_diag",
+    outs.map((_, i) => `b${i}`),
+    [outs.length * r, total],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${outs.length * r * total}) {
+        let R = index / ${total};
+        let c = index % ${total};
+        let i = R / ${r};
+        var v = 0.0;
+        ${cases}
+        result[index] = v;
+      }
+    }`,
+  );
+}
+
+const BLOCK_DIAG = "MarlBlockDiag";
+
+/** The block-diagonal of bs [r, out_i] (all of one r) on webgpu, differentiable (each gradient is a
+ *  slice of the block's); null on other backends or before the webgpu kernels are registered. */
+export function blockDiagonal(bs: tf.Tensor2D[]): tf.Tensor2D | null {
+  if (tfjs.getBackend() !== "webgpu" || tfjs.getKernel(BLOCK_DIAG, "webgpu") === undefined) return null;
+  const r = bs[0].shape[0];
+  if (bs.length > 8 || bs.some((b) => b.shape[0] !== r || b.dtype !== "float32")) return null;
+  const inputs = Object.fromEntries(bs.map((b, i) => [`b${i}`, b]));
+  return tfjs.engine().runKernel(BLOCK_DIAG, inputs, { r, outs: bs.map((b) => b.shape[1]) }) as tf.Tensor2D;
+}
+
 /** Register the row kernels for the webgpu backend (once the package is loaded). */
 export function registerWebgpuRows(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
@@ -501,6 +630,53 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
       },
     on,
   );
+  registerKernel(
+    K.seqHeads,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+        const { B, T, nH, nKv, hd, scale } = attrs as { B: number; T: number; nH: number; nKv: number; hd: number; scale: number };
+        return (["q", "kT", "v"] as const).map((part) => run(backend, seqHeadsProgram(u, part, B, T, nH, nKv, hd, scale), [qkv, cos, sin]));
+      },
+    on,
+  );
+  registerKernel(
+    K.seqHeadsGrad,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { dq, dkT, dv, cos, sin } = inputs as Record<string, tf.TensorInfo>;
+        const { B, T, nH, nKv, hd, scale } = attrs as { B: number; T: number; nH: number; nKv: number; hd: number; scale: number };
+        return run(backend, seqHeadsGradProgram(u, B, T, nH, nKv, hd, scale), [dq, dkT, dv, cos, sin]);
+      },
+    on,
+  );
+  registerKernel(
+    BLOCK_DIAG,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { r, outs } = attrs as unknown as { r: number; outs: number[] };
+        return run(
+          backend,
+          blockDiagProgram(u, r, outs),
+          outs.map((_, i) => (inputs as Record<string, tf.TensorInfo>)[`b${i}`]),
+        );
+      },
+    on,
+  );
+  tfjs.registerGradient({
+    kernelName: BLOCK_DIAG,
+    gradFunc: (dy, _saved, attrs) => {
+      const { r, outs } = attrs as unknown as { r: number; outs: number[] };
+      let off = 0;
+      return Object.fromEntries(
+        outs.map((o, i) => {
+          const at = off;
+          off += o;
+          return [`b${i}`, () => tfjs.slice(dy as tf.Tensor2D, [i * r, at], [r, o])];
+        }),
+      );
+    },
+  });
   registerKernel(
     K.decodeHeads,
     () =>

@@ -8,6 +8,7 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
 import { mm } from "../engine/matmul.ts";
+import { blockDiagonal } from "../engine/webgpu-rows.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { readSafetensorsAll, writeSafetensors, type HostTensor } from "./safetensors.ts";
 import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Qwen2Config } from "./types.ts";
@@ -231,6 +232,19 @@ export class LoraAdapter {
   private fuser(pairs: (Pair | undefined)[], outDims: number[]): () => { a: tf.Tensor2D; b: tf.Tensor2D } {
     const total = outDims.reduce((a, b) => a + b, 0);
     return () => {
+      // webgpu: B's block-diagonal as one kernel (k pads and a concat are k + 1 dispatches each way)
+      const diag = pairs.every((p) => p) ? blockDiagonal(pairs.map((p) => p!.b as tf.Tensor as tf.Tensor2D)) : null;
+      if (diag)
+        return {
+          a:
+            pairs.length === 1
+              ? (pairs[0]!.a as tf.Tensor as tf.Tensor2D)
+              : tf.concat(
+                  pairs.map((p) => p!.a as tf.Tensor as tf.Tensor2D),
+                  1,
+                ),
+          b: diag,
+        };
       const as: tf.Tensor2D[] = [],
         bs: tf.Tensor2D[] = [];
       let off = 0;

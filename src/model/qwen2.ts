@@ -18,7 +18,7 @@ import { headLogprobs } from "./head-logprobs.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
 import { saveAdapter, savePretrained, stateDict } from "./save.ts";
 import { checkpoint } from "../engine/checkpoint.ts";
-import { decodeHeads, rope, swiglu } from "../engine/rope-swiglu.ts";
+import { decodeHeads, rope, seqHeads, swiglu } from "../engine/rope-swiglu.ts";
 import { bmm } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { rmsNorm } from "../engine/rmsnorm.ts";
@@ -182,8 +182,12 @@ export class Qwen2ForCausalLM implements CausalLM {
     // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows, qg.
     let qg: tf.Tensor3D, kT: tf.Tensor, v: tf.Tensor;
     const heads = T === 1 && cache ? decodeHeads(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd)) : null;
+    const seq = heads ? null : seqHeads(qkv, cos, sin, B, T, nH, nKv, hd, 1 / Math.sqrt(hd)); // webgpu: one kernel each way
     if (heads) [qg, kT, v] = heads;
-    else {
+    else if (seq) {
+      [, kT, v] = seq; // (B, nKv, hd, T), (B, nKv, T, hd)
+      qg = tf.reshape<tf.Rank.R3>(seq[0], [B * nKv, g * T, hd]); // (B, nH, T, hd) -> (B·nKv, g·T, hd)
+    } else {
       const [qk, vFlat] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1); // [N, (nH+nKv)·hd], [N, nKv·hd]
       const [qr, k] = tf.split(rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)
       const q = perm(tf.mul(qr, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)

@@ -8,9 +8,10 @@ import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
 import { dLogits, logpEntropy } from "../../../src/engine/logprob.ts";
 import { rmsNorm } from "../../../src/engine/rmsnorm.ts";
-import { decodeHeads, rope, swiglu } from "../../../src/engine/rope-swiglu.ts";
+import { decodeHeads, rope, seqHeads, swiglu } from "../../../src/engine/rope-swiglu.ts";
 import { softmax } from "../../../src/engine/softmax.ts";
 import { webgpuTraffic } from "../../../src/engine/webgpu.ts";
+import { blockDiagonal } from "../../../src/engine/webgpu-rows.ts";
 import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./adapter.ts";
 
@@ -217,6 +218,97 @@ describe.skipIf(!gpu)("webgpu fused row kernels", () => {
     close(r.values[1], k, "k", 1e-6);
     close(r.values[2], v, "v", 0);
     tf.dispose([qkv, cos, sin]);
+  });
+
+  it("the heads of any T (prefill, training) and their gradient: three dispatches forward, one backward", async () => {
+    await initBackend("webgpu");
+    const [B, T, nH, nKv, hd] = [2, 3, 4, 2, 8],
+      width = (nH + 2 * nKv) * hd,
+      N = B * T,
+      scale = 1 / Math.sqrt(hd),
+      half = hd / 2;
+    const qkvs = randn(N * width, 17),
+      cs = randn(N * hd, 18),
+      ss = randn(N * hd, 19);
+    const dqs = randn(B * nH * T * hd, 20),
+      dks = randn(B * nKv * hd * T, 21),
+      dvs = randn(B * nKv * T * hd, 22);
+    const jr = (j: number) => (j < half ? j + half : j - half);
+    const rot = (n: number, h: number, j: number) =>
+      qkvs[n * width + h * hd + j] * cs[n * hd + j] + qkvs[n * width + h * hd + jr(j)] * ss[n * hd + j];
+    const q = new Float64Array(dqs.length),
+      k = new Float64Array(dks.length),
+      v = new Float64Array(dvs.length),
+      dx = new Float64Array(N * width);
+    for (let b = 0; b < B; b++)
+      for (let t = 0; t < T; t++) {
+        const n = b * T + t;
+        for (let j = 0; j < hd; j++) {
+          for (let h = 0; h < nH; h++) {
+            const o = ((b * nH + h) * T + t) * hd;
+            q[o + j] = rot(n, h, j) * scale;
+            dx[n * width + h * hd + j] = (dqs[o + j] * cs[n * hd + j] + dqs[o + jr(j)] * ss[n * hd + jr(j)]) * scale;
+          }
+          for (let h = 0; h < nKv; h++) {
+            const o = (b * nKv + h) * hd * T + t; // kT (B, nKv, hd, T)
+            k[o + j * T] = rot(n, nH + h, j);
+            dx[n * width + (nH + h) * hd + j] = dks[o + j * T] * cs[n * hd + j] + dks[o + jr(j) * T] * ss[n * hd + jr(j)];
+            const ov = ((b * nKv + h) * T + t) * hd;
+            v[ov + j] = qkvs[n * width + (nH + nKv + h) * hd + j];
+            dx[n * width + (nH + nKv + h) * hd + j] = dvs[ov + j];
+          }
+        }
+      }
+    const qkv = tf.tensor2d(qkvs, [N, width]),
+      cos = tf.tensor4d(cs, [B, T, 1, hd]),
+      sin = tf.tensor4d(ss, [B, T, 1, hd]);
+    const f = await dispatchesOf(() => seqHeads(qkv, cos, sin, B, T, nH, nKv, hd, scale)!);
+    expect(f.n).toBe(3);
+    close(f.values[0], q, "q", 1e-6);
+    close(f.values[1], k, "kT", 1e-6);
+    close(f.values[2], v, "v", 0);
+    const dq = tf.tensor(dqs, [B, nH, T, hd]),
+      dk = tf.tensor(dks, [B, nKv, hd, T]),
+      dv = tf.tensor(dvs, [B, nKv, T, hd]);
+    // Σ dq·q + dk·kT + dv·v: its gradient in qkv is the heads' adjoint applied to (dq, dk, dv)
+    const g = await dispatchesOf(() =>
+      tf.grad((x: tf.Tensor) => {
+        const [a, c, e] = seqHeads(x as tf.Tensor2D, cos, sin, B, T, nH, nKv, hd, scale)!;
+        return tf.addN([tf.sum(tf.mul(a, dq)), tf.sum(tf.mul(c, dk)), tf.sum(tf.mul(e, dv))]);
+      })(qkv),
+    );
+    expect(g.n).toBeLessThanOrEqual(3 + 6 + 1 + 6 + 1); // forward 3, the loss's 6 + addN, its backward, and ours: 1
+    close(g.values[0], dx, "d qkv", 1e-6);
+    tf.dispose([qkv, cos, sin, dq, dk, dv]);
+  });
+
+  it("LoRA's block-diagonal B: one dispatch, gradients the blocks of the output's", async () => {
+    await initBackend("webgpu");
+    const r = 2,
+      outs = [3, 1, 2],
+      total = 6;
+    const bs = outs.map((o, i) => randn(r * o, 30 + i));
+    const want = new Float64Array(outs.length * r * total);
+    let off = 0;
+    outs.forEach((o, i) => {
+      for (let a = 0; a < r; a++) for (let c = 0; c < o; c++) want[(i * r + a) * total + off + c] = bs[i][a * o + c];
+      off += o;
+    });
+    const ts = bs.map((b, i) => tf.tensor2d(b, [r, outs[i]]));
+    const f = await dispatchesOf(() => blockDiagonal(ts)!);
+    expect(f.n).toBe(1);
+    close(f.values[0], want, "block diagonal", 0);
+    const ws = randn(want.length, 40),
+      w = tf.tensor2d(ws, [outs.length * r, total]);
+    const g = await dispatchesOf(() => tf.grads((...xs: tf.Tensor[]) => tf.sum(tf.mul(blockDiagonal(xs as tf.Tensor2D[])!, w)))(ts));
+    off = 0;
+    outs.forEach((o, i) => {
+      const blk: number[] = [];
+      for (let a = 0; a < r; a++) for (let c = 0; c < o; c++) blk.push(ws[(i * r + a) * total + off + c]);
+      close(g.values[i], blk, `d b${i}`, 0);
+      off += o;
+    });
+    tf.dispose([...ts, w]);
   });
 
   it("log p(target), entropy and the logits gradient over a wide vocabulary: one dispatch each", async () => {
