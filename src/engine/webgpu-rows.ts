@@ -12,6 +12,7 @@
  *  Leaves out: float16, and vector (vec4) loads. */
 import type * as tf from "@tensorflow/tfjs";
 import * as tfjs from "@tensorflow/tfjs";
+import { BLOCK_DIAG } from "./block-diag.ts";
 import { registerKernel, type Backend } from "./kernels.ts";
 import { DLOGITS, LOGP } from "./logprob.ts";
 import { RMS_NORM, RMS_NORM_GRAD } from "./rmsnorm.ts";
@@ -519,18 +520,6 @@ function blockDiagProgram(u: WebgpuModule["webgpu_util"], r: number, outs: numbe
       }
     }`,
   );
-}
-
-const BLOCK_DIAG = "MarlBlockDiag";
-
-/** The block-diagonal of bs [r, out_i] (all of one r) on webgpu, differentiable (each gradient is a
- *  slice of the block's); null on other backends or before the webgpu kernels are registered. */
-export function blockDiagonal(bs: tf.Tensor2D[]): tf.Tensor2D | null {
-  if (tfjs.getBackend() !== "webgpu" || tfjs.getKernel(BLOCK_DIAG, "webgpu") === undefined) return null;
-  const r = bs[0].shape[0];
-  if (bs.length > 8 || bs.some((b) => b.shape[0] !== r || b.dtype !== "float32")) return null;
-  const inputs = Object.fromEntries(bs.map((b, i) => [`b${i}`, b]));
-  return tfjs.engine().runKernel(BLOCK_DIAG, inputs, { r, outs: bs.map((b) => b.shape[1]) }) as tf.Tensor2D;
 }
 
 /** Register the row kernels for the webgpu backend (once the package is loaded). */

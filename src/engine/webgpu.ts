@@ -11,7 +11,6 @@
 import * as tf from "@tensorflow/tfjs";
 import { existsSync } from "node:fs";
 import { registerWebgpuDequantize } from "./dequant-webgpu.ts";
-import { registerWebgpuRows } from "./webgpu-rows.ts";
 
 /** What the adapter is, as printed once when the backend starts. */
 export interface WebgpuAdapterInfo {
@@ -138,7 +137,9 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   // sees navigator.gpu, which is not set yet; ours is registered instead.
   const mod = await import("@tensorflow/tfjs-backend-webgpu");
   registerWebgpuDequantize(mod);
-  registerWebgpuRows(mod);
+  // Imported here, not at the top: the row kernels' op files load the wasm heap module, whose import
+  // registers the wasm backend, and profile.ts (which every model imports) imports this file.
+  (await import("./webgpu-rows.ts")).registerWebgpuRows(mod);
   Object.defineProperty(globalThis, "navigator", {
     value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu },
     configurable: true,

@@ -8,7 +8,7 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
 import { mm } from "../engine/matmul.ts";
-import { blockDiagonal } from "../engine/webgpu-rows.ts";
+import { blockDiagonal } from "../engine/block-diag.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { readSafetensorsAll, writeSafetensors, type HostTensor } from "./safetensors.ts";
 import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Qwen2Config } from "./types.ts";

@@ -11,7 +11,7 @@ import { rmsNorm } from "../../../src/engine/rmsnorm.ts";
 import { decodeHeads, rope, seqHeads, swiglu } from "../../../src/engine/rope-swiglu.ts";
 import { softmax } from "../../../src/engine/softmax.ts";
 import { webgpuTraffic } from "../../../src/engine/webgpu.ts";
-import { blockDiagonal } from "../../../src/engine/webgpu-rows.ts";
+import { blockDiagonal } from "../../../src/engine/block-diag.ts";
 import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./adapter.ts";
 
