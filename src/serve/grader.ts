@@ -376,9 +376,7 @@ export class Grader {
       graded = await this.grade(s, modelPath);
     } catch (err) {
       if (!(err instanceof HttpError) || err.status !== 422) throw err;
-      const set = (await this.store.readBaseline(s.id))?.set ?? null;
-      const ready = this.baselineReady.get(s.id);
-      const baselineScore = set ? set.score : ready ? pct(ready.result.strict.value) : null;
+      const baselineScore = (await this.baselineInfo(s)).score; // set, else computed, else null
       return this.record(s, null, {
         scenario_id: s.id,
         model_path: modelPath,
