@@ -80,13 +80,11 @@ export async function runFolderModel(p: string, flag: string, note: (line: strin
   if (m === null || (await exists(abs)) || !(await exists(path.join(path.dirname(abs), "run.json")))) return null;
   const run = path.dirname(abs);
   const n = Number(m[1]);
-  let steps: unknown;
-  try {
-    steps = JSON.parse(await fs.readFile(path.join(run, "run.json"), "utf8")) as { config?: { max_steps?: unknown }; max_steps?: unknown };
-  } catch {
-    steps = undefined;
-  }
-  const maxSteps = (steps as { config?: { max_steps?: unknown } })?.config?.max_steps ?? (steps as { max_steps?: unknown })?.max_steps;
+  // run.json holds the run's flags under "config" (run/flags.ts); unreadable: no step count.
+  const maxSteps = await fs
+    .readFile(path.join(run, "run.json"), "utf8")
+    .then((t) => (JSON.parse(t) as { config?: { max_steps?: unknown } }).config?.max_steps)
+    .catch(() => undefined);
   const final = path.join(run, "final");
   const ckpt = path.join(run, `checkpoint-${n}`);
   const pick = n === maxSteps && (await isModelFolder(final)) ? final : (await isModelFolder(ckpt)) ? ckpt : null;
