@@ -13,7 +13,7 @@
 import { toolSchema, type Tool } from "../agents/types.ts";
 import type { ChatMessage, Tokenizer } from "../model/types.ts";
 import type { EngineClient } from "./openai-engine.ts";
-import { stopTokenIds } from "./rollout.ts";
+import { newTrajectory, stopTokenIds } from "./rollout.ts";
 import { ToolResponseRenderer, toolTurn } from "./tool-messages.ts";
 import type { FinishReason, RolloutConfig, Trajectory } from "./types.ts";
 
@@ -54,22 +54,7 @@ export async function remoteRolloutGroups(
 
   const rows = promptIds.flatMap((ids, p) =>
     Array.from({ length: cfg.samplesPerPrompt }, (_, g) => ({
-      traj: {
-        promptIndex: p,
-        sampleIndex: g,
-        promptIds: ids,
-        completionIds: [],
-        lossMask: [],
-        sampleLogprobs: [],
-        turns: [],
-        finalText: "",
-        finishReason: "length",
-        truncated: false,
-        numToolCalls: 0,
-        numToolErrors: 0,
-        numParseErrors: 0,
-        numUnknownTools: 0,
-      } as Trajectory,
+      traj: newTrajectory(p, g, ids),
       turn: 1,
       done: false,
     })),

@@ -33,6 +33,26 @@ interface Row {
 }
 
 /** The tokens that close an assistant turn: <|im_end|> (eos) and <|endoftext|>. */
+/** A rollout before its first token: the prompt, nothing generated, no calls counted. */
+export function newTrajectory(promptIndex: number, sampleIndex: number, promptIds: number[]): Trajectory {
+  return {
+    promptIndex,
+    sampleIndex,
+    promptIds,
+    completionIds: [],
+    lossMask: [],
+    sampleLogprobs: [],
+    turns: [],
+    finalText: "",
+    finishReason: "length",
+    truncated: false,
+    numToolCalls: 0,
+    numToolErrors: 0,
+    numParseErrors: 0,
+    numUnknownTools: 0,
+  };
+}
+
 export function stopTokenIds(tokenizer: Tokenizer): Set<number> {
   return new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
 }
@@ -76,23 +96,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   for (let p = 0; p < prompts.length; p++)
     for (let g = 0; g < G; g++)
       rows.push({
-        traj: {
-          promptIndex: p,
-          sampleIndex: g,
-          promptIds: promptIds[p],
-          completionIds: [],
-          lossMask: [],
-          sampleLogprobs: [],
-          turns: [],
-          finalText: "",
-          finishReason: "length",
-          truncated: false,
-          numToolCalls: 0,
-          numToolErrors: 0,
-          numParseErrors: 0,
-          numUnknownTools: 0,
-          ...(cfg.envs ? { envReward: 0 } : {}),
-        },
+        traj: { ...newTrajectory(p, g, promptIds[p]), ...(cfg.envs ? { envReward: 0 } : {}) },
         forced: [],
         turnIds: [],
         turn: 1,
