@@ -3,6 +3,7 @@
  *  Each run returns measurements; speed is measured here, never asserted in tests. */
 import * as tf from "@tensorflow/tfjs";
 import { wasmThreads } from "../../src/engine/wasm-threads.ts";
+import { wasmSimd, type WasmSimd } from "../../src/engine/heap.ts";
 import { webgpuTraffic } from "../../src/engine/webgpu.ts";
 import { sampleTokens } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
@@ -14,6 +15,8 @@ export interface Measurement {
   workload: string;
   backend: string;
   threads: number;
+  /** The heap module's build on wasm: "relaxed" (fused multiply-add) or "simd128"; absent on other backends. */
+  wasm_simd?: WasmSimd;
   config: string;
   quantize: Quantize;
   batch: number;
@@ -33,7 +36,9 @@ export interface BenchContext {
   repeat: number;
   /** A model with random weights; LoRA r16/alpha32 on all 7 modules when `lora` is set. Cached per kind. */
   model(lora: boolean): Promise<Qwen2ForCausalLM>;
-  measure(m: Omit<Measurement, "backend" | "threads" | "config" | "quantize" | "tokens_per_s" | "peak_heap_bytes">): Measurement;
+  measure(
+    m: Omit<Measurement, "backend" | "threads" | "wasm_simd" | "config" | "quantize" | "tokens_per_s" | "peak_heap_bytes">,
+  ): Measurement;
 }
 export interface Workload {
   name: string;
@@ -432,6 +437,7 @@ export function benchContext(
       ...m,
       backend: tf.getBackend(),
       threads: wasmThreads(),
+      ...(tf.getBackend() === "wasm" ? { wasm_simd: wasmSimd() } : {}),
       config: configName,
       quantize,
       tokens_per_s: Math.round((m.tokens / m.seconds) * 10) / 10,

@@ -10,7 +10,7 @@
  *    Column panels outer, row groups of MR inner, each output block summed over all of K in 2·MR
  *    vector registers, starting from zero (acc = 0) or from C (acc ≠ 0: C holds the sum over earlier
  *    k; float32 in registers and in memory, so splitting K this way changes no bit).
- *  - `tile1(...)`: the same with one row (the rows left after the groups of MR).
+ *  - `tile1(...)` … `tile5(...)`: the same with 1 … 5 rows (the rows left after the groups of MR).
  *  - `pack(b, dst, K, ldb, panels)`: copies `panels` 8-column panels of row-major B (row stride ldb)
  *    to dst, each K rows of 8 contiguous floats, so a panel read by every row block is one run of
  *    memory. `packT(b, dst, K, ldb, panels)`: the same from B stored transposed, [N, K] with row
@@ -47,6 +47,8 @@ import { rmsNormBody } from "./heap-norm-code.ts";
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
   mr: number;
+  /** The relaxed-SIMD build: the product's multiply-adds as f32x4.relaxed_madd (heap-gemm-code.ts). */
+  relaxed?: boolean;
   /** The imported memory: shared (the threaded build) or not, and its page limits. */
   memory: { shared: boolean; initial: number; maximum: number };
 }
@@ -63,8 +65,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const normSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [F32]]), 0];
   const normGradSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [I32], [I32], [F32]]), 0];
   const bodies = [
-    tileBody(o.mr),
-    tileBody(1),
+    tileBody(o.mr, o.relaxed),
+    ...[1, 2, 3, 4, 5].map((r) => tileBody(r, o.relaxed)),
     packBody(),
     packTBody(),
     copyRowsBody(),
@@ -82,6 +84,10 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const names = [
     "tile",
     "tile1",
+    "tile2",
+    "tile3",
+    "tile4",
+    "tile5",
     "pack",
     "packT",
     "copyRows",
@@ -96,6 +102,10 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const types: Record<string, number> = {
     tile: 0,
     tile1: 0,
+    tile2: 0,
+    tile3: 0,
+    tile4: 0,
+    tile5: 0,
     pack: 1,
     packT: 1,
     copyRows: 2,

@@ -6,10 +6,11 @@ import { I32, op, v, forLoop, V128 } from "./wasm-asm.ts";
 export const P = { a: 0, b: 1, c: 2, M: 3, N: 4, K: 5, ars: 6, aks: 7, ldb: 8, ldc: 9, ps: 10, acc: 11 };
 export const NPARAMS = 12;
 
-/** tile / tile1: MR rows × 8 columns per block. Per step of k: B's row k as two vectors (b0, b1),
- *  then per row r, a = splat(A[r, k]) once and acc[r] += a · b0, a · b1 (multiply, then add: on x64
- *  the fused form is no faster here, and it would need relaxed SIMD, which Node 20 keeps off). */
-export function tileBody(MR: number): { locals: number[][]; code: number[] } {
+/** tile / tile1…tile5: MR rows × 8 columns per block. Per step of k: B's row k as two vectors (b0, b1),
+ *  then per row r, a = splat(A[r, k]) once and acc[r] += a · b0, a · b1: a multiply then an add
+ *  (simd128), or one f32x4.relaxed_madd (relaxed: a fused multiply-add where the CPU has one, as
+ *  x64 with FMA3 and arm64 do; half the arithmetic instructions, and registers free for 6 rows). */
+export function tileBody(MR: number, relaxed = false): { locals: number[][]; code: number[] } {
   let n = NPARAMS;
   const j = n++,
     i = n++,
@@ -25,7 +26,10 @@ export function tileBody(MR: number): { locals: number[][]; code: number[] } {
     b1 = n++,
     sp = n++;
   const nV = n - NPARAMS - nI32;
-  const mac = (acc: number, b: number) => [...op.get(acc), ...op.get(sp), ...op.get(b), ...v.fmul, ...v.fadd, ...op.set(acc)];
+  const mac = (acc: number, b: number) =>
+    relaxed
+      ? [...op.get(sp), ...op.get(b), ...op.get(acc), ...v.fmadd, ...op.set(acc)]
+      : [...op.get(acc), ...op.get(sp), ...op.get(b), ...v.fmul, ...v.fadd, ...op.set(acc)];
   const kBody = [
     ...op.get(pb),
     ...v.load(0),

@@ -7,15 +7,99 @@
  *  Over 400 lines on purpose: the helper threads' source is built from part() and rowsPart() in this
  *  file (Function.toString), so the job protocol and the jobs it runs must live together. */
 import * as tf from "@tensorflow/tfjs";
+import v8 from "node:v8";
 import { Worker } from "node:worker_threads";
 import { wasmThreads } from "./wasm-threads.ts";
 import { gemmModuleBytes } from "./heap-code.ts";
 import type { Backend } from "./kernels.ts";
 
-/** Rows per register block: 4 rows × 8 columns = 8 accumulators, within x64's 16 vector registers
- *  with the two halves of B's row and the broadcast A value (5 rows spill: half the speed). */
+/** Rows per register block of the plain SIMD build: 4 rows × 8 columns = 8 accumulators, within x64's
+ *  16 vector registers with the two halves of B's row and the broadcast A value (5 rows spill: half
+ *  the speed). The relaxed build's fused multiply-add needs no register for the product: see MR_RELAXED. */
 const MR = 4;
 const NR = 8;
+/** Rows per register block of the relaxed-SIMD build: 6 × 8 = 12 accumulators + b0, b1, a where V8
+ *  keeps 15 vector registers usable (Node 24: xmm15 is its scratch); Node 20's V8 spills at 6 rows, so
+ *  4 there. One thread, GFLOP/s, 512×1024×1024 / 256×896×4864, 2-core machine shared and loaded, back
+ *  to back: Node 24 6 rows 37.5 / 35.4, 4 rows 21.2 / 28.7; Node 20 6 rows 15.7 / 22.1, 4 rows 34.4 / 33.5. */
+const MR_RELAXED = Number(process.versions.node.split(".")[0]) >= 22 ? 6 : 4;
+
+/** Which build of the heap module runs: "relaxed" (the product's multiply-adds as f32x4.relaxed_madd)
+ *  or "simd128" (multiply, then add). */
+export type WasmSimd = "relaxed" | "simd128";
+/** Picks the build: MINI_AGENTIC_RL_WASM_SIMD=simd128 or =relaxed asks for one (tests, A/B runs). */
+export const WASM_SIMD_ENV = "MINI_AGENTIC_RL_WASM_SIMD";
+
+/** A function of no parameters returning f32x4.relaxed_madd(0, 0, 0): validates where the runtime has relaxed SIMD. */
+const RELAXED_PROBE = (() => {
+  const zero = [0xfd, 0x0c, ...new Array(16).fill(0)];
+  const body = [0, ...zero, ...zero, ...zero, 0xfd, 0x85, 0x02, 0x0b];
+  return Uint8Array.from([
+    0,
+    0x61,
+    0x73,
+    0x6d,
+    1,
+    0,
+    0,
+    0,
+    1,
+    5,
+    1,
+    0x60,
+    0,
+    1,
+    0x7b,
+    3,
+    2,
+    1,
+    0,
+    10,
+    body.length + 2,
+    1,
+    body.length,
+    ...body,
+  ]);
+})();
+
+let relaxedOk: boolean | null = null;
+/** Whether this runtime validates relaxed SIMD. On Node < 22 (V8 keeps it behind a flag there) the flag
+ *  is set first, from inside the process: V8 flags are process-wide, so helper threads see it too.
+ *  Node ≥ 22 ships it on (Node 24 no longer knows the flag). */
+export function relaxedSimdAvailable(): boolean {
+  if (relaxedOk === null) {
+    if (Number(process.versions.node.split(".")[0]) < 22) {
+      try {
+        v8.setFlagsFromString("--experimental-wasm-relaxed-simd");
+      } catch {
+        // no flag: validate says no
+      }
+    }
+    relaxedOk = WA.validate(RELAXED_PROBE);
+  }
+  return relaxedOk;
+}
+
+let simdChoice: WasmSimd | null = null;
+/** The build this process runs: the one asked for by MINI_AGENTIC_RL_WASM_SIMD, else relaxed where
+ *  the runtime validates it, else simd128. Asking for relaxed where it does not validate is an error. */
+export function wasmSimd(): WasmSimd {
+  if (!simdChoice) {
+    const asked = process.env[WASM_SIMD_ENV];
+    if (asked && asked !== "relaxed" && asked !== "simd128") throw new Error(`${WASM_SIMD_ENV}=${asked}: expected relaxed or simd128`);
+    if (asked === "relaxed" && !relaxedSimdAvailable()) throw new Error(`${WASM_SIMD_ENV}=relaxed: this runtime has no relaxed SIMD`);
+    simdChoice = (asked as WasmSimd | undefined) ?? (relaxedSimdAvailable() ? "relaxed" : "simd128");
+  }
+  return simdChoice;
+}
+
+/** For the kernels' tests and A/B benchmarks: run this build from the next kernel on (the engine is
+ *  rebuilt; an earlier engine's helper threads are left waiting, unreferenced). */
+export function setWasmSimd(s: WasmSimd): void {
+  if (s === "relaxed" && !relaxedSimdAvailable()) throw new Error("relaxed SIMD: this runtime has none");
+  simdChoice = s;
+  engine = null;
+}
 
 export interface Kernels {
   tile: (
@@ -33,6 +117,10 @@ export interface Kernels {
     acc: number,
   ) => void;
   tile1: Kernels["tile"];
+  tile2: Kernels["tile"];
+  tile3: Kernels["tile"];
+  tile4: Kernels["tile"];
+  tile5: Kernels["tile"];
   pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
   packT: Kernels["pack"];
   copyRows: (dst: number, dstStride: number, src: number, srcStride: number, rowBytes: number, rows: number) => void;
@@ -55,6 +143,7 @@ const WA = (
       Memory: new (d: object) => WasmMemory;
       Module: new (b: Uint8Array) => object;
       Instance: new (m: object, i: object) => { exports: unknown };
+      validate: (b: Uint8Array) => boolean;
     };
   }
 ).WebAssembly;
@@ -72,6 +161,9 @@ export interface Engine {
   memory: WasmMemory;
   k: Kernels;
   pool: Pool | null;
+  /** The build, and its rows per register block. */
+  simd: WasmSimd;
+  mr: number;
   malloc: (bytes: number) => number;
   free: (ptr: number) => void;
   scratch: number;
@@ -83,11 +175,23 @@ export function heapEngine(backend: Backend): Engine {
   const memory = heapMemory(backend);
   if (engine && engine.memory === memory) return engine;
   const shared = typeof SharedArrayBuffer === "function" && memory.buffer instanceof SharedArrayBuffer;
-  const bytes = gemmModuleBytes({ mr: MR, memory: { shared, initial: 1, maximum: 65536 } });
+  const simd = wasmSimd(),
+    mr = simd === "relaxed" ? MR_RELAXED : MR;
+  const bytes = gemmModuleBytes({ mr, relaxed: simd === "relaxed", memory: { shared, initial: 1, maximum: 65536 } });
   const k = new WA.Instance(new WA.Module(bytes), { env: { memory } }).exports as Kernels;
   const threads = wasmThreads();
-  const pool = shared && threads > 1 ? startPool(memory, bytes, threads - 1) : null;
-  engine = { memory, k, pool, malloc: (n) => backend.wasm._malloc(n), free: (p) => backend.wasm._free(p), scratch: 0, scratchBytes: 0 };
+  const pool = shared && threads > 1 ? startPool(memory, bytes, mr, threads - 1) : null;
+  engine = {
+    memory,
+    k,
+    pool,
+    simd,
+    mr,
+    malloc: (n) => backend.wasm._malloc(n),
+    free: (p) => backend.wasm._free(p),
+    scratch: 0,
+    scratchBytes: 0,
+  };
   return engine;
 }
 
@@ -118,6 +222,7 @@ const NORM_BLOCK = 64;
  *  transposed B is always packed); scratch = 0: B is read in place. */
 function part(
   k: Kernels,
+  mr: number,
   a: number,
   b: number,
   c: number,
@@ -132,7 +237,8 @@ function part(
   const ars = t & 1 ? 4 : 4 * K,
     aks = t & 1 ? 4 * M : 4,
     ldc = 4 * N;
-  const M4 = M - (M % 4),
+  const Mb = M - (M % mr),
+    rest = M - Mb,
     panels = (N - (N % 8)) / 8;
   const per = Math.ceil(panels / parts),
     j0 = Math.min(panels, index * per) * 8,
@@ -142,7 +248,7 @@ function part(
   // rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
   // (else a tall A, such as a vocab head held [vocab, hidden], is read from memory once per panel).
   const kc = Math.min(K, 1024);
-  const mc = Math.max(4, Math.floor(65536 / kc) - (Math.floor(65536 / kc) % 4));
+  const mc = Math.max(mr, Math.floor(65536 / kc) - (Math.floor(65536 / kc) % mr));
   const nc = scratch ? Math.max(8, Math.floor(16384 / kc) * 8) : j1 - j0;
   const buf = scratch + index * nc * kc * 4;
   for (let jc = j0; jc < j1; jc += nc) {
@@ -159,9 +265,10 @@ function part(
         else k.pack(pb, buf, kn, ldc, n / 8);
         ((pb = buf), (ldb = 32), (ps = 32 * kn));
       }
-      for (let i0 = 0; i0 < M4; i0 += mc)
-        k.tile(ak + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, M4 - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
-      if (M4 < M) k.tile1(ak + M4 * ars, pb, c + M4 * ldc + 4 * jc, M - M4, n, kn, ars, aks, ldb, ldc, ps, acc);
+      for (let i0 = 0; i0 < Mb; i0 += mc)
+        k.tile(ak + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, Mb - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
+      // the rows left after the blocks of mr: one block of as many rows (tile1 … tile5)
+      if (rest) k[("tile" + rest) as "tile1"](ak + Mb * ars, pb, c + Mb * ldc + 4 * jc, rest, n, kn, ars, aks, ldb, ldc, ps, acc);
     }
   }
 }
@@ -213,7 +320,7 @@ const packBytes = (K: number) => Math.max(8, Math.floor(16384 / Math.min(K, 1024
 
 const HELPER = `
 const { workerData } = require("node:worker_threads");
-const { memory, bytes, ctrl, index } = workerData;
+const { memory, bytes, mr, ctrl, index } = workerData;
 const k = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports;
 const c = new Int32Array(ctrl), u = new Uint32Array(ctrl);
 const part = ${part.toString()};
@@ -224,7 +331,7 @@ for (;;) {
   Atomics.wait(c, ${SEQ}, seq);
   seq = Atomics.load(c, ${SEQ});
   const at = (i) => Atomics.load(u, ${ARGS} + i);
-  if (at(9) === ${JOB_GEMM}) part(k, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8));
+  if (at(9) === ${JOB_GEMM}) part(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8));
   else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6), at(5), at(7), at(8));
   Atomics.add(c, ${DONE}, 1);
   Atomics.notify(c, ${DONE});
@@ -238,10 +345,10 @@ interface Pool {
 
 /** Helper threads, each with the kernels on the same shared heap. They wait on the control block and
  *  never keep the process alive. */
-function startPool(memory: WasmMemory, bytes: Uint8Array, size: number): Pool {
+function startPool(memory: WasmMemory, bytes: Uint8Array, mr: number, size: number): Pool {
   const ctrl = new Int32Array(new SharedArrayBuffer(4 * CTRL_SLOTS));
   for (let index = 1; index <= size; index++) {
-    const w = new Worker(HELPER, { eval: true, workerData: { memory, bytes, ctrl: ctrl.buffer, index } });
+    const w = new Worker(HELPER, { eval: true, workerData: { memory, bytes, mr, ctrl: ctrl.buffer, index } });
     w.unref();
     w.on("error", () => Atomics.sub(ctrl, READY, 1 << 20)); // a failed helper: no more parallel products
   }
@@ -286,8 +393,8 @@ export function heapGemm(e: Engine, a: number, b: number, c: number, M: number, 
   const scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
   if (parts > 1) {
     splitProducts++;
-    fanOut(pool!, [a, b, c, M, K, N, parts, scratch, t, JOB_GEMM], () => part(e.k, a, b, c, M, K, N, 0, parts, scratch, t));
-  } else if (N8 > 0) part(e.k, a, b, c, M, K, N, 0, 1, scratch, t);
+    fanOut(pool!, [a, b, c, M, K, N, parts, scratch, t, JOB_GEMM], () => part(e.k, e.mr, a, b, c, M, K, N, 0, parts, scratch, t));
+  } else if (N8 > 0) part(e.k, e.mr, a, b, c, M, K, N, 0, 1, scratch, t);
   if (N8 < N) edgeColumns(e, a, b, c, M, K, N, t);
 }
 
@@ -401,7 +508,8 @@ function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: n
     ldc = 4 * N;
   const ars = t & 1 ? 4 : 4 * K,
     aks = t & 1 ? 4 * M : 4;
-  const mc = Math.max(4, Math.floor(65536 / K) - (Math.floor(65536 / K) % 4));
+  const mr = e.mr,
+    mc = Math.max(mr, Math.floor(65536 / K) - (Math.floor(65536 / K) % mr));
   const buf = scratchFor(e, 32 * (K + mc)),
     cbuf = buf + 32 * K;
   // B[k, j] is float b/4 + k·ldb + j·cs
@@ -412,9 +520,10 @@ function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: n
   for (let k = 0; k < K; k++) for (let j = 0; j < 8; j++) heap[p + 8 * k + j] = j < n ? heap[q + k * ldb + j * cs] : 0;
   for (let i0 = 0; i0 < M; i0 += mc) {
     const rows = Math.min(mc, M - i0),
-      r4 = rows - (rows % 4);
-    if (r4) e.k.tile(a + i0 * ars, buf, cbuf, r4, 8, K, ars, aks, 32, 32, 32 * K, 0);
-    if (r4 < rows) e.k.tile1(a + (i0 + r4) * ars, buf, cbuf + 32 * r4, rows - r4, 8, K, ars, aks, 32, 32, 32 * K, 0);
+      rb = rows - (rows % mr);
+    if (rb) e.k.tile(a + i0 * ars, buf, cbuf, rb, 8, K, ars, aks, 32, 32, 32 * K, 0);
+    if (rb < rows)
+      e.k[("tile" + (rows - rb)) as "tile1"](a + (i0 + rb) * ars, buf, cbuf + 32 * rb, rows - rb, 8, K, ars, aks, 32, 32, 32 * K, 0);
     e.k.copyRows(c + i0 * ldc + 4 * N8, ldc, cbuf, 32, 4 * n, rows);
   }
 }

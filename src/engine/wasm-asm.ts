@@ -58,6 +58,7 @@ export const v = {
   zero: [...op.simd(0x0c), ...new Array(16).fill(0)],
   fadd: op.simd(0xe4),
   fmul: op.simd(0xe6),
+  fmadd: op.simd(0x105), // f32x4.relaxed_madd(a, b, c) = a · b + c (relaxed SIMD; fused where the CPU has FMA)
   fsub: op.simd(0xe5),
   fdiv: op.simd(0xe7),
   fneg: op.simd(0xe1),

@@ -1,11 +1,12 @@
 /** The wasm BatchMatMul kernel (src/engine/gemm.ts): plain and batched products against a float64
- *  reference and tfjs' own kernel, on every remainder of rows (4 per block) and columns (8 per panel),
+ *  reference and tfjs' own kernel, in both builds of the heap module (simd128, and relaxed where the
+ *  runtime has it), on every remainder of rows (4 or 6 per block) and columns (8 per panel),
  *  K of 1, empty products, broadcast batches and transposed operands, with B read in place and packed;
  *  no tensor is left behind. The threaded split is covered by wasm-threads.test.ts (1 and 2 threads bit-equal). */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
-import { setPackRows } from "../../src/engine/heap.ts";
+import { relaxedSimdAvailable, setPackRows, setWasmSimd, wasmSimd, WASM_SIMD_ENV, type WasmSimd } from "../../src/engine/heap.ts";
 import { useWasmGemm } from "../../src/engine/gemm.ts";
 import { Rng } from "../../src/util/rng.ts";
 
@@ -32,102 +33,118 @@ function reference(a: Float32Array, b: Float32Array, batchA: number, batchB: num
 }
 
 describe("wasm matmul kernel", () => {
+  let defaultBuild: WasmSimd;
   beforeAll(async () => {
     await initBackend("wasm");
+    defaultBuild = wasmSimd();
   });
   afterAll(() => {
     useWasmGemm(true);
     setPackRows(32);
+    setWasmSimd(defaultBuild);
   });
 
-  it.each([
-    ["in place", Infinity],
-    ["packed", 1],
-  ])("matches a float64 reference on every row and column remainder, K = 1, batches and transposed operands (B %s)", (_, packRows) => {
-    setPackRows(packRows);
-    const cases: [number[], number[]][] = [];
-    for (const M of [1, 2, 3, 4, 5, 7, 9])
-      for (const N of [1, 5, 8, 13, 16, 27])
-        cases.push([
-          [M, 11],
-          [11, N],
-        ]);
-    cases.push(
-      [
-        [6, 1],
-        [1, 19],
-      ],
-      [
-        [33, 64],
-        [64, 40],
-      ],
-      [
-        [3, 5, 24],
-        [3, 24, 17],
-      ],
-      [
-        [2, 7, 9],
-        [1, 9, 16],
-      ],
-      [
-        [1, 6, 9],
-        [4, 9, 8],
-      ],
-      [
-        [4, 2, 3, 8],
-        [4, 2, 8, 9],
-      ],
-      [
-        [5, 300],
-        [300, 24],
-      ],
-      [
-        [6, 2500],
-        [2500, 20],
-      ],
-    ); // the last: K in 3 blocks
-    const swapLast = (t: tf.Tensor) =>
-      tf.transpose(
-        t,
-        [...t.shape.keys()].map((i, _, all) => (i < all.length - 2 ? i : 2 * all.length - 3 - i)),
-      );
-    const before = tf.memory().numTensors;
-    cases.forEach(([sa, sb], n) => {
-      const a = randn(
-          sa.reduce((p, d) => p * d, 1),
-          2 * n + 1,
-        ),
-        b = randn(
-          sb.reduce((p, d) => p * d, 1),
-          2 * n + 2,
-        );
-      const M = sa[sa.length - 2],
-        K = sa[sa.length - 1],
-        N = sb[sb.length - 1];
-      const batchA = sa.slice(0, -2).reduce((p, d) => p * d, 1),
-        batchB = sb.slice(0, -2).reduce((p, d) => p * d, 1);
-      const ref = reference(a, b, batchA, batchB, M, K, N);
-      for (const [tA, tB] of [
-        [false, false],
-        [true, false],
-        [false, true],
-        [true, true],
-      ]) {
-        const what = `${tA ? "(" + sa + ")ᵀ" : sa} · ${tB ? "(" + sb + ")ᵀ" : sb}`;
-        const { shape, got } = tf.tidy(() => {
-          // a transposed operand is handed over stored transposed, with the flag that undoes it
-          const ta = tf.tensor(a, sa),
-            tb = tf.tensor(b, sb);
-          const c = tf.matMul(tA ? tf.clone(swapLast(ta)) : ta, tB ? tf.clone(swapLast(tb)) : tb, tA, tB);
-          return { shape: c.shape, got: c.dataSync() };
-        });
-        expect(shape, what).toEqual([...(batchA >= batchB ? sa : sb).slice(0, -2), M, N]);
-        const worst = Array.from(got).reduce((m, x, i) => Math.max(m, Math.abs(x - ref[i]) / Math.sqrt(K)), 0);
-        expect(worst, what).toBeLessThan(1e-5);
-      }
-    });
-    expect(tf.memory().numTensors).toBe(before);
+  it("runs the relaxed-SIMD build where this runtime validates relaxed SIMD (always from Node 22), else simd128", () => {
+    if (process.env[WASM_SIMD_ENV]) return; // a build asked for by name (the simd128 pass of .ci/run)
+    expect(wasmSimd()).toBe(relaxedSimdAvailable() ? "relaxed" : "simd128");
+    if (Number(process.versions.node.split(".")[0]) >= 22) expect(wasmSimd()).toBe("relaxed");
   });
+
+  const builds: WasmSimd[] = ["simd128", ...(relaxedSimdAvailable() ? ["relaxed" as const] : [])];
+  it.each(
+    builds.flatMap((build) => [
+      [build, "in place", Infinity],
+      [build, "packed", 1],
+    ]) as [WasmSimd, string, number][],
+  )(
+    "%s build: matches a float64 reference on every row and column remainder, K = 1, batches and transposed operands (B %s)",
+    (build, _, packRows) => {
+      setWasmSimd(build);
+      setPackRows(packRows);
+      const cases: [number[], number[]][] = [];
+      for (const M of [1, 2, 3, 4, 5, 6, 7, 9, 11, 13])
+        for (const N of [1, 5, 8, 13, 16, 27])
+          cases.push([
+            [M, 11],
+            [11, N],
+          ]);
+      cases.push(
+        [
+          [6, 1],
+          [1, 19],
+        ],
+        [
+          [33, 64],
+          [64, 40],
+        ],
+        [
+          [3, 5, 24],
+          [3, 24, 17],
+        ],
+        [
+          [2, 7, 9],
+          [1, 9, 16],
+        ],
+        [
+          [1, 6, 9],
+          [4, 9, 8],
+        ],
+        [
+          [4, 2, 3, 8],
+          [4, 2, 8, 9],
+        ],
+        [
+          [5, 300],
+          [300, 24],
+        ],
+        [
+          [6, 2500],
+          [2500, 20],
+        ],
+      ); // the last: K in 3 blocks
+      const swapLast = (t: tf.Tensor) =>
+        tf.transpose(
+          t,
+          [...t.shape.keys()].map((i, _, all) => (i < all.length - 2 ? i : 2 * all.length - 3 - i)),
+        );
+      const before = tf.memory().numTensors;
+      cases.forEach(([sa, sb], n) => {
+        const a = randn(
+            sa.reduce((p, d) => p * d, 1),
+            2 * n + 1,
+          ),
+          b = randn(
+            sb.reduce((p, d) => p * d, 1),
+            2 * n + 2,
+          );
+        const M = sa[sa.length - 2],
+          K = sa[sa.length - 1],
+          N = sb[sb.length - 1];
+        const batchA = sa.slice(0, -2).reduce((p, d) => p * d, 1),
+          batchB = sb.slice(0, -2).reduce((p, d) => p * d, 1);
+        const ref = reference(a, b, batchA, batchB, M, K, N);
+        for (const [tA, tB] of [
+          [false, false],
+          [true, false],
+          [false, true],
+          [true, true],
+        ]) {
+          const what = `${tA ? "(" + sa + ")ᵀ" : sa} · ${tB ? "(" + sb + ")ᵀ" : sb}`;
+          const { shape, got } = tf.tidy(() => {
+            // a transposed operand is handed over stored transposed, with the flag that undoes it
+            const ta = tf.tensor(a, sa),
+              tb = tf.tensor(b, sb);
+            const c = tf.matMul(tA ? tf.clone(swapLast(ta)) : ta, tB ? tf.clone(swapLast(tb)) : tb, tA, tB);
+            return { shape: c.shape, got: c.dataSync() };
+          });
+          expect(shape, what).toEqual([...(batchA >= batchB ? sa : sb).slice(0, -2), M, N]);
+          const worst = Array.from(got).reduce((m, x, i) => Math.max(m, Math.abs(x - ref[i]) / Math.sqrt(K)), 0);
+          expect(worst, what).toBeLessThan(1e-5);
+        }
+      });
+      expect(tf.memory().numTensors).toBe(before);
+    },
+  );
 
   it("gives the same bits with B packed as with B read in place, over several packing chunks", () => {
     // K = 3000: 40 columns per 512 KB chunk, so N = 100 is chunks of 40, 40 and 16 plus 4 edge columns;

@@ -1,4 +1,5 @@
-/** Threaded wasm (src/engine/wasm-threads.ts): 1 and 2 threads give bit-identical logits and LoRA gradients,
+/** Threaded wasm (src/engine/wasm-threads.ts): 1 and 2 threads give bit-identical logits and LoRA gradients
+ *  (in each build of the heap module: simd128, and relaxed where the runtime has it),
  *  a process that used the threaded build exits by itself, and when the threaded build cannot start
  *  (a runtime without SharedArrayBuffer) `auto` falls back with one warning line while an explicit
  *  count fails with one error line. The backend starts once per process, so each case is a child. */
@@ -12,6 +13,7 @@ import { BENCH_CONFIGS } from "../../scripts/lib/bench.ts";
 import { moduleDims } from "../../src/model/lora.ts";
 import { LORA_TARGETS } from "../../src/model/types.ts";
 import { MAX_WASM_THREADS, resolveThreads } from "../../src/engine/wasm-threads.ts";
+import { relaxedSimdAvailable, wasmSimd, WASM_SIMD_ENV, type WasmSimd } from "../../src/engine/heap.ts";
 
 const tsxCli = fileURLToPath(new URL("../../node_modules/tsx/dist/cli.mjs", import.meta.url));
 const child = fileURLToPath(new URL("../fixtures/threads/logits-and-grads.ts", import.meta.url));
@@ -25,16 +27,21 @@ interface Run {
 }
 
 /** Runs the child; a process that does not exit by itself within the timeout is killed (signal set). */
-async function run(dir: string, threads: string, noSab = false): Promise<Run> {
-  const out = path.join(dir, `out-${threads}-${noSab}.bin`);
+async function run(dir: string, threads: string, noSab = false, build?: WasmSimd): Promise<Run> {
+  const out = path.join(dir, `out-${threads}-${noSab}-${build}.bin`);
+  const env = build ? { ...process.env, [WASM_SIMD_ENV]: build } : process.env;
   const r = await new Promise<Run>((resolve) => {
-    execFile(process.execPath, [tsxCli, child, threads, out, ...(noSab ? ["no-sab"] : [])], { timeout: 150_000 }, (err, stdout, stderr) =>
-      resolve({
-        code: err ? ((err as { code?: number }).code ?? null) : 0,
-        signal: (err as { signal?: string } | null)?.signal ?? null,
-        stdout,
-        stderr,
-      }),
+    execFile(
+      process.execPath,
+      [tsxCli, child, threads, out, ...(noSab ? ["no-sab"] : [])],
+      { timeout: 150_000, env },
+      (err, stdout, stderr) =>
+        resolve({
+          code: err ? ((err as { code?: number }).code ?? null) : 0,
+          signal: (err as { signal?: string } | null)?.signal ?? null,
+          stdout,
+          stderr,
+        }),
     );
   });
   r.bytes = await fs.readFile(out).catch(() => undefined);
@@ -50,10 +57,11 @@ describe("threaded wasm", () => {
       expect(() => resolveThreads(bad as number)).toThrow(/expected auto or a whole number from 1 to 8/);
   });
 
-  it("1 and 2 threads give bit-identical logits and gradients, and the process exits by itself", async () => {
+  const builds: WasmSimd[] = ["simd128", ...(relaxedSimdAvailable() ? ["relaxed" as const] : [])];
+  it.each(builds)("%s build: 1 and 2 threads give bit-identical logits and gradients, and the process exits by itself", async (build) => {
     const dir = await fs.mkdtemp(path.join(os.tmpdir(), "threads-"));
     try {
-      const [one, two] = await Promise.all([run(dir, "1"), run(dir, "2")]);
+      const [one, two] = await Promise.all([run(dir, "1", false, build), run(dir, "2", false, build)]);
       for (const [r, n] of [
         [one, 1],
         [two, 2],
@@ -61,7 +69,7 @@ describe("threaded wasm", () => {
         expect({ code: r.code, signal: r.signal, stdout: r.stdout.trim() }, r.stderr).toEqual({
           code: 0,
           signal: null,
-          stdout: `threads ${n}, split products ${n > 1 ? "yes" : "no"}`,
+          stdout: `threads ${n}, split products ${n > 1 ? "yes" : "no"}, ${build}`,
         });
         expect(r.stderr).toContain(`tfjs backend: wasm (${n} thread`);
       }
@@ -88,7 +96,7 @@ describe("threaded wasm", () => {
       expect({ code: auto.code, signal: auto.signal, stdout: auto.stdout.trim() }, auto.stderr).toEqual({
         code: 0,
         signal: null,
-        stdout: "threads 1, split products no",
+        stdout: `threads 1, split products no, ${wasmSimd()}`,
       });
       const warnings = auto.stderr.split("\n").filter((l) => l.startsWith("warning:"));
       if (resolveThreads("auto") > 1)
