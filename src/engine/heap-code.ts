@@ -70,13 +70,13 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     packBody(),
     packTBody(),
     copyRowsBody(),
-    swigluBody(false),
-    swigluBody(true),
-    rowsBody(false),
-    rowsBody(true),
-    rmsNormBody(false),
-    rmsNormBody(true),
-    softmaxGradBody(),
+    swigluBody(false, o.relaxed),
+    swigluBody(true, o.relaxed),
+    rowsBody(false, o.relaxed),
+    rowsBody(true, o.relaxed),
+    rmsNormBody(false, o.relaxed),
+    rmsNormBody(true, o.relaxed),
+    softmaxGradBody(o.relaxed),
   ].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];

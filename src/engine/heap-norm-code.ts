@@ -1,9 +1,9 @@
 /** RMSNorm and its gradient in the heap module, as instructions: rows of [rows, H], four lanes at a
  *  time, the gradient's dw summed per block of rows. Their contracts are described in heap-code.ts. */
-import { I32, op, v, forLoop, hreduce, F32, V128 } from "./wasm-asm.ts";
+import { I32, op, v, forLoop, hreduce, madd, F32, V128 } from "./wasm-asm.ts";
 
 /** rmsNorm(x, w, y, rows, H, eps) and, with grad, rmsNormGrad(x, w, dy, dx, dw, rows, H, eps). */
-export function rmsNormBody(grad: boolean): { locals: number[][]; code: number[] } {
+export function rmsNormBody(grad: boolean, relaxed = false): { locals: number[][]; code: number[] } {
   const x = 0,
     w = 1,
     dy = 2,
@@ -142,7 +142,7 @@ export function rmsNormBody(grad: boolean): { locals: number[][]; code: number[]
             ...op.set(pd),
           ]
         : [
-            ...rowLoop([...at(px), ...v.load(), ...op.tee(xv), ...op.get(xv), ...v.fmul, ...op.get(acc), ...v.fadd, ...op.set(acc)]),
+            ...rowLoop([...at(px), ...v.load(), ...op.tee(xv), ...op.get(xv), ...madd(relaxed, op.get(acc)), ...op.set(acc)]),
             ...rms,
             ...op.get(rr),
             ...v.fsplat,

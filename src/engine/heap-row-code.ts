@@ -1,7 +1,7 @@
 /** The row kernels of the heap module, as instructions: copyRows, SwiGLU (and its gradient), row
  *  statistics and softmax, softmax's gradient (RMSNorm's are in heap-norm-code.ts). Sums over a row go four
  *  lanes at a time; their contracts are described in heap-code.ts. */
-import { I32, op, f32x4, v, Consts, vexp, forLoop, hreduce, F32, V128 } from "./wasm-asm.ts";
+import { I32, op, f32x4, v, Consts, vexp, forLoop, hreduce, madd, F32, V128 } from "./wasm-asm.ts";
 
 /** copyRows(dst, dstStride, src, srcStride, rowBytes, rows). */
 export function copyRowsBody(): { locals: number[][]; code: number[] } {
@@ -31,7 +31,7 @@ export function copyRowsBody(): { locals: number[][]; code: number[] } {
 
 /** swiglu(gu, y, rows, I) and, with grad, swigluGrad(gu, dy, dgu, rows, I): row by row, four lanes
  *  at a time. Pointers in bytes; I in floats. */
-export function swigluBody(grad: boolean): { locals: number[][]; code: number[] } {
+export function swigluBody(grad: boolean, relaxed = false): { locals: number[][]; code: number[] } {
   const gu = 0,
     dy = 1,
     out = grad ? 2 : 1,
@@ -56,7 +56,7 @@ export function swigluBody(grad: boolean): { locals: number[][]; code: number[] 
   const c = new Consts(n),
     one = c.f32(1);
   const at = (p: number, extra: number[] = []) => [...op.get(p), ...op.get(j), ...op.add, ...extra];
-  const sigmoid = [...op.get(g), ...v.fneg, ...vexp(c, x, e, o, f), ...op.set(e)];
+  const sigmoid = [...op.get(g), ...v.fneg, ...vexp(c, x, e, o, f, relaxed), ...op.set(e)];
   const body = grad
     ? [
         ...at(pg),
@@ -156,7 +156,7 @@ export function swigluBody(grad: boolean): { locals: number[][]; code: number[] 
 }
 
 /** rowStats(x, out, rows, V) and, with softmax, softmaxRows(x, coef, out, rows, V). */
-export function rowsBody(softmax: boolean): { locals: number[][]; code: number[] } {
+export function rowsBody(softmax: boolean, relaxed = false): { locals: number[][]; code: number[] } {
   const x = 0,
     coef = 1,
     out = softmax ? 2 : 1,
@@ -183,7 +183,7 @@ export function rowsBody(softmax: boolean): { locals: number[][]; code: number[]
   const k = new Consts(n);
   const at = (p: number) => [...op.get(p), ...op.get(j), ...op.add];
   const rowLoop = (body: number[]) => forLoop(j, op.i32(0), op.get(vb), op.i32(16), body);
-  const ex = [...at(px), ...v.load(), ...op.tee(xv), ...op.get(mv), ...v.fsub, ...vexp(k, t1, t2, t3, t4)]; // exp(x − m)
+  const ex = [...at(px), ...v.load(), ...op.tee(xv), ...op.get(mv), ...v.fsub, ...vexp(k, t1, t2, t3, t4, relaxed)]; // exp(x − m)
   const code = [
     ...op.get(V),
     ...op.i32(4),
@@ -272,7 +272,7 @@ export function rowsBody(softmax: boolean): { locals: number[][]; code: number[]
 }
 
 /** softmaxGrad(y, dy, dx, rows, S). */
-export function softmaxGradBody(): { locals: number[][]; code: number[] } {
+export function softmaxGradBody(relaxed = false): { locals: number[][]; code: number[] } {
   const y = 0,
     dy = 1,
     dx = 2,
@@ -293,7 +293,7 @@ export function softmaxGradBody(): { locals: number[][]; code: number[] } {
     ...forLoop(r, op.i32(0), op.get(rows), op.i32(1), [
       ...v.zero,
       ...op.set(acc),
-      ...rowLoop([...at(y), ...v.load(), ...at(dy), ...v.load(), ...v.fmul, ...op.get(acc), ...v.fadd, ...op.set(acc)]),
+      ...rowLoop([...at(y), ...v.load(), ...at(dy), ...v.load(), ...madd(relaxed, op.get(acc)), ...op.set(acc)]),
       ...hreduce(acc, 0x92),
       ...v.fsplat,
       ...op.set(dot),

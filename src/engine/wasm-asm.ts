@@ -110,8 +110,9 @@ export class Consts {
  *  argument is clamped to [−87, 88] (2^n stays a normal float) and lanes below −87 give exactly 0,
  *  as a masked attention score (−1e9) must; NaN stays NaN. Written for x64's code generator: pmin/pmax
  *  (one instruction each, where min/max take ~8 for their NaN rules) and n rounded by adding and
- *  subtracting 1.5·2^23 (the float's low bits then hold n, so 2^n needs no float-to-int conversion). */
-export function vexp(c: Consts, x: number, n: number, o: number, f: number): number[] {
+ *  subtracting 1.5·2^23 (the float's low bits then hold n, so 2^n needs no float-to-int conversion).
+ *  relaxed: the polynomial's Horner steps as fused multiply-adds (madd). */
+export function vexp(c: Consts, x: number, n: number, o: number, f: number, relaxed = false): number[] {
   const poly = [1.98756915e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1];
   const MAGIC = 12582912; // 1.5 · 2^23
   return [
@@ -144,7 +145,7 @@ export function vexp(c: Consts, x: number, n: number, o: number, f: number): num
     ...v.fsub,
     ...op.set(x),
     ...c.f32(poly[0]),
-    ...poly.slice(1).flatMap((p) => [...op.get(x), ...v.fmul, ...c.f32(p), ...v.fadd]),
+    ...poly.slice(1).flatMap((p) => [...op.get(x), ...madd(relaxed, c.f32(p))]),
     ...op.get(x),
     ...v.fmul,
     ...op.get(x),
@@ -166,6 +167,13 @@ export function vexp(c: Consts, x: number, n: number, o: number, f: number): num
     ...v.flt,
     ...v.andnot,
   ];
+}
+
+/** a · b + (addend) for the two vectors on the stack: one f32x4.relaxed_madd in the relaxed build
+ *  (fused where the CPU has FMA: one rounding), a multiply then an add otherwise. `addend` pushes one
+ *  vector and has no other effect. */
+export function madd(relaxed: boolean, addend: number[]): number[] {
+  return relaxed ? [...addend, ...v.fmadd] : [...v.fmul, ...addend, ...v.fadd];
 }
 
 export function forLoop(x: number, from: number[], limit: number[], step: number[], body: number[]): number[] {
