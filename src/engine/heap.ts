@@ -85,7 +85,7 @@ let simdChoice: WasmSimd | null = null;
  *  the runtime validates it, else simd128. Asking for relaxed where it does not validate is an error. */
 export function wasmSimd(): WasmSimd {
   if (!simdChoice) {
-    const asked = process.env[WASM_SIMD_ENV];
+    const asked = process.env[WASM_SIMD_ENV] || undefined; // set but empty: as unset
     if (asked && asked !== "relaxed" && asked !== "simd128") throw new Error(`${WASM_SIMD_ENV}=${asked}: expected relaxed or simd128`);
     if (asked === "relaxed" && !relaxedSimdAvailable()) throw new Error(`${WASM_SIMD_ENV}=relaxed: this runtime has no relaxed SIMD`);
     simdChoice = (asked as WasmSimd | undefined) ?? (relaxedSimdAvailable() ? "relaxed" : "simd128");

@@ -2,7 +2,7 @@
  *  the project: its client scenarios for tools against scripts/lib/mcp-conformance-client.ts (the
  *  project's tool set), and its DNS-rebinding server scenario against mcp-serve.ts's HTTP server (what
  *  scripts/mcp-tool-server.ts --http runs). The suite needs Node 22+: MCP_CONFORMANCE_NODE, else
- *  ~/.cache/mini-agentic-rl/node24/bin/node (scripts/setup-node24.sh), else this Node if it is new
+ *  ~/.cache/mini-agentic-rl/node24/bin/node (scripts/setup-node.sh 24), else this Node if it is new
  *  enough. Under CI=true a missing Node 22+ is a failure; elsewhere the suites are skipped with one
  *  line saying how to enable them. The client under test runs on the project's own Node. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -17,7 +17,7 @@ const ROOT = path.join(import.meta.dirname, "..", "..");
 const SUITE = path.join(ROOT, "node_modules", "@modelcontextprotocol", "conformance", "dist", "index.js");
 const CLIENT = path.join(ROOT, "scripts", "lib", "mcp-conformance-client.ts");
 const TSX = pathToFileURL(path.join(ROOT, "node_modules", "tsx", "dist", "loader.mjs")).href;
-const ENABLE = "sh scripts/setup-node24.sh (or MCP_CONFORMANCE_NODE=/path/to/node22+)";
+const ENABLE = "sh scripts/setup-node.sh 24 (or MCP_CONFORMANCE_NODE=/path/to/node22+)";
 
 function conformanceNode(): string | null {
   const candidates = [

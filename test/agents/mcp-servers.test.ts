@@ -57,8 +57,8 @@ afterAll(async () => {
   if (offline === undefined) delete process.env.npm_config_offline;
   else process.env.npm_config_offline = offline;
 });
-async function open(specs: string[], notices: string[] = [], timeoutMs = 60_000): Promise<ToolSet> {
-  const set = await openTools(specs, { timeoutMs, log: (l) => notices.push(l) });
+async function open(specs: string[], notices: string[] = [], timeoutMs = 60_000, maxChars?: number): Promise<ToolSet> {
+  const set = await openTools(specs, { timeoutMs, maxChars, log: (l) => notices.push(l) });
   sets.push(set);
   return set;
 }
@@ -68,7 +68,14 @@ describe("server-everything over stdio, started through npx", () => {
     const mark = `npx-${process.pid}`;
     const notices: string[] = [];
     process.env.MCP_TEST_FROM_PARENT = mark; // not one of the SDK's defaults (HOME, PATH, SHELL, TERM, ...)
-    const set = await open([`mcp[env=MCP_TEST_MARK=${mark},env=MCP_TEST_OWN=yes]:npx -y @modelcontextprotocol/server-everything`], notices);
+    // get-env returns the server's whole environment, as long as this process's (over the default cap of
+    // 4,000 characters on some machines): a larger cap keeps it whole JSON.
+    const set = await open(
+      [`mcp[env=MCP_TEST_MARK=${mark},env=MCP_TEST_OWN=yes]:npx -y @modelcontextprotocol/server-everything`],
+      notices,
+      60_000,
+      1_000_000,
+    );
     const names = set.tools.map((t) => t.name);
     expect(names).toContain("get-sum");
     expect(names).not.toContain("simulate-research-query"); // taskSupport "required": this client runs no MCP tasks
