@@ -43,7 +43,12 @@ export const GRPO_FLAGS = {
   temperature: flag("--temperature <x>", "sampling temperature", parseFloatArg("temperature", 0), 1.0),
   top_p: flag("--top_p <x>", "nucleus sampling mass", parseFloatArg("top_p", 0, 1), 1.0),
   top_k: flag("--top_k <n>", "sample among the k most likely tokens (0: off)", parseIntArg("top_k", 0), 0),
-  beta: flag("--beta <x>", "weight of the k3 KL to the adapter-free base (0: no reference pass)", parseFloatArg("beta", 0), 0.04),
+  beta: flag(
+    "--beta <x>",
+    "weight of the k3 KL to the adapter-free base (0, the default, as TRL: no reference pass)",
+    parseFloatArg("beta", 0),
+    0,
+  ),
   epsilon: flag("--epsilon <x>", "lower clip range of the ratio", parseFloatArg("epsilon", 0), 0.2),
   epsilon_high: optional(
     "--epsilon_high <x>",
