@@ -214,9 +214,10 @@ const JOB_GEMM = 0,
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
 
-/** Columns [j0, j1) of one part of C = op(A) · op(B), parts of whole 8-column panels. Runs on every
- *  thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
- *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]).
+/** One part of C = op(A) · op(B): columns [j0, j1), whole 8-column panels, or with t & 4 rows
+ *  [r0, r1), whole blocks of mr, over all of N's panels. Runs on every thread, so it is also the
+ *  helpers' code (stringified below): only plain JS, no imports.
+ *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]), bit 2 = split by rows.
  *  scratch ≠ 0: B's panels are first packed, up to 512 KB of them at a time, into this part's slice of
  *  the scratch buffer (packBytes(K) each), so the kernel reads each panel as one run of memory (a
  *  transposed B is always packed); scratch = 0: B is read in place. */
@@ -237,13 +238,18 @@ function part(
   const ars = t & 1 ? 4 : 4 * K,
     aks = t & 1 ? 4 * M : 4,
     ldc = 4 * N;
-  const Mb = M - (M % mr),
-    rest = M - Mb,
-    panels = (N - (N % 8)) / 8;
-  const per = Math.ceil(panels / parts),
-    j0 = Math.min(panels, index * per) * 8,
-    j1 = Math.min(panels, (index + 1) * per) * 8;
-  if (j1 <= j0) return;
+  const panels = (N - (N % 8)) / 8;
+  // A row's sum is the same whichever part and block of rows it falls in, so both splits give the same bits.
+  const per = t & 4 ? Math.ceil(M / parts / mr) * mr : Math.ceil(panels / parts),
+    r0 = t & 4 ? Math.min(M, index * per) : 0,
+    r1 = t & 4 ? Math.min(M, (index + 1) * per) : M,
+    j0 = t & 4 ? 0 : Math.min(panels, index * per) * 8,
+    j1 = t & 4 ? panels * 8 : Math.min(panels, (index + 1) * per) * 8;
+  if (j1 <= j0 || r1 <= r0) return;
+  a += r0 * ars;
+  c += r0 * ldc;
+  const Mb = r1 - r0 - ((r1 - r0) % mr),
+    rest = r1 - r0 - Mb;
   // K in blocks of ≤ 1024, so a packed panel (32 KB) stays in L1 while the row groups pass over it;
   // rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
   // (else a tall A, such as a vocab head held [vocab, hidden], is read from memory once per panel).
@@ -355,10 +361,11 @@ function startPool(memory: WasmMemory, bytes: Uint8Array, mr: number, size: numb
   return { ctrl, args: new Uint32Array(ctrl.buffer), size };
 }
 
-let splitProducts = 0;
-/** Products split over the helper threads so far in this process (tests check that the split ran). */
-export function splitProductCount(): number {
-  return splitProducts;
+const splitProducts = { columns: 0, rows: 0 };
+/** Products split over the helper threads so far in this process, by column panels and by rows (tests
+ *  check that each split ran). */
+export function splitProductCount(): { columns: number; rows: number } {
+  return { ...splitProducts };
 }
 
 /** Multiply-adds below which a product stays on the calling thread (a hand-off costs ~10–50 µs). */
@@ -389,10 +396,15 @@ function scratchFor(e: Engine, bytes: number): number {
 export function heapGemm(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
   const N8 = N - (N % NR),
     pool = e.pool;
-  const parts = ready(pool) && M * N * K >= PARALLEL_MACS ? Math.min(pool.size + 1, N8 / NR) : 1;
+  // Split by column panels, or by rows where A is the larger operand by far (a decode step's
+  // [out, in] weights times a few tokens' columns): each thread then reads its share of A from memory
+  // instead of all of it, and products with fewer panels than threads are split too.
+  const byRows = M >= 4 * N && M >= 2 * e.mr;
+  const parts = ready(pool) && M * N * K >= PARALLEL_MACS ? Math.min(pool.size + 1, byRows ? Math.floor(M / e.mr) : N8 / NR) : 1;
+  if (byRows) t |= 4;
   const scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
   if (parts > 1) {
-    splitProducts++;
+    splitProducts[byRows ? "rows" : "columns"]++;
     fanOut(pool!, [a, b, c, M, K, N, parts, scratch, t, JOB_GEMM], () => part(e.k, e.mr, a, b, c, M, K, N, 0, parts, scratch, t));
   } else if (N8 > 0) part(e.k, e.mr, a, b, c, M, K, N, 0, 1, scratch, t);
   if (N8 < N) edgeColumns(e, a, b, c, M, K, N, t);

@@ -2,12 +2,22 @@
  *  reference and tfjs' own kernel, in both builds of the heap module (simd128, and relaxed where the
  *  runtime has it), on every remainder of rows (4 or 6 per block) and columns (8 per panel),
  *  K of 1, empty products, broadcast batches and transposed operands, with B read in place and packed;
- *  no tensor is left behind. The threaded split is covered by wasm-threads.test.ts (1 and 2 threads bit-equal). */
+ *  no tensor is left behind, and a tall product split by rows over the threads. The threaded splits'
+ *  bits are covered by wasm-threads.test.ts (1 and 2 threads bit-equal). */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
-import { relaxedSimdAvailable, setPackRows, setWasmSimd, wasmSimd, WASM_SIMD_ENV, type WasmSimd } from "../../src/engine/heap.ts";
+import {
+  relaxedSimdAvailable,
+  setPackRows,
+  splitProductCount,
+  setWasmSimd,
+  wasmSimd,
+  WASM_SIMD_ENV,
+  type WasmSimd,
+} from "../../src/engine/heap.ts";
 import { useWasmGemm } from "../../src/engine/gemm.ts";
+import { wasmThreads } from "../../src/engine/wasm-threads.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const randn = (n: number, seed: number) => {
@@ -101,13 +111,18 @@ describe("wasm matmul kernel", () => {
           [6, 2500],
           [2500, 20],
         ],
-      ); // the last: K in 3 blocks
+        [
+          [1030, 1024],
+          [1024, 13],
+        ],
+      ); // [6, 2500]: K in 3 blocks; [1030, 1024] · [1024, 13]: split by rows over the threads (a decode step's shape)
       const swapLast = (t: tf.Tensor) =>
         tf.transpose(
           t,
           [...t.shape.keys()].map((i, _, all) => (i < all.length - 2 ? i : 2 * all.length - 3 - i)),
         );
-      const before = tf.memory().numTensors;
+      const before = tf.memory().numTensors,
+        rowSplits = splitProductCount().rows;
       cases.forEach(([sa, sb], n) => {
         const a = randn(
             sa.reduce((p, d) => p * d, 1),
@@ -143,6 +158,7 @@ describe("wasm matmul kernel", () => {
         }
       });
       expect(tf.memory().numTensors).toBe(before);
+      if (wasmThreads() > 1) expect(splitProductCount().rows).toBeGreaterThan(rowSplits);
     },
   );
 

@@ -69,17 +69,19 @@ describe("threaded wasm", () => {
         expect({ code: r.code, signal: r.signal, stdout: r.stdout.trim() }, r.stderr).toEqual({
           code: 0,
           signal: null,
-          stdout: `threads ${n}, split products ${n > 1 ? "yes" : "no"}, ${build}`,
+          stdout: `threads ${n}, split products by columns ${n > 1 ? "yes" : "no"}, by rows ${n > 1 ? "yes" : "no"}, ${build}`,
         });
         expect(r.stderr).toContain(`tfjs backend: wasm (${n} thread`);
       }
       const a = new Float32Array(one.bytes!.buffer, one.bytes!.byteOffset, one.bytes!.length / 4);
       const b = new Float32Array(two.bytes!.buffer, two.bytes!.byteOffset, two.bytes!.length / 4);
-      // logits [3, 96, 512], then the gradients of A [in, 8] and B [8, out] on 7 modules of 2 layers
+      // logits [3, 96, 512], a prefill's and a decode step's [3, 512], then the gradients of A [in, 8]
+      // and B [8, out] on 7 modules of 2 layers
       const lora = LORA_TARGETS.reduce((s, m) => s + 8 * moduleDims(BENCH_CONFIGS.small, m).reduce((x, y) => x + y), 0);
-      expect(a.length).toBe(3 * 96 * 512 + 2 * lora);
+      const grads = 3 * 96 * 512 + 2 * 3 * 512;
+      expect(a.length).toBe(grads + 2 * lora);
       expect(a.every(Number.isFinite)).toBe(true);
-      expect(a.subarray(3 * 96 * 512).filter((v) => v !== 0).length).toBeGreaterThan(1000); // gradients of A and B, not zeros
+      expect(a.subarray(grads).filter((v) => v !== 0).length).toBeGreaterThan(1000); // gradients of A and B, not zeros
       let diff = 0;
       for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) diff++;
       expect(diff).toBe(0);
@@ -96,7 +98,7 @@ describe("threaded wasm", () => {
       expect({ code: auto.code, signal: auto.signal, stdout: auto.stdout.trim() }, auto.stderr).toEqual({
         code: 0,
         signal: null,
-        stdout: `threads 1, split products no, ${wasmSimd()}`,
+        stdout: `threads 1, split products by columns no, by rows no, ${wasmSimd()}`,
       });
       const warnings = auto.stderr.split("\n").filter((l) => l.startsWith("warning:"));
       if (resolveThreads("auto") > 1)
