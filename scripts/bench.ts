@@ -65,8 +65,9 @@ await runMain(async () => {
     }
     for (const w of WORKLOADS.filter((x) => names.includes(x.name))) {
       if (opts.profile) {
-        const { value, kernels } = await profileTop(() => w.run(ctx));
+        const { value, kernels, kinds } = await profileTop(() => w.run(ctx));
         process.stderr.write(`${c} ${w.name}: slowest kernels\n  ${kernels.join("\n  ")}\n`);
+        process.stderr.write(`${c} ${w.name}: by kind (all shapes)\n  ${kinds.join(", ")}\n`);
         for (const m of value) console.log(JSON.stringify({ ...m, note: "profiled run (slower)" }));
       } else for (const m of await w.run(ctx)) console.log(JSON.stringify(m));
     }

@@ -231,28 +231,36 @@ registerWorkload({
   },
 });
 
-/** Runs f under tf.profile and returns the kernels that took the most time, "name ms ×count". Kernel
- *  times of custom-gradient ops include the kernels inside them, so columns do not add up exactly. */
-export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ value: T; kernels: string[] }> {
+/** Runs f under tf.profile and returns the kernels that took the most time, "ms ×count name shapes"
+ *  per kernel and shapes, and the same per kind of kernel (shapes summed: where the many small
+ *  element-wise kernels show). Kernel times of custom-gradient ops ("unnamed scope") include the
+ *  kernels inside them, so columns do not add up exactly. */
+export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ value: T; kernels: string[]; kinds: string[] }> {
   let value: T | undefined;
   const info = await tf.profile(async () => {
     value = await f();
     return [];
   });
-  const agg = new Map<string, { ms: number; n: number }>();
+  const agg = new Map<string, { ms: number; n: number }>(),
+    byKind = new Map<string, { ms: number; n: number }>();
   for (const k of info.kernels) {
-    const key = `${k.name} ${JSON.stringify(k.inputShapes)}`;
-    const a = agg.get(key) ?? { ms: 0, n: 0 };
     const ms = await k.kernelTimeMs;
-    a.ms += typeof ms === "number" ? ms : 0;
-    a.n++;
-    agg.set(key, a);
+    for (const [m, key] of [
+      [agg, `${k.name} ${JSON.stringify(k.inputShapes)}`],
+      [byKind, k.name],
+    ] as const) {
+      const a = m.get(key) ?? { ms: 0, n: 0 };
+      a.ms += typeof ms === "number" ? ms : 0;
+      a.n++;
+      m.set(key, a);
+    }
   }
-  const kernels = [...agg]
-    .sort((a, b) => b[1].ms - a[1].ms)
-    .slice(0, top)
-    .map(([k, v]) => `${v.ms.toFixed(0)} ms ×${v.n} ${k}`);
-  return { value: value as T, kernels };
+  const list = (m: Map<string, { ms: number; n: number }>, n: number) =>
+    [...m]
+      .sort((a, b) => b[1].ms - a[1].ms)
+      .slice(0, n)
+      .map(([k, v]) => `${v.ms.toFixed(0)} ms ×${v.n} ${k}`);
+  return { value: value as T, kernels: list(agg, top), kinds: list(byKind, 2 * top) };
 }
 
 /** Kernels run by one decode step (batch 8 after a 128-token prefill, base unpacked as in rollouts;
