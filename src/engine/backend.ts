@@ -11,7 +11,7 @@
  *  tfjs' heap, helper threads and jobs; heap-code.ts assembles the module from heap-gemm-code.ts,
  *  heap-row-code.ts and heap-norm-code.ts through wasm-asm.ts); the kernels, each with its gradient
  *  (gemm.ts, rmsnorm.ts, rope-swiglu.ts, softmax.ts, logprob.ts, dequant.ts, dequant-webgpu.ts,
- *  concat.ts, gather.ts, slices.ts); matmul.ts and checkpoint.ts (activation checkpointing).
+ *  concat.ts, gather.ts, slices.ts, elementwise.ts); matmul.ts and checkpoint.ts (activation checkpointing).
  *  Every kernel is registered by one call of kernels.ts. Adding a heap kernel: its body as
  *  instructions in a heap-*-code.ts file (exported by heap-code.ts), a heap<Name>() wrapper in
  *  heap.ts that runs it as a job, and one registerKernel() call in the op's file.
@@ -21,6 +21,7 @@ import "@tensorflow/tfjs-backend-wasm";
 import { UsageError } from "../util/errors.ts";
 import { registerWebgpu } from "./webgpu.ts";
 import { registerWasmConcat } from "./concat.ts";
+import { registerWasmElementwise, registerWasmTranspose } from "./elementwise.ts";
 import { registerWasmGather } from "./gather.ts";
 import { registerWasmGemm } from "./gemm.ts";
 import { registerFastSlice, registerSegmentSum, registerSharedIdentity } from "./slices.ts";
@@ -112,6 +113,8 @@ export function registerWasmExtras(): void {
   registerSharedIdentity();
   registerWasmGemm();
   registerWasmConcat();
+  registerWasmElementwise();
+  registerWasmTranspose();
   registerWasmGather();
   registerSegmentSum();
 }

@@ -32,17 +32,24 @@
  *    r = 1 / √(Σx² / H + eps) (f32).
  *  - `rmsNormGrad(x, w, dy, dx, dw, rows, H, eps)`: dx = r·dy·w − c·x with c = r³·Σ(dy·w·x) / H, and
  *    dw [H] = Σ over these rows of dy·x·r, from zero (callers add up fixed blocks of rows).
+ *  - `binary(a, b, out, r0, r1, W, rep, bs, op)`: rows r0..r1 − 1 of a float32 [rows, W]: out = a op b
+ *    (op 0 add, 1 sub, 2 mul), b's row for row r at b + ⌊r / rep⌋·bs (bs = 4W: the same shape; 0: one
+ *    row for all; a middle axis broadcast when rep > 1); op + 3: b is one value per group of rows.
+ *    Each output is one float32 operation, so any split of the rows gives the same bits.
+ *  - `transpose(src, dst, R, C, srs, dcs)`: dst[c·dcs + 4r] = src[r·srs + 4c], 4-byte elements
+ *    (Transpose's blocks, transpose.ts).
  *  Sums over a row go four lanes at a time, lane sums added last as (l0 + l1) + (l2 + l3), so a row's
  *  result does not depend on which thread computes it.
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N.
- *  The module is assembled here from the kernel bodies in heap-gemm-code.ts, heap-row-code.ts and heap-norm-code.ts
+ *  The module is assembled here from the kernel bodies in heap-gemm-code.ts, heap-row-code.ts, heap-norm-code.ts and heap-elementwise-code.ts
  *  (instructions through wasm-asm.ts). */
 
 import { I32, uleb, str, section, vec, op, F32 } from "./wasm-asm.ts";
 import { NPARAMS, tileBody, packBody, packTBody } from "./heap-gemm-code.ts";
 import { copyRowsBody, swigluBody, rowsBody, softmaxGradBody } from "./heap-row-code.ts";
 import { rmsNormBody } from "./heap-norm-code.ts";
+import { binaryBody, transposeBody } from "./heap-elementwise-code.ts";
 
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
@@ -64,6 +71,7 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const swigluGradSig = [0x60, ...vec(new Array(5).fill([I32])), 0];
   const normSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [F32]]), 0];
   const normGradSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [I32], [I32], [F32]]), 0];
+  const binarySig = [0x60, ...vec(new Array(9).fill([I32])), 0];
   const bodies = [
     tileBody(o.mr, o.relaxed),
     ...[1, 2, 3, 4, 5].map((r) => tileBody(r, o.relaxed)),
@@ -77,6 +85,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     rmsNormBody(false, o.relaxed),
     rmsNormBody(true, o.relaxed),
     softmaxGradBody(o.relaxed),
+    binaryBody(),
+    transposeBody(),
   ].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
@@ -98,6 +108,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     "rmsNorm",
     "rmsNormGrad",
     "softmaxGrad",
+    "binary",
+    "transpose",
   ];
   const types: Record<string, number> = {
     tile: 0,
@@ -116,6 +128,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     rmsNorm: 5,
     rmsNormGrad: 6,
     softmaxGrad: 4,
+    binary: 7,
+    transpose: 2,
   };
   return Uint8Array.from([
     0x00,
@@ -126,10 +140,11 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     0x00,
     0x00,
     0x00,
-    ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig, normSig, normGradSig])),
+    ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig, normSig, normGradSig, binarySig])),
     ...section(2, vec([[...str("env"), ...str("memory"), 0x02, ...limits]])),
     ...section(3, vec(names.map((nm) => [types[nm]]))),
-    ...section(7, vec(names.map((nm, idx) => [...str(nm), 0x00, idx]))),
+    // the functions, and the memory (the helpers' jobs read a table of blocks from it)
+    ...section(7, vec([...names.map((nm, idx) => [...str(nm), 0x00, idx]), [...str("memory"), 0x02, 0]])),
     ...section(10, vec(bodies)),
   ]);
 }

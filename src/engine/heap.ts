@@ -131,6 +131,10 @@ export interface Kernels {
   softmaxGrad: (y: number, dy: number, dx: number, rows: number, S: number) => void;
   rmsNorm: (x: number, w: number, y: number, rows: number, H: number, eps: number) => void;
   rmsNormGrad: (x: number, w: number, dy: number, dx: number, dw: number, rows: number, H: number, eps: number) => void;
+  binary: (a: number, b: number, out: number, r0: number, r1: number, W: number, rep: number, bs: number, op: number) => void;
+  transpose: (src: number, dst: number, R: number, C: number, srs: number, dcs: number) => void;
+  /** The imported heap, exported again (the helpers read job tables from it). */
+  memory: WasmMemory;
 }
 
 // Node's WebAssembly, typed here (the project compiles without the DOM library).
@@ -209,7 +213,10 @@ const JOB_GEMM = 0,
   JOB_SOFTMAX = 4,
   JOB_RMS_NORM = 5,
   JOB_RMS_NORM_GRAD = 6,
-  JOB_SOFTMAX_GRAD = 8;
+  JOB_SOFTMAX_GRAD = 8,
+  JOB_BINARY = 9,
+  JOB_COPY_BLOCKS = 10,
+  JOB_TRANSPOSE_BLOCKS = 11;
 /** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
@@ -284,7 +291,12 @@ function part(
  *  rowStats: a x [rows, I], c out [rows, 3]; softmaxRows: a x, b coef [rows], c out [rows, I];
  *  softmaxGrad: a y, b dy, c dx, all [rows, I];
  *  RMSNorm: a x, w the weight, c y or dx, b dy, aux dw's blocks [⌈rows / 64⌉, I], eps as float32 bits.
- *  The gradient is shared out by blocks of 64 rows (NORM_BLOCK), the others by rows. */
+ *  The gradient is shared out by blocks of 64 rows (NORM_BLOCK), the others by rows.
+ *  binary: c = a op b, w = rep, aux = bs, bits = op (see heapBinary); with rep 0 the rows·I elements
+ *  are shared out as one flat run (aux = 4: b too, aux = 0: b one value).
+ *  Blocks (10: copyRows, 11: transpose): a a table of `rows` blocks of 4 u32 (src, dst, src row
+ *  stride, row bytes or columns), each of I rows, b the destination stride; their I·rows rows are
+ *  shared out in order, a part's range crossing blocks where it must. */
 function rowsPart(
   k: Kernels,
   job: number,
@@ -300,6 +312,27 @@ function rowsPart(
   bits: number,
 ): void {
   if (index >= parts) return;
+  if (job === 9 && w === 0) {
+    const n = rows * I,
+      e0 = Math.floor((n * index) / parts),
+      e1 = Math.floor((n * (index + 1)) / parts);
+    if (e1 > e0) k.binary(a + 4 * e0, aux ? b + 4 * e0 : b, c + 4 * e0, 0, 1, e1 - e0, 1, 0, bits);
+    return;
+  }
+  if (job === 10 || job === 11) {
+    const t = new Uint32Array(k.memory.buffer, a, 4 * rows),
+      u1 = Math.floor((rows * I * (index + 1)) / parts);
+    for (let u = Math.floor((rows * I * index) / parts); u < u1;) {
+      const blk = Math.floor(u / I),
+        rr = u - blk * I,
+        n = Math.min(I - rr, u1 - u);
+      const [src, dst, srs, cb] = [t[4 * blk], t[4 * blk + 1], t[4 * blk + 2], t[4 * blk + 3]];
+      if (job === 10) k.copyRows(dst + rr * b, b, src + rr * srs, srs, cb, n);
+      else k.transpose(src + rr * srs, dst + 4 * rr, n, cb, srs, b);
+      u += n;
+    }
+    return;
+  }
   const eps = new Float32Array(new Uint32Array([bits]).buffer)[0];
   if (job === 6) {
     const blocks = Math.ceil(rows / 64);
@@ -313,7 +346,8 @@ function rowsPart(
     r1 = Math.floor((rows * (index + 1)) / parts),
     n = r1 - r0;
   if (n <= 0) return;
-  if (job === 5) k.rmsNorm(a + 4 * I * r0, w, c + 4 * I * r0, n, I, eps);
+  if (job === 9) k.binary(a, b, c, r0, r1, I, w, aux, bits);
+  else if (job === 5) k.rmsNorm(a + 4 * I * r0, w, c + 4 * I * r0, n, I, eps);
   else if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, n, I);
   else if (job === 8) k.softmaxGrad(a + 4 * I * r0, b + 4 * I * r0, c + 4 * I * r0, n, I);
   else if (job === 2) k.swigluGrad(a + 8 * I * r0, b + 4 * I * r0, c + 8 * I * r0, n, I);
@@ -362,10 +396,15 @@ function startPool(memory: WasmMemory, bytes: Uint8Array, mr: number, size: numb
 }
 
 const splitProducts = { columns: 0, rows: 0 };
+let splitJobs = 0;
 /** Products split over the helper threads so far in this process, by column panels and by rows (tests
  *  check that each split ran). */
 export function splitProductCount(): { columns: number; rows: number } {
   return { ...splitProducts };
+}
+/** Row and block jobs (every kernel but the product) split over the helper threads so far. */
+export function splitJobCount(): number {
+  return splitJobs;
 }
 
 /** Multiply-adds below which a product stays on the calling thread (a hand-off costs ~10–50 µs). */
@@ -440,11 +479,56 @@ export function heapSwiglu(backend: unknown, gu: number, dy: number | null, out:
 
 function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: number, I: number, w = 0, aux = 0, eps = 0): void {
   const units = job === JOB_RMS_NORM_GRAD ? Math.ceil(rows / NORM_BLOCK) : rows;
-  const parts = ready(e.pool) && rows * I >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, units) : 1;
-  const bits = new Uint32Array(new Float32Array([eps]).buffer)[0];
-  if (parts > 1)
+  splitJob(e, job, units, rows * I, a, b, c, rows, I, w, aux, new Uint32Array(new Float32Array([eps]).buffer)[0]);
+}
+
+/** Runs rowsPart's job over `units` parts of work at most, split over the helpers when `size` (elements) repays it. */
+function splitJob(e: Engine, job: number, units: number, size: number, ...[a, b, c, rows, I, w, aux, bits]: number[]): void {
+  const parts = ready(e.pool) && size >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, units) : 1;
+  if (parts > 1) {
+    splitJobs++;
     fanOut(e.pool!, [a, b, c, rows, I, w, parts, aux, bits, job], () => rowsPart(e.k, job, a, b, c, rows, I, 0, parts, w, aux, bits));
-  else rowsPart(e.k, job, a, b, c, rows, I, 0, 1, w, aux, bits);
+  } else rowsPart(e.k, job, a, b, c, rows, I, 0, 1, w, aux, bits);
+}
+
+/** out = a op b for float32 at heap offsets (op: BINARY_OPS of heap-elementwise-code.ts), rows split
+ *  over the helper threads from 64 K elements. a and out are [rows, W]; b's row for row r is at b +
+ *  ⌊r / rep⌋·bs (bs in bytes), or with op + 3 b holds one value there. rep 0: a flat run of rows·W
+ *  elements, b the same shape (bs = 4) or one value (bs = 0, op + 3). */
+export function heapBinary(
+  backend: unknown,
+  op: number,
+  a: number,
+  b: number,
+  out: number,
+  rows: number,
+  W: number,
+  rep: number,
+  bs: number,
+): void {
+  splitJob(heapEngine(backend), JOB_BINARY, rep === 0 ? rows * W : rows, rows * W, a, b, out, rows, W, rep, bs, op);
+}
+
+/** Blocks of strided rows moved on the heap, each block [src, dst, srs, cb] (byte offsets and the
+ *  source row stride) of R rows: copied (transpose false: rows of cb bytes, dst rows `stride` apart)
+ *  or transposed (rows of cb 4-byte elements to columns: dst[c·stride + 4r]). The rows are split over
+ *  the helper threads when `bytes` in all reach 256 KB (the table of blocks then goes on the heap). */
+export function heapBlocks(backend: unknown, transpose: boolean, blocks: number[][], R: number, stride: number, bytes: number): void {
+  const e = heapEngine(backend),
+    units = blocks.length * R;
+  if (!(ready(e.pool) && bytes >= 4 * PARALLEL_ELEMENTS && units > 1)) {
+    for (const [src, dst, srs, cb] of blocks)
+      if (transpose) e.k.transpose(src, dst, R, cb, srs, stride);
+      else e.k.copyRows(dst, stride, src, srs, cb, R);
+    return;
+  }
+  const table = e.malloc(16 * blocks.length) >>> 0;
+  try {
+    new Uint32Array(e.memory.buffer, table, 4 * blocks.length).set(blocks.flat());
+    splitJob(e, transpose ? JOB_TRANSPOSE_BLOCKS : JOB_COPY_BLOCKS, units, bytes / 4, table, stride, 0, blocks.length, R, 0, 0, 0);
+  } finally {
+    e.free(table);
+  }
 }
 
 /** Softmax's backward dx = y · (dy − Σ y·dy) per row of [rows, S] at heap offsets (S a multiple of 4). */

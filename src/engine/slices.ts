@@ -3,7 +3,7 @@
  *  UnsortedSegmentSum (which tfjs-backend-wasm lacks: the gradient of gather, needed when embeddings
  *  train in full mode) sums in JS on the heap views. String tensors go to tfjs' kernels. */
 import * as tf from "@tensorflow/tfjs";
-import { heapKernels } from "./heap.ts";
+import { heapBlocks } from "./heap.ts";
 import { heapOffset, registerKernel, replaceKernel, type Backend } from "./kernels.ts";
 
 /** UnsortedSegmentSum for wasm, computed in JS on the heap views (only the gather gradient of a
@@ -102,10 +102,12 @@ function sliceView(backend: unknown, x: tf.TensorInfo, b0: number[], s0: number[
   const run = s0.slice(a).reduce((p, d) => p * d, 1);
   if (a > 0 && x.dtype !== "complex64" && s0.slice(0, a).every((d, i) => d === x.shape[i])) {
     // whole leading axes (a split's pieces, RoPE's halves): rows of `run` at one stride, one strided
-    // memory.copy in the heap module instead of a typed-array view and a set() per row
+    // memory.copy in the heap module (rows split over the helper threads from 256 KB) instead of a
+    // typed-array view and a set() per row
     const e = tf.util.bytesPerElement(x.dtype),
       offset = (t: tf.TensorInfo) => heapOffset(be, t);
-    heapKernels(be).copyRows(offset(out), e * run, offset(x) + e * b0[a] * strides[a], e * strides[a - 1], e * run, ov.length / run);
+    const src = offset(x) + e * b0[a] * strides[a];
+    heapBlocks(be, false, [[src, offset(out), e * strides[a - 1], e * run]], ov.length / run, e * run, e * ov.length);
     return out;
   }
   // runs over axes a.., looping over the leading indices
