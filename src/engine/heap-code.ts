@@ -16,7 +16,7 @@
  *    memory. `packT(b, dst, K, ldb, panels)`: the same from B stored transposed, [N, K] with row
  *    stride ldb.
  *  - `copyRows(dst, dstStride, src, srcStride, rowBytes, rows)`: rows of bytes between strided
- *    places (memory.copy per row), for the Concat and Slice kernels (concat.ts, backend.ts).
+ *    places (memory.copy per row), for the Concat, Slice and Transpose kernels (concat.ts, slices.ts, elementwise.ts).
  *  - `swiglu(gu, y, rows, I)`: y[r, j] = g / (1 + exp(−g)) · u for g = gu[r, j], u = gu[r, I + j]
  *    (gu [rows, 2I], y [rows, I]; I a multiple of 4), four lanes at a time. exp is Cephes' expf
  *    (a degree-5 polynomial on the reduced argument, within 2 ulp; 0 below −87, its argument clamped
@@ -36,8 +36,6 @@
  *    (op 0 add, 1 sub, 2 mul), b's row for row r at b + ⌊r / rep⌋·bs (bs = 4W: the same shape; 0: one
  *    row for all; a middle axis broadcast when rep > 1); op + 3: b is one value per group of rows.
  *    Each output is one float32 operation, so any split of the rows gives the same bits.
- *  - `transpose(src, dst, R, C, srs, dcs)`: dst[c·dcs + 4r] = src[r·srs + 4c], 4-byte elements
- *    (Transpose's blocks, transpose.ts).
  *  Sums over a row go four lanes at a time, lane sums added last as (l0 + l1) + (l2 + l3), so a row's
  *  result does not depend on which thread computes it.
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
@@ -49,7 +47,7 @@ import { I32, uleb, str, section, vec, op, F32 } from "./wasm-asm.ts";
 import { NPARAMS, tileBody, packBody, packTBody } from "./heap-gemm-code.ts";
 import { copyRowsBody, swigluBody, rowsBody, softmaxGradBody } from "./heap-row-code.ts";
 import { rmsNormBody } from "./heap-norm-code.ts";
-import { binaryBody, transposeBody } from "./heap-elementwise-code.ts";
+import { binaryBody } from "./heap-elementwise-code.ts";
 
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
@@ -86,7 +84,6 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     rmsNormBody(true, o.relaxed),
     softmaxGradBody(o.relaxed),
     binaryBody(),
-    transposeBody(),
   ].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
@@ -109,7 +106,6 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     "rmsNormGrad",
     "softmaxGrad",
     "binary",
-    "transpose",
   ];
   const types: Record<string, number> = {
     tile: 0,
@@ -129,7 +125,6 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     rmsNormGrad: 6,
     softmaxGrad: 4,
     binary: 7,
-    transpose: 2,
   };
   return Uint8Array.from([
     0x00,

@@ -1,13 +1,12 @@
-/** The element-wise and data-movement kernels of the heap module, as instructions: a float32 binary
- *  op (add, sub, mul) over rows with a broadcast operand, and a strided 2-D transpose of 4-byte
- *  elements. Their contracts are described in heap-code.ts. */
+/** The element-wise kernel of the heap module, as instructions: a float32 binary op (add, sub, mul)
+ *  over rows with a broadcast operand. Its contract is described in heap-code.ts. */
 import { I32, op, v, forLoop } from "./wasm-asm.ts";
 
 /** Binary ops by code (the `op` argument of binary): 0 add, 1 sub (a − b), 2 mul; +3: b is one value. */
 export const BINARY_OPS = { Add: 0, Sub: 1, Multiply: 2 } as const;
 const F32_OPS = [0x92, 0x93, 0x94]; // f32.add, f32.sub, f32.mul
 const V_OPS = [v.fadd, v.fsub, v.fmul];
-const i32 = { divU: [0x6e], and: [0x71], eq: [0x46], load: [0x28, 2, 0], store: [0x36, 2, 0] };
+const i32 = { divU: [0x6e], and: [0x71], eq: [0x46] };
 
 /** binary(a, b, out, r0, r1, W, rep, bs, op): rows r0..r1 − 1 of [rows, W]: out[r, j] = a[r, j] op
  *  b[⌊r / rep⌋·bs + j] (bs in bytes: 4W is the same shape, 0 one row for all), or op b[⌊r / rep⌋·bs]
@@ -82,48 +81,4 @@ export function binaryBody(): { locals: number[][]; code: number[] } {
       ...forLoop(r, op.get(r0), op.get(r1), op.i32(1), body),
     ],
   };
-}
-
-/** transpose(src, dst, R, C, srs, dcs): dst[c·dcs + 4r] = src[r·srs + 4c] for r < R, c < C (bytes;
- *  4-byte elements copied as bits, so float32 and int32 alike). Rows of src read in order. */
-export function transposeBody(): { locals: number[][]; code: number[] } {
-  const src = 0,
-    dst = 1,
-    R = 2,
-    C = 3,
-    srs = 4,
-    dcs = 5;
-  const r = 6,
-    c = 7,
-    ps = 8,
-    pd = 9;
-  const code = forLoop(r, op.i32(0), op.get(R), op.i32(1), [
-    ...op.get(src),
-    ...op.get(r),
-    ...op.get(srs),
-    ...op.mul,
-    ...op.add,
-    ...op.set(ps),
-    ...op.get(dst),
-    ...op.get(r),
-    ...op.i32(4),
-    ...op.mul,
-    ...op.add,
-    ...op.set(pd),
-    ...forLoop(c, op.i32(0), op.get(C), op.i32(1), [
-      ...op.get(pd),
-      ...op.get(ps),
-      ...i32.load,
-      ...i32.store,
-      ...op.get(ps),
-      ...op.i32(4),
-      ...op.add,
-      ...op.set(ps),
-      ...op.get(pd),
-      ...op.get(dcs),
-      ...op.add,
-      ...op.set(pd),
-    ]),
-  ]);
-  return { locals: [[4, I32]], code };
 }

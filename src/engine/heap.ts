@@ -132,7 +132,6 @@ export interface Kernels {
   rmsNorm: (x: number, w: number, y: number, rows: number, H: number, eps: number) => void;
   rmsNormGrad: (x: number, w: number, dy: number, dx: number, dw: number, rows: number, H: number, eps: number) => void;
   binary: (a: number, b: number, out: number, r0: number, r1: number, W: number, rep: number, bs: number, op: number) => void;
-  transpose: (src: number, dst: number, R: number, C: number, srs: number, dcs: number) => void;
   /** The imported heap, exported again (the helpers read job tables from it). */
   memory: WasmMemory;
 }
@@ -215,8 +214,7 @@ const JOB_GEMM = 0,
   JOB_RMS_NORM_GRAD = 6,
   JOB_SOFTMAX_GRAD = 8,
   JOB_BINARY = 9,
-  JOB_COPY_BLOCKS = 10,
-  JOB_TRANSPOSE_BLOCKS = 11;
+  JOB_COPY_BLOCKS = 10;
 /** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
@@ -294,9 +292,9 @@ function part(
  *  The gradient is shared out by blocks of 64 rows (NORM_BLOCK), the others by rows.
  *  binary: c = a op b, w = rep, aux = bs, bits = op (see heapBinary); with rep 0 the rows·I elements
  *  are shared out as one flat run (aux = 4: b too, aux = 0: b one value).
- *  Blocks (10: copyRows, 11: transpose): a a table of `rows` blocks of 4 u32 (src, dst, src row
- *  stride, row bytes or columns), each of I rows, b the destination stride; their I·rows rows are
- *  shared out in order, a part's range crossing blocks where it must. */
+ *  Copy blocks (10): a a table of `rows` blocks of 4 u32 (src, dst, src row stride, row bytes), each
+ *  of I rows, b the destination stride; their I·rows rows are shared out in order, a part's range
+ *  crossing blocks where it must. */
 function rowsPart(
   k: Kernels,
   job: number,
@@ -319,7 +317,7 @@ function rowsPart(
     if (e1 > e0) k.binary(a + 4 * e0, aux ? b + 4 * e0 : b, c + 4 * e0, 0, 1, e1 - e0, 1, 0, bits);
     return;
   }
-  if (job === 10 || job === 11) {
+  if (job === 10) {
     const t = new Uint32Array(k.memory.buffer, a, 4 * rows),
       u1 = Math.floor((rows * I * (index + 1)) / parts);
     for (let u = Math.floor((rows * I * index) / parts); u < u1;) {
@@ -327,8 +325,7 @@ function rowsPart(
         rr = u - blk * I,
         n = Math.min(I - rr, u1 - u);
       const [src, dst, srs, cb] = [t[4 * blk], t[4 * blk + 1], t[4 * blk + 2], t[4 * blk + 3]];
-      if (job === 10) k.copyRows(dst + rr * b, b, src + rr * srs, srs, cb, n);
-      else k.transpose(src + rr * srs, dst + 4 * rr, n, cb, srs, b);
+      k.copyRows(dst + rr * b, b, src + rr * srs, srs, cb, n);
       u += n;
     }
     return;
@@ -509,23 +506,24 @@ export function heapBinary(
   splitJob(heapEngine(backend), JOB_BINARY, rep === 0 ? rows * W : rows, rows * W, a, b, out, rows, W, rep, bs, op);
 }
 
-/** Blocks of strided rows moved on the heap, each block [src, dst, srs, cb] (byte offsets and the
- *  source row stride) of R rows: copied (transpose false: rows of cb bytes, dst rows `stride` apart)
- *  or transposed (rows of cb 4-byte elements to columns: dst[c·stride + 4r]). The rows are split over
- *  the helper threads when `bytes` in all reach 256 KB (the table of blocks then goes on the heap). */
-export function heapBlocks(backend: unknown, transpose: boolean, blocks: number[][], R: number, stride: number, bytes: number): void {
+/** Bytes from which a copy is split over the helpers: copies are bound by memory, and a decode
+ *  step's key/value appends (~600 KB) ran slower split than on one thread. */
+const PARALLEL_COPY_BYTES = 1 << 20;
+
+/** Blocks of strided rows copied on the heap, each block [src, dst, srs, rowBytes] (byte offsets and
+ *  the source row stride) of R rows, the destination rows `stride` apart. The rows are split over the
+ *  helper threads when `bytes` in all reach 1 MB (the table of blocks then goes on the heap). */
+export function heapBlocks(backend: unknown, blocks: number[][], R: number, stride: number, bytes: number): void {
   const e = heapEngine(backend),
     units = blocks.length * R;
-  if (!(ready(e.pool) && bytes >= 4 * PARALLEL_ELEMENTS && units > 1)) {
-    for (const [src, dst, srs, cb] of blocks)
-      if (transpose) e.k.transpose(src, dst, R, cb, srs, stride);
-      else e.k.copyRows(dst, stride, src, srs, cb, R);
+  if (!(ready(e.pool) && bytes >= PARALLEL_COPY_BYTES && units > 1)) {
+    for (const [src, dst, srs, cb] of blocks) e.k.copyRows(dst, stride, src, srs, cb, R);
     return;
   }
   const table = e.malloc(16 * blocks.length) >>> 0;
   try {
     new Uint32Array(e.memory.buffer, table, 4 * blocks.length).set(blocks.flat());
-    splitJob(e, transpose ? JOB_TRANSPOSE_BLOCKS : JOB_COPY_BLOCKS, units, bytes / 4, table, stride, 0, blocks.length, R, 0, 0, 0);
+    splitJob(e, JOB_COPY_BLOCKS, units, bytes / 4, table, stride, 0, blocks.length, R, 0, 0, 0);
   } finally {
     e.free(table);
   }

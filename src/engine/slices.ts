@@ -102,12 +102,12 @@ function sliceView(backend: unknown, x: tf.TensorInfo, b0: number[], s0: number[
   const run = s0.slice(a).reduce((p, d) => p * d, 1);
   if (a > 0 && x.dtype !== "complex64" && s0.slice(0, a).every((d, i) => d === x.shape[i])) {
     // whole leading axes (a split's pieces, RoPE's halves): rows of `run` at one stride, one strided
-    // memory.copy in the heap module (rows split over the helper threads from 256 KB) instead of a
+    // memory.copy in the heap module (rows split over the helper threads from 1 MB) instead of a
     // typed-array view and a set() per row
     const e = tf.util.bytesPerElement(x.dtype),
       offset = (t: tf.TensorInfo) => heapOffset(be, t);
     const src = offset(x) + e * b0[a] * strides[a];
-    heapBlocks(be, false, [[src, offset(out), e * strides[a - 1], e * run]], ov.length / run, e * run, e * ov.length);
+    heapBlocks(be, [[src, offset(out), e * strides[a - 1], e * run]], ov.length / run, e * run, e * ov.length);
     return out;
   }
   // runs over axes a.., looping over the leading indices

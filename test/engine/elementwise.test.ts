@@ -1,5 +1,5 @@
 /** The wasm Add, Sub, Multiply and Transpose kernels (src/engine/elementwise.ts), and Concat and
- *  SplitV at sizes that split over the helper threads, against the cpu backend's kernels, in each
+ *  SplitV at sizes that split over the helper threads (≥ 1 MB), against the cpu backend's kernels, in each
  *  build of the heap module: equal bit for bit, small and large (≥ 64 K elements: split when the
  *  backend has threads), with the broadcasts they take and those they leave to tfjs (int32, both
  *  operands broadcast, a broadcast first operand of Sub); tensor counts stay flat. */
@@ -69,16 +69,19 @@ describe("wasm element-wise kernels", () => {
     expect(binaryPlan([3, 16, 8], [1, 16, 1])).toBeNull(); // two broadcast runs
   });
 
-  it("plans transposes as blocks of row copies or of transposed rows", () => {
+  it("plans transposes that keep the last axis as blocks of row copies, and leave the others to tfjs", () => {
     // [B, T, H, hd] → [B, H, T, hd]: B·H blocks of T rows of hd floats
     const q = transposePlan([2, 8, 4, 16], [0, 2, 1, 3])!;
-    expect({ ...q, blocks: q.blocks.length }).toEqual({ transpose: false, R: 8, stride: 64, blocks: 8 });
-    expect(q.blocks[1]).toEqual([64, 512, 256, 64]); // h = 1: src + hd floats, dst + T·hd floats
-    // [B, T, H, hd] → [B, H, hd, T]: B transposed [T, H·hd] blocks
-    const k = transposePlan([2, 8, 4, 16], [0, 2, 3, 1])!;
-    expect({ ...k, blocks: k.blocks.length }).toEqual({ transpose: true, R: 8, stride: 32, blocks: 2 }); // H and hd merged
+    expect({ ...q, blocks: q.blocks.length }).toEqual({ R: 8, stride: 64, blocks: 8 });
+    expect(q.blocks[1]).toEqual([64, 512, 256, 64]); // h = 1: src + hd floats, dst + T·hd floats, src rows H·hd apart
     expect(transposePlan([2, 1, 4, 16], [0, 2, 1, 3])!.blocks).toEqual([[0, 0, 512, 512]]); // a size-1 axis: one copy
-    expect(transposePlan([64, 2, 2], [0, 2, 1])).toBeNull(); // 2 floats a row
+    expect(transposePlan([4, 6, 8, 16], [1, 0, 2, 3])).toEqual({
+      R: 4,
+      stride: 512,
+      blocks: [0, 1, 2, 3, 4, 5].map((i) => [512 * i, 2048 * i, 3072, 512]),
+    }); // axes 2, 3 merged
+    expect(transposePlan([2, 8, 4, 16], [0, 2, 3, 1])).toBeNull(); // the last axis moves
+    expect(transposePlan([64, 2, 2], [0, 2, 1])).toBeNull();
   });
 
   for (const build of builds)
@@ -172,11 +175,11 @@ describe("wasm element-wise kernels", () => {
       for (const dtype of ["float32", "int32"] as const)
         for (const [shape, perm] of perms)
           await expectCpuEqual(`${build} Transpose ${dtype} ${shape} by ${perm}`, [input(shape, dtype)], ([x]) => tf.transpose(x, perm));
-      const a = input([300, 256], "float32"),
-        b = input([300, 100], "float32");
+      const a = input([1024, 256], "float32"),
+        b = input([1024, 100], "float32");
       await expectCpuEqual(`${build} Concat, split`, [a, b], ([x, y]) => tf.concat([x, y, x], 1));
-      await expectCpuEqual(`${build} SplitV, split`, [a], ([x]) => tf.split(x, [56, 200], 1));
-      await expectCpuEqual(`${build} SplitV, leading axis`, [a], ([x]) => tf.split(x, [100, 200], 0));
+      await expectCpuEqual(`${build} SplitV, split`, [a, b], ([x, y]) => tf.split(tf.concat([x, y, x], 1), [56, 500, 56], 1));
+      await expectCpuEqual(`${build} SplitV, leading axis`, [a], ([x]) => tf.split(x, [100, 924], 0));
     });
 
   it("split large inputs over the helper threads (where the backend has them), not small ones or tfjs' cases", async () => {
@@ -187,17 +190,18 @@ describe("wasm element-wise kernels", () => {
       return splitJobCount() - before;
     };
     const n = wasmThreads() > 1 ? 1 : 0;
-    const [x, w, k] = [tf.ones([300, 256]), tf.ones([256]), tf.ones([8, 64, 2, 64])];
+    const [x, w, k, big] = [tf.ones([300, 256]), tf.ones([256]), tf.ones([8, 256, 2, 64]), tf.ones([1024, 256])];
     // the helper threads start in the background with the heap engine: wait until they take jobs
     for (let t = 0; n && t < 100 && splits(() => tf.add(x, x)) === 0; t++) await new Promise((r) => setTimeout(r, 50));
     expect(splits(() => [tf.add(x, w), tf.mul(x, 0.5), tf.sub(x, x)])).toBe(3 * n);
-    expect(splits(() => [tf.transpose(k, [0, 2, 3, 1]), tf.transpose(k, [0, 2, 1, 3])])).toBe(2 * n);
-    expect(splits(() => tf.split(tf.concat([x, x], 1), [256, 256], 1))).toBe(3 * n); // ≥ 256 KB each
-    expect(splits(() => tf.split(x, [56, 200], 1))).toBe(0);
+    // copies from 1 MB
+    expect(splits(() => [tf.transpose(k, [0, 2, 3, 1]), tf.transpose(k, [0, 2, 1, 3])])).toBe(n);
+    expect(splits(() => tf.split(tf.concat([big, big], 1), [256, 256], 1))).toBe(3 * n);
+    expect(splits(() => [tf.concat([x, x], 1), ...tf.split(x, [56, 200], 1)])).toBe(0);
     expect(
       splits(() => [tf.add(w, w), tf.add(tf.cast(x, "int32"), tf.scalar(1, "int32")), tf.transpose(tf.ones([64, 2, 2]), [0, 2, 1])]),
     ).toBe(0);
-    tf.dispose([x, w, k]);
+    tf.dispose([x, w, k, big]);
   });
 
   it("keep tensor counts flat", async () => {
@@ -208,7 +212,7 @@ describe("wasm element-wise kernels", () => {
     const step = () =>
       tf.tidy(() => {
         tf.add(tf.mul(x, w), tf.sub(x, 2));
-        tf.transpose(tf.transpose(k, [0, 2, 3, 1]), [0, 3, 1, 2]);
+        tf.transpose(tf.transpose(k, [0, 2, 1, 3]), [0, 2, 1, 3]);
       });
     step();
     const before = tf.memory().numTensors;
