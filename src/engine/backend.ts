@@ -21,7 +21,7 @@ import "@tensorflow/tfjs-backend-wasm";
 import { UsageError } from "../util/errors.ts";
 import { registerWebgpu } from "./webgpu.ts";
 import { registerWasmConcat } from "./concat.ts";
-import { registerWasmElementwise, registerWasmTranspose } from "./elementwise.ts";
+import { registerWasmElementwise } from "./elementwise.ts";
 import { registerWasmGather } from "./gather.ts";
 import { registerWasmGemm } from "./gemm.ts";
 import { registerFastSlice, registerSegmentSum, registerSharedIdentity } from "./slices.ts";
@@ -114,7 +114,6 @@ export function registerWasmExtras(): void {
   registerWasmGemm();
   registerWasmConcat();
   registerWasmElementwise();
-  registerWasmTranspose();
   registerWasmGather();
   registerSegmentSum();
 }

@@ -1,14 +1,14 @@
-/** The wasm backend's float32 Add, Sub and Multiply, and its Transpose of 4-byte elements that keeps
- *  the last axis, on the heap module (heap-elementwise-code.ts; a Transpose is row copies), split
- *  over the helper threads from 64 K elements (copies from 1 MB). tfjs' own
- *  kernels run on one thread: a small training step spent ~50 ms of 680 in them with 2 threads.
- *  Each output is the same single float32 operation tfjs does, so results are tfjs' bit for bit and
- *  do not depend on the thread count. Left to tfjs: other dtypes, and broadcasts other than b (or a,
- *  for Add and Multiply) repeated over leading axes, over one run of middle axes ([B, 1, T, S] on
- *  [B, H, T, S]) or as one value per row; transposes that move the last axis or whose blocks are too
- *  small to repay the calls. */
+/** The wasm backend's float32 Add, Sub and Multiply on the heap module (heap-elementwise-code.ts),
+ *  split over the helper threads from 64 K elements. tfjs' own kernels run on one thread: a small
+ *  training step spent ~50 ms of 680 in them with 2 threads. Each output is the same single float32
+ *  operation tfjs does, so results are tfjs' bit for bit and do not depend on the thread count. Left
+ *  to tfjs: other dtypes, and broadcasts other than b (or a, for Add and Multiply) repeated over
+ *  leading axes, over one run of middle axes ([B, 1, T, S] on [B, H, T, S]) or as one value per row.
+ *  Also left: Transpose. Its attention layouts as row copies in the module ([0, 2, 1, 3]: memory.copy
+ *  per 256-byte row) ran no faster than tfjs' C++ kernel on one thread and slower split; moving the
+ *  last axis element by element ran at half its speed. */
 import * as tf from "@tensorflow/tfjs";
-import { heapBinary, heapBlocks } from "./heap.ts";
+import { heapBinary } from "./heap.ts";
 import { BINARY_OPS } from "./heap-elementwise-code.ts";
 import { heapOffset, replaceKernel, type Backend } from "./kernels.ts";
 
@@ -67,71 +67,4 @@ export function registerWasmElementwise(): void {
       return out;
     });
   }
-}
-
-/** Elements per block below which a transpose stays with tfjs (one memory.copy per row of a block). */
-const MIN_BLOCK = 64;
-
-/** Transpose of x (shape) by perm as blocks of row copies, in bytes from x's and the output's offsets:
- *  { R, stride, blocks: [src, dst, srs, rowBytes] }, or null for tfjs' kernel. Axes of size 1 are
- *  dropped and input axes that stay neighbours are merged first; the input's last axis must stay last
- *  (rows of ≥ 4 elements), so [B, T, H, hd] by [0, 2, 1, 3] is B·H blocks of T rows of hd floats.
- *  A transpose that moves the last axis ([0, 2, 3, 1], the keys) stays with tfjs: an element-by-element
- *  kernel here ran at half the speed of its C++ one. */
-export function transposePlan(shape: number[], perm: number[]): { R: number; stride: number; blocks: number[][] } | null {
-  // drop size-1 axes, then merge runs of input axes that stay in order in the output
-  const keep = shape.map((d, i) => (d === 1 ? -1 : i)).filter((i) => i >= 0);
-  const p0 = perm.filter((a) => shape[a] !== 1).map((a) => keep.indexOf(a));
-  const groups: number[][] = [];
-  for (const a of p0) {
-    const g = groups[groups.length - 1];
-    if (g && g[g.length - 1] === a - 1) g.push(a);
-    else groups.push([a]);
-  }
-  const order = [...groups].sort((x, y) => x[0] - y[0]); // the merged input axes, in input order
-  const xs = order.map((g) => g.reduce((p, a) => p * shape[keep[a]], 1));
-  const p = groups.map((g) => order.indexOf(g));
-  const k = xs.length,
-    n = xs.reduce((a, b) => a * b, 1);
-  if (k <= 1) return { R: 1, stride: 4 * n, blocks: [[0, 0, 4 * n, 4 * n]] };
-  const st = tf.util.computeStrides(xs).concat(1),
-    os = p.map((a) => xs[a]),
-    ot = tf.util.computeStrides(os).concat(1);
-  // a block: the output's last two axes, rows of the (kept) last axis read at the input's stride
-  const outer = os.slice(0, k - 2),
-    count = outer.reduce((c, d) => c * d, 1);
-  if (p[k - 1] !== k - 1 || n / count < MIN_BLOCK || xs[k - 1] < 4) return null;
-  const blocks: number[][] = [];
-  const idx = new Array(k - 2).fill(0);
-  for (let c = 0; c < count; c++) {
-    let src = 0,
-      dst = 0;
-    for (let i = 0; i < k - 2; i++) ((src += 4 * idx[i] * st[p[i]]), (dst += 4 * idx[i] * ot[i]));
-    blocks.push([src, dst, 4 * st[p[k - 2]], 4 * xs[k - 1]]);
-    for (let i = k - 3; i >= 0; i--) {
-      if (++idx[i] < outer[i]) break;
-      idx[i] = 0;
-    }
-  }
-  return { R: os[k - 2], stride: 4 * xs[k - 1], blocks };
-}
-
-export function registerWasmTranspose(): void {
-  replaceKernel("Transpose", "wasm", (fallback) => (args) => {
-    const x = (args.inputs as { x: tf.TensorInfo }).x;
-    const perm = (args.attrs as { perm: number[] }).perm;
-    if (x.dtype !== "float32" && x.dtype !== "int32") return fallback(args);
-    const plan = tf.util.sizeFromShape(x.shape) > 0 ? transposePlan(x.shape, perm) : null;
-    if (!plan) return fallback(args);
-    const be = args.backend as Backend,
-      out = be.makeOutput(
-        perm.map((a) => x.shape[a]),
-        x.dtype,
-      ) as tf.TensorInfo;
-    const px = heapOffset(be, x),
-      po = heapOffset(be, out);
-    const blocks = plan.blocks.map(([s, d, srs, cb]) => [px + s, po + d, srs, cb]);
-    heapBlocks(be, blocks, plan.R, plan.stride, 4 * tf.util.sizeFromShape(x.shape));
-    return out;
-  });
 }

@@ -16,7 +16,7 @@
  *    memory. `packT(b, dst, K, ldb, panels)`: the same from B stored transposed, [N, K] with row
  *    stride ldb.
  *  - `copyRows(dst, dstStride, src, srcStride, rowBytes, rows)`: rows of bytes between strided
- *    places (memory.copy per row), for the Concat, Slice and Transpose kernels (concat.ts, slices.ts, elementwise.ts).
+ *    places (memory.copy per row), for the Concat and Slice kernels (concat.ts, slices.ts).
  *  - `swiglu(gu, y, rows, I)`: y[r, j] = g / (1 + exp(−g)) · u for g = gu[r, j], u = gu[r, I + j]
  *    (gu [rows, 2I], y [rows, I]; I a multiple of 4), four lanes at a time. exp is Cephes' expf
  *    (a degree-5 polynomial on the reduced argument, within 2 ulp; 0 below −87, its argument clamped
