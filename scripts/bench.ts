@@ -7,6 +7,7 @@ import { runMain } from "../src/run/cli.ts";
 import { UsageError } from "../src/util/errors.ts";
 import * as tf from "@tensorflow/tfjs";
 import { benchContext, BENCH_CONFIGS, kernelCounts, layerTracedCounts, profileTop, WORKLOADS } from "./lib/bench.ts";
+import "./lib/grpo-shape.ts"; // registers grpo_step
 import { webgpuIsSoftware } from "../src/engine/webgpu.ts";
 import type { Quantize } from "../src/model/types.ts";
 import { threadsOption } from "../src/run/options.ts";
@@ -20,6 +21,10 @@ const opts = new Command()
   .option("--workloads <list>", `comma list of ${WORKLOADS.map((w) => w.name).join(", ")}`, defaults.workloads)
   .option("--backend <name>", BACKEND_NAMES.join(" | "), defaults.backend)
   .option("--repeat <n>", "timed runs per workload, median reported (default: 5 on small, 1 on 0.5b)")
+  .option(
+    "--layers <n>",
+    "decoder layers of the models (default: the config's own; e.g. 4 of 0.5b's 24, reported as 0.5b-4l: the layers' cost scales with the count, the head's is paid in full)",
+  )
   .addOption(threadsOption())
   .option(
     "--profile",
@@ -27,7 +32,7 @@ const opts = new Command()
     defaults.profile,
   )
   .parse()
-  .opts<typeof defaults & { threads: ThreadsSpec; repeat?: string }>();
+  .opts<typeof defaults & { threads: ThreadsSpec; repeat?: string; layers?: string }>();
 
 await runMain(async () => {
   const configs = opts.config === "all" ? Object.keys(BENCH_CONFIGS) : opts.config.split(",");
@@ -37,6 +42,9 @@ await runMain(async () => {
     .filter(Boolean); // "" = none (--profile then prints the step budget only)
   if (opts.repeat !== undefined && !/^[1-9][0-9]*$/.test(opts.repeat))
     throw new UsageError(`--repeat must be a whole number ≥ 1, got "${opts.repeat}"`);
+  if (opts.layers !== undefined && !/^[1-9][0-9]*$/.test(opts.layers))
+    throw new UsageError(`--layers must be a whole number ≥ 1, got "${opts.layers}"`);
+  const layers = opts.layers ? { numHiddenLayers: Number(opts.layers) } : {};
   for (const c of configs)
     if (!BENCH_CONFIGS[c]) throw new UsageError(`unknown bench config "${c}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}, all`);
   for (const n of names)
@@ -44,7 +52,7 @@ await runMain(async () => {
       throw new UsageError(`unknown workload "${n}"; accepted: ${WORKLOADS.map((w) => w.name).join(", ")}`);
   await initBackend(opts.backend, { threads: opts.threads });
   for (const c of configs) {
-    const ctx = benchContext(c, opts.quantize as Quantize, opts.repeat ? Number(opts.repeat) : c === "small" ? 5 : 1);
+    const ctx = benchContext(c, opts.quantize as Quantize, opts.repeat ? Number(opts.repeat) : c === "small" ? 5 : 1, 0, layers);
     if (opts.profile) {
       // 0.5B: counted from 1- and 2-layer models (exact); on a software adapter from short sequences
       // (a 2 × 256 step of the vocabulary head alone is ~0.5 TFLOP there), which changes only how many

@@ -10,18 +10,14 @@ import { Command } from "commander";
 import { spawnSync } from "node:child_process";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../src/engine/backend.ts";
 import { registerWebgpu } from "../src/engine/webgpu.ts";
 import { createModel } from "../src/model/load.ts";
 import { LORA_TARGETS } from "../src/model/types.ts";
-import { sampleTokens } from "../src/rollout/sampler.ts";
 import { runMain } from "../src/run/cli.ts";
-import { grpoStep, type GrpoRollout } from "../src/trainer/grpo.ts";
-import { AdamW } from "../src/trainer/optimizer.ts";
 import { UsageError } from "../src/util/errors.ts";
-import { Rng } from "../src/util/rng.ts";
-import { benchContext, BENCH_CONFIGS, tokenBatch, WORKLOADS, type Measurement } from "./lib/bench.ts";
+import { benchContext, BENCH_CONFIGS, WORKLOADS, type Measurement } from "./lib/bench.ts";
+import { GRPO_SHAPES, grpoShape } from "./lib/grpo-shape.ts";
 
 const defaults = { config: "0.5b", out: "outputs/gpu-check.json", allowSoftware: false };
 const opts = new Command("gpu-check")
@@ -34,17 +30,11 @@ const opts = new Command("gpu-check")
 
 /** The parity subset: the golden suite and the held-out Qwen2 variant against PyTorch, on webgpu. */
 const PARITY = ["test/engine/webgpu/parity.test.ts", "test/engine/webgpu/variant.test.ts"];
-/** The GRPO step per config: questions × samples rollouts of promptLen + newTokens. */
-const STEP = {
-  "0.5b": { questions: 4, samples: 8, promptLen: 220, newTokens: 256, microBatch: 8 },
-  small: { questions: 2, samples: 2, promptLen: 16, newTokens: 8, microBatch: 4 },
-} as const;
-
 const now = () => performance.now() / 1000;
 
 await runMain(async () => {
   const t0 = now();
-  if (!(opts.config in STEP)) throw new UsageError(`--config must be 0.5b or small, got "${opts.config}"`);
+  if (!(opts.config in GRPO_SHAPES)) throw new UsageError(`--config must be 0.5b or small, got "${opts.config}"`);
   const probe = await registerWebgpu(false);
   if (!probe.ok) throw new UsageError(`gpu-check: ${probe.reason}`);
   const { info } = probe;
@@ -71,9 +61,15 @@ await runMain(async () => {
   for (const m of bench) console.log(`bench small ${m.workload}: ${m.tokens_per_s} tokens/s`);
 
   // 3. one GRPO step of the config's shape
-  const grpo = await grpoShape(opts.config as keyof typeof STEP);
+  const model = await createModel(BENCH_CONFIGS[opts.config], {
+    seed: 0,
+    quantize: "nf4",
+    lora: { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] },
+  });
+  const grpo = { config: opts.config, ...(await grpoShape(model, GRPO_SHAPES[opts.config])) };
+  model.dispose();
   console.log(
-    `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}), update ${grpo.updateSeconds} s`,
+    `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}), update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)})`,
   );
 
   const record = {
@@ -93,74 +89,4 @@ await runMain(async () => {
 
 function round(x: number): number {
   return Math.round(x * 100) / 100;
-}
-
-/** Rollouts (prefill, then newTokens − 1 decode steps with the device sampler at temperature 1, the
- *  base unpacked as rollouts do) and one GRPO update (β 0.04: the KL reference pass included). */
-async function grpoShape(name: keyof typeof STEP) {
-  const s = STEP[name],
-    config = BENCH_CONFIGS[name];
-  const rows = s.questions * s.samples;
-  const model = await createModel(config, {
-    seed: 0,
-    quantize: "nf4",
-    lora: { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] },
-  });
-  const prompts = tokenBatch(s.questions, s.promptLen, config.vocabSize, 3).flatMap((p) => Array.from({ length: s.samples }, () => p));
-  const rng = new Rng(1);
-  const tr = now();
-  const release = model.unpackBase?.() ?? (() => {});
-  const generated: number[][] = prompts.map(() => []);
-  try {
-    const { logits, cache } = model.prefill(
-      prompts,
-      prompts.map((r) => r.map(() => 1)),
-    );
-    let lg = logits;
-    for (let t = 0; t < s.newTokens; t++) {
-      const { tokens } = await sampleTokens(lg, { temperature: 1 }, rng);
-      lg.dispose();
-      tokens.forEach((tok, i) => generated[i].push(tok));
-      if (t === s.newTokens - 1) break;
-      lg = model.decodeStep(tokens, cache);
-    }
-    cache.dispose();
-  } finally {
-    release();
-  }
-  const rolloutSeconds = now() - tr;
-  const batch: GrpoRollout[] = prompts.map((p, i) => ({
-    ids: [...p, ...generated[i]],
-    lossMask: [...p.map(() => 0), ...generated[i].map(() => 1)],
-    advantage: i % 2 ? 1 : -1,
-  }));
-  const optimizer = new AdamW(model.trainableVariables(), { lr: 1e-5 });
-  const tu = now();
-  const stats = await grpoStep(model, optimizer, batch, {
-    beta: 0.04,
-    epsilon: 0.2,
-    epsilonHigh: 0.28,
-    lossType: "grpo",
-    maxNewTokens: s.newTokens,
-    numIterations: 1,
-    maxGradNorm: 1,
-    lr: 1e-5,
-    microBatchSize: s.microBatch,
-  });
-  const updateSeconds = now() - tu;
-  optimizer.dispose();
-  model.dispose();
-  if (!Number.isFinite(stats.loss)) throw new Error(`gpu-check: the GRPO step's loss is ${stats.loss}`);
-  return {
-    config: name,
-    rows,
-    promptTokens: s.promptLen,
-    newTokens: s.newTokens,
-    rolloutSeconds: round(rolloutSeconds),
-    sampledTokensPerS: round((rows * s.newTokens) / rolloutSeconds),
-    updateSeconds: round(updateSeconds),
-    loss: stats.loss,
-    tokens: stats.tokens,
-    backend: tf.getBackend(),
-  };
 }

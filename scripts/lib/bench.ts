@@ -26,10 +26,14 @@ export interface Measurement {
   peak_heap_bytes?: number;
   /** Seconds of every timed run when there were several (`seconds` is their median). */
   runs?: number[];
+  /** Seconds of the run's parts, by name (a workload that times phases apart, e.g. grpo_step). */
+  parts?: Record<string, number>;
   note?: string;
 }
 export interface BenchContext {
   configName: string;
+  /** The config as reported: its name, or e.g. "0.5b-4l" when run with fewer layers than its own. */
+  label: string;
   config: Qwen2Config;
   quantize: Quantize;
   /** Timed runs per workload (after a warm-up on the small config); the median is reported. */
@@ -186,17 +190,25 @@ registerWorkload({
   },
 });
 
+/** The decode workload's shape per config: small as the README's table; 0.5b at a GRPO step's batch
+ *  and prompt length (4 × 8 rollouts after ~220 tokens), with fewer new tokens so a run takes minutes. */
+const DECODE_SHAPES: Record<string, { batch: number; promptLen: number; newTokens: number }> = {
+  small: { batch: 8, promptLen: 128, newTokens: 64 },
+  "0.5b": { batch: 32, promptLen: 220, newTokens: 32 },
+};
+
 registerWorkload({
   name: "decode",
   description:
-    "greedy decoding with KV cache: batch 8, 128-token prompt (prefill timed separately), 64 new tokens; a quantized base is unpacked first, as rollouts do (timed apart)",
+    "greedy decoding with KV cache: small batch 8 after a 128-token prompt, 64 new tokens; 0.5b batch 32 (a GRPO step's) after 220 tokens, 32 new tokens; prefill timed separately; a quantized base is unpacked first, as rollouts do (timed apart)",
   async run(ctx) {
+    const { batch: B, promptLen, newTokens } = DECODE_SHAPES[ctx.configName] ?? DECODE_SHAPES.small;
     const model = await ctx.model(false);
     const tUnpack = now();
     const release = model.unpackBase?.() ?? (() => {});
     const unpackSeconds = now() - tUnpack;
     const once = async (b: number) => {
-      const ids = tokenBatch(b, 128, ctx.config.vocabSize, 7);
+      const ids = tokenBatch(b, promptLen, ctx.config.vocabSize, 7);
       const t0 = now();
       const { logits, cache } = model.prefill(
         ids,
@@ -206,7 +218,7 @@ registerWorkload({
       let next = Array.from(await tok.data());
       tf.dispose([logits, tok]);
       const t1 = now();
-      for (let s = 1; s < 64; s++) {
+      for (let s = 1; s < newTokens; s++) {
         const lg = model.decodeStep(next, cache);
         tok = tf.tidy(() => tf.argMax(lg, 1));
         next = Array.from(await tok.data()); // the rollout loop reads every token back to the host
@@ -217,13 +229,13 @@ registerWorkload({
       return { prefill: t1 - t0, decode: t2 - t1 };
     };
     try {
-      if (ctx.configName === "small") await once(8);
-      const r = await timed(ctx.repeat, () => once(8));
+      if (ctx.configName === "small") await once(B);
+      const r = await timed(ctx.repeat, () => once(B));
       const note = model.quantize === "none" ? undefined : `base unpacked for generation in ${unpackSeconds.toFixed(2)} s`;
       return [
-        ctx.measure({ workload: "prefill", batch: 8, tokens: 8 * 128, ...r.prefill, note }),
-        // 63 decode steps after the token that prefill produced: 64 new tokens per row in all
-        ctx.measure({ workload: "decode", batch: 8, tokens: 8 * 63, ...r.decode, note }),
+        ctx.measure({ workload: "prefill", batch: B, tokens: B * promptLen, ...r.prefill, note }),
+        // newTokens − 1 decode steps after the token that prefill produced: newTokens per row in all
+        ctx.measure({ workload: "decode", batch: B, tokens: B * (newTokens - 1), ...r.decode, note }),
       ];
     } finally {
       release();
@@ -420,8 +432,11 @@ export function benchContext(
   const config = BENCH_CONFIGS[configName] && { ...BENCH_CONFIGS[configName], ...override };
   if (!config) throw new Error(`unknown bench config "${configName}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}`);
   const models = new Map<boolean, Qwen2ForCausalLM>();
+  const base = BENCH_CONFIGS[configName].numHiddenLayers;
+  const label = config.numHiddenLayers === base ? configName : `${configName}-${config.numHiddenLayers}l`;
   return {
     configName,
+    label,
     config,
     quantize,
     repeat,
@@ -446,7 +461,7 @@ export function benchContext(
       backend: tf.getBackend(),
       threads: wasmThreads(),
       ...(tf.getBackend() === "wasm" ? { wasm_simd: wasmSimd() } : {}),
-      config: configName,
+      config: label,
       quantize,
       tokens_per_s: Math.round((m.tokens / m.seconds) * 10) / 10,
       peak_heap_bytes: heapBytes(),

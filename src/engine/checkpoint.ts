@@ -29,6 +29,14 @@ interface EngineInternals {
 }
 const engine = () => tf.engine() as unknown as EngineInternals;
 
+/** Seconds spent so far (in this process) running checkpointed functions again in backward passes:
+ *  a trainer reads it before and after a step to report recomputation apart from the backward pass.
+ *  Wall time of the calls, so on an asynchronous backend (webgpu) the time to queue the work. */
+let recomputed = 0;
+export function recomputeSeconds(): number {
+  return recomputed;
+}
+
 /** f(x, consts) recording only x, `consts` and `vars` on the gradient tape. `consts` are tensors f reads
  *  that get no gradient (they are kept for the recomputation, which runs after the caller's tidy has
  *  freed its own copies); `vars` must hold every trainable variable f reads; f must be deterministic.
@@ -55,7 +63,17 @@ function gradOf<T extends tf.Tensor>(f: (x: T) => T, x: T, vars: tf.Variable[], 
   st.gradientDepth = 0;
   let res: { value: tf.Tensor; grads: (tf.Tensor | null)[] };
   try {
-    res = engine().gradients(() => f(x), [x, ...vars], dy, true);
+    res = engine().gradients(
+      () => {
+        const t0 = performance.now();
+        const y = f(x);
+        recomputed += (performance.now() - t0) / 1000;
+        return y;
+      },
+      [x, ...vars],
+      dy,
+      true,
+    );
   } finally {
     st.activeTape = outer.activeTape;
     st.gradientDepth = outer.gradientDepth;

@@ -11,6 +11,7 @@ import type { CausalLM } from "../model/types.ts";
 import { microBatchRows, rightPad, type PaddedBatch } from "./batch.ts";
 import { NonFiniteError } from "../util/errors.ts";
 import { accumulateGrads, stopGradient } from "./grads.ts";
+import { recomputeSeconds } from "../engine/checkpoint.ts";
 import type { AdamW } from "./optimizer.ts";
 import { checkPolicyLossConfig, policyLoss, readSums, statsFromSums, type LossNormalizer, type PolicyLossConfig } from "./policy-loss.ts";
 
@@ -55,6 +56,19 @@ export interface GrpoStats {
   maskedTruncated: number; // truncated rollouts given weight 0 (maskTruncatedCompletions)
   behaviourGap: number; // mean |log π_trainer − log π_behaviour| per counted token before the update (NaN: no behaviour log-probs)
   behaviourDelta: number; // mean (log π_trainer − log π_behaviour), the same tokens
+  /** Wall seconds of the step's parts, summed over micro-batches and iterations (absent when nothing
+   *  was updated). On an asynchronous backend (webgpu) a part's time is the time to queue its work,
+   *  except where a read waits for it. */
+  seconds?: GrpoSeconds;
+}
+
+export interface GrpoSeconds {
+  reference: number; // π_ref log-probs (β > 0)
+  old: number; // π_old log-probs (numIterations > 1)
+  forward: number; // training forwards and the loss
+  recompute: number; // checkpointed layers run again in the backward passes
+  backward: number; // the backward passes, recomputation excluded
+  optimizer: number; // gradient clipping and AdamW
 }
 
 /** The stats of a step that updates nothing (no rollout carries signal or a token to train). */
@@ -117,6 +131,8 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
     : null;
 
   // Fixed for all iterations: π_old (only needed when the policy moves between iterations) and π_ref.
+  const seconds: GrpoSeconds = { reference: 0, old: 0, forward: 0, recompute: 0, backward: 0, optimizer: 0 };
+  const now = () => performance.now() / 1000;
   const oldLogp: (tf.Tensor2D | null)[] = [];
   const refLogp: (tf.Tensor2D | null)[] = [];
   const vars = model.trainableVariables();
@@ -136,8 +152,12 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
   };
   try {
     for (const mb of mbs) {
+      const t0 = now();
       oldLogp.push(cfg.numIterations > 1 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { training: false }).logprobs : null);
+      const t1 = now();
       refLogp.push(cfg.beta > 0 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { adapters: false }).logprobs : null);
+      seconds.old += t1 - t0;
+      seconds.reference += now() - t1;
     }
     for (let it = 0; it < cfg.numIterations; it++) {
       let acc: tf.NamedTensorMap | null = null;
@@ -148,6 +168,9 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
           let sums: ReturnType<typeof policyLoss>["sums"] | null = null;
           let entropySum: tf.Scalar | null = null;
           let gapSums: tf.Tensor1D | null = null;
+          const t0 = now(),
+            r0 = recomputeSeconds();
+          let forwardSeconds = 0;
           const { value, grads } = tf.variableGrads(() => {
             const out = model.tokenLogprobs(mb.ids, mb.attentionMask, { training: true, withEntropy: it === 0 });
             const logp = out.logprobs; // [n, L]
@@ -177,8 +200,13 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
             Object.values(r.sums).forEach((t) => tf.keep(t)); // read after the backward pass
             sums = r.sums;
             if (out.entropy) entropySum = tf.keep(tf.sum(tf.mul(out.entropy, mask)));
+            forwardSeconds = now() - t0;
             return r.loss;
           }, vars);
+          const recompute = recomputeSeconds() - r0;
+          seconds.forward += forwardSeconds;
+          seconds.recompute += recompute;
+          seconds.backward += now() - t0 - forwardSeconds - recompute;
           acc = accumulateGrads(acc, grads);
           loss += (await value.data())[0];
           value.dispose();
@@ -202,7 +230,9 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
           }
         }
         if (!Number.isFinite(loss)) throw new NonFiniteError("GRPO loss", loss);
+        const t0 = now();
         const { gradNorm } = await optimizer.applyGradients(acc!, { lr: cfg.lr, maxGradNorm: cfg.maxGradNorm });
+        seconds.optimizer += now() - t0;
         totals.loss += loss;
         totals.gradNorm += gradNorm;
       } finally {
@@ -236,6 +266,7 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
     maskedTruncated,
     behaviourGap: totals.gapTokens > 0 ? totals.gap / totals.gapTokens : NaN,
     behaviourDelta: totals.gapTokens > 0 ? totals.delta / totals.gapTokens : NaN,
+    seconds,
   };
 }
 

@@ -113,9 +113,10 @@ describe.each([
 describe("npm run bench", () => {
   it("answers an unknown workload or config with one error line and exit 2, before starting a backend", async () => {
     for (const [args, message] of [
-      [["--workloads", "forward,prefill"], /^error: unknown workload "prefill"; accepted: forward, fwd_bwd, decode$/],
+      [["--workloads", "forward,prefill"], /^error: unknown workload "prefill"; accepted: forward, fwd_bwd, decode, grpo_step$/],
       [["--config", "7b"], /^error: unknown bench config "7b"; accepted: small, 0\.5b, all$/],
       [["--repeat", "0"], /^error: --repeat must be a whole number ≥ 1, got "0"$/],
+      [["--layers", "0"], /^error: --layers must be a whole number ≥ 1, got "0"$/],
     ] as const) {
       const r = await run("bench.ts", [...args]);
       expect(r.code, r.stderr).toBe(2);

@@ -1,0 +1,151 @@
+/** One GRPO step of a fixed shape on random weights, rollouts and update timed apart and the update by
+ *  part: what `npm run gpu-check` runs on a GPU and the bench's grpo_step workload on any backend.
+ *  Rollouts are the model's prefill and decode loop with the rollout sampler (temperature 1), the
+ *  base unpacked as rollouts do; the update is grpoStep with advantages ±1 (random weights earn no
+ *  reward, and GRPO skips groups without signal).
+ *  Leaves out: the tokenizer, chat template and tools (synthetic prompt ids of the shape's length,
+ *  every row sampling newTokens), so rollouts time the model and the sampler only. */
+import * as tf from "@tensorflow/tfjs";
+import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { sampleTokens } from "../../src/rollout/sampler.ts";
+import { grpoStep, type GrpoRollout, type GrpoSeconds } from "../../src/trainer/grpo.ts";
+import { AdamW } from "../../src/trainer/optimizer.ts";
+import { Rng } from "../../src/util/rng.ts";
+import { registerWorkload, tokenBatch } from "./bench.ts";
+
+export interface GrpoShape {
+  questions: number;
+  samples: number; // rollouts per question (the group)
+  promptLen: number;
+  newTokens: number;
+  microBatch: number;
+}
+
+/** The shapes, by bench config: 0.5b is the README's step (4 questions × 8 rollouts × 256 new tokens
+ *  after ~220-token prompts, micro-batches of 8 that the wasm heap splits into 4s). */
+export const GRPO_SHAPES: Record<string, GrpoShape> = {
+  "0.5b": { questions: 4, samples: 8, promptLen: 220, newTokens: 256, microBatch: 8 },
+  small: { questions: 2, samples: 2, promptLen: 16, newTokens: 8, microBatch: 4 },
+};
+
+export interface GrpoShapeResult {
+  rows: number;
+  promptTokens: number;
+  newTokens: number;
+  prefillSeconds: number;
+  decodeSeconds: number; // newTokens − 1 decode steps and every draw
+  sampleSeconds: number; // the draws alone (part of prefill's and decode's seconds)
+  rolloutSeconds: number;
+  sampledTokensPerS: number; // rows × newTokens ÷ rolloutSeconds
+  updateSeconds: number;
+  update: GrpoSeconds;
+  beta: number;
+  loss: number;
+  tokens: number; // trained tokens
+  backend: string;
+}
+
+const now = () => performance.now() / 1000;
+const round = (x: number) => Math.round(x * 100) / 100;
+
+/** One step of `shape` on `model` (LoRA attached; its adapter is trained by the step). β 0.04 (the
+ *  project's default, the KL reference pass included) unless given. */
+export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts: { beta?: number } = {}): Promise<GrpoShapeResult> {
+  const s = shape,
+    beta = opts.beta ?? 0.04;
+  const rows = s.questions * s.samples;
+  const prompts = tokenBatch(s.questions, s.promptLen, model.config.vocabSize, 3).flatMap((p) =>
+    Array.from({ length: s.samples }, () => p),
+  );
+  const rng = new Rng(1);
+  const generated: number[][] = prompts.map(() => []);
+  let sampleSeconds = 0;
+  const draw = async (lg: tf.Tensor2D) => {
+    const t0 = now();
+    const { tokens } = await sampleTokens(lg, { temperature: 1 }, rng);
+    sampleSeconds += now() - t0;
+    tokens.forEach((tok, i) => generated[i].push(tok));
+    return tokens;
+  };
+  const tr = now();
+  const release = model.unpackBase();
+  let prefillSeconds = 0;
+  try {
+    const { logits, cache } = model.prefill(
+      prompts,
+      prompts.map((r) => r.map(() => 1)),
+    );
+    let tokens = await draw(logits);
+    logits.dispose();
+    prefillSeconds = now() - tr;
+    for (let t = 1; t < s.newTokens; t++) {
+      const lg = model.decodeStep(tokens, cache);
+      tokens = await draw(lg);
+      lg.dispose();
+    }
+    cache.dispose();
+  } finally {
+    release();
+  }
+  const rolloutSeconds = now() - tr;
+  const batch: GrpoRollout[] = prompts.map((p, i) => ({
+    ids: [...p, ...generated[i]],
+    lossMask: [...p.map(() => 0), ...generated[i].map(() => 1)],
+    advantage: i % 2 ? 1 : -1,
+  }));
+  const optimizer = new AdamW(model.trainableVariables(), { lr: 1e-5 });
+  const tu = now();
+  const stats = await grpoStep(model, optimizer, batch, {
+    beta,
+    epsilon: 0.2,
+    epsilonHigh: 0.28,
+    lossType: "grpo",
+    maxNewTokens: s.newTokens,
+    numIterations: 1,
+    maxGradNorm: 1,
+    lr: 1e-5,
+    microBatchSize: s.microBatch,
+  });
+  const updateSeconds = now() - tu;
+  optimizer.dispose();
+  if (!Number.isFinite(stats.loss)) throw new Error(`the GRPO step's loss is ${stats.loss}`);
+  const update = Object.fromEntries(Object.entries(stats.seconds!).map(([k, v]) => [k, round(v)])) as unknown as GrpoSeconds;
+  return {
+    rows,
+    promptTokens: s.promptLen,
+    newTokens: s.newTokens,
+    prefillSeconds: round(prefillSeconds),
+    decodeSeconds: round(rolloutSeconds - prefillSeconds),
+    sampleSeconds: round(sampleSeconds),
+    rolloutSeconds: round(rolloutSeconds),
+    sampledTokensPerS: round((rows * s.newTokens) / rolloutSeconds),
+    updateSeconds: round(updateSeconds),
+    update,
+    beta,
+    loss: stats.loss,
+    tokens: stats.tokens,
+    backend: tf.getBackend(),
+  };
+}
+
+registerWorkload({
+  name: "grpo_step",
+  description:
+    "one GRPO step of the config's shape (0.5b: 4 questions × 8 rollouts × 256 new tokens after 220-token prompts, β 0.04; small: 2 × 2 × 8 after 16), LoRA r16 on all 7 modules, base as --quantize (the README's step: nf4): rollouts (tokens/s sampled) and update (tokens/s trained) apart, parts in seconds",
+  async run(ctx) {
+    const shape = GRPO_SHAPES[ctx.configName];
+    if (!shape) throw new Error(`grpo_step has no shape for config "${ctx.configName}"; accepted: ${Object.keys(GRPO_SHAPES).join(", ")}`);
+    const r = await grpoShape(await ctx.model(true), shape);
+    const sampled = r.rows * r.newTokens;
+    return [
+      ctx.measure({
+        workload: "grpo_rollouts",
+        batch: r.rows,
+        tokens: sampled,
+        seconds: r.rolloutSeconds,
+        parts: { prefill: r.prefillSeconds, decode: r.decodeSeconds, sample: r.sampleSeconds },
+      }),
+      ctx.measure({ workload: "grpo_update", batch: r.rows, tokens: r.tokens, seconds: r.updateSeconds, parts: { ...r.update } }),
+    ];
+  },
+});
