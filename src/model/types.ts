@@ -73,11 +73,13 @@ export interface CausalLM {
   /** Log-probabilities of the given tokens under the model: out[b][t] = log p(ids[b][t] | ids[b][<t]),
    *  out[b][0] = 0. Never materialises full-vocab logits for the whole batch at once (chunked), and is
    *  differentiable with respect to trainableVariables(). Optional per-token entropy of the same
-   *  distributions (not differentiated). Shapes [batch, seq]. */
+   *  distributions (not differentiated). Shapes [batch, seq].
+   *  logprobMask [batch][seq]: 1 where a log-prob is needed (GRPO's loss mask); out (and entropy) is 0
+   *  where it is 0, and the vocabulary head runs only over each row's span from its first to its last 1. */
   tokenLogprobs(
     inputIds: number[][],
     attentionMask: number[][],
-    opts?: ForwardOptions & { withEntropy?: boolean },
+    opts?: ForwardOptions & { withEntropy?: boolean; logprobMask?: number[][] },
   ): { logprobs: tf.Tensor2D; entropy?: tf.Tensor2D };
 
   /** Run a left-padded prompt batch; returns the last position's logits [batch, vocab] and a cache. */

@@ -153,9 +153,11 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
   try {
     for (const mb of mbs) {
       const t0 = now();
-      oldLogp.push(cfg.numIterations > 1 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { training: false }).logprobs : null);
+      // Log-probs only where the loss reads them (the loss mask): prompts and padding skip the head.
+      const at = { logprobMask: mb.lossMask };
+      oldLogp.push(cfg.numIterations > 1 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { training: false, ...at }).logprobs : null);
       const t1 = now();
-      refLogp.push(cfg.beta > 0 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { adapters: false }).logprobs : null);
+      refLogp.push(cfg.beta > 0 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { adapters: false, ...at }).logprobs : null);
       seconds.old += t1 - t0;
       seconds.reference += now() - t1;
     }
@@ -172,7 +174,7 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
             r0 = recomputeSeconds();
           let forwardSeconds = 0;
           const { value, grads } = tf.variableGrads(() => {
-            const out = model.tokenLogprobs(mb.ids, mb.attentionMask, { training: true, withEntropy: it === 0 });
+            const out = model.tokenLogprobs(mb.ids, mb.attentionMask, { training: true, withEntropy: it === 0, logprobMask: mb.lossMask });
             const logp = out.logprobs; // [n, L]
             const mask = tf.tensor2d(mb.lossMask, [mb.lossMask.length, mb.lossMask[0].length], "float32"); // [n, L]
             // numIterations = 1: π_old is this very forward, detached, so ρ = 1 and the gradient is −A·∇logp.

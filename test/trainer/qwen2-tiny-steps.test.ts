@@ -168,4 +168,104 @@ describe("trainer steps on qwen2-tiny (wasm)", () => {
     opt.dispose();
     m.dispose();
   });
+
+  it("log-probs restricted to a mask: the same values and gradients where it is 1, 0 elsewhere, no tensor leak", async () => {
+    const m = await loadModel(FIX, { lora: fresh, quantize: "nf4", seed: 4 });
+    const vars = m.trainableVariables();
+    for (const v of vars) tf.tidy(() => v.assign(tf.randomNormal(v.shape, 0, 0.05, "float32", 7))); // lora_B ≠ 0: gradients reach A too
+    const ids = [
+        [5, 6, 7, 100, 101, 9, 102, 0],
+        [8, 9, 130, 131, 132, 133, 134, 135],
+        [5, 6, 7, 8, 9, 10, 11, 12],
+      ],
+      attention = [
+        [1, 1, 1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1, 1, 1],
+      ],
+      need = [
+        [0, 0, 0, 1, 1, 0, 1, 0], // a tool token (0) inside the span, padding after it
+        [1, 0, 1, 1, 1, 1, 1, 1], // position 0 has no log-prob even when marked
+        [0, 0, 0, 0, 0, 0, 0, 0], // nothing to score
+      ];
+    const weights = tf.tensor2d(
+      need.map((r) => r.map((x, t) => x * (1 + ((t * 7) % 3)))),
+      [3, 8],
+    );
+    const lossOf = (logprobMask?: number[][]) => () =>
+      tf.sum(tf.mul(m.tokenLogprobs(ids, attention, { training: true, logprobMask }).logprobs, weights)) as tf.Scalar;
+    const full = tf.variableGrads(lossOf(), vars);
+    const n0 = tf.memory().numTensors;
+    const part = tf.variableGrads(lossOf(need), vars);
+    expect(Math.abs(part.value.dataSync()[0] - full.value.dataSync()[0])).toBeLessThan(1e-5 * Math.abs(full.value.dataSync()[0]));
+    for (const v of vars) {
+      const a = full.grads[v.name].dataSync(),
+        b = part.grads[v.name].dataSync();
+      const scale = Math.max(...Array.from(a, Math.abs));
+      expect(scale, v.name).toBeGreaterThan(0);
+      a.forEach((x, i) => expect(Math.abs(x - b[i]), v.name).toBeLessThan(1e-5 * scale));
+    }
+    tf.dispose([part.value, part.grads]);
+    expect(tf.memory().numTensors).toBe(n0);
+    // values: the full pass's where need is 1 (position 0 aside), exactly 0 elsewhere; entropy too
+    const lpFull = m.tokenLogprobs(ids, attention, { withEntropy: true });
+    const lpPart = m.tokenLogprobs(ids, attention, { withEntropy: true, logprobMask: need });
+    const [fa, pa, fe, pe] = [lpFull.logprobs, lpPart.logprobs, lpFull.entropy!, lpPart.entropy!].map((t) => t.arraySync() as number[][]);
+    need.forEach((r, b) =>
+      r.forEach((x, t) => {
+        const on = x === 1 && t > 0;
+        expect(pa[b][t]).toBeCloseTo(on ? fa[b][t] : 0, 5);
+        expect(pe[b][t]).toBeCloseTo(on ? fe[b][t] : 0, 5);
+      }),
+    );
+    tf.dispose([full.value, full.grads, lpFull.logprobs, lpFull.entropy!, lpPart.logprobs, lpPart.entropy!, weights]);
+    expect(() => m.tokenLogprobs(ids, attention, { logprobMask: need.slice(1) })).toThrow(/logprobMask is \[2\]\[8\]; expected \[3\]\[8\]/);
+    m.dispose();
+  });
+
+  it("GRPO's reference and policy passes score only the loss mask: the same step as scoring every position", async () => {
+    const m = await loadModel(FIX, { lora: fresh, quantize: "nf4", seed: 5 });
+    const vars = m.trainableVariables();
+    const rollouts: GrpoRollout[] = [
+      { ids: [5, 6, 7, 100, 101, 102], lossMask: [0, 0, 0, 1, 1, 1], advantage: 1 },
+      { ids: [5, 6, 7, 120, 121, 9, 9, 122], lossMask: [0, 0, 0, 1, 1, 0, 0, 1], advantage: -1 },
+      { ids: [8, 9, 130, 131], lossMask: [0, 0, 1, 1], advantage: 0.5 },
+    ];
+    const cfg: GrpoConfig = {
+      beta: 0.04,
+      epsilon: 0.2,
+      epsilonHigh: 0.28,
+      lossType: "grpo",
+      maxNewTokens: 8,
+      numIterations: 2, // the old-policy pass too
+      maxGradNorm: 1,
+      lr: 2e-2,
+      microBatchSize: 2,
+    };
+    const opt = new AdamW(vars, { lr: 2e-2, weightDecay: 0 });
+    await grpoStep(m, opt, rollouts, cfg); // LoRA away from 0: the reference differs from the policy
+    const lora1 = await snapshot(vars),
+      optState = await opt.exportState();
+    const n0 = tf.memory().numTensors;
+    const restricted = await grpoStep(m, opt, rollouts, cfg);
+    expect(tf.memory().numTensors).toBe(n0);
+    const lora2 = await snapshot(vars);
+    for (const v of vars) tf.tidy(() => v.assign(tf.tensor(lora1.get(v.name)!, v.shape)));
+    opt.importState(optState);
+    const scoreAll = m.tokenLogprobs.bind(m);
+    m.tokenLogprobs = (i, a, o) => scoreAll(i, a, { ...o, logprobMask: undefined });
+    const everywhere = await grpoStep(m, opt, rollouts, cfg);
+    expect(restricted.kl).toBeGreaterThan(0);
+    for (const k of ["loss", "kl", "gradNorm", "entropy", "ratio", "tokens"] as const)
+      expect(Math.abs(restricted[k] - everywhere[k]), k).toBeLessThan(1e-5 * Math.max(1, Math.abs(everywhere[k])));
+    let worst = 0;
+    for (const v of vars) {
+      const a = lora2.get(v.name)!,
+        b = (await v.data()) as Float32Array;
+      a.forEach((x, i) => (worst = Math.max(worst, Math.abs(x - b[i]))));
+    }
+    expect(worst).toBeLessThan(1e-5);
+    opt.dispose();
+    m.dispose();
+  });
 });
