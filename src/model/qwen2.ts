@@ -298,8 +298,22 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  same bits as one pass. */
   prefillBytes: number | undefined = undefined;
 
-  prefill(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions = {}) {
+  prefill(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions = {}): { logits: tf.Tensor2D; cache: Qwen2KVCache } {
     const mask = checkBatch(this.config.vocabSize, inputIds, attentionMask);
+    // A GRPO group is G rollouts of one prompt: each distinct row is run once and its keys, values
+    // and logits copied to its repeats (rows are independent, so the result is the same bits).
+    const { unique, of } = distinctRows(inputIds, mask);
+    if (unique.length < inputIds.length) {
+      const once = this.prefill(
+        unique.map((r) => inputIds[r]),
+        unique.map((r) => mask[r]),
+        opts,
+      );
+      once.cache.select(of);
+      const logits = tf.tidy(() => tf.gather(once.logits, tf.tensor1d(of, "int32"))) as tf.Tensor2D;
+      once.logits.dispose();
+      return { logits, cache: once.cache };
+    }
     const B = inputIds.length,
       rows = Math.max(
         1,
@@ -443,4 +457,20 @@ export function logprobSpans(mask: number[][] | undefined, B: number, T: number)
     while (hi > lo && r[hi - 1] === 0) hi--;
     return [lo, hi];
   });
+}
+
+/** The first row of each distinct (ids, mask) pair, and for every row the index of its pair in that list. */
+export function distinctRows(ids: number[][], mask: number[][]): { unique: number[]; of: number[] } {
+  const seen = new Map<string, number>(),
+    unique: number[] = [];
+  const of = ids.map((r, i) => {
+    const key = `${r.join(",")}|${mask[i].join(",")}`;
+    let k = seen.get(key);
+    if (k === undefined) {
+      seen.set(key, (k = unique.length));
+      unique.push(i);
+    }
+    return k;
+  });
+  return { unique, of };
 }

@@ -3,7 +3,8 @@ import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
 import { loadModel } from "../../src/model/load.ts";
-import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { distinctRows, type Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { Qwen2KVCache } from "../../src/model/kv-cache.ts";
 import { attentionBias, MASKED, positionIds } from "../../src/model/attention.ts";
 
 const FIX = "test/fixtures/qwen2-tiny";
@@ -124,6 +125,36 @@ describe("KV cache (wasm)", () => {
     tf.dispose([a, b, whole.logits, grouped.logits]);
     whole.cache.dispose();
     grouped.cache.dispose();
+    expect(tf.memory().numTensors).toBe(before);
+  });
+
+  it("a prefill with repeated rows (a GRPO group) runs each distinct row once: the same bits as row by row, and decodes on", async () => {
+    const p0 = [0, 0, 7, 8, 9, 10],
+      p1 = [16, 217, 62, 54, 40, 191];
+    const ids = [p0, p1, p0, p0, p1, [0, 7, 8, 9, 10, 11]]; // the last differs from p0 only in its mask
+    const mask = ids.map((r) => r.map((t, i) => (t === 0 && (i === 0 || r[i - 1] === 0) ? 0 : 1)));
+    mask[5][0] = 1;
+    expect(distinctRows(ids, mask)).toEqual({ unique: [0, 1, 5], of: [0, 1, 0, 0, 1, 2] });
+    const read = async (logits: tf.Tensor2D, cache: Qwen2KVCache) => ({
+      logits: Array.from(await logits.data()),
+      k: await Promise.all(cache.k.map(async (t) => ({ shape: t.shape, d: Array.from(await t.data()) }))),
+      v: await Promise.all(cache.v.map(async (t) => ({ shape: t.shape, d: Array.from(await t.data()) }))),
+      mask: cache.mask,
+      count: cache.count,
+    });
+    const before = tf.memory().numTensors;
+    const shared = model.prefill(ids, mask);
+    const alone = ids.map((r, i) => model.prefill([r], [mask[i]]));
+    const cache = Qwen2KVCache.concat(alone.map((a) => a.cache));
+    const logits = tf.concat(alone.map((a) => a.logits)) as tf.Tensor2D;
+    alone.forEach((a) => (a.cache.dispose(), a.logits.dispose()));
+    expect(await read(shared.logits, shared.cache)).toEqual(await read(logits, cache));
+    const tokens = [5, 6, 7, 8, 9, 10];
+    const [a, b] = [model.decodeStep(tokens, shared.cache), model.decodeStep(tokens, cache)];
+    expect(Array.from(await a.data())).toEqual(Array.from(await b.data()));
+    tf.dispose([a, b, logits, shared.logits]);
+    shared.cache.dispose();
+    cache.dispose();
     expect(tf.memory().numTensors).toBe(before);
   });
 
