@@ -17,6 +17,8 @@ export interface Measurement {
   threads: number;
   /** The heap module's build on wasm: "relaxed" (fused multiply-add) or "simd128"; absent on other backends. */
   wasm_simd?: WasmSimd;
+  /** The Node version that ran it (V8's code generation differs between versions). */
+  node: string;
   config: string;
   quantize: Quantize;
   batch: number;
@@ -41,7 +43,7 @@ export interface BenchContext {
   /** A model with random weights; LoRA r16/alpha32 on all 7 modules when `lora` is set. Cached per kind. */
   model(lora: boolean): Promise<Qwen2ForCausalLM>;
   measure(
-    m: Omit<Measurement, "backend" | "threads" | "wasm_simd" | "config" | "quantize" | "tokens_per_s" | "peak_heap_bytes">,
+    m: Omit<Measurement, "backend" | "threads" | "wasm_simd" | "node" | "config" | "quantize" | "tokens_per_s" | "peak_heap_bytes">,
   ): Measurement;
 }
 export interface Workload {
@@ -461,6 +463,7 @@ export function benchContext(
       backend: tf.getBackend(),
       threads: wasmThreads(),
       ...(tf.getBackend() === "wasm" ? { wasm_simd: wasmSimd() } : {}),
+      node: process.versions.node,
       config: label,
       quantize,
       tokens_per_s: Math.round((m.tokens / m.seconds) * 10) / 10,
