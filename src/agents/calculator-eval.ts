@@ -17,16 +17,25 @@
 import { createRequire } from "node:module";
 import type { MathNode } from "mathjs";
 
-// mathjs's CommonJS build: it loads faster than its ~1000 ES modules, which matters most in the
-// worker, where every ES module would also pass through tsx's loader hooks.
-const { create, parseDependencies } = createRequire(import.meta.url)("mathjs") as typeof import("mathjs");
+type MathJs = typeof import("mathjs");
 
 export const MAX_EXPRESSION_LENGTH = 200;
 const MAX_FACTORIAL = 170; // 171! overflows float64
 const SIGNIFICANT_DIGITS = 10;
 
-// Only the parser: nothing an expression could reach to reconfigure or extend the instance.
-const math = create({ parseDependencies }, { number: "number" });
+/** Only the parser: nothing an expression could reach to reconfigure or extend the instance. Made on
+ *  first use, so the trainer's own thread, which imports this file for MAX_EXPRESSION_LENGTH alone,
+ *  never loads mathjs (a few hundred ms of startup); the worker loads it while warming up.
+ *  mathjs's CommonJS build: it loads faster than its ~1000 ES modules, which matters most in the
+ *  worker, where every ES module would also pass through tsx's loader hooks. */
+let math: ReturnType<MathJs["create"]> | null = null;
+function parser(): ReturnType<MathJs["create"]> {
+  if (math === null) {
+    const { create, parseDependencies } = createRequire(import.meta.url)("mathjs") as MathJs;
+    math = create({ parseDependencies }, { number: "number" });
+  }
+  return math;
+}
 
 /** Thrown for any expression the calculator refuses or cannot compute; message is the model-facing text. */
 export class CalcError extends Error {}
@@ -94,7 +103,7 @@ export function evaluateNumber(expression: unknown): number {
     throw new CalcError(`Error: expression is ${text.length} characters; at most ${MAX_EXPRESSION_LENGTH} accepted`);
   let tree: MathNode;
   try {
-    tree = math.parse(text);
+    tree = parser().parse(text);
   } catch (e) {
     if (/\d,\d{3}(?!\d)/.test(text)) throw new CalcError("Error: write numbers without thousands separators (1000, not 1,000)");
     throw new CalcError(`Error: cannot parse expression (${(e as Error).message.slice(0, 80)})`);
