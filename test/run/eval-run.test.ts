@@ -184,7 +184,7 @@ describe("--preset tiny with --model_path", () => {
       max_new_tokens: 160,
       max_turns: 5,
       tools_in_prompt: false,
-      batch_size: 16,
+      batch_size: 64,
       output_dir: path.join("outputs", name, "eval"),
     });
     const err = await parseEvalArgs(["node", "eval", "--preset", "tiny", "--baseline", modelDir]).then(
