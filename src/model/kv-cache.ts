@@ -51,7 +51,7 @@ export class Qwen2KVCache implements KVCache {
     this.k = pick(this.k);
     this.v = pick(this.v);
     idx.dispose();
-    this.mask = rows.map((r) => this.mask[r]);
+    this.mask = rows.map((r) => this.mask[r].slice()); // a row selected twice gets a mask of its own
     this.count = rows.map((r) => this.count[r]);
   }
   dispose(): void {
