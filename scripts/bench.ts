@@ -7,7 +7,7 @@ import { runMain } from "../src/run/cli.ts";
 import { UsageError } from "../src/util/errors.ts";
 import * as tf from "@tensorflow/tfjs";
 import { benchContext, BENCH_CONFIGS, kernelCounts, layerTracedCounts, profileTop, WORKLOADS } from "./lib/bench.ts";
-import "./lib/grpo-shape.ts"; // registers grpo_step
+import { grpoStepOptions } from "./lib/grpo-shape.ts"; // registers grpo_step
 import { webgpuIsSoftware } from "../src/engine/webgpu.ts";
 import type { Quantize } from "../src/model/types.ts";
 import { threadsOption } from "../src/run/options.ts";
@@ -25,6 +25,7 @@ const opts = new Command()
     "--layers <n>",
     "decoder layers of the models (default: the config's own; e.g. 4 of 0.5b's 24, reported as 0.5b-4l: the layers' cost scales with the count, the head's is paid in full)",
   )
+  .option("--beta <x>", "KL weight of the grpo_step workload (0: no reference pass, GRPO's default)", "0")
   .addOption(threadsOption())
   .option(
     "--profile",
@@ -32,7 +33,7 @@ const opts = new Command()
     defaults.profile,
   )
   .parse()
-  .opts<typeof defaults & { threads: ThreadsSpec; repeat?: string; layers?: string }>();
+  .opts<typeof defaults & { threads: ThreadsSpec; repeat?: string; layers?: string; beta: string }>();
 
 await runMain(async () => {
   const configs = opts.config === "all" ? Object.keys(BENCH_CONFIGS) : opts.config.split(",");
@@ -45,6 +46,8 @@ await runMain(async () => {
   if (opts.layers !== undefined && !/^[1-9][0-9]*$/.test(opts.layers))
     throw new UsageError(`--layers must be a whole number ≥ 1, got "${opts.layers}"`);
   const layers = opts.layers ? { numHiddenLayers: Number(opts.layers) } : {};
+  grpoStepOptions.beta = Number(opts.beta);
+  if (!(grpoStepOptions.beta >= 0)) throw new UsageError(`--beta must be a number ≥ 0, got "${opts.beta}"`);
   for (const c of configs)
     if (!BENCH_CONFIGS[c]) throw new UsageError(`unknown bench config "${c}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}, all`);
   for (const n of names)

@@ -48,11 +48,11 @@ export interface GrpoShapeResult {
 const now = () => performance.now() / 1000;
 const round = (x: number) => Math.round(x * 100) / 100;
 
-/** One step of `shape` on `model` (LoRA attached; its adapter is trained by the step). β 0.04 (the
- *  project's default, the KL reference pass included) unless given. */
+/** One step of `shape` on `model` (LoRA attached; its adapter is trained by the step). β 0 (GRPO's
+ *  default: no KL reference pass) unless given. */
 export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts: { beta?: number } = {}): Promise<GrpoShapeResult> {
   const s = shape,
-    beta = opts.beta ?? 0.04;
+    beta = opts.beta ?? 0;
   const rows = s.questions * s.samples;
   const prompts = tokenBatch(s.questions, s.promptLen, model.config.vocabSize, 3).flatMap((p) =>
     Array.from({ length: s.samples }, () => p),
@@ -128,14 +128,17 @@ export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts:
   };
 }
 
+/** The grpo_step workload's KL weight (bench's --beta). */
+export const grpoStepOptions = { beta: 0 };
+
 registerWorkload({
   name: "grpo_step",
   description:
-    "one GRPO step of the config's shape (0.5b: 4 questions × 8 rollouts × 256 new tokens after 220-token prompts, β 0.04; small: 2 × 2 × 8 after 16), LoRA r16 on all 7 modules, base as --quantize (the README's step: nf4): rollouts (tokens/s sampled) and update (tokens/s trained) apart, parts in seconds",
+    "one GRPO step of the config's shape (0.5b: 4 questions × 8 rollouts × 256 new tokens after 220-token prompts; small: 2 × 2 × 8 after 16), LoRA r16 on all 7 modules, base as --quantize (the README's step: nf4), KL weight as --beta (default 0): rollouts (tokens/s sampled) and update (tokens/s trained) apart, parts in seconds",
   async run(ctx) {
     const shape = GRPO_SHAPES[ctx.configName];
     if (!shape) throw new Error(`grpo_step has no shape for config "${ctx.configName}"; accepted: ${Object.keys(GRPO_SHAPES).join(", ")}`);
-    const r = await grpoShape(await ctx.model(true), shape);
+    const r = await grpoShape(await ctx.model(true), shape, { beta: grpoStepOptions.beta });
     const sampled = r.rows * r.newTokens;
     return [
       ctx.measure({
