@@ -20,10 +20,13 @@ import type { Backend } from "./kernels.ts";
 const MR = 4;
 const NR = 8;
 /** Rows per register block of the relaxed-SIMD build: 6 × 8 = 12 accumulators + b0, b1, a where V8
- *  keeps 15 vector registers usable (Node 24: xmm15 is its scratch); Node 20's V8 spills at 6 rows, so
- *  4 there. One thread, GFLOP/s, 512×1024×1024 / 256×896×4864, 2-core machine shared and loaded, back
- *  to back: Node 24 6 rows 37.5 / 35.4, 4 rows 21.2 / 28.7; Node 20 6 rows 15.7 / 22.1, 4 rows 34.4 / 33.5. */
-const MR_RELAXED = Number(process.versions.node.split(".")[0]) >= 22 ? 6 : 4;
+ *  keeps 15 vector registers usable (Node 24: xmm15 is its scratch); Node 20's and 22's V8 spill at 6
+ *  rows, so 4 there. One thread, GFLOP/s, 512×1024×1024 / 256×896×4864, 2-core machine shared and
+ *  loaded, back to back: Node 24 6 rows 37.5 / 35.4, 4 rows 21.2 / 28.7; Node 20 6 rows 15.7 / 22.1,
+ *  4 rows 34.4 / 33.5. 1024³ / 2048×896×4864, medians of 5, two alternating rounds: Node 24 6 rows
+ *  43.0 / 42.9 and 30.4 / 39.5, 4 rows 24.7 / 37.3 and 36.8 / 30.6; Node 22 6 rows 26.4 / 24.8 and
+ *  22.2 / 25.7, 4 rows 34.4 / 34.2 and 37.4 / 35.2. */
+const MR_RELAXED = Number(process.versions.node.split(".")[0]) >= 24 ? 6 : 4;
 
 /** Which build of the heap module runs: "relaxed" (the product's multiply-adds as f32x4.relaxed_madd)
  *  or "simd128" (multiply, then add). */
