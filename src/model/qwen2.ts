@@ -244,21 +244,11 @@ export class Qwen2ForCausalLM implements CausalLM {
       H = this.config.hiddenSize;
     const spans = logprobSpans(opts.logprobMask, B, T);
     const res = tf.tidy(() => {
-      const zeros = () => ({ lp: tf.zeros([B, T]) as tf.Tensor2D, ent: tf.zeros([B, T]) as tf.Tensor2D });
-      if (T === 1 || (spans && spans.every(([lo, hi]) => hi <= lo))) return zeros();
+      if (spans.every(([lo, hi]) => hi <= lo)) return { lp: tf.zeros([B, T]) as tf.Tensor2D, ent: tf.zeros([B, T]) as tf.Tensor2D };
       const { hidden } = this.run(inputIds, mask, opts, null); // [B·T, H]
-      if (!spans) {
-        // every position: position t's log-prob comes from hidden row t − 1
-        const h = tf.reshape<tf.Rank.R2>(tf.slice(tf.reshape(hidden, [B, T, H]), [0, 0, 0], [B, T - 1, H]), [B * (T - 1), H]);
-        const targets = inputIds.flatMap((r) => r.slice(1));
-        const both = headLogprobs(this.head, h, targets, this.config.vocabSize); // [B·(T−1), 2]
-        const zero = tf.zeros([B, 1]);
-        const lp = tf.concat([zero, tf.reshape(tf.slice(both, [0, 0], [-1, 1]), [B, T - 1])], 1) as tf.Tensor2D;
-        const ent = tf.concat([zero, tf.reshape(tf.slice(both, [0, 1], [-1, 1]), [B, T - 1])], 1) as tf.Tensor2D;
-        return { lp, ent };
-      }
-      // Only each row's span [lo, hi) reaches the head (the vocabulary product is ~a quarter of a
-      // 0.5B token's forward, and a GRPO rollout's prompt needs none); the rest of the row is 0.
+      // Only each row's span [lo, hi) reaches the head, position t's log-prob from hidden row t − 1 (the
+      // vocabulary product is ~a quarter of a 0.5B token's forward, and a GRPO rollout's prompt needs
+      // none); the rest of the row is 0.
       const pieces = spans.flatMap(([lo, hi], b) => (hi > lo ? [tf.slice(hidden, [b * T + lo - 1, 0], [hi - lo, H])] : []));
       const targets = spans.flatMap(([lo, hi], b) => inputIds[b].slice(lo, hi));
       const both = headLogprobs(
@@ -267,7 +257,7 @@ export class Qwen2ForCausalLM implements CausalLM {
         targets,
         this.config.vocabSize,
       ); // [Σ spans, 2]
-      const keep = tf.tensor2d(opts.logprobMask!.flat(), [B, T], "float32");
+      const keep = opts.logprobMask ? tf.tensor2d(opts.logprobMask.flat(), [B, T], "float32") : null;
       const rowsOf = (col: number) => {
         let k = 0;
         const rows = spans.map(([lo, hi]) => {
@@ -276,7 +266,8 @@ export class Qwen2ForCausalLM implements CausalLM {
           k += n;
           return r;
         });
-        return tf.mul(tf.stack(rows), keep) as tf.Tensor2D; // [B, T], 0 where logprobMask is 0
+        const all = tf.stack(rows) as tf.Tensor2D; // [B, T]
+        return keep ? (tf.mul(all, keep) as tf.Tensor2D) : all; // 0 where logprobMask is 0
       };
       return { lp: rowsOf(0), ent: rowsOf(1) };
     });
@@ -445,9 +436,9 @@ export class Qwen2ForCausalLM implements CausalLM {
 }
 
 /** Per row, the positions [lo, hi) from the first to the last 1 of `mask` (lo ≥ 1: position 0 has no
- *  log-prob; hi ≤ lo when the row needs none); null without a mask (every row needs [1, T)). */
-export function logprobSpans(mask: number[][] | undefined, B: number, T: number): [number, number][] | null {
-  if (!mask) return null;
+ *  log-prob; hi ≤ lo when the row needs none); without a mask every row needs [1, T). */
+export function logprobSpans(mask: number[][] | undefined, B: number, T: number): [number, number][] {
+  if (!mask) return Array.from({ length: B }, () => [1, T]);
   if (mask.length !== B || mask.some((r) => r.length !== T))
     throw new Error(`logprobMask is [${mask.length}][${mask[0]?.length}]; expected [${B}][${T}] like the ids`);
   return mask.map((r) => {
