@@ -1,7 +1,8 @@
 /** The wasm backend's Concat for numeric tensors: one strided row copy per input (memory.copy in the
  *  module of heap-code.ts; the rows split over the helper threads from 1 MB) instead of tfjs' JS
- *  loop, which makes two typed-array views per row and input. A decode step appends a position to every layer's keys and values this way: small config,
- *  batch 8, ~150 cached positions, 12 Concats took 1.9 of a step's 5.8 ms. Strings still go to tfjs'
+ *  loop, which makes two typed-array views per row and input. A decode step appends a position to
+ *  every layer's keys and values this way: small config, batch 8, ~150 cached positions, 12 Concats
+ *  took 1.9 of a step's 5.8 ms. Strings still go to tfjs'
  *  kernel (and complex64, which the project does not use). */
 import * as tf from "@tensorflow/tfjs";
 import { heapBlocks } from "./heap.ts";
