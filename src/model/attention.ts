@@ -15,15 +15,16 @@ export function positionIds(mask: number[][], past: number[] = []): number[][] {
   });
 }
 
-/** Additive bias [B, T, S] (flattened): query t (absolute index S−T+t) sees key j iff j ≤ that index
- *  and keyMask[b][j] = 1. keyMask rows have length S (cached positions then the new ones). */
-export function attentionBias(keyMask: number[][], T: number): Float32Array {
+/** Additive bias [B, T, W] (flattened): query t (absolute index S−T+t) sees key j iff j ≤ that index
+ *  and keyMask[b][j] = 1. keyMask rows have length S (cached positions then the new ones); keys S…W − 1
+ *  (a KV cache's free room, W ≥ S, default S) are masked. */
+export function attentionBias(keyMask: number[][], T: number, W = keyMask[0].length): Float32Array {
   const B = keyMask.length,
     S = keyMask[0].length,
     L = S - T;
-  const out = new Float32Array(B * T * S);
+  const out = new Float32Array(B * T * W).fill(MASKED);
   for (let b = 0; b < B; b++)
-    for (let t = 0; t < T; t++) for (let j = 0; j < S; j++) out[(b * T + t) * S + j] = j <= L + t && keyMask[b][j] ? 0 : MASKED;
+    for (let t = 0; t < T; t++) for (let j = 0; j < S; j++) out[(b * T + t) * W + j] = j <= L + t && keyMask[b][j] ? 0 : MASKED;
   return out;
 }
 

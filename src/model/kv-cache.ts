@@ -1,15 +1,24 @@
 /** Qwen2's KV cache for incremental decoding: per layer the keys (stored transposed, so q·kᵀ is a
  *  plain matMul) and values of every position so far, the attention mask over them, and each row's
  *  count of real tokens (its next position id). Rows can be selected (finished rollouts dropped).
+ *  On wasm a decode step writes its position in place into room held at the end of every layer's
+ *  tensors (slot-write.ts), CHUNK positions at a time; attention then reads the whole capacity, the
+ *  free slots masked out (zeros under a MASKED bias weigh exactly 0). Elsewhere, and for several new
+ *  positions at once, the tensors are exactly as long as the cache and each step concatenates.
  *  Leaves out: paged or sliding-window caches. */
 import * as tf from "@tensorflow/tfjs";
+import { inPlaceWritable, slotWrites, writeSlot } from "../engine/slot-write.ts";
 import type { KVCache } from "./types.ts";
+
+/** Positions of room a full cache grows by (one copy of it per CHUNK decode steps, against one per
+ *  step; attention reads at most CHUNK − 1 masked positions more). */
+const CHUNK = 32;
 
 export class Qwen2KVCache implements KVCache {
   constructor(
-    public k: tf.Tensor4D[], // per layer [B, nKv, hd, L]  (keys stored transposed for q·kᵀ as a plain matMul)
-    public v: tf.Tensor4D[], // per layer [B, nKv, L, hd]
-    public mask: number[][], // [B][L]
+    public k: tf.Tensor4D[], // per layer [B, nKv, hd, W]  (keys stored transposed for q·kᵀ as a plain matMul)
+    public v: tf.Tensor4D[], // per layer [B, nKv, W, hd]; W ≥ length (the capacity; the rest zeros)
+    public mask: number[][], // [B][length]
     public count: number[], // real tokens seen per row (the next position id)
   ) {}
   /** A cache of `rows` rows and no positions yet. */
@@ -23,10 +32,28 @@ export class Qwen2KVCache implements KVCache {
   }
   /** The rows of `parts` in order, as one cache (the parts keep theirs; the caller disposes them). */
   static concat(parts: Qwen2KVCache[]): Qwen2KVCache {
-    const join = <T extends tf.Tensor>(ts: T[]): T => tf.concat(ts, 0) as T;
+    const W = Math.max(...parts.map((p) => p.capacity));
+    const join = <T extends tf.Tensor>(ts: T[], axis: number): T =>
+      tf.tidy(
+        () =>
+          tf.concat(
+            ts.map((t) => (t.shape[axis] < W ? padTo(t, axis, W) : t)),
+            0,
+          ) as T,
+      );
     return new Qwen2KVCache(
-      parts[0].k.map((_, l) => join(parts.map((p) => p.k[l]))),
-      parts[0].v.map((_, l) => join(parts.map((p) => p.v[l]))),
+      parts[0].k.map((_, l) =>
+        join(
+          parts.map((p) => p.k[l]),
+          3,
+        ),
+      ),
+      parts[0].v.map((_, l) =>
+        join(
+          parts.map((p) => p.v[l]),
+          2,
+        ),
+      ),
       parts.flatMap((p) => p.mask),
       parts.flatMap((p) => p.count),
     );
@@ -36,6 +63,36 @@ export class Qwen2KVCache implements KVCache {
   }
   get length(): number {
     return this.mask[0]?.length ?? 0;
+  }
+  /** Positions the tensors hold room for (≥ length). */
+  get capacity(): number {
+    return this.k[0]?.shape[3] ?? 0;
+  }
+  /** The key width W every layer of a step of T new positions attends over: the capacity where the
+   *  step writes in place (one position, wasm, room left), a capacity grown by CHUNK where it must
+   *  grow or copy first, and exactly length + T where steps concatenate. */
+  width(T: number): number {
+    const L = this.length,
+      W = this.capacity;
+    if (T !== 1 || L === 0 || !slotWrites(this.k[0])) return L + T;
+    return W > L && [...this.k, ...this.v].every(inPlaceWritable) ? W : Math.max(W, L) + CHUNK;
+  }
+  /** Layer l's keys (B, nKv, hd, W) and values (B, nKv, W, hd) with the step's kT (B, nKv, hd, T) and
+   *  v (B, nKv, T, hd) at positions length…length + T − 1, W = width(T) of this step. The cache's own
+   *  tensors when written in place, new ones otherwise (step() swaps them in after the last layer). */
+  extend(l: number, kT: tf.Tensor4D, v: tf.Tensor4D, W: number): [tf.Tensor4D, tf.Tensor4D] {
+    const L = this.length,
+      T = kT.shape[3];
+    if (W === L + T && this.k[l].shape[3] === L) return [tf.concat([this.k[l], kT], 3), tf.concat([this.v[l], v], 2)];
+    let keys = this.k[l],
+      vals = this.v[l];
+    if (keys.shape[3] !== W || !inPlaceWritable(keys) || !inPlaceWritable(vals)) {
+      keys = padTo(keys, 3, W); // a new tensor: every position so far, then zeros
+      vals = padTo(vals, 2, W);
+    }
+    writeSlot(keys, kT, L, false);
+    writeSlot(vals, v, L, true);
+    return [keys, vals];
   }
   select(rows: number[]): void {
     for (const r of rows)
@@ -59,4 +116,13 @@ export class Qwen2KVCache implements KVCache {
     this.k = [];
     this.v = [];
   }
+}
+
+/** t with zeros appended along `axis` up to W positions: always a new tensor of its own data. */
+function padTo<T extends tf.Tensor>(t: T, axis: number, W: number): T {
+  return tf.tidy(() => {
+    const shape = t.shape.slice();
+    shape[axis] = W - t.shape[axis];
+    return tf.concat([t, tf.zeros(shape)], axis) as T;
+  });
 }

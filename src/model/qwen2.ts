@@ -116,12 +116,12 @@ export class Qwen2ForCausalLM implements CausalLM {
       T = ids[0].length,
       hd = c.headDim;
     const keyMask = cache ? mask.map((r, b) => cache.mask[b].concat(r)) : mask;
-    const S = keyMask[0].length;
+    const S = cache ? cache.width(T) : keyMask[0].length; // keys attended over: the cache's room included
     const pos = positionIds(mask, cache?.count).flat();
     const { cos: cosA, sin: sinA } = ropeTables(pos, this.invFreq);
     const cos = tf.tensor4d(cosA, [B, T, 1, hd]),
       sin = tf.tensor4d(sinA, [B, T, 1, hd]);
-    const bias = tf.tensor4d(attentionBias(keyMask, T), [B, 1, T, S]);
+    const bias = tf.tensor4d(attentionBias(keyMask, T, S), [B, 1, T, S]);
 
     const ctx: LayerInputs = { B, T, cos, sin, bias, opts, cache };
     // Training forwards (a gradient tape recording) keep only each layer's input on the tape and run
@@ -195,10 +195,7 @@ export class Qwen2ForCausalLM implements CausalLM {
       v = perm(tf.reshape(vFlat, [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
       qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
     }
-    if (cache && cache.length) {
-      kT = tf.concat([cache.k[l], kT], 3); // (B, nKv, hd, S)
-      v = tf.concat([cache.v[l], v], 2); // (B, nKv, S, hd)
-    }
+    if (cache && cache.length) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
     const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
     const probs = tf.reshape<tf.Rank.R3>(softmax(scores), [B * nKv, g * T, S]);
     const ctxv = bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
@@ -346,7 +343,8 @@ export class Qwen2ForCausalLM implements CausalLM {
       const last = tf.reshape<tf.Rank.R2>(tf.slice(tf.reshape(hidden, [B, T, H]), [0, T - 1, 0], [B, 1, H]), [B, H]);
       return { logits: this.head.matmul(last), k: newK, v: newV };
     });
-    tf.dispose([...cache.k, ...cache.v]);
+    const kept = new Set<tf.Tensor>([...out.k, ...out.v]); // written in place: the same tensors
+    tf.dispose([...cache.k, ...cache.v].filter((t) => !kept.has(t)));
     cache.k = out.k;
     cache.v = out.v;
     cache.mask = cache.mask.map((r, b) => r.concat(mask[b]));
