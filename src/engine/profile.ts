@@ -52,7 +52,7 @@ export const PREFILL_BYTES = 512 * 2 ** 20;
 
 const CPU: BackendProfile = {
   leftLayoutBytes: 2 ** 30,
-  logitChunkFloats: 4 * 1024 * 1024,
+  logitChunkFloats: 10 * 1024 * 1024,
   maxBindingFloats: Infinity,
   exactIntGather: true,
   matMulForm: "flags",

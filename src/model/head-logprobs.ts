@@ -14,8 +14,10 @@ import type { BaseWeight } from "./weight.ts";
 /** h [n, H] and one target per row → [n, 2]: log p(target) and the entropy of each row; V is the vocabulary size (the head's output width). */
 export function headLogprobs(head: BaseWeight, h: tf.Tensor2D, targets: number[], V: number): tf.Tensor2D {
   const H = h.shape[1];
-  // Rows of logits materialised at once (wasm: 4M floats, 16 MB per chunk; the forward and
-  // backward of a chunk hold ~7 such tensors: ~110 MB, 27 rows of the 0.5B vocab).
+  // Rows of logits materialised at once (wasm: 10M floats, 40 MB per chunk; the forward and
+  // backward of a chunk hold ~7 such tensors: ~280 MB, 64 rows of the 0.5B vocab: its head product
+  // ran at 34 GFLOP/s on 2 threads with the 24 rows of a 4M chunk, 64 with 64 rows, which repay
+  // packing the [896, 151936] weight panel by panel).
   // (a multiple of 8 rows where it can be: the wasm kernel's row and column blocks are whole then)
   const fit = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V)),
     rows = fit >= 8 ? fit - (fit % 8) : fit;
