@@ -37,12 +37,20 @@ export function chunks<T>(items: T[], size: number): T[][] {
 
 /** Indices of the sequences in each micro-batch: consecutive chunks of at most `microBatchSize`, a
  *  chunk split again into equal parts when its longest sequence allows fewer rows (`maxRows`, the
- *  rows of that length one forward and backward may hold; at least 1 whatever it says). */
-export function microBatchRows(lengths: number[], microBatchSize: number, maxRows?: (length: number) => number): number[][] {
-  return chunks(
-    lengths.map((_, i) => i),
-    microBatchSize,
-  ).flatMap((rows) => {
+ *  rows of that length one forward and backward may hold; at least 1 whatever it says).
+ *  `byLength`: the sequences taken longest first (ties in index order), so each micro-batch pads its
+ *  rows to a length close to theirs (GRPO's rollouts of one step: 16% padding → 7% in the tiny
+ *  quickstart); for losses normalised over the whole batch this changes no gradient, only the order
+ *  the micro-batches' gradients are added in. */
+export function microBatchRows(
+  lengths: number[],
+  microBatchSize: number,
+  maxRows?: (length: number) => number,
+  byLength = false,
+): number[][] {
+  const order = lengths.map((_, i) => i);
+  if (byLength) order.sort((a, b) => lengths[b] - lengths[a] || a - b);
+  return chunks(order, microBatchSize).flatMap((rows) => {
     const cap = maxRows ? Math.max(1, Math.floor(maxRows(Math.max(...rows.map((r) => lengths[r]))))) : rows.length;
     return rows.length <= cap ? [rows] : chunks(rows, Math.ceil(rows.length / Math.ceil(rows.length / cap)));
   });

@@ -305,6 +305,9 @@ describe("batch padding", () => {
       [6, 7, 8],
     ]);
     expect(microBatchRows([7, 7, 7], 3, () => 0)).toEqual([[0], [1], [2]]); // at least one row
+    // longest first (ties in index order): each micro-batch pads to a length close to its rows'
+    expect(microBatchRows(lengths, 4, undefined, true)).toEqual([[1, 8, 2, 3], [0, 4, 5, 6], [7]]);
+    expect(microBatchRows(lengths, 4, cap, true)).toEqual([[1, 8], [2, 3], [0, 4, 5, 6], [7]]);
     expect(microBatchRows([7, 7], 2, () => Infinity)).toEqual([[0, 1]]);
     const seqs = [[1], [2, 3], [4]],
       masks = [[1], [1, 1], [0]];
