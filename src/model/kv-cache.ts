@@ -10,8 +10,9 @@ import * as tf from "@tensorflow/tfjs";
 import { inPlaceWritable, slotWrites, writeSlot } from "../engine/slot-write.ts";
 import type { KVCache } from "./types.ts";
 
-/** Positions of room a full cache grows by (one copy of it per CHUNK decode steps, against one per
- *  step; attention reads at most CHUNK − 1 masked positions more). */
+/** Positions of room a full cache grows by (one copy of it per ~CHUNK decode steps, against one per
+ *  step; attention reads at most CHUNK + 7 masked positions more). A grown capacity is a multiple of
+ *  8, so the products over it are whole 8-column panels (no edge columns). */
 const CHUNK = 32;
 
 export class Qwen2KVCache implements KVCache {
@@ -69,13 +70,13 @@ export class Qwen2KVCache implements KVCache {
     return this.k[0]?.shape[3] ?? 0;
   }
   /** The key width W every layer of a step of T new positions attends over: the capacity where the
-   *  step writes in place (one position, wasm, room left), a capacity grown by CHUNK where it must
-   *  grow or copy first, and exactly length + T where steps concatenate. */
+   *  step writes in place (one position, wasm, room left), a capacity grown by CHUNK (then up to a
+   *  multiple of 8) where it must grow or copy first, and exactly length + T where steps concatenate. */
   width(T: number): number {
     const L = this.length,
       W = this.capacity;
     if (T !== 1 || L === 0 || !slotWrites(this.k[0])) return L + T;
-    return W > L && [...this.k, ...this.v].every(inPlaceWritable) ? W : Math.max(W, L) + CHUNK;
+    return W > L && [...this.k, ...this.v].every(inPlaceWritable) ? W : Math.ceil((Math.max(W, L) + CHUNK) / 8) * 8;
   }
   /** Layer l's keys (B, nKv, hd, W) and values (B, nKv, W, hd) with the step's kT (B, nKv, hd, T) and
    *  v (B, nKv, T, hd) at positions length…length + T − 1, W = width(T) of this step. The cache's own
