@@ -11,6 +11,8 @@
  *    vector registers, starting from zero (acc = 0) or from C (acc ≠ 0: C holds the sum over earlier
  *    k; float32 in registers and in memory, so splitting K this way changes no bit).
  *  - `tile1(...)` … `tile5(...)`: the same with 1 … 5 rows (the rows left after the groups of MR).
+ *  - `wide1(...)`, `wide2(...)`: 1 row × 32 columns and 2 rows × 16 per block, B in place only (ps = 32,
+ *    N a multiple of 32 or 16): a decode step's one-row products and its attention's two-row ones.
  *  - `pack(b, dst, K, ldb, panels)`: copies `panels` 8-column panels of row-major B (row stride ldb)
  *    to dst, each K rows of 8 contiguous floats, so a panel read by every row block is one run of
  *    memory. `packT(b, dst, K, ldb, panels)`: the same from B stored transposed, [N, K] with row
@@ -73,6 +75,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const bodies = [
     tileBody(o.mr, o.relaxed),
     ...[1, 2, 3, 4, 5].map((r) => tileBody(r, o.relaxed)),
+    tileBody(1, o.relaxed, 4),
+    tileBody(2, o.relaxed, 2),
     packBody(),
     packTBody(),
     copyRowsBody(),
@@ -95,6 +99,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     "tile3",
     "tile4",
     "tile5",
+    "wide1",
+    "wide2",
     "pack",
     "packT",
     "copyRows",
@@ -114,6 +120,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     tile3: 0,
     tile4: 0,
     tile5: 0,
+    wide1: 0,
+    wide2: 0,
     pack: 1,
     packT: 1,
     copyRows: 2,

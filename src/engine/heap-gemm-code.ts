@@ -9,8 +9,12 @@ export const NPARAMS = 12;
 /** tile / tile1…tile5: MR rows × 8 columns per block. Per step of k: B's row k as two vectors (b0, b1),
  *  then per row r, a = splat(A[r, k]) once and acc[r] += a · b0, a · b1: a multiply then an add
  *  (simd128), or one f32x4.relaxed_madd (relaxed: a fused multiply-add where the CPU has one, as
- *  x64 with FMA3 and arm64 do; half the arithmetic instructions, and registers free for 6 rows). */
-export function tileBody(MR: number, relaxed = false): { locals: number[][]; code: number[] } {
+ *  x64 with FMA3 and arm64 do; half the arithmetic instructions, and registers free for 6 rows).
+ *  np > 1 (wide1, wide2: 1 row × 32 columns, 2 rows × 16): np panels side by side, B read in place
+ *  only (its panels contiguous, ps = 32; N a multiple of 8·np). With one or two rows the 8-column
+ *  block has 2 or 4 accumulators, each waiting on its own last multiply-add (4 cycles) every step
+ *  of k; 8 keep both FMA units busy. Each output is summed the same way: the same bits. */
+export function tileBody(MR: number, relaxed = false, np = 1): { locals: number[][]; code: number[] } {
   let n = NPARAMS;
   const j = n++,
     i = n++,
@@ -21,28 +25,23 @@ export function tileBody(MR: number, relaxed = false): { locals: number[][]; cod
     pbj = n++;
   const pa = Array.from({ length: MR }, () => n++);
   const nI32 = n - NPARAMS;
-  const accs = Array.from({ length: 2 * MR }, () => n++);
-  const b0 = n++,
-    b1 = n++,
-    sp = n++;
+  const nb = 2 * np; // vectors of B (and accumulators per row) per block of 8·np columns
+  const accs = Array.from({ length: nb * MR }, () => n++);
+  const bs = MR > 1 ? Array.from({ length: nb }, () => n++) : []; // one row reads B's vectors straight from memory
+  const sp = n++;
   const nV = n - NPARAMS - nI32;
-  const mac = (acc: number, b: number) =>
+  const bv = (u: number) => (MR > 1 ? op.get(bs[u]) : [...op.get(pb), ...v.load(16 * u)]);
+  const mac = (acc: number, u: number) =>
     relaxed
-      ? [...op.get(sp), ...op.get(b), ...op.get(acc), ...v.fmadd, ...op.set(acc)]
-      : [...op.get(acc), ...op.get(sp), ...op.get(b), ...v.fmul, ...v.fadd, ...op.set(acc)];
+      ? [...op.get(sp), ...bv(u), ...op.get(acc), ...v.fmadd, ...op.set(acc)]
+      : [...op.get(acc), ...op.get(sp), ...bv(u), ...v.fmul, ...v.fadd, ...op.set(acc)];
   const kBody = [
-    ...op.get(pb),
-    ...v.load(0),
-    ...op.set(b0),
-    ...op.get(pb),
-    ...v.load(16),
-    ...op.set(b1),
+    ...bs.flatMap((b, u) => [...op.get(pb), ...v.load(16 * u), ...op.set(b)]),
     ...Array.from({ length: MR }, (_, r) => [
       ...op.get(pa[r]),
       ...v.splat32(),
       ...op.set(sp),
-      ...mac(accs[2 * r], b0),
-      ...mac(accs[2 * r + 1], b1),
+      ...Array.from({ length: nb }, (_, u) => mac(accs[nb * r + u], u)).flat(),
     ]).flat(),
     ...pa.flatMap((p) => [...op.get(p), ...op.get(P.aks), ...op.add, ...op.set(p)]),
     ...op.get(pb),
@@ -52,7 +51,7 @@ export function tileBody(MR: number, relaxed = false): { locals: number[][]; cod
   ];
   const storeAll = Array.from({ length: MR }, (_, r) => {
     const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
-    return [...rowAddr, ...op.get(accs[2 * r]), ...v.store(0), ...rowAddr, ...op.get(accs[2 * r + 1]), ...v.store(16)];
+    return Array.from({ length: nb }, (_, u) => [...rowAddr, ...op.get(accs[nb * r + u]), ...v.store(16 * u)]).flat();
   }).flat();
   const block = [
     // pa[r] = rowA + r·ars; pb = pbj; acc = 0
@@ -68,7 +67,7 @@ export function tileBody(MR: number, relaxed = false): { locals: number[][]; cod
     ...op.if,
     ...Array.from({ length: MR }, (_, r) => {
       const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
-      return [...rowAddr, ...v.load(0), ...op.set(accs[2 * r]), ...rowAddr, ...v.load(16), ...op.set(accs[2 * r + 1])];
+      return Array.from({ length: nb }, (_, u) => [...rowAddr, ...v.load(16 * u), ...op.set(accs[nb * r + u])]).flat();
     }).flat(),
     ...op.else,
     ...accs.flatMap((a) => [...v.zero, ...op.set(a)]),
@@ -101,7 +100,7 @@ export function tileBody(MR: number, relaxed = false): { locals: number[][]; cod
       ...op.set(pc),
     ]),
   ];
-  const code = forLoop(j, op.i32(0), op.get(P.N), op.i32(8), [
+  const code = forLoop(j, op.i32(0), op.get(P.N), op.i32(8 * np), [
     ...op.get(P.b),
     ...op.get(j),
     ...op.i32(3),

@@ -125,6 +125,8 @@ export interface Kernels {
   tile3: Kernels["tile"];
   tile4: Kernels["tile"];
   tile5: Kernels["tile"];
+  wide1: Kernels["tile"];
+  wide2: Kernels["tile"];
   pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
   packT: Kernels["pack"];
   copyRows: (dst: number, dstStride: number, src: number, srcStride: number, rowBytes: number, rows: number) => void;
@@ -282,8 +284,15 @@ function part(
       }
       for (let i0 = 0; i0 < Mb; i0 += mc)
         k.tile(ak + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, Mb - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
-      // the rows left after the blocks of mr: one block of as many rows (tile1 … tile5)
-      if (rest) k[("tile" + rest) as "tile1"](ak + Mb * ars, pb, c + Mb * ldc + 4 * jc, rest, n, kn, ars, aks, ldb, ldc, ps, acc);
+      // the rows left after the blocks of mr: one block of as many rows (tile1 … tile5); one or two
+      // rows of B in place take wide blocks first (wide1: 32 columns, wide2: 16), as many as fit
+      if (rest) {
+        const wide = rest <= 2 && !scratch ? n - (n % (rest === 1 ? 32 : 16)) : 0;
+        const ar = ak + Mb * ars,
+          cr = c + Mb * ldc + 4 * jc;
+        if (wide) k[("wide" + rest) as "wide1"](ar, pb, cr, rest, wide, kn, ars, aks, ldb, ldc, ps, acc);
+        if (wide < n) k[("tile" + rest) as "tile1"](ar, pb + 4 * wide, cr + 4 * wide, rest, n - wide, kn, ars, aks, ldb, ldc, ps, acc);
+      }
     }
   }
 }

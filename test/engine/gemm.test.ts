@@ -73,7 +73,8 @@ describe("wasm matmul kernel", () => {
       setPackRows(packRows);
       const cases: [number[], number[]][] = [];
       for (const M of [1, 2, 3, 4, 5, 6, 7, 9, 11, 13])
-        for (const N of [1, 5, 8, 13, 16, 27])
+        for (const N of [1, 5, 8, 13, 16, 27, 40, 75])
+          // 1 or 2 rows of B in place: wide blocks of 32 or 16, then 8-column ones
           cases.push([
             [M, 11],
             [11, N],
@@ -164,12 +165,17 @@ describe("wasm matmul kernel", () => {
 
   it("gives the same bits with B packed as with B read in place, over several packing chunks", () => {
     // K = 3000: 40 columns per 512 KB chunk, so N = 100 is chunks of 40, 40 and 16 plus 4 edge columns;
-    // K = 20000 needs a larger buffer than any product before it (one panel is 640 KB).
+    // K = 20000 needs a larger buffer than any product before it (one panel is 640 KB); one and two
+    // rows (and 7 and 8: 6 + 1, 6 + 2) take wide blocks in place and 8-column ones packed.
     for (const [M, K, N] of [
       [9, 3000, 100],
       [33, 64, 300],
       [4, 20000, 17],
       [1, 128, 8],
+      [1, 300, 1000],
+      [2, 300, 1000],
+      [7, 64, 77],
+      [8, 64, 77],
     ]) {
       const a = tf.tensor2d(randn(M * K, K), [M, K]),
         b = tf.tensor2d(randn(K * N, N), [K, N]);
