@@ -15,6 +15,10 @@ import { heapSwiglu } from "./heap.ts";
 
 /** Elements up to which the JS kernels run (a decode step's rows; prefill and training use ops). */
 const MAX_KERNEL_ELEMENTS = 64 * 1024;
+/** Whether rope() of this many elements runs the JS kernel on wasm/cpu, which rounds each output to
+ *  float32 once (its sum in float64), or the op path, which rounds each product and the sum (the
+ *  heads kernels of heads.ts round as the layer's op path would, to give its bits). */
+export const ropeKernelRuns = (size: number) => size <= MAX_KERNEL_ELEMENTS;
 
 /** out = x·cos + rot(x)·sin over the last axis (hd): rot(x)[j] = x[(j + hd/2) mod hd], the sign of
  *  rotate-half being in the sin table's first half (attention.ts ropeTables). x [rows·heads·hd],
@@ -40,41 +44,6 @@ export function ropeInto(
         out[o + j] = x[o + j] * cos[t + j] + x[o + jr] * (transpose ? sin[t + jr] : sin[t + j]);
       }
     }
-  }
-}
-
-/** A decode step's heads from the fused projection qkv [B, (nH + 2·nKv)·hd] (one position per row):
- *  q = rope(q)·scale, k = rope(k) and v, each [B, heads, hd] in memory (the layouts attention reads at
- *  T = 1: no transposes). Each value is rounded to float32 as the op path rounds it (rope,
- *  then the scale as a float32 multiply), so the two agree bit for bit. cos, sin [B·hd]. */
-export function decodeHeadsInto(
-  q: Float32Array,
-  k: Float32Array,
-  v: Float32Array,
-  qkv: Float32Array,
-  cos: Float32Array,
-  sin: Float32Array,
-  nH: number,
-  nKv: number,
-  hd: number,
-  scale: number,
-): void {
-  const half = hd / 2,
-    width = (nH + 2 * nKv) * hd,
-    s = Math.fround(scale);
-  for (let b = 0; b < cos.length / hd; b++) {
-    const row = b * width,
-      t = b * hd;
-    for (let h = 0; h < nH + nKv; h++) {
-      const o = row + h * hd,
-        out = h < nH ? q : k,
-        d = h < nH ? (b * nH + h) * hd : (b * nKv + h - nH) * hd;
-      for (let j = 0; j < hd; j++) {
-        const r = Math.fround(qkv[o + j] * cos[t + j] + qkv[o + (j < half ? j + half : j - half)] * sin[t + j]);
-        out[d + j] = h < nH ? r * s : r;
-      }
-    }
-    v.set(qkv.subarray(row + (nH + nKv) * hd, row + width), b * nKv * hd);
   }
 }
 
@@ -108,10 +77,7 @@ export function swigluGradInto(dgu: Float32Array, gu: Float32Array, dy: Float32A
  *  where I is a multiple of 4; the JS loop covers the rest. */
 const heapKernel = (backendName: string, I: number) => backendName === "wasm" && I % 4 === 0;
 
-export const SEQ_HEADS = "MarlSeqHeads",
-  SEQ_HEADS_GRAD = "MarlSeqHeadsGrad";
-export const DECODE_HEADS = "MarlDecodeHeads",
-  ROPE = "MarlRope",
+export const ROPE = "MarlRope",
   SWIGLU = "MarlSwiglu",
   SWIGLU_GRAD = "MarlSwigluGrad";
 
@@ -131,15 +97,6 @@ const register = once(() => {
       attrs!.transpose as boolean,
     );
     return out;
-  });
-  registerKernel(DECODE_HEADS, (io, backendName) => ({ inputs, backend, attrs }) => {
-    const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
-    const { nH, nKv, hd, scale } = attrs as { nH: number; nKv: number; hd: number; scale: number };
-    const B = qkv.shape[0];
-    const outs = [io.output(backend, [B * nKv, nH / nKv, hd]), io.output(backend, [B, nKv, hd, 1]), io.output(backend, [B, nKv, 1, hd])];
-    const [q, k, v] = outs.map((t) => io.view(backend, t)); // views after every allocation: the wasm heap may move
-    decodeHeadsInto(q, k, v, io.view(backend, qkv), io.view(backend, cos), io.view(backend, sin), nH, nKv, hd, scale);
-    return outs;
   });
   registerKernel(SWIGLU, (io, backendName) => ({ inputs, backend }) => {
     const { gu } = inputs as { gu: tf.TensorInfo };
@@ -162,10 +119,10 @@ const register = once(() => {
 
 const kernels = (x: tf.Tensor) => {
   register();
-  return x.size <= MAX_KERNEL_ELEMENTS && x.dtype === "float32" && tf.getKernel(ROPE, tf.getBackend()) !== undefined;
+  return ropeKernelRuns(x.size) && x.dtype === "float32" && tf.getKernel(ROPE, tf.getBackend()) !== undefined;
 };
 /** webgpu's kernels (webgpu-rows.ts) run at every size: there each op of the op path is a dispatch. */
-const webgpuKernel = (x: tf.Tensor, name: string) =>
+export const webgpuKernel = (x: tf.Tensor, name: string) =>
   tf.getBackend() === "webgpu" && x.dtype === "float32" && tf.getKernel(name, "webgpu") !== undefined;
 
 /** The tfjs-op forms (every backend; the references the kernels are tested against). */
@@ -202,72 +159,6 @@ const swigluKernel = tf.customGrad(((gu: tf.Tensor2D, save: tf.GradSaveFunc) => 
 export function rope(x: tf.Tensor4D, cos: tf.Tensor4D, sin: tf.Tensor4D): tf.Tensor4D {
   return kernels(x) || webgpuKernel(x, ROPE) ? ropeKernel(x, cos, sin) : ropeOps(x, cos, sin);
 }
-
-/** One position per row (a decode step; no gradient): the fused projection qkv [B, (nH + 2·nKv)·hd]
- *  split into heads, q and k rotated by cos, sin [B, 1, 1, hd] and q scaled, in the layouts attention
- *  reads: q [B·nKv, g, hd] (the g = nH/nKv query heads of a kv head as rows), kᵀ [B, nKv, hd, 1],
- *  v [B, nKv, 1, hd]. One kernel on wasm/cpu, where the layer's op path is ten (two SplitV, RoPE,
- *  the scale and six reshapes), with the same values bit for bit; null elsewhere (the layer then
- *  takes its op path). */
-export function decodeHeads(
-  qkv: tf.Tensor2D,
-  cos: tf.Tensor4D,
-  sin: tf.Tensor4D,
-  nH: number,
-  nKv: number,
-  hd: number,
-  scale: number,
-): [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D] | null {
-  if (!webgpuKernel(qkv, DECODE_HEADS) && !kernels(qkv)) return null;
-  return tf.engine().runKernel(DECODE_HEADS, { qkv, cos, sin }, { nH, nKv, hd, scale }) as unknown as [
-    tf.Tensor3D,
-    tf.Tensor4D,
-    tf.Tensor4D,
-  ];
-}
-
-/** Any number of positions T (prefill, training), differentiable in qkv: the fused projection qkv
- *  [B·T, (nH + 2·nKv)·hd] split into heads, q and k rotated by cos, sin [B, T, 1, hd] and q scaled, in
- *  the layouts attention reads: q [B, nH, T, hd], kᵀ [B, nKv, hd, T], v [B, nKv, T, hd]. One kernel
- *  each way on webgpu (three dispatches forward, one backward, where the op path is two splits, RoPE,
- *  the scale and three transposes each way); null elsewhere (the layer then takes its op path). */
-export function seqHeads(
-  qkv: tf.Tensor2D,
-  cos: tf.Tensor4D,
-  sin: tf.Tensor4D,
-  B: number,
-  T: number,
-  nH: number,
-  nKv: number,
-  hd: number,
-  scale: number,
-): [tf.Tensor4D, tf.Tensor4D, tf.Tensor4D] | null {
-  if (!webgpuKernel(qkv, SEQ_HEADS)) return null;
-  registerSeqHeadsGradient();
-  return tf.engine().runKernel(SEQ_HEADS, { qkv, cos, sin }, { B, T, nH, nKv, hd, scale }) as unknown as [
-    tf.Tensor4D,
-    tf.Tensor4D,
-    tf.Tensor4D,
-  ];
-}
-
-/** The kernel's gradient, registered with tfjs (a kernel of three outputs cannot be a customGrad). The
- *  tables' gradients are never asked for: the tape keeps only inputs reached from the variables. */
-const registerSeqHeadsGradient = once(() =>
-  tf.registerGradient({
-    kernelName: SEQ_HEADS,
-    inputsToSave: ["cos", "sin"],
-    gradFunc: (dy, saved, attrs) => {
-      const [dq, dkT, dv] = dy as tf.Tensor[],
-        [cos, sin] = saved;
-      return {
-        qkv: () => tf.engine().runKernel(SEQ_HEADS_GRAD, { dq, dkT, dv, cos, sin }, attrs) as tf.Tensor,
-        cos: () => tf.zerosLike(cos),
-        sin: () => tf.zerosLike(sin),
-      };
-    },
-  }),
-);
 
 /** silu(gate)·up for gu [N, 2I] holding gate and up side by side (the fused gate_up projection). */
 export function swiglu(gu: tf.Tensor2D): tf.Tensor2D {

@@ -5,7 +5,7 @@
  *  gradient three, the decode heads three). A row reduction runs one workgroup per row (a tree sum in
  *  workgroup memory, float32); element-wise kernels one thread per output. Sizes are compiled into
  *  the shader (a model has a handful of row widths). Registered by webgpu.ts through kernels.ts'
- *  registerKernel; the op files (rmsnorm.ts, rope-swiglu.ts, softmax.ts, logprob.ts) hold the
+ *  registerKernel; the op files (rmsnorm.ts, rope-swiglu.ts, heads.ts, softmax.ts, logprob.ts) hold the
  *  kernel names, the gradients and the choice of path. Inputs are 2-D views [rows, width] (a
  *  reshape is free); the vocabulary kernels are given chunks of rows no larger than the device's
  *  largest storage binding (profile.ts logitChunkFloats).
@@ -16,7 +16,8 @@ import { BLOCK_DIAG } from "./block-diag.ts";
 import { registerKernel, type Backend } from "./kernels.ts";
 import { DLOGITS, LOGP } from "./logprob.ts";
 import { RMS_NORM, RMS_NORM_GRAD } from "./rmsnorm.ts";
-import { DECODE_HEADS, ROPE, SEQ_HEADS, SEQ_HEADS_GRAD, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
+import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD } from "./heads.ts";
+import { ROPE, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
 import { SOFTMAX, SOFTMAX_GRAD } from "./softmax.ts";
 
 type WebgpuModule = typeof import("@tensorflow/tfjs-backend-webgpu");

@@ -18,7 +18,8 @@ import { headLogprobs } from "./head-logprobs.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
 import { saveAdapter, savePretrained, stateDict } from "./save.ts";
 import { checkpoint } from "../engine/checkpoint.ts";
-import { decodeHeads, rope, seqHeads, swiglu } from "../engine/rope-swiglu.ts";
+import { decodeHeads, seqHeads } from "../engine/heads.ts";
+import { rope, swiglu } from "../engine/rope-swiglu.ts";
 import { bmm } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { rmsNorm } from "../engine/rmsnorm.ts";
@@ -182,7 +183,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows, qg.
     let qg: tf.Tensor3D, kT: tf.Tensor, v: tf.Tensor;
     const heads = T === 1 && cache ? decodeHeads(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd)) : null;
-    const seq = heads ? null : seqHeads(qkv, cos, sin, B, T, nH, nKv, hd, 1 / Math.sqrt(hd)); // webgpu: one kernel each way
+    const seq = heads ? null : seqHeads(qkv, cos, sin, B, T, nH, nKv, hd, 1 / Math.sqrt(hd)); // wasm, cpu, webgpu: one kernel each way
     if (heads) [qg, kT, v] = heads;
     else if (seq) {
       [, kT, v] = seq; // (B, nKv, hd, T), (B, nKv, T, hd)

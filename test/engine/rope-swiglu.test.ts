@@ -5,7 +5,7 @@ import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
 import { ropeTables } from "../../src/model/attention.ts";
-import { decodeHeads, rope, ropeOps, swiglu, swigluOps } from "../../src/engine/rope-swiglu.ts";
+import { rope, ropeOps, swiglu, swigluOps } from "../../src/engine/rope-swiglu.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const randn = (n: number, seed: number, scale = 1) => {
@@ -93,61 +93,6 @@ describe("RoPE and SwiGLU kernels", () => {
       ).toEqual([]);
       tf.dispose([gu, x, cos, sin]);
       expect(tf.memory().numTensors).toBe(before);
-    }
-    await tf.setBackend("wasm");
-  });
-
-  it("a decode step's heads: one kernel on cpu and wasm, bit-identical to the op path (GQA, 2 query heads per kv head)", async () => {
-    await initBackend("wasm");
-    const rows = 3,
-      nH = 4,
-      nKv = 2,
-      width = (nH + 2 * nKv) * hd,
-      scale = 1 / Math.sqrt(hd);
-    const qkvs = randn(rows * width, 9, 3),
-      tab = ropeTables([5, 17, 300], invFreq);
-    const run = (viaOps: boolean) =>
-      tf.tidy(() => {
-        const qkv = tf.tensor2d(qkvs, [rows, width]),
-          cos = tf.tensor4d(tab.cos, [rows, 1, 1, hd]),
-          sin = tf.tensor4d(tab.sin, [rows, 1, 1, hd]);
-        if (!viaOps) return decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)!.map((t) => ({ shape: t.shape, data: t.dataSync().slice() }));
-        // The layer's op path at T = 1 (its RoPE kernel): split, rope, split, scale, the attention layouts.
-        const [qk, v] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1);
-        const [q, k] = tf.split(rope(tf.reshape(qk, [rows, 1, nH + nKv, hd]), cos, sin), [nH, nKv], 2);
-        const qg = tf.reshape(tf.transpose(tf.mul(q, scale), [0, 2, 1, 3]), [rows * nKv, nH / nKv, hd]);
-        return [qg, tf.transpose(k, [0, 2, 3, 1]), tf.transpose(tf.reshape(v, [rows, 1, nKv, hd]), [0, 2, 1, 3])].map((t) => ({
-          shape: t.shape,
-          data: t.dataSync().slice(),
-        }));
-      });
-    await tf.setBackend("cpu");
-    const ref = run(true);
-    expect(ref.map((r) => r.shape)).toEqual([
-      [rows * nKv, 2, hd],
-      [rows, nKv, hd, 1],
-      [rows, nKv, 1, hd],
-    ]);
-    for (const backend of ["cpu", "wasm"]) {
-      await tf.setBackend(backend);
-      const before = tf.memory().numTensors;
-      const got = run(false);
-      got.forEach((g, i) => {
-        expect(g.shape, `${backend} output ${i}`).toEqual(ref[i].shape);
-        expect(Array.from(g.data), `${backend} output ${i}`).toEqual(Array.from(ref[i].data));
-      });
-      const qkv = tf.tensor2d(qkvs, [rows, width]),
-        cos = tf.tensor4d(tab.cos, [rows, 1, 1, hd]),
-        sin = tf.tensor4d(tab.sin, [rows, 1, 1, hd]);
-      const prof = await tf.profile(() => {
-        tf.dispose(decodeHeads(qkv, cos, sin, nH, nKv, hd, scale)!);
-      });
-      expect(
-        prof.kernels.map((k) => k.name),
-        backend,
-      ).toEqual(["MarlDecodeHeads"]);
-      tf.dispose([qkv, cos, sin]);
-      expect(tf.memory().numTensors, backend).toBe(before);
     }
     await tf.setBackend("wasm");
   });

@@ -1,0 +1,227 @@
+/** The attention heads of the fused projection qkv [rows, (nH + 2·nKv)·hd]: q, k and v split apart,
+ *  q and k rotated (RoPE, rotate-half) and q scaled, each in the layout attention reads. One kernel
+ *  each way in place of the layer's op path (two SplitV, RoPE, the scale, then transposes or
+ *  reshapes): decodeHeads for a decode step (one position per row, no gradient), seqHeads for any
+ *  number of positions (prefill, training). On wasm and cpu one JS pass over the tensors' memory,
+ *  bit for bit the op path's values (each value is rounded to float32 where the op path rounds it);
+ *  on webgpu WGSL programs (webgpu-rows.ts). Other backends keep the op path. */
+import * as tf from "@tensorflow/tfjs";
+import { once, registerKernel } from "./kernels.ts";
+import { ropeKernelRuns, webgpuKernel } from "./rope-swiglu.ts";
+
+/** q [B, nH, T, hd] = rope(q)·scale, kT [B, nKv, hd, T] = rope(k) and v [B, nKv, T, hd] from qkv
+ *  [B·T, (nH + 2·nKv)·hd]; cos, sin [B·T·hd]. With `roundOnce` each rotated value is rounded to
+ *  float32 once (the ROPE kernel's sum in float64), else each product and the sum are (ropeOps'
+ *  Multiply, Multiply, Add); then the scale as a float32 multiply. At T = 1 the layouts are a decode
+ *  step's: q [B·nKv, nH / nKv, hd], kT [B, nKv, hd, 1], v [B, nKv, 1, hd] in memory. */
+export function seqHeadsInto(
+  q: Float32Array,
+  kT: Float32Array,
+  v: Float32Array,
+  qkv: Float32Array,
+  cos: Float32Array,
+  sin: Float32Array,
+  T: number,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+  roundOnce: boolean,
+): void {
+  const half = hd / 2,
+    width = (nH + 2 * nKv) * hd,
+    s = Math.fround(scale);
+  for (let n = 0; n < cos.length / hd; n++) {
+    const b = Math.floor(n / T),
+      t = n - b * T,
+      row = n * width,
+      c = n * hd;
+    for (let h = 0; h < nH + nKv; h++) {
+      const o = row + h * hd,
+        isQ = h < nH,
+        out = isQ ? q : kT;
+      // out[d + j·step]: q's row (b, h, t) or kT's column (b, h − nH, ·, t)
+      const d = isQ ? ((b * nH + h) * T + t) * hd : (b * nKv + h - nH) * hd * T + t,
+        step = isQ ? 1 : T;
+      for (let j = 0; j < hd; j++) {
+        const x = qkv[o + j] * cos[c + j],
+          y = qkv[o + (j < half ? j + half : j - half)] * sin[c + j];
+        const r = roundOnce ? Math.fround(x + y) : Math.fround(Math.fround(x) + Math.fround(y));
+        out[d + j * step] = isQ ? r * s : r;
+      }
+    }
+    for (let h = 0; h < nKv; h++)
+      v.set(qkv.subarray(row + (nH + nKv + h) * hd, row + (nH + nKv + h + 1) * hd), ((b * nKv + h) * T + t) * hd);
+  }
+}
+
+/** seqHeadsInto's gradient: dqkv [B·T, (nH + 2·nKv)·hd] from dq, dkT and dv in their layouts. The op
+ *  path's backward: the scale's Multiply (dq·scale, rounded), then RoPE's adjoint dx_j = dy_j·cos_j +
+ *  dy_j'·sin_j', j' = (j + hd/2) mod hd, rounded as the forward is (`roundOnce`). */
+export function seqHeadsGradInto(
+  dqkv: Float32Array,
+  dq: Float32Array,
+  dkT: Float32Array,
+  dv: Float32Array,
+  cos: Float32Array,
+  sin: Float32Array,
+  T: number,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+  roundOnce: boolean,
+): void {
+  const half = hd / 2,
+    width = (nH + 2 * nKv) * hd,
+    s = Math.fround(scale);
+  for (let n = 0; n < cos.length / hd; n++) {
+    const b = Math.floor(n / T),
+      t = n - b * T,
+      row = n * width,
+      c = n * hd;
+    for (let h = 0; h < nH + nKv; h++) {
+      const o = row + h * hd,
+        isQ = h < nH,
+        dy = isQ ? dq : dkT;
+      const d = isQ ? ((b * nH + h) * T + t) * hd : (b * nKv + h - nH) * hd * T + t,
+        step = isQ ? 1 : T;
+      for (let j = 0; j < hd; j++) {
+        const jr = j < half ? j + half : j - half;
+        const x = (isQ ? Math.fround(dy[d + j] * s) : dy[d + j * step]) * cos[c + j],
+          y = (isQ ? Math.fround(dy[d + jr] * s) : dy[d + jr * step]) * sin[c + jr];
+        dqkv[o + j] = roundOnce ? x + y : Math.fround(x) + Math.fround(y);
+      }
+    }
+    for (let h = 0; h < nKv; h++)
+      dqkv.set(dv.subarray(((b * nKv + h) * T + t) * hd, ((b * nKv + h) * T + t + 1) * hd), row + (nH + nKv + h) * hd);
+  }
+}
+
+export const SEQ_HEADS = "MarlSeqHeads",
+  SEQ_HEADS_GRAD = "MarlSeqHeadsGrad",
+  DECODE_HEADS = "MarlDecodeHeads";
+
+interface HeadsAttrs {
+  B: number;
+  T: number;
+  nH: number;
+  nKv: number;
+  hd: number;
+  scale: number;
+}
+/** Whether the op path's RoPE would round each value once at this size (its JS kernel) or thrice (ops). */
+const roundsOnce = ({ B, T, nH, nKv, hd }: HeadsAttrs) => ropeKernelRuns(B * T * (nH + nKv) * hd);
+
+const register = once(() => {
+  registerKernel(SEQ_HEADS, (io) => ({ inputs, backend, attrs }) => {
+    const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+    const a = attrs as unknown as HeadsAttrs,
+      { B, T, nH, nKv, hd } = a;
+    const outs = [io.output(backend, [B, nH, T, hd]), io.output(backend, [B, nKv, hd, T]), io.output(backend, [B, nKv, T, hd])];
+    const [q, kT, v] = outs.map((x) => io.view(backend, x)); // views after every allocation: the wasm heap may move
+    seqHeadsInto(q, kT, v, io.view(backend, qkv), io.view(backend, cos), io.view(backend, sin), T, nH, nKv, hd, a.scale, roundsOnce(a));
+    return outs;
+  });
+  registerKernel(SEQ_HEADS_GRAD, (io) => ({ inputs, backend, attrs }) => {
+    const { dq, dkT, dv, cos, sin } = inputs as Record<string, tf.TensorInfo>;
+    const a = attrs as unknown as HeadsAttrs,
+      { B, T, nH, nKv, hd } = a;
+    const out = io.output(backend, [B * T, (nH + 2 * nKv) * hd]);
+    const views = [out, dq, dkT, dv, cos, sin].map((x) => io.view(backend, x));
+    seqHeadsGradInto(views[0], views[1], views[2], views[3], views[4], views[5], T, nH, nKv, hd, a.scale, roundsOnce(a));
+    return out;
+  });
+  // A decode step is seqHeads at T = 1 (below the size limit, so rounded once as the ROPE kernel does).
+  registerKernel(DECODE_HEADS, (io) => ({ inputs, backend, attrs }) => {
+    const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+    const { nH, nKv, hd, scale } = attrs as { nH: number; nKv: number; hd: number; scale: number };
+    const B = qkv.shape[0];
+    const outs = [io.output(backend, [B * nKv, nH / nKv, hd]), io.output(backend, [B, nKv, hd, 1]), io.output(backend, [B, nKv, 1, hd])];
+    const [q, k, v] = outs.map((x) => io.view(backend, x));
+    seqHeadsInto(q, k, v, io.view(backend, qkv), io.view(backend, cos), io.view(backend, sin), 1, nH, nKv, hd, scale, true);
+    return outs;
+  });
+});
+
+/** The wasm/cpu kernel `name` runs here (registered for this backend, float32). */
+const cpuKernel = (qkv: tf.Tensor, name: string) => {
+  register();
+  return qkv.dtype === "float32" && tf.getKernel(name, tf.getBackend()) !== undefined;
+};
+
+/** One position per row (a decode step; no gradient): the fused projection qkv [B, (nH + 2·nKv)·hd]
+ *  split into heads, q and k rotated by cos, sin [B, 1, 1, hd] and q scaled, in the layouts attention
+ *  reads: q [B·nKv, g, hd] (the g = nH/nKv query heads of a kv head as rows), kᵀ [B, nKv, hd, 1],
+ *  v [B, nKv, 1, hd]. One kernel on wasm/cpu up to the JS kernels' size (a decode step's rows; the
+ *  layer then takes seqHeads), where the layer's op path is ten (two SplitV, RoPE, the scale and six
+ *  reshapes); null elsewhere. */
+export function decodeHeads(
+  qkv: tf.Tensor2D,
+  cos: tf.Tensor4D,
+  sin: tf.Tensor4D,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+): [tf.Tensor3D, tf.Tensor4D, tf.Tensor4D] | null {
+  if (!webgpuKernel(qkv, DECODE_HEADS) && !(ropeKernelRuns(qkv.size) && cpuKernel(qkv, DECODE_HEADS))) return null;
+  return tf.engine().runKernel(DECODE_HEADS, { qkv, cos, sin }, { nH, nKv, hd, scale }) as unknown as [
+    tf.Tensor3D,
+    tf.Tensor4D,
+    tf.Tensor4D,
+  ];
+}
+
+/** Any number of positions T (prefill, training), differentiable in qkv: the fused projection qkv
+ *  [B·T, (nH + 2·nKv)·hd] split into heads, q and k rotated by cos, sin [B, T, 1, hd] and q scaled, in
+ *  the layouts attention reads: q [B, nH, T, hd], kᵀ [B, nKv, hd, T], v [B, nKv, T, hd]. One kernel
+ *  each way on wasm/cpu (at every size) and webgpu (three dispatches forward, one backward), where
+ *  the op path is two splits, RoPE, the scale and three transposes each way; null elsewhere (the
+ *  layer then takes its op path). */
+export function seqHeads(
+  qkv: tf.Tensor2D,
+  cos: tf.Tensor4D,
+  sin: tf.Tensor4D,
+  B: number,
+  T: number,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+): [tf.Tensor4D, tf.Tensor4D, tf.Tensor4D] | null {
+  if (!webgpuKernel(qkv, SEQ_HEADS) && !cpuKernel(qkv, SEQ_HEADS)) return null;
+  registerSeqHeadsGradient();
+  return tf.engine().runKernel(SEQ_HEADS, { qkv, cos, sin }, { B, T, nH, nKv, hd, scale }) as unknown as [
+    tf.Tensor4D,
+    tf.Tensor4D,
+    tf.Tensor4D,
+  ];
+}
+
+/** The kernel's gradient, registered with tfjs (a kernel of three outputs cannot be a customGrad). An
+ *  output the loss does not reach has no gradient (null): zeros stand in. The tables' gradients are
+ *  never asked for: the tape keeps only inputs reached from the variables. */
+const registerSeqHeadsGradient = once(() =>
+  tf.registerGradient({
+    kernelName: SEQ_HEADS,
+    inputsToSave: ["cos", "sin"],
+    gradFunc: (dy, saved, attrs) => {
+      const { B, T, nH, nKv, hd } = attrs as unknown as HeadsAttrs,
+        shapes = [
+          [B, nH, T, hd],
+          [B, nKv, hd, T],
+          [B, nKv, T, hd],
+        ];
+      const [cos, sin] = saved;
+      return {
+        qkv: () => {
+          const [dq, dkT, dv] = (dy as (tf.Tensor | null)[]).map((d, i) => d ?? tf.zeros(shapes[i]));
+          return tf.engine().runKernel(SEQ_HEADS_GRAD, { dq, dkT, dv, cos, sin }, attrs) as tf.Tensor;
+        },
+        cos: () => tf.zerosLike(cos),
+        sin: () => tf.zerosLike(sin),
+      };
+    },
+  }),
+);
