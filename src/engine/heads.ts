@@ -6,7 +6,8 @@
  *  bit for bit the op path's values (each value is rounded to float32 where the op path rounds it);
  *  on webgpu WGSL programs (webgpu-rows.ts). Other backends keep the op path. */
 import * as tf from "@tensorflow/tfjs";
-import { once, registerKernel } from "./kernels.ts";
+import { heapOffset, once, registerKernel } from "./kernels.ts";
+import { heapSeqHeads } from "./heap.ts";
 import { ropeKernelRuns, webgpuKernel } from "./rope-swiglu.ts";
 
 /** q [B, nH, T, hd] = rope(q)·scale, kT [B, nKv, hd, T] = rope(k) and v [B, nKv, T, hd] from qkv
@@ -113,21 +114,35 @@ interface HeadsAttrs {
 /** Whether the op path's RoPE would round each value once at this size (its JS kernel) or thrice (ops). */
 const roundsOnce = ({ B, T, nH, nKv, hd }: HeadsAttrs) => ropeKernelRuns(B * T * (nH + nKv) * hd);
 
+/** wasm runs the heap module's vector kernel (heap-heads-code.ts, rows split over the helper threads)
+ *  where RoPE rounds as ops do (float32 lanes) and hd is a multiple of 8; the JS loop covers the rest. */
+const heapKernel = (backendName: string, a: HeadsAttrs) => backendName === "wasm" && !roundsOnce(a) && a.hd % 8 === 0;
+
 const register = once(() => {
-  registerKernel(SEQ_HEADS, (io) => ({ inputs, backend, attrs }) => {
+  registerKernel(SEQ_HEADS, (io, backendName) => ({ inputs, backend, attrs }) => {
     const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
     const a = attrs as unknown as HeadsAttrs,
       { B, T, nH, nKv, hd } = a;
     const outs = [io.output(backend, [B, nH, T, hd]), io.output(backend, [B, nKv, hd, T]), io.output(backend, [B, nKv, T, hd])];
+    if (heapKernel(backendName, a)) {
+      const p = [qkv, cos, sin, ...outs].map((x) => heapOffset(backend, x));
+      heapSeqHeads(backend, false, p, B * T, T, nH, nKv, hd, a.scale);
+      return outs;
+    }
     const [q, kT, v] = outs.map((x) => io.view(backend, x)); // views after every allocation: the wasm heap may move
     seqHeadsInto(q, kT, v, io.view(backend, qkv), io.view(backend, cos), io.view(backend, sin), T, nH, nKv, hd, a.scale, roundsOnce(a));
     return outs;
   });
-  registerKernel(SEQ_HEADS_GRAD, (io) => ({ inputs, backend, attrs }) => {
+  registerKernel(SEQ_HEADS_GRAD, (io, backendName) => ({ inputs, backend, attrs }) => {
     const { dq, dkT, dv, cos, sin } = inputs as Record<string, tf.TensorInfo>;
     const a = attrs as unknown as HeadsAttrs,
       { B, T, nH, nKv, hd } = a;
     const out = io.output(backend, [B * T, (nH + 2 * nKv) * hd]);
+    if (heapKernel(backendName, a)) {
+      const p = [dq, dkT, dv, cos, sin, out].map((x) => heapOffset(backend, x));
+      heapSeqHeads(backend, true, p, B * T, T, nH, nKv, hd, a.scale);
+      return out;
+    }
     const views = [out, dq, dkT, dv, cos, sin].map((x) => io.view(backend, x));
     seqHeadsGradInto(views[0], views[1], views[2], views[3], views[4], views[5], T, nH, nKv, hd, a.scale, roundsOnce(a));
     return out;

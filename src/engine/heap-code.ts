@@ -38,11 +38,18 @@
  *    (op 0 add, 1 sub, 2 mul), b's row for row r at b + ⌊r / rep⌋·bs (bs = 4W: the same shape; 0: one
  *    row for all; a middle axis broadcast when rep > 1); op + 3: b is one value per group of rows.
  *    Each output is one float32 operation, so any split of the rows gives the same bits.
+ *  - `seqHeads(qkv, cos, sin, q, kT, v, n0, n1, T, nH, nKv, hd, scale)`: rows n0..n1 − 1 of the fused
+ *    projection qkv [B·T, (nH + 2·nKv)·hd] into attention's heads q [B, nH, T, hd] (RoPE, then · scale),
+ *    kT [B, nKv, hd, T] (RoPE) and v [B, nKv, T, hd], tables cos, sin [B·T, hd]; RoPE as float32
+ *    x·cos + rot(x)·sin, each product and the sum rounded (hd a multiple of 8).
+ *    `seqHeadsGrad(dq, dkT, dv, cos, sin, dqkv, n0, n1, T, nH, nKv, hd, scale)`: its adjoint into those
+ *    rows of dqkv, dq first scaled (rounded), then RoPE's adjoint as float32 dy·cos + rot(dy)·sin.
+ *    Each output depends on its row alone, so any split of the rows gives the same bits.
  *  Sums over a row go four lanes at a time, lane sums added last as (l0 + l1) + (l2 + l3), so a row's
  *  result does not depend on which thread computes it.
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N.
- *  The module is assembled here from the kernel bodies in heap-gemm-code.ts, heap-row-code.ts, heap-norm-code.ts and heap-elementwise-code.ts
+ *  The module is assembled here from the kernel bodies in heap-gemm-code.ts, heap-row-code.ts, heap-norm-code.ts, heap-elementwise-code.ts and heap-heads-code.ts
  *  (instructions through wasm-asm.ts). */
 
 import { I32, uleb, str, section, vec, op, F32 } from "./wasm-asm.ts";
@@ -50,6 +57,7 @@ import { NPARAMS, tileBody, packBody, packTBody } from "./heap-gemm-code.ts";
 import { copyRowsBody, swigluBody, rowsBody, softmaxGradBody } from "./heap-row-code.ts";
 import { rmsNormBody } from "./heap-norm-code.ts";
 import { binaryBody } from "./heap-elementwise-code.ts";
+import { SEQ_HEADS_SIG, seqHeadsBody } from "./heap-heads-code.ts";
 
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
@@ -88,6 +96,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     rmsNormBody(true, o.relaxed),
     softmaxGradBody(o.relaxed),
     binaryBody(),
+    seqHeadsBody(false),
+    seqHeadsBody(true),
   ].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
@@ -112,6 +122,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     "rmsNormGrad",
     "softmaxGrad",
     "binary",
+    "seqHeads",
+    "seqHeadsGrad",
   ];
   const types: Record<string, number> = {
     tile: 0,
@@ -133,6 +145,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     rmsNormGrad: 6,
     softmaxGrad: 4,
     binary: 7,
+    seqHeads: 8,
+    seqHeadsGrad: 8,
   };
   return Uint8Array.from([
     0x00,
@@ -143,7 +157,7 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     0x00,
     0x00,
     0x00,
-    ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig, normSig, normGradSig, binarySig])),
+    ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig, normSig, normGradSig, binarySig, SEQ_HEADS_SIG])),
     ...section(2, vec([[...str("env"), ...str("memory"), 0x02, ...limits]])),
     ...section(3, vec(names.map((nm) => [types[nm]]))),
     // the functions, and the memory (the helpers' jobs read a table of blocks from it)

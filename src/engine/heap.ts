@@ -138,6 +138,8 @@ export interface Kernels {
   rmsNorm: (x: number, w: number, y: number, rows: number, H: number, eps: number) => void;
   rmsNormGrad: (x: number, w: number, dy: number, dx: number, dw: number, rows: number, H: number, eps: number) => void;
   binary: (a: number, b: number, out: number, r0: number, r1: number, W: number, rep: number, bs: number, op: number) => void;
+  seqHeads: (...args: number[]) => void; // six pointers, n0, n1, T, nH, nKv, hd, scale (heap-code.ts)
+  seqHeadsGrad: Kernels["seqHeads"];
   /** The imported heap, exported again (the helpers read job tables from it). */
   memory: WasmMemory;
 }
@@ -220,7 +222,9 @@ const JOB_GEMM = 0,
   JOB_RMS_NORM_GRAD = 6,
   JOB_SOFTMAX_GRAD = 8,
   JOB_BINARY = 9,
-  JOB_COPY_BLOCKS = 10;
+  JOB_COPY_BLOCKS = 10,
+  JOB_SEQ_HEADS = 11,
+  JOB_SEQ_HEADS_GRAD = 12;
 /** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
@@ -305,6 +309,8 @@ function part(
  *  The gradient is shared out by blocks of 64 rows (NORM_BLOCK), the others by rows.
  *  binary: c = a op b, w = rep, aux = bs, bits = op (see heapBinary); with rep 0 the rows·I elements
  *  are shared out as one flat run (aux = 4: b too, aux = 0: b one value).
+ *  Seq heads (11) and their gradient (12): a a table of the kernel's six pointers, T, nH, nKv, hd and
+ *  the scale's float32 bits; its `rows` rows (B·T) are shared out.
  *  Copy blocks (10): a a table of `rows` blocks of 4 u32 (src, dst, src row stride, row bytes), each
  *  of I rows, b the destination stride; their I·rows rows are shared out in order, a part's range
  *  crossing blocks where it must. */
@@ -341,6 +347,14 @@ function rowsPart(
       k.copyRows(dst + rr * b, b, src + rr * srs, srs, cb, n);
       u += n;
     }
+    return;
+  }
+  if (job === 11 || job === 12) {
+    const p = new Uint32Array(k.memory.buffer, a, 11),
+      n0 = Math.floor((rows * index) / parts),
+      n1 = Math.floor((rows * (index + 1)) / parts);
+    const scale = new Float32Array(k.memory.buffer, a + 40, 1)[0];
+    if (n1 > n0) k[job === 11 ? "seqHeads" : "seqHeadsGrad"](p[0], p[1], p[2], p[3], p[4], p[5], n0, n1, p[6], p[7], p[8], p[9], scale);
     return;
   }
   const eps = new Float32Array(new Uint32Array([bits]).buffer)[0];
@@ -537,6 +551,31 @@ export function heapBlocks(backend: unknown, blocks: number[][], R: number, stri
   try {
     new Uint32Array(e.memory.buffer, table, 4 * blocks.length).set(blocks.flat());
     splitJob(e, JOB_COPY_BLOCKS, units, bytes / 4, table, stride, 0, blocks.length, R, 0, 0, 0);
+  } finally {
+    e.free(table);
+  }
+}
+
+/** The heads of the fused projection (heads.ts) on the heap module: forward (grad false) with p =
+ *  [qkv, cos, sin, q, kT, v], or the gradient with p = [dq, dkT, dv, cos, sin, dqkv], byte offsets of
+ *  the backend's heap; rows = B·T, hd a multiple of 8. Rows split over the helper threads when large
+ *  (each row is computed the same way on any thread). */
+export function heapSeqHeads(
+  backend: unknown,
+  grad: boolean,
+  p: number[],
+  rows: number,
+  T: number,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+): void {
+  const e = heapEngine(backend),
+    table = e.malloc(44) >>> 0;
+  try {
+    new Uint32Array(e.memory.buffer, table, 11).set([...p, T, nH, nKv, hd, new Uint32Array(new Float32Array([scale]).buffer)[0]]);
+    splitJob(e, grad ? JOB_SEQ_HEADS_GRAD : JOB_SEQ_HEADS, rows, rows * (nH + 2 * nKv) * hd, table, 0, 0, rows, 0, 0, 0, 0);
   } finally {
     e.free(table);
   }

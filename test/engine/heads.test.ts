@@ -8,6 +8,8 @@ import { initBackend } from "../../src/engine/backend.ts";
 import { ropeTables } from "../../src/model/attention.ts";
 import { decodeHeads, seqHeads, seqHeadsInto } from "../../src/engine/heads.ts";
 import { rope } from "../../src/engine/rope-swiglu.ts";
+import { splitJobCount } from "../../src/engine/heap.ts";
+import { wasmThreads } from "../../src/engine/wasm-threads.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const randn = (n: number, seed: number, scale = 1) => {
@@ -149,7 +151,8 @@ describe("attention heads kernels", () => {
   });
 
   // 2 × 3 positions: RoPE of 288 elements, which the op path runs as its JS kernel (one rounding);
-  // 2 × 700: 67 200 elements, past that kernel's limit, so as ops (each product and the sum rounded).
+  // 2 × 700: 67 200 elements, past that kernel's limit, so as ops (each product and the sum rounded):
+  // on wasm the heap module's kernel then, its rows split over the helper threads where there are two.
   for (const [B, T] of [
     [2, 3],
     [2, 700],
@@ -162,6 +165,18 @@ describe("attention heads kernels", () => {
       for (const backend of ["cpu", "wasm"]) {
         await tf.setBackend(backend);
         const before = tf.memory().numTensors;
+        if (backend === "wasm") {
+          const splits = () => {
+            const at = splitJobCount();
+            seqRun(false, B, T, nH, nKv);
+            return splitJobCount() - at;
+          };
+          // seqRun's two forwards (the values, and the one tf.grad runs) and a backward; the helper
+          // threads start in the background with the heap engine
+          const n = wasmThreads() > 1 && T > 3 ? 3 : 0;
+          for (let k = 0; n && k < 100 && splits() === 0; k++) await new Promise((r) => setTimeout(r, 50));
+          expect(splits()).toBe(n);
+        }
         const ops = seqRun(true, B, T, nH, nKv),
           got = seqRun(false, B, T, nH, nKv);
         ["q", "kT", "v", "d qkv"].forEach((what, i) => {
