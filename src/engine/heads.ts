@@ -10,6 +10,11 @@ import { heapOffset, once, registerKernel } from "./kernels.ts";
 import { heapSeqHeads } from "./heap.ts";
 import { ropeKernelRuns, webgpuKernel } from "./rope-swiglu.ts";
 
+/** x + y of two exact products of float32 values, rounded to float32 once, or each product and the sum
+ *  rounded (a branch per value cost a decode step's heads 30%). */
+const float32Sum = (roundOnce: boolean) =>
+  roundOnce ? (x: number, y: number) => Math.fround(x + y) : (x: number, y: number) => Math.fround(Math.fround(x) + Math.fround(y));
+
 /** q [B, nH, T, hd] = rope(q)·scale, kT [B, nKv, hd, T] = rope(k) and v [B, nKv, T, hd] from qkv
  *  [B·T, (nH + 2·nKv)·hd]; cos, sin [B·T·hd]. With `roundOnce` each rotated value is rounded to
  *  float32 once (the ROPE kernel's sum in float64), else each product and the sum are (ropeOps'
@@ -31,7 +36,8 @@ export function seqHeadsInto(
 ): void {
   const half = hd / 2,
     width = (nH + 2 * nKv) * hd,
-    s = Math.fround(scale);
+    s = Math.fround(scale),
+    sum = float32Sum(roundOnce);
   for (let n = 0; n < cos.length / hd; n++) {
     const b = Math.floor(n / T),
       t = n - b * T,
@@ -40,15 +46,15 @@ export function seqHeadsInto(
     for (let h = 0; h < nH + nKv; h++) {
       const o = row + h * hd,
         isQ = h < nH,
-        out = isQ ? q : kT;
+        out = isQ ? q : kT,
+        sh = isQ ? s : 1; // k unscaled: r · 1 is r
       // out[d + j·step]: q's row (b, h, t) or kT's column (b, h − nH, ·, t)
       const d = isQ ? ((b * nH + h) * T + t) * hd : (b * nKv + h - nH) * hd * T + t,
         step = isQ ? 1 : T;
       for (let j = 0; j < hd; j++) {
         const x = qkv[o + j] * cos[c + j],
           y = qkv[o + (j < half ? j + half : j - half)] * sin[c + j];
-        const r = roundOnce ? Math.fround(x + y) : Math.fround(Math.fround(x) + Math.fround(y));
-        out[d + j * step] = isQ ? r * s : r;
+        out[d + j * step] = sum(x, y) * sh;
       }
     }
     for (let h = 0; h < nKv; h++)
@@ -75,7 +81,8 @@ export function seqHeadsGradInto(
 ): void {
   const half = hd / 2,
     width = (nH + 2 * nKv) * hd,
-    s = Math.fround(scale);
+    s = Math.fround(scale),
+    sum = float32Sum(roundOnce);
   for (let n = 0; n < cos.length / hd; n++) {
     const b = Math.floor(n / T),
       t = n - b * T,
@@ -91,7 +98,7 @@ export function seqHeadsGradInto(
         const jr = j < half ? j + half : j - half;
         const x = (isQ ? Math.fround(dy[d + j] * s) : dy[d + j * step]) * cos[c + j],
           y = (isQ ? Math.fround(dy[d + jr] * s) : dy[d + jr * step]) * sin[c + jr];
-        dqkv[o + j] = roundOnce ? x + y : Math.fround(x) + Math.fround(y);
+        dqkv[o + j] = sum(x, y);
       }
     }
     for (let h = 0; h < nKv; h++)
