@@ -10,11 +10,6 @@ import { heapOffset, once, registerKernel } from "./kernels.ts";
 import { heapSeqHeads } from "./heap.ts";
 import { ropeKernelRuns, webgpuKernel } from "./rope-swiglu.ts";
 
-/** x + y of two exact products of float32 values, rounded to float32 once, or each product and the sum
- *  rounded (a branch per value cost a decode step's heads 30%). */
-const float32Sum = (roundOnce: boolean) =>
-  roundOnce ? (x: number, y: number) => Math.fround(x + y) : (x: number, y: number) => Math.fround(Math.fround(x) + Math.fround(y));
-
 /** q [B, nH, T, hd] = rope(q)·scale, kT [B, nKv, hd, T] = rope(k) and v [B, nKv, T, hd] from qkv
  *  [B·T, (nH + 2·nKv)·hd]; cos, sin [B·T·hd]. With `roundOnce` each rotated value is rounded to
  *  float32 once (the ROPE kernel's sum in float64), else each product and the sum are (ropeOps'
@@ -36,8 +31,7 @@ export function seqHeadsInto(
 ): void {
   const half = hd / 2,
     width = (nH + 2 * nKv) * hd,
-    s = Math.fround(scale),
-    sum = float32Sum(roundOnce);
+    s = Math.fround(scale);
   for (let n = 0; n < cos.length / hd; n++) {
     const b = Math.floor(n / T),
       t = n - b * T,
@@ -51,11 +45,15 @@ export function seqHeadsInto(
       // out[d + j·step]: q's row (b, h, t) or kT's column (b, h − nH, ·, t)
       const d = isQ ? ((b * nH + h) * T + t) * hd : (b * nKv + h - nH) * hd * T + t,
         step = isQ ? 1 : T;
-      for (let j = 0; j < hd; j++) {
-        const x = qkv[o + j] * cos[c + j],
-          y = qkv[o + (j < half ? j + half : j - half)] * sin[c + j];
-        out[d + j * step] = sum(x, y) * sh;
-      }
+      // the rounding chosen per head, not per value (a decode step's heads took 30% longer), nor by a
+      // closure (two of them at one call site cost 3x)
+      if (roundOnce)
+        for (let j = 0; j < hd; j++)
+          out[d + j * step] = Math.fround(qkv[o + j] * cos[c + j] + qkv[o + (j < half ? j + half : j - half)] * sin[c + j]) * sh;
+      else
+        for (let j = 0; j < hd; j++)
+          out[d + j * step] =
+            Math.fround(Math.fround(qkv[o + j] * cos[c + j]) + Math.fround(qkv[o + (j < half ? j + half : j - half)] * sin[c + j])) * sh;
     }
     for (let h = 0; h < nKv; h++)
       v.set(qkv.subarray(row + (nH + nKv + h) * hd, row + (nH + nKv + h + 1) * hd), ((b * nKv + h) * T + t) * hd);
@@ -81,8 +79,7 @@ export function seqHeadsGradInto(
 ): void {
   const half = hd / 2,
     width = (nH + 2 * nKv) * hd,
-    s = Math.fround(scale),
-    sum = float32Sum(roundOnce);
+    s = Math.fround(scale);
   for (let n = 0; n < cos.length / hd; n++) {
     const b = Math.floor(n / T),
       t = n - b * T,
@@ -98,7 +95,7 @@ export function seqHeadsGradInto(
         const jr = j < half ? j + half : j - half;
         const x = (isQ ? Math.fround(dy[d + j] * s) : dy[d + j * step]) * cos[c + j],
           y = (isQ ? Math.fround(dy[d + jr] * s) : dy[d + jr * step]) * sin[c + jr];
-        dqkv[o + j] = sum(x, y);
+        dqkv[o + j] = roundOnce ? x + y : Math.fround(x) + Math.fround(y);
       }
     }
     for (let h = 0; h < nKv; h++)
