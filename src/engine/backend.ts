@@ -9,9 +9,10 @@
  *  engine/ is the floor of the project: it imports nothing above util/. Its files: backends
  *  (backend.ts, webgpu.ts, wasm-threads.ts, profile.ts); the wasm heap module (heap.ts: the engine on
  *  tfjs' heap, helper threads and jobs; heap-code.ts assembles the module from heap-gemm-code.ts,
- *  heap-row-code.ts and heap-norm-code.ts through wasm-asm.ts); the kernels, each with its gradient
- *  (gemm.ts, rmsnorm.ts, rope-swiglu.ts, heads.ts, softmax.ts, logprob.ts, dequant.ts, dequant-webgpu.ts,
- *  concat.ts, gather.ts, slices.ts, elementwise.ts); matmul.ts and checkpoint.ts (activation checkpointing).
+ *  heap-row-code.ts, heap-norm-code.ts, heap-elementwise-code.ts and heap-heads-code.ts through
+ *  wasm-asm.ts); the kernels, each with its gradient (gemm.ts, rmsnorm.ts, rope-swiglu.ts, heads.ts,
+ *  softmax.ts, logprob.ts, dequant.ts, dequant-webgpu.ts, concat.ts, gather.ts, slices.ts,
+ *  elementwise.ts); matmul.ts and checkpoint.ts (activation checkpointing).
  *  Every kernel is registered by one call of kernels.ts. Adding a heap kernel: its body as
  *  instructions in a heap-*-code.ts file (exported by heap-code.ts), a heap<Name>() wrapper in
  *  heap.ts that runs it as a job, and one registerKernel() call in the op's file.
