@@ -6,8 +6,8 @@
  *    stride (a 4 KB stride put every row of a panel in the same cache sets: a third of the speed).
  *  - Transposed operands cost nothing extra: a transposed A is read in place with swapped strides, a
  *    transposed B is transposed while it is packed. No copy of a weight outlives the product.
- *  - Batched products (equal batch dims, or a batch of one on either side) run slice by slice on
- *    heap offsets. int32 operands go to tfjs' kernel.
+ *  - Batched products (equal batch dims, or a batch of one on either side) run on heap offsets, their
+ *    slices shared out over the threads (heapGemm). int32 operands go to tfjs' kernel.
  *  Each output is summed over k in order, whatever the row and column split or the packing, so
  *  results do not depend on the thread count. */
 import * as tf from "@tensorflow/tfjs";
@@ -50,8 +50,7 @@ export function registerWasmGemm(): void {
       return out;
     }
     const t = (transposeA ? 1 : 0) | (transposeB ? 2 : 0);
-    for (let s = 0; s < batch; s++)
-      heapGemm(e, pa + (batchA === 1 ? 0 : s * M * K * 4), pb + (batchB === 1 ? 0 : s * K * N * 4), pc + s * M * N * 4, M, K, N, t);
+    heapGemm(e, pa, pb, pc, M, K, N, t, batch, batchA === 1 ? 0 : M * K * 4, batchB === 1 ? 0 : K * N * 4);
     return out;
   });
 }

@@ -1,12 +1,12 @@
 /** The heap module (heap-code.ts) on tfjs-backend-wasm's own heap: one instance per heap, helper
  *  threads (threaded build) that share it through a control block, and the jobs they split: a
- *  product's columns (`heapGemm`, used by gemm.ts), the rows of a row kernel (`heapSwiglu`,
- *  `heapRmsNorm`, `heapRowStats`, `heapBinary`, …, used by the op files) or of strided copies
+ *  product's columns, rows or batch slices (`heapGemm`, used by gemm.ts), the rows of a row kernel
+ *  (`heapSwiglu`, `heapRmsNorm`, `heapRowStats`, `heapBinary`, …, used by the op files) or of strided copies
  *  (`heapBlocks`: Concat, Slice, SplitV). Work is split only where it repays a
  *  hand-off, and every output is computed the same way whatever the split, so results do not
  *  depend on the thread count. Leaves out: tfjs' own thread pool (kept at one thread, wasm-threads.ts).
- *  Over 400 lines on purpose: the helper threads' source is built from part() and rowsPart() in this
- *  file (Function.toString), so the job protocol and the jobs it runs must live together. */
+ *  Over 400 lines on purpose: the helper threads' source is built from part(), slicesPart() and
+ *  rowsPart() in this file (Function.toString), so the job protocol and the jobs it runs must live together. */
 import * as tf from "@tensorflow/tfjs";
 import v8 from "node:v8";
 import { Worker } from "node:worker_threads";
@@ -210,9 +210,9 @@ export function heapEngine(backend: Backend): Engine {
 const SEQ = 0,
   DONE = 1,
   READY = 2,
-  ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job
-const CTRL_SLOTS = ARGS + 10;
-/** Jobs the helpers run: a product's columns, or rows of an element-wise kernel. */
+  ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job, then a batch's slices, A's and B's slice strides
+const CTRL_SLOTS = ARGS + 13;
+/** Jobs the helpers run: a product's columns or rows, a batch's slices, or rows of an element-wise kernel. */
 const JOB_GEMM = 0,
   JOB_SWIGLU = 1,
   JOB_SWIGLU_GRAD = 2,
@@ -224,7 +224,8 @@ const JOB_GEMM = 0,
   JOB_BINARY = 9,
   JOB_COPY_BLOCKS = 10,
   JOB_SEQ_HEADS = 11,
-  JOB_SEQ_HEADS_GRAD = 12;
+  JOB_SEQ_HEADS_GRAD = 12,
+  JOB_GEMM_SLICES = 13;
 /** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
@@ -299,6 +300,34 @@ function part(
       }
     }
   }
+}
+
+/** One part of a batch of `batch` products C[s] = op(A[s]) · op(B[s]): whole slices [s0, s1), each
+ *  run as one part (part() with parts = 1) on this part's packing buffer. A's and B's slices are sa and
+ *  sb bytes apart (0: one operand for every slice), C's M·N floats. A batch of attention products
+ *  ([heads, T, hd] · [heads, hd, T]) is then one hand-off instead of one per slice, and slices too
+ *  small to split on their own run in parallel. Each slice is summed as one part's product is, so the
+ *  bits are those of the other splits. Plain JS (helpers' code too). */
+function slicesPart(
+  k: Kernels,
+  mr: number,
+  a: number,
+  b: number,
+  c: number,
+  M: number,
+  K: number,
+  N: number,
+  index: number,
+  parts: number,
+  scratch: number,
+  t: number,
+  batch: number,
+  sa: number,
+  sb: number,
+): void {
+  const buf = scratch ? scratch + index * packBytes(K) : 0;
+  for (let s = Math.floor((batch * index) / parts), s1 = Math.floor((batch * (index + 1)) / parts); s < s1; s++)
+    part(k, mr, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, 0, 1, buf, t);
 }
 
 /** Rows [r0, r1) of one part of a row kernel over [rows, I] (a job of the helpers too, so plain JS;
@@ -379,8 +408,11 @@ function rowsPart(
   else k.softmaxRows(a + 4 * I * r0, b + 4 * r0, c + 4 * I * r0, n, I);
 }
 
-/** Bytes of one part's packing buffer for depth K (the nc × kc of part(): ≤ 512 KB, at least one panel). */
-const packBytes = (K: number) => Math.max(8, Math.floor(16384 / Math.min(K, 1024)) * 8) * Math.min(K, 1024) * 4;
+/** Bytes of one part's packing buffer for depth K (the nc × kc of part(): ≤ 512 KB, at least one panel).
+ *  Helpers' code too (slicesPart). */
+function packBytes(K: number): number {
+  return Math.max(8, Math.floor(16384 / Math.min(K, 1024)) * 8) * Math.min(K, 1024) * 4;
+}
 
 const HELPER = `
 const { workerData } = require("node:worker_threads");
@@ -388,6 +420,8 @@ const { memory, bytes, mr, ctrl, index } = workerData;
 const k = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports;
 const c = new Int32Array(ctrl), u = new Uint32Array(ctrl);
 const part = ${part.toString()};
+const packBytes = ${packBytes.toString()};
+const slicesPart = ${slicesPart.toString()};
 const rowsPart = ${rowsPart.toString()};
 Atomics.add(c, ${READY}, 1);
 let seq = 0;
@@ -396,6 +430,7 @@ for (;;) {
   seq = Atomics.load(c, ${SEQ});
   const at = (i) => Atomics.load(u, ${ARGS} + i);
   if (at(9) === ${JOB_GEMM}) part(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8));
+  else if (at(9) === ${JOB_GEMM_SLICES}) slicesPart(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), at(10), at(11), at(12));
   else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6), at(5), at(7), at(8));
   Atomics.add(c, ${DONE}, 1);
   Atomics.notify(c, ${DONE});
@@ -419,11 +454,11 @@ function startPool(memory: WasmMemory, bytes: Uint8Array, mr: number, size: numb
   return { ctrl, args: new Uint32Array(ctrl.buffer), size };
 }
 
-const splitProducts = { columns: 0, rows: 0 };
+const splitProducts = { columns: 0, rows: 0, slices: 0 };
 let splitJobs = 0;
-/** Products split over the helper threads so far in this process, by column panels and by rows (tests
- *  check that each split ran). */
-export function splitProductCount(): { columns: number; rows: number } {
+/** Products split over the helper threads so far in this process, by column panels, by rows and
+ *  (batches) by slices (tests check that each split ran). */
+export function splitProductCount(): { columns: number; rows: number; slices: number } {
   return { ...splitProducts };
 }
 /** Row and block jobs (every kernel but the product) split over the helper threads so far. */
@@ -454,9 +489,40 @@ function scratchFor(e: Engine, bytes: number): number {
   return e.scratch;
 }
 
-/** C [M, N] = op(A) · op(B) at byte offsets of the heap, dense; A is [M, K] or, with t & 1, [K, M];
- *  B is [K, N] or, with t & 2, [N, K]. */
-export function heapGemm(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
+/** C [batch, M, N] = op(A) · op(B) at byte offsets of the heap, dense; A is [M, K] or, with t & 1,
+ *  [K, M]; B is [K, N] or, with t & 2, [N, K]. A batch's slices of A and B are sa and sb bytes apart
+ *  (0: the same operand for every slice). A batch is split by whole slices over the threads when its
+ *  slices share out evenly (or nearly: at least 4 per thread) or are too small to split on their own,
+ *  else each slice is split as one product. */
+export function heapGemm(
+  e: Engine,
+  a: number,
+  b: number,
+  c: number,
+  M: number,
+  K: number,
+  N: number,
+  t: number,
+  batch = 1,
+  sa = 0,
+  sb = 0,
+): void {
+  const pool = e.pool,
+    parts = ready(pool) && batch * M * N * K >= PARALLEL_MACS ? Math.min(pool.size + 1, batch) : 1;
+  if (parts > 1 && (batch % parts === 0 || batch >= 4 * parts || M * N * K < PARALLEL_MACS)) {
+    const N8 = N - (N % NR),
+      scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
+    splitProducts.slices++;
+    if (N8 > 0)
+      fanOut(pool!, [a, b, c, M, K, N, parts, scratch, t, JOB_GEMM_SLICES, batch, sa, sb], () =>
+        slicesPart(e.k, e.mr, a, b, c, M, K, N, 0, parts, scratch, t, batch, sa, sb),
+      );
+    if (N8 < N) for (let s = 0; s < batch; s++) edgeColumns(e, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, t);
+  } else for (let s = 0; s < batch; s++) gemmSlice(e, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, t);
+}
+
+/** One product C [M, N] = op(A) · op(B), split by column panels or rows. */
+function gemmSlice(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
   const N8 = N - (N % NR),
     pool = e.pool;
   // Split by column panels, or by rows where A is the larger operand by far (a decode step's

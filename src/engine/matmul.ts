@@ -66,7 +66,7 @@ export function mmFrozen(x: tf.Tensor2D, w: () => tf.Tensor2D, wForward?: tf.Ten
 }
 
 /** Batched a [G, M, K] · b [G, K, N] → [G, M, N] as one batched product, with a gradient formed as
- *  matMulBT/AT form theirs. wasm runs the batch slice by slice on heap offsets (gemm.ts). */
+ *  matMulBT/AT form theirs. wasm shares the batch's slices out over its threads (gemm.ts). */
 export function bmm(a: tf.Tensor3D, b: tf.Tensor3D): tf.Tensor3D {
   const f = tf.customGrad(((x: tf.Tensor3D, y: tf.Tensor3D, save: tf.GradSaveFunc) => {
     save([x, y]);

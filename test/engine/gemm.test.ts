@@ -116,14 +116,23 @@ describe("wasm matmul kernel", () => {
           [1030, 1024],
           [1024, 13],
         ],
-      ); // [6, 2500]: K in 3 blocks; [1030, 1024] · [1024, 13]: split by rows over the threads (a decode step's shape)
+        [
+          [4, 96, 128],
+          [4, 128, 96],
+        ],
+        [
+          [3, 100, 130],
+          [1, 130, 45],
+        ],
+      ); // [6, 2500]: K in 3 blocks; [1030, 1024] · [1024, 13]: split by rows over the threads (a decode step's shape);
+      // the batches of 4 and 3 (B shared, 5 edge columns): split by whole slices over the threads
       const swapLast = (t: tf.Tensor) =>
         tf.transpose(
           t,
           [...t.shape.keys()].map((i, _, all) => (i < all.length - 2 ? i : 2 * all.length - 3 - i)),
         );
       const before = tf.memory().numTensors,
-        rowSplits = splitProductCount().rows;
+        { rows: rowSplits, slices: sliceSplits } = splitProductCount();
       cases.forEach(([sa, sb], n) => {
         const a = randn(
             sa.reduce((p, d) => p * d, 1),
@@ -160,6 +169,7 @@ describe("wasm matmul kernel", () => {
       });
       expect(tf.memory().numTensors).toBe(before);
       if (wasmThreads() > 1) expect(splitProductCount().rows).toBeGreaterThan(rowSplits);
+      if (wasmThreads() > 1) expect(splitProductCount().slices).toBeGreaterThan(sliceSplits);
     },
   );
 

@@ -69,7 +69,7 @@ describe("threaded wasm", () => {
         expect({ code: r.code, signal: r.signal, stdout: r.stdout.trim() }, r.stderr).toEqual({
           code: 0,
           signal: null,
-          stdout: `threads ${n}, split products by columns ${n > 1 ? "yes" : "no"}, by rows ${n > 1 ? "yes" : "no"}, ${build}`,
+          stdout: `threads ${n}, split products by columns ${n > 1 ? "yes" : "no"}, by rows ${n > 1 ? "yes" : "no"}, by slices ${n > 1 ? "yes" : "no"}, ${build}`,
         });
         expect(r.stderr).toContain(`tfjs backend: wasm (${n} thread`);
       }
@@ -98,7 +98,7 @@ describe("threaded wasm", () => {
       expect({ code: auto.code, signal: auto.signal, stdout: auto.stdout.trim() }, auto.stderr).toEqual({
         code: 0,
         signal: null,
-        stdout: `threads 1, split products by columns no, by rows no, ${wasmSimd()}`,
+        stdout: `threads 1, split products by columns no, by rows no, by slices no, ${wasmSimd()}`,
       });
       const warnings = auto.stderr.split("\n").filter((l) => l.startsWith("warning:"));
       if (resolveThreads("auto") > 1)
