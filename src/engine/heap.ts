@@ -210,7 +210,8 @@ export function heapEngine(backend: Backend): Engine {
 const SEQ = 0,
   DONE = 1,
   READY = 2,
-  ARGS = 3; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job, then a batch's slices, A's and B's slice strides
+  NEXT = 3, // the next unit of a product for a thread to take (part(), slicesPart())
+  ARGS = 4; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job, then a batch's slices, A's and B's slice strides
 const CTRL_SLOTS = ARGS + 13;
 /** Jobs the helpers run: a product's columns or rows, a batch's slices, or rows of an element-wise kernel. */
 const JOB_GEMM = 0,
@@ -230,9 +231,12 @@ const JOB_GEMM = 0,
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
 
-/** One part of C = op(A) · op(B): columns [j0, j1), whole 8-column panels, or with t & 4 rows
- *  [r0, r1), whole blocks of mr, over all of N's panels. Runs on every thread, so it is also the
- *  helpers' code (stringified below): only plain JS, no imports.
+/** One part of C = op(A) · op(B): with t & 4, rows [r0, r1) (whole blocks of mr, the index-th of
+ *  `parts` even shares) over all of N's panels; else units of whole 8-column panels, each taken by
+ *  whichever thread is free (claim() hands out unit numbers 0, 1, … across the parts), so a thread
+ *  slowed by other work on its core takes fewer. About 4 units per part: each unit passes over all of
+ *  A once more. Runs on every thread, so it is also the helpers' code (stringified below): only plain
+ *  JS, no imports.
  *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]), bit 2 = split by rows.
  *  scratch ≠ 0: B's panels are first packed, up to 512 KB of them at a time, into this part's slice of
  *  the scratch buffer (packBytes(K) each), so the kernel reads each panel as one run of memory (a
@@ -250,60 +254,68 @@ function part(
   parts: number,
   scratch: number,
   t: number,
+  claim: () => number = () => 0,
 ): void {
   const ars = t & 1 ? 4 : 4 * K,
     aks = t & 1 ? 4 * M : 4,
     ldc = 4 * N;
   const panels = (N - (N % 8)) / 8;
-  // A row's sum is the same whichever part and block of rows it falls in, so both splits give the same bits.
-  const per = t & 4 ? Math.ceil(M / parts / mr) * mr : Math.ceil(panels / parts),
-    r0 = t & 4 ? Math.min(M, index * per) : 0,
-    r1 = t & 4 ? Math.min(M, (index + 1) * per) : M,
-    j0 = t & 4 ? 0 : Math.min(panels, index * per) * 8,
-    j1 = t & 4 ? panels * 8 : Math.min(panels, (index + 1) * per) * 8;
-  if (j1 <= j0 || r1 <= r0) return;
-  a += r0 * ars;
-  c += r0 * ldc;
-  const Mb = r1 - r0 - ((r1 - r0) % mr),
-    rest = r1 - r0 - Mb;
   // K in blocks of ≤ 1024, so a packed panel (32 KB) stays in L1 while the row groups pass over it;
   // rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
   // (else a tall A, such as a vocab head held [vocab, hidden], is read from memory once per panel).
   const kc = Math.min(K, 1024);
   const mc = Math.max(mr, Math.floor(65536 / kc) - (Math.floor(65536 / kc) % mr));
-  const nc = scratch ? Math.max(8, Math.floor(16384 / kc) * 8) : j1 - j0;
+  const nc = scratch ? Math.max(8, Math.floor(16384 / kc) * 8) : 8 * panels;
   const buf = scratch + index * nc * kc * 4;
-  for (let jc = j0; jc < j1; jc += nc) {
-    const n = Math.min(nc, j1 - jc);
-    for (let k0 = 0; k0 < K; k0 += kc) {
-      const kn = Math.min(kc, K - k0),
-        acc = k0 > 0 ? 1 : 0,
-        ak = a + k0 * aks;
-      let pb = b + k0 * ldc + 4 * jc,
-        ldb = ldc,
-        ps = 32;
-      if (scratch) {
-        if (t & 2) k.packT(b + 4 * K * jc + 4 * k0, buf, kn, 4 * K, n / 8);
-        else k.pack(pb, buf, kn, ldc, n / 8);
-        ((pb = buf), (ldb = 32), (ps = 32 * kn));
-      }
-      for (let i0 = 0; i0 < Mb; i0 += mc)
-        k.tile(ak + i0 * ars, pb, c + i0 * ldc + 4 * jc, Math.min(mc, Mb - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
-      // the rows left after the blocks of mr: one block of as many rows (tile1 … tile5); one or two
-      // rows of B in place take wide blocks first (wide1: 32 columns, wide2: 16), as many as fit
-      if (rest) {
-        const wide = rest <= 2 && !scratch ? n - (n % (rest === 1 ? 32 : 16)) : 0;
-        const ar = ak + Mb * ars,
-          cr = c + Mb * ldc + 4 * jc;
-        if (wide) k[("wide" + rest) as "wide1"](ar, pb, cr, rest, wide, kn, ars, aks, ldb, ldc, ps, acc);
-        if (wide < n) k[("tile" + rest) as "tile1"](ar, pb + 4 * wide, cr + 4 * wide, rest, n - wide, kn, ars, aks, ldb, ldc, ps, acc);
+  // A row's sum is the same whichever part and block of rows it falls in, and a panel's whichever unit
+  // and thread, so every split gives the same bits.
+  const byRows = t & 4,
+    shared = !byRows && parts > 1,
+    per = byRows ? Math.ceil(M / parts / mr) * mr : shared ? Math.ceil(panels / (4 * parts)) : panels,
+    units = byRows ? parts : Math.ceil(panels / per);
+  for (let u = shared ? claim() : byRows ? index : 0; u < units; u = shared ? claim() : units) {
+    const r0 = byRows ? Math.min(M, u * per) : 0,
+      r1 = byRows ? Math.min(M, (u + 1) * per) : M,
+      j0 = byRows ? 0 : u * per * 8,
+      j1 = byRows ? panels * 8 : Math.min(panels, (u + 1) * per) * 8;
+    if (r1 <= r0) return;
+    const ar = a + r0 * ars,
+      cr = c + r0 * ldc,
+      Mb = r1 - r0 - ((r1 - r0) % mr),
+      rest = r1 - r0 - Mb;
+    for (let jc = j0; jc < j1; jc += nc) {
+      const n = Math.min(nc, j1 - jc);
+      for (let k0 = 0; k0 < K; k0 += kc) {
+        const kn = Math.min(kc, K - k0),
+          acc = k0 > 0 ? 1 : 0,
+          ak = ar + k0 * aks;
+        let pb = b + k0 * ldc + 4 * jc,
+          ldb = ldc,
+          ps = 32;
+        if (scratch) {
+          if (t & 2) k.packT(b + 4 * K * jc + 4 * k0, buf, kn, 4 * K, n / 8);
+          else k.pack(pb, buf, kn, ldc, n / 8);
+          ((pb = buf), (ldb = 32), (ps = 32 * kn));
+        }
+        for (let i0 = 0; i0 < Mb; i0 += mc)
+          k.tile(ak + i0 * ars, pb, cr + i0 * ldc + 4 * jc, Math.min(mc, Mb - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
+        // the rows left after the blocks of mr: one block of as many rows (tile1 … tile5); one or two
+        // rows of B in place take wide blocks first (wide1: 32 columns, wide2: 16), as many as fit
+        if (rest) {
+          const wide = rest <= 2 && !scratch ? n - (n % (rest === 1 ? 32 : 16)) : 0;
+          const aw = ak + Mb * ars,
+            cw = cr + Mb * ldc + 4 * jc;
+          if (wide) k[("wide" + rest) as "wide1"](aw, pb, cw, rest, wide, kn, ars, aks, ldb, ldc, ps, acc);
+          if (wide < n) k[("tile" + rest) as "tile1"](aw, pb + 4 * wide, cw + 4 * wide, rest, n - wide, kn, ars, aks, ldb, ldc, ps, acc);
+        }
       }
     }
   }
 }
 
-/** One part of a batch of `batch` products C[s] = op(A[s]) · op(B[s]): whole slices [s0, s1), each
- *  run as one part (part() with parts = 1) on this part's packing buffer. A's and B's slices are sa and
+/** One part of a batch of `batch` products C[s] = op(A[s]) · op(B[s]): whole slices, each taken by
+ *  whichever thread is free (claim(), as part()'s units) and run as one part (part() with parts = 1)
+ *  on this part's packing buffer. A's and B's slices are sa and
  *  sb bytes apart (0: one operand for every slice), C's M·N floats. A batch of attention products
  *  ([heads, T, hd] · [heads, hd, T]) is then one hand-off instead of one per slice, and slices too
  *  small to split on their own run in parallel. Each slice is summed as one part's product is, so the
@@ -324,10 +336,10 @@ function slicesPart(
   batch: number,
   sa: number,
   sb: number,
+  claim: () => number,
 ): void {
   const buf = scratch ? scratch + index * packBytes(K) : 0;
-  for (let s = Math.floor((batch * index) / parts), s1 = Math.floor((batch * (index + 1)) / parts); s < s1; s++)
-    part(k, mr, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, 0, 1, buf, t);
+  for (let s = claim(); s < batch; s = claim()) part(k, mr, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, 0, 1, buf, t);
 }
 
 /** Rows [r0, r1) of one part of a row kernel over [rows, I] (a job of the helpers too, so plain JS;
@@ -419,6 +431,7 @@ const { workerData } = require("node:worker_threads");
 const { memory, bytes, mr, ctrl, index } = workerData;
 const k = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports;
 const c = new Int32Array(ctrl), u = new Uint32Array(ctrl);
+const claim = () => Atomics.add(c, ${NEXT}, 1);
 const part = ${part.toString()};
 const packBytes = ${packBytes.toString()};
 const slicesPart = ${slicesPart.toString()};
@@ -429,8 +442,8 @@ for (;;) {
   Atomics.wait(c, ${SEQ}, seq);
   seq = Atomics.load(c, ${SEQ});
   const at = (i) => Atomics.load(u, ${ARGS} + i);
-  if (at(9) === ${JOB_GEMM}) part(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8));
-  else if (at(9) === ${JOB_GEMM_SLICES}) slicesPart(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), at(10), at(11), at(12));
+  if (at(9) === ${JOB_GEMM}) part(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), claim);
+  else if (at(9) === ${JOB_GEMM_SLICES}) slicesPart(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), at(10), at(11), at(12), claim);
   else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6), at(5), at(7), at(8));
   Atomics.add(c, ${DONE}, 1);
   Atomics.notify(c, ${DONE});
@@ -515,7 +528,7 @@ export function heapGemm(
     splitProducts.slices++;
     if (N8 > 0)
       fanOut(pool!, [a, b, c, M, K, N, parts, scratch, t, JOB_GEMM_SLICES, batch, sa, sb], () =>
-        slicesPart(e.k, e.mr, a, b, c, M, K, N, 0, parts, scratch, t, batch, sa, sb),
+        slicesPart(e.k, e.mr, a, b, c, M, K, N, 0, parts, scratch, t, batch, sa, sb, claimer(pool!)),
       );
     if (N8 < N) for (let s = 0; s < batch; s++) edgeColumns(e, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, t);
   } else for (let s = 0; s < batch; s++) gemmSlice(e, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, t);
@@ -534,16 +547,22 @@ function gemmSlice(e: Engine, a: number, b: number, c: number, M: number, K: num
   const scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
   if (parts > 1) {
     splitProducts[byRows ? "rows" : "columns"]++;
-    fanOut(pool!, [a, b, c, M, K, N, parts, scratch, t, JOB_GEMM], () => part(e.k, e.mr, a, b, c, M, K, N, 0, parts, scratch, t));
+    fanOut(pool!, [a, b, c, M, K, N, parts, scratch, t, JOB_GEMM], () =>
+      part(e.k, e.mr, a, b, c, M, K, N, 0, parts, scratch, t, claimer(pool!)),
+    );
   } else if (N8 > 0) part(e.k, e.mr, a, b, c, M, K, N, 0, 1, scratch, t);
   if (N8 < N) edgeColumns(e, a, b, c, M, K, N, t);
 }
+
+/** The calling thread's claim() for part() and slicesPart(): the next unit of the job in hand. */
+const claimer = (pool: Pool) => () => Atomics.add(pool.ctrl, NEXT, 1);
 
 /** Hands a job (args: the ARGS slots) to every helper, runs part 0 here (own), and waits for all. */
 function fanOut(pool: Pool, args: number[], own: () => void): void {
   const { ctrl, args: slots } = pool;
   args.forEach((x, i) => Atomics.store(slots, ARGS + i, x));
   Atomics.store(ctrl, DONE, 0);
+  Atomics.store(ctrl, NEXT, 0);
   Atomics.add(ctrl, SEQ, 1);
   Atomics.notify(ctrl, SEQ);
   own();
