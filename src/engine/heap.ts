@@ -231,12 +231,12 @@ const JOB_GEMM = 0,
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
 
-/** One part of C = op(A) · op(B): with t & 4, rows [r0, r1) (whole blocks of mr, the index-th of
- *  `parts` even shares) over all of N's panels; else units of whole 8-column panels, each taken by
- *  whichever thread is free (claim() hands out unit numbers 0, 1, … across the parts), so a thread
- *  slowed by other work on its core takes fewer. About 4 units per part: each unit passes over all of
- *  A once more. Runs on every thread, so it is also the helpers' code (stringified below): only plain
- *  JS, no imports.
+/** One part of C = op(A) · op(B), in units each taken by whichever thread is free (claim() hands out
+ *  unit numbers 0, 1, … across the parts), so a thread slowed by other work on its core takes fewer:
+ *  whole 8-column panels, or with t & 4 rows (whole blocks of mr) over all of N's panels. About 4
+ *  units per part: a unit of columns passes over all of A once more, a unit of rows packs B again
+ *  (2 per part where B is stored transposed: its packing, one float at a time, costs more).
+ *  Runs on every thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
  *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]), bit 2 = split by rows.
  *  scratch ≠ 0: B's panels are first packed, up to 512 KB of them at a time, into this part's slice of
  *  the scratch buffer (packBytes(K) each), so the kernel reads each panel as one run of memory (a
@@ -256,6 +256,7 @@ function part(
   t: number,
   claim: () => number = () => 0,
 ): void {
+  if (index >= parts) return; // a helper beyond the parts: no packing buffer of its own
   const ars = t & 1 ? 4 : 4 * K,
     aks = t & 1 ? 4 * M : 4,
     ldc = 4 * N;
@@ -270,10 +271,10 @@ function part(
   // A row's sum is the same whichever part and block of rows it falls in, and a panel's whichever unit
   // and thread, so every split gives the same bits.
   const byRows = t & 4,
-    shared = !byRows && parts > 1,
-    per = byRows ? Math.ceil(M / parts / mr) * mr : shared ? Math.ceil(panels / (4 * parts)) : panels,
-    units = byRows ? parts : Math.ceil(panels / per);
-  for (let u = shared ? claim() : byRows ? index : 0; u < units; u = shared ? claim() : units) {
+    shared = parts > 1,
+    per = byRows ? (shared ? Math.ceil(M / ((t & 2 ? 2 : 4) * parts) / mr) * mr : M) : shared ? Math.ceil(panels / (4 * parts)) : panels,
+    units = Math.ceil((byRows ? M : panels) / per);
+  for (let u = shared ? claim() : 0; u < units; u = shared ? claim() : units) {
     const r0 = byRows ? Math.min(M, u * per) : 0,
       r1 = byRows ? Math.min(M, (u + 1) * per) : M,
       j0 = byRows ? 0 : u * per * 8,
@@ -338,6 +339,7 @@ function slicesPart(
   sb: number,
   claim: () => number,
 ): void {
+  if (index >= parts) return;
   const buf = scratch ? scratch + index * packBytes(K) : 0;
   for (let s = claim(); s < batch; s = claim()) part(k, mr, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, 0, 1, buf, t);
 }
