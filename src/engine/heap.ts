@@ -10,7 +10,7 @@
 import * as tf from "@tensorflow/tfjs";
 import v8 from "node:v8";
 import { Worker } from "node:worker_threads";
-import { wasmThreads } from "./wasm-threads.ts";
+import { MAX_WASM_THREADS, wasmThreads } from "./wasm-threads.ts";
 import { gemmModuleBytes } from "./heap-code.ts";
 import type { Backend } from "./kernels.ts";
 
@@ -210,8 +210,8 @@ export function heapEngine(backend: Backend): Engine {
 const SEQ = 0,
   DONE = 1,
   READY = 2,
-  NEXT = 3, // the next unit of a product for a thread to take (part(), slicesPart())
-  ARGS = 4; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job, then a batch's slices, A's and B's slice strides
+  NEXT = 3, // per part, the next of its units of a product to take (part(), slicesPart())
+  ARGS = NEXT + MAX_WASM_THREADS; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job, then a batch's slices, A's and B's slice strides
 const CTRL_SLOTS = ARGS + 13;
 /** Jobs the helpers run: a product's columns or rows, a batch's slices, or rows of an element-wise kernel. */
 const JOB_GEMM = 0,
@@ -231,11 +231,13 @@ const JOB_GEMM = 0,
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
 
-/** One part of C = op(A) · op(B), in units each taken by whichever thread is free (claim() hands out
- *  unit numbers 0, 1, … across the parts), so a thread slowed by other work on its core takes fewer:
- *  whole 8-column panels, or with t & 4 rows (whole blocks of mr) over all of N's panels. About 4
- *  units per part: a unit of columns passes over all of A once more, a unit of rows packs B again
- *  (2 per part where B is stored transposed: its packing, one float at a time, costs more).
+/** One part of C = op(A) · op(B), in units: whole 8-column panels, or with t & 4 rows (whole blocks
+ *  of mr) over all of N's panels. Each part owns an even share of U units, takes them in order, then
+ *  takes what is left of the other parts' (claim(q): the next of part q's units), so a thread slowed
+ *  by other work on its core does less while an unloaded run keeps each part on its own rows (those
+ *  the row kernels' same split left in its cache). U = 4: a unit of columns passes over all of A
+ *  once more, a unit of rows packs B again (U = 2 where B is stored transposed: its packing, one
+ *  float at a time, costs more).
  *  Runs on every thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
  *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]), bit 2 = split by rows.
  *  scratch ≠ 0: B's panels are first packed, up to 512 KB of them at a time, into this part's slice of
@@ -254,7 +256,7 @@ function part(
   parts: number,
   scratch: number,
   t: number,
-  claim: () => number = () => 0,
+  claim: (q: number) => number = () => 0,
 ): void {
   if (index >= parts) return; // a helper beyond the parts: no packing buffer of its own
   const ars = t & 1 ? 4 : 4 * K,
@@ -272,51 +274,53 @@ function part(
   // and thread, so every split gives the same bits.
   const byRows = t & 4,
     shared = parts > 1,
-    per = byRows ? (shared ? Math.ceil(M / ((t & 2 ? 2 : 4) * parts) / mr) * mr : M) : shared ? Math.ceil(panels / (4 * parts)) : panels,
-    units = Math.ceil((byRows ? M : panels) / per);
-  for (let u = shared ? claim() : 0; u < units; u = shared ? claim() : units) {
-    const r0 = byRows ? Math.min(M, u * per) : 0,
-      r1 = byRows ? Math.min(M, (u + 1) * per) : M,
-      j0 = byRows ? 0 : u * per * 8,
-      j1 = byRows ? panels * 8 : Math.min(panels, (u + 1) * per) * 8;
-    if (r1 <= r0) return;
-    const ar = a + r0 * ars,
-      cr = c + r0 * ldc,
-      Mb = r1 - r0 - ((r1 - r0) % mr),
-      rest = r1 - r0 - Mb;
-    for (let jc = j0; jc < j1; jc += nc) {
-      const n = Math.min(nc, j1 - jc);
-      for (let k0 = 0; k0 < K; k0 += kc) {
-        const kn = Math.min(kc, K - k0),
-          acc = k0 > 0 ? 1 : 0,
-          ak = ar + k0 * aks;
-        let pb = b + k0 * ldc + 4 * jc,
-          ldb = ldc,
-          ps = 32;
-        if (scratch) {
-          if (t & 2) k.packT(b + 4 * K * jc + 4 * k0, buf, kn, 4 * K, n / 8);
-          else k.pack(pb, buf, kn, ldc, n / 8);
-          ((pb = buf), (ldb = 32), (ps = 32 * kn));
-        }
-        for (let i0 = 0; i0 < Mb; i0 += mc)
-          k.tile(ak + i0 * ars, pb, cr + i0 * ldc + 4 * jc, Math.min(mc, Mb - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
-        // the rows left after the blocks of mr: one block of as many rows (tile1 … tile5); one or two
-        // rows of B in place take wide blocks first (wide1: 32 columns, wide2: 16), as many as fit
-        if (rest) {
-          const wide = rest <= 2 && !scratch ? n - (n % (rest === 1 ? 32 : 16)) : 0;
-          const aw = ak + Mb * ars,
-            cw = cr + Mb * ldc + 4 * jc;
-          if (wide) k[("wide" + rest) as "wide1"](aw, pb, cw, rest, wide, kn, ars, aks, ldb, ldc, ps, acc);
-          if (wide < n) k[("tile" + rest) as "tile1"](aw, pb + 4 * wide, cw + 4 * wide, rest, n - wide, kn, ars, aks, ldb, ldc, ps, acc);
+    U = shared ? (byRows && t & 2 ? 2 : 4) : 1,
+    per = byRows ? Math.ceil(M / (U * parts) / mr) * mr : Math.ceil(panels / (U * parts));
+  for (let tried = 0, q = index; tried < parts; tried++, q = (q + 1) % parts)
+    for (let u = shared ? claim(q) : 0; u < U; u = shared ? claim(q) : U) {
+      const unit = q * U + u,
+        r0 = byRows ? Math.min(M, unit * per) : 0,
+        r1 = byRows ? Math.min(M, (unit + 1) * per) : M,
+        j0 = byRows ? 0 : Math.min(panels, unit * per) * 8,
+        j1 = byRows ? panels * 8 : Math.min(panels, (unit + 1) * per) * 8;
+      if (r1 <= r0 || j1 <= j0) continue;
+      const ar = a + r0 * ars,
+        cr = c + r0 * ldc,
+        Mb = r1 - r0 - ((r1 - r0) % mr),
+        rest = r1 - r0 - Mb;
+      for (let jc = j0; jc < j1; jc += nc) {
+        const n = Math.min(nc, j1 - jc);
+        for (let k0 = 0; k0 < K; k0 += kc) {
+          const kn = Math.min(kc, K - k0),
+            acc = k0 > 0 ? 1 : 0,
+            ak = ar + k0 * aks;
+          let pb = b + k0 * ldc + 4 * jc,
+            ldb = ldc,
+            ps = 32;
+          if (scratch) {
+            if (t & 2) k.packT(b + 4 * K * jc + 4 * k0, buf, kn, 4 * K, n / 8);
+            else k.pack(pb, buf, kn, ldc, n / 8);
+            ((pb = buf), (ldb = 32), (ps = 32 * kn));
+          }
+          for (let i0 = 0; i0 < Mb; i0 += mc)
+            k.tile(ak + i0 * ars, pb, cr + i0 * ldc + 4 * jc, Math.min(mc, Mb - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
+          // the rows left after the blocks of mr: one block of as many rows (tile1 … tile5); one or two
+          // rows of B in place take wide blocks first (wide1: 32 columns, wide2: 16), as many as fit
+          if (rest) {
+            const wide = rest <= 2 && !scratch ? n - (n % (rest === 1 ? 32 : 16)) : 0;
+            const aw = ak + Mb * ars,
+              cw = cr + Mb * ldc + 4 * jc;
+            if (wide) k[("wide" + rest) as "wide1"](aw, pb, cw, rest, wide, kn, ars, aks, ldb, ldc, ps, acc);
+            if (wide < n) k[("tile" + rest) as "tile1"](aw, pb + 4 * wide, cw + 4 * wide, rest, n - wide, kn, ars, aks, ldb, ldc, ps, acc);
+          }
         }
       }
     }
-  }
 }
 
-/** One part of a batch of `batch` products C[s] = op(A[s]) · op(B[s]): whole slices, each taken by
- *  whichever thread is free (claim(), as part()'s units) and run as one part (part() with parts = 1)
- *  on this part's packing buffer. A's and B's slices are sa and
+/** One part of a batch of `batch` products C[s] = op(A[s]) · op(B[s]): whole slices, an even share
+ *  owned by each part and the rest taken as part()'s units are, each slice run as one part (part()
+ *  with parts = 1) on this part's packing buffer. A's and B's slices are sa and
  *  sb bytes apart (0: one operand for every slice), C's M·N floats. A batch of attention products
  *  ([heads, T, hd] · [heads, hd, T]) is then one hand-off instead of one per slice, and slices too
  *  small to split on their own run in parallel. Each slice is summed as one part's product is, so the
@@ -337,11 +341,14 @@ function slicesPart(
   batch: number,
   sa: number,
   sb: number,
-  claim: () => number,
+  claim: (q: number) => number,
 ): void {
   if (index >= parts) return;
-  const buf = scratch ? scratch + index * packBytes(K) : 0;
-  for (let s = claim(); s < batch; s = claim()) part(k, mr, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, 0, 1, buf, t);
+  const buf = scratch ? scratch + index * packBytes(K) : 0,
+    S = Math.ceil(batch / parts);
+  for (let tried = 0, q = index; tried < parts; tried++, q = (q + 1) % parts)
+    for (let u = claim(q), s = q * S + u; u < S && s < batch; u = claim(q), s = q * S + u)
+      part(k, mr, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, 0, 1, buf, t);
 }
 
 /** Rows [r0, r1) of one part of a row kernel over [rows, I] (a job of the helpers too, so plain JS;
@@ -439,7 +446,7 @@ const { workerData } = require("node:worker_threads");
 const { memory, bytes, mr, ctrl, index } = workerData;
 const k = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports;
 const c = new Int32Array(ctrl), u = new Uint32Array(ctrl);
-const claim = () => Atomics.add(c, ${NEXT}, 1);
+const claim = (q) => Atomics.add(c, ${NEXT} + q, 1);
 const part = ${part.toString()};
 const packBytes = ${packBytes.toString()};
 const slicesPart = ${slicesPart.toString()};
@@ -563,15 +570,15 @@ function gemmSlice(e: Engine, a: number, b: number, c: number, M: number, K: num
   if (N8 < N) edgeColumns(e, a, b, c, M, K, N, t);
 }
 
-/** The calling thread's claim() for part() and slicesPart(): the next unit of the job in hand. */
-const claimer = (pool: Pool) => () => Atomics.add(pool.ctrl, NEXT, 1);
+/** The calling thread's claim(q) for part() and slicesPart(): the next of part q's units of the job in hand. */
+const claimer = (pool: Pool) => (q: number) => Atomics.add(pool.ctrl, NEXT + q, 1);
 
 /** Hands a job (args: the ARGS slots) to every helper, runs part 0 here (own), and waits for all. */
 function fanOut(pool: Pool, args: number[], own: () => void): void {
   const { ctrl, args: slots } = pool;
   args.forEach((x, i) => Atomics.store(slots, ARGS + i, x));
   Atomics.store(ctrl, DONE, 0);
-  Atomics.store(ctrl, NEXT, 0);
+  for (let q = 0; q < MAX_WASM_THREADS; q++) Atomics.store(ctrl, NEXT + q, 0);
   Atomics.add(ctrl, SEQ, 1);
   Atomics.notify(ctrl, SEQ);
   own();
