@@ -592,6 +592,14 @@ function fanOut(pool: Pool, args: number[], own: () => void): void {
 
 const ready = (pool: Pool | null): pool is Pool => pool !== null && Atomics.load(pool.ctrl, READY) === pool.size;
 
+/** Resolves once the heap engine's helper threads (where it has any) take jobs, or after timeoutMs:
+ *  they start in the background with the engine, and until then every kernel runs on the calling
+ *  thread (tests that check a split ran wait for them after a build switch, which starts new ones). */
+export async function heapHelpersReady(backend: Backend, timeoutMs = 60_000): Promise<void> {
+  const { pool } = heapEngine(backend);
+  for (const until = Date.now() + timeoutMs; pool && !ready(pool) && Date.now() < until;) await new Promise((r) => setTimeout(r, 10));
+}
+
 /** Elements from which an element-wise kernel is split over the helpers (its work then outweighs the
  *  ~10–50 µs hand-off). */
 const PARALLEL_ELEMENTS = 64 * 1024;

@@ -12,6 +12,7 @@ import {
   setPackRows,
   splitProductCount,
   setWasmSimd,
+  heapHelpersReady,
   wasmSimd,
   WASM_SIMD_ENV,
   type WasmSimd,
@@ -68,8 +69,9 @@ describe("wasm matmul kernel", () => {
     ]) as [WasmSimd, string, number][],
   )(
     "%s build: matches a float64 reference on every row and column remainder, K = 1, batches and transposed operands (B %s)",
-    (build, _, packRows) => {
-      setWasmSimd(build);
+    async (build, _, packRows) => {
+      setWasmSimd(build); // a new engine: its helper threads start in the background
+      await heapHelpersReady(tf.backend());
       setPackRows(packRows);
       const cases: [number[], number[]][] = [];
       for (const M of [1, 2, 3, 4, 5, 6, 7, 9, 11, 13])
