@@ -85,12 +85,11 @@ export class Qwen2KVCache implements KVCache {
     const L = this.length,
       T = kT.shape[3];
     if (W === L + T && this.k[l].shape[3] === L) return [tf.concat([this.k[l], kT], 3), tf.concat([this.v[l], v], 2)];
-    let keys = this.k[l],
-      vals = this.v[l];
-    if (keys.shape[3] !== W || !inPlaceWritable(keys) || !inPlaceWritable(vals)) {
-      keys = padTo(keys, 3, W); // a new tensor: every position so far, then zeros
-      vals = padTo(vals, 2, W);
-    }
+    // width() gave the capacity only if every tensor is writable; else a larger W: new tensors of
+    // every position so far, then zeros
+    const grow = this.k[l].shape[3] !== W,
+      keys = grow ? padTo(this.k[l], 3, W) : this.k[l],
+      vals = grow ? padTo(this.v[l], 2, W) : this.v[l];
     writeSlot(keys, kT, L, false);
     writeSlot(vals, v, L, true);
     return [keys, vals];
