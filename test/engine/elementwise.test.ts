@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
-import { relaxedSimdAvailable, setWasmSimd, splitJobCount, wasmSimd, type WasmSimd } from "../../src/engine/heap.ts";
+import { heapHelpersReady, relaxedSimdAvailable, setWasmSimd, splitJobCount, wasmSimd, type WasmSimd } from "../../src/engine/heap.ts";
 import { wasmThreads } from "../../src/engine/wasm-threads.ts";
 import { binaryPlan } from "../../src/engine/elementwise.ts";
 import { Rng } from "../../src/util/rng.ts";
@@ -135,8 +135,7 @@ describe("wasm element-wise kernels", () => {
     };
     const n = wasmThreads() > 1 ? 1 : 0;
     const [x, w, big] = [tf.ones([300, 256]), tf.ones([256]), tf.ones([1024, 256])];
-    // the helper threads start in the background with the heap engine: wait until they take jobs
-    for (let t = 0; n && t < 100 && splits(() => tf.add(x, x)) === 0; t++) await new Promise((r) => setTimeout(r, 50));
+    await heapHelpersReady(tf.backend()); // they start in the background with the heap engine
     expect(splits(() => [tf.add(x, w), tf.mul(x, 0.5), tf.sub(x, x)])).toBe(3 * n);
     // copies from 1 MB
     expect(splits(() => tf.split(tf.concat([big, big], 1), [256, 256], 1))).toBe(3 * n);

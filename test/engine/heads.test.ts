@@ -8,7 +8,7 @@ import { initBackend } from "../../src/engine/backend.ts";
 import { ropeTables } from "../../src/model/attention.ts";
 import { decodeHeads, seqHeads, seqHeadsInto } from "../../src/engine/heads.ts";
 import { rope } from "../../src/engine/rope-swiglu.ts";
-import { splitJobCount } from "../../src/engine/heap.ts";
+import { heapHelpersReady, splitJobCount } from "../../src/engine/heap.ts";
 import { wasmThreads } from "../../src/engine/wasm-threads.ts";
 import { Rng } from "../../src/util/rng.ts";
 
@@ -171,10 +171,10 @@ describe("attention heads kernels", () => {
             seqRun(false, B, T, nH, nKv);
             return splitJobCount() - at;
           };
-          // seqRun's two forwards (the values, and the one tf.grad runs) and a backward; the helper
-          // threads start in the background with the heap engine
+          // seqRun's two forwards (the values, and the one tf.grad runs) and a backward, once the helper
+          // threads (started in the background with the heap engine) take jobs
           const n = wasmThreads() > 1 && T > 3 ? 3 : 0;
-          for (let k = 0; n && k < 100 && splits() === 0; k++) await new Promise((r) => setTimeout(r, 50));
+          await heapHelpersReady(tf.backend());
           expect(splits()).toBe(n);
         }
         const ops = seqRun(true, B, T, nH, nKv),
