@@ -29,6 +29,12 @@ interface EngineInternals {
 }
 const engine = () => tf.engine() as unknown as EngineInternals;
 
+/** Whether a gradient tape is recording here (tf.grad, variableGrads; not inside a kernel's own
+ *  forward): where a custom gradient may prepare its backward pass during the forward. */
+export function isRecording(): boolean {
+  return engine().isTapeOn();
+}
+
 /** Seconds spent so far (in this process) running checkpointed functions again in backward passes:
  *  a trainer reads it before and after a step to report recomputation apart from the backward pass.
  *  Wall time of the calls, so on an asynchronous backend (webgpu) the time to queue the work. */
@@ -42,7 +48,7 @@ export function recomputeSeconds(): number {
  *  freed its own copies); `vars` must hold every trainable variable f reads; f must be deterministic.
  *  When no gradient is being recorded this is just f(x, consts). */
 export function checkpoint<T extends tf.Tensor>(f: (x: T, consts: tf.Tensor[]) => T, x: T, consts: tf.Tensor[], vars: tf.Variable[]): T {
-  if (!engine().isTapeOn()) return f(x, consts);
+  if (!isRecording()) return f(x, consts);
   const g = tf.customGrad(((...args: unknown[]) => {
     const save = args[args.length - 1] as tf.GradSaveFunc;
     const xx = args[0] as T;

@@ -1,18 +1,28 @@
 /** The head's log-probs of given targets, h [n, hidden] → [n, 2] (log p(target), entropy), in chunks
- *  of rows whose logits are never all held at once: each chunk's custom gradient recomputes its
- *  logits in the backward pass, so a training tape keeps no [n, vocab] tensor. One chunk function per
- *  way the head's weight is held (weight.ts): [hidden, vocab] (trainable or frozen), [vocab, hidden]
- *  (large frozen f32 models) or column blocks (larger than a storage binding).
+ *  of rows whose logits are never all held at once. One way per way the head's weight is held
+ *  (weight.ts): [hidden, vocab] (trainable or frozen), [vocab, hidden] (large frozen f32 models) or
+ *  column blocks (larger than a storage binding).
+ *  - A frozen head recorded on a gradient tape: each chunk's forward also forms the input gradient of
+ *    its log-probs per unit of dy, g = (onehot(target) − softmax(logits)) · wᵀ [rows, hidden], while
+ *    its logits are at hand; the tape keeps g, and the backward pass is dy[:, 0] · g, a row scaling.
+ *    Two vocabulary products per chunk instead of three (forward, the logits again in the backward
+ *    pass, the backward product): the head is ~a quarter of a 0.5B token's forward.
+ *  - A trainable head (full mode) recomputes its chunk's logits in the backward pass: its weight
+ *    gradient needs them whole, scaled by dy, and the tape keeps no [rows, vocab] tensor.
+ *  Entropy carries no gradient (logprob.ts dLogits).
  *  Leaves out: the logits themselves (forward() computes those whole). */
 import * as tf from "@tensorflow/tfjs";
+import { isRecording } from "../engine/checkpoint.ts";
 import type { CustomGradFn } from "../engine/kernels.ts";
 import { dLogits, logpEntropy } from "../engine/logprob.ts";
 import { matMulAT, matMulBT, matMulXWT } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
 import type { BaseWeight } from "./weight.ts";
 
-/** h [n, H] and one target per row → [n, 2]: log p(target) and the entropy of each row; V is the vocabulary size (the head's output width). */
-export function headLogprobs(head: BaseWeight, h: tf.Tensor2D, targets: number[], V: number): tf.Tensor2D {
+/** h [n, H] and one target per row → [n, 2]: log p(target) and the entropy of each row; V is the
+ *  vocabulary size (the head's output width). chunkRows: rows per chunk (default: as many as the
+ *  backend profile's logitChunkFloats allow). */
+export function headLogprobs(head: BaseWeight, h: tf.Tensor2D, targets: number[], V: number, chunkRows?: number): tf.Tensor2D {
   const H = h.shape[1];
   // Rows of logits materialised at once (wasm: 10M floats, 40 MB per chunk; the forward and
   // backward of a chunk hold ~7 such tensors: ~280 MB, 64 rows of the 0.5B vocab: its head product
@@ -20,86 +30,68 @@ export function headLogprobs(head: BaseWeight, h: tf.Tensor2D, targets: number[]
   // packing the [896, 151936] weight panel by panel).
   // (a multiple of 8 rows where it can be: the wasm kernel's row and column blocks are whole then)
   const fit = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V)),
-    rows = fit >= 8 ? fit - (fit % 8) : fit;
+    rows = chunkRows ?? (fit >= 8 ? fit - (fit % 8) : fit);
+  const recording = isRecording();
   const left = head.left;
   const w = left || head.parts ? null : head.value();
+  // A frozen head as two functions of a chunk: its logits, and the input gradient of given logit gradients.
+  const frozen: { logits: (hh: tf.Tensor2D) => tf.Tensor2D; back: (dl: tf.Tensor2D) => tf.Tensor2D } | null = head.isVariable
+    ? null
+    : left
+      ? { logits: (hh) => matMulXWT(hh, left), back: (dl) => tf.matMul(dl, left) }
+      : head.parts
+        ? { logits: (hh) => head.matmul(hh), back: (dl) => head.backward(dl) }
+        : { logits: (hh) => tf.matMul(hh, w!), back: (dl) => matMulBT(dl, w!) };
   const outs: tf.Tensor2D[] = [];
   for (let s = 0; s < targets.length; s += rows) {
     const n = Math.min(rows, targets.length - s);
     const hc = tf.slice(h, [s, 0], [n, H]),
       tc = targets.slice(s, s + n);
-    outs.push(
-      left
-        ? logprobChunkLeft(hc, left, tc)
-        : head.parts
-          ? logprobChunkBlocks(hc, head, tc)
-          : logprobChunk(hc, w!, () => head.value(), tc, head.isVariable),
-    );
+    if (!frozen) outs.push(trainableChunk(hc, w!, tc));
+    else if (!recording) outs.push(tf.tidy(() => logpEntropy(frozen.logits(hc), tc)));
+    else outs.push(frozenChunk(hc, tc, frozen.logits, frozen.back));
   }
   return outs.length === 1 ? outs[0] : (tf.concat(outs, 0) as tf.Tensor2D);
 }
 
-/** logprobChunk for a frozen head held [vocab, hidden] (large f32 models, see weight.ts): the logits
- *  are h · wᵀ and the input gradient dLogits · w. */
-function logprobChunkLeft(h: tf.Tensor2D, wLeft: tf.Tensor2D, targets: number[]): tf.Tensor2D {
-  const logitsOf = (hh: tf.Tensor2D) => matMulXWT(hh, wLeft); // [n, V]
+/** A chunk of a frozen head on a gradient tape (see the file header): the tape keeps g [n, H], the
+ *  input gradient per unit of dy[:, 0], formed in the forward pass from the chunk's logits. */
+function frozenChunk(
+  h: tf.Tensor2D,
+  targets: number[],
+  logitsOf: (hh: tf.Tensor2D) => tf.Tensor2D,
+  back: (dl: tf.Tensor2D) => tf.Tensor2D,
+): tf.Tensor2D {
+  const n = h.shape[0];
   const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
-    save([hh]);
+    const [value, g] = tf.tidy(() => {
+      const logits = logitsOf(hh);
+      return [logpEntropy(logits, targets), back(dLogits(logits, targets, tf.ones([n, 2])))];
+    });
+    save([g]); // kept as a clone
+    g.dispose();
     return {
-      value: tf.tidy(() => logpEntropy(logitsOf(hh), targets)),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
-        tf.tidy(() => tf.matMul(dLogits(logitsOf(saved[0] as tf.Tensor2D), targets, dy), wLeft)),
+      value,
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => tf.mul(saved[0], tf.slice(dy, [0, 0], [n, 1])),
     };
   }) as unknown as CustomGradFn);
   return f(h) as tf.Tensor2D;
 }
 
-/** logprobChunk for a frozen head held in column blocks (weight.ts): logits and the backward product
- *  go block by block, so no kernel binds the whole head. */
-function logprobChunkBlocks(h: tf.Tensor2D, head: BaseWeight, targets: number[]): tf.Tensor2D {
-  const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
-    save([hh]);
+/** A chunk of a trainable head w [H, V] (full mode): the custom gradient recomputes the logits in the
+ *  backward pass, so the tape never holds a [n, V] chunk; w gets its gradient. Entropy carries none. */
+function trainableChunk(h: tf.Tensor2D, w: tf.Tensor2D, targets: number[]): tf.Tensor2D {
+  const f = tf.customGrad(((hh: tf.Tensor2D, ww: tf.Tensor2D, save: tf.GradSaveFunc) => {
+    save([hh, ww]);
     return {
-      value: tf.tidy(() => logpEntropy(head.matmul(hh), targets)),
-      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
-        tf.tidy(() => head.backward(dLogits(head.matmul(saved[0] as tf.Tensor2D), targets, dy))),
-    };
-  }) as unknown as CustomGradFn);
-  return f(h) as tf.Tensor2D;
-}
-
-/** log p(target) and the entropy for a chunk of rows: h [n, H], w [H, V] → [n, 2]. The custom gradient
- *  recomputes the logits in the backward pass, so the tape never holds a [n, V] chunk; w gets a
- *  gradient only when it is trainable (full mode). A frozen w is fetched again by `weightAgain` in the
- *  backward pass (a dequantized head is gone by then). Entropy carries no gradient. */
-function logprobChunk(h: tf.Tensor2D, w: tf.Tensor2D, weightAgain: () => tf.Tensor2D, targets: number[], wTrainable: boolean): tf.Tensor2D {
-  const fwd = (hh: tf.Tensor2D, ww: tf.Tensor2D) => tf.tidy(() => logpEntropy(tf.matMul(hh, ww), targets));
-  const dLogitsFor = (hh: tf.Tensor2D, ww: tf.Tensor2D, dy: tf.Tensor2D) => dLogits(tf.matMul(hh, ww), targets, dy);
-  if (wTrainable) {
-    const f = tf.customGrad(((hh: tf.Tensor2D, ww: tf.Tensor2D, save: tf.GradSaveFunc) => {
-      save([hh, ww]);
-      return {
-        value: fwd(hh, ww),
-        gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
-          tf.tidy(() => {
-            const [hs, ws] = saved as tf.Tensor2D[];
-            const g = dLogitsFor(hs, ws, dy);
-            return [matMulBT(g, ws), matMulAT(hs, g)];
-          }),
-      };
-    }) as unknown as CustomGradFn);
-    return f(h, w) as tf.Tensor2D;
-  }
-  const f = tf.customGrad(((hh: tf.Tensor2D, save: tf.GradSaveFunc) => {
-    save([hh]);
-    return {
-      value: fwd(hh, w),
+      value: tf.tidy(() => logpEntropy(tf.matMul(hh, ww), targets)),
       gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) =>
         tf.tidy(() => {
-          const wb = weightAgain();
-          return matMulBT(dLogitsFor(saved[0] as tf.Tensor2D, wb, dy), wb);
+          const [hs, ws] = saved as tf.Tensor2D[];
+          const g = dLogits(tf.matMul(hs, ws), targets, dy);
+          return [matMulBT(g, ws), matMulAT(hs, g)];
         }),
     };
   }) as unknown as CustomGradFn);
-  return f(h) as tf.Tensor2D;
+  return f(h, w) as tf.Tensor2D;
 }
