@@ -23,7 +23,7 @@ const opts = new Command()
   .option("--repeat <n>", "timed runs per workload, median reported (default: 5 on small, 1 on 0.5b)")
   .option(
     "--layers <n>",
-    "decoder layers of the models (default: the config's own; e.g. 4 of 0.5b's 24, reported as 0.5b-4l: the layers' cost scales with the count, the head's is paid in full)",
+    "decoder layers of the models (default: the config's own; e.g. 4 of 0.5b's 24, reported as 0.5b-4l: the layers' cost scales with the count, the head's is paid in full; weights are laid out as in the whole model)",
   )
   .option("--beta <x>", "KL weight of the grpo_step workload (0: no reference pass, GRPO's default)", "0")
   .addOption(threadsOption())

@@ -7,7 +7,8 @@ import { wasmSimd, type WasmSimd } from "../../src/engine/heap.ts";
 import { webgpuTraffic } from "../../src/engine/webgpu.ts";
 import { sampleTokens } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { createModel } from "../../src/model/load.ts";
+import { createModel, paramCount } from "../../src/model/load.ts";
+import { backendProfile } from "../../src/engine/profile.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { LORA_TARGETS, type Quantize, type Qwen2Config } from "../../src/model/types.ts";
 
@@ -447,14 +448,19 @@ export function benchContext(
         // one model at a time: the 0.5B f32 weights alone are 2 GB of a 4 GiB heap
         for (const m of models.values()) m.dispose();
         models.clear();
-        models.set(
-          lora,
-          await createModel(config, {
-            seed,
-            quantize,
-            lora: lora ? { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] } : undefined,
-          }),
-        );
+        // A model cut to fewer layers is laid out as the whole one (weight.ts: frozen f32 weights over
+        // the profile's leftLayoutBytes are held [out, in]): a 2-layer 0.5B is 0.66 GB, the whole 2 GB.
+        const whole = BENCH_CONFIGS[configName],
+          cut = config.numHiddenLayers !== whole.numHiddenLayers,
+          over = (params: number) => (cut ? 4 * params > backendProfile().leftLayoutBytes : undefined);
+        const m = await createModel(config, {
+          seed,
+          quantize,
+          lora: lora ? { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] } : undefined,
+          frozenLeft: over(paramCount(whole)),
+        });
+        m.unpackLeft = over(paramCount({ ...whole, vocabSize: 0 })); // the linear layers alone
+        models.set(lora, m);
       }
       return models.get(lora)!;
     },

@@ -40,6 +40,10 @@ interface LayerInputs {
   bias: tf.Tensor4D;
   opts: ForwardOptions;
   cache: Qwen2KVCache | null;
+  /** A shared prefix (see Qwen2ForCausalLM.sharePrefixes): the layer's rows are the prefix's P tokens,
+   *  then each of the B rows' T − P tokens after it; cos, sin and bias are the prefix's ([1, P, 1, hd],
+   *  [1, 1, P, P]) and these the rest's ([B, T − P, 1, hd], [B, 1, T − P, T]). */
+  shared: { P: number; cos: tf.Tensor4D; sin: tf.Tensor4D; bias: tf.Tensor4D } | null;
 }
 
 export class Qwen2ForCausalLM implements CausalLM {
@@ -48,8 +52,18 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  (checkpoint.ts). Same gradients; about one more forward of compute for a fraction of the memory.
    *  "auto": only for a forward whose whole tape would pass AUTO_CHECKPOINT_BYTES (layerTapeBytes). */
   activationCheckpointing: boolean | "auto" = "auto";
+  /** Run the tokens that every row of a log-prob forward shares at its start (a GRPO group's prompt)
+   *  once instead of once per row: each layer's products, norms and MLP see the prefix once and every
+   *  row's rest; the rows' queries attend over the prefix's keys and values and their own. The same
+   *  values (each row's keys are the same list in the same order); the prefix's gradients are summed
+   *  over the rows. Not with LoRA dropout in training (rows would share the prefix's dropout masks). */
+  sharePrefixes = true;
   /** Whether unpackBase (called by rollouts) dequantizes a quantized base for generation. */
   unpackForGeneration = true;
+  /** How unpackBase holds the dequantized layers when not told: [out, in], multiplied as the left
+   *  operand (true), [in, out] (false), or by their f32 size (undefined: weight.ts unpackLinear). The
+   *  bench sets it when it runs a model cut to fewer layers, so the cut model is laid out as the whole. */
+  unpackLeft: boolean | undefined = undefined;
   private unpacked = false;
   private readonly invFreq: Float32Array;
 
@@ -110,21 +124,35 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   /** The decoder stack: new tokens (after `cache`, if any) → final-normed hidden [B·T, hidden], and the
-   *  updated keys/values per layer when `cache` is given. Call inside tf.tidy. */
-  private run(ids: number[][], mask: number[][], opts: ForwardOptions, cache: Qwen2KVCache | null) {
+   *  updated keys/values per layer when `cache` is given. prefix > 0 (no cache): the rows' first
+   *  `prefix` tokens are one shared prefix (sharePrefixes), run once: hidden is then the prefix's rows,
+   *  then each row's T − prefix rows after it. Call inside tf.tidy. */
+  private run(ids: number[][], mask: number[][], opts: ForwardOptions, cache: Qwen2KVCache | null, prefix = 0) {
     const c = this.config,
       B = ids.length,
       T = ids[0].length,
-      hd = c.headDim;
+      hd = c.headDim,
+      P = cache ? 0 : prefix,
+      R = T - P; // each row's own tokens after the prefix
     const keyMask = cache ? mask.map((r, b) => cache.mask[b].concat(r)) : mask;
     const S = cache ? cache.width(T) : keyMask[0].length; // keys attended over: the cache's room included
-    const pos = positionIds(mask, cache?.count).flat();
-    const { cos: cosA, sin: sinA } = ropeTables(pos, this.invFreq);
-    const cos = tf.tensor4d(cosA, [B, T, 1, hd]),
-      sin = tf.tensor4d(sinA, [B, T, 1, hd]);
-    const bias = tf.tensor4d(attentionBias(keyMask, T, S), [B, 1, T, S]);
-
-    const ctx: LayerInputs = { B, T, cos, sin, bias, opts, cache };
+    const allPos = positionIds(mask, cache?.count);
+    const table = (pos: number[][], rows: number, n: number) => {
+      const { cos, sin } = ropeTables(pos.flat(), this.invFreq);
+      return [tf.tensor4d(cos, [rows, n, 1, hd]), tf.tensor4d(sin, [rows, n, 1, hd])];
+    };
+    const [cos, sin] = table(
+      allPos.map((r) => r.slice(P)),
+      B,
+      R,
+    );
+    const bias = tf.tensor4d(attentionBias(keyMask, R, S), [B, 1, R, S]);
+    let shared: LayerInputs["shared"] = null;
+    if (P > 0) {
+      const [pc, ps] = table([allPos[0].slice(0, P)], 1, P);
+      shared = { P, cos: pc, sin: ps, bias: tf.tensor4d(attentionBias([mask[0].slice(0, P)], P), [1, 1, P, P]) };
+    }
+    const ctx: LayerInputs = { B, T: R, cos, sin, bias, opts, cache, shared };
     // Training forwards (a gradient tape recording) keep only each layer's input on the tape and run
     // the layer again in the backward pass; LoRA dropout draws fresh masks per call, so with dropout
     // on the layers are recorded whole instead.
@@ -132,17 +160,22 @@ export class Qwen2ForCausalLM implements CausalLM {
       !cache &&
       this.checkpointsLayers(B, T) &&
       !(opts.training && this.adapter && opts.adapters !== false && this.adapter.config.dropout > 0);
-    let x = this.weights.embedT.columns(tf.tensor1d(ids.flat(), "int32")); // [N, H]
+    const tokens = P > 0 ? [...ids[0].slice(0, P), ...ids.flatMap((r) => r.slice(P))] : ids.flat();
+    let x = this.weights.embedT.columns(tf.tensor1d(tokens, "int32")); // [N, H]
     const newK: tf.Tensor4D[] = [],
       newV: tf.Tensor4D[] = [];
+    const consts: tf.Tensor[] = shared ? [cos, sin, bias, shared.cos, shared.sin, shared.bias] : [cos, sin, bias];
+    const withConsts = (t: tf.Tensor[]): LayerInputs => {
+      const [c0, s0, b0, c1, s1, b1] = t as tf.Tensor4D[];
+      return { ...ctx, cos: c0, sin: s0, bias: b0, shared: shared && { P, cos: c1, sin: s1, bias: b1 } };
+    };
     for (let l = 0; l < c.numHiddenLayers; l++) {
       if (ckpt) {
         // One tidy per layer (inside checkpoint and here): a layer's intermediates are freed before the
         // next one runs.
         const xIn = x;
-        const layer = (xx: tf.Tensor2D, [cs, sn, bs]: tf.Tensor[]) =>
-          tf.tidy(() => this.layer(l, xx, { ...ctx, cos: cs as tf.Tensor4D, sin: sn as tf.Tensor4D, bias: bs as tf.Tensor4D }).x);
-        x = tf.tidy(() => checkpoint(layer, xIn, [cos, sin, bias], this.layerVariables(l, opts)));
+        const layer = (xx: tf.Tensor2D, t: tf.Tensor[]) => tf.tidy(() => this.layer(l, xx, withConsts(t)).x);
+        x = tf.tidy(() => checkpoint(layer, xIn, consts, this.layerVariables(l, opts)));
         continue;
       }
       // One tidy per layer: a layer's intermediates are freed before the next one runs (tensors the
@@ -158,18 +191,14 @@ export class Qwen2ForCausalLM implements CausalLM {
     return { hidden: this.rmsNorm(x, this.weights.norm), newK, newV };
   }
 
-  /** One decoder layer: x [N, hidden] → x [N, hidden], with this layer's keys (B, nKv, hd, S) and
-   *  values (B, nKv, S, hd) after the cache (if any). */
-  private layer(l: number, x: tf.Tensor2D, ctx: LayerInputs): { x: tf.Tensor2D; kT: tf.Tensor4D; v: tf.Tensor4D } {
+  /** Query, key and value heads of qkv [B·T, (nH + 2·nKv)·hd] with RoPE: queries stacked per kv head
+   *  (B·nKv, g·T, hd), keys (B, nKv, hd, T), values (B, nKv, T, hd). */
+  private heads(qkv: tf.Tensor2D, cos: tf.Tensor4D, sin: tf.Tensor4D, B: number, T: number, decode: boolean) {
     const c = this.config,
-      { B, T, cos, sin, bias, opts, cache } = ctx,
-      N = B * T;
-    const nH = c.numAttentionHeads,
+      nH = c.numAttentionHeads,
       nKv = c.numKeyValueHeads,
       hd = c.headDim,
       g = nH / nKv;
-    const S = bias.shape[3];
-    const lw = this.weights.layers[l];
     // With one position (a decode step) moving the T axis keeps the element order: a reshape does it.
     const perm = (t: tf.Tensor, p: number[]): tf.Tensor =>
       T === 1
@@ -178,29 +207,64 @@ export class Qwen2ForCausalLM implements CausalLM {
             p.map((a) => t.shape[a]),
           )
         : tf.transpose(t, p);
-    const h = this.rmsNorm(x, lw.inputNorm);
-    const qkv = this.proj(l, "qkv_proj", h, opts); // [N, (nH + 2·nKv)·hd]
     // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows, qg.
-    let qg: tf.Tensor3D, kT: tf.Tensor, v: tf.Tensor;
-    const heads = T === 1 && cache ? decodeHeads(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd)) : null;
-    const seq = heads ? null : seqHeads(qkv, cos, sin, B, T, nH, nKv, hd, 1 / Math.sqrt(hd)); // wasm, cpu, webgpu: one kernel each way
-    if (heads) [qg, kT, v] = heads;
-    else if (seq) {
-      [, kT, v] = seq; // (B, nKv, hd, T), (B, nKv, T, hd)
-      qg = tf.reshape<tf.Rank.R3>(seq[0], [B * nKv, g * T, hd]); // (B, nH, T, hd) -> (B·nKv, g·T, hd)
-    } else {
-      const [qk, vFlat] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1); // [N, (nH+nKv)·hd], [N, nKv·hd]
-      const [qr, k] = tf.split(rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)
-      const q = perm(tf.mul(qr, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)
-      kT = perm(k, [0, 2, 3, 1]); // (B, nKv, hd, T)
-      v = perm(tf.reshape(vFlat, [B, T, nKv, hd]), [0, 2, 1, 3]); // (B, nKv, T, hd)
-      qg = tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]);
-    }
-    if (cache && cache.length) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
+    const heads = decode ? decodeHeads(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd)) : null;
+    if (heads) return { qg: heads[0], kT: heads[1], v: heads[2] };
+    const seq = seqHeads(qkv, cos, sin, B, T, nH, nKv, hd, 1 / Math.sqrt(hd)); // wasm, cpu, webgpu: one kernel each way
+    // (B, nKv, hd, T), (B, nKv, T, hd); (B, nH, T, hd) -> (B·nKv, g·T, hd)
+    if (seq) return { qg: tf.reshape<tf.Rank.R3>(seq[0], [B * nKv, g * T, hd]), kT: seq[1], v: seq[2] };
+    const [qk, vFlat] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1); // [N, (nH+nKv)·hd], [N, nKv·hd]
+    const [qr, k] = tf.split(rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)
+    const q = perm(tf.mul(qr, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)
+    return {
+      qg: tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]),
+      kT: perm(k, [0, 2, 3, 1]), // (B, nKv, hd, T)
+      v: perm(tf.reshape(vFlat, [B, T, nKv, hd]), [0, 2, 1, 3]), // (B, nKv, T, hd)
+    };
+  }
+
+  /** Attention of stacked queries qg (B·nKv, g·T, hd) over keys kT (B, nKv, hd, S) and values
+   *  (B, nKv, S, hd) with bias [B, 1, T, S] → [B·T, nH·hd]. */
+  private attend(qg: tf.Tensor3D, kT: tf.Tensor, v: tf.Tensor, bias: tf.Tensor4D, B: number, T: number): tf.Tensor2D {
+    const c = this.config,
+      nH = c.numAttentionHeads,
+      nKv = c.numKeyValueHeads,
+      hd = c.headDim,
+      g = nH / nKv,
+      S = bias.shape[3];
     const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
     const probs = tf.reshape<tf.Rank.R3>(softmax(scores), [B * nKv, g * T, S]);
     const ctxv = bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
-    const att = tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [N, nH * hd]);
+    return tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [B * T, nH * hd]);
+  }
+
+  /** One decoder layer: x [N, hidden] → x [N, hidden], with this layer's keys (B, nKv, hd, S) and
+   *  values (B, nKv, S, hd) after the cache (if any). With a shared prefix (ctx.shared) x holds the
+   *  prefix's rows, then every row's rest: the prefix attends over itself, each row's rest over the
+   *  prefix's keys and values followed by its own (the keys it would see unshared, in the same order);
+   *  the keys and values returned are then the rest's own. */
+  private layer(l: number, x: tf.Tensor2D, ctx: LayerInputs): { x: tf.Tensor2D; kT: tf.Tensor4D; v: tf.Tensor4D } {
+    const { B, T, cos, sin, bias, opts, cache, shared } = ctx;
+    const lw = this.weights.layers[l];
+    const S = bias.shape[3];
+    const h = this.rmsNorm(x, lw.inputNorm);
+    const qkv = this.proj(l, "qkv_proj", h, opts); // [N, (nH + 2·nKv)·hd]
+    let att: tf.Tensor2D, kT: tf.Tensor, v: tf.Tensor;
+    if (shared) {
+      const P = shared.P,
+        W = qkv.shape[1];
+      const pre = this.heads(tf.slice(qkv, [0, 0], [P, W]), shared.cos, shared.sin, 1, P, false);
+      const own = this.heads(tf.slice(qkv, [P, 0], [B * T, W]), cos, sin, B, T, false);
+      ({ kT, v } = own);
+      const keys = tf.concat([tf.tile(pre.kT, [B, 1, 1, 1]), own.kT], 3), // (B, nKv, hd, P + T)
+        values = tf.concat([tf.tile(pre.v, [B, 1, 1, 1]), own.v], 2); // (B, nKv, P + T, hd)
+      att = tf.concat([this.attend(pre.qg, pre.kT, pre.v, shared.bias, 1, P), this.attend(own.qg, keys, values, bias, B, T)], 0);
+    } else {
+      let qg: tf.Tensor3D;
+      ({ qg, kT, v } = this.heads(qkv, cos, sin, B, T, T === 1 && cache !== null));
+      if (cache && cache.length) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
+      att = this.attend(qg, kT, v, bias, B, T);
+    }
     x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
     const n = this.rmsNorm(x, lw.postNorm);
     const act = swiglu(this.proj(l, "gate_up_proj", n, opts)); // silu(gate)·up, [N, I]
@@ -243,11 +307,21 @@ export class Qwen2ForCausalLM implements CausalLM {
     const spans = logprobSpans(opts.logprobMask, B, T);
     const res = tf.tidy(() => {
       if (spans.every(([lo, hi]) => hi <= lo)) return { lp: tf.zeros([B, T]) as tf.Tensor2D, ent: tf.zeros([B, T]) as tf.Tensor2D };
-      const { hidden } = this.run(inputIds, mask, opts, null); // [B·T, H]
+      const P = this.sharedPrefix(inputIds, mask, opts);
+      const { hidden } = this.run(inputIds, mask, opts, null, P); // [B·T, H], or [P + B·(T − P), H]
       // Only each row's span [lo, hi) reaches the head, position t's log-prob from hidden row t − 1 (the
       // vocabulary product is ~a quarter of a 0.5B token's forward, and a GRPO rollout's prompt needs
-      // none); the rest of the row is 0.
-      const pieces = spans.flatMap(([lo, hi], b) => (hi > lo ? [tf.slice(hidden, [b * T + lo - 1, 0], [hi - lo, H])] : []));
+      // none); the rest of the row is 0. Positions [lo − 1, hi − 1) of row b, in runs of hidden's rows.
+      const runsOf = (b: number, t0: number, t1: number): [number, number][] =>
+        P === 0
+          ? [[b * T + t0, t1 - t0]]
+          : ([
+              [t0, Math.min(t1, P) - t0], // in the shared prefix
+              [P + b * (T - P) + Math.max(t0, P) - P, t1 - Math.max(t0, P)], // in the row's own part
+            ] as [number, number][]);
+      const pieces = spans.flatMap(([lo, hi], b) =>
+        hi > lo ? runsOf(b, lo - 1, hi - 1).flatMap(([r, n]) => (n > 0 ? [tf.slice(hidden, [r, 0], [n, H])] : [])) : [],
+      );
       const targets = spans.flatMap(([lo, hi], b) => inputIds[b].slice(lo, hi));
       const both = headLogprobs(
         this.head,
@@ -272,6 +346,18 @@ export class Qwen2ForCausalLM implements CausalLM {
     if (opts.withEntropy) return { logprobs: res.lp, entropy: res.ent };
     res.ent.dispose();
     return { logprobs: res.lp };
+  }
+
+  /** The length of the prefix every row shares (same ids, attended) that a log-prob forward runs once
+   *  (sharePrefixes); 0 when there is none to share or sharing is off. At least one token of each row
+   *  is left after it. */
+  sharedPrefix(ids: number[][], mask: number[][], opts: ForwardOptions): number {
+    const dropout = opts.training === true && this.adapter !== null && opts.adapters !== false && this.adapter.config.dropout > 0;
+    if (!this.sharePrefixes || ids.length < 2 || dropout) return 0;
+    const T = ids[0].length;
+    let P = 0;
+    while (P < T - 1 && ids.every((r, b) => r[P] === ids[0][P] && mask[b][P] === 1)) P++;
+    return P;
   }
 
   /** Bytes of one layer's gradient tape (layerTapeBytes) a training micro-batch may hold; undefined:
@@ -387,8 +473,8 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  generation: a decode step otherwise dequantizes the whole base for a few rows of products. The
    *  outputs do not change; memory holds the linear layers in f32 meanwhile. A no-op (with a no-op
    *  release) for an f32 base, when already unpacked, or when unpackForGeneration is false. left:
-   *  the layout (default: by size). */
-  unpackBase(left?: boolean): () => void {
+   *  the layout (default: unpackLeft). */
+  unpackBase(left = this.unpackLeft): () => void {
     // The adapter's fused factors are held for generation too (lora.ts holdFactors).
     const releaseFactors =
       this.adapter?.holdFactors(

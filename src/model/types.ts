@@ -91,6 +91,10 @@ export interface CausalLM {
    *  (same outputs, faster decoding, f32 memory meanwhile). rolloutGroups calls it when present. */
   unpackBase?(): () => void;
 
+  /** Optional: true when tokenLogprobs runs the prefix its rows share once (GRPO then keeps the
+   *  rollouts of one prompt together in its micro-batches). */
+  readonly sharePrefixes?: boolean;
+
   /** Optional: the most rows of `length` tokens one training forward and backward should hold on the
    *  current backend (its memory); GRPO splits larger micro-batches. Absent: no limit. */
   trainRowsFor?(length: number): number;

@@ -110,13 +110,23 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
   const empty: GrpoStats = { ...noUpdateStats(batch.length), skipped: batch.length - kept.length, maskedTruncated };
   if (kept.length === 0 || norm.numTokens === 0) return empty; // no signal: no update, optimizer step not counted
 
-  // Rollouts of similar length together, and fewer rows per micro-batch where the backend's memory
-  // needs it (the losses are normalised over the whole batch, so how it is split changes no gradient).
+  // Rollouts of similar length together (of one prompt together, where the model runs a shared
+  // prompt once), and fewer rows per micro-batch where the backend's memory needs it (the losses are
+  // normalised over the whole batch, so how it is split changes no gradient).
+  const prompts = new Map<string, number>();
+  const groups = model.sharePrefixes
+    ? kept.map((i) => {
+        const key = batch[i].ids.slice(0, masks[i].indexOf(1)).join(",");
+        if (!prompts.has(key)) prompts.set(key, prompts.size);
+        return prompts.get(key)!;
+      })
+    : undefined;
   const mbIdx = microBatchRows(
     kept.map((i) => batch[i].ids.length),
     cfg.microBatchSize,
     model.trainRowsFor?.bind(model),
     true,
+    groups,
   ).map((rows) => rows.map((r) => kept[r]));
   const mbs: PaddedBatch[] = mbIdx.map((rows) =>
     rightPad(

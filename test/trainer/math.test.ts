@@ -309,6 +309,9 @@ describe("batch padding", () => {
     expect(microBatchRows(lengths, 4, undefined, true)).toEqual([[1, 8, 2, 3], [0, 4, 5, 6], [7]]);
     expect(microBatchRows(lengths, 4, cap, true)).toEqual([[1, 8], [2, 3], [0, 4, 5, 6], [7]]);
     expect(microBatchRows([7, 7], 2, () => Infinity)).toEqual([[0, 1]]);
+    // with groups (GRPO: rows of one prompt): groups together, the longest group first, longest first within
+    const prompt = [0, 1, 0, 1, 2, 2, 2, 2, 0];
+    expect(microBatchRows(lengths, 4, undefined, true, prompt)).toEqual([[1, 3, 8, 2], [0, 4, 5, 6], [7]]);
     const seqs = [[1], [2, 3], [4]],
       masks = [[1], [1, 1], [0]];
     const groups = microBatchRows(
