@@ -45,11 +45,16 @@
  *    `seqHeadsGrad(dq, dkT, dv, cos, sin, dqkv, n0, n1, T, nH, nKv, hd, scale)`: its adjoint into those
  *    rows of dqkv, dq first scaled (rounded), then RoPE's adjoint as float32 dy·cos + rot(dy)·sin.
  *    Each output depends on its row alone, so any split of the rows gives the same bits.
+ *  - `dequantInt8(packed, scales, out, i0, i1, P, n, inDim, block, tab)` and `dequantNf4(...)`: packed
+ *    rows i0..i1 − 1 of int32 [P, n] (quant.ts' slabs: field k of packed[i, j], 8 or 4 bits from bit
+ *    8k or 4k, is the code of output row k·P + i) into out [inDim, n], rows from inDim on dropped.
+ *    int8: (code − 128) · scales[j]; NF4: tab[code] · scales[⌊r / block⌋, j], tab 16 float32 values.
+ *    Each output is one float32 product, as dequant.ts' JS kernel computes it (bit for bit).
  *  Sums over a row go four lanes at a time, lane sums added last as (l0 + l1) + (l2 + l3), so a row's
  *  result does not depend on which thread computes it.
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N.
- *  The module is assembled here from the kernel bodies in heap-gemm-code.ts, heap-row-code.ts, heap-norm-code.ts, heap-elementwise-code.ts and heap-heads-code.ts
+ *  The module is assembled here from the kernel bodies in heap-gemm-code.ts, heap-row-code.ts, heap-norm-code.ts, heap-elementwise-code.ts, heap-heads-code.ts and heap-dequant-code.ts
  *  (instructions through wasm-asm.ts). */
 
 import { I32, uleb, str, section, vec, op, F32 } from "./wasm-asm.ts";
@@ -58,6 +63,7 @@ import { copyRowsBody, swigluBody, rowsBody, softmaxGradBody } from "./heap-row-
 import { rmsNormBody } from "./heap-norm-code.ts";
 import { binaryBody } from "./heap-elementwise-code.ts";
 import { SEQ_HEADS_SIG, seqHeadsBody } from "./heap-heads-code.ts";
+import { dequantBody } from "./heap-dequant-code.ts";
 
 export interface GemmModuleOptions {
   /** Rows per block of `tile` (the vector registers hold 2·MR accumulators). */
@@ -80,6 +86,7 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
   const normSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [F32]]), 0];
   const normGradSig = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [I32], [I32], [F32]]), 0];
   const binarySig = [0x60, ...vec(new Array(9).fill([I32])), 0];
+  const dequantSig = [0x60, ...vec(new Array(10).fill([I32])), 0];
   const bodies = [
     tileBody(o.mr, o.relaxed),
     ...[1, 2, 3, 4, 5].map((r) => tileBody(r, o.relaxed)),
@@ -98,6 +105,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     binaryBody(),
     seqHeadsBody(false),
     seqHeadsBody(true),
+    dequantBody("int8"),
+    dequantBody("nf4"),
   ].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
@@ -124,6 +133,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     "binary",
     "seqHeads",
     "seqHeadsGrad",
+    "dequantInt8",
+    "dequantNf4",
   ];
   const types: Record<string, number> = {
     tile: 0,
@@ -147,6 +158,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     binary: 7,
     seqHeads: 8,
     seqHeadsGrad: 8,
+    dequantInt8: 9,
+    dequantNf4: 9,
   };
   return Uint8Array.from([
     0x00,
@@ -157,7 +170,7 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     0x00,
     0x00,
     0x00,
-    ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig, normSig, normGradSig, binarySig, SEQ_HEADS_SIG])),
+    ...section(1, vec([sig, packSig, copySig, swigluSig, swigluGradSig, normSig, normGradSig, binarySig, SEQ_HEADS_SIG, dequantSig])),
     ...section(2, vec([[...str("env"), ...str("memory"), 0x02, ...limits]])),
     ...section(3, vec(names.map((nm) => [types[nm]]))),
     // the functions, and the memory (the helpers' jobs read a table of blocks from it)

@@ -140,6 +140,8 @@ export interface Kernels {
   binary: (a: number, b: number, out: number, r0: number, r1: number, W: number, rep: number, bs: number, op: number) => void;
   seqHeads: (...args: number[]) => void; // six pointers, n0, n1, T, nH, nKv, hd, scale (heap-code.ts)
   seqHeadsGrad: Kernels["seqHeads"];
+  dequantInt8: (...args: number[]) => void; // packed, scales, out, i0, i1, P, n, inDim, block, tab (heap-code.ts)
+  dequantNf4: Kernels["dequantInt8"];
   /** The imported heap, exported again (the helpers read job tables from it). */
   memory: WasmMemory;
 }
@@ -226,7 +228,8 @@ const JOB_GEMM = 0,
   JOB_COPY_BLOCKS = 10,
   JOB_SEQ_HEADS = 11,
   JOB_SEQ_HEADS_GRAD = 12,
-  JOB_GEMM_SLICES = 13;
+  JOB_GEMM_SLICES = 13,
+  JOB_DEQUANT = 14;
 /** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
@@ -363,7 +366,10 @@ function slicesPart(
  *  the scale's float32 bits; its `rows` rows (B·T) are shared out.
  *  Copy blocks (10): a a table of `rows` blocks of 4 u32 (src, dst, src row stride, row bytes), each
  *  of I rows, b the destination stride; their I·rows rows are shared out in order, a part's range
- *  crossing blocks where it must. */
+ *  crossing blocks where it must.
+ *  Dequantize (14): a packed [rows, I] int32, b the scales, c the output, w inDim, aux the NF4 table
+ *  (heap-code.ts), bits the NF4 block (0: int8); the packed rows are shared out, each with the output
+ *  rows it holds. */
 function rowsPart(
   k: Kernels,
   job: number,
@@ -397,6 +403,12 @@ function rowsPart(
       k.copyRows(dst + rr * b, b, src + rr * srs, srs, cb, n);
       u += n;
     }
+    return;
+  }
+  if (job === 14) {
+    const i0 = Math.floor((rows * index) / parts),
+      i1 = Math.floor((rows * (index + 1)) / parts);
+    if (i1 > i0) k[bits ? "dequantNf4" : "dequantInt8"](a, b, c, i0, i1, rows, I, w, bits, aux);
     return;
   }
   if (job === 11 || job === 12) {
@@ -688,6 +700,34 @@ export function heapSeqHeads(
     splitJob(e, grad ? JOB_SEQ_HEADS_GRAD : JOB_SEQ_HEADS, rows, rows * (nH + 2 * nKv) * hd, table, 0, 0, rows, 0, 0, 0, 0);
   } finally {
     e.free(table);
+  }
+}
+
+/** The frozen base's codes to float32 (dequant.ts' MarlDequantize on wasm): out [inDim, n] from packed
+ *  int32 [P, n] and scales (int8 [1, n], NF4 [P·8 / block, n]), byte offsets of the backend's heap.
+ *  The packed rows are split over the helper threads when the output reaches 64 K elements; each
+ *  output is one float32 product whichever thread makes it. table: NF4's 16 values (unused for int8). */
+export function heapDequantize(
+  backend: unknown,
+  kind: "int8" | "nf4",
+  packed: number,
+  scales: number,
+  out: number,
+  P: number,
+  n: number,
+  inDim: number,
+  table: ArrayLike<number>,
+  block: number,
+): void {
+  if (kind === "nf4" && !(table.length === 16 && block > 0))
+    throw new Error(`heap dequantize nf4: expected a 16-value table and a block > 0, got ${table.length} values, block ${block}`);
+  const e = heapEngine(backend),
+    tab = e.malloc(64) >>> 0;
+  try {
+    if (kind === "nf4") new Float32Array(e.memory.buffer, tab, 16).set(table);
+    splitJob(e, JOB_DEQUANT, P, inDim * n, packed, scales, out, P, n, inDim, tab, kind === "nf4" ? block : 0);
+  } finally {
+    e.free(tab);
   }
 }
 
