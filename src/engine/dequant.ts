@@ -1,10 +1,12 @@
 /** Dequantization as one kernel on the CPU backends (wasm, cpu): unpacks int32 words of int8 or NF4
  *  codes and scales them. On wasm it runs in the heap module (heap-dequant-code.ts: four columns at a
  *  time, packed rows split over the helper threads); the JS pass here (dequantizeInto) is the cpu
- *  backend's kernel and the reference the heap kernel matches bit for bit. It ran at ~6 ns per weight
- *  on wasm, ~50 s of a 0.5B NF4 GRPO step of ~19 min. The same result through tfjs ops needs
- *  BitwiseAnd/Cast/Mod per field and a GatherV2 into the code book, and wasm's GatherV2 alone cost
- *  ~300 ns per weight (an NF4 decode step of the tiny preset's model spent 263 of 339 ms in it).
+ *  backend's kernel and the reference the heap kernel matches bit for bit. On wasm that JS pass cost
+ *  ~6 ns per weight, ~50 s of a 0.5B NF4 GRPO step of ~19 min; the heap kernel at 0.5B's shapes, on a
+ *  loaded 2-core machine: NF4 1.1–1.5 ns (1 thread), 0.8–1.2 (2); int8 0.6–1.1, 0.5–0.9. The same
+ *  result through tfjs ops needs BitwiseAnd/Cast/Mod per field and a GatherV2 into the code book, and
+ *  wasm's GatherV2 alone cost ~300 ns per weight (an NF4 decode step of the tiny preset's model spent
+ *  263 of 339 ms in it).
  *  Other backends keep the op-based path in quant.ts. Frozen weights only: no gradient is defined. */
 import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel } from "./kernels.ts";

@@ -22,7 +22,9 @@ const x4 = {
 /** dequantInt8 / dequantNf4(packed, scales, out, i0, i1, P, n, inDim, block, tab): packed rows i0..i1 − 1
  *  of packed int32 [P, n]; field k of packed[i, j] (8 or 4 bits from bit 8k or 4k) is the code of
  *  output row r = k·P + i, kept where r < inDim. int8: out[r, j] = (code − 128) · scales[j]; NF4:
- *  out[r, j] = table[code] · scales[⌊r / block⌋, j], tab the table's 16 float32 values. Four columns at a time, the last n mod 4 one by one. Pointers in bytes. */
+ *  out[r, j] = table[code] · scales[⌊r / block⌋, j], tab the table's 16 float32 values. Four columns
+ *  at a time, the last n mod 4 one by one; a packed row is read once per field (it stays in L1).
+ *  Pointers in bytes. */
 export function dequantBody(kind: "int8" | "nf4"): { locals: number[][]; code: number[] } {
   const packed = 0,
     scales = 1,

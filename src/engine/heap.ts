@@ -2,7 +2,8 @@
  *  threads (threaded build) that share it through a control block, and the jobs they split: a
  *  product's columns, rows or batch slices (`heapGemm`, used by gemm.ts), the rows of a row kernel
  *  (`heapSwiglu`, `heapRmsNorm`, `heapRowStats`, `heapBinary`, …, used by the op files) or of strided copies
- *  (`heapBlocks`: Concat, Slice, SplitV). Work is split only where it repays a
+ *  (`heapBlocks`: Concat, Slice, SplitV), or the packed rows of a quantized matrix (`heapDequantize`,
+ *  used by dequant.ts). Work is split only where it repays a
  *  hand-off, and every output is computed the same way whatever the split, so results do not
  *  depend on the thread count. Leaves out: tfjs' own thread pool (kept at one thread, wasm-threads.ts).
  *  Over 400 lines on purpose: the helper threads' source is built from part(), slicesPart() and
