@@ -12,7 +12,7 @@
  *  heap-row-code.ts, heap-norm-code.ts, heap-elementwise-code.ts and heap-heads-code.ts through
  *  wasm-asm.ts); the kernels, each with its gradient (gemm.ts, rmsnorm.ts, rope-swiglu.ts, heads.ts,
  *  softmax.ts, logprob.ts, dequant.ts, dequant-webgpu.ts, concat.ts, gather.ts, slices.ts,
- *  elementwise.ts); matmul.ts and checkpoint.ts (activation checkpointing).
+ *  elementwise.ts, draw.ts with draw-wasm.ts); matmul.ts and checkpoint.ts (activation checkpointing).
  *  Every kernel is registered by one call of kernels.ts. Adding a heap kernel: its body as
  *  instructions in a heap-*-code.ts file (exported by heap-code.ts), a heap<Name>() wrapper in
  *  heap.ts that runs it as a job, and one registerKernel() call in the op's file.
@@ -22,6 +22,9 @@ import "@tensorflow/tfjs-backend-wasm";
 import { UsageError } from "../util/errors.ts";
 import { registerWebgpu } from "./webgpu.ts";
 import { registerWasmConcat } from "./concat.ts";
+import { useHeapDequantize } from "./dequant.ts";
+import { registerWasmDraw } from "./draw-wasm.ts";
+import { heapDequantize } from "./heap.ts";
 import { registerWasmElementwise } from "./elementwise.ts";
 import { registerWasmGather } from "./gather.ts";
 import { registerWasmGemm } from "./gemm.ts";
@@ -117,6 +120,8 @@ export function registerWasmExtras(): void {
   registerWasmElementwise();
   registerWasmGather();
   registerSegmentSum();
+  registerWasmDraw();
+  useHeapDequantize(heapDequantize);
 }
 
 /** tfjs-backend-wasm does not check malloc's result: when the heap cannot grow (4 GiB), a tensor gets

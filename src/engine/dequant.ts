@@ -10,7 +10,7 @@
  *  Other backends keep the op-based path in quant.ts. Frozen weights only: no gradient is defined. */
 import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel } from "./kernels.ts";
-import { heapDequantize } from "./heap.ts";
+import type { heapDequantize } from "./heap.ts";
 
 export const DEQUANTIZE = "MarlDequantize";
 
@@ -51,17 +51,25 @@ export function dequantizeInto(
   }
 }
 
-/** wasm: the heap module's kernel on the tensors' heap offsets; cpu: dequantizeInto on the arrays it
- *  holds (views taken after the output is allocated, since an allocation can grow and move a heap). */
+/** The heap module's kernel, handed over by backend.ts with the other wasm kernels (this file imports
+ *  no backend: quantized models load under any, and tfjs-backend-wasm registers itself on import). */
+let onHeap: typeof heapDequantize | null = null;
+export function useHeapDequantize(f: typeof heapDequantize): void {
+  onHeap = f;
+}
+
+/** wasm: the heap module's kernel on the tensors' heap offsets (dequantizeInto on heap views until
+ *  useHeapDequantize); cpu: dequantizeInto on the arrays it holds (views taken after the output is
+ *  allocated, since an allocation can grow and move a heap). */
 export const registerDequantizeKernels = once(() => {
   registerKernel(DEQUANTIZE, (io, backendName) => ({ inputs, backend, attrs }) => {
     const { packed, scales } = inputs as { packed: tf.TensorInfo; scales: tf.TensorInfo };
     const a = attrs as unknown as DequantizeAttrs;
     const [P, n] = packed.shape;
     const out = io.output(backend, [a.inDim, n]);
-    if (backendName === "wasm") {
+    if (backendName === "wasm" && onHeap) {
       if (a.inDim * n > 0)
-        heapDequantize(
+        onHeap(
           backend,
           a.kind,
           heapOffset(backend, packed),
