@@ -230,7 +230,8 @@ const JOB_GEMM = 0,
   JOB_SEQ_HEADS = 11,
   JOB_SEQ_HEADS_GRAD = 12,
   JOB_GEMM_SLICES = 13,
-  JOB_DEQUANT = 14;
+  JOB_DEQUANT = 14,
+  JOB_DRAW = 15;
 /** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
  *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
 const NORM_BLOCK = 64;
@@ -370,7 +371,9 @@ function slicesPart(
  *  crossing blocks where it must.
  *  Dequantize (14): a packed [rows, I] int32, b the scales, c the output, w inDim, aux the NF4 table
  *  (heap-code.ts), bits the NF4 block (0: int8); the packed rows are shared out, each with the output
- *  rows it holds. */
+ *  rows it holds.
+ *  Draw (15): a logits [rows, I] float32, b float64 [T, u₀, u₁, …], c float64 out [rows, 2]
+ *  (token, log-prob); rows are shared out (drawRows). */
 function rowsPart(
   k: Kernels,
   job: number,
@@ -404,6 +407,12 @@ function rowsPart(
       k.copyRows(dst + rr * b, b, src + rr * srs, srs, cb, n);
       u += n;
     }
+    return;
+  }
+  if (job === 15) {
+    const r0 = Math.floor((rows * index) / parts),
+      r1 = Math.floor((rows * (index + 1)) / parts);
+    if (r1 > r0) drawRows(k.memory.buffer, a, I, b, c, r0, r1);
     return;
   }
   if (job === 14) {
@@ -464,6 +473,7 @@ const part = ${part.toString()};
 const packBytes = ${packBytes.toString()};
 const slicesPart = ${slicesPart.toString()};
 const rowsPart = ${rowsPart.toString()};
+const drawRows = ${drawRows.toString()};
 Atomics.add(c, ${READY}, 1);
 let seq = 0;
 for (;;) {
@@ -729,6 +739,78 @@ export function heapDequantize(
     splitJob(e, JOB_DEQUANT, P, inDim * n, packed, scales, out, P, n, inDim, tab, kind === "nf4" ? block : 0);
   } finally {
     e.free(tab);
+  }
+}
+
+/** Rows [r0, r1) of a draw from whole rows of logits [rows, V] at byte offset x: per row, the token
+ *  of an inverse-CDF draw in id order over softmax(logits / T) with the row's uniform, and its
+ *  log-probability, into out (float64 [rows, 2]); p holds float64 T, then one uniform per row. The
+ *  arithmetic of rollout/sample-row.ts sampleRow's whole-vocabulary id walk, step for step (float64
+ *  weights from Math.exp, negligible below −40, summed in id order), so the same tokens and
+ *  log-probs; a row without a finite largest logit gets token −1 (the caller reports it). A job of
+ *  the helpers too (plain JS, no imports). */
+function drawRows(buf: ArrayBufferLike, x: number, V: number, p: number, out: number, r0: number, r1: number): void {
+  const f = new Float64Array(buf, p, 1 + r1),
+    o = new Float64Array(buf, out, 2 * r1),
+    T = f[0],
+    e = new Float64Array(V);
+  for (let r = r0; r < r1; r++) {
+    const row = new Float32Array(buf, x + 4 * r * V, V);
+    let max = -Infinity,
+      argmax = 0;
+    for (let j = 0; j < V; j++)
+      if (row[j] > max) {
+        max = row[j];
+        argmax = j;
+      }
+    if (!(max > -Infinity && max < Infinity)) {
+      o[2 * r] = -1;
+      o[2 * r + 1] = NaN;
+      continue;
+    }
+    let sum = 0;
+    for (let j = 0; j < V; j++) {
+      const z = (row[j] - max) / T;
+      sum += e[j] = z > -40 ? Math.exp(z) : 0;
+    }
+    const logZ = Math.log(sum),
+      target = f[1 + r] * sum;
+    let acc = 0,
+      tok = argmax;
+    for (let j = 0; j < V; j++) {
+      if (e[j] === 0) continue;
+      acc += e[j];
+      tok = j;
+      if (target < acc) break;
+    }
+    o[2 * r] = tok;
+    o[2 * r + 1] = (row[tok] - max) / T - logZ;
+  }
+}
+
+/** Draws one token per row of logits [rows, V] (float32 at heap offset x) at temperature T with one
+ *  uniform per row, rows split over the helper threads: drawRows. Token −1: the row has no finite
+ *  largest logit. */
+export function heapDrawRows(
+  backend: unknown,
+  x: number,
+  rows: number,
+  V: number,
+  T: number,
+  us: number[],
+): { token: number; logprob: number }[] {
+  const e = heapEngine(backend),
+    p = e.malloc(8 * (1 + rows)) >>> 0,
+    out = e.malloc(16 * rows) >>> 0;
+  if (!p || !out) throw new Error(`heap draw: could not allocate ${24 * rows + 8} bytes`);
+  try {
+    new Float64Array(e.memory.buffer, p, 1 + rows).set([T, ...us]);
+    splitJob(e, JOB_DRAW, rows, rows * V, x, p, out, rows, V);
+    const o = new Float64Array(e.memory.buffer, out, 2 * rows);
+    return Array.from({ length: rows }, (_, r) => ({ token: o[2 * r], logprob: o[2 * r + 1] }));
+  } finally {
+    e.free(p);
+    e.free(out);
   }
 }
 

@@ -9,7 +9,10 @@
  *  Two paths, the same distribution, different draws for a seed (one uniform per sampled row, in row
  *  order, on both):
  *  - host (wasm, cpu): read the logits [B, V] once and draw each row in JS, walking ids (sample-row.ts's
- *    "id" walk): the same tokens for a seed as every earlier version. On wasm and cpu that read is a
+ *    "id" walk): the same tokens for a seed as every earlier version. On wasm a draw over the whole
+ *    vocabulary (a temperature, no top-k or top-p) reads nothing: the same arithmetic runs on the
+ *    logits where they are, rows split over the heap module's threads (engine/draw.ts; 32 rows
+ *    of 151,936 took ~150 ms a step on one thread). On wasm and cpu that read is a
  *    copy of memory the engine already holds, and a JS pass beats tfjs' reductions (at B 32 ×
  *    V 151,669 on 2 cores: logSumExp ~150 ms and topk ~30 ms on wasm, ~900 / ~700 ms on cpu; read + JS
  *    ~130 ms).
@@ -27,6 +30,7 @@
  *    GRPO recomputes its old log-probs with the trainer's forward (trainer/grpo.ts); these are the
  *    logged sampling log-probs. */
 import * as tf from "@tensorflow/tfjs";
+import { drawWholeRows } from "../engine/draw.ts";
 import { backendProfile } from "../engine/profile.ts";
 import type { Rng } from "../util/rng.ts";
 import {
@@ -47,8 +51,8 @@ export interface SampleResult {
   tokens: number[];
   /** log p(token) under the sampling distribution (0 for greedy: the choice was certain). */
   logprobs: number[];
-  /** Floats read back from the backend: B·V on the host path; B·(2 + 2K) on the candidate path,
-   *  plus V for each row drawn from its whole row. */
+  /** Floats read back from the backend: B·V on the host path (none where wasm draws on its heap);
+   *  B·(2 + 2K) on the candidate path, plus V for each row drawn from its whole row. */
   readFloats: number;
 }
 
@@ -77,6 +81,18 @@ export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, 
     : { draws: new Array<RowDraw | null>(B).fill(null), floats: 0 };
 
   const rest = draws.flatMap((d, b) => (d === null ? [b] : []));
+  const walk = onDevice ? "rank" : (opts.walk ?? "id");
+  const whole = params.temperature > 0 && !(params.topK ?? 0) && (params.topP ?? 1) === 1;
+  const onBackend = rest.length === B && walk === "id" && whole ? await drawWholeRows(logits, params.temperature, us) : null;
+  if (onBackend) {
+    // wasm: the whole-row draws ran where the logits are (engine/draw.ts; the host walk's arithmetic:
+    // the same tokens and log-probs); a row without a finite largest logit is left to sampleRow,
+    // which says what is wrong.
+    onBackend.forEach((d, b) => {
+      if (d.token >= 0) draws[b] = d;
+    });
+    rest.splice(0, B, ...draws.flatMap((d, b) => (d === null ? [b] : [])));
+  }
   if (rest.length > 0) {
     const sub = tf.tidy(() => {
       const x = rest.length === B ? logits : tf.gather(logits, rest);
@@ -85,7 +101,6 @@ export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, 
     const data = (await sub.data()) as Float32Array;
     if (sub !== logits) sub.dispose();
     const scratch = new Scratch(V);
-    const walk = onDevice ? "rank" : (opts.walk ?? "id");
     rest.forEach((b, i) => (draws[b] = sampleRow(data.subarray(i * V, (i + 1) * V), params, us[b], scratch, walk)));
   }
   const out: SampleResult = { tokens: [], logprobs: [], readFloats: floats + rest.length * V };

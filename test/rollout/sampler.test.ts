@@ -1,7 +1,9 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
-import { sampleTokens, topIndices, type SampleOptions } from "../../src/rollout/sampler.ts";
+import { heapHelpersReady, splitJobCount } from "../../src/engine/heap.ts";
+import { wasmThreads } from "../../src/engine/wasm-threads.ts";
+import { sampleRow, sampleTokens, topIndices, type SampleOptions } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "./sampler-suite.ts";
 
@@ -210,5 +212,38 @@ describe("the host sampler's draws for a seed are every earlier version's", () =
     const rank = (await drawSteps(logits, { temperature: 1 }, RANK_REFERENCE, 3, 17)).flatMap((r) => r.tokens);
     expect(rank).not.toEqual(cases[0][1]); // the two walks are different maps from seeds to tokens
     logits.dispose();
+  });
+});
+
+describe("whole-vocabulary draws on the wasm heap", () => {
+  it("give sampleRow's tokens and log-probs for the same uniforms, rows split over the threads; non-finite rows fail as before", async () => {
+    const B = 16,
+      V = 5000; // 80 K logits: split over the helper threads where there are any
+    const rng = new Rng(3);
+    const data = new Float32Array(B * V).map((_, i) => {
+      const b = (i / V) | 0,
+        j = i % V;
+      if (b === 3 && j % 5 === 0) return -Infinity; // masked ids
+      if (b === 4 && j === 77) return NaN; // a NaN among finite logits weighs nothing
+      return (b % 4) * rng.normal() + (j === (b * 97) % V ? 12 : 0); // flat, spread and peaked rows
+    });
+    const logits = tf.tensor2d(data, [B, V]);
+    await heapHelpersReady(tf.backend());
+    for (const T of [1, 0.7, 1.3]) {
+      const before = splitJobCount();
+      const got = await sampleTokens(logits, { temperature: T }, new Rng(T * 10));
+      expect(splitJobCount() - before).toBe(wasmThreads() > 1 ? 1 : 0);
+      expect(got.readFloats).toBe(0); // drawn where the logits are
+      const us = new Rng(T * 10);
+      const want = Array.from({ length: B }, (_, b) => sampleRow(data.subarray(b * V, (b + 1) * V), { temperature: T }, us.next()));
+      expect(got.tokens).toEqual(want.map((d) => d.token));
+      expect(got.logprobs).toEqual(want.map((d) => d.logprob));
+    }
+    const bad = tf.tensor2d(
+      data.map((x, i) => (i >= 2 * V && i < 3 * V ? NaN : x)),
+      [B, V],
+    );
+    await expect(sampleTokens(bad, { temperature: 1 }, new Rng(1))).rejects.toThrow(/largest logit of a sampled row/);
+    tf.dispose([logits, bad]);
   });
 });
