@@ -32,6 +32,20 @@ function lossOf(f: (h: tf.Tensor2D) => tf.Tensor2D, h: tf.Tensor2D, dy: tf.Tenso
   return tf.add(tf.sum(tf.mul(lp, dy)), tf.sum(ent)) as tf.Scalar;
 }
 
+/** got within 2e-5 of want, relative to want's largest magnitude (which is not small). */
+async function expectClose(got: tf.Tensor, want: tf.Tensor) {
+  const a = (await got.data()) as Float32Array,
+    b = (await want.data()) as Float32Array;
+  let worst = 0,
+    scale = 0;
+  b.forEach((v, i) => {
+    worst = Math.max(worst, Math.abs(a[i] - v));
+    scale = Math.max(scale, Math.abs(v));
+  });
+  expect(scale).toBeGreaterThan(0.1);
+  expect(worst / scale).toBeLessThanOrEqual(2e-5);
+}
+
 async function compare(head: BaseWeight, dense: Float32Array, chunkRows: number | undefined) {
   const h = tf.tensor2d(hData, [N, H]),
     dy = tf.tensor1d(dyData),
@@ -46,18 +60,7 @@ async function compare(head: BaseWeight, dense: Float32Array, chunkRows: number 
     const ref = (hh: tf.Tensor2D) => logpEntropyOps(tf.matMul(hh, w), targets);
     return [ref(h), tf.grad((x: tf.Tensor) => lossOf(ref, x as tf.Tensor2D, dy, true))(h)];
   });
-  for (let k = 0; k < 2; k++) {
-    const a = (await got[k].data()) as Float32Array,
-      b = (await want[k].data()) as Float32Array;
-    let worst = 0,
-      scale = 0;
-    b.forEach((v, i) => {
-      worst = Math.max(worst, Math.abs(a[i] - v));
-      scale = Math.max(scale, Math.abs(v));
-    });
-    expect(scale).toBeGreaterThan(0.1);
-    expect(worst / scale).toBeLessThanOrEqual(2e-5);
-  }
+  for (let k = 0; k < 2; k++) await expectClose(got[k], want[k]);
   tf.dispose([...got, ...want, h, dy, w]);
 }
 
@@ -102,16 +105,7 @@ describe("head log-probs (wasm)", () => {
       [head.f32 as unknown as tf.Variable],
     );
     const want = tf.grad((ww: tf.Tensor) => lossOf((hh) => logpEntropyOps(tf.matMul(hh, ww as tf.Tensor2D), targets), h, dy, true))(w);
-    const a = (await Object.values(got.grads)[0].data()) as Float32Array,
-      b = (await want.data()) as Float32Array;
-    let worst = 0,
-      scale = 0;
-    b.forEach((v, i) => {
-      worst = Math.max(worst, Math.abs(a[i] - v));
-      scale = Math.max(scale, Math.abs(v));
-    });
-    expect(scale).toBeGreaterThan(0.1);
-    expect(worst / scale).toBeLessThanOrEqual(2e-5);
+    await expectClose(Object.values(got.grads)[0], want);
     tf.dispose([got.value, ...Object.values(got.grads), want, h, dy, w]);
     head.dispose();
   });

@@ -80,61 +80,25 @@ describe("shared prefixes in log-prob forwards (wasm)", () => {
 
   it("finds the prefix: stops at the first differing id or padded position, keeps a token per row, needs two rows", async () => {
     const m = await loadModel(FIX, { seed: 1 });
-    const ones = (r: number[][]) => r.map((x) => x.map(() => 1));
+    const found = (ids: number[][], mask = ids.map((r) => r.map(() => 1))) => m.sharedPrefix(ids, mask, {});
+    const [a, b] = [
+      [1, 2, 3],
+      [1, 2, 4],
+    ];
+    expect(found([a, b])).toBe(2);
+    expect(found([a, a])).toBe(2); // one token of each row stays its own
     expect(
-      m.sharedPrefix(
-        [
-          [1, 2, 3],
-          [1, 2, 4],
-        ],
-        ones([
-          [1, 2, 3],
-          [1, 2, 4],
-        ]),
-        {},
-      ),
-    ).toBe(2);
-    expect(
-      m.sharedPrefix(
-        [
-          [1, 2, 3],
-          [1, 2, 3],
-        ],
-        ones([
-          [1, 2, 3],
-          [1, 2, 3],
-        ]),
-        {},
-      ),
-    ).toBe(2);
-    expect(
-      m.sharedPrefix(
-        [
-          [0, 2, 3],
-          [0, 2, 4],
-        ],
+      found(
+        [a, b],
         [
           [0, 1, 1],
           [1, 1, 1],
         ],
-        {},
       ),
     ).toBe(0); // left padding
-    expect(m.sharedPrefix([[1, 2, 3]], [[1, 1, 1]], {})).toBe(0);
+    expect(found([a])).toBe(0);
     m.sharePrefixes = false;
-    expect(
-      m.sharedPrefix(
-        [
-          [1, 2, 3],
-          [1, 2, 4],
-        ],
-        ones([
-          [1, 2, 3],
-          [1, 2, 4],
-        ]),
-        {},
-      ),
-    ).toBe(0);
+    expect(found([a, b])).toBe(0);
     m.dispose();
   });
 });
