@@ -31,15 +31,27 @@ export interface StopIo {
 
 const processIo: StopIo = { exit: (code) => process.exit(code), stderr: (line) => process.stderr.write(line + "\n") };
 
+/** Signals this soon after the first are the same Ctrl-C: tsx sends a terminal's SIGINT on to its
+ *  child a second time when the child's acknowledgement comes late (a loaded machine). */
+const SAME_INTERRUPT_MS = 1000;
+
 /** The stop flag a training loop polls at its safe points. */
 export class StopRequest {
   requested = false;
+  private requestedAt = 0;
 
-  constructor(private io: StopIo = processIo) {}
+  constructor(
+    private io: StopIo = processIo,
+    private now: () => number = Date.now,
+  ) {}
 
-  /** A signal arrived: the first asks for a stop, the second exits now. */
+  /** A signal arrived: the first asks for a stop, the next exits now, unless it comes within
+   *  SAME_INTERRUPT_MS of the request: then it is the same Ctrl-C arriving a second way (the
+   *  supervisor's relay after tsx, on a loaded machine, killed the supervisor for a late
+   *  acknowledgement: the trainer sees its launcher gone, then the relayed signal). */
   signal(): void {
     if (this.requested) {
+      if (this.now() - this.requestedAt < SAME_INTERRUPT_MS) return;
       this.io.stderr("interrupted again: exiting without saving (the last complete checkpoint is kept)");
       this.io.exit(130);
       return;
@@ -58,6 +70,7 @@ export class StopRequest {
   request(why: string): void {
     if (this.requested) return;
     this.requested = true;
+    this.requestedAt = this.now();
     this.io.stderr(why);
   }
 }
@@ -82,10 +95,6 @@ export function watchInterrupts(io: StopIo = processIo): StopRequest & { dispose
 
 /** Set in the trainer process that superviseSelf starts. */
 export const TRAINER_CHILD_ENV = "MARL_TRAINER_CHILD";
-
-/** Signals this soon after the first are the same Ctrl-C: tsx sends a terminal's SIGINT on to its
- *  child a second time when the child's acknowledgement comes late (a loaded machine). */
-const SAME_INTERRUPT_MS = 1000;
 
 /** Run the rest of this script in a child process (same node flags, same arguments) and wait for it:
  *  returns at once in that child, never in the parent, which exits with the child's exit code.

@@ -80,17 +80,27 @@ describe("runMain", () => {
 });
 
 describe("StopRequest", () => {
-  it("a first signal asks for a stop; a second exits 130 at once", () => {
+  it("a first signal asks for a stop; a second exits 130 at once, unless it is the same Ctrl-C arriving within a second", () => {
     const codes: number[] = [];
     const lines: string[] = [];
-    const stop = new StopRequest({ exit: (c) => codes.push(c), stderr: (l) => lines.push(l) });
+    let t = 1000;
+    const stop = new StopRequest({ exit: (c) => codes.push(c), stderr: (l) => lines.push(l) }, () => t);
     expect(stop.requested).toBe(false);
     stop.signal();
     expect(stop.requested).toBe(true);
     expect(codes).toEqual([]);
+    t += 400;
+    stop.signal(); // the same interrupt, relayed a second way
+    expect(codes).toEqual([]);
+    t += 700;
     stop.signal();
     expect(codes).toEqual([130]);
     expect(lines[1]).toMatch(/exiting without saving/);
+    // a stop asked for otherwise (the launcher gone), then the relayed Ctrl-C: one interrupt
+    const other = new StopRequest({ exit: (c) => codes.push(c), stderr: (l) => lines.push(l) }, () => t);
+    other.request("interrupted: the launching process is gone");
+    other.signal();
+    expect(codes).toEqual([130]);
   });
 });
 
