@@ -12,7 +12,8 @@
  *  results do not depend on the thread count. */
 import * as tf from "@tensorflow/tfjs";
 import { heapEngine, heapGemm } from "./heap.ts";
-import { replaceKernel, type Backend } from "./kernels.ts";
+import { registerKernel, replaceKernel, type Backend } from "./kernels.ts";
+import { XWT } from "./matmul.ts";
 
 let enabled = true;
 
@@ -21,8 +22,30 @@ export function useWasmGemm(on: boolean): void {
   enabled = on;
 }
 
-/** Replace the wasm BatchMatMul with one that takes the plain products (idempotent). */
+/** Replace the wasm BatchMatMul with one that takes the plain products, and add matmul.ts' XWT
+ *  (x [M, K] · wᵀ for w [N, K], as w · xᵀ stored transposed) (idempotent). */
 export function registerWasmGemm(): void {
+  registerKernel(
+    XWT,
+    () => (args) => {
+      const { x, w } = args.inputs as { x: tf.TensorInfo; w: tf.TensorInfo };
+      const [M, K] = x.shape,
+        [N, Kw] = w.shape;
+      if (x.shape.length !== 2 || w.shape.length !== 2 || K !== Kw)
+        throw new Error(`${XWT}: expected x [M, K] and w [N, K], got [${x.shape}] and [${w.shape}]`);
+      const backend = args.backend as Backend;
+      const out = backend.makeOutput([M, N], "float32") as tf.TensorInfo;
+      if (M * N === 0) return out;
+      if (K === 0) {
+        backend.typedArrayFromHeap(out).fill(0);
+        return out;
+      }
+      const off = (t: tf.TensorInfo) => backend.dataIdMap.get(t.dataId).memoryOffset as number;
+      heapGemm(heapEngine(backend), off(w), off(x), off(out), N, K, M, 2 | 8);
+      return out;
+    },
+    ["wasm"],
+  );
   replaceKernel("BatchMatMul", "wasm", (fallback) => (args) => {
     const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
     const { transposeA, transposeB } = args.attrs as { transposeA: boolean; transposeB: boolean };

@@ -11,6 +11,8 @@
  *    vector registers, starting from zero (acc = 0) or from C (acc ≠ 0: C holds the sum over earlier
  *    k; float32 in registers and in memory, so splitting K this way changes no bit).
  *  - `tile1(...)` … `tile5(...)`: the same with 1 … 5 rows (the rows left after the groups of MR).
+ *  - `tileT(...)`, `tile1T(...)` … `tile5T(...)`: the same with C stored transposed, [N, M] with row
+ *    stride ldc (C[i, j] at c + j·ldc + 4i).
  *  - `wide1(...)`, `wide2(...)`: 1 row × 32 columns and 2 rows × 16 per block, B in place only (ps = 32,
  *    N a multiple of 32 or 16): a decode step's one-row products and its attention's two-row ones.
  *  - `pack(b, dst, K, ldb, panels)`: copies `panels` 8-column panels of row-major B (row stride ldb)
@@ -107,6 +109,8 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     seqHeadsBody(true),
     dequantBody("int8"),
     dequantBody("nf4"),
+    tileBody(o.mr, o.relaxed, 1, true),
+    ...[1, 2, 3, 4, 5].map((r) => tileBody(r, o.relaxed, 1, true)),
   ].map(({ locals, code }) => {
     const body = [...vec(locals.map(([c, t]) => [...uleb(c), t])), ...code, ...op.end];
     return [...uleb(body.length), ...body];
@@ -135,6 +139,7 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     "seqHeadsGrad",
     "dequantInt8",
     "dequantNf4",
+    ...["tile", "tile1", "tile2", "tile3", "tile4", "tile5"].map((t) => t + "T"),
   ];
   const types: Record<string, number> = {
     tile: 0,
@@ -160,6 +165,7 @@ export function gemmModuleBytes(o: GemmModuleOptions): Uint8Array {
     seqHeadsGrad: 8,
     dequantInt8: 9,
     dequantNf4: 9,
+    ...Object.fromEntries(["tile", "tile1", "tile2", "tile3", "tile4", "tile5"].map((t) => [t + "T", 0])),
   };
   return Uint8Array.from([
     0x00,

@@ -13,8 +13,12 @@ export const NPARAMS = 12;
  *  np > 1 (wide1, wide2: 1 row × 32 columns, 2 rows × 16): np panels side by side, B read in place
  *  only (its panels contiguous, ps = 32; N a multiple of 8·np). With one or two rows the 8-column
  *  block has 2 or 4 accumulators, each waiting on its own last multiply-add (4 cycles) every step
- *  of k; 8 keep both FMA units busy. Each output is summed the same way: the same bits. */
-export function tileBody(MR: number, relaxed = false, np = 1): { locals: number[][]; code: number[] } {
+ *  of k; 8 keep both FMA units busy. Each output is summed the same way: the same bits.
+ *  ct (tileT, tile1T…tile5T): C stored transposed, [N, M] with row stride ldc: each block's sums are
+ *  stored (and, with acc, loaded) one float at a time at C + column·ldc + 4·row, a few dozen scalar
+ *  moves per block against its MR·8·K multiply-adds. For a product read as its transpose, (W · xᵀ)ᵀ,
+ *  with no transpose of the output afterwards. */
+export function tileBody(MR: number, relaxed = false, np = 1, ct = false): { locals: number[][]; code: number[] } {
   let n = NPARAMS;
   const j = n++,
     i = n++,
@@ -49,10 +53,33 @@ export function tileBody(MR: number, relaxed = false, np = 1): { locals: number[
     ...op.add,
     ...op.set(pb),
   ];
-  const storeAll = Array.from({ length: MR }, (_, r) => {
-    const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
-    return Array.from({ length: nb }, (_, u) => [...rowAddr, ...op.get(accs[nb * r + u]), ...v.store(16 * u)]).flat();
-  }).flat();
+  // C transposed: the output (row r, column cc) of a block at pc + cc·ldc + 4r
+  const colAddr = (cc: number) => (cc === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(cc), ...op.mul, ...op.add]);
+  const storeAll = ct
+    ? Array.from({ length: MR * nb * 4 }, (_, x) => {
+        const r = Math.floor(x / (nb * 4)),
+          u = Math.floor(x / 4) % nb,
+          lane = x % 4;
+        return [...colAddr(4 * u + lane), ...op.get(accs[nb * r + u]), ...v.lane(lane), ...op.f32store(4 * r)];
+      }).flat()
+    : Array.from({ length: MR }, (_, r) => {
+        const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
+        return Array.from({ length: nb }, (_, u) => [...rowAddr, ...op.get(accs[nb * r + u]), ...v.store(16 * u)]).flat();
+      }).flat();
+  const loadAll = ct
+    ? Array.from({ length: MR * nb }, (_, x) => {
+        const r = Math.floor(x / nb),
+          u = x % nb;
+        return [
+          ...v.zero,
+          ...[0, 1, 2, 3].flatMap((lane) => [...colAddr(4 * u + lane), ...op.f32load(4 * r), ...v.replaceLane(lane)]),
+          ...op.set(accs[nb * r + u]),
+        ];
+      }).flat()
+    : Array.from({ length: MR }, (_, r) => {
+        const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
+        return Array.from({ length: nb }, (_, u) => [...rowAddr, ...v.load(16 * u), ...op.set(accs[nb * r + u])]).flat();
+      }).flat();
   const block = [
     // pa[r] = rowA + r·ars; pb = pbj; acc = 0
     ...Array.from({ length: MR }, (_, r) => [
@@ -65,10 +92,7 @@ export function tileBody(MR: number, relaxed = false, np = 1): { locals: number[
     // acc = 0: start from zero; else from C (the sum over earlier blocks of k)
     ...op.get(P.acc),
     ...op.if,
-    ...Array.from({ length: MR }, (_, r) => {
-      const rowAddr = r === 0 ? [...op.get(pc)] : [...op.get(pc), ...op.get(P.ldc), ...op.i32(r), ...op.mul, ...op.add];
-      return Array.from({ length: nb }, (_, u) => [...rowAddr, ...v.load(16 * u), ...op.set(accs[nb * r + u])]).flat();
-    }).flat(),
+    ...loadAll,
     ...op.else,
     ...accs.flatMap((a) => [...v.zero, ...op.set(a)]),
     ...op.end,
@@ -78,9 +102,10 @@ export function tileBody(MR: number, relaxed = false, np = 1): { locals: number[
   const rows = [
     ...op.get(P.a),
     ...op.set(rowA),
+    // pc: the block's first output, C + j·4 (C + j·ldc transposed), a block of rows on: + MR·ldc (+ 4·MR)
     ...op.get(P.c),
     ...op.get(j),
-    ...op.i32(4),
+    ...(ct ? op.get(P.ldc) : op.i32(4)),
     ...op.mul,
     ...op.add,
     ...op.set(pc),
@@ -93,9 +118,7 @@ export function tileBody(MR: number, relaxed = false, np = 1): { locals: number[
       ...op.add,
       ...op.set(rowA),
       ...op.get(pc),
-      ...op.get(P.ldc),
-      ...op.i32(MR),
-      ...op.mul,
+      ...(ct ? op.i32(4 * MR) : [...op.get(P.ldc), ...op.i32(MR), ...op.mul]),
       ...op.add,
       ...op.set(pc),
     ]),

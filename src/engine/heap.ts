@@ -126,6 +126,12 @@ export interface Kernels {
   tile3: Kernels["tile"];
   tile4: Kernels["tile"];
   tile5: Kernels["tile"];
+  tileT: Kernels["tile"];
+  tile1T: Kernels["tile"];
+  tile2T: Kernels["tile"];
+  tile3T: Kernels["tile"];
+  tile4T: Kernels["tile"];
+  tile5T: Kernels["tile"];
   wide1: Kernels["tile"];
   wide2: Kernels["tile"];
   pack: (b: number, dst: number, K: number, ldb: number, panels: number) => void;
@@ -244,7 +250,8 @@ const NORM_BLOCK = 64;
  *  once more, a unit of rows packs B again (U = 2 where B is stored transposed: its packing, one
  *  float at a time, costs more).
  *  Runs on every thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
- *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]), bit 2 = split by rows.
+ *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]), bit 2 = split by rows,
+ *  bit 3 = C stored transposed ([N, M]: the tile*T kernels; no wide blocks).
  *  scratch ≠ 0: B's panels are first packed, up to 512 KB of them at a time, into this part's slice of
  *  the scratch buffer (packBytes(K) each), so the kernel reads each panel as one run of memory (a
  *  transposed B is always packed); scratch = 0: B is read in place. */
@@ -266,7 +273,13 @@ function part(
   if (index >= parts) return; // a helper beyond the parts: no packing buffer of its own
   const ars = t & 1 ? 4 : 4 * K,
     aks = t & 1 ? 4 * M : 4,
-    ldc = 4 * N;
+    ldc = 4 * N; // B's row stride in place
+  // C's bytes per row and per column, and the stride its kernels take (transposed: [N, M])
+  const ct = t & 8,
+    rs = ct ? 4 : ldc,
+    cs = ct ? 4 * M : 4,
+    ldk = ct ? 4 * M : ldc,
+    T = ct ? "T" : "";
   const panels = (N - (N % 8)) / 8;
   // K in blocks of ≤ 1024, so a packed panel (32 KB) stays in L1 while the row groups pass over it;
   // rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
@@ -290,7 +303,7 @@ function part(
         j1 = byRows ? panels * 8 : Math.min(panels, (unit + 1) * per) * 8;
       if (r1 <= r0 || j1 <= j0) continue;
       const ar = a + r0 * ars,
-        cr = c + r0 * ldc,
+        cr = c + r0 * rs,
         Mb = r1 - r0 - ((r1 - r0) % mr),
         rest = r1 - r0 - Mb;
       for (let jc = j0; jc < j1; jc += nc) {
@@ -308,15 +321,16 @@ function part(
             ((pb = buf), (ldb = 32), (ps = 32 * kn));
           }
           for (let i0 = 0; i0 < Mb; i0 += mc)
-            k.tile(ak + i0 * ars, pb, cr + i0 * ldc + 4 * jc, Math.min(mc, Mb - i0), n, kn, ars, aks, ldb, ldc, ps, acc);
+            k[("tile" + T) as "tile"](ak + i0 * ars, pb, cr + i0 * rs + jc * cs, Math.min(mc, Mb - i0), n, kn, ars, aks, ldb, ldk, ps, acc);
           // the rows left after the blocks of mr: one block of as many rows (tile1 … tile5); one or two
           // rows of B in place take wide blocks first (wide1: 32 columns, wide2: 16), as many as fit
           if (rest) {
-            const wide = rest <= 2 && !scratch ? n - (n % (rest === 1 ? 32 : 16)) : 0;
+            const wide = rest <= 2 && !scratch && !ct ? n - (n % (rest === 1 ? 32 : 16)) : 0;
             const aw = ak + Mb * ars,
-              cw = cr + Mb * ldc + 4 * jc;
+              cw = cr + Mb * rs + jc * cs;
             if (wide) k[("wide" + rest) as "wide1"](aw, pb, cw, rest, wide, kn, ars, aks, ldb, ldc, ps, acc);
-            if (wide < n) k[("tile" + rest) as "tile1"](aw, pb + 4 * wide, cw + 4 * wide, rest, n - wide, kn, ars, aks, ldb, ldc, ps, acc);
+            if (wide < n)
+              k[("tile" + rest + T) as "tile1"](aw, pb + 4 * wide, cw + wide * cs, rest, n - wide, kn, ars, aks, ldb, ldk, ps, acc);
           }
         }
       }
@@ -542,7 +556,7 @@ function scratchFor(e: Engine, bytes: number): number {
 }
 
 /** C [batch, M, N] = op(A) · op(B) at byte offsets of the heap, dense; A is [M, K] or, with t & 1,
- *  [K, M]; B is [K, N] or, with t & 2, [N, K]. A batch's slices of A and B are sa and sb bytes apart
+ *  [K, M]; B is [K, N] or, with t & 2, [N, K]; C (each slice) is stored [N, M] with t & 8. A batch's slices of A and B are sa and sb bytes apart
  *  (0: the same operand for every slice). A batch is split by whole slices over the threads when its
  *  slices share out evenly (or nearly: at least 4 per thread) or are too small to split on their own,
  *  else each slice is split as one product. */
@@ -880,7 +894,8 @@ export function heapSoftmaxRows(backend: unknown, x: number, coef: Float32Array,
  *  packed into one zero-padded panel, the vector kernel run on it into a [rows, 8] block of scratch,
  *  and the valid columns copied out. Lanes past N add zeros to nothing, so each output is summed as
  *  the panels' are (a one-output-at-a-time loop here ran at ~1 GFLOP/s: a 27-row vocab-head chunk
- *  spent 3 of its 27 columns' worth of work in it, most of its time). */
+ *  spent 3 of its 27 columns' worth of work in it, most of its time). With t & 8 the valid columns
+ *  go to C's transposed rows. */
 function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
   const N8 = N - (N % NR),
     n = N - N8,
@@ -903,7 +918,8 @@ function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: n
     if (rb) e.k.tile(a + i0 * ars, buf, cbuf, rb, 8, K, ars, aks, 32, 32, 32 * K, 0);
     if (rb < rows)
       e.k[("tile" + (rows - rb)) as "tile1"](a + (i0 + rb) * ars, buf, cbuf + 32 * rb, rows - rb, 8, K, ars, aks, 32, 32, 32 * K, 0);
-    e.k.copyRows(c + i0 * ldc + 4 * N8, ldc, cbuf, 32, 4 * n, rows);
+    if (!(t & 8)) e.k.copyRows(c + i0 * ldc + 4 * N8, ldc, cbuf, 32, 4 * n, rows);
+    else for (let j = 0; j < n; j++) for (let i = 0; i < rows; i++) heap[c / 4 + (N8 + j) * M + i0 + i] = heap[cbuf / 4 + 8 * i + j];
   }
 }
 

@@ -25,12 +25,23 @@ export function matMulBT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
 export function matMulAT(a: tf.Tensor2D, b: tf.Tensor2D): tf.Tensor2D {
   return flagsFor(a.shape[0]) ? tf.matMul(a, b, true, false) : tf.matMul(tf.transpose(a), b);
 }
+/** The wasm kernel of matMulXWT's (w · xᵀ)ᵀ: the product over w's rows in place, its output stored
+ *  transposed as it is summed (gemm.ts), so no transpose follows. No gradient of its own (callers wrap
+ *  it in theirs). */
+export const XWT = "MarlMatMulXWT";
+/** Rows of x up to which matMulXWT runs (w · xᵀ)ᵀ (wasm, 2 threads, GFLOP/s, x · wᵀ packing w against
+ *  the transposed store: [64, 896] · [151936, 896]ᵀ 42.6 vs 48.0; 128 rows 53.9 vs 43.4). */
+const XWT_ROWS = 64;
+
 /** x [M, K] · wᵀ for a large w held [N, K] (torch's layout). With many rows, one transposed product
  *  (the kernel packs w's panels once for all M rows); with few (decoding), (w · xᵀ)ᵀ, so only the small
- *  x is repacked and the product runs over w's rows in place. */
+ *  x is repacked and the product runs over w's rows in place (on wasm stored transposed as it goes). */
 export function matMulXWT(x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D {
   if (!flags()) return flagsFor(x.shape[1]) ? tf.matMul(x, w, false, true) : tf.transpose(tf.matMul(w, tf.transpose(x)));
-  return x.shape[0] >= 64 ? tf.matMul(x, w, false, true) : tf.transpose(tf.matMul(w, x, false, true));
+  if (x.shape[0] > XWT_ROWS) return tf.matMul(x, w, false, true);
+  if (tf.getKernel(XWT, tf.getBackend()) && x.dtype === "float32" && w.dtype === "float32")
+    return tf.engine().runKernel(XWT, { x, w }) as tf.Tensor2D;
+  return tf.transpose(tf.matMul(w, x, false, true));
 }
 
 /** a [M, K] · b [K, N], differentiable in both. */

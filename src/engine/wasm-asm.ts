@@ -66,6 +66,7 @@ export const v = {
   fmax: op.simd(0xe9),
   fsplat: op.simd(0x13),
   lane: (i: number) => [...op.simd(0x1f), i], // f32x4.extract_lane
+  replaceLane: (i: number) => [...op.simd(0x20), i], // f32x4.replace_lane (v128, f32 → v128)
   pmin: op.simd(0xea),
   pmax: op.simd(0xeb),
   flt: op.simd(0x43), // f32x4.lt

@@ -1,8 +1,8 @@
 /** The wasm BatchMatMul kernel (src/engine/gemm.ts): plain and batched products against a float64
  *  reference and tfjs' own kernel, in both builds of the heap module (simd128, and relaxed where the
  *  runtime has it), on every remainder of rows (4 or 6 per block) and columns (8 per panel),
- *  K of 1, empty products, broadcast batches and transposed operands, with B read in place and packed;
- *  no tensor is left behind, and a tall product split by rows over the threads. The threaded splits'
+ *  K of 1, empty products, broadcast batches and transposed operands, with B read in place and packed,
+ *  and the product stored transposed (XWT); no tensor is left behind, and a tall product split by rows over the threads. The threaded splits'
  *  bits are covered by wasm-threads.test.ts (1 and 2 threads bit-equal). */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
@@ -18,6 +18,7 @@ import {
   type WasmSimd,
 } from "../../src/engine/heap.ts";
 import { useWasmGemm } from "../../src/engine/gemm.ts";
+import { matMulXWT, XWT } from "../../src/engine/matmul.ts";
 import { wasmThreads } from "../../src/engine/wasm-threads.ts";
 import { Rng } from "../../src/util/rng.ts";
 
@@ -238,6 +239,61 @@ describe("wasm matmul kernel", () => {
     }
     tf.dispose([a, b, c, ...pairs.flat()]);
   });
+
+  it.each(builds)(
+    "%s build: x · wᵀ with the output stored transposed as it is summed (XWT) is bit-equal to (w · xᵀ)ᵀ, near a float64 reference; matMulXWT takes it up to 64 rows",
+    async (build) => {
+      setWasmSimd(build);
+      await heapHelpersReady(tf.backend());
+      const before = tf.memory().numTensors,
+        { rows: rowSplits } = splitProductCount();
+      // x rows (the product's columns): every remainder of 8 and a decode batch; w rows: every remainder
+      // of the row blocks, and 1030 (split by rows over the threads); K 2500: three blocks of K, each
+      // later one starting from the sums stored (transposed) before it
+      const cases: [number, number, number][] = [];
+      for (const M of [1, 2, 5, 7, 8, 9, 13, 32]) for (const N of [1, 3, 6, 7, 11, 13, 40]) cases.push([M, 11, N]);
+      cases.push([5, 2500, 13], [16, 2500, 13], [9, 2500, 20], [32, 896, 1030], [17, 64, 1030], [64, 40, 75]);
+      cases.forEach(([M, K, N], n) => {
+        const xs = randn(M * K, 3 * n + 1),
+          ws = randn(N * K, 3 * n + 2);
+        const what = `[${M}, ${K}] · [${N}, ${K}]ᵀ`;
+        const [got, plain] = tf.tidy(() => {
+          const x = tf.tensor2d(xs, [M, K]),
+            w = tf.tensor2d(ws, [N, K]);
+          return [tf.engine().runKernel(XWT, { x, w }) as tf.Tensor, tf.transpose(tf.matMul(w, x, false, true))].map((t) => {
+            expect(t.shape, what).toEqual([M, N]);
+            return Array.from(t.dataSync());
+          });
+        });
+        expect(got, what).toEqual(plain);
+        const worst = got.reduce((m, v, idx) => {
+          const i = Math.floor(idx / N),
+            j = idx % N;
+          let t = 0;
+          for (let k = 0; k < K; k++) t += xs[i * K + k] * ws[j * K + k];
+          return Math.max(m, Math.abs(v - t) / Math.sqrt(K));
+        }, 0);
+        expect(worst, what).toBeLessThan(1e-5);
+      });
+      if (wasmThreads() > 1) expect(splitProductCount().rows).toBeGreaterThan(rowSplits);
+      // matMulXWT: the kernel up to 64 rows of x, the transposed-B product above
+      const w = tf.tensor2d(randn(40 * 24, 5), [40, 24]);
+      for (const [rows, kernel] of [
+        [64, XWT],
+        [65, "BatchMatMul"],
+      ] as const) {
+        const x = tf.tensor2d(randn(rows * 24, rows), [rows, 24]);
+        const info = await tf.profile(() => {
+          tf.dispose(matMulXWT(x, w));
+        });
+        expect(info.kernelNames, `${rows} rows`).toContain(kernel);
+        expect(info.kernelNames, `${rows} rows`).not.toContain("Transpose");
+        x.dispose();
+      }
+      w.dispose();
+      expect(tf.memory().numTensors).toBe(before);
+    },
+  );
 
   it("keeps tensor counts flat over repeated products", () => {
     const a = tf.tensor2d(randn(20 * 30, 9), [20, 30]),

@@ -75,10 +75,10 @@ describe("threaded wasm", () => {
       }
       const a = new Float32Array(one.bytes!.buffer, one.bytes!.byteOffset, one.bytes!.length / 4);
       const b = new Float32Array(two.bytes!.buffer, two.bytes!.byteOffset, two.bytes!.length / 4);
-      // logits [3, 96, 512], a prefill's and a decode step's [3, 512], then the gradients of A [in, 8]
-      // and B [8, out] on 7 modules of 2 layers
+      // logits [3, 96, 512], a prefill's and a decode step's [3, 512], x · wᵀ [16, 6000], then the
+      // gradients of A [in, 8] and B [8, out] on 7 modules of 2 layers
       const lora = LORA_TARGETS.reduce((s, m) => s + 8 * moduleDims(BENCH_CONFIGS.small, m).reduce((x, y) => x + y), 0);
-      const grads = 3 * 96 * 512 + 2 * 3 * 512;
+      const grads = 3 * 96 * 512 + 2 * 3 * 512 + 16 * 6000;
       expect(a.length).toBe(grads + 2 * lora);
       expect(a.every(Number.isFinite)).toBe(true);
       expect(a.subarray(grads).filter((v) => v !== 0).length).toBeGreaterThan(1000); // gradients of A and B, not zeros
