@@ -815,8 +815,11 @@ export function heapDrawRows(
 ): { token: number; logprob: number }[] {
   const e = heapEngine(backend),
     p = e.malloc(8 * (1 + rows)) >>> 0,
-    out = e.malloc(16 * rows) >>> 0;
-  if (!p || !out) throw new Error(`heap draw: could not allocate ${24 * rows + 8} bytes`);
+    out = p ? e.malloc(16 * rows) >>> 0 : 0;
+  if (!out) {
+    if (p) e.free(p);
+    throw new Error(`heap draw: could not allocate ${24 * rows + 8} bytes`);
+  }
   try {
     new Float64Array(e.memory.buffer, p, 1 + rows).set([T, ...us]);
     splitJob(e, JOB_DRAW, rows, rows * V, x, p, out, rows, V);

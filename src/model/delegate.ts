@@ -15,6 +15,12 @@ export class DelegatingLM implements CausalLM {
   get lora() {
     return this.inner.lora;
   }
+  get sharePrefixes() {
+    return this.inner.sharePrefixes;
+  }
+  trainRowsFor(length: number): number {
+    return this.inner.trainRowsFor?.(length) ?? Number.MAX_SAFE_INTEGER;
+  }
   forward(...a: Parameters<CausalLM["forward"]>): tf.Tensor3D {
     return this.inner.forward(...a);
   }

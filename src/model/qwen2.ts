@@ -156,10 +156,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     // Training forwards (a gradient tape recording) keep only each layer's input on the tape and run
     // the layer again in the backward pass; LoRA dropout draws fresh masks per call, so with dropout
     // on the layers are recorded whole instead.
-    const ckpt =
-      !cache &&
-      this.checkpointsLayers(B, T) &&
-      !(opts.training && this.adapter && opts.adapters !== false && this.adapter.config.dropout > 0);
+    const ckpt = !cache && this.checkpointsLayers(B, T) && !this.dropsOut(opts);
     const tokens = P > 0 ? [...ids[0].slice(0, P), ...ids.flatMap((r) => r.slice(P))] : ids.flat();
     let x = this.weights.embedT.columns(tf.tensor1d(tokens, "int32")); // [N, H]
     const newK: tf.Tensor4D[] = [],
@@ -352,12 +349,17 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  (sharePrefixes); 0 when there is none to share or sharing is off. At least one token of each row
    *  is left after it. */
   sharedPrefix(ids: number[][], mask: number[][], opts: ForwardOptions): number {
-    const dropout = opts.training === true && this.adapter !== null && opts.adapters !== false && this.adapter.config.dropout > 0;
-    if (!this.sharePrefixes || ids.length < 2 || dropout) return 0;
+    if (!this.sharePrefixes || ids.length < 2 || this.dropsOut(opts)) return 0;
     const T = ids[0].length;
     let P = 0;
     while (P < T - 1 && ids.every((r, b) => r[P] === ids[0][P] && mask[b][P] === 1)) P++;
     return P;
+  }
+
+  /** Whether a forward with these options applies LoRA dropout (training, adapters on, dropout > 0):
+   *  it draws fresh masks per call, so such a forward neither recomputes layers nor shares prefixes. */
+  private dropsOut(opts: ForwardOptions): boolean {
+    return opts.training === true && this.adapter !== null && opts.adapters !== false && this.adapter.config.dropout > 0;
   }
 
   /** Bytes of one layer's gradient tape (layerTapeBytes) a training micro-batch may hold; undefined:

@@ -118,8 +118,12 @@ export class BaseWeight {
     return f(ids) as tf.Tensor2D;
   }
 
-  /** dy [N, out] · wᵀ → [N, in] (the input gradient of a product with this frozen matrix). Call inside tf.tidy. */
+  /** dy [N, out] · wᵀ → [N, in] (the input gradient of a product with this frozen matrix). A matrix held
+   *  [out, in] is multiplied as it is (value() would transpose it: 544 MB for the 0.5B head). Call
+   *  inside tf.tidy. */
   backward(dy: tf.Tensor2D): tf.Tensor2D {
+    const left = this.left ?? (this.unpacked?.left ? this.unpacked.w : null);
+    if (left) return tf.matMul(dy, left);
     if (!this.parts) return matMulBT(dy, this.value());
     let off = 0;
     return sumOf(

@@ -84,6 +84,18 @@ describe("unpackBase", () => {
     m.dispose();
   });
 
+  it("a model wrapper passes on how the model shares prefixes and how many rows it trains at once", async () => {
+    const m = await loadModel(FIX, { quantize: "nf4" });
+    const d = new DelegatingLM(m);
+    expect(d.sharePrefixes).toBe(true);
+    m.sharePrefixes = false;
+    expect(d.sharePrefixes).toBe(false);
+    m.trainLayerBytes = 1e6;
+    expect(d.trainRowsFor(100)).toBe(m.trainRowsFor(100));
+    expect(d.trainRowsFor(100)).toBeLessThan(m.trainRowsFor(10));
+    m.dispose();
+  });
+
   it("does nothing for an f32 base or with unpackForGeneration off", async () => {
     const f32 = await loadModel(FIX);
     const n = tf.memory().numTensors;

@@ -87,4 +87,33 @@ describe("frozen base weights (wasm)", () => {
       tf.dispose([x, w, dy, value, grads]);
     }
   });
+
+  it("backward (dy · wᵀ) of a weight held [out, in], f32 or quantized and unpacked so, multiplies it as held: no transpose, the product's bits", async () => {
+    const inDim = 40,
+      outDim = 24,
+      data = randn(inDim * outDim, 6); // [in, out]
+    const outIn = new Float32Array(outDim * inDim);
+    for (let i = 0; i < inDim; i++) for (let o = 0; o < outDim; o++) outIn[o * inDim + i] = data[i * outDim + o];
+    const q = BaseWeight.fromFloat32(data, inDim, outDim, "int8");
+    q.unpack(true);
+    const dy = tf.tensor2d(randn(7 * outDim, 7), [7, outDim]);
+    for (const [what, w] of [
+      ["f32 [out, in]", BaseWeight.frozenLeft(outIn, inDim, outDim)],
+      ["int8 unpacked [out, in]", q],
+    ] as const) {
+      const before = tf.memory().numTensors;
+      let got: tf.Tensor2D | null = null;
+      const info = await tf.profile(() => {
+        got = tf.tidy(() => w.backward(dy));
+      });
+      expect(info.kernelNames, what).not.toContain("Transpose");
+      const want = tf.tidy(() => tf.matMul(dy, tf.transpose(w.value()))); // [7, out] · [out, in]
+      expect(got!.shape).toEqual([7, inDim]);
+      expect(Array.from(got!.dataSync()), what).toEqual(Array.from(want.dataSync()));
+      tf.dispose([got!, want]);
+      expect(tf.memory().numTensors, what).toBe(before);
+      w.dispose();
+    }
+    dy.dispose();
+  });
 });
