@@ -10,8 +10,8 @@ export interface BackendProfile {
    *  operand. wasm: XNNPACK caches a packed copy of every right-hand weight, which a 2 GB model cannot
    *  afford inside the 4 GiB heap (weight.ts). Other backends cache nothing: never. */
   leftLayoutBytes: number;
-  /** Rows × vocab floats of logits materialised at once when computing token log-probs (each chunk's
-   *  forward and backward hold ~7 such tensors). */
+  /** Rows × vocab floats of logits materialised at once when computing token log-probs (a frozen
+   *  head's chunk holds two such tensors, a trainable head's forward and backward ~7). */
   logitChunkFloats: number;
   /** Largest tensor, in floats, one kernel may read or write; bigger weights are split (0.5B's
    *  embedding is 544 MB; a software adapter binds 128 MiB). Infinity where there is no such limit. */
@@ -52,7 +52,7 @@ export const PREFILL_BYTES = 512 * 2 ** 20;
 
 const CPU: BackendProfile = {
   leftLayoutBytes: 2 ** 30,
-  logitChunkFloats: 10 * 1024 * 1024,
+  logitChunkFloats: 20 * 1024 * 1024,
   maxBindingFloats: Infinity,
   exactIntGather: true,
   matMulForm: "flags",

@@ -24,10 +24,10 @@ import type { BaseWeight } from "./weight.ts";
  *  backend profile's logitChunkFloats allow). */
 export function headLogprobs(head: BaseWeight, h: tf.Tensor2D, targets: number[], V: number, chunkRows?: number): tf.Tensor2D {
   const H = h.shape[1];
-  // Rows of logits materialised at once (wasm: 10M floats, 40 MB per chunk; the forward and
-  // backward of a chunk hold ~7 such tensors: ~280 MB, 64 rows of the 0.5B vocab: its head product
-  // ran at 34 GFLOP/s on 2 threads with the 24 rows of a 4M chunk, 64 with 64 rows, which repay
-  // packing the [896, 151936] weight panel by panel).
+  // Rows of logits materialised at once (wasm: 20M floats, 80 MB per chunk, 136 rows of the 0.5B
+  // vocab; a frozen head's chunk holds two such tensors, the logits and their gradient, a trainable
+  // one's forward and backward ~7). The 0.5B head's two products per row on 2 threads, GFLOP/s: 24
+  // rows ~34, 64 rows 48.6–49.1, 128 rows 52.6–55.9, 256 rows 55.4–59.2, 512 rows 57.8.
   // (a multiple of 8 rows where it can be: the wasm kernel's row and column blocks are whole then)
   const fit = Math.max(1, Math.floor(backendProfile().logitChunkFloats / V)),
     rows = chunkRows ?? (fit >= 8 ? fit - (fit % 8) : fit);
