@@ -477,7 +477,12 @@ function packBytes(K: number): number {
  *  makes ~100 of them, most within a fraction of a millisecond of the last. */
 const SPIN_MS = 0.2;
 
+/** The helpers' source: the job functions of this file as the running code sees them
+ *  (Function.toString). Where they run through esbuild (tsx, vitest), a named inner function comes
+ *  out wrapped as __name(fn, "name"), so the helpers define __name; an imported binding may come out
+ *  renamed, so job functions call nothing imported. */
 const HELPER = `
+const __name = (f) => f;
 const { workerData } = require("node:worker_threads");
 const { memory, bytes, mr, ctrl, index } = workerData;
 const k = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports;
@@ -495,9 +500,18 @@ for (;;) {
   Atomics.wait(c, ${SEQ}, seq);
   seq = Atomics.load(c, ${SEQ});
   const at = (i) => Atomics.load(u, ${ARGS} + i);
-  if (at(9) === ${JOB_GEMM}) part(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), claim);
-  else if (at(9) === ${JOB_GEMM_SLICES}) slicesPart(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), at(10), at(11), at(12), claim);
-  else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6), at(5), at(7), at(8));
+  try {
+    if (at(9) === ${JOB_GEMM}) part(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), claim);
+    else if (at(9) === ${JOB_GEMM_SLICES}) slicesPart(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), at(10), at(11), at(12), claim);
+    else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6), at(5), at(7), at(8));
+  } catch (err) {
+    // Marked failed before answering: the caller, blocked in Atomics.wait, never runs the worker's
+    // "error" event, so it reads the failure here and throws instead of waiting forever.
+    Atomics.sub(c, ${READY}, 1 << 20);
+    Atomics.add(c, ${DONE}, 1);
+    Atomics.notify(c, ${DONE});
+    throw err;
+  }
   Atomics.add(c, ${DONE}, 1);
   Atomics.notify(c, ${DONE});
 }`;
@@ -515,7 +529,10 @@ function startPool(memory: WasmMemory, bytes: Uint8Array, mr: number, size: numb
   for (let index = 1; index <= size; index++) {
     const w = new Worker(HELPER, { eval: true, workerData: { memory, bytes, mr, ctrl: ctrl.buffer, index } });
     w.unref();
-    w.on("error", () => Atomics.sub(ctrl, READY, 1 << 20)); // a failed helper: no more parallel products
+    w.on("error", (err) => {
+      Atomics.sub(ctrl, READY, 1 << 20); // a failed helper: no more parallel products
+      process.stderr.write(`wasm kernels: helper thread ${index} failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    });
   }
   return { ctrl, args: new Uint32Array(ctrl.buffer), size };
 }
@@ -622,9 +639,11 @@ function fanOut(pool: Pool, args: number[], own: () => void): void {
   // Every helper answers, including those with no part this time (index ≥ parts).
   for (const until = performance.now() + SPIN_MS; Atomics.load(ctrl, DONE) < pool.size && performance.now() < until;);
   for (let d = Atomics.load(ctrl, DONE); d < pool.size; d = Atomics.load(ctrl, DONE)) {
-    if (Atomics.load(ctrl, READY) < 0) throw new Error("wasm kernels: a helper thread failed");
+    if (Atomics.load(ctrl, READY) < 0) break;
     Atomics.wait(ctrl, DONE, d, 1000);
   }
+  // A helper that failed (its job threw, or it never started) left its part undone.
+  if (Atomics.load(ctrl, READY) < 0) throw new Error("wasm kernels: a helper thread failed");
 }
 
 const ready = (pool: Pool | null): pool is Pool => pool !== null && Atomics.load(pool.ctrl, READY) === pool.size;
