@@ -531,7 +531,9 @@ function startPool(memory: WasmMemory, bytes: Uint8Array, mr: number, size: numb
     w.unref();
     w.on("error", (err) => {
       Atomics.sub(ctrl, READY, 1 << 20); // a failed helper: no more parallel products
-      process.stderr.write(`wasm kernels: helper thread ${index} failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+      process.stderr.write(
+        `wasm kernels: helper thread ${index} failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`,
+      );
     });
   }
   return { ctrl, args: new Uint32Array(ctrl.buffer), size };
