@@ -1,4 +1,5 @@
-/** The wasm kernel of draw.ts (MarlDrawRows): heap.ts heapDrawRows on the logits where they lie. */
+/** The wasm kernel of draw.ts (MarlDrawRows): heap.ts heapDrawRows on the logits where they lie,
+ *  straight into the output tensor (int32 [B, 4]: per row two float64, the token and its log-prob). */
 import type * as tf from "@tensorflow/tfjs";
 import { DRAW_ROWS, type DrawRowsAttrs } from "./draw.ts";
 import { heapDrawRows } from "./heap.ts";
@@ -14,15 +15,8 @@ export function registerWasmDraw(): void {
         const [B, V] = logits.shape;
         if (us.length !== B) throw new Error(`draw: ${us.length} uniforms for ${B} rows of logits`);
         const b = backend as Backend;
-        const draws = heapDrawRows(b, heapOffset(b, logits), B, V, temperature, us);
-        const out = b.makeOutput([B, 3], "int32") as tf.TensorInfo;
-        const o = b.typedArrayFromHeap(out) as Int32Array, // after every allocation
-          f = new Float64Array(1),
-          w = new Int32Array(f.buffer);
-        draws.forEach((d, r) => {
-          f[0] = d.logprob;
-          o.set([d.token, w[0], w[1]], 3 * r);
-        });
+        const out = b.makeOutput([B, 4], "int32") as tf.TensorInfo;
+        heapDrawRows(b, heapOffset(b, logits), B, V, temperature, us, heapOffset(b, out));
         return out;
       },
     ["wasm"],

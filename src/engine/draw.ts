@@ -2,8 +2,8 @@
  *  host path): on wasm the heap module draws the rows where they are, split over its threads
  *  (heap.ts drawRows: the arithmetic of sample-row.ts's id walk, so the same tokens and log-probs),
  *  where reading 32 × 151,936 logits and drawing on one thread took ~150 ms a decode step.
- *  The kernel (MarlDrawRows) returns int32 [B, 3] per row: the token, then the float64 log-prob's two
- *  32-bit words (little-endian), so the log-prob arrives exact. It is registered with the wasm
+ *  The kernel (MarlDrawRows) returns int32 [B, 4]: per row two float64 (the token, then its log-prob)
+ *  as 32-bit words, so the log-prob arrives exact. It is registered with the wasm
  *  kernels (backend.ts registerWasmExtras → registerWasmDraw); this file imports no backend, so the
  *  sampler can ask for it under any. */
 import * as tf from "@tensorflow/tfjs";
@@ -28,11 +28,6 @@ export async function drawWholeRows(
   const out = tf.engine().runKernel(DRAW_ROWS, { logits }, attrs as unknown as tf.NamedAttrMap) as tf.Tensor2D;
   const words = (await out.data()) as Int32Array;
   out.dispose();
-  const f = new Float64Array(1),
-    w = new Int32Array(f.buffer);
-  return us.map((_, b) => {
-    w[0] = words[3 * b + 1];
-    w[1] = words[3 * b + 2];
-    return { token: words[3 * b], logprob: f[0] };
-  });
+  const f = new Float64Array(Int32Array.from(words).buffer); // a copy at offset 0: aligned for float64
+  return us.map((_, b) => ({ token: f[2 * b], logprob: f[2 * b + 1] }));
 }

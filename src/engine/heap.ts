@@ -824,31 +824,18 @@ function drawRows(buf: ArrayBufferLike, x: number, V: number, p: number, out: nu
 }
 
 /** Draws one token per row of logits [rows, V] (float32 at heap offset x) at temperature T with one
- *  uniform per row, rows split over the helper threads: drawRows. Token −1: the row has no finite
- *  largest logit. */
-export function heapDrawRows(
-  backend: unknown,
-  x: number,
-  rows: number,
-  V: number,
-  T: number,
-  us: number[],
-): { token: number; logprob: number }[] {
+ *  uniform per row, rows split over the helper threads: drawRows, into out (float64 [rows, 2]: the
+ *  token, −1 where the row has no finite largest logit, and its log-prob; 8-byte aligned). */
+export function heapDrawRows(backend: unknown, x: number, rows: number, V: number, T: number, us: number[], out: number): void {
+  if (out % 8) throw new Error(`heap draw: the output at byte ${out} is not 8-byte aligned for float64`);
   const e = heapEngine(backend),
-    p = e.malloc(8 * (1 + rows)) >>> 0,
-    out = p ? e.malloc(16 * rows) >>> 0 : 0;
-  if (!out) {
-    if (p) e.free(p);
-    throw new Error(`heap draw: could not allocate ${24 * rows + 8} bytes`);
-  }
+    p = e.malloc(8 * (1 + rows)) >>> 0;
+  if (!p) throw new Error(`heap draw: could not allocate ${8 * (1 + rows)} bytes`);
   try {
     new Float64Array(e.memory.buffer, p, 1 + rows).set([T, ...us]);
     splitJob(e, JOB_DRAW, rows, rows * V, x, p, out, rows, V);
-    const o = new Float64Array(e.memory.buffer, out, 2 * rows);
-    return Array.from({ length: rows }, (_, r) => ({ token: o[2 * r], logprob: o[2 * r + 1] }));
   } finally {
     e.free(p);
-    e.free(out);
   }
 }
 
