@@ -38,10 +38,9 @@ const XWT_ROWS = 64;
  *  x is repacked and the product runs over w's rows in place (on wasm stored transposed as it goes). */
 export function matMulXWT(x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D {
   if (!flags()) return flagsFor(x.shape[1]) ? tf.matMul(x, w, false, true) : tf.transpose(tf.matMul(w, tf.transpose(x)));
-  if (x.shape[0] > XWT_ROWS) return tf.matMul(x, w, false, true);
-  if (tf.getKernel(XWT, tf.getBackend()) && x.dtype === "float32" && w.dtype === "float32")
+  if (x.shape[0] <= XWT_ROWS && x.dtype === "float32" && w.dtype === "float32" && tf.getKernel(XWT, tf.getBackend()))
     return tf.engine().runKernel(XWT, { x, w }) as tf.Tensor2D;
-  return tf.transpose(tf.matMul(w, x, false, true));
+  return x.shape[0] >= 64 ? tf.matMul(x, w, false, true) : tf.transpose(tf.matMul(w, x, false, true));
 }
 
 /** a [M, K] · b [K, N], differentiable in both. */

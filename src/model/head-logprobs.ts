@@ -38,7 +38,7 @@ export function headLogprobs(head: BaseWeight, h: tf.Tensor2D, targets: number[]
   const frozen: { logits: (hh: tf.Tensor2D) => tf.Tensor2D; back: (dl: tf.Tensor2D) => tf.Tensor2D } | null = head.isVariable
     ? null
     : left
-      ? { logits: (hh) => matMulXWT(hh, left), back: (dl) => tf.matMul(dl, left) }
+      ? { logits: (hh) => matMulXWT(hh, left), back: (dl) => head.backward(dl) }
       : head.parts
         ? { logits: (hh) => head.matmul(hh), back: (dl) => head.backward(dl) }
         : { logits: (hh) => tf.matMul(hh, w!), back: (dl) => matMulBT(dl, w!) };
