@@ -1,6 +1,6 @@
 /** The row kernels the wasm heap module fused, as WGSL programs on the webgpu backend: RMSNorm and
  *  its gradient, SwiGLU and its gradient, attention's softmax and its gradient, RoPE and its
- *  gradient, a decode step's q/k/v heads with RoPE, and a row's log p(target), entropy and logits gradient over the vocabulary. Through
+ *  gradient, a decode step's q/k/v heads with RoPE, a row's log p(target), entropy and logits gradient over the vocabulary, and a whole-vocabulary draw. Through
  *  tfjs ops each was 4–15 dispatches and as many passes over its tensor; here each is one (RMSNorm's
  *  gradient three, the decode heads three). A row reduction runs one workgroup per row (a tree sum in
  *  workgroup memory, float32); element-wise kernels one thread per output. Sizes are compiled into
@@ -13,6 +13,7 @@
 import type * as tf from "@tensorflow/tfjs";
 import * as tfjs from "@tensorflow/tfjs";
 import { BLOCK_DIAG } from "./block-diag.ts";
+import { DRAW_ROWS, type DrawRowsAttrs } from "./draw.ts";
 import { registerKernel, type Backend } from "./kernels.ts";
 import { DLOGITS, LOGP } from "./logprob.ts";
 import { RMS_NORM, RMS_NORM_GRAD } from "./rmsnorm.ts";
@@ -523,6 +524,103 @@ function blockDiagProgram(u: WebgpuModule["webgpu_util"], r: number, outs: numbe
   );
 }
 
+/** A whole-vocabulary draw per row (draw.ts): the id walk of rollout/sample-row.ts, one workgroup per
+ *  row. Weights exp((x − max)/T) (0 below −40, NaN ignored) are float32; every sum of them (over
+ *  256 contiguous chunks of ids, the chunks' running sums, the normaliser, the target u·Σ and the
+ *  walk) is carried in double-float32 (a value and its rounding error), so the walk crosses where the
+ *  host's float64 walk does: float32 alone resolves a cumulative sum to ~1e-7 of it, about a token's
+ *  share of a flat 152k-token row, and drew a neighbour in ~1 of 200 such draws. The one thread
+ *  owning the chunk the target falls in walks its ids. us holds per row u as two
+ *  float32 (u = hi + lo). Output [B, 2]: the token (−1 where the row has no finite largest logit)
+ *  and its log-prob (x − max)/T − log Σ, in float32. */
+function drawProgram(u: WebgpuModule["webgpu_util"], B: number, V: number, T: number) {
+  const wg = 256,
+    C = Math.ceil(V / wg);
+  return new RowProgram(
+    u,
+    "draw",
+    ["x", "us"],
+    [B, 2],
+    { rows: B, wg },
+    `${rowPrelude(wg, B)}
+  var<workgroup> sums: array<vec2<f32>, ${wg}>;
+  var<workgroup> pre: array<vec2<f32>, ${wg + 1}>;
+  var<workgroup> pick: i32;
+  var<workgroup> rem: vec2<f32>;
+  fn wt(v: f32, m: f32) -> f32 {
+    let z = (v - m) / ${f32(T)};
+    if (z > -40.0) { return exp(z); }
+    return 0.0;
+  }
+  fn twoSum(a: f32, b: f32) -> vec2<f32> {
+    let s = a + b;
+    let bb = s - a;
+    return vec2<f32>(s, (a - (s - bb)) + (b - bb));
+  }
+  fn norm(a: f32, b: f32) -> vec2<f32> {
+    let s = a + b;
+    return vec2<f32>(s, b - (s - a));
+  }
+  fn ddAdd(a: vec2<f32>, b: f32) -> vec2<f32> {
+    let s = twoSum(a.x, b);
+    return norm(s.x, s.y + a.y);
+  }
+  fn ddAdd2(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let s = twoSum(a.x, b.x);
+    return norm(s.x, s.y + (a.y + b.y));
+  }
+  fn ddLess(a: vec2<f32>, b: vec2<f32>) -> bool { return a.x < b.x || (a.x == b.x && a.y < b.y); }
+  fn main(index: i32) {
+    let o = row() * ${V};
+    var m = -3.4028234663852886e38;
+    for (var j = i32(localIndex); j < ${V}; j += ${wg}) { let v = x[o + j]; if (v > m) { m = v; } }
+    m = reduceMax(m);
+    let j0 = i32(localIndex) * ${C};
+    let j1 = min(${V}, j0 + ${C});
+    var s = vec2<f32>(0.0, 0.0);
+    for (var j = j0; j < j1; j++) { s = ddAdd(s, wt(x[o + j], m)); }
+    sums[localIndex] = s;
+    workgroupBarrier();
+    if (localIndex == 0u) {
+      var acc = vec2<f32>(0.0, 0.0);
+      for (var t = 0; t < ${wg}; t++) { pre[t] = acc; acc = ddAdd2(acc, sums[t]); }
+      pre[${wg}] = acc;
+      let uh = us[row() * 2];
+      let ul = us[row() * 2 + 1];
+      let p = uh * acc.x;
+      let tgt = norm(p, fma(uh, acc.x, -p) + (uh * acc.y + ul * acc.x));
+      var c = 0;
+      for (var t = 0; t < ${wg}; t++) {
+        if (sums[t].x > 0.0) {
+          c = t;
+          if (ddLess(tgt, pre[t + 1])) { break; }
+        }
+      }
+      pick = c;
+      let d = twoSum(tgt.x, -pre[c].x);
+      rem = norm(d.x, d.y + (tgt.y - pre[c].y));
+    }
+    workgroupBarrier();
+    if (rowOk() && i32(localIndex) == pick) {
+      var walked = vec2<f32>(0.0, 0.0);
+      var tok = j0;
+      for (var j = j0; j < j1; j++) {
+        let w = wt(x[o + j], m);
+        if (w > 0.0) {
+          walked = ddAdd(walked, w);
+          tok = j;
+          if (ddLess(rem, walked)) { break; }
+        }
+      }
+      let total = pre[${wg}].x + pre[${wg}].y;
+      let finite = m > -3.4028234663852886e38 && m < 3.4028234663852886e38;
+      result[row() * 2] = select(-1.0, f32(tok), finite);
+      result[row() * 2 + 1] = (x[o + tok] - m) / ${f32(T)} - log(total);
+    }
+  }`,
+  );
+}
+
 /** Register the row kernels for the webgpu backend (once the package is loaded). */
 export function registerWebgpuRows(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
@@ -530,6 +628,27 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
   const on = ["webgpu"];
   const rowsOf = (t: tf.TensorInfo) => t.shape.slice(0, -1).reduce((a, d) => a * d, 1);
   const last = (t: tf.TensorInfo) => t.shape[t.shape.length - 1];
+  registerKernel(
+    DRAW_ROWS,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { logits } = inputs as { logits: tf.TensorInfo };
+        const { temperature, us } = attrs as unknown as DrawRowsAttrs;
+        const [B, V] = logits.shape;
+        if (us.length !== B) throw new Error(`draw: ${us.length} uniforms for ${B} rows of logits`);
+        const hiLo = new Float32Array(2 * B);
+        us.forEach((x, b) => {
+          hiLo[2 * b] = Math.fround(x);
+          hiLo[2 * b + 1] = x - hiLo[2 * b];
+        });
+        const b = backend as Backend;
+        const uv = b.makeTensorInfo([B, 2], "float32", hiLo) as tf.TensorInfo;
+        const out = run(b, drawProgram(u, B, V, temperature), [logits, uv]);
+        b.disposeData(uv.dataId);
+        return out;
+      },
+    on,
+  );
   registerKernel(
     K.rmsNorm,
     () =>

@@ -6,18 +6,21 @@
  *  (after temperature, top-k and top-p renormalisation; the "old policy" log-prob) and the plain
  *  log_softmax(logits / T) value (what the trainer recomputes).
  *
- *  Two paths, the same distribution, different draws for a seed (one uniform per sampled row, in row
- *  order, on both):
+ *  Three paths, the same distribution, different draws for a seed (one uniform per sampled row, in row
+ *  order, on all):
  *  - host (wasm, cpu): read the logits [B, V] once and draw each row in JS, walking ids (sample-row.ts's
- *    "id" walk): the same tokens for a seed as every earlier version. On wasm a draw over the whole
- *    vocabulary (a temperature, no top-k or top-p) reads nothing: the same arithmetic runs on the
- *    logits where they are, rows split over the heap module's threads (engine/draw.ts; 32 rows
- *    of 151,936 took ~150 ms a step on one thread). On wasm and cpu that read is a
+ *    "id" walk): the same tokens for a seed as every earlier version. On wasm and cpu that read is a
  *    copy of memory the engine already holds, and a JS pass beats tfjs' reductions (at B 32 ×
  *    V 151,669 on 2 cores: logSumExp ~150 ms and topk ~30 ms on wasm, ~900 / ~700 ms on cpu; read + JS
  *    ~130 ms).
- *  - candidates (webgpu, where a read is a transfer and a sync): draws walk ranks ("rank" walk), since
- *    only the most likely tokens reach the host. The device computes per row the top K logits with
+ *  - a draw over the whole vocabulary (a temperature, no top-k or top-p: the rollouts' default) where
+ *    the logits lie, on wasm and webgpu (engine/draw.ts): the id walk again, nothing or B·2 floats
+ *    read. On wasm the host walk's float64 arithmetic, rows split over the heap module's threads (32
+ *    rows of 151,936 took ~150 ms a step on one thread): the host path's tokens and log-probs. On
+ *    webgpu one workgroup per row in float32 with double-float32 running sums: the host's tokens
+ *    unless a draw lands within float32 rounding of a boundary, log-probs to ~1e-6.
+ *  - candidates (webgpu's greedy, top-k and top-p draws, where a read is a transfer and a sync): draws
+ *    walk ranks ("rank" walk), since only the most likely tokens reach the host. The device computes per row the top K logits with
  *    their ids, the normaliser's part below them (Σ exp((x − max)/T) over x < the K-th value) and the
  *    count of ties at the K-th value; one read of B·(2 + 2K) floats (K = 64: 17 KB at B 32, instead of
  *    19 MB of logits). The host adds the candidates' weights in float64 and draws with the rank walk's
@@ -26,7 +29,7 @@
  *    read. Token ids are the rank walk's on the host (`walk: "rank"`, what the tests compare with); the
  *    tail of the normaliser is summed in float32 instead of float64, so log-probs agree to ~1e-6 and a
  *    draw within ~1e-7 of a boundary could in principle go the other way. So webgpu's tokens for a seed
- *    differ from wasm's outside greedy and top-k (as float rounding alone would make them anyway).
+ *    differ from wasm's on top-p draws (as float rounding alone would make them anyway).
  *    GRPO recomputes its old log-probs with the trainer's forward (trainer/grpo.ts); these are the
  *    logged sampling log-probs. */
 import * as tf from "@tensorflow/tfjs";
@@ -57,11 +60,12 @@ export interface SampleResult {
 }
 
 export interface SampleOptions {
-  /** Draw from candidates computed on the device. Default: the backend profile's `deviceSampling`. */
+  /** Draw from candidates computed on the device. Default: the backend profile's `deviceSampling`,
+   *  where a whole-vocabulary draw still goes to the backend's draw kernel; true: candidates always. */
   onDevice?: boolean;
   /** The host path's walk: "id" (default: the host sampler's own draws) or "rank" (the device path's
    *  draws, computed from the whole rows: the reference the tests compare the device path with). The
-   *  device path always walks ranks. */
+   *  candidate path always walks ranks; "rank" also keeps a whole-vocabulary draw off the kernel. */
   walk?: Walk;
 }
 
@@ -76,23 +80,18 @@ export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, 
   const [B, V] = logits.shape;
   const us = Array.from({ length: B }, () => uniformFor(params, rng)); // row order, as the host path draws
   const onDevice = opts.onDevice ?? backendProfile().deviceSampling;
-  const { draws, floats } = onDevice
-    ? await fromCandidates(logits, params, us)
-    : { draws: new Array<RowDraw | null>(B).fill(null), floats: 0 };
-
-  const rest = draws.flatMap((d, b) => (d === null ? [b] : []));
-  const walk = onDevice ? "rank" : (opts.walk ?? "id");
   const whole = params.temperature > 0 && !(params.topK ?? 0) && (params.topP ?? 1) === 1;
-  const onBackend = rest.length === B && walk === "id" && whole ? await drawWholeRows(logits, params.temperature, us) : null;
-  if (onBackend) {
-    // wasm: the whole-row draws ran where the logits are (engine/draw.ts; the host walk's arithmetic:
-    // the same tokens and log-probs); a row without a finite largest logit is left to sampleRow,
-    // which says what is wrong.
-    onBackend.forEach((d, b) => {
-      if (d.token >= 0) draws[b] = d;
-    });
-    rest.splice(0, B, ...draws.flatMap((d, b) => (d === null ? [b] : [])));
-  }
+  // A whole-vocabulary draw walks ids where the logits lie, on a backend with the kernel (wasm: the
+  // host walk's arithmetic; webgpu: the same walk in float32), unless the candidates are asked for.
+  const byKernel =
+    whole && opts.onDevice !== true && (opts.walk ?? "id") === "id" ? await drawWholeRows(logits, params.temperature, us) : null;
+  const { draws, floats } = byKernel
+    ? { draws: byKernel.draws.map((d) => (d.token >= 0 ? d : null)), floats: byKernel.readFloats } // −1: sampleRow says what is wrong
+    : onDevice
+      ? await fromCandidates(logits, params, us)
+      : { draws: new Array<RowDraw | null>(B).fill(null), floats: 0 };
+  const walk = onDevice && !byKernel ? "rank" : (opts.walk ?? "id");
+  const rest = draws.flatMap((d, b) => (d === null ? [b] : []));
   if (rest.length > 0) {
     const sub = tf.tidy(() => {
       const x = rest.length === B ? logits : tf.gather(logits, rest);
