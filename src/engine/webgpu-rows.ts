@@ -17,6 +17,7 @@ import { DRAW_ROWS, type DrawRowsAttrs } from "./draw.ts";
 import { registerKernel, type Backend } from "./kernels.ts";
 import { DLOGITS, LOGP } from "./logprob.ts";
 import { RMS_NORM, RMS_NORM_GRAD } from "./rmsnorm.ts";
+import { setWebgpuSlotWriter } from "./slot-write.ts";
 import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD } from "./heads.ts";
 import { ROPE, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
 import { SOFTMAX, SOFTMAX_GRAD } from "./softmax.ts";
@@ -49,6 +50,8 @@ class RowProgram {
   dispatchLayout: { x: number[] };
   dispatch: [number, number, number];
   shaderKey: string;
+  /** Uniforms of the program's own ("name : type,"), their values passed to runWebGPUProgram. */
+  uniforms?: string;
   constructor(
     util: WebgpuModule["webgpu_util"],
     name: string,
@@ -89,14 +92,14 @@ const wgFor = (width: number) => (width >= 2048 ? 256 : 64);
 
 /** The row index (workgroups past the last row, from a dispatch tfjs reshaped to 2-D or 3-D, compute
  *  row rows − 1 again and write nothing: barriers need every thread) and tree reductions. */
-const rowPrelude = (wg: number, rows: number) => `
+const rowPrelude = (wg: number, rows: number | string) => `
   const WG = ${wg}u;
   var<workgroup> red: array<f32, ${wg}>;
   fn rowIndex() -> i32 {
     return i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x);
   }
   fn rowOk() -> bool { return rowIndex() < ${rows}; }
-  fn row() -> i32 { return min(rowIndex(), ${rows - 1}); }
+  fn row() -> i32 { return min(rowIndex(), ${rows} - 1); }
   fn reduceSum(v: f32) -> f32 {
     red[localIndex] = v;
     workgroupBarrier();
@@ -245,7 +248,9 @@ function swigluGradProgram(u: WebgpuModule["webgpu_util"], N: number, I: number)
   );
 }
 
-/** Softmax over rows of x [R, S]: masked scores (−1e9) get exactly 0. */
+/** Softmax over rows of x [R, S]: masked scores (−1e9) get exactly 0. R and S are read from the
+ *  output's shape uniform, not compiled in: a decode step's attention width grows by one each step,
+ *  and a shader per width was a compile every step. */
 function softmaxProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
   const wg = wgFor(S);
   return new RowProgram(
@@ -254,16 +259,17 @@ function softmaxProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
     ["x"],
     [R, S],
     { rows: R, wg },
-    `${rowPrelude(wg, R)}
+    `${rowPrelude(wg, "uniforms.outShape[0]")}
     fn main(index: i32) {
-      let o = row() * ${S};
+      let S = uniforms.outShape[1];
+      let o = row() * S;
       var m = -3.402823e+38;
-      for (var j = i32(localIndex); j < ${S}; j += ${wg}) { m = max(m, x[o + j]); }
+      for (var j = i32(localIndex); j < S; j += ${wg}) { m = max(m, x[o + j]); }
       m = reduceMax(m);
       var s = 0.0;
-      for (var j = i32(localIndex); j < ${S}; j += ${wg}) { s += exp(x[o + j] - m); }
+      for (var j = i32(localIndex); j < S; j += ${wg}) { s += exp(x[o + j] - m); }
       let inv = 1.0 / reduceSum(s);
-      if (rowOk()) { for (var j = i32(localIndex); j < ${S}; j += ${wg}) { result[o + j] = exp(x[o + j] - m) * inv; } }
+      if (rowOk()) { for (var j = i32(localIndex); j < S; j += ${wg}) { result[o + j] = exp(x[o + j] - m) * inv; } }
     }`,
   );
 }
@@ -621,11 +627,50 @@ function drawProgram(u: WebgpuModule["webgpu_util"], B: number, V: number, T: nu
   );
 }
 
+/** A KV cache's new position written into the cache's own buffer (slot-write.ts): src's n elements
+ *  to dst[..., i, pos] (keys, dst [..., W]) or, with `rows`, dst[..., pos, :] (values, dst [..., W, D]);
+ *  pos and W are uniforms, so one shader serves every step and width. */
+function slotProgram(u: WebgpuModule["webgpu_util"], dstShape: number[], n: number, rows: boolean) {
+  const r = dstShape.length,
+    D = rows ? dstShape[r - 1] : 1;
+  const p = new RowProgram(
+    u,
+    rows ? "slot_rows" : "slot_cols",
+    ["src"],
+    dstShape,
+    { rows: Math.ceil(n / 64), wg: 64 },
+    `
+    fn main(index: i32) {
+      if (index < ${n}) {
+        let i = index / ${D};
+        result[(i * uniforms.outShape[${rows ? r - 2 : r - 1}] + uniforms.pos) * ${D} + index - i * ${D}] = src[index];
+      }
+    }`,
+  );
+  p.uniforms = "pos : i32,";
+  return p;
+}
+
 /** Register the row kernels for the webgpu backend (once the package is loaded). */
 export function registerWebgpuRows(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
   const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[]) => b.runWebGPUProgram(p, inputs, "float32") as tf.TensorInfo;
   const on = ["webgpu"];
+  setWebgpuSlotWriter((b, dst, src, pos, rows) => {
+    b.runWebGPUProgram(
+      slotProgram(
+        u,
+        dst.shape,
+        src.shape.reduce((a: number, d: number) => a * d, 1),
+        rows,
+      ),
+      [src],
+      "float32",
+      [{ type: "int32", data: [pos] }],
+      dst,
+    );
+    b.tensorMap.get(dst.dataId).values = null; // a copy read back earlier is stale now
+  });
   const rowsOf = (t: tf.TensorInfo) => t.shape.slice(0, -1).reduce((a, d) => a * d, 1);
   const last = (t: tf.TensorInfo) => t.shape[t.shape.length - 1];
   registerKernel(

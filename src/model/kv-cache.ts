@@ -1,10 +1,12 @@
 /** Qwen2's KV cache for incremental decoding: per layer the keys (stored transposed, so q·kᵀ is a
  *  plain matMul) and values of every position so far, the attention mask over them, and each row's
  *  count of real tokens (its next position id). Rows can be selected (finished rollouts dropped).
- *  On wasm a decode step writes its position in place into room held at the end of every layer's
- *  tensors (slot-write.ts), CHUNK positions at a time; attention then reads the whole capacity, the
- *  free slots masked out (zeros under a MASKED bias weigh exactly 0). Elsewhere, and for several new
- *  positions at once, the tensors are exactly as long as the cache and each step concatenates.
+ *  On wasm and webgpu a decode step writes its position in place into room held at the end of every
+ *  layer's tensors (slot-write.ts), CHUNK positions at a time; attention then reads the whole
+ *  capacity, the free slots masked out (zeros under a MASKED bias weigh exactly 0), and its shapes
+ *  stay the same between growths (on webgpu: no buffers or shaders of a new size each step). On
+ *  cpu, and for several new positions at once, the tensors are exactly as long as the cache and
+ *  each step concatenates.
  *  Leaves out: paged or sliding-window caches. */
 import * as tf from "@tensorflow/tfjs";
 import { inPlaceWritable, slotWrites, writeSlot } from "../engine/slot-write.ts";
@@ -70,8 +72,9 @@ export class Qwen2KVCache implements KVCache {
     return this.k[0]?.shape[3] ?? 0;
   }
   /** The key width W every layer of a step of T new positions attends over: the capacity where the
-   *  step writes in place (one position, wasm, room left), a capacity grown by CHUNK (then up to a
-   *  multiple of 8) where it must grow or copy first, and exactly length + T where steps concatenate. */
+   *  step writes in place (one position, wasm or webgpu, room left), a capacity grown by CHUNK (then
+   *  up to a multiple of 8) where it must grow or copy first, and exactly length + T where steps
+   *  concatenate. */
   width(T: number): number {
     const L = this.length,
       W = this.capacity;

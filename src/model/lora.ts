@@ -76,7 +76,10 @@ export class LoraAdapter {
   private readonly uid = ++adapterCount;
   /** Fused factors kept for generation (holdFactors, fusedDelta), by layer and module. */
   private holding = false;
-  private readonly fusedCache = new Map<string, { ids: object[]; a: tf.Tensor2D; b: tf.Tensor2D }>();
+  /** The scaling as a tensor while factors are held: a number would be a new host scalar, uploaded to
+   *  a GPU backend, at every product. */
+  private heldScaling: tf.Scalar | null = null;
+  private readonly fusedCache = new Map<string, { ids: object[]; a: tf.Tensor2D; b: tf.Tensor2D; scaled: boolean }>();
 
   private constructor(
     readonly config: LoraConfig,
@@ -225,7 +228,8 @@ export class LoraAdapter {
       return mm(tf.mul(mm(x, f.a), this.scaling) as tf.Tensor2D, f.b); // [N, k·r] → [N, Σout]
     }
     const c = this.heldFactors(layer, members, pairs, fuse);
-    return tf.matMul(tf.mul(tf.matMul(x, c.a), this.scaling), c.b);
+    const xa = tf.matMul(x, c.a);
+    return tf.matMul(c.scaled ? xa : tf.mul(xa, this.heldScaling ?? this.scaling), c.b);
   }
 
   /** [A₁|A₂|…] [in, k·r] and the block-diagonal B [k·r, Σout] of a fused module's members. */
@@ -277,11 +281,14 @@ export class LoraAdapter {
     if (!c || c.ids.some((id, i) => id !== ids[i])) {
       if (c) tf.dispose([c.a, c.b]);
       // clones: a lone member's A is the variable itself, which the cache must not dispose
+      // A power-of-two scaling goes into B once: (x·A)·(s·B) has the bits of ((x·A)·s)·B (scaling by
+      // 2^k is exact), one product fewer per module and step; any other scaling stays a product.
+      const scaled = 2 ** Math.round(Math.log2(this.scaling)) === this.scaling;
       const f = tf.tidy(() => {
         const t = fuse();
-        return { a: tf.clone(t.a), b: tf.clone(t.b) };
+        return { a: tf.clone(t.a), b: (scaled ? tf.mul(t.b, this.scaling) : tf.clone(t.b)) as tf.Tensor2D };
       });
-      c = { ids, a: tf.keep(f.a), b: tf.keep(f.b) };
+      c = { ids, a: tf.keep(f.a), b: tf.keep(f.b), scaled };
       this.fusedCache.set(key, c);
     }
     return c;
@@ -294,6 +301,7 @@ export class LoraAdapter {
   holdFactors(modules: readonly (readonly LoraTarget[])[] = [], outDim: (m: LoraTarget) => number = () => 0): () => void {
     if (this.holding) return () => {}; // nested: the first hold's release drops them
     this.holding = true;
+    this.heldScaling = tf.keep(tf.scalar(this.scaling));
     // Built now, as unpackBase dequantizes now: the tensors live from hold to release.
     for (let l = 0; l < this.numLayers; l++)
       for (const members of modules) {
@@ -303,6 +311,8 @@ export class LoraAdapter {
     return () => {
       this.holding = false;
       this.dropFactors();
+      this.heldScaling?.dispose();
+      this.heldScaling = null;
     };
   }
 

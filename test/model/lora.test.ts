@@ -23,8 +23,8 @@ const randn = (shape: number[], seed: number) => {
 const maxDiff = (a: tf.Tensor, b: tf.Tensor) => tf.tidy(() => tf.max(tf.abs(tf.sub(a, b))).dataSync()[0]);
 
 /** An adapter on `targets` with B made non-zero (init leaves it zero), plus named access to A/B. */
-function adapter(targets: LoraTarget[], dropout = 0): { ad: LoraAdapter; v: (m: LoraTarget, w: "A" | "B") => tf.Variable } {
-  const ad = LoraAdapter.init(cfg, { r: 4, alpha: 8, dropout, targetModules: targets }, 3);
+function adapter(targets: LoraTarget[], dropout = 0, alpha = 8): { ad: LoraAdapter; v: (m: LoraTarget, w: "A" | "B") => tf.Variable } {
+  const ad = LoraAdapter.init(cfg, { r: 4, alpha, dropout, targetModules: targets }, 3);
   const v = (m: LoraTarget, w: "A" | "B") => ad.variables().find((x) => x.name.includes(`.${m}.lora_${w}#`))!;
   targets.forEach((m, i) => v(m, "B").assign(randn(v(m, "B").shape, 10 + i)));
   return { ad, v };
@@ -88,40 +88,57 @@ describe("LoRA on fused modules", () => {
     ad.dispose();
   });
 
-  it("holds the fused factors for generation: same terms, rebuilt after an assign, released without a leak", async () => {
-    await initBackend("wasm");
-    const { ad, v } = adapter(["q_proj", "v_proj", "o_proj"]);
-    const x = randn([3, cfg.hiddenSize], 1) as tf.Tensor2D;
-    const terms = () =>
-      (["qkv_proj", "o_proj"] as const).map((f) => {
-        const ms = FUSED[f];
-        return tf.tidy(() =>
-          ad.fusedDelta(
-            0,
-            ms,
-            ms.map((m) => moduleDims(cfg, m)[1]),
-            x,
-            false,
-          )!,
-        );
-      });
-    const perMember = () => [
-      tf.tidy(() => tf.concat([ad.delta(0, "q_proj", x, false)!, tf.zeros([3, 16]), ad.delta(0, "v_proj", x, false)!], 1)),
-      tf.tidy(() => ad.delta(0, "o_proj", x, false)!),
-    ];
-    const before = tf.memory().numTensors;
-    const release = ad.holdFactors();
-    for (let round = 0; round < 2; round++) {
-      const [got, ref] = [terms(), perMember()];
-      got.forEach((g, i) => expect(maxDiff(g, ref[i]), `round ${round} term ${i}`).toBeLessThan(1e-5));
-      tf.dispose([...got, ...ref]);
-      tf.tidy(() => v("v_proj", "B").assign(tf.mul(v("v_proj", "B"), 2))); // the held factors must follow
-      tf.tidy(() => v("o_proj", "A").assign(tf.mul(v("o_proj", "A"), -1)));
-    }
-    release();
-    expect(tf.memory().numTensors).toBe(before);
-    expect(v("o_proj", "A").isDisposed).toBe(false);
-    tf.dispose(x);
-    ad.dispose();
-  });
+  // scaling 2 goes into the held B (a power of two: exact), 1.5 stays a product
+  it.each([8, 6])(
+    "holds the fused factors for generation (alpha %d, r 4): the same bits, rebuilt after an assign, released without a leak",
+    async (alpha) => {
+      await initBackend("wasm");
+      const { ad, v } = adapter(["q_proj", "v_proj", "o_proj"], 0, alpha);
+      const x = randn([3, cfg.hiddenSize], 1) as tf.Tensor2D;
+      const terms = () =>
+        (["qkv_proj", "o_proj"] as const).map((f) => {
+          const ms = FUSED[f];
+          return tf.tidy(() =>
+            ad.fusedDelta(
+              0,
+              ms,
+              ms.map((m) => moduleDims(cfg, m)[1]),
+              x,
+              false,
+            )!,
+          );
+        });
+      const perMember = () => [
+        tf.tidy(() => tf.concat([ad.delta(0, "q_proj", x, false)!, tf.zeros([3, 16]), ad.delta(0, "v_proj", x, false)!], 1)),
+        tf.tidy(() => ad.delta(0, "o_proj", x, false)!),
+      ];
+      const before = tf.memory().numTensors;
+      const unheld: Float32Array[][] = [];
+      for (let round = 0; round < 2; round++) {
+        const t = terms();
+        unheld.push(t.map((x) => x.dataSync() as Float32Array));
+        tf.dispose(t);
+        tf.tidy(() => v("v_proj", "B").assign(tf.mul(v("v_proj", "B"), 2)));
+        tf.tidy(() => v("o_proj", "A").assign(tf.mul(v("o_proj", "A"), -1)));
+      }
+      for (let round = 0; round < 2; round++) {
+        tf.tidy(() => v("v_proj", "B").assign(tf.div(v("v_proj", "B"), 2))); // back to the first round's values
+        tf.tidy(() => v("o_proj", "A").assign(tf.mul(v("o_proj", "A"), -1)));
+      }
+      const release = ad.holdFactors();
+      for (let round = 0; round < 2; round++) {
+        const [got, ref] = [terms(), perMember()];
+        got.forEach((g, i) => expect(maxDiff(g, ref[i]), `round ${round} term ${i}`).toBeLessThan(1e-5));
+        got.forEach((g, i) => expect(g.dataSync(), `round ${round} term ${i}: held and unheld bits`).toEqual(unheld[round][i]));
+        tf.dispose([...got, ...ref]);
+        tf.tidy(() => v("v_proj", "B").assign(tf.mul(v("v_proj", "B"), 2))); // the held factors must follow
+        tf.tidy(() => v("o_proj", "A").assign(tf.mul(v("o_proj", "A"), -1)));
+      }
+      release();
+      expect(tf.memory().numTensors).toBe(before);
+      expect(v("o_proj", "A").isDisposed).toBe(false);
+      tf.dispose(x);
+      ad.dispose();
+    },
+  );
 });

@@ -52,8 +52,9 @@ describe("unpackBase", () => {
       const packed = await run();
       const before = tf.memory().numTensors;
       const release = m.unpackBase(left);
-      // per (fused) linear module: one f32 matrix, and the adapter's two held factors (lora.ts holdFactors)
-      const held = 3 * FUSED_MODULES.length * m.config.numHiddenLayers;
+      // per (fused) linear module: one f32 matrix, and the adapter's two held factors (lora.ts
+      // holdFactors); and the adapter's scaling as one tensor
+      const held = 3 * FUSED_MODULES.length * m.config.numHiddenLayers + 1;
       expect(tf.memory().numTensors).toBe(before + held);
       m.unpackBase(); // nested: a no-op
       expect(tf.memory().numTensors).toBe(before + held);
