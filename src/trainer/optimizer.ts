@@ -33,7 +33,9 @@ export async function clipGradNorm(grads: tf.NamedTensorMap, maxNorm: number): P
   if (!Number.isFinite(norm)) throw new NonFiniteError("gradient norm", norm);
   const coef = Math.min(1, maxNorm / (norm + 1e-6));
   const out: tf.NamedTensorMap = {};
-  for (const [name, g] of Object.entries(grads)) out[name] = tf.mul(g, coef);
+  const c = tf.scalar(coef); // one scalar for every product: a number would be one upload each on a GPU
+  for (const [name, g] of Object.entries(grads)) out[name] = tf.mul(g, c);
+  c.dispose();
   return { grads: out, norm };
 }
 
@@ -107,22 +109,38 @@ export class AdamW {
     const bc1 = 1 - this.beta1 ** t;
     const bc2Sqrt = Math.sqrt(1 - this.beta2 ** t);
     const stepSize = lr / bc1;
-    for (const [name, v] of this.vars) {
-      const m0 = this.expAvg.get(name)!;
-      const v0 = this.expAvgSq.get(name)!;
-      const [m1, v1] = tf.tidy(() => {
-        const g = use[name] ?? tf.zerosLike(v);
-        // Decoupled weight decay first, on the pre-update weights: θ ← θ·(1 − lr·wd).
-        const decayed = this.weightDecay === 0 ? v : tf.mul(v, 1 - lr * this.weightDecay);
-        const m = tf.add(tf.mul(m0, this.beta1), tf.mul(g, 1 - this.beta1)); // exp_avg
-        const s = tf.add(tf.mul(v0, this.beta2), tf.mul(tf.square(g), 1 - this.beta2)); // exp_avg_sq
-        const denom = tf.add(tf.div(tf.sqrt(s), bc2Sqrt), this.eps);
-        v.assign(tf.sub(decayed, tf.mul(tf.div(m, denom), stepSize)));
-        return [m, s];
-      });
-      this.expAvg.set(name, m1);
-      this.expAvgSq.set(name, v1);
-      tf.dispose([m0, v0]);
+    // The step's constants as tensors once, shared by every variable: as numbers each product made a
+    // scalar of its own, which a GPU backend uploads through a new buffer (8 per variable).
+    const k = tf.tidy(() => ({
+      decay: tf.scalar(1 - lr * this.weightDecay),
+      beta1: tf.scalar(this.beta1),
+      oneMinusBeta1: tf.scalar(1 - this.beta1),
+      beta2: tf.scalar(this.beta2),
+      oneMinusBeta2: tf.scalar(1 - this.beta2),
+      bc2Sqrt: tf.scalar(bc2Sqrt),
+      eps: tf.scalar(this.eps),
+      stepSize: tf.scalar(stepSize),
+    }));
+    try {
+      for (const [name, v] of this.vars) {
+        const m0 = this.expAvg.get(name)!;
+        const v0 = this.expAvgSq.get(name)!;
+        const [m1, v1] = tf.tidy(() => {
+          const g = use[name] ?? tf.zerosLike(v);
+          // Decoupled weight decay first, on the pre-update weights: θ ← θ·(1 − lr·wd).
+          const decayed = this.weightDecay === 0 ? v : tf.mul(v, k.decay);
+          const m = tf.add(tf.mul(m0, k.beta1), tf.mul(g, k.oneMinusBeta1)); // exp_avg
+          const s = tf.add(tf.mul(v0, k.beta2), tf.mul(tf.square(g), k.oneMinusBeta2)); // exp_avg_sq
+          const denom = tf.add(tf.div(tf.sqrt(s), k.bc2Sqrt), k.eps);
+          v.assign(tf.sub(decayed, tf.mul(tf.div(m, denom), k.stepSize)));
+          return [m, s];
+        });
+        this.expAvg.set(name, m1);
+        this.expAvgSq.set(name, v1);
+        tf.dispose([m0, v0]);
+      }
+    } finally {
+      tf.dispose(Object.values(k));
     }
     if (use !== grads) tf.dispose(Object.values(use));
     return { gradNorm };
