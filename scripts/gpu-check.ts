@@ -69,7 +69,7 @@ await runMain(async () => {
   const grpo = { config: opts.config, ...(await grpoShape(model, GRPO_SHAPES[opts.config])) };
   model.dispose();
   console.log(
-    `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}), update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)})`,
+    `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}; decode ${grpo.decodeSeconds} s, of which ${grpo.stepCallSeconds} s the host encoding the steps and ${grpo.sampleSeconds} s the draws), update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)})`,
   );
 
   const record = {

@@ -278,8 +278,8 @@ export async function profileTop<T>(f: () => Promise<T>, top = 12): Promise<{ va
   return { value: value as T, kernels: list(agg, top), kinds: list(byKind, 2 * top) };
 }
 
-/** Kernels run by one decode step (batch 8 after a 128-token prefill, base unpacked as in rollouts;
- *  without and with LoRA r16 on all 7 modules)
+/** Kernels run by one decode step (batch 8 after a 128-token prefill and one step, base unpacked as
+ *  in rollouts; without and with LoRA r16 on all 7 modules)
  *  and by one training step (LoRA gradients of the mean token log-prob, batch 2 × 256): what the
  *  per-kernel overhead of small models scales with. Also the kinds that occur most in each. On
  *  webgpu also the dispatches (a Reshape or Identity is a kernel but no dispatch) and the bytes read
@@ -291,10 +291,10 @@ export interface StepCounts {
   decodeTop: string;
   trainTop: string;
   /** webgpu only: dispatches per decode step (the model's, without and with LoRA), of its draw (the
-   *  rollout sampler's device path, temperature 1), per training step, and the programs. */
+   *  rollout sampler's, temperature 1), per training step, and the programs. */
   dispatches?: { decode: number; decodeLora: number; draw: number; train: number; decodeTop: string; drawTop: string; trainTop: string };
-  /** webgpu only: bytes read back by a decode step's draw (the model's step reads nothing). With random
-   *  weights the logits are flat, so a draw often falls outside the top candidates and reads its row. */
+  /** webgpu only: bytes read back by a decode step's draw (the model's step reads nothing): B·2
+   *  floats from the whole-vocabulary draw kernel. */
   decodeReadbackBytes?: number;
 }
 
@@ -336,6 +336,14 @@ export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number
       ids.map((r) => r.map(() => 1)),
     );
     logits.dispose();
+    // the first step grows the cache's room (wasm, webgpu: a copy of every layer's keys and values);
+    // the counted one is the next, as 31 of every 32 steps are
+    model
+      .decodeStep(
+        ids.map((r) => r[1]),
+        cache,
+      )
+      .dispose();
     let lg: tf.Tensor2D | null = null;
     const n = await count(() => {
       lg = model.decodeStep(

@@ -35,6 +35,9 @@ export interface GrpoShapeResult {
   prefillSeconds: number;
   decodeSeconds: number; // newTokens − 1 decode steps and every draw
   sampleSeconds: number; // the draws alone (part of prefill's and decode's seconds)
+  /** Time inside the decode steps' calls (part of decodeSeconds): on a GPU backend the host encoding
+   *  the steps' dispatches, which returns before the GPU is done; on wasm the steps themselves. */
+  stepCallSeconds: number;
   rolloutSeconds: number;
   sampledTokensPerS: number; // rows × newTokens ÷ rolloutSeconds
   updateSeconds: number;
@@ -60,6 +63,7 @@ export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts:
   const rng = new Rng(1);
   const generated: number[][] = prompts.map(() => []);
   let sampleSeconds = 0;
+  let stepCallSeconds = 0; // inside decodeStep: on webgpu the host encoding its dispatches, on wasm the step
   const draw = async (lg: tf.Tensor2D) => {
     const t0 = now();
     const { tokens } = await sampleTokens(lg, { temperature: 1 }, rng);
@@ -79,7 +83,9 @@ export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts:
     logits.dispose();
     prefillSeconds = now() - tr;
     for (let t = 1; t < s.newTokens; t++) {
+      const t0 = now();
       const lg = model.decodeStep(tokens, cache);
+      stepCallSeconds += now() - t0;
       tokens = await draw(lg);
       lg.dispose();
     }
@@ -117,6 +123,7 @@ export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts:
     prefillSeconds: round(prefillSeconds),
     decodeSeconds: round(rolloutSeconds - prefillSeconds),
     sampleSeconds: round(sampleSeconds),
+    stepCallSeconds: round(stepCallSeconds),
     rolloutSeconds: round(rolloutSeconds),
     sampledTokensPerS: round((rows * s.newTokens) / rolloutSeconds),
     updateSeconds: round(updateSeconds),
@@ -146,7 +153,7 @@ registerWorkload({
         batch: r.rows,
         tokens: sampled,
         seconds: r.rolloutSeconds,
-        parts: { prefill: r.prefillSeconds, decode: r.decodeSeconds, sample: r.sampleSeconds },
+        parts: { prefill: r.prefillSeconds, decode: r.decodeSeconds, sample: r.sampleSeconds, stepCall: r.stepCallSeconds },
       }),
       ctx.measure({ workload: "grpo_update", batch: r.rows, tokens: r.tokens, seconds: r.updateSeconds, parts: { ...r.update } }),
     ];

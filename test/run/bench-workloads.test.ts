@@ -11,14 +11,15 @@ beforeAll(async () => {
 });
 
 describe("bench workload grpo_step", () => {
-  it("times one small GRPO step: rollouts with prefill, decode and draws apart, the update by part", async () => {
+  it("times one small GRPO step: rollouts with prefill, decode, draws and the step calls apart, the update by part", async () => {
     const ctx = benchContext("small", "nf4", 1, 0, { numHiddenLayers: 1 });
     const n0 = tf.memory().numTensors;
     const [rollouts, update] = await WORKLOADS.find((w) => w.name === "grpo_step")!.run(ctx);
     ctx.dispose();
     expect(tf.memory().numTensors).toBe(n0);
     expect(rollouts).toMatchObject({ workload: "grpo_rollouts", config: "small-1l", quantize: "nf4", batch: 4, tokens: 4 * 8 });
-    expect(Object.keys(rollouts.parts!)).toEqual(["prefill", "decode", "sample"]);
+    expect(Object.keys(rollouts.parts!)).toEqual(["prefill", "decode", "sample", "stepCall"]);
+    expect(rollouts.parts!.stepCall).toBeLessThanOrEqual(rollouts.parts!.decode); // the step calls are part of the decode
     expect(update).toMatchObject({ workload: "grpo_update", batch: 4, tokens: 4 * 8 });
     expect(Object.keys(update.parts!).sort()).toEqual(["backward", "forward", "old", "optimizer", "recompute", "reference"]);
     for (const m of [rollouts, update]) {
