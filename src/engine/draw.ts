@@ -9,6 +9,7 @@
  *    sums in double-float32, so the host walk's tokens but for a draw within float32 rounding of a
  *    boundary; float32 [B, 2] (token, log-prob to ~1e-6): B·2 floats read a step, where the top-64
  *    candidates read B·130 and a flat row (random weights) its whole row.
+ *  Greedy (temperature 0) is the argmax on both, lowest id among equal largest logits, log-prob 0.
  *  This file imports no backend, so the sampler can ask for it under any. */
 import * as tf from "@tensorflow/tfjs";
 
@@ -20,7 +21,8 @@ export interface DrawRowsAttrs {
 }
 
 /** Per row of float32 logits [B, V]: the token drawn with uniform us[b] at `temperature` over the
- *  whole vocabulary, and its log-prob; token −1 for a row without a finite largest logit; and the
+ *  whole vocabulary, and its log-prob (temperature 0: the argmax, lowest id on ties, log-prob 0,
+ *  the uniforms unused); token −1 for a row without a finite largest logit; and the
  *  floats read back from a device (none from the wasm heap). null where the current backend has no
  *  such kernel. */
 export async function drawWholeRows(

@@ -779,7 +779,8 @@ export function heapDequantize(
 
 /** Rows [r0, r1) of a draw from whole rows of logits [rows, V] at byte offset x: per row, the token
  *  of an inverse-CDF draw in id order over softmax(logits / T) with the row's uniform, and its
- *  log-probability, into out (float64 [rows, 2]); p holds float64 T, then one uniform per row. The
+ *  log-probability, into out (float64 [rows, 2]); at T = 0 the argmax (lowest id among equal
+ *  largest logits) and log-prob 0, as sampleRow's greedy; p holds float64 T, then one uniform per row. The
  *  arithmetic of rollout/sample-row.ts sampleRow's whole-vocabulary id walk, step for step (float64
  *  weights from Math.exp, negligible below −40, summed in id order), so the same tokens and
  *  log-probs; a row without a finite largest logit gets token −1 (the caller reports it). A job of
@@ -801,6 +802,11 @@ function drawRows(buf: ArrayBufferLike, x: number, V: number, p: number, out: nu
     if (!(max > -Infinity && max < Infinity)) {
       o[2 * r] = -1;
       o[2 * r + 1] = NaN;
+      continue;
+    }
+    if (T === 0) {
+      o[2 * r] = argmax; // greedy: the first (lowest) id of the largest logit, a certain choice
+      o[2 * r + 1] = 0;
       continue;
     }
     let sum = 0;

@@ -627,6 +627,42 @@ function drawProgram(u: WebgpuModule["webgpu_util"], B: number, V: number, T: nu
   );
 }
 
+/** Greedy per row (draw.ts at temperature 0): the largest logit's lowest id (NaN passed over, as the
+ *  host's argmax), log-prob 0; token −1 where the row has no finite largest logit. Output [B, 2]. */
+function greedyProgram(u: WebgpuModule["webgpu_util"], B: number, V: number) {
+  const wg = 256;
+  return new RowProgram(
+    u,
+    "greedy",
+    ["x"],
+    [B, 2],
+    { rows: B, wg },
+    `${rowPrelude(wg, B)}
+  var<workgroup> at: array<i32, ${wg}>;
+  fn main(index: i32) {
+    let o = row() * ${V};
+    var m = -3.4028234663852886e38;
+    var best = ${V};
+    for (var j = i32(localIndex); j < ${V}; j += ${wg}) {
+      let v = x[o + j];
+      if (v > m) { m = v; best = j; }
+    }
+    let top = reduceMax(m);
+    at[localIndex] = select(${V}, best, m == top);
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+      if (localIndex < s) { at[localIndex] = min(at[localIndex], at[localIndex + s]); }
+      workgroupBarrier();
+    }
+    if (rowOk() && localIndex == 0u) {
+      let finite = top > -3.4028234663852886e38 && top < 3.4028234663852886e38 && at[0] < ${V};
+      result[row() * 2] = select(-1.0, f32(at[0]), finite);
+      result[row() * 2 + 1] = 0.0;
+    }
+  }`,
+  );
+}
+
 /** A KV cache's new position written into the cache's own buffer (slot-write.ts): src's n elements
  *  to dst[..., i, pos] (keys, dst [..., W]) or, with `rows`, dst[..., pos, :] (values, dst [..., W, D]);
  *  pos and W are uniforms, so one shader serves every step and width. */
@@ -687,6 +723,7 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
           hiLo[2 * b + 1] = x - hiLo[2 * b];
         });
         const b = backend as Backend;
+        if (temperature === 0) return run(b, greedyProgram(u, B, V), [logits]);
         const uv = b.makeTensorInfo([B, 2], "float32", hiLo) as tf.TensorInfo;
         const out = run(b, drawProgram(u, B, V, temperature), [logits, uv]);
         b.disposeData(uv.dataId);

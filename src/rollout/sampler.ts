@@ -13,13 +13,13 @@
  *    copy of memory the engine already holds, and a JS pass beats tfjs' reductions (at B 32 ×
  *    V 151,669 on 2 cores: logSumExp ~150 ms and topk ~30 ms on wasm, ~900 / ~700 ms on cpu; read + JS
  *    ~130 ms).
- *  - a draw over the whole vocabulary (a temperature, no top-k or top-p: the rollouts' default) where
- *    the logits lie, on wasm and webgpu (engine/draw.ts): the id walk again, nothing or B·2 floats
- *    read. On wasm the host walk's float64 arithmetic, rows split over the heap module's threads (32
+ *  - a draw over the whole vocabulary (a temperature, no top-k or top-p: the rollouts' default) and
+ *    greedy (the argmax, lowest id on ties: evaluation's default) where the logits lie, on wasm and
+ *    webgpu (engine/draw.ts): the id walk again, nothing or B·2 floats read. On wasm the host walk's float64 arithmetic, rows split over the heap module's threads (32
  *    rows of 151,936 took ~150 ms a step on one thread): the host path's tokens and log-probs. On
  *    webgpu one workgroup per row in float32 with double-float32 running sums: the host's tokens
  *    unless a draw lands within float32 rounding of a boundary, log-probs to ~1e-6.
- *  - candidates (webgpu's greedy, top-k and top-p draws, where a read is a transfer and a sync): draws
+ *  - candidates (webgpu's top-k and top-p draws, where a read is a transfer and a sync): draws
  *    walk ranks ("rank" walk), since only the most likely tokens reach the host. The device computes per row the top K logits with
  *    their ids, the normaliser's part below them (Σ exp((x − max)/T) over x < the K-th value) and the
  *    count of ties at the K-th value; one read of B·(2 + 2K) floats (K = 64: 17 KB at B 32, instead of
@@ -82,9 +82,12 @@ export async function sampleTokens(logits: tf.Tensor2D, params: SamplingParams, 
   const onDevice = opts.onDevice ?? backendProfile().deviceSampling;
   const whole = params.temperature > 0 && !(params.topK ?? 0) && (params.topP ?? 1) === 1;
   // A whole-vocabulary draw walks ids where the logits lie, on a backend with the kernel (wasm: the
-  // host walk's arithmetic; webgpu: the same walk in float32), unless the candidates are asked for.
+  // host walk's arithmetic; webgpu: the same walk in float32), and greedy takes the argmax there
+  // (both walks agree on it), unless the candidates are asked for.
   const byKernel =
-    whole && opts.onDevice !== true && (opts.walk ?? "id") === "id" ? await drawWholeRows(logits, params.temperature, us) : null;
+    (whole || params.temperature === 0) && opts.onDevice !== true && (opts.walk ?? "id") === "id"
+      ? await drawWholeRows(logits, params.temperature, us)
+      : null;
   const { draws, floats } = byKernel
     ? { draws: byKernel.draws.map((d) => (d.token >= 0 ? d : null)), floats: byKernel.readFloats } // −1: sampleRow says what is wrong
     : onDevice

@@ -43,6 +43,23 @@ const PATHS: [string, SampleOptions][] = [
   ["host, rank walk", RANK_REFERENCE],
   ["candidates", { onDevice: true }],
 ];
+describe("greedy on wasm", () => {
+  it("is the heap draw kernel's argmax: sampleRow's tokens (lowest id among equal largest logits), nothing read", async () => {
+    const B = 6,
+      V = 151936;
+    const data = structuredLogits(B, V, 4); // row 3 holds two equal maxima
+    data[2 * V + 9] = NaN;
+    const logits = tf.tensor2d(data, [B, V]);
+    const r = await sampleTokens(logits, { temperature: 0 }, new Rng(0));
+    expect(r.readFloats).toBe(0);
+    expect(r.tokens).toEqual(
+      Array.from({ length: B }, (_, b) => sampleRow(data.subarray(b * V, (b + 1) * V), { temperature: 0 }, 0).token),
+    );
+    expect(r.tokens[3]).toBe(7); // the lower of the two maxima (ids 7 and V − 3)
+    logits.dispose();
+  });
+});
+
 describe.each(PATHS)("sampleTokens (%s)", (_, opts) => {
   const row = [0.5, 2.0, -1.0, 1.2, 0.0];
 

@@ -1,5 +1,5 @@
-/** Sampling on webgpu: a draw over the whole vocabulary (the rollouts' default) runs as one kernel
- *  and reads B·2 floats per step, with the tokens of the host's id walk on wasm; the other draws
+/** Sampling on webgpu: a draw over the whole vocabulary (the rollouts' default) and greedy run as one
+ *  kernel and read B·2 floats per step, with the tokens of the host's id walk on wasm; the other draws
  *  compute each row's candidates on the device and read B·(2 + 2K) floats per step, with the tokens
  *  of the host path's rank walk on wasm, for every option and kind of row, also at Qwen2.5's
  *  vocabulary (151,936 ids: tfjs-webgpu's top-k pads rows to 2^18). */
@@ -56,7 +56,7 @@ function idWalkWindow(row: Float32Array, T: number, tok: number): { lo: number; 
 }
 
 describe.skipIf(!gpu)("sampling on webgpu", () => {
-  it("draws from device candidates when asked (its default for greedy, top-k and top-p), with the host rank walk's tokens on wasm", async () => {
+  it("draws from device candidates when asked (its default for top-k and top-p), with the host rank walk's tokens on wasm", async () => {
     expect(await initBackend("webgpu")).toBe("webgpu");
     registerWasmExtras();
     expect(backendProfile().deviceSampling).toBe(true);
@@ -124,9 +124,30 @@ describe.skipIf(!gpu)("sampling on webgpu", () => {
     expect(same / all).toBeGreaterThan(0.97); // the host's tokens, but for draws at a boundary
   });
 
+  it("greedy is one kernel too: wasm's argmax (lowest id among equal largest logits), B·2 floats read", async () => {
+    for (const [B, V] of [
+      [12, 3000],
+      [12, 151936],
+    ]) {
+      const data = structuredLogits(B, V, 4); // rows 3 and 9 hold two equal maxima
+      data[5 * V + 2] = NaN; // passed over, as the host's argmax does
+      const logits = tf.tensor2d(data, [B, V]);
+      const { value: device, sizes } = await countReads(() => drawSteps(logits, { temperature: 0 }, {}, 1));
+      expect(sizes, `V ${V}`).toEqual([2 * B]);
+      expect(device[0].logprobs).toEqual(new Array(B).fill(0));
+      const host = await onWasm(data, [B, V], { temperature: 0 }, 1, { onDevice: false });
+      expect(device[0].tokens, `V ${V}`).toEqual(host[0].tokens);
+      logits.dispose();
+    }
+    const ties = tf.tensor2d([1, 3, 3, 0, 5, 1, 1, 5, -2, -1, -3, -1.5], [3, 4]);
+    expect((await sampleTokens(ties, { temperature: 0 }, new Rng(0))).tokens).toEqual([1, 0, 1]);
+    ties.dispose();
+  });
+
   it("a row without a finite largest logit is the host's one-line error on the kernel path too", async () => {
     const logits = tf.tensor2d([0, 1, 2, Infinity, NaN, NaN, NaN, NaN], [2, 4]);
     await expect(sampleTokens(logits, { temperature: 1 }, new Rng(0))).rejects.toThrow(/largest logit of a sampled row/);
+    await expect(sampleTokens(logits, { temperature: 0 }, new Rng(0))).rejects.toThrow(/largest logit of a sampled row/);
     logits.dispose();
   });
 
