@@ -232,6 +232,31 @@ export class LoraAdapter {
     return tf.matMul(c.scaled ? xa : tf.mul(xa, this.heldScaling ?? this.scaling), c.b);
   }
 
+  /** y + fusedDelta (y itself when no member has an adapter). While the factors are held on webgpu,
+   *  the sum is the last product's epilogue (tfjs' fused matMul with y as its bias): one dispatch
+   *  fewer per fused module and decode step, the same bits (the product is the same program, and
+   *  y + d is d + y). */
+  addFusedDelta(
+    layer: number,
+    members: readonly LoraTarget[],
+    outDims: number[],
+    x: tf.Tensor2D,
+    training: boolean,
+    y: tf.Tensor2D,
+  ): tf.Tensor2D {
+    const held = this.holding && tf.engine().state.gradientDepth === 0 && !(training && this.config.dropout > 0);
+    if (held && tf.getBackend() === "webgpu") {
+      const pairs = members.map((m) => this.pairs.get(`${layer}.${m}`));
+      if (!pairs.some((p) => p)) return y;
+      const c = this.heldFactors(layer, members, pairs, this.fuser(pairs, outDims));
+      const xa = tf.matMul(x, c.a);
+      const a = c.scaled ? xa : (tf.mul(xa, this.heldScaling ?? this.scaling) as tf.Tensor2D);
+      return tf.fused.matMul({ a, b: c.b, bias: y }) as tf.Tensor2D;
+    }
+    const d = this.fusedDelta(layer, members, outDims, x, training);
+    return d ? tf.add(y, d) : y;
+  }
+
   /** [A₁|A₂|…] [in, k·r] and the block-diagonal B [k·r, Σout] of a fused module's members. */
   private fuser(pairs: (Pair | undefined)[], outDims: number[]): () => { a: tf.Tensor2D; b: tf.Tensor2D } {
     const total = outDims.reduce((a, b) => a + b, 0);

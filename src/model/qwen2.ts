@@ -104,22 +104,21 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   /** One fused module: x [N, in] → [N, out] (its members' outputs side by side), with the q/k/v
-   *  bias and its members' LoRA terms as one tensor (lora.ts fusedDelta). */
+   *  bias and its members' LoRA terms as one tensor (lora.ts addFusedDelta). */
   private proj(layer: number, f: FusedModule, x: tf.Tensor2D, opts: ForwardOptions): tf.Tensor2D {
     const lw = this.weights.layers[layer];
     let y = lw.proj[f].matmul(x);
     if (f === "qkv_proj") y = tf.add(y, lw.qkvBias);
     const ad = this.adapter;
-    if (ad && opts.adapters !== false) {
-      const d = ad.fusedDelta(
+    if (ad && opts.adapters !== false)
+      y = ad.addFusedDelta(
         layer,
         FUSED[f],
         FUSED[f].map((m) => moduleDims(this.config, m)[1]),
         x,
         opts.training === true,
+        y,
       );
-      if (d) y = tf.add(y, d);
-    }
     return y;
   }
 
