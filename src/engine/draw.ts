@@ -20,6 +20,19 @@ export interface DrawRowsAttrs {
   us: number[]; // one uniform in [0, 1) per row
 }
 
+/** A kernel's view of its call: the logits, their shape and the attributes, the uniforms checked
+ *  against the rows (each backend's kernel starts here). */
+export function drawCall(
+  inputs: tf.NamedTensorInfoMap,
+  attrs: tf.NamedAttrMap | undefined,
+): DrawRowsAttrs & { logits: tf.TensorInfo; B: number; V: number } {
+  const { logits } = inputs as { logits: tf.TensorInfo };
+  const { temperature, us } = attrs as unknown as DrawRowsAttrs;
+  const [B, V] = logits.shape;
+  if (us.length !== B) throw new Error(`draw: ${us.length} uniforms for ${B} rows of logits`);
+  return { logits, temperature, us, B, V };
+}
+
 /** Per row of float32 logits [B, V]: the token drawn with uniform us[b] at `temperature` over the
  *  whole vocabulary, and its log-prob (temperature 0: the argmax, lowest id on ties, log-prob 0,
  *  the uniforms unused); token −1 for a row without a finite largest logit; and the

@@ -13,7 +13,7 @@
 import type * as tf from "@tensorflow/tfjs";
 import * as tfjs from "@tensorflow/tfjs";
 import { BLOCK_DIAG } from "./block-diag.ts";
-import { DRAW_ROWS, type DrawRowsAttrs } from "./draw.ts";
+import { DRAW_ROWS, drawCall } from "./draw.ts";
 import { registerKernel, type Backend } from "./kernels.ts";
 import { DLOGITS, LOGP } from "./logprob.ts";
 import { RMS_NORM, RMS_NORM_GRAD } from "./rmsnorm.ts";
@@ -713,10 +713,7 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
     DRAW_ROWS,
     () =>
       ({ inputs, backend, attrs }) => {
-        const { logits } = inputs as { logits: tf.TensorInfo };
-        const { temperature, us } = attrs as unknown as DrawRowsAttrs;
-        const [B, V] = logits.shape;
-        if (us.length !== B) throw new Error(`draw: ${us.length} uniforms for ${B} rows of logits`);
+        const { logits, temperature, us, B, V } = drawCall(inputs, attrs);
         const hiLo = new Float32Array(2 * B);
         us.forEach((x, b) => {
           hiLo[2 * b] = Math.fround(x);

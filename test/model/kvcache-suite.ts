@@ -8,7 +8,8 @@ import { inPlaceWritable, writeSlot } from "../../src/engine/slot-write.ts";
 import { Qwen2KVCache } from "../../src/model/kv-cache.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 
-async function lastLogits(model: Qwen2ForCausalLM, ids: number[][], mask: number[][]): Promise<number[][]> {
+/** The last position's logits of a full forward (the recompute a cache must equal). */
+export async function lastLogits(model: Qwen2ForCausalLM, ids: number[][], mask: number[][]): Promise<number[][]> {
   const l = model.forward(ids, mask);
   const T = ids[0].length;
   const last = tf.tidy(() => tf.squeeze(tf.slice(l, [0, T - 1, 0], [-1, 1, -1]), [1]));
@@ -16,7 +17,7 @@ async function lastLogits(model: Qwen2ForCausalLM, ids: number[][], mask: number
   tf.dispose([l, last]);
   return out;
 }
-const maxDiff = (a: number[][], b: number[][]) => Math.max(...a.flatMap((r, i) => r.map((v, j) => Math.abs(v - b[i][j]))));
+export const maxDiff = (a: number[][], b: number[][]) => Math.max(...a.flatMap((r, i) => r.map((v, j) => Math.abs(v - b[i][j]))));
 
 export function slotWriteTests(getModel: () => Qwen2ForCausalLM): void {
   it("decode steps write their position in place into room grown 32 at a time, and give the recompute logits across growth", async () => {

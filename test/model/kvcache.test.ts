@@ -6,19 +6,9 @@ import { loadModel } from "../../src/model/load.ts";
 import { distinctRows, type Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { Qwen2KVCache } from "../../src/model/kv-cache.ts";
 import { attentionBias, MASKED, positionIds } from "../../src/model/attention.ts";
-import { slotWriteTests } from "./kvcache-suite.ts";
+import { lastLogits, maxDiff, slotWriteTests } from "./kvcache-suite.ts";
 
 const FIX = "test/fixtures/qwen2-tiny";
-
-async function lastLogits(model: Qwen2ForCausalLM, ids: number[][], mask: number[][]): Promise<number[][]> {
-  const l = model.forward(ids, mask);
-  const T = ids[0].length;
-  const last = tf.tidy(() => tf.squeeze(tf.slice(l, [0, T - 1, 0], [-1, 1, -1]), [1]));
-  const out = (await last.array()) as number[][];
-  tf.dispose([l, last]);
-  return out;
-}
-const maxDiff = (a: number[][], b: number[][]) => Math.max(...a.flatMap((r, i) => r.map((v, j) => Math.abs(v - b[i][j]))));
 
 describe("mask helpers", () => {
   it("position ids follow cumsum(mask)−1 with pads at 1, continuing from the past", () => {

@@ -2,24 +2,9 @@ import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
 import { LoraAdapter, moduleDims } from "../../src/model/lora.ts";
-import { FUSED, type LoraTarget, type Qwen2Config } from "../../src/model/types.ts";
-import { Rng } from "../../src/util/rng.ts";
+import { FUSED, type LoraTarget } from "../../src/model/types.ts";
+import { cfg, randn } from "./lora-setup.ts";
 
-const cfg = {
-  hiddenSize: 32,
-  intermediateSize: 48,
-  numAttentionHeads: 4,
-  numKeyValueHeads: 2,
-  headDim: 8,
-  numHiddenLayers: 1,
-} as Qwen2Config;
-const randn = (shape: number[], seed: number) => {
-  const r = new Rng(seed);
-  return tf.tensor(
-    Float32Array.from({ length: shape.reduce((a, b) => a * b) }, () => r.normal()),
-    shape,
-  );
-};
 const maxDiff = (a: tf.Tensor, b: tf.Tensor) => tf.tidy(() => tf.max(tf.abs(tf.sub(a, b))).dataSync()[0]);
 
 /** An adapter on `targets` with B made non-zero (init leaves it zero), plus named access to A/B. */

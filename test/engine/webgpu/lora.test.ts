@@ -5,27 +5,11 @@ import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
 import { LoraAdapter, moduleDims } from "../../../src/model/lora.ts";
-import { FUSED, type Qwen2Config } from "../../../src/model/types.ts";
-import { Rng } from "../../../src/util/rng.ts";
+import { FUSED } from "../../../src/model/types.ts";
+import { cfg, randn } from "../../model/lora-setup.ts";
 import { webgpuForTests } from "./adapter.ts";
 
 const gpu = await webgpuForTests();
-const cfg = {
-  hiddenSize: 32,
-  intermediateSize: 48,
-  numAttentionHeads: 4,
-  numKeyValueHeads: 2,
-  headDim: 8,
-  numHiddenLayers: 1,
-} as Qwen2Config;
-const randn = (shape: number[], seed: number) => {
-  const r = new Rng(seed);
-  return tf.tensor(
-    Float32Array.from({ length: shape.reduce((a, b) => a * b) }, () => r.normal()),
-    shape,
-  );
-};
-
 describe.skipIf(!gpu)("LoRA terms on webgpu (held factors)", () => {
   it.each([8, 6])("alpha %d, r 4: y + terms in the product's epilogue, the bits of product + Add", async (alpha) => {
     expect(await initBackend("webgpu")).toBe("webgpu");
