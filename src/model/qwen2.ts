@@ -44,6 +44,9 @@ interface LayerInputs {
    *  then each of the B rows' T − P tokens after it; cos, sin and bias are the prefix's ([1, P, 1, hd],
    *  [1, 1, P, P]) and these the rest's ([B, T − P, 1, hd], [B, 1, T − P, T]). */
   shared: { P: number; cos: tf.Tensor4D; sin: tf.Tensor4D; bias: tf.Tensor4D } | null;
+  /** A decode step on webgpu: the bias laid out per kv head [B·nKv, 1, S], added by the scores'
+   *  product itself (its epilogue, one dispatch fewer per layer, the same bits); null elsewhere. */
+  kvBias: tf.Tensor3D | null;
 }
 
 export class Qwen2ForCausalLM implements CausalLM {
@@ -145,13 +148,22 @@ export class Qwen2ForCausalLM implements CausalLM {
       B,
       R,
     );
-    const bias = tf.tensor4d(attentionBias(keyMask, R, S), [B, 1, R, S]);
+    const biasData = attentionBias(keyMask, R, S);
+    const bias = tf.tensor4d(biasData, [B, 1, R, S]);
+    const nKv = c.numKeyValueHeads;
+    const kvBias =
+      R === 1 && cache && tf.getBackend() === "webgpu"
+        ? tf.tensor3d(
+            Float32Array.from({ length: B * nKv * S }, (_, i) => biasData[Math.floor(i / (nKv * S)) * S + (i % S)]),
+            [B * nKv, 1, S],
+          )
+        : null;
     let shared: LayerInputs["shared"] = null;
     if (P > 0) {
       const [pc, ps] = table([allPos[0].slice(0, P)], 1, P);
       shared = { P, cos: pc, sin: ps, bias: tf.tensor4d(attentionBias([mask[0].slice(0, P)], P), [1, 1, P, P]) };
     }
-    const ctx: LayerInputs = { B, T: R, cos, sin, bias, opts, cache, shared };
+    const ctx: LayerInputs = { B, T: R, cos, sin, bias, opts, cache, shared, kvBias };
     // Training forwards (a gradient tape recording) keep only each layer's input on the tape and run
     // the layer again in the backward pass; LoRA dropout draws fresh masks per call, so with dropout
     // on the layers are recorded whole instead.
@@ -221,14 +233,25 @@ export class Qwen2ForCausalLM implements CausalLM {
 
   /** Attention of stacked queries qg (B·nKv, g·T, hd) over keys kT (B, nKv, hd, S) and values
    *  (B, nKv, S, hd) with bias [B, 1, T, S] → [B·T, nH·hd]. */
-  private attend(qg: tf.Tensor3D, kT: tf.Tensor, v: tf.Tensor, bias: tf.Tensor4D, B: number, T: number): tf.Tensor2D {
+  private attend(
+    qg: tf.Tensor3D,
+    kT: tf.Tensor,
+    v: tf.Tensor,
+    bias: tf.Tensor4D,
+    B: number,
+    T: number,
+    kvBias: tf.Tensor3D | null = null,
+  ): tf.Tensor2D {
     const c = this.config,
       nH = c.numAttentionHeads,
       nKv = c.numKeyValueHeads,
       hd = c.headDim,
       g = nH / nKv,
       S = bias.shape[3];
-    const scores = tf.add(tf.reshape(bmm(qg, tf.reshape(kT, [B * nKv, hd, S])), [B, nH, T, S]), bias); // (B, nH, T, S)
+    const kT3 = tf.reshape<tf.Rank.R3>(kT, [B * nKv, hd, S]);
+    const scores = kvBias
+      ? tf.reshape(tf.fused.matMul({ a: qg, b: kT3, bias: kvBias }), [B, nH, T, S]) // the mask in the product's epilogue
+      : tf.add(tf.reshape(bmm(qg, kT3), [B, nH, T, S]), bias); // (B, nH, T, S)
     const probs = tf.reshape<tf.Rank.R3>(softmax(scores), [B * nKv, g * T, S]);
     const ctxv = bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
     return tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [B * T, nH * hd]);
@@ -259,7 +282,7 @@ export class Qwen2ForCausalLM implements CausalLM {
       let qg: tf.Tensor3D;
       ({ qg, kT, v } = this.heads(qkv, cos, sin, B, T, T === 1 && cache !== null));
       if (cache && cache.length) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
-      att = this.attend(qg, kT, v, bias, B, T);
+      att = this.attend(qg, kT, v, bias, B, T, ctx.kvBias);
     }
     x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
     const n = this.rmsNorm(x, lw.postNorm);

@@ -1,6 +1,7 @@
 /** The KV cache on webgpu: a decode step writes its position into the cache's own buffers (no copy
- *  of the cache, no buffers or shaders of a new size each step), with the full-recompute logits
- *  across the cache's growth; the same suite as wasm's (test/model/kvcache-suite.ts). */
+ *  of the cache, no buffers or shaders of a new size each step) and adds the mask in the scores'
+ *  product, with the full-recompute logits across the cache's growth; the same suite as wasm's
+ *  (test/model/kvcache-suite.ts). */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
@@ -24,6 +25,17 @@ describe.skipIf(!gpu)("KV cache (webgpu)", () => {
     const t = tf.zeros([1, 2, 3, 4]);
     expect(slotWrites(t)).toBe(true);
     t.dispose();
+  });
+
+  it("a decode step adds the attention mask in the scores' product (no Add over the scores)", async () => {
+    const { logits, cache } = model.prefill([[3, 4, 5, 6]], [[0, 1, 1, 1]]);
+    const prof = await tf.profile(() => model.decodeStep([7], cache).dispose());
+    const heads = model.config.numAttentionHeads;
+    const scoreAdds = prof.kernels.filter((k) => k.name === "Add" && k.inputShapes.some((s) => s?.length === 4 && s[1] === heads));
+    expect(scoreAdds).toEqual([]);
+    expect(prof.kernels.filter((k) => k.name === "_FusedMatMul").length).toBeGreaterThanOrEqual(model.config.numHiddenLayers);
+    tf.dispose([logits]);
+    cache.dispose();
   });
 
   slotWriteTests(() => model);
