@@ -110,8 +110,7 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  bias and its members' LoRA terms as one tensor (lora.ts addFusedDelta). */
   private proj(layer: number, f: FusedModule, x: tf.Tensor2D, opts: ForwardOptions): tf.Tensor2D {
     const lw = this.weights.layers[layer];
-    let y = lw.proj[f].matmul(x);
-    if (f === "qkv_proj") y = tf.add(y, lw.qkvBias);
+    let y = f === "qkv_proj" ? lw.proj[f].matmulBias(x, lw.qkvBias) : lw.proj[f].matmul(x);
     const ad = this.adapter;
     if (ad && opts.adapters !== false)
       y = ad.addFusedDelta(

@@ -105,6 +105,17 @@ export class BaseWeight {
     return mmFrozen(x, () => q.dequantize());
   }
 
+  /** x · W + bias [out]. On webgpu with no gradient tape recording, for a matrix held whole [in, out]
+   *  (f32 or unpacked), the bias is the product's epilogue (tfjs' fused matMul): one dispatch fewer
+   *  per layer and decode step, the same bits (the same product program, then the same float32 add). */
+  matmulBias(x: tf.Tensor2D, bias: tf.Tensor1D): tf.Tensor2D {
+    const w =
+      tf.getBackend() === "webgpu" && tf.engine().state.gradientDepth === 0 && !this.isVariable && !this.parts && !this.left
+        ? (this.f32 ?? (this.unpacked && !this.unpacked.left ? this.unpacked.w : null))
+        : null;
+    return w ? (tf.fused.matMul({ a: x, b: w, bias }) as tf.Tensor2D) : tf.add(this.matmul(x), bias);
+  }
+
   /** Columns as rows: [ids.length, in] (embedding lookup on a transposed embedding matrix). A frozen
    *  matrix is looked up inside a custom gradient that saves nothing: recorded as a plain Gather, the
    *  tape would keep a copy of the whole matrix (the wasm backend clones saved inputs by copying;

@@ -1,6 +1,6 @@
 /** The KV cache on webgpu: a decode step writes its position into the cache's own buffers (no copy
- *  of the cache, no buffers or shaders of a new size each step) and adds the mask in the scores'
- *  product, with the full-recompute logits across the cache's growth; the same suite as wasm's
+ *  of the cache, no buffers or shaders of a new size each step) and adds the mask and the q/k/v bias
+ *  in their products, with the full-recompute logits across the cache's growth; the same suite as wasm's
  *  (test/model/kvcache-suite.ts). */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
@@ -27,13 +27,15 @@ describe.skipIf(!gpu)("KV cache (webgpu)", () => {
     t.dispose();
   });
 
-  it("a decode step adds the attention mask in the scores' product (no Add over the scores)", async () => {
+  it("a decode step adds the attention mask and the q/k/v bias in their products (no Add of either)", async () => {
     const { logits, cache } = model.prefill([[3, 4, 5, 6]], [[0, 1, 1, 1]]);
     const prof = await tf.profile(() => model.decodeStep([7], cache).dispose());
     const heads = model.config.numAttentionHeads;
     const scoreAdds = prof.kernels.filter((k) => k.name === "Add" && k.inputShapes.some((s) => s?.length === 4 && s[1] === heads));
     expect(scoreAdds).toEqual([]);
-    expect(prof.kernels.filter((k) => k.name === "_FusedMatMul").length).toBeGreaterThanOrEqual(model.config.numHiddenLayers);
+    const biasAdds = prof.kernels.filter((k) => k.name === "Add" && k.inputShapes.some((s) => s?.length === 1));
+    expect(biasAdds).toEqual([]);
+    expect(prof.kernels.filter((k) => k.name === "_FusedMatMul").length).toBeGreaterThanOrEqual(2 * model.config.numHiddenLayers);
     tf.dispose([logits]);
     cache.dispose();
   });
