@@ -2,7 +2,8 @@
  *  WebGPU adapter and its limits, the golden parity subset on webgpu (vitest, CI=true), the small
  *  bench, and one GRPO step of the 0.5B's shape (random weights, NF4 base, LoRA r16 on all modules,
  *  4 questions × 8 rollouts × 256 new tokens after prompts of 220 tokens; advantages ±1, as random
- *  weights earn no reward), rollouts and update timed apart; one JSON record in --out.
+ *  weights earn no reward), rollouts and update timed apart, then greedy decode steps at the step's
+ *  batch and four times it (what more rollouts per step cost); one JSON record in --out.
  *  A software adapter measures nothing a GPU would: it is refused unless given
  *  `--allow-software --config small` (CI runs that form, with a short step, so the script cannot rot).
  *  Leaves out: the real tokenizer and GSM8K prompts (synthetic token ids of the same lengths). */
@@ -17,7 +18,7 @@ import { LORA_TARGETS } from "../src/model/types.ts";
 import { runMain } from "../src/run/cli.ts";
 import { UsageError } from "../src/util/errors.ts";
 import { benchContext, BENCH_CONFIGS, WORKLOADS, type Measurement } from "./lib/bench.ts";
-import { GRPO_SHAPES, grpoShape } from "./lib/grpo-shape.ts";
+import { decodeScaling, GRPO_SHAPES, grpoShape } from "./lib/grpo-shape.ts";
 
 const defaults = { config: "0.5b", out: "outputs/gpu-check.json", allowSoftware: false };
 const opts = new Command("gpu-check")
@@ -67,10 +68,14 @@ await runMain(async () => {
     lora: { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] },
   });
   const grpo = { config: opts.config, ...(await grpoShape(model, GRPO_SHAPES[opts.config])) };
+  // 4. decode steps at the step's batch and four times it
+  const rows = GRPO_SHAPES[opts.config].questions * GRPO_SHAPES[opts.config].samples;
+  const scaling = await decodeScaling(model, GRPO_SHAPES[opts.config], [rows, 4 * rows], opts.config === "small" ? 3 : 8);
   model.dispose();
   console.log(
     `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}; decode ${grpo.decodeSeconds} s, of which ${grpo.stepCallSeconds} s the host encoding the steps and ${grpo.sampleSeconds} s the draws), update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)})`,
   );
+  for (const d of scaling) console.log(`decode ${opts.config} batch ${d.rows}: ${d.msPerStep} ms a step, ${d.tokensPerS} tokens/s`);
 
   const record = {
     adapter: info.description,
@@ -79,6 +84,7 @@ await runMain(async () => {
     parity,
     bench,
     grpo,
+    decodeScaling: scaling,
     seconds: round(now() - t0),
   };
   await fs.mkdir(path.dirname(opts.out), { recursive: true });

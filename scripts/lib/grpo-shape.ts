@@ -135,6 +135,45 @@ export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts:
   };
 }
 
+/** A decode step's time at several batch sizes after the shape's prompt length (greedy, the rollouts'
+ *  sampler, the base unpacked): on a GPU a step's host work is per dispatch, so the question is how
+ *  much a larger batch (more rollouts per GRPO step) costs. Medians of `steps` steps after one. */
+export async function decodeScaling(
+  model: Qwen2ForCausalLM,
+  shape: GrpoShape,
+  batches: number[],
+  steps: number,
+): Promise<{ rows: number; msPerStep: number; tokensPerS: number }[]> {
+  const out: { rows: number; msPerStep: number; tokensPerS: number }[] = [];
+  const release = model.unpackBase();
+  try {
+    for (const rows of batches) {
+      const ids = tokenBatch(rows, shape.promptLen, model.config.vocabSize, 5);
+      const { logits, cache } = model.prefill(
+        ids,
+        ids.map((r) => r.map(() => 1)),
+      );
+      let next = (await sampleTokens(logits, { temperature: 0 }, new Rng(0))).tokens;
+      logits.dispose();
+      const times: number[] = [];
+      for (let s = 0; s <= steps; s++) {
+        const t0 = now();
+        const lg = model.decodeStep(next, cache);
+        next = (await sampleTokens(lg, { temperature: 0 }, new Rng(0))).tokens;
+        lg.dispose();
+        if (s > 0) times.push(now() - t0);
+      }
+      cache.dispose();
+      times.sort((a, b) => a - b);
+      const sec = times[times.length >> 1];
+      out.push({ rows, msPerStep: round(1000 * sec), tokensPerS: round(rows / sec) });
+    }
+  } finally {
+    release();
+  }
+  return out;
+}
+
 /** The grpo_step workload's KL weight (bench's --beta). */
 export const grpoStepOptions = { beta: 0 };
 
