@@ -9,9 +9,10 @@
  *  with the backward, where the op path took 4.4 and 13.3), else one JS pass over the tensors'
  *  memory. On webgpu WGSL programs (webgpu-rows.ts). Other backends keep the op path. */
 import * as tf from "@tensorflow/tfjs";
-import { heapOffset, once, registerKernel } from "./kernels.ts";
+import { heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
 import { heapSeqHeads } from "./heap.ts";
 import { ropeKernelRuns, webgpuKernel } from "./rope-swiglu.ts";
+import { inPlaceWritable } from "./slot-write.ts";
 
 /** q [B, nH, T, hd] = rope(q)·scale, kT [B, nKv, hd, T] = rope(k) and v [B, nKv, T, hd] from qkv
  *  [B·T, (nH + 2·nKv)·hd]; cos, sin [B·T·hd]. With `roundOnce` each rotated value is rounded to
@@ -193,6 +194,49 @@ export function decodeHeads(
     tf.Tensor4D,
     tf.Tensor4D,
   ];
+}
+
+/** Runs a decode step's q head and writes its k and v heads straight into a KV cache's slot `pos`
+ *  (webgpu-rows.ts registers it); returns q's TensorInfo in decodeHeads' layout. */
+export type HeadsIntoWriter = (
+  backend: Backend,
+  qkv: tf.TensorInfo,
+  cos: tf.TensorInfo,
+  sin: tf.TensorInfo,
+  attrs: { nH: number; nKv: number; hd: number; scale: number },
+  kDst: tf.TensorInfo,
+  vDst: tf.TensorInfo,
+  pos: number,
+) => tf.TensorInfo;
+let headsInto: HeadsIntoWriter | null = null;
+
+/** Called once the webgpu programs are registered. */
+export function setWebgpuHeadsInto(w: HeadsIntoWriter): void {
+  headsInto = w;
+}
+
+/** decodeHeads with the new key column and value row written straight into the cache's tensors kDst
+ *  [B, nKv, hd, W] and vDst [B, nKv, W, hd] at position pos (both writable in place: slot-write.ts):
+ *  returns q; null where the backend has no such writer (webgpu has: three dispatches where
+ *  decodeHeads and the two slot writes were five). */
+export function decodeHeadsInto(
+  qkv: tf.Tensor2D,
+  cos: tf.Tensor4D,
+  sin: tf.Tensor4D,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+  kDst: tf.Tensor4D,
+  vDst: tf.Tensor4D,
+  pos: number,
+): tf.Tensor3D | null {
+  if (!headsInto || tf.getBackend() !== "webgpu" || qkv.dtype !== "float32" || !inPlaceWritable(kDst) || !inPlaceWritable(vDst))
+    return null;
+  if (!(Number.isInteger(pos) && pos >= 0 && pos < kDst.shape[3] && pos < vDst.shape[2]))
+    throw new Error(`decodeHeadsInto: position ${pos} outside the cache's room`);
+  const q = headsInto(tf.backend(), qkv, cos, sin, { nH, nKv, hd, scale }, kDst, vDst, pos);
+  return tf.engine().makeTensorFromTensorInfo(q) as tf.Tensor3D;
 }
 
 /** Any number of positions T (prefill, training), differentiable in qkv: the fused projection qkv

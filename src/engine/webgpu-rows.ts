@@ -18,7 +18,7 @@ import { registerKernel, type Backend } from "./kernels.ts";
 import { DLOGITS, LOGP } from "./logprob.ts";
 import { RMS_NORM, RMS_NORM_GRAD } from "./rmsnorm.ts";
 import { setWebgpuSlotWriter } from "./slot-write.ts";
-import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD } from "./heads.ts";
+import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD, setWebgpuHeadsInto } from "./heads.ts";
 import { ROPE, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
 import { SOFTMAX, SOFTMAX_GRAD } from "./softmax.ts";
 
@@ -365,6 +365,9 @@ function headsProgram(
   nKv: number,
   hd: number,
   scale: number,
+  /** k or v written straight into a KV cache's slot: the cache tensor's shape ([B, nKv, hd, W] keys,
+   *  [B, nKv, W, hd] values), the position a uniform `pos` (slot-write.ts' layouts). */
+  slot?: number[],
 ) {
   const heads = part === "q" ? nH : nKv,
     first = part === "q" ? 0 : part === "k" ? nH : nH + nKv,
@@ -374,24 +377,32 @@ function headsProgram(
     part === "v"
       ? "qkv[src]"
       : `(qkv[src] * cosT[b * ${hd} + j] + qkv[src - j + select(j - ${half}, j + ${half}, j < ${half})] * sinT[b * ${hd} + j])${part === "q" ? ` * ${f32(Math.fround(scale))}` : ""}`;
-  return new RowProgram(
+  const n = B * heads * hd;
+  const at = !slot
+    ? "index"
+    : part === "k"
+      ? "index * uniforms.outShape[3] + uniforms.pos"
+      : `(index / ${hd} * uniforms.outShape[2] + uniforms.pos) * ${hd} + j`;
+  const p = new RowProgram(
     u,
-    `heads_${part}`,
+    `heads_${part}${slot ? "_slot" : ""}`,
     ["qkv", "cosT", "sinT"],
-    [B, heads, hd],
-    "flat",
+    slot ?? [B, heads, hd],
+    slot ? { rows: Math.ceil(n / 64), wg: 64 } : "flat",
     `
     fn main(index: i32) {
-      if (index < ${B * heads * hd}) {
+      if (index < ${n}) {
         let b = index / ${heads * hd};
         let hj = index - b * ${heads * hd};
         let h = hj / ${hd};
         let j = hj - h * ${hd};
         let src = b * ${width} + (${first} + h) * ${hd} + j;
-        result[index] = ${value};
+        result[${at}] = ${value};
       }
     }`,
   );
+  if (slot) p.uniforms = "pos : i32,";
+  return p;
 }
 
 /** RoPE (rotate-half) of x [rows, heads, hd] by cos, sin [rows, hd]; with `transpose` its adjoint (the
@@ -692,6 +703,24 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
   const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[]) => b.runWebGPUProgram(p, inputs, "float32") as tf.TensorInfo;
   const on = ["webgpu"];
+  setWebgpuHeadsInto((b, qkv, cos, sin, { nH, nKv, hd, scale }, kDst, vDst, pos) => {
+    const B = qkv.shape[0];
+    const q = run(b, headsProgram(u, "q", B, nH, nKv, hd, scale), [qkv, cos, sin]);
+    for (const [part, dst] of [
+      ["k", kDst],
+      ["v", vDst],
+    ] as const) {
+      b.runWebGPUProgram(
+        headsProgram(u, part, B, nH, nKv, hd, scale, dst.shape),
+        [qkv, cos, sin],
+        "float32",
+        [{ type: "int32", data: [pos] }],
+        dst,
+      );
+      b.tensorMap.get(dst.dataId).values = null; // a copy read back earlier is stale now
+    }
+    return { ...q, shape: [B * nKv, nH / nKv, hd] }; // decodeHeads' layout of q
+  });
   setWebgpuSlotWriter((b, dst, src, pos, rows) => {
     b.runWebGPUProgram(
       slotProgram(

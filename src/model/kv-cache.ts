@@ -81,6 +81,12 @@ export class Qwen2KVCache implements KVCache {
     if (T !== 1 || L === 0 || !slotWrites(this.k[0])) return L + T;
     return W > L && [...this.k, ...this.v].every(inPlaceWritable) ? W : Math.ceil((Math.max(W, L) + CHUNK) / 8) * 8;
   }
+  /** Whether a step of one position attending over width W (width(1)) writes layer l in place
+   *  without growing: its tensors have room W and are writable in place (then a backend can write
+   *  the new key and value into cache.k[l] / cache.v[l] at position length directly). */
+  writesInPlace(l: number, W: number): boolean {
+    return W > this.length && this.k[l].shape[3] === W && inPlaceWritable(this.k[l]) && inPlaceWritable(this.v[l]);
+  }
   /** Layer l's keys (B, nKv, hd, W) and values (B, nKv, W, hd) with the step's kT (B, nKv, hd, T) and
    *  v (B, nKv, T, hd) at positions length…length + T − 1, W = width(T) of this step. The cache's own
    *  tensors when written in place, new ones otherwise (step() swaps them in after the last layer). */

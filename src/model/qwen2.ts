@@ -18,7 +18,7 @@ import { headLogprobs } from "./head-logprobs.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
 import { saveAdapter, savePretrained, stateDict } from "./save.ts";
 import { checkpoint } from "../engine/checkpoint.ts";
-import { decodeHeads, seqHeads } from "../engine/heads.ts";
+import { decodeHeads, decodeHeadsInto, seqHeads } from "../engine/heads.ts";
 import { rope, swiglu } from "../engine/rope-swiglu.ts";
 import { bmm } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
@@ -279,8 +279,28 @@ export class Qwen2ForCausalLM implements CausalLM {
       att = tf.concat([this.attend(pre.qg, pre.kT, pre.v, shared.bias, 1, P), this.attend(own.qg, keys, values, bias, B, T)], 0);
     } else {
       let qg: tf.Tensor3D;
-      ({ qg, kT, v } = this.heads(qkv, cos, sin, B, T, T === 1 && cache !== null));
-      if (cache && cache.length) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
+      // webgpu, a cache with room: the new key and value go straight into its slot
+      const c = this.config;
+      const into =
+        T === 1 && cache && cache.length && cache.writesInPlace(l, S)
+          ? decodeHeadsInto(
+              qkv,
+              cos,
+              sin,
+              c.numAttentionHeads,
+              c.numKeyValueHeads,
+              c.headDim,
+              1 / Math.sqrt(c.headDim),
+              cache.k[l],
+              cache.v[l],
+              cache.length,
+            )
+          : null;
+      if (into && cache) [qg, kT, v] = [into, cache.k[l], cache.v[l]];
+      else {
+        ({ qg, kT, v } = this.heads(qkv, cos, sin, B, T, T === 1 && cache !== null));
+        if (cache && cache.length) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
+      }
       att = this.attend(qg, kT, v, bias, B, T, ctx.kvBias);
     }
     x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
