@@ -1,7 +1,7 @@
 /** The row kernels the wasm heap module fused, as WGSL programs on the webgpu backend: RMSNorm and
  *  its gradient, SwiGLU and its gradient, attention's softmax and its gradient, RoPE and its
- *  gradient, a decode step's q/k/v heads with RoPE, a row's log p(target), entropy and logits gradient over the vocabulary, and a whole-vocabulary draw. Through
- *  tfjs ops each was 4–15 dispatches and as many passes over its tensor; here each is one (RMSNorm's
+ *  gradient, a decode step's q/k/v heads with RoPE, a row's log p(target), entropy and logits
+ *  gradient over the vocabulary, and a whole-vocabulary draw. Through tfjs ops each was 4–15 dispatches and as many passes over its tensor; here each is one (RMSNorm's
  *  gradient three, the decode heads three). A row reduction runs one workgroup per row (a tree sum in
  *  workgroup memory, float32); element-wise kernels one thread per output. Sizes are compiled into
  *  the shader (a model has a handful of row widths). Registered by webgpu.ts through kernels.ts'
@@ -89,6 +89,13 @@ function hash(s: string): string {
 
 /** Workgroup size for rows of `width`: 256 threads on wide rows, 64 on narrow ones. */
 const wgFor = (width: number) => (width >= 2048 ? 256 : 64);
+
+/** Where element `index` of a KV cache's new position goes in the cache tensor (slot-write.ts'
+ *  layouts): keys [..., W] take it at (index·W + pos) (D 1), values [..., W, D] their row index / D at
+ *  position pos, column index mod D; W (the output's shape uniform of that axis) and pos (a uniform)
+ *  are read at run time, so one shader serves every step and width. */
+const slotAt = (rank: number, rows: boolean, D: number) =>
+  `(index / ${D} * uniforms.outShape[${rows ? rank - 2 : rank - 1}] + uniforms.pos) * ${D} + index % ${D}`;
 
 /** The row index (workgroups past the last row, from a dispatch tfjs reshaped to 2-D or 3-D, compute
  *  row rows − 1 again and write nothing: barriers need every thread) and tree reductions. */
@@ -378,11 +385,7 @@ function headsProgram(
       ? "qkv[src]"
       : `(qkv[src] * cosT[b * ${hd} + j] + qkv[src - j + select(j - ${half}, j + ${half}, j < ${half})] * sinT[b * ${hd} + j])${part === "q" ? ` * ${f32(Math.fround(scale))}` : ""}`;
   const n = B * heads * hd;
-  const at = !slot
-    ? "index"
-    : part === "k"
-      ? "index * uniforms.outShape[3] + uniforms.pos"
-      : `(index / ${hd} * uniforms.outShape[2] + uniforms.pos) * ${hd} + j`;
+  const at = !slot ? "index" : slotAt(slot.length, part === "v", part === "v" ? hd : 1);
   const p = new RowProgram(
     u,
     `heads_${part}${slot ? "_slot" : ""}`,
@@ -675,11 +678,9 @@ function greedyProgram(u: WebgpuModule["webgpu_util"], B: number, V: number) {
 }
 
 /** A KV cache's new position written into the cache's own buffer (slot-write.ts): src's n elements
- *  to dst[..., i, pos] (keys, dst [..., W]) or, with `rows`, dst[..., pos, :] (values, dst [..., W, D]);
- *  pos and W are uniforms, so one shader serves every step and width. */
+ *  to dst[..., i, pos] (keys, dst [..., W]) or, with `rows`, dst[..., pos, :] (values, dst [..., W, D]). */
 function slotProgram(u: WebgpuModule["webgpu_util"], dstShape: number[], n: number, rows: boolean) {
-  const r = dstShape.length,
-    D = rows ? dstShape[r - 1] : 1;
+  const r = dstShape.length;
   const p = new RowProgram(
     u,
     rows ? "slot_rows" : "slot_cols",
@@ -688,10 +689,7 @@ function slotProgram(u: WebgpuModule["webgpu_util"], dstShape: number[], n: numb
     { rows: Math.ceil(n / 64), wg: 64 },
     `
     fn main(index: i32) {
-      if (index < ${n}) {
-        let i = index / ${D};
-        result[(i * uniforms.outShape[${rows ? r - 2 : r - 1}] + uniforms.pos) * ${D} + index - i * ${D}] = src[index];
-      }
+      if (index < ${n}) { result[${slotAt(r, rows, rows ? dstShape[r - 1] : 1)}] = src[index]; }
     }`,
   );
   p.uniforms = "pos : i32,";
@@ -703,39 +701,21 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
   const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[]) => b.runWebGPUProgram(p, inputs, "float32") as tf.TensorInfo;
   const on = ["webgpu"];
+  /** Runs a slot program with dst, a cache tensor, as its output: written in place at `pos`. */
+  const writeInto = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[], dst: tf.TensorInfo, pos: number) => {
+    b.runWebGPUProgram(p, inputs, "float32", [{ type: "int32", data: [pos] }], dst);
+    b.tensorMap.get(dst.dataId).values = null; // a copy read back earlier is stale now
+  };
   setWebgpuHeadsInto((b, qkv, cos, sin, { nH, nKv, hd, scale }, kDst, vDst, pos) => {
     const B = qkv.shape[0];
     const q = run(b, headsProgram(u, "q", B, nH, nKv, hd, scale), [qkv, cos, sin]);
-    for (const [part, dst] of [
-      ["k", kDst],
-      ["v", vDst],
-    ] as const) {
-      b.runWebGPUProgram(
-        headsProgram(u, part, B, nH, nKv, hd, scale, dst.shape),
-        [qkv, cos, sin],
-        "float32",
-        [{ type: "int32", data: [pos] }],
-        dst,
-      );
-      b.tensorMap.get(dst.dataId).values = null; // a copy read back earlier is stale now
-    }
+    writeInto(b, headsProgram(u, "k", B, nH, nKv, hd, scale, kDst.shape), [qkv, cos, sin], kDst, pos);
+    writeInto(b, headsProgram(u, "v", B, nH, nKv, hd, scale, vDst.shape), [qkv, cos, sin], vDst, pos);
     return { ...q, shape: [B * nKv, nH / nKv, hd] }; // decodeHeads' layout of q
   });
-  setWebgpuSlotWriter((b, dst, src, pos, rows) => {
-    b.runWebGPUProgram(
-      slotProgram(
-        u,
-        dst.shape,
-        src.shape.reduce((a: number, d: number) => a * d, 1),
-        rows,
-      ),
-      [src],
-      "float32",
-      [{ type: "int32", data: [pos] }],
-      dst,
-    );
-    b.tensorMap.get(dst.dataId).values = null; // a copy read back earlier is stale now
-  });
+  setWebgpuSlotWriter((b, dst, src, pos, rows) =>
+    writeInto(b, slotProgram(u, dst.shape, tfjs.util.sizeFromShape(src.shape), rows), [src], dst, pos),
+  );
   const rowsOf = (t: tf.TensorInfo) => t.shape.slice(0, -1).reduce((a, d) => a * d, 1);
   const last = (t: tf.TensorInfo) => t.shape[t.shape.length - 1];
   registerKernel(
@@ -743,13 +723,13 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
     () =>
       ({ inputs, backend, attrs }) => {
         const { logits, temperature, us, B, V } = drawCall(inputs, attrs);
-        const hiLo = new Float32Array(2 * B);
-        us.forEach((x, b) => {
-          hiLo[2 * b] = Math.fround(x);
-          hiLo[2 * b + 1] = x - hiLo[2 * b];
-        });
         const b = backend as Backend;
         if (temperature === 0) return run(b, greedyProgram(u, B, V), [logits]);
+        const hiLo = new Float32Array(2 * B); // each uniform as float32 hi + lo
+        us.forEach((x, r) => {
+          hiLo[2 * r] = Math.fround(x);
+          hiLo[2 * r + 1] = x - hiLo[2 * r];
+        });
         const uv = b.makeTensorInfo([B, 2], "float32", hiLo) as tf.TensorInfo;
         const out = run(b, drawProgram(u, B, V, temperature), [logits, uv]);
         b.disposeData(uv.dataId);
