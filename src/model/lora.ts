@@ -217,7 +217,7 @@ export class LoraAdapter {
   fusedDelta(layer: number, members: readonly LoraTarget[], outDims: number[], x: tf.Tensor2D, training: boolean): tf.Tensor2D | null {
     const pairs = members.map((m) => this.pairs.get(`${layer}.${m}`));
     if (!pairs.some((p) => p)) return null;
-    const held = this.holding && tf.engine().state.gradientDepth === 0;
+    const held = this.heldNow();
     if ((members.length === 1 && !held) || (training && this.config.dropout > 0)) {
       const ds = members.map((m, i) => this.delta(layer, m, x, training) ?? tf.zeros([x.shape[0], outDims[i]]));
       return ds.length === 1 ? (ds[0] as tf.Tensor2D) : (tf.concat(ds, 1) as tf.Tensor2D);
@@ -227,9 +227,7 @@ export class LoraAdapter {
       const f = fuse();
       return mm(tf.mul(mm(x, f.a), this.scaling) as tf.Tensor2D, f.b); // [N, k·r] → [N, Σout]
     }
-    const c = this.heldFactors(layer, members, pairs, fuse);
-    const xa = tf.matMul(x, c.a);
-    return tf.matMul(c.scaled ? xa : tf.mul(xa, this.heldScaling ?? this.scaling), c.b);
+    return this.heldTerms(layer, members, pairs, fuse, x, null);
   }
 
   /** y + fusedDelta (y itself when no member has an adapter). While the factors are held on webgpu,
@@ -244,17 +242,33 @@ export class LoraAdapter {
     training: boolean,
     y: tf.Tensor2D,
   ): tf.Tensor2D {
-    const held = this.holding && tf.engine().state.gradientDepth === 0 && !(training && this.config.dropout > 0);
-    if (held && tf.getBackend() === "webgpu") {
+    if (this.heldNow() && !(training && this.config.dropout > 0) && tf.getBackend() === "webgpu") {
       const pairs = members.map((m) => this.pairs.get(`${layer}.${m}`));
-      if (!pairs.some((p) => p)) return y;
-      const c = this.heldFactors(layer, members, pairs, this.fuser(pairs, outDims));
-      const xa = tf.matMul(x, c.a);
-      const a = c.scaled ? xa : (tf.mul(xa, this.heldScaling ?? this.scaling) as tf.Tensor2D);
-      return tf.fused.matMul({ a, b: c.b, bias: y }) as tf.Tensor2D;
+      return pairs.some((p) => p) ? this.heldTerms(layer, members, pairs, this.fuser(pairs, outDims), x, y) : y;
     }
     const d = this.fusedDelta(layer, members, outDims, x, training);
     return d ? tf.add(y, d) : y;
+  }
+
+  /** Whether products use the held factors: generation holds them and no gradient tape records. */
+  private heldNow(): boolean {
+    return this.holding && tf.engine().state.gradientDepth === 0;
+  }
+
+  /** The held path: x·A, scaled unless the scaling is in B, times B, plus y as the product's
+   *  epilogue where given. */
+  private heldTerms(
+    layer: number,
+    members: readonly LoraTarget[],
+    pairs: (Pair | undefined)[],
+    fuse: () => { a: tf.Tensor2D; b: tf.Tensor2D },
+    x: tf.Tensor2D,
+    y: tf.Tensor2D | null,
+  ): tf.Tensor2D {
+    const c = this.heldFactors(layer, members, pairs, fuse);
+    const xa = tf.matMul(x, c.a);
+    const a = c.scaled ? xa : (tf.mul(xa, this.heldScaling ?? this.scaling) as tf.Tensor2D);
+    return (y ? tf.fused.matMul({ a, b: c.b, bias: y }) : tf.matMul(a, c.b)) as tf.Tensor2D;
   }
 
   /** [A₁|A₂|…] [in, k·r] and the block-diagonal B [k·r, Σout] of a fused module's members. */
