@@ -150,13 +150,12 @@ export class Qwen2ForCausalLM implements CausalLM {
     const biasData = attentionBias(keyMask, R, S);
     const bias = tf.tensor4d(biasData, [B, 1, R, S]);
     const nKv = c.numKeyValueHeads;
-    const kvBias =
-      R === 1 && cache && tf.getBackend() === "webgpu"
-        ? tf.tensor3d(
-            Float32Array.from({ length: B * nKv * S }, (_, i) => biasData[Math.floor(i / (nKv * S)) * S + (i % S)]),
-            [B * nKv, 1, S],
-          )
-        : null;
+    let kvBias: tf.Tensor3D | null = null;
+    if (R === 1 && cache && tf.getBackend() === "webgpu") {
+      const perKv = new Float32Array(B * nKv * S); // each row's bias once per kv head
+      for (let r = 0; r < B * nKv; r++) perKv.set(biasData.subarray(Math.floor(r / nKv) * S, (Math.floor(r / nKv) + 1) * S), r * S);
+      kvBias = tf.tensor3d(perKv, [B * nKv, 1, S]);
+    }
     let shared: LayerInputs["shared"] = null;
     if (P > 0) {
       const [pc, ps] = table([allPos[0].slice(0, P)], 1, P);
@@ -199,13 +198,26 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   /** Query, key and value heads of qkv [B·T, (nH + 2·nKv)·hd] with RoPE: queries stacked per kv head
-   *  (B·nKv, g·T, hd), keys (B, nKv, hd, T), values (B, nKv, T, hd). */
-  private heads(qkv: tf.Tensor2D, cos: tf.Tensor4D, sin: tf.Tensor4D, B: number, T: number, decode: boolean) {
+   *  (B·nKv, g·T, hd), keys (B, nKv, hd, T), values (B, nKv, T, hd); with `slot` (a decode step, a
+   *  cache layer writable in place) keys and values may be written into the cache at slot.pos
+   *  instead (inSlot; webgpu), kT and v then the cache's tensors. */
+  private heads(
+    qkv: tf.Tensor2D,
+    cos: tf.Tensor4D,
+    sin: tf.Tensor4D,
+    B: number,
+    T: number,
+    decode: boolean,
+    slot: { k: tf.Tensor4D; v: tf.Tensor4D; pos: number } | null = null,
+  ): { qg: tf.Tensor3D; kT: tf.Tensor; v: tf.Tensor; inSlot?: boolean } {
     const c = this.config,
       nH = c.numAttentionHeads,
       nKv = c.numKeyValueHeads,
       hd = c.headDim,
       g = nH / nKv;
+    // webgpu: k and v computed straight into the cache's slot (then kT, v are the cache's own tensors)
+    const into = decode && slot ? decodeHeadsInto(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd), slot.k, slot.v, slot.pos) : null;
+    if (into && slot) return { qg: into, kT: slot.k, v: slot.v, inSlot: true };
     // With one position (a decode step) moving the T axis keeps the element order: a reshape does it.
     const perm = (t: tf.Tensor, p: number[]): tf.Tensor =>
       T === 1
@@ -278,30 +290,13 @@ export class Qwen2ForCausalLM implements CausalLM {
         values = tf.concat([tf.tile(pre.v, [B, 1, 1, 1]), own.v], 2); // (B, nKv, P + T, hd)
       att = tf.concat([this.attend(pre.qg, pre.kT, pre.v, shared.bias, 1, P), this.attend(own.qg, keys, values, bias, B, T)], 0);
     } else {
-      let qg: tf.Tensor3D;
-      // webgpu, a cache with room: the new key and value go straight into its slot
-      const c = this.config;
-      const into =
-        T === 1 && cache && cache.length && cache.writesInPlace(l, S)
-          ? decodeHeadsInto(
-              qkv,
-              cos,
-              sin,
-              c.numAttentionHeads,
-              c.numKeyValueHeads,
-              c.headDim,
-              1 / Math.sqrt(c.headDim),
-              cache.k[l],
-              cache.v[l],
-              cache.length,
-            )
-          : null;
-      if (into && cache) [qg, kT, v] = [into, cache.k[l], cache.v[l]];
-      else {
-        ({ qg, kT, v } = this.heads(qkv, cos, sin, B, T, T === 1 && cache !== null));
-        if (cache && cache.length) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
-      }
-      att = this.attend(qg, kT, v, bias, B, T, ctx.kvBias);
+      // a decode step into a cache with room: its new key and value may go straight into the slot
+      const slot =
+        T === 1 && cache && cache.length && cache.writesInPlace(l, S) ? { k: cache.k[l], v: cache.v[l], pos: cache.length } : null;
+      const h = this.heads(qkv, cos, sin, B, T, T === 1 && cache !== null, slot);
+      ({ kT, v } = h);
+      if (cache && cache.length && !h.inSlot) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
+      att = this.attend(h.qg, kT, v, bias, B, T, ctx.kvBias);
     }
     x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
     const n = this.rmsNorm(x, lw.postNorm);
