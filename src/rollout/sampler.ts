@@ -15,15 +15,16 @@
  *    ~130 ms).
  *  - a draw over the whole vocabulary (a temperature, no top-k or top-p: the rollouts' default) and
  *    greedy (the argmax, lowest id on ties: evaluation's default) where the logits lie, on wasm and
- *    webgpu (engine/draw.ts): the id walk again, nothing or B·2 floats read. On wasm the host walk's float64 arithmetic, rows split over the heap module's threads (32
- *    rows of 151,936 took ~150 ms a step on one thread): the host path's tokens and log-probs. On
- *    webgpu one workgroup per row in float32 with double-float32 running sums: the host's tokens
- *    unless a draw lands within float32 rounding of a boundary, log-probs to ~1e-6.
- *  - candidates (webgpu's top-k and top-p draws, where a read is a transfer and a sync): draws
- *    walk ranks ("rank" walk), since only the most likely tokens reach the host. The device computes per row the top K logits with
- *    their ids, the normaliser's part below them (Σ exp((x − max)/T) over x < the K-th value) and the
- *    count of ties at the K-th value; one read of B·(2 + 2K) floats (K = 64: 17 KB at B 32, instead of
- *    19 MB of logits). The host adds the candidates' weights in float64 and draws with the rank walk's
+ *    webgpu (engine/draw.ts): the id walk again, nothing or B·2 floats read. On wasm the host walk's
+ *    float64 arithmetic, rows split over the heap module's threads (32 rows of 151,936 took ~150 ms
+ *    a step on one thread): the host path's tokens and log-probs. On webgpu one workgroup per row in
+ *    float32 with double-float32 running sums: the host's tokens unless a draw lands within float32
+ *    rounding of a boundary, log-probs to ~1e-6.
+ *  - candidates (webgpu's top-k and top-p draws, where a read is a transfer and a sync): draws walk
+ *    ranks ("rank" walk), since only the most likely tokens reach the host. The device computes per
+ *    row the top K logits with their ids, the normaliser's part below them (Σ exp((x − max)/T) over
+ *    x < the K-th value) and the count of ties at the K-th value; one read of B·(2 + 2K) floats
+ *    (K = 64: 17 KB at B 32, instead of 19 MB of logits). The host adds the candidates' weights in float64 and draws with the rank walk's
  *    own code; a row whose draw or nucleus reaches past its candidates (flat distributions, ties at the
  *    K-th value) reads its logits row and is drawn by the host's rank walk, all such rows in one more
  *    read. Token ids are the rank walk's on the host (`walk: "rank"`, what the tests compare with); the
