@@ -551,8 +551,13 @@ export function splitJobCount(): number {
   return splitJobs;
 }
 
-/** Multiply-adds below which a product stays on the calling thread (a hand-off costs ~10–50 µs). */
-const PARALLEL_MACS = 4 * 1024 * 1024;
+/** Multiply-adds below which a product stays on the calling thread (a hand-off costs ~10–50 µs to a
+ *  sleeping helper, a few µs to one still polling after the last job, as in a decode step). From
+ *  4 M to 1 M, and 256 K for a batch (a decode step's attention: 2 · B · kv heads products of a few
+ *  query heads over the cache), a tiny-preset decode step at batch 64 / 32 took 26% / 19% less time
+ *  (medians of 16, alternating in one process), batch 8 and a training step the same. */
+const PARALLEL_MACS = 1024 * 1024,
+  PARALLEL_SLICE_MACS = 256 * 1024;
 /** Whether B is packed first: only when its panels are read by enough row groups to repay the copy
  *  (1 thread, GFLOP/s: 32×896×4864 40 packed vs 35 in place, 16×4864×896 35 vs 22, but 16×256×512 38
  *  vs 46, 8×256×1376 30 vs 38). */
@@ -593,7 +598,7 @@ export function heapGemm(
   sb = 0,
 ): void {
   const pool = e.pool,
-    parts = ready(pool) && batch * M * N * K >= PARALLEL_MACS ? Math.min(pool.size + 1, batch) : 1;
+    parts = ready(pool) && batch * M * N * K >= (batch > 1 ? PARALLEL_SLICE_MACS : PARALLEL_MACS) ? Math.min(pool.size + 1, batch) : 1;
   if (parts > 1 && (batch % parts === 0 || batch >= 4 * parts || M * N * K < PARALLEL_MACS)) {
     const N8 = N - (N % NR),
       scratch = N8 > 0 && (t & 2 || packs(M, K)) ? scratchFor(e, parts * packBytes(K)) : 0;
