@@ -72,7 +72,7 @@ export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts:
     return tokens;
   };
   const tr = now();
-  const release = model.unpackBase();
+  const release = model.unpackBase({ mergeAdapter: true }); // as rolloutGroups does
   let prefillSeconds = 0;
   try {
     const { logits, cache } = model.prefill(
@@ -145,7 +145,7 @@ export async function decodeScaling(
   steps: number,
 ): Promise<{ rows: number; msPerStep: number; tokensPerS: number }[]> {
   const out: { rows: number; msPerStep: number; tokensPerS: number }[] = [];
-  const release = model.unpackBase();
+  const release = model.unpackBase({ mergeAdapter: true });
   try {
     for (const rows of batches) {
       const ids = tokenBatch(rows, shape.promptLen, model.config.vocabSize, 5);

@@ -2,7 +2,7 @@
  *  steering biases of the rollout bench and tests override prefill/decodeStep and keep per-row state
  *  beside the cache. Anything the wrapped model offers (unpackBase included) stays available. */
 import type * as tf from "@tensorflow/tfjs";
-import type { CausalLM, ForwardOptions, KVCache } from "./types.ts";
+import type { CausalLM, ForwardOptions, KVCache, UnpackOptions } from "./types.ts";
 
 export class DelegatingLM implements CausalLM {
   constructor(protected readonly inner: CausalLM) {}
@@ -33,8 +33,8 @@ export class DelegatingLM implements CausalLM {
   decodeStep(tokens: number[], cache: KVCache, o?: ForwardOptions): tf.Tensor2D {
     return this.inner.decodeStep(tokens, cache, o);
   }
-  unpackBase(): () => void {
-    return this.inner.unpackBase?.() ?? (() => {});
+  unpackBase(opts?: UnpackOptions): () => void {
+    return this.inner.unpackBase?.(opts) ?? (() => {});
   }
   trainableVariables() {
     return this.inner.trainableVariables();

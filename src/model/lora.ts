@@ -250,6 +250,17 @@ export class LoraAdapter {
     return d ? tf.add(y, d) : y;
   }
 
+  /** A fused module's weight delta scaling · [A₁|A₂|…] · blockdiag(B₁, B₂, …) [in, Σout] (zero columns
+   *  for a member without adapter), or its transpose [Σout, in] with outIn (the product taken as
+   *  Bᵀ·Aᵀ, no transpose of the result), or null when no member has one: what merging the adapter
+   *  into a base held in f32 for generation adds to it (PEFT's merge_adapter). Call inside tf.tidy. */
+  fusedWeightDelta(layer: number, members: readonly LoraTarget[], outDims: number[], outIn = false): tf.Tensor2D | null {
+    const pairs = members.map((m) => this.pairs.get(`${layer}.${m}`));
+    if (!pairs.some((p) => p)) return null;
+    const f = this.fuser(pairs, outDims)();
+    return tf.mul(outIn ? tf.matMul(f.b, f.a, true, true) : tf.matMul(f.a, f.b), this.scaling) as tf.Tensor2D;
+  }
+
   /** Whether products use the held factors: generation holds them and no gradient tape records. */
   private heldNow(): boolean {
     return this.holding && tf.engine().state.gradientDepth === 0;

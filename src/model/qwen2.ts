@@ -28,7 +28,7 @@ import { baseBytes, BaseWeight, linearBytes, unpackLinear } from "./weight.ts";
 import type { LayerWeights, Qwen2Weights } from "./weight.ts";
 import { layerTapeBytes } from "./config.ts";
 import { FUSED, FUSED_MODULES } from "./types.ts";
-import type { CausalLM, ForwardOptions, FusedModule, KVCache, LoraConfig, Quantize, Qwen2Config } from "./types.ts";
+import type { CausalLM, ForwardOptions, FusedModule, KVCache, LoraConfig, Quantize, Qwen2Config, UnpackOptions } from "./types.ts";
 
 /** What every layer of one forward shares: shapes, RoPE tables [B, T, 1, hd], the attention bias
  *  [B, 1, T, S] and the cache (null in training forwards). */
@@ -68,6 +68,8 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  bench sets it when it runs a model cut to fewer layers, so the cut model is laid out as the whole. */
   unpackLeft: boolean | undefined = undefined;
   private unpacked = false;
+  /** The adapter merged into the unpacked base (unpackBase's mergeAdapter) until its release. */
+  private merged: LoraAdapter | null = null;
   private readonly invFreq: Float32Array;
 
   constructor(
@@ -112,7 +114,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     const lw = this.weights.layers[layer];
     let y = f === "qkv_proj" ? lw.proj[f].matmulBias(x, lw.qkvBias) : lw.proj[f].matmul(x);
     const ad = this.adapter;
-    if (ad && opts.adapters !== false)
+    if (ad && opts.adapters !== false && this.merged !== ad)
       y = ad.addFusedDelta(
         layer,
         FUSED[f],
@@ -135,6 +137,10 @@ export class Qwen2ForCausalLM implements CausalLM {
       hd = c.headDim,
       P = cache ? 0 : prefix,
       R = T - P; // each row's own tokens after the prefix
+    if (this.merged && (opts.adapters === false || opts.training || tf.engine().state.gradientDepth > 0))
+      throw new Error(
+        `a forward ${opts.adapters === false ? "with adapters off" : "that trains"} while the adapter is merged into the unpacked base (unpackBase mergeAdapter): call its release first`,
+      );
     const keyMask = cache ? mask.map((r, b) => cache.mask[b].concat(r)) : mask;
     const S = cache ? cache.width(T) : keyMask[0].length; // keys attended over: the cache's room included
     const allPos = positionIds(mask, cache?.count);
@@ -511,8 +517,12 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  generation: a decode step otherwise dequantizes the whole base for a few rows of products. The
    *  outputs do not change; memory holds the linear layers in f32 meanwhile. A no-op (with a no-op
    *  release) for an f32 base, when already unpacked, or when unpackForGeneration is false. left:
-   *  the layout (default: unpackLeft). */
-  unpackBase(left = this.unpackLeft): () => void {
+   *  the layout (default: unpackLeft). mergeAdapter: add the adapter's weight deltas into the held
+   *  matrices (PEFT's merge_adapter; TRL merges before handing weights to vLLM), so a decode step runs
+   *  4 products a layer instead of 12 (LoRA on every module) and the outputs agree with the unmerged
+   *  ones to float32 rounding; until the release, forwards with adapters off, training forwards and
+   *  adapter swaps throw (the held weights carry this adapter). */
+  unpackBase(opts: UnpackOptions = {}): () => void {
     // The adapter's fused factors are held for generation too (lora.ts holdFactors).
     const releaseFactors =
       this.adapter?.holdFactors(
@@ -520,11 +530,22 @@ export class Qwen2ForCausalLM implements CausalLM {
         (m) => moduleDims(this.config, m)[1],
       ) ?? (() => {});
     if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return releaseFactors;
-    const pack = unpackLinear(this.weights, left);
+    const pack = unpackLinear(this.weights, opts.left ?? this.unpackLeft);
     this.unpacked = true;
+    if (opts.mergeAdapter && this.adapter) {
+      const ad = this.adapter;
+      this.weights.layers.forEach((lw, l) => {
+        for (const f of FUSED_MODULES) {
+          const outDims = FUSED[f].map((m) => moduleDims(this.config, m)[1]);
+          lw.proj[f].addToUnpacked((outIn) => ad.fusedWeightDelta(l, FUSED[f], outDims, outIn));
+        }
+      });
+      this.merged = ad;
+    }
     return () => {
       pack();
       this.unpacked = false;
+      this.merged = null;
       releaseFactors();
     };
   }
@@ -532,6 +553,8 @@ export class Qwen2ForCausalLM implements CausalLM {
   /** Attach another adapter (or none) and hand back the one attached before, not disposed: a server
    *  holding several adapters switches between them per decode batch (serve/openai/engine.ts). */
   swapAdapter(adapter: LoraAdapter | null): LoraAdapter | null {
+    if (this.merged && adapter !== this.merged)
+      throw new Error("swapAdapter: the adapter is merged into the unpacked base (unpackBase mergeAdapter); release it first");
     const before = this.adapter;
     this.adapter = adapter;
     (this as { lora: LoraConfig | null }).lora = adapter ? adapter.config : null;

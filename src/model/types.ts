@@ -50,6 +50,13 @@ export interface KVCache {
   dispose(): void;
 }
 
+/** How unpackBase holds the base: left, the layout ([out, in], multiplied as the left operand; default
+ *  by size); mergeAdapter, whether the adapter is merged into the held weights. */
+export interface UnpackOptions {
+  left?: boolean;
+  mergeAdapter?: boolean;
+}
+
 export interface ForwardOptions {
   /** false = run the frozen base with LoRA switched off (the GRPO reference policy). Default true. */
   adapters?: boolean;
@@ -88,8 +95,11 @@ export interface CausalLM {
   decodeStep(tokens: number[], cache: KVCache, opts?: ForwardOptions): tf.Tensor2D;
 
   /** Optional: hold a quantized base dequantized for generation until the returned release is called
-   *  (same outputs, faster decoding, f32 memory meanwhile). rolloutGroups calls it when present. */
-  unpackBase?(): () => void;
+   *  (same outputs, faster decoding, f32 memory meanwhile). rolloutGroups calls it when present.
+   *  mergeAdapter: also add the adapter's LoRA terms into those f32 weights, so a decode step runs no
+   *  LoRA products (outputs equal to float32 rounding); forwards with adapters off, training
+   *  forwards and adapter swaps then fail until the release. */
+  unpackBase?(opts?: UnpackOptions): () => void;
 
   /** Optional: true when tokenLogprobs runs the prefix its rows share once (GRPO then keeps the
    *  rollouts of one prompt together in its micro-batches). */

@@ -71,6 +71,21 @@ export class BaseWeight {
     this.unpacked = null;
   }
 
+  /** Adds delta(left) to the values held while unpacked (an adapter merged for generation): delta in
+   *  the held layout, [out, in] when left, else [in, out]; null adds nothing. pack() drops the sum, so
+   *  the quantized matrix itself never changes. */
+  addToUnpacked(delta: (left: boolean) => tf.Tensor2D | null): void {
+    const u = this.unpacked;
+    if (!u) throw new Error("addToUnpacked: the matrix is not unpacked (unpack it first)");
+    const w = tf.tidy(() => {
+      const d = delta(u.left);
+      return d ? (tf.add(u.w, d) as tf.Tensor2D) : u.w;
+    });
+    if (w === u.w) return;
+    u.w.dispose();
+    this.unpacked = { w, left: u.left };
+  }
+
   /** f32 [in, out] (dequantized when quantized). Call inside tf.tidy. Not for a matrix held in column
    *  blocks (it would bind the whole): use matmul, columns, backward or outInData. */
   value(): tf.Tensor2D {

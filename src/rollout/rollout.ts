@@ -64,7 +64,8 @@ export async function rolloutGroups(
   cfg: RolloutConfig,
 ): Promise<Trajectory[]> {
   checkConfig(prompts, cfg);
-  const release = model.unpackBase?.();
+  // a decode step then runs no LoRA products: the adapter's deltas are added into the held f32 base
+  const release = model.unpackBase?.({ mergeAdapter: cfg.adapters ?? true });
   try {
     return await generate(model, tokenizer, prompts, cfg);
   } finally {

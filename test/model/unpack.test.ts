@@ -51,7 +51,7 @@ describe("unpackBase", () => {
       };
       const packed = await run();
       const before = tf.memory().numTensors;
-      const release = m.unpackBase(left);
+      const release = m.unpackBase({ left });
       // per (fused) linear module: one f32 matrix, and the adapter's two held factors (lora.ts
       // holdFactors); and the adapter's scaling as one tensor
       const held = 3 * FUSED_MODULES.length * m.config.numHiddenLayers + 1;
@@ -70,6 +70,71 @@ describe("unpackBase", () => {
           expect(Math.max(...g.map((v, j) => Math.abs(v - packed.grads[i][j]))) / scale).toBeLessThanOrEqual(1e-5);
         });
       else expect(unpacked.grads).toEqual(packed.grads);
+      m.dispose();
+      expect(tf.memory().numTensors).toBe(start);
+    },
+  );
+
+  it.each([false, true])(
+    "mergeAdapter (left layout %s): the adapter's terms go into the held base: decode logits within float32 rounding of the unmerged ones, no LoRA products in a decode step, the packed model's very outputs after release",
+    async (left) => {
+      const start = tf.memory().numTensors;
+      const m = await loadModel(FIX, { quantize: "nf4", lora: { ...LORA, targetModules: [...LORA.targetModules] }, seed: 1 });
+      // a trained adapter's B is not zero (PEFT's init is): give every factor values
+      tf.tidy(() => m.trainableVariables().forEach((v) => v.assign(tf.mul(tf.randomNormal(v.shape, 0, 1, "float32", 3), 0.2))));
+      const ids = [
+        [0, 3, 1, 4, 1, 5],
+        [2, 7, 1, 8, 2, 8],
+      ];
+      const mask = [
+        [0, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 1],
+      ];
+      const decode = async () => {
+        const { logits: first, cache } = m.prefill(ids, mask);
+        const step = m.decodeStep([9, 6], cache);
+        const info = await tf.profile(() => m.decodeStep([4, 2], cache));
+        (info.result as tf.Tensor).dispose();
+        const products = info.kernels.filter((k) => /MatMul|XWT/.test(k.name)).length;
+        const out = [...(await first.data()), ...(await step.data())];
+        tf.dispose([first, step]);
+        cache.dispose();
+        return { out, products };
+      };
+      const logitsNow = async () => {
+        const t = m.forward(ids, mask);
+        const out = Array.from(await t.data());
+        t.dispose();
+        return out;
+      };
+      const packedOut = await logitsNow();
+      let release = m.unpackBase({ left });
+      const unmerged = await decode();
+      release();
+      const ad = m.swapAdapter(null);
+      release = m.unpackBase({ left });
+      const noAdapter = await decode();
+      release();
+      m.swapAdapter(ad);
+      const before = tf.memory().numTensors;
+      release = m.unpackBase({ left, mergeAdapter: true });
+      const merged = await decode();
+      const diff = Math.max(...merged.out.map((x, i) => Math.abs(x - unmerged.out[i])));
+      expect(diff).toBeGreaterThan(0); // merged weights round differently: a real merge ran
+      expect(diff).toBeLessThanOrEqual(1e-4 * Math.max(...unmerged.out.map(Math.abs)));
+      expect(merged.products).toBe(noAdapter.products);
+      expect(merged.products).toBeLessThan(unmerged.products);
+      // the held weights carry this adapter: base-only, training forwards and adapter swaps are refused
+      expect(() => m.forward(ids, mask, { adapters: false })).toThrow(/adapters off.*release/);
+      expect(() => m.tokenLogprobs(ids, mask, { training: true })).toThrow(/trains.*release/);
+      expect(() => tf.variableGrads(() => tf.sum(m.tokenLogprobs(ids, mask).logprobs) as tf.Scalar, m.trainableVariables())).toThrow(
+        /trains.*release/,
+      );
+      expect(() => m.swapAdapter(null)).toThrow(/merged.*release/);
+      release();
+      expect(tf.memory().numTensors).toBe(before);
+      expect(await logitsNow()).toEqual(packedOut);
+      expect(() => m.forward(ids, mask, { adapters: false }).dispose()).not.toThrow();
       m.dispose();
       expect(tf.memory().numTensors).toBe(start);
     },

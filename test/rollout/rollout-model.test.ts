@@ -11,7 +11,7 @@ import { createModel } from "../../src/model/load.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { buildTinyTokenizer, saveTinyTokenizer } from "../../scripts/lib/tiny-tokenizer.ts";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
-import type { CausalLM, ChatMessage, KVCache, Tokenizer } from "../../src/model/types.ts";
+import type { CausalLM, ChatMessage, KVCache, Tokenizer, UnpackOptions } from "../../src/model/types.ts";
 import type { Tool } from "../../src/agents/types.ts";
 import { rolloutGroups, type RolloutConfig } from "../../src/rollout/rollout.ts";
 import { Rng } from "../../src/util/rng.ts";
@@ -125,6 +125,36 @@ describe("rolloutGroups on Qwen2", () => {
         if (t.lossMask[i] === 1) expect(Math.abs(t.sampleLogprobs[i] - lp[b][start + i])).toBeLessThan(1e-4);
       });
     });
+  });
+  it("merges the adapter into the unpacked base for generation (not with adapters off): the same greedy rollouts", async () => {
+    const q = await createModel(model.config, {
+      seed: 7,
+      quantize: "nf4",
+      lora: { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] },
+    });
+    tf.tidy(() => q.trainableVariables().forEach((v) => v.assign(tf.mul(tf.randomNormal(v.shape, 0, 1, "float32", 5), 0.3))));
+    const seen: (UnpackOptions | undefined)[] = [];
+    class Spy extends DelegatingLM {
+      unpackBase(o?: UnpackOptions) {
+        seen.push(o);
+        return super.unpackBase(o);
+      }
+    }
+    class NoMerge extends DelegatingLM {
+      unpackBase(o?: UnpackOptions) {
+        return super.unpackBase({ ...o, mergeAdapter: false });
+      }
+    }
+    const before = tf.memory().numTensors;
+    const merged = await rolloutGroups(new Spy(q), tok, prompts, cfg({ samplesPerPrompt: 2 }));
+    const plain = await rolloutGroups(new NoMerge(q), tok, prompts, cfg({ samplesPerPrompt: 2 }));
+    expect(seen).toEqual([{ mergeAdapter: true }]);
+    expect(merged.map((t) => t.completionIds)).toEqual(plain.map((t) => t.completionIds));
+    merged.forEach((t, i) => t.sampleLogprobs.forEach((lp, j) => expect(lp).toBeCloseTo(plain[i].sampleLogprobs[j], 4)));
+    await rolloutGroups(new Spy(q), tok, prompts, cfg({ adapters: false }));
+    expect(seen[1]).toEqual({ mergeAdapter: false });
+    expect(tf.memory().numTensors).toBe(before);
+    q.dispose();
   });
 });
 
