@@ -9,7 +9,7 @@
  *  validation errors, which do not throw and leave stale data behind, stop the process loudly.
  *  Leaves out: choosing among several adapters (Dawn's `adapter=NAME` in MARL_DAWN_OPTS does that). */
 import * as tf from "@tensorflow/tfjs";
-import { existsSync } from "node:fs";
+import { existsSync, readdirSync, statSync } from "node:fs";
 import { registerWebgpuDequantize } from "./dequant-webgpu.ts";
 
 /** What the adapter is, as printed once when the backend starts. */
@@ -66,6 +66,29 @@ function vulkanLoaderFound(): boolean {
   return dirs.some((d) => existsSync(`${d}/libvulkan.so.1`));
 }
 
+/** Whether the Vulkan loader will find a driver (an ICD manifest), as it searches on Linux: the files
+ *  or folders VK_DRIVER_FILES / VK_ICD_FILENAMES name (or VK_ADD_DRIVER_FILES adds), else the
+ *  icd.d folders under XDG_CONFIG_HOME, XDG_CONFIG_DIRS (default /etc/xdg), sysconf, XDG_DATA_HOME
+ *  (default ~/.local/share) and XDG_DATA_DIRS (default /usr/local/share:/usr/share). A folder counts
+ *  when it holds a .json file. Other platforms: true (Metal, D3D12). */
+export function vulkanDriverFound(env: NodeJS.ProcessEnv = process.env, platform: string = process.platform, sysconf = "/etc"): boolean {
+  if (platform !== "linux") return true;
+  const manifest = (p: string) => {
+    try {
+      return statSync(p).isDirectory() ? readdirSync(p).some((f) => f.endsWith(".json")) : existsSync(p);
+    } catch {
+      return false;
+    }
+  };
+  const list = (v: string | undefined) => (v ?? "").split(":").filter(Boolean);
+  const named = [...list(env.VK_DRIVER_FILES ?? env.VK_ICD_FILENAMES), ...list(env.VK_ADD_DRIVER_FILES)];
+  if (env.VK_DRIVER_FILES ?? env.VK_ICD_FILENAMES) return named.some(manifest); // they replace the search
+  const home = env.HOME ?? "";
+  const config = [env.XDG_CONFIG_HOME ?? `${home}/.config`, ...list(env.XDG_CONFIG_DIRS ?? "/etc/xdg"), sysconf];
+  const data = [env.XDG_DATA_HOME ?? `${home}/.local/share`, ...list(env.XDG_DATA_DIRS ?? "/usr/local/share:/usr/share")];
+  return named.some(manifest) || [...config, ...data].some((d) => manifest(`${d}/vulkan/icd.d`));
+}
+
 let probe: Promise<WebgpuProbe> | null = null;
 
 /** Whether the current backend is webgpu on a software (fallback) adapter. */
@@ -84,8 +107,12 @@ export function registerWebgpu(hardwareOnly: boolean): Promise<WebgpuProbe> {
 }
 
 async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
-  // Without a loader Dawn can only fail (and warns on stderr): `auto` moves on quietly.
-  if (hardwareOnly && !vulkanLoaderFound()) return { ok: false, reason: "the Vulkan loader libvulkan.so.1 is not installed" };
+  // Without a loader or a driver Dawn can only fail (and warns on stderr, three lines from Vulkan):
+  // `auto` moves on quietly. Dawn options (MARL_DAWN_OPTS) may pick another backend: then it tries.
+  if (hardwareOnly && !process.env.MARL_DAWN_OPTS) {
+    if (!vulkanLoaderFound()) return { ok: false, reason: "the Vulkan loader libvulkan.so.1 is not installed" };
+    if (!vulkanDriverFound()) return { ok: false, reason: "no Vulkan driver is installed (no ICD manifest where the loader looks)" };
+  }
   let dawn: typeof import("webgpu");
   try {
     dawn = await import("webgpu");
