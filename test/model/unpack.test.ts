@@ -15,6 +15,15 @@ const LORA = {
   dropout: 0,
   targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] as const,
 };
+// two rows, the first left-padded
+const ids = [
+  [0, 3, 1, 4, 1, 5],
+  [2, 7, 1, 8, 2, 8],
+];
+const mask = [
+  [0, 1, 1, 1, 1, 1],
+  [1, 1, 1, 1, 1, 1],
+];
 beforeAll(() => initBackend("wasm"));
 
 describe("unpackBase", () => {
@@ -27,14 +36,6 @@ describe("unpackBase", () => {
     async (quantize, left) => {
       const start = tf.memory().numTensors;
       const m = await loadModel(FIX, { quantize, lora: { ...LORA, targetModules: [...LORA.targetModules] }, seed: 1 });
-      const ids = [
-        [0, 3, 1, 4, 1, 5],
-        [2, 7, 1, 8, 2, 8],
-      ];
-      const mask = [
-        [0, 1, 1, 1, 1, 1],
-        [1, 1, 1, 1, 1, 1],
-      ];
       const run = async () => {
         const out = m.forward(ids, mask);
         const logits = Array.from(await out.data());
@@ -82,14 +83,6 @@ describe("unpackBase", () => {
       const m = await loadModel(FIX, { quantize: "nf4", lora: { ...LORA, targetModules: [...LORA.targetModules] }, seed: 1 });
       // a trained adapter's B is not zero (PEFT's init is): give every factor values
       tf.tidy(() => m.trainableVariables().forEach((v) => v.assign(tf.mul(tf.randomNormal(v.shape, 0, 1, "float32", 3), 0.2))));
-      const ids = [
-        [0, 3, 1, 4, 1, 5],
-        [2, 7, 1, 8, 2, 8],
-      ];
-      const mask = [
-        [0, 1, 1, 1, 1, 1],
-        [1, 1, 1, 1, 1, 1],
-      ];
       const decode = async () => {
         const { logits: first, cache } = m.prefill(ids, mask);
         const step = m.decodeStep([9, 6], cache);
