@@ -28,7 +28,17 @@ import { baseBytes, BaseWeight, linearBytes, unpackLinear } from "./weight.ts";
 import type { LayerWeights, Qwen2Weights } from "./weight.ts";
 import { layerTapeBytes } from "./config.ts";
 import { FUSED, FUSED_MODULES } from "./types.ts";
-import type { CausalLM, ForwardOptions, FusedModule, KVCache, LoraConfig, Quantize, Qwen2Config, UnpackOptions } from "./types.ts";
+import type {
+  CausalLM,
+  ForwardOptions,
+  FusedModule,
+  KVCache,
+  LoraConfig,
+  LoraTarget,
+  Quantize,
+  Qwen2Config,
+  UnpackOptions,
+} from "./types.ts";
 
 /** What every layer of one forward shares: shapes, RoPE tables [B, T, 1, hd], the attention bias
  *  [B, 1, T, S] and the cache (null in training forwards). */
@@ -523,23 +533,25 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  ones to float32 rounding; until the release, forwards with adapters off, training forwards and
    *  adapter swaps throw (the held weights carry this adapter). */
   unpackBase(opts: UnpackOptions = {}): () => void {
-    // The adapter's fused factors are held for generation too (lora.ts holdFactors).
-    const releaseFactors =
-      this.adapter?.holdFactors(
-        FUSED_MODULES.map((f) => FUSED[f]),
-        (m) => moduleDims(this.config, m)[1],
-      ) ?? (() => {});
-    if (this.quantize === "none" || this.unpacked || !this.unpackForGeneration) return releaseFactors;
+    const unpacks = this.quantize !== "none" && !this.unpacked && this.unpackForGeneration;
+    const ad = unpacks && opts.mergeAdapter ? this.adapter : null; // the adapter to merge
+    const outDim = (m: LoraTarget) => moduleDims(this.config, m)[1];
+    // The adapter's fused factors are held for generation too (lora.ts holdFactors), unless merged:
+    // then no LoRA product runs.
+    const releaseFactors = ad
+      ? () => {}
+      : (this.adapter?.holdFactors(
+          FUSED_MODULES.map((f) => FUSED[f]),
+          outDim,
+        ) ?? (() => {}));
+    if (!unpacks) return releaseFactors;
     const pack = unpackLinear(this.weights, opts.left ?? this.unpackLeft);
     this.unpacked = true;
-    if (opts.mergeAdapter && this.adapter) {
-      const ad = this.adapter;
-      this.weights.layers.forEach((lw, l) => {
-        for (const f of FUSED_MODULES) {
-          const outDims = FUSED[f].map((m) => moduleDims(this.config, m)[1]);
-          lw.proj[f].addToUnpacked((outIn) => ad.fusedWeightDelta(l, FUSED[f], outDims, outIn));
-        }
-      });
+    if (ad) {
+      for (const f of FUSED_MODULES) {
+        const dims = FUSED[f].map(outDim);
+        this.weights.layers.forEach((lw, l) => lw.proj[f].addToUnpacked((outIn) => ad.fusedWeightDelta(l, FUSED[f], dims, outIn)));
+      }
       this.merged = ad;
     }
     return () => {

@@ -111,6 +111,8 @@ describe("unpackBase", () => {
       m.swapAdapter(ad);
       const before = tf.memory().numTensors;
       release = m.unpackBase({ left, mergeAdapter: true });
+      // one f32 matrix per fused module, and no held LoRA factors: a merged step runs no LoRA product
+      expect(tf.memory().numTensors).toBe(before + FUSED_MODULES.length * m.config.numHiddenLayers);
       const merged = await decode();
       const diff = Math.max(...merged.out.map((x, i) => Math.abs(x - unmerged.out[i])));
       expect(diff).toBeGreaterThan(0); // merged weights round differently: a real merge ran
