@@ -38,6 +38,10 @@ export interface PolicyLossInputs {
   refLogp: tf.Tensor2D | null; // [N, T] reference policy, or null when beta = 0
   advantages: tf.Tensor1D; // [N]
   mask: tf.Tensor2D; // [N, T] 1 on tokens the policy wrote, 0 on prompt, tool output, padding
+  /** [N, T] truncated importance-sampling weights min(π_trainer / π_engine, C), no gradient: the
+   *  policy term of each token is multiplied by its weight (the KL term is not), as verl's and TRL's
+   *  vLLM paths correct for an inference engine that samples a slightly different policy. */
+  isWeights?: tf.Tensor2D;
 }
 
 /** What a per-token term sees: ρ and logp are 1 and 0 off the mask. */
@@ -174,6 +178,7 @@ export function perTokenLoss(
   const high = tf.logicalAnd(tf.greater(ratio, 1 + cfg.epsilonHigh), tf.greater(adv, 0)) as tf.Tensor2D;
   const entry = POLICY_LOSSES[cfg.lossType] as PolicyLossEntry;
   let loss = entry.term({ ratio, logp: tf.where(on, x.logp, zeros) as tf.Tensor2D, adv, low, high }, cfg);
+  if (x.isWeights) loss = tf.mul(loss, x.isWeights) as tf.Tensor2D;
   let kl: tf.Tensor2D | null = null;
   if (x.refLogp !== null && cfg.beta > 0) {
     const d = tf.clipByValue(tf.where(on, tf.sub(x.refLogp, x.logp), zeros), -LOG_RATIO_BOUND, LOG_RATIO_BOUND); // [N, T] ref − logp
@@ -254,6 +259,7 @@ function checkShapes(x: PolicyLossInputs): void {
   same("oldLogp", x.oldLogp.shape);
   same("mask", x.mask.shape);
   if (x.refLogp !== null) same("refLogp", x.refLogp.shape);
+  if (x.isWeights) same("isWeights", x.isWeights.shape);
   if (x.advantages.shape.length !== 1 || x.advantages.shape[0] !== n)
     throw new Error(`advantages has shape [${x.advantages.shape}]; expected [${n}], one per sequence`);
 }

@@ -287,3 +287,48 @@ describe("grpoStep with behaviour log-probs (an inference engine's)", () => {
     expect(stale.after).not.toEqual(same.after);
   });
 });
+
+describe("grpoStep with truncated importance sampling (tisCap)", () => {
+  const logprobsOf = (m: BigramLM, ids: number[]) => tf.tidy(() => m.tokenLogprobs([ids], [ids.map(() => 1)]).logprobs.arraySync()[0]);
+  const rollouts = batch([
+    [1, 0, 0],
+    [0, 1, 1],
+  ]);
+  // The engine saw every token e^shift times less likely than the trainer: π_trainer / π_engine = e^shift.
+  const run = async (shift: number, tisCap: number | undefined, offPolicy = false) => {
+    const m = new BigramLM(V, undefined, init());
+    const opt = new AdamW(m.trainableVariables(), { lr: 0.05, weightDecay: 0 });
+    const withBehaviour = rollouts.map((r) => ({
+      ...r,
+      behaviourLogprobs: logprobsOf(m, r.ids).map((x, t) => (t === 0 ? NaN : x - shift)),
+    }));
+    const n0 = tf.memory().numTensors;
+    const s = await grpoStep(m, opt, withBehaviour, { ...cfg, lossType: "bnpo", tisCap, offPolicy }); // bnpo: the loss is not 0 at ρ = 1
+    expect(tf.memory().numTensors).toBe(n0);
+    opt.dispose();
+    m.dispose();
+    return s;
+  };
+
+  it("weights each token's policy term by min(π_trainer / π_engine, cap) and reports the share cut", async () => {
+    const plain = await run(0.5, undefined);
+    expect(plain.tisClipped).toBeNaN(); // off
+    expect(plain.loss).not.toBe(0);
+    const below = await run(0.5, 2); // weight e^0.5 ≈ 1.65 < 2 everywhere: the loss scales by it
+    expect(below.loss / plain.loss).toBeCloseTo(Math.exp(0.5), 4);
+    expect(below.tisClipped).toBe(0);
+    const capped = await run(1, 2); // e^1 > 2: every weight is cut to the cap
+    expect(capped.loss / plain.loss).toBeCloseTo(2, 4);
+    expect(capped.tisClipped).toBe(1);
+    const under = await run(-1, 2); // the engine found the tokens likelier: weight e^-1
+    expect(under.loss / plain.loss).toBeCloseTo(Math.exp(-1), 4);
+    expect((await run(0.5, 0)).loss).toBeCloseTo(plain.loss, 6); // 0: off
+  });
+
+  it("does nothing when the behaviour log-probs are π_old itself (offPolicy)", async () => {
+    const a = await run(0.05, 2, true);
+    const b = await run(0.05, undefined, true);
+    expect(a.loss).toBeCloseTo(b.loss, 6);
+    expect(a.tisClipped).toBeNaN();
+  });
+});
