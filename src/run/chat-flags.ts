@@ -2,7 +2,7 @@
  *  under these names. */
 import { parseFloatArg, parseIntArg } from "./cli.ts";
 import { commandOf, flag, optional, type FlagTable, type OptionsOf } from "./flags.ts";
-import { modelFlags, toolFlags } from "./options.ts";
+import { engineFlags, modelFlags, toolFlags } from "./options.ts";
 
 export const CHAT_HELP = "commands: /reset (new conversation), /temp T (0 = greedy), /tools on|off, /exit";
 
@@ -19,6 +19,9 @@ export const CHAT_FLAGS = {
     512,
   ),
   max_turns: flag("--max_turns <n>", "assistant turns per reply (each tool call starts a new one)", parseIntArg("max_turns", 1), 8),
+  ...engineFlags(
+    "what generates the replies: local (this process's tfjs model) or llama (llama.cpp in this process through node-llama-cpp, the checkpoint converted to GGUF once)",
+  ),
 } satisfies FlagTable;
 
 export type ChatFlags = OptionsOf<typeof CHAT_FLAGS>;

@@ -18,8 +18,10 @@ import { Rng } from "../util/rng.ts";
 import { CHAT_FLAGS, CHAT_HELP, chatCommand, TINY_CHAT_PRESET, type ChatFlags } from "./chat-flags.ts";
 import { TINY_EVAL_MODELS } from "./eval-run.ts";
 import { parseFlags } from "./flags.ts";
-import { toolConfig } from "./options.ts";
-import { checkModelSource, openPolicy } from "./policy.ts";
+import { engineOptions, toolConfig } from "./options.ts";
+import { checkModelSource, openPolicy, type Policy } from "./policy.ts";
+import { openGenerationEngine } from "./rollout-engine.ts";
+import type { RolloutEngine } from "../rollout/engines/types.ts";
 
 export { CHAT_HELP, chatCommand };
 
@@ -139,6 +141,8 @@ export class TokenStreamer {
 export type ChatOptions = Pick<ChatFlags, "temperature" | "top_p" | "max_new_tokens" | "max_turns" | "tools_in_prompt" | "seed"> & {
   systemPrompt?: string;
   tools?: Tool[];
+  /** The rollout engine's generate (rollout/engines/); default: this process's model. */
+  generate?: RolloutEngine["generate"];
 };
 
 /** A tool call's arguments as chat shows them: a lone string argument as itself (`16-3` for
@@ -189,7 +193,8 @@ export class ChatSession {
         }))
       : [];
     const conversation: ChatMessage[] = [...this.messages, { role: "user", content: text }];
-    const [traj] = await rolloutGroups(this.model, this.tokenizer, [conversation], {
+    const generate = this.o.generate ?? ((p, c) => rolloutGroups(this.model, this.tokenizer, p, c));
+    const [traj] = await generate([conversation], {
       samplesPerPrompt: 1,
       maxNewTokens: this.o.max_new_tokens,
       maxTurns: this.toolsOn ? this.o.max_turns : 1, // tools off: the first turn is the answer
@@ -277,13 +282,16 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[], open: Ope
     threads: cfg.threads,
     unpackBase: cfg.unpack_base,
   });
+  let engine: RolloutEngine | null = null;
   try {
     checkToolsFit(policy.tokenizer, policy.model.config.maxPositionEmbeddings, tools, cfg.max_new_tokens, cfg.tools_in_prompt);
+    if (cfg.rollout_engine !== "local") engine = await openGenerationEngine(policy as Policy, engineOptions(cfg), { tools, log: note });
   } catch (err) {
     policy.model.dispose();
     throw err;
   }
-  const session = new ChatSession(policy.model, policy.tokenizer, { ...cfg, tools });
+  const generate = engine ? engine.generate.bind(engine) : undefined;
+  const session = new ChatSession(policy.model, policy.tokenizer, { ...cfg, tools, generate });
   const rl = readline.createInterface({
     input: io.input,
     output: interactive ? io.output : undefined,
@@ -343,6 +351,7 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[], open: Ope
     }
   } finally {
     rl.close();
+    await engine?.close();
     policy.model.dispose();
   }
 }

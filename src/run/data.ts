@@ -8,6 +8,8 @@ import { loadGsm8k } from "../datasets/gsm8k.ts";
 import { generateSynthetic, type SyntheticOptions } from "../datasets/synthetic.ts";
 import { isTaskFile, loadTasks, type Task } from "../datasets/tasks.ts";
 import { TINY_SEEDS } from "../presets/tiny.ts";
+import { environmentTasks, expandRanges, formatRanges } from "../envs/episodes.ts";
+import { Rng } from "../util/rng.ts";
 
 export type Purpose = "sft" | "rl" | "eval";
 const SEED: Record<Purpose, number> = { sft: TINY_SEEDS.sft, rl: TINY_SEEDS.rl, eval: TINY_SEEDS.eval };
@@ -121,5 +123,34 @@ export async function loadTrainingData(
     train,
     heldOut,
     split: `${spec.dataset}: rows 1-${cut} for training (${train.length} used), the last ${heldOutN} held out (${heldOut.length} after dropping questions also in training)`,
+  };
+}
+
+/** --env's training and held-out tasks: the held-out ones are the first --eval_samples of
+ *  --env_eval_tasks, and the two range lists may not share a data_idx. */
+export function environmentSplit(env: string, trainSpec: string, heldOutSpec: string, evalSamples: number) {
+  const train = expandRanges(trainSpec);
+  const heldOut = expandRanges(heldOutSpec);
+  const trainSet = new Set(train);
+  const shared = heldOut.filter((i) => trainSet.has(i));
+  if (shared.length > 0)
+    throw new UsageError(
+      `--env_tasks ${trainSpec} and --env_eval_tasks ${heldOutSpec} share data_idx ${formatRanges(shared)}; held-out tasks must not be trained on`,
+    );
+  const evaluated = heldOut.slice(0, evalSamples);
+  return {
+    train: environmentTasks(train),
+    heldOut: environmentTasks(evaluated),
+    split: `environment ${env}: train data_idx ${trainSpec}; ${evaluated.length > 0 ? `held out data_idx ${formatRanges(evaluated)}` : "none held out (--eval_samples 0)"}`,
+  };
+}
+
+/** The i-th question of an endless stream: the data in a fresh seeded order every pass. */
+export function dataStream(examples: Task[], seed: number) {
+  const orders = new Map<number, number[]>();
+  return (i: number): Task => {
+    const pass = Math.floor(i / examples.length);
+    if (!orders.has(pass)) orders.set(pass, new Rng(seed * 7919 + pass).shuffle(examples.map((_, k) => k)));
+    return examples[orders.get(pass)![i % examples.length]];
   };
 }

@@ -5,7 +5,7 @@ import { UsageError } from "../util/errors.ts";
 import type { Quantize } from "../model/types.ts";
 import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
 import { HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";
-import { envFlags, modelFlags, QUANTIZE_CHOICES, toolFlags } from "./options.ts";
+import { engineFlags, envFlags, modelFlags, QUANTIZE_CHOICES, toolFlags } from "./options.ts";
 
 export const EVAL_FLAGS = {
   ...modelFlags({ modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" }),
@@ -65,6 +65,9 @@ export const EVAL_FLAGS = {
     "where eval.json, samples-*.jsonl and report.html go (default outputs/<model name>/eval; tiny: outputs/tiny/eval)",
   ),
   overwrite: toggle("--overwrite", "replace an earlier evaluation in --output_dir", false),
+  ...engineFlags(
+    "what generates the rollouts: local (this process's tfjs model) or llama (llama.cpp in this process through node-llama-cpp, each checkpoint converted to GGUF once; a run trained with --rollout_engine llama is evaluated as it was trained)",
+  ),
 } satisfies FlagTable;
 
 export type EvalFlags = OptionsOf<typeof EVAL_FLAGS>;

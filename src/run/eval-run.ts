@@ -29,8 +29,9 @@ import { checkDataset, loadExamples, type Purpose } from "./data.ts";
 import { EVAL_FLAGS, evalCommand, TINY_EVAL_PRESET, type EvalFlags } from "./eval-flags.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
 import { defaultsOf, parseFlags } from "./flags.ts";
-import { toolConfig } from "./options.ts";
+import { engineOptions, toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
+import { openGenerationEngine } from "./rollout-engine.ts";
 
 export { evalCommand, TINY_EVAL_PRESET };
 
@@ -212,7 +213,12 @@ export type EvalProtocol = Pick<
   EvalFlags,
   "samples_per_prompt" | "temperature" | "batch_size" | "max_new_tokens" | "max_turns" | "tools_in_prompt" | "seed" | "backend"
 > &
-  Partial<Pick<EvalFlags, "tools" | "tool_timeout" | "tool_max_chars" | "threads" | "unpack_base">>;
+  Partial<
+    Pick<
+      EvalFlags,
+      "tools" | "tool_timeout" | "tool_max_chars" | "threads" | "unpack_base" | "rollout_engine" | "engine_weights" | "engine_gpu"
+    >
+  >;
 
 /** One model opened, evaluated on `examples` and disposed again, so only one is in memory at a time.
  *  `onProgress` runs after each batch; an error it throws abandons the evaluation at that point.
@@ -236,10 +242,19 @@ export async function evaluateModel(
       threads: p.threads,
       unpackBase: p.unpack_base,
     });
+    const tools = run.tools ?? own?.tools ?? [];
+    const engine =
+      p.rollout_engine && p.rollout_engine !== "local"
+        ? await openGenerationEngine(
+            policy,
+            engineOptions({ engine_weights: "f16", engine_gpu: "auto", ...p, rollout_engine: p.rollout_engine }),
+            { tools },
+          )
+        : null;
     try {
-      const tools = run.tools ?? own?.tools ?? [];
       checkToolsFit(policy.tokenizer, policy.model.config.maxPositionEmbeddings, tools, p.max_new_tokens, p.tools_in_prompt);
       return await evaluate(policy.model, policy.tokenizer, examples, {
+        generate: engine ? (prompts, c) => engine.generate(prompts, c) : undefined,
         samplesPerPrompt: p.samples_per_prompt,
         temperature: p.temperature,
         batchSize: p.batch_size,
@@ -252,6 +267,7 @@ export async function evaluateModel(
         onProgress,
       });
     } finally {
+      await engine?.close();
       policy.model.dispose();
     }
   } finally {

@@ -16,6 +16,7 @@ import type { EnvironmentFactory } from "../envs/types.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
 import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import type { TurnRecord } from "../rollout/types.ts";
+import type { RolloutEngine } from "../rollout/engines/types.ts";
 import { judgeRollout } from "../datasets/scorers.ts";
 import { passAtK, wilsonInterval, type Interval } from "../trainer/stats.ts";
 import type { MetricsLogger } from "../trainer/metrics.ts";
@@ -37,6 +38,8 @@ export interface EvalOptions {
   /** Roll out against this environment instead: each task's id is its data_idx. */
   envs?: EnvironmentFactory;
   onProgress?: (done: number, total: number) => void;
+  /** The rollout engine's generate (rollout/engines/); default: this process's model. */
+  generate?: RolloutEngine["generate"];
 }
 
 export interface EvalSample {
@@ -144,7 +147,8 @@ export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: 
       const prompts = episodes
         ? episodes.observations.map((obs) => episodePrompt(o.envs!, obs))
         : batch.map((ex) => toPrompt(ex.question, systemPromptFor(o.tools, ex.answerSchema ?? schema)));
-      trajs = await rolloutGroups(model, tokenizer, prompts, {
+      const generate = o.generate ?? ((p, c) => rolloutGroups(model, tokenizer, p, c));
+      trajs = await generate(prompts, {
         samplesPerPrompt: o.samplesPerPrompt,
         maxNewTokens: o.maxNewTokens,
         maxTurns: o.maxTurns,
@@ -218,6 +222,7 @@ export async function finalEvaluation(
     seed: number;
     tools: Tool[];
     envs?: EnvironmentFactory;
+    generate?: RolloutEngine["generate"];
     outputDir: string;
     metrics: MetricsLogger;
     step: number;
@@ -235,6 +240,7 @@ export async function finalEvaluation(
     seed: o.seed,
     tools: o.tools,
     envs: o.envs,
+    generate: o.generate,
   });
   o.log(`eval (held-out, greedy): ${formatEvalLine(r)}`);
   o.metrics.log(o.step, {

@@ -2,13 +2,17 @@
  *  holds them under these names, and a resumed run must match every one not marked `free`. */
 import { parseChoice, parseFloatArg, parseIntArg } from "./cli.ts";
 import { IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, type ImportanceSamplingLevel, type LossType } from "../trainer/policy-loss.ts";
-import { commandOf, flag, optional, parseFlags, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
-import { HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";
-import { envFlags, toolFlags, trainingFlags } from "./options.ts";
+import { commandOf, flag, optional, parseFlags, toggle, usage, type FlagTable, type OptionsOf } from "./flags.ts";
+import { checkTaskRange, defaultTaskRanges, HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";
+import type { SyntheticOptions } from "../datasets/synthetic.ts";
+import type { EnvironmentFactory } from "../envs/types.ts";
+import { parseRewardWeights } from "../rollout/rewards.ts";
+import { UsageError } from "../util/errors.ts";
+import { defaultEpsilonHigh, importanceLevel } from "../trainer/policy-loss.ts";
+import { TINY_PROBLEMS } from "../presets/tiny.ts";
+import { defaultOutputDir, engineFlags, envFlags, toolFlags, trainingFlags } from "./options.ts";
 import * as path from "node:path";
 import { TINY_OUTPUT_DIR } from "../presets/tiny.ts";
-
-export const ROLLOUT_ENGINES = ["local", "openai"] as const;
 
 export const GRPO_FLAGS = {
   ...trainingFlags({ quantize: "nf4", lr: 1e-5, scheduler: "constant", warmupRatio: 0 }),
@@ -118,12 +122,14 @@ export const GRPO_FLAGS = {
     3,
     { free: true },
   ),
-  rollout_engine: flag(
-    "--rollout_engine <kind>",
-    "where rollouts are generated: local (this process) or openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with --enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)",
-    parseChoice("rollout_engine", ROLLOUT_ENGINES),
-    "local" as (typeof ROLLOUT_ENGINES)[number],
-    { free: true },
+  ...engineFlags(
+    "where rollouts are generated: local (this process's tfjs model), llama (llama.cpp in this process through node-llama-cpp: the base as GGUF, the adapter hot-swapped as a GGUF LoRA every step; CPU, CUDA, Vulkan or Metal) or openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with --enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)",
+  ),
+  tis_cap: flag(
+    "--tis_cap <c>",
+    "with an engine whose log-probs are not the trainer's (llama, openai): each token's policy loss is weighted by min(π_trainer / π_engine, c), truncated importance sampling (verl, TRL); 0: off",
+    parseFloatArg("tis_cap", 0),
+    2,
   ),
   rollout_url: optional(
     "--rollout_url <url>",
@@ -186,3 +192,37 @@ export const TINY_GRPO: Partial<GrpoFlags> = {
 
 /** argv → the GRPO run's config, with `--preset tiny`'s table under the explicit flags. */
 export const parseGrpoArgs = (argv: string[]): GrpoFlags => parseFlags(grpoCommand(), GRPO_FLAGS, argv, { tiny: TINY_GRPO }).o;
+
+/** The run's configuration: the script's flags as parsed (grpo-flags.ts), plus what only a program
+ *  passes. run.json holds it; a resumed run must match its `runIdentity`. */
+export type GrpoRunConfig = GrpoFlags & {
+  synthetic?: Omit<SyntheticOptions, "n" | "seed">; // default: the tiny preset's problems with --preset tiny
+  quiet?: boolean;
+};
+
+/** The values the flags leave open, settled once (what run.json and the resume check see), checked,
+ *  and the reward's weights: with an environment and the default weights, the environment's reward. */
+export function settleGrpoConfig(options: GrpoRunConfig, env: Pick<EnvironmentFactory, "family"> | null) {
+  const ranges = env ? defaultTaskRanges(env.family, options.max_samples ?? 100) : null;
+  const cfg: GrpoRunConfig & { output_dir: string; epsilon_high: number } = {
+    ...options,
+    output_dir: options.output_dir ?? defaultOutputDir(options.model_path, "grpo"),
+    epsilon_high: options.epsilon_high ?? defaultEpsilonHigh(options.loss_type, options.epsilon),
+    importance_sampling_level: importanceLevel({ lossType: options.loss_type, importanceSamplingLevel: options.importance_sampling_level }),
+    synthetic: options.synthetic ?? (options.preset === "tiny" ? TINY_PROBLEMS : undefined),
+    // With --env, the task ranges as run.json records them (and the resume check compares).
+    ...(ranges ? { env_tasks: options.env_tasks ?? ranges.train, env_eval_tasks: options.env_eval_tasks ?? ranges.heldOut } : {}),
+  };
+  if (env) {
+    checkTaskRange(env.family, "--env_tasks", cfg.env_tasks!);
+    checkTaskRange(env.family, "--env_eval_tasks", cfg.env_eval_tasks!);
+  }
+  if (!(cfg.top_p > 0 && cfg.top_p <= 1)) throw new UsageError(`--top_p ${cfg.top_p}: expected a number above 0 and at most 1`);
+  if (!(cfg.epsilon >= 0 && cfg.epsilon < 1))
+    throw new UsageError(
+      `--epsilon ${cfg.epsilon}: expected a number >= 0 and below 1 (the ratio is clipped to [1 - epsilon, 1 + epsilon_high])`,
+    );
+  const weightSpec = cfg.env && cfg.reward_weights === GRPO_FLAGS.reward_weights.default ? "env=1" : cfg.reward_weights;
+  const rewardWeights = usage("--reward_weights", () => parseRewardWeights(weightSpec));
+  return { cfg, rewardWeights };
+}

@@ -24,6 +24,7 @@ const ROLLOUT_FLAGS = [
   "--rollout_timeout <s>",
   "--async_rollouts <k>",
 ];
+const ENGINE_FLAGS = ["--rollout_engine <kind>", "--engine_weights <type>", "--engine_gpu <kind>"];
 const ADDED: Record<string, string[]> = {
   "train-sft": [],
   "train-gsm8k-agent": [
@@ -36,9 +37,12 @@ const ADDED: Record<string, string[]> = {
     "--env_tasks <ranges>",
     "--env_eval_tasks <ranges>",
     ...ROLLOUT_FLAGS,
+    "--engine_weights <type>",
+    "--engine_gpu <kind>",
+    "--tis_cap <c>",
   ],
-  eval: [...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_tasks <ranges>"],
-  chat: TOOL_FLAGS,
+  eval: [...TOOL_FLAGS, "--env <url>", "--env_dialect <kind>", "--env_tasks <ranges>", ...ENGINE_FLAGS],
+  chat: [...TOOL_FLAGS, ...ENGINE_FLAGS],
 };
 
 /** Descriptions that changed on purpose: the agent's tools are a flag now, not the calculator alone. */

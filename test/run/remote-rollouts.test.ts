@@ -14,12 +14,13 @@ import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.
 import { toPrompt } from "../../src/agents/prompts.ts";
 import { UsageError } from "../../src/util/errors.ts";
 import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
-import { EngineClient, EngineError, parseCompletion } from "../../src/rollout/openai-engine.ts";
-import { remoteRolloutGroups } from "../../src/rollout/remote-rollout.ts";
+import { EngineClient, EngineError, parseCompletion } from "../../src/rollout/engines/openai-client.ts";
+import { turnRollouts } from "../../src/rollout/turns.ts";
+import { serverTurns } from "../../src/rollout/engines/openai.ts";
 import { defaultsOf } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { runGrpo, type GrpoRunConfig, type RolloutScorer } from "../../src/run/grpo-run.ts";
-import { openRemoteRollouts } from "../../src/run/grpo-remote.ts";
+import { prepareEngine } from "../../src/rollout/engines/index.ts";
 import { openPolicy } from "../../src/run/policy.ts";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
@@ -88,7 +89,7 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     const policy = await openPolicy({ modelPath: base, quantize: "none" });
     const client = new EngineClient({ url: server.url, timeoutMs: 60_000 }, policy.model.config.vocabSize);
     const prompts = [toPrompt("Tom has 12 apples and buys 30 more. How many apples?"), toPrompt("What is 7 times 8?")];
-    const trajs = await remoteRolloutGroups(client, policy.tokenizer, prompts, {
+    const trajs = await turnRollouts(serverTurns(client, "tiny"), policy.tokenizer, prompts, {
       samplesPerPrompt: 2,
       maxNewTokens: 20,
       maxTurns: 3,
@@ -98,7 +99,6 @@ describe("rollouts on an OpenAI-compatible engine", () => {
       tools: [calculatorTool],
       toolsInPrompt: false,
       seed: 5,
-      model: "tiny",
       maxPositions: 1024,
     });
     expect(trajs.map((t) => [t.promptIndex, t.sampleIndex])).toEqual([
@@ -145,7 +145,7 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     });
     await new Promise<void>((r) => engine.listen(0, "127.0.0.1", () => r()));
     const client = new EngineClient({ url: `http://127.0.0.1:${(engine.address() as AddressInfo).port}`, timeoutMs: 10_000 }, 512);
-    const [t] = await remoteRolloutGroups(client, tok, [toPrompt("Each bag has 15 marbles. How many marbles are in 6 bags?")], {
+    const [t] = await turnRollouts(serverTurns(client, "m"), tok, [toPrompt("Each bag has 15 marbles. How many marbles are in 6 bags?")], {
       samplesPerPrompt: 1,
       maxNewTokens: 200,
       maxTurns: 3,
@@ -155,7 +155,6 @@ describe("rollouts on an OpenAI-compatible engine", () => {
       tools: [calculatorTool],
       toolsInPrompt: false,
       seed: 1,
-      model: "m",
       maxPositions: 1024,
     });
     engine.close();
@@ -211,13 +210,13 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     const port = (closed.address() as AddressInfo).port;
     await new Promise<void>((r) => closed.close(() => r()));
     const f = { ...defaultsOf(GRPO_FLAGS), rollout_engine: "openai" as const, rollout_url: `http://127.0.0.1:${port}/v1` };
-    const err = await openRemoteRollouts(f, 320, () => {}).catch((e: Error) => e);
+    const err = await prepareEngine(f, () => {}).catch((e: Error) => e);
     expect(err).toBeInstanceOf(UsageError);
     expect((err as Error).message).toMatch(/cannot be reached \(ECONNREFUSED\)/);
     expect((err as Error).message).not.toContain("\n");
-    await expect(
-      openRemoteRollouts({ ...f, rollout_engine: "local", async_rollouts: 1, rollout_url: undefined }, 320, () => {}),
-    ).rejects.toThrow(/--async_rollouts 1 needs --rollout_engine openai/);
+    await expect(prepareEngine({ ...f, rollout_engine: "local", async_rollouts: 1, rollout_url: undefined }, () => {})).rejects.toThrow(
+      /--async_rollouts 1 needs --rollout_engine openai/,
+    );
   });
 
   it("stops a run whose engine goes away with a checkpoint, and the run resumes", async () => {

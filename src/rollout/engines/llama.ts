@@ -1,0 +1,277 @@
+/** --rollout_engine llama: rollouts from llama.cpp in this process (node-llama-cpp's prebuilt CPU,
+ *  CUDA, Vulkan or Metal builds), the trainer's tfjs model kept for gradients only.
+ *
+ *  The base goes to GGUF once: the weights the trainer holds (an NF4/int8 base dequantized), as
+ *  --engine_weights (f16 by default), with the real tokenizer, cached by content in
+ *  ~/.cache/mini-agentic-rl/gguf (a second run reuses it). The adapter goes to a GGUF LoRA before every
+ *  step's rollouts (and before any other generation) and is hot-swapped into the live context
+ *  (adapter_swap_time). Rows are decoded by turns.ts's loop over LlamaTurns, a continuous batcher:
+ *  every row asking for a token is decoded in the same llama_decode, a row's KV cache is kept across
+ *  its turns (only the tool's answer is read after a tool call, no prefill again), and a row that
+ *  waits for its tool leaves the batch meanwhile. Each rollout draws from its own seeded sampler.
+ *
+ *  The engine's log-probs (behaviourLogprobs) are those of the sampled tokens under the distribution
+ *  they were drawn from, so they are the trainer's raw policy only with temperature 1 and top-p/top-k
+ *  off: then they are read (a vocabulary sort per draw) and the update logs their gap and corrects
+ *  with truncated importance sampling; otherwise they are not read, as with the local engine.
+ *  Leaves out: sharing a group's prompt prefill across its samples (node-llama-cpp copies a
+ *  sequence's KV only through a state file), speculative decoding, per-token streaming to chat. */
+import { promises as fs } from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { cachedModelGguf, writeLoraGguf } from "../../model/gguf.ts";
+import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
+import type { ChatMessage } from "../../model/types.ts";
+import { resolveThreads } from "../../engine/wasm-threads.ts";
+import { UsageError } from "../../util/errors.ts";
+import { turnRollouts, type TurnCompleter, type TurnCompletion, type TurnSampling } from "../turns.ts";
+import type { RolloutConfig, Trajectory } from "../types.ts";
+import { LlamaBatch } from "./llama-batch.ts";
+import type { EngineContext, EngineEntry, EngineFlags, RolloutEngine, StepRequest } from "./types.ts";
+
+export const llamaEngine: EngineEntry = {
+  help: "llama (llama.cpp in this process through node-llama-cpp)",
+  async prepare(f, log) {
+    if (f.async_rollouts > 0) throw new UsageError(`--async_rollouts ${f.async_rollouts} needs --rollout_engine openai`);
+    if (f.rollout_url) throw new UsageError("--rollout_url is only used with --rollout_engine openai");
+    // The binaries are loaded now, so a platform without them is a usage error before anything is written.
+    const gpu = await loadLlama(f.engine_gpu);
+    log(`rollout engine: llama.cpp (node-llama-cpp) on ${gpu}, ${f.engine_weights} weights`);
+    return (ctx) => LlamaEngine.open(ctx, f, gpu);
+  },
+};
+
+/** node-llama-cpp loaded once, to learn what it runs on; one line naming what is missing otherwise. */
+async function loadLlama(gpu: EngineFlags["engine_gpu"]): Promise<string> {
+  let mod: typeof import("node-llama-cpp");
+  try {
+    mod = await import("node-llama-cpp");
+  } catch (err) {
+    throw new UsageError(
+      `--rollout_engine llama needs the npm package node-llama-cpp, which did not load (${(err as Error).message.split("\n")[0]}); run npm install`,
+    );
+  }
+  try {
+    const llama = await mod.getLlama({ gpu: llamaGpu(gpu), build: "never", logLevel: mod.LlamaLogLevel.error });
+    const name = llama.gpu || "cpu";
+    await llama.dispose();
+    return name;
+  } catch (err) {
+    throw new UsageError(
+      `--rollout_engine llama --engine_gpu ${gpu}: node-llama-cpp has no prebuilt binary that loads here (${(err as Error).message.split("\n")[0]}); try --engine_gpu off`,
+    );
+  }
+}
+
+const llamaGpu = (g: EngineFlags["engine_gpu"]) => (g === "off" ? false : g);
+
+/** Sampling that leaves the model's distribution as it is: the drawn tokens' log-probs are then the
+ *  policy's the trainer computes. */
+export const rawDistribution = (s: { temperature: number; topP: number; topK: number }) =>
+  s.temperature === 1 && s.topP >= 1 && s.topK === 0;
+
+export function ggufCacheDir(): string {
+  return path.join(process.env.XDG_CACHE_HOME ?? path.join(os.homedir(), ".cache"), "mini-agentic-rl", "gguf");
+}
+
+class LlamaEngine implements RolloutEngine {
+  readonly name = "llama";
+  readonly offPolicy = false;
+  readonly behaviourLogprobs: boolean;
+  private batch: LlamaBatch | null = null;
+  private contextSize = 0; // the open batch's, per slot
+  private logprobs = false; // whether the open batch reads the drawn tokens' log-probs
+  private readonly adapterFile: string;
+
+  private constructor(
+    private readonly ctx: EngineContext,
+    private readonly f: EngineFlags,
+    private readonly gpu: string,
+    private readonly modelFile: string,
+  ) {
+    this.behaviourLogprobs = rawDistribution(ctx.sampling);
+    this.adapterFile = path.join(ctx.workDir, "engine-adapter.gguf");
+  }
+
+  static async open(ctx: EngineContext, f: EngineFlags, gpu: string): Promise<LlamaEngine> {
+    const t0 = performance.now();
+    const cacheDir = ggufCacheDir();
+    await fs.mkdir(cacheDir, { recursive: true });
+    const { file, cached } = await cachedModelGguf(ctx.model as Qwen2ForCausalLM, ctx.modelDir, { type: f.engine_weights, cacheDir });
+    ctx.log(`llama engine: base ${cached ? "reused" : "written"} as ${file} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
+    return new LlamaEngine(ctx, f, gpu, file);
+  }
+
+  async rollouts(req: StepRequest) {
+    const s = this.ctx.sampling;
+    const swap = await this.publish();
+    const trajs = await this.turns(req.prompts(req.step), { ...s, tools: this.ctx.tools, envs: req.envs, seed: req.seedOf(req.step) });
+    return { trajs, metrics: { adapter_swap_time: swap } };
+  }
+
+  async generate(prompts: ChatMessage[][], cfg: RolloutConfig): Promise<Trajectory[]> {
+    await this.publish();
+    return this.turns(prompts, { ...cfg, seed: Math.floor(cfg.rng.next() * 2 ** 31) });
+  }
+
+  /** The trainer's adapter as it is now, written as a GGUF LoRA (same file each time) and swapped in.
+   *  Returns the seconds it took. */
+  private async publish(): Promise<number> {
+    const t0 = performance.now();
+    const model = this.ctx.model as Qwen2ForCausalLM;
+    const ad = model.loraAdapter;
+    if (!ad) return 0;
+    await writeLoraGguf({ file: this.adapterFile, tensors: await ad.toPeft(), alpha: ad.config.alpha });
+    const batch = this.batch;
+    if (batch) await batch.setAdapter(this.adapterFile);
+    return (performance.now() - t0) / 1000;
+  }
+
+  private async turns(prompts: ChatMessage[][], c: Omit<RolloutConfig, "rng"> & { seed: number }): Promise<Trajectory[]> {
+    const maxPositions = this.ctx.model.config.maxPositionEmbeddings;
+    const rows = prompts.length * c.samplesPerPrompt;
+    // Enough KV for the longest prompt and the budget; a call that needs more rows or room reopens.
+    const longest = Math.max(
+      ...prompts.map((p) => this.ctx.tokenizer.encode(this.ctx.tokenizer.applyChatTemplate(p, { addGenerationPrompt: true })).length),
+    );
+    const room = Math.min(maxPositions, Math.max(1024, Math.ceil((2 * longest + c.maxNewTokens + 64) / 256) * 256));
+    const logprobs = rawDistribution(c);
+    if (this.batch && (this.batch.sequences < Math.min(256, rows) || this.contextSize < room || this.logprobs !== logprobs)) {
+      await this.batch.close();
+      this.batch = null;
+    }
+    if (!this.batch) {
+      const sequences = Math.min(256, rows); // more rows than that wait for a slot (LlamaTurns)
+      this.batch = await LlamaBatch.open({
+        modelPath: this.modelFile,
+        loraPath: (this.ctx.model as Qwen2ForCausalLM).loraAdapter ? this.adapterFile : null,
+        sequences,
+        contextSize: room,
+        gpu: llamaGpu(this.f.engine_gpu),
+        // llama.cpp's threads spin at each barrier: more threads than free cores stall it (~1000×).
+        threads: resolveThreads(this.f.threads ?? "auto"),
+        kvF32: this.f.engine_weights === "f32", // f32 weights: the trainer's policy as exactly as llama.cpp computes it
+        logprobs,
+      });
+      this.contextSize = room;
+      this.logprobs = logprobs;
+    }
+    return turnRollouts(new LlamaTurns(this.batch), this.ctx.tokenizer, prompts, { ...c, maxPositions });
+  }
+
+  async close(): Promise<void> {
+    await this.batch?.close();
+    this.batch = null;
+    await fs.rm(this.adapterFile, { force: true });
+  }
+}
+
+/** turns.ts's completer on a LlamaBatch: continuous batching over KV slots. A row takes a slot at its
+ *  first turn and keeps it (and its KV) until it is released; rows beyond the slots wait for one. */
+export class LlamaTurns implements TurnCompleter {
+  private readonly slotOf = new Map<number, number>();
+  private readonly held: number[][]; // per slot: the tokens its KV holds
+  private readonly free: number[];
+  private readonly waiting: (() => void)[] = [];
+  private readonly active = new Map<number, Turn>(); // slot → its row's turn in progress
+  private pumping = false;
+
+  constructor(private readonly batch: LlamaBatch) {
+    this.held = Array.from({ length: batch.sequences }, () => []);
+    this.free = Array.from({ length: batch.sequences }, (_, i) => i);
+  }
+
+  async complete(row: number, ids: number[], p: TurnSampling): Promise<TurnCompletion> {
+    let slot = this.slotOf.get(row);
+    if (slot === undefined) {
+      while (this.free.length === 0) await new Promise<void>((resolve) => this.waiting.push(resolve));
+      slot = this.free.shift()!;
+      this.slotOf.set(row, slot);
+    }
+    const held = this.held[slot];
+    // The KV holds a prefix of ids (the row's earlier turns): read only what came since.
+    if (ids.length <= held.length || held.some((t, i) => ids[i] !== t)) {
+      await this.batch.endRow(slot);
+      held.length = 0;
+    }
+    const turn = new Turn(ids.slice(held.length), p);
+    this.active.set(slot, turn);
+    if (!this.pumping) void this.pump();
+    return turn.done;
+  }
+
+  release(row: number): void {
+    const slot = this.slotOf.get(row);
+    if (slot === undefined) return;
+    this.slotOf.delete(row);
+    void this.batch.endRow(slot).then(() => {
+      this.held[slot].length = 0;
+      this.free.push(slot);
+      this.waiting.shift()?.();
+    });
+  }
+
+  /** One llama_decode per tick for every row that has a turn in progress, until none has. */
+  private async pump(): Promise<void> {
+    this.pumping = true;
+    try {
+      while (this.active.size > 0) {
+        const slots = [...this.active.keys()];
+        const turns = slots.map((s) => this.active.get(s)!);
+        let draws;
+        try {
+          draws = await this.batch.step(slots.map((s, i) => ({ row: s, tokens: turns[i].feed, sample: turns[i].sample() })));
+        } catch (err) {
+          for (const [s, t] of slots.map((s, i) => [s, turns[i]] as const)) {
+            this.active.delete(s);
+            t.fail(err);
+          }
+          continue;
+        }
+        slots.forEach((s, i) => {
+          const t = turns[i];
+          this.held[s].push(...t.feed);
+          const d = draws[i]!;
+          if (t.take(d.token, d.logprob)) this.active.delete(s);
+        });
+      }
+    } finally {
+      this.pumping = false;
+    }
+  }
+}
+
+/** One row's turn: the tokens to read next and what it drew so far. */
+class Turn {
+  readonly ids: number[] = [];
+  readonly logprobs: number[] = [];
+  feed: number[];
+  readonly done: Promise<TurnCompletion>;
+  private resolve!: (c: TurnCompletion) => void;
+  fail!: (err: unknown) => void;
+  private readonly stops: Set<number>;
+
+  constructor(
+    feed: number[],
+    private readonly p: TurnSampling,
+  ) {
+    this.feed = feed;
+    this.stops = new Set(p.stopTokenIds);
+    this.done = new Promise((resolve, reject) => ((this.resolve = resolve), (this.fail = reject)));
+  }
+
+  sample() {
+    return { temperature: this.p.temperature, topP: this.p.topP, topK: this.p.topK, seed: this.p.seed };
+  }
+
+  /** The drawn token; true when the turn is over (a stop token, the budget, an abort). */
+  take(token: number, logprob: number): boolean {
+    this.ids.push(token);
+    this.logprobs.push(logprob);
+    this.feed = [token];
+    const stop = this.stops.has(token);
+    if (!stop && this.ids.length < this.p.maxTokens && !this.p.signal?.aborted) return false;
+    this.resolve({ ids: this.ids, logprobs: this.logprobs, finishReason: stop ? "stop" : "length" });
+    return true;
+  }
+}
