@@ -26,6 +26,18 @@ const opts = new Command()
     "decoder layers of the models (default: the config's own; e.g. 4 of 0.5b's 24, reported as 0.5b-4l: the layers' cost scales with the count, the head's is paid in full; weights are laid out as in the whole model)",
   )
   .option("--beta <x>", "KL weight of the grpo_step workload (0: no reference pass, GRPO's default)", "0")
+  .option(
+    "--rollout_engine <kind>",
+    "grpo_step's rollouts: local (this process's tfjs model) | llama (llama.cpp through node-llama-cpp)",
+    "local",
+  )
+  .option("--engine_weights <type>", "with --rollout_engine llama: f32 | f16 | q8_0", "f16")
+  .option(
+    "--llama_adapter <how>",
+    "with --rollout_engine llama: lora (swapped in unmerged, as runs do) | merged (the base alone, and what remaking a merged model costs)",
+    "lora",
+  )
+  .option("--engine_gpu <kind>", "with --rollout_engine llama: auto | cuda | vulkan | metal | off", "off")
   .addOption(threadsOption())
   .option(
     "--profile",
@@ -33,7 +45,18 @@ const opts = new Command()
     defaults.profile,
   )
   .parse()
-  .opts<typeof defaults & { threads: ThreadsSpec; repeat?: string; layers?: string; beta: string }>();
+  .opts<
+    typeof defaults & {
+      threads: ThreadsSpec;
+      repeat?: string;
+      layers?: string;
+      beta: string;
+      rollout_engine: string;
+      engine_weights: string;
+      llama_adapter: string;
+      engine_gpu: string;
+    }
+  >();
 
 await runMain(async () => {
   const configs = opts.config === "all" ? Object.keys(BENCH_CONFIGS) : opts.config.split(",");
@@ -48,6 +71,19 @@ await runMain(async () => {
   const layers = opts.layers ? { numHiddenLayers: Number(opts.layers) } : {};
   grpoStepOptions.beta = Number(opts.beta);
   if (!(grpoStepOptions.beta >= 0)) throw new UsageError(`--beta must be a number ≥ 0, got "${opts.beta}"`);
+  const choice = <T extends string>(flag: string, v: string, ok: readonly T[]): T => {
+    if (!ok.includes(v as T)) throw new UsageError(`--${flag} ${v}: expected one of ${ok.join(", ")}`);
+    return v as T;
+  };
+  if (choice("rollout_engine", opts.rollout_engine, ["local", "llama"]) === "llama") {
+    const gpu = choice("engine_gpu", opts.engine_gpu, ["auto", "cuda", "vulkan", "metal", "off"]);
+    grpoStepOptions.llama = {
+      weights: choice("engine_weights", opts.engine_weights, ["f32", "f16", "q8_0"]),
+      adapter: choice("llama_adapter", opts.llama_adapter, ["lora", "merged"]),
+      gpu: gpu === "off" ? false : gpu,
+      threads: opts.threads,
+    };
+  }
   for (const c of configs)
     if (!BENCH_CONFIGS[c]) throw new UsageError(`unknown bench config "${c}"; accepted: ${Object.keys(BENCH_CONFIGS).join(", ")}, all`);
   for (const n of names)

@@ -12,6 +12,7 @@ import { grpoStep, type GrpoRollout, type GrpoSeconds } from "../../src/trainer/
 import { AdamW } from "../../src/trainer/optimizer.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { registerWorkload, tokenBatch } from "./bench.ts";
+import { llamaShapeRollouts, type LlamaShapeOptions } from "./grpo-shape-llama.ts";
 
 export interface GrpoShape {
   questions: number;
@@ -53,13 +54,36 @@ const round = (x: number) => Math.round(x * 100) / 100;
 
 /** One step of `shape` on `model` (LoRA attached; its adapter is trained by the step). β 0 (GRPO's
  *  default: no KL reference pass) unless given. */
-export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts: { beta?: number } = {}): Promise<GrpoShapeResult> {
+export async function grpoShape(
+  model: Qwen2ForCausalLM,
+  shape: GrpoShape,
+  opts: { beta?: number; llama?: LlamaShapeOptions } = {},
+): Promise<GrpoShapeResult & { llama?: Record<string, unknown> }> {
   const s = shape,
     beta = opts.beta ?? 0;
   const rows = s.questions * s.samples;
   const prompts = tokenBatch(s.questions, s.promptLen, model.config.vocabSize, 3).flatMap((p) =>
     Array.from({ length: s.samples }, () => p),
   );
+  if (opts.llama) {
+    // The rollouts on llama.cpp (its behaviour log-probs kept for TIS), the update as below.
+    const r = await llamaShapeRollouts(model, prompts, s.newTokens, opts.llama);
+    const update = await updateOf(model, prompts, r.generated, s, beta, r.logprobs);
+    return {
+      rows,
+      promptTokens: s.promptLen,
+      newTokens: s.newTokens,
+      prefillSeconds: round(r.prefillSeconds),
+      decodeSeconds: round(r.rolloutSeconds - r.prefillSeconds),
+      sampleSeconds: 0,
+      stepCallSeconds: 0,
+      rolloutSeconds: round(r.rolloutSeconds),
+      sampledTokensPerS: round((rows * s.newTokens) / r.rolloutSeconds),
+      ...update,
+      backend: tf.getBackend(),
+      llama: r.info,
+    };
+  }
   const rng = new Rng(1);
   const generated: number[][] = prompts.map(() => []);
   let sampleSeconds = 0;
@@ -94,10 +118,36 @@ export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts:
     release();
   }
   const rolloutSeconds = now() - tr;
+  const update = await updateOf(model, prompts, generated, s, beta);
+  return {
+    rows,
+    promptTokens: s.promptLen,
+    newTokens: s.newTokens,
+    prefillSeconds: round(prefillSeconds),
+    decodeSeconds: round(rolloutSeconds - prefillSeconds),
+    sampleSeconds: round(sampleSeconds),
+    stepCallSeconds: round(stepCallSeconds),
+    rolloutSeconds: round(rolloutSeconds),
+    sampledTokensPerS: round((rows * s.newTokens) / rolloutSeconds),
+    ...update,
+    backend: tf.getBackend(),
+  };
+}
+
+/** The step's update on what was sampled: advantages ±1; with an engine's log-probs, TIS (cap 2). */
+async function updateOf(
+  model: Qwen2ForCausalLM,
+  prompts: number[][],
+  generated: number[][],
+  s: GrpoShape,
+  beta: number,
+  behaviour?: number[][],
+): Promise<{ updateSeconds: number; update: GrpoSeconds; beta: number; loss: number; tokens: number }> {
   const batch: GrpoRollout[] = prompts.map((p, i) => ({
     ids: [...p, ...generated[i]],
     lossMask: [...p.map(() => 0), ...generated[i].map(() => 1)],
     advantage: i % 2 ? 1 : -1,
+    behaviourLogprobs: behaviour ? [...p.map(() => NaN), ...behaviour[i]] : undefined,
   }));
   const optimizer = new AdamW(model.trainableVariables(), { lr: 1e-5 });
   const tu = now();
@@ -111,28 +161,13 @@ export async function grpoShape(model: Qwen2ForCausalLM, shape: GrpoShape, opts:
     maxGradNorm: 1,
     lr: 1e-5,
     microBatchSize: s.microBatch,
+    tisCap: behaviour ? 2 : 0,
   });
   const updateSeconds = now() - tu;
   optimizer.dispose();
   if (!Number.isFinite(stats.loss)) throw new Error(`the GRPO step's loss is ${stats.loss}`);
   const update = Object.fromEntries(Object.entries(stats.seconds!).map(([k, v]) => [k, round(v)])) as unknown as GrpoSeconds;
-  return {
-    rows,
-    promptTokens: s.promptLen,
-    newTokens: s.newTokens,
-    prefillSeconds: round(prefillSeconds),
-    decodeSeconds: round(rolloutSeconds - prefillSeconds),
-    sampleSeconds: round(sampleSeconds),
-    stepCallSeconds: round(stepCallSeconds),
-    rolloutSeconds: round(rolloutSeconds),
-    sampledTokensPerS: round((rows * s.newTokens) / rolloutSeconds),
-    updateSeconds: round(updateSeconds),
-    update,
-    beta,
-    loss: stats.loss,
-    tokens: stats.tokens,
-    backend: tf.getBackend(),
-  };
+  return { updateSeconds: round(updateSeconds), update, beta, loss: stats.loss, tokens: stats.tokens };
 }
 
 /** A decode step's time at several batch sizes after the shape's prompt length (greedy, the rollouts'
@@ -174,8 +209,8 @@ export async function decodeScaling(
   return out;
 }
 
-/** The grpo_step workload's KL weight (bench's --beta). */
-export const grpoStepOptions = { beta: 0 };
+/** The grpo_step workload's KL weight (bench's --beta) and its rollout engine (--rollout_engine). */
+export const grpoStepOptions: { beta: number; llama?: LlamaShapeOptions } = { beta: 0 };
 
 registerWorkload({
   name: "grpo_step",
@@ -184,11 +219,12 @@ registerWorkload({
   async run(ctx) {
     const shape = GRPO_SHAPES[ctx.configName];
     if (!shape) throw new Error(`grpo_step has no shape for config "${ctx.configName}"; accepted: ${Object.keys(GRPO_SHAPES).join(", ")}`);
-    const r = await grpoShape(await ctx.model(true), shape, { beta: grpoStepOptions.beta });
+    const r = await grpoShape(await ctx.model(true), shape, grpoStepOptions);
     const sampled = r.rows * r.newTokens;
+    if (r.llama) console.error(`llama: ${JSON.stringify(r.llama)}`);
     return [
       ctx.measure({
-        workload: "grpo_rollouts",
+        workload: r.llama ? "grpo_rollouts_llama" : "grpo_rollouts",
         batch: r.rows,
         tokens: sampled,
         seconds: r.rolloutSeconds,

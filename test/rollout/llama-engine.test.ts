@@ -170,6 +170,7 @@ describe.skipIf(loadError !== null && !process.env.CI)("the llama rollout engine
       {
         ...defaultsOf(GRPO_FLAGS),
         ...flags,
+        rollout_engine: "llama",
         model_path: TINY_BASE_DIR,
         dataset: "synthetic",
         synthetic: TINY_PROBLEMS,
