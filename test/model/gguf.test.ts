@@ -6,7 +6,6 @@
  *  they fail. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { spawn } from "node:child_process";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -41,9 +40,7 @@ import { LORA_TARGETS, type ChatMessage, type Tokenizer, type ToolSchema } from 
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { rolloutGroups, stopTokenIds } from "../../src/rollout/rollout.ts";
 import { Rng } from "../../src/util/rng.ts";
-
-const ROOT = path.join(import.meta.dirname, "..", "..");
-const TSX = path.join(ROOT, "node_modules", ".bin", "tsx");
+import { runScript } from "../run/run-script.ts";
 
 let loadError: unknown;
 const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error }).catch((err) => {
@@ -363,20 +360,7 @@ withLlama("the tiny preset in llama.cpp", () => {
 
 // ---------------------------------------------------------------- scripts/export-gguf.ts
 
-function exportGguf(args: string[]): Promise<{ code: number | null; stderr: string; stdout: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(TSX, [path.join("scripts", "export-gguf.ts"), ...args, "--backend", "wasm"], {
-      cwd: ROOT,
-      stdio: ["ignore", "pipe", "pipe"],
-      env: { ...process.env, CI: "true" },
-    });
-    let stderr = "",
-      stdout = "";
-    p.stderr.on("data", (d) => (stderr += d));
-    p.stdout.on("data", (d) => (stdout += d));
-    p.on("close", (code) => resolve({ code, stderr, stdout }));
-  });
-}
+const exportGguf = (args: string[]) => runScript("export-gguf.ts", [...args, "--backend", "wasm"]);
 
 withLlama("scripts/export-gguf.ts", () => {
   it("exports base, adapter and merged model that llama.cpp decodes greedily as rolloutGroups does", async () => {

@@ -1,30 +1,15 @@
 /** The training scripts' bad-input contract, checked on real processes: one line on stderr, exit
  *  code 2, and nothing written. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { spawn } from "node:child_process";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { makeTinyModelDir } from "./tiny-fixture.ts";
+import { ROOT, runScript } from "./run-script.ts";
 
-const ROOT = path.join(import.meta.dirname, "..", "..");
-const TSX = path.join(ROOT, "node_modules", ".bin", "tsx");
 const LORA_FIXTURE = path.join(ROOT, "test", "fixtures", "qwen2-tiny", "lora");
 
-function run(script: string, args: string[]): Promise<{ code: number | null; stderr: string; stdout: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(TSX, [path.join("scripts", script), ...args], {
-      cwd: ROOT,
-      stdio: ["ignore", "pipe", "pipe"],
-      env: { ...process.env, CI: "true" },
-    });
-    let stderr = "",
-      stdout = "";
-    p.stderr.on("data", (d) => (stderr += d));
-    p.stdout.on("data", (d) => (stdout += d));
-    p.on("close", (code) => resolve({ code, stderr, stdout }));
-  });
-}
+const run = runScript;
 
 let model: string;
 let tmp: string;

@@ -250,30 +250,30 @@ describe("grpoStep on a stand-in model", () => {
   });
 });
 
-describe("grpoStep with behaviour log-probs (an inference engine's)", () => {
-  const logprobsOf = (m: BigramLM, ids: number[]) => tf.tidy(() => m.tokenLogprobs([ids], [ids.map(() => 1)]).logprobs.arraySync()[0]);
+const logprobsOf = (m: BigramLM, ids: number[]) => tf.tidy(() => m.tokenLogprobs([ids], [ids.map(() => 1)]).logprobs.arraySync()[0]);
 
+/** One step on two groups whose behaviour log-probs (an engine's) saw each token e^shift times less
+ *  likely than the trainer does (NaN on the prompt); the stats and the log-probs after. */
+async function withBehaviour(shift: number, over: Partial<GrpoConfig>) {
+  const rollouts = batch([
+    [1, 0, 0],
+    [0, 1, 1],
+  ]);
+  const m = new BigramLM(V, undefined, init());
+  const opt = new AdamW(m.trainableVariables(), { lr: 0.05, weightDecay: 0 });
+  const rs = rollouts.map((r) => ({ ...r, behaviourLogprobs: logprobsOf(m, r.ids).map((x, t) => (t === 0 ? NaN : x - shift)) }));
+  const n0 = tf.memory().numTensors;
+  const s = await grpoStep(m, opt, rs, { ...cfg, ...over });
+  expect(tf.memory().numTensors).toBe(n0);
+  const after = rollouts.map((r) => logprobsOf(m, r.ids));
+  opt.dispose();
+  m.dispose();
+  return { s, after };
+}
+
+describe("grpoStep with behaviour log-probs (an inference engine's)", () => {
   it("reports their gap to the trainer's, and with offPolicy clips the ratio against them", async () => {
-    const rollouts = batch([
-      [1, 0, 0],
-      [0, 1, 1],
-    ]);
-    const run = async (shift: number, offPolicy: boolean) => {
-      const m = new BigramLM(V, undefined, init());
-      const opt = new AdamW(m.trainableVariables(), { lr: 0.05, weightDecay: 0 });
-      // The engine saw each token as e^shift times less likely than the trainer does; NaN on the prompt.
-      const withBehaviour = rollouts.map((r) => ({
-        ...r,
-        behaviourLogprobs: logprobsOf(m, r.ids).map((x, t) => (t === 0 ? NaN : x - shift)),
-      }));
-      const n0 = tf.memory().numTensors;
-      const s = await grpoStep(m, opt, withBehaviour, { ...cfg, offPolicy });
-      expect(tf.memory().numTensors).toBe(n0);
-      const after = rollouts.map((r) => logprobsOf(m, r.ids));
-      opt.dispose();
-      m.dispose();
-      return { s, after };
-    };
+    const run = (shift: number, offPolicy: boolean) => withBehaviour(shift, { offPolicy });
     const onPolicy = await run(0.5, false);
     expect(onPolicy.s.behaviourGap).toBeCloseTo(0.5, 5);
     expect(onPolicy.s.behaviourDelta).toBeCloseTo(0.5, 5);
@@ -289,26 +289,9 @@ describe("grpoStep with behaviour log-probs (an inference engine's)", () => {
 });
 
 describe("grpoStep with truncated importance sampling (tisCap)", () => {
-  const logprobsOf = (m: BigramLM, ids: number[]) => tf.tidy(() => m.tokenLogprobs([ids], [ids.map(() => 1)]).logprobs.arraySync()[0]);
-  const rollouts = batch([
-    [1, 0, 0],
-    [0, 1, 1],
-  ]);
-  // The engine saw every token e^shift times less likely than the trainer: π_trainer / π_engine = e^shift.
-  const run = async (shift: number, tisCap: number | undefined, offPolicy = false) => {
-    const m = new BigramLM(V, undefined, init());
-    const opt = new AdamW(m.trainableVariables(), { lr: 0.05, weightDecay: 0 });
-    const withBehaviour = rollouts.map((r) => ({
-      ...r,
-      behaviourLogprobs: logprobsOf(m, r.ids).map((x, t) => (t === 0 ? NaN : x - shift)),
-    }));
-    const n0 = tf.memory().numTensors;
-    const s = await grpoStep(m, opt, withBehaviour, { ...cfg, lossType: "bnpo", tisCap, offPolicy }); // bnpo: the loss is not 0 at ρ = 1
-    expect(tf.memory().numTensors).toBe(n0);
-    opt.dispose();
-    m.dispose();
-    return s;
-  };
+  // bnpo: the loss is not 0 at ρ = 1, so it shows the weights.
+  const run = async (shift: number, tisCap: number | undefined, offPolicy = false) =>
+    (await withBehaviour(shift, { lossType: "bnpo", tisCap, offPolicy })).s;
 
   it("weights each token's policy term by min(π_trainer / π_engine, cap) and reports the share cut", async () => {
     const plain = await run(0.5, undefined);

@@ -22,20 +22,11 @@ export interface EngineClientOptions {
   timeoutMs: number; // per request
 }
 
-export interface CompletionParams {
-  maxTokens: number;
-  temperature: number;
-  topP: number;
-  topK: number; // 0: off
-  seed: number;
-  stopTokenIds: number[];
-}
+/** A request's sampling and what comes back: a turn of turns.ts's loop. */
+export type CompletionParams = Omit<TurnSampling, "signal">;
+export type EngineCompletion = TurnCompletion;
 
-export interface EngineCompletion {
-  ids: number[];
-  logprobs: number[]; // of each id under the engine's model (NaN where the engine gave none)
-  finishReason: "stop" | "length";
-}
+import type { TurnCompletion, TurnSampling } from "../turns.ts";
 
 type Json = Record<string, unknown>;
 /** Socket errors of a pooled connection the other side had closed (undici's names and the OS's). */

@@ -9,15 +9,9 @@ import type { CausalLM, ChatMessage, Tokenizer } from "../../model/types.ts";
 import type { RolloutConfig, Trajectory } from "../types.ts";
 
 /** How a run samples its rollouts (the GRPO flags of the same names). */
-export interface EngineSampling {
-  samplesPerPrompt: number;
-  maxNewTokens: number;
-  maxTurns: number;
-  temperature: number;
-  topP: number;
-  topK: number;
+export type EngineSampling = Pick<RolloutConfig, "samplesPerPrompt" | "maxNewTokens" | "maxTurns" | "temperature" | "topP" | "topK"> & {
   toolsInPrompt: boolean;
-}
+};
 
 /** What an engine is opened with: the trainer's model (its adapter is what the engine samples). */
 export interface EngineContext {
