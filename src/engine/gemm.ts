@@ -11,7 +11,7 @@
  *  Each output is summed over k in order, whatever the row and column split or the packing, so
  *  results do not depend on the thread count. */
 import * as tf from "@tensorflow/tfjs";
-import { heapEngine, heapGemm } from "./heap.ts";
+import { heapModule, heapGemm } from "./heap.ts";
 import { registerKernel, replaceKernel, type Backend } from "./kernels.ts";
 import { XWT } from "./matmul.ts";
 
@@ -41,7 +41,7 @@ export function registerWasmGemm(): void {
         return out;
       }
       const off = (t: tf.TensorInfo) => backend.dataIdMap.get(t.dataId).memoryOffset as number;
-      heapGemm(heapEngine(backend), off(w), off(x), off(out), N, K, M, 2 | 8);
+      heapGemm(heapModule(backend), off(w), off(x), off(out), N, K, M, 2 | 8);
       return out;
     },
     ["wasm"],
@@ -64,7 +64,7 @@ export function registerWasmGemm(): void {
     const outShape = [...(batchA >= batchB ? a.shape : b.shape).slice(0, -2), M, N];
     const out = backend.makeOutput(outShape, "float32") as tf.TensorInfo;
     if (M * N === 0) return out;
-    const e = heapEngine(backend);
+    const e = heapModule(backend);
     const pa = backend.dataIdMap.get(a.dataId).memoryOffset as number;
     const pb = backend.dataIdMap.get(b.dataId).memoryOffset as number;
     const pc = backend.dataIdMap.get(out.dataId).memoryOffset as number;

@@ -98,12 +98,12 @@ export function wasmSimd(): WasmSimd {
   return simdChoice;
 }
 
-/** For the kernels' tests and A/B benchmarks: run this build from the next kernel on (the engine is
- *  rebuilt; an earlier engine's helper threads are left waiting, unreferenced). */
+/** For the kernels' tests and A/B benchmarks: run this build from the next kernel on (the heap
+ *  module is rebuilt; an earlier instance's helper threads are left waiting, unreferenced). */
 export function setWasmSimd(s: WasmSimd): void {
   if (s === "relaxed" && !relaxedSimdAvailable()) throw new Error("relaxed SIMD: this runtime has none");
   simdChoice = s;
-  engine = null;
+  instance = null;
 }
 
 export interface Kernels {
@@ -177,7 +177,7 @@ function heapMemory(b: Backend): WasmMemory {
 }
 
 /** The kernels on one heap, and the helper threads that share it (threaded build only). */
-export interface Engine {
+export interface HeapModule {
   memory: WasmMemory;
   k: Kernels;
   pool: Pool | null;
@@ -189,11 +189,12 @@ export interface Engine {
   scratch: number;
   scratchBytes: number;
 }
-let engine: Engine | null = null;
+let instance: HeapModule | null = null; // the one built, on the heap it was built for
 
-export function heapEngine(backend: Backend): Engine {
+/** The heap module on the backend's heap, built on first use (and again after a build switch). */
+export function heapModule(backend: Backend): HeapModule {
   const memory = heapMemory(backend);
-  if (engine && engine.memory === memory) return engine;
+  if (instance && instance.memory === memory) return instance;
   const shared = typeof SharedArrayBuffer === "function" && memory.buffer instanceof SharedArrayBuffer;
   const simd = wasmSimd(),
     mr = simd === "relaxed" ? MR_RELAXED : MR;
@@ -201,7 +202,7 @@ export function heapEngine(backend: Backend): Engine {
   const k = new WA.Instance(new WA.Module(bytes), { env: { memory } }).exports as Kernels;
   const threads = wasmThreads();
   const pool = shared && threads > 1 ? startPool(memory, bytes, mr, threads - 1) : null;
-  engine = {
+  instance = {
     memory,
     k,
     pool,
@@ -212,7 +213,7 @@ export function heapEngine(backend: Backend): Engine {
     scratch: 0,
     scratchBytes: 0,
   };
-  return engine;
+  return instance;
 }
 
 /** The control block shared with the helpers (Int32 slots). */
@@ -569,7 +570,7 @@ export function setPackRows(rows: number): void {
 }
 
 /** The packing buffer on the backend's heap (grown on demand, never shrunk). */
-function scratchFor(e: Engine, bytes: number): number {
+function scratchFor(e: HeapModule, bytes: number): number {
   if (e.scratchBytes < bytes) {
     if (e.scratch) e.free(e.scratch);
     e.scratch = e.malloc(bytes) >>> 0;
@@ -585,7 +586,7 @@ function scratchFor(e: Engine, bytes: number): number {
  *  slices share out evenly (or nearly: at least 4 per thread) or are too small to split on their own,
  *  else each slice is split as one product. */
 export function heapGemm(
-  e: Engine,
+  e: HeapModule,
   a: number,
   b: number,
   c: number,
@@ -612,7 +613,7 @@ export function heapGemm(
 }
 
 /** One product C [M, N] = op(A) · op(B), split by column panels or rows. */
-function gemmSlice(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
+function gemmSlice(e: HeapModule, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
   const N8 = N - (N % NR),
     pool = e.pool;
   // Split by column panels, or by rows where A is the larger operand by far (a decode step's
@@ -655,11 +656,11 @@ function fanOut(pool: Pool, args: number[], own: () => void): void {
 
 const ready = (pool: Pool | null): pool is Pool => pool !== null && Atomics.load(pool.ctrl, READY) === pool.size;
 
-/** Resolves once the heap engine's helper threads (where it has any) take jobs, or after timeoutMs:
- *  they start in the background with the engine, and until then every kernel runs on the calling
+/** Resolves once the heap module's helper threads (where it has any) take jobs, or after timeoutMs:
+ *  they start in the background with the module, and until then every kernel runs on the calling
  *  thread (tests that check a split ran wait for them after a build switch, which starts new ones). */
 export async function heapHelpersReady(backend: Backend, timeoutMs = 60_000): Promise<void> {
-  const { pool } = heapEngine(backend);
+  const { pool } = heapModule(backend);
   for (const until = Date.now() + timeoutMs; pool && !ready(pool) && Date.now() < until;) await new Promise((r) => setTimeout(r, 10));
 }
 
@@ -671,16 +672,16 @@ const PARALLEL_ELEMENTS = 64 * 1024;
  *  [rows, 2I] (grad null), or dgu [rows, 2I] from gu and dy [rows, I]. Byte offsets of the backend's
  *  heap; I a multiple of 4. Each row is computed the same way on any thread. */
 export function heapSwiglu(backend: unknown, gu: number, dy: number | null, out: number, rows: number, I: number): void {
-  rowsJob(heapEngine(backend), dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, gu, dy ?? 0, out, rows, I);
+  rowsJob(heapModule(backend), dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, gu, dy ?? 0, out, rows, I);
 }
 
-function rowsJob(e: Engine, job: number, a: number, b: number, c: number, rows: number, I: number, w = 0, aux = 0, eps = 0): void {
+function rowsJob(e: HeapModule, job: number, a: number, b: number, c: number, rows: number, I: number, w = 0, aux = 0, eps = 0): void {
   const units = job === JOB_RMS_NORM_GRAD ? Math.ceil(rows / NORM_BLOCK) : rows;
   splitJob(e, job, units, rows * I, a, b, c, rows, I, w, aux, new Uint32Array(new Float32Array([eps]).buffer)[0]);
 }
 
 /** Runs rowsPart's job over `units` parts of work at most, split over the helpers when `size` (elements) repays it. */
-function splitJob(e: Engine, job: number, units: number, size: number, ...[a, b, c, rows, I, w, aux, bits]: number[]): void {
+function splitJob(e: HeapModule, job: number, units: number, size: number, ...[a, b, c, rows, I, w, aux, bits]: number[]): void {
   const parts = ready(e.pool) && size >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, units) : 1;
   if (parts > 1) {
     splitJobs++;
@@ -703,7 +704,7 @@ export function heapBinary(
   rep: number,
   bs: number,
 ): void {
-  splitJob(heapEngine(backend), JOB_BINARY, rep === 0 ? rows * W : rows, rows * W, a, b, out, rows, W, rep, bs, op);
+  splitJob(heapModule(backend), JOB_BINARY, rep === 0 ? rows * W : rows, rows * W, a, b, out, rows, W, rep, bs, op);
 }
 
 /** Bytes from which a copy is split over the helpers: copies are bound by memory, and a decode
@@ -714,7 +715,7 @@ const PARALLEL_COPY_BYTES = 1 << 20;
  *  the source row stride) of R rows, the destination rows `stride` apart. The rows are split over the
  *  helper threads when `bytes` in all reach 1 MB (the table of blocks then goes on the heap). */
 export function heapBlocks(backend: unknown, blocks: number[][], R: number, stride: number, bytes: number): void {
-  const e = heapEngine(backend),
+  const e = heapModule(backend),
     units = blocks.length * R;
   if (!(ready(e.pool) && bytes >= PARALLEL_COPY_BYTES && units > 1)) {
     for (const [src, dst, srs, cb] of blocks) e.k.copyRows(dst, stride, src, srs, cb, R);
@@ -744,7 +745,7 @@ export function heapSeqHeads(
   hd: number,
   scale: number,
 ): void {
-  const e = heapEngine(backend),
+  const e = heapModule(backend),
     table = e.malloc(44) >>> 0;
   try {
     new Uint32Array(e.memory.buffer, table, 11).set([...p, T, nH, nKv, hd, new Uint32Array(new Float32Array([scale]).buffer)[0]]);
@@ -772,7 +773,7 @@ export function heapDequantize(
 ): void {
   if (kind === "nf4" && !(table.length === 16 && block > 0))
     throw new Error(`heap dequantize nf4: expected a 16-value table and a block > 0, got ${table.length} values, block ${block}`);
-  const e = heapEngine(backend),
+  const e = heapModule(backend),
     tab = e.malloc(64) >>> 0;
   try {
     if (kind === "nf4") new Float32Array(e.memory.buffer, tab, 16).set(table);
@@ -839,7 +840,7 @@ function drawRows(buf: ArrayBufferLike, x: number, V: number, p: number, out: nu
  *  token, −1 where the row has no finite largest logit, and its log-prob; 8-byte aligned). */
 export function heapDrawRows(backend: unknown, x: number, rows: number, V: number, T: number, us: number[], out: number): void {
   if (out % 8) throw new Error(`heap draw: the output at byte ${out} is not 8-byte aligned for float64`);
-  const e = heapEngine(backend),
+  const e = heapModule(backend),
     p = e.malloc(8 * (1 + rows)) >>> 0;
   if (!p) throw new Error(`heap draw: could not allocate ${8 * (1 + rows)} bytes`);
   try {
@@ -852,13 +853,13 @@ export function heapDrawRows(backend: unknown, x: number, rows: number, V: numbe
 
 /** Softmax's backward dx = y · (dy − Σ y·dy) per row of [rows, S] at heap offsets (S a multiple of 4). */
 export function heapSoftmaxGrad(backend: unknown, y: number, dy: number, dx: number, rows: number, S: number): void {
-  rowsJob(heapEngine(backend), JOB_SOFTMAX_GRAD, y, dy, dx, rows, S);
+  rowsJob(heapModule(backend), JOB_SOFTMAX_GRAD, y, dy, dx, rows, S);
 }
 
 /** RMSNorm of x [rows, H] with weight w [H] into y, at heap offsets (H a multiple of 4); rows split
  *  over the helper threads when large. */
 export function heapRmsNorm(backend: unknown, x: number, w: number, y: number, rows: number, H: number, eps: number): void {
-  rowsJob(heapEngine(backend), JOB_RMS_NORM, x, 0, y, rows, H, w, 0, eps);
+  rowsJob(heapModule(backend), JOB_RMS_NORM, x, 0, y, rows, H, w, 0, eps);
 }
 
 /** RMSNorm's gradient: dx [rows, H] into its heap offset, dw [H] returned (the blocks of 64 rows
@@ -873,7 +874,7 @@ export function heapRmsNormGrad(
   H: number,
   eps: number,
 ): Float32Array {
-  const e = heapEngine(backend),
+  const e = heapModule(backend),
     blocks = Math.ceil(rows / NORM_BLOCK),
     part = e.malloc(4 * H * blocks) >>> 0;
   try {
@@ -890,7 +891,7 @@ export function heapRmsNormGrad(
 /** Per row of x [rows, V] at heap offset x (V a multiple of 4): [m, s, t] with m = max, s = Σ exp(x −
  *  m), t = Σ exp(x − m)·x, from the heap module's kernel (rows split over the helper threads). */
 export function heapRowStats(backend: unknown, x: number, rows: number, V: number): Float32Array {
-  const e = heapEngine(backend),
+  const e = heapModule(backend),
     out = e.malloc(12 * rows) >>> 0;
   try {
     rowsJob(e, JOB_ROW_STATS, x, 0, out, rows, V);
@@ -902,7 +903,7 @@ export function heapRowStats(backend: unknown, x: number, rows: number, V: numbe
 
 /** out [rows, V] = softmax(x) · coef[r] per row, at heap offsets (V a multiple of 4). */
 export function heapSoftmaxRows(backend: unknown, x: number, coef: Float32Array, out: number, rows: number, V: number): void {
-  const e = heapEngine(backend),
+  const e = heapModule(backend),
     c = e.malloc(4 * rows) >>> 0;
   try {
     new Float32Array(e.memory.buffer, c, rows).set(coef);
@@ -918,7 +919,7 @@ export function heapSoftmaxRows(backend: unknown, x: number, coef: Float32Array,
  *  the panels' are (a one-output-at-a-time loop here ran at ~1 GFLOP/s: a 27-row vocab-head chunk
  *  spent 3 of its 27 columns' worth of work in it, most of its time). With t & 8 the valid columns
  *  go to C's transposed rows. */
-function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
+function edgeColumns(e: HeapModule, a: number, b: number, c: number, M: number, K: number, N: number, t: number): void {
   const N8 = N - (N % NR),
     n = N - N8,
     ldc = 4 * N;
@@ -947,5 +948,5 @@ function edgeColumns(e: Engine, a: number, b: number, c: number, M: number, K: n
 
 /** The module's kernels on the backend's heap (started on first use), for the other heap kernels. */
 export function heapKernels(backend: unknown): Kernels {
-  return heapEngine(backend).k;
+  return heapModule(backend).k;
 }

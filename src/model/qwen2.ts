@@ -563,7 +563,7 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   /** Attach another adapter (or none) and hand back the one attached before, not disposed: a server
-   *  holding several adapters switches between them per decode batch (serve/openai/engine.ts). */
+   *  holding several adapters switches between them per decode batch (serve/openai/batcher.ts). */
   swapAdapter(adapter: LoraAdapter | null): LoraAdapter | null {
     if (this.merged && adapter !== this.merged)
       throw new Error("swapAdapter: the adapter is merged into the unpacked base (unpackBase mergeAdapter); release it first");

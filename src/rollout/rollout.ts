@@ -1,12 +1,13 @@
 /** Batched, grouped, multi-turn rollouts with tools executed inside the decode loop.
  *
- *  B prompts × G samples run as one decode batch over one KV cache. Every step each live row advances
- *  exactly one token: it either samples one (loss mask 1, its sampling log-prob kept) or consumes the
- *  next forced token from its queue (mask 0): the rendered tool response plus the template's next
- *  assistant header. A sampled <|im_end|> / <|endoftext|> closes a turn; the turn is parsed for tool
- *  calls, the calls of all rows closing a turn in this step run concurrently, and their rendered
- *  results are queued. A turn without calls or parse errors is the final answer.
- *  Finished rows are dropped from the cache in bulk (cache.select) once enough of them pile up.
+ *  B prompts × G samples run as one decode batch over one KV cache (decode-batch.ts, which the
+ *  OpenAI server's batcher runs too). Every step each live row advances exactly one token: it either
+ *  samples one (loss mask 1, its sampling log-prob kept) or consumes the next forced token from its
+ *  queue (mask 0): the rendered tool response plus the template's next assistant header. A sampled
+ *  <|im_end|> / <|endoftext|> closes a turn; the turn is parsed for tool calls, the calls of all rows
+ *  closing a turn in this step run concurrently, and their rendered results are queued. A turn
+ *  without calls or parse errors is the final answer. Finished rows leave the cache in bulk (cache.select)
+ *  once enough of them pile up.
  *  With environments a closed turn is an action: its step runs while the other rows keep decoding,
  *  the row held meanwhile (it reads nothing: ForwardOptions.hold), so the steps of rows that close
  *  their turns at different tokens overlap; the loop waits only when every live row is waiting. Each
@@ -14,10 +15,9 @@
  *  A row whose first observation cannot fit the context with maxNewTokens fails alone (env_error).
  *  Leaves out: rewards (rewards.ts), the JSONL log (trajectories.ts), speculative or paged decoding. */
 import { toolSchema, type Tool } from "../agents/types.ts";
-import type { CausalLM, ChatMessage, KVCache, Tokenizer } from "../model/types.ts";
-import type * as tf from "@tensorflow/tfjs";
-import { gather } from "@tensorflow/tfjs";
-import { sampleTokens, checkSamplingParams } from "./sampler.ts";
+import type { CausalLM, ChatMessage, Tokenizer } from "../model/types.ts";
+import { DecodeBatch } from "./decode-batch.ts";
+import { checkSamplingParams, type SampleResult } from "./sampler.ts";
 import { ToolResponseRenderer, toolTurn } from "./tool-messages.ts";
 import { Rng } from "../util/rng.ts";
 import type { FinishReason, RolloutConfig, Trajectory, TurnRecord } from "./types.ts";
@@ -32,7 +32,6 @@ interface Row {
   done: boolean;
 }
 
-/** The tokens that close an assistant turn: <|im_end|> (eos) and <|endoftext|>. */
 /** A rollout before its first token: the prompt, nothing generated, no calls counted. */
 export function newTrajectory(promptIndex: number, sampleIndex: number, promptIds: number[]): Trajectory {
   return {
@@ -53,6 +52,7 @@ export function newTrajectory(promptIndex: number, sampleIndex: number, promptId
   };
 }
 
+/** The tokens that close an assistant turn: <|im_end|> (eos) and <|endoftext|>. */
 export function stopTokenIds(tokenizer: Tokenizer): Set<number> {
   return new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
 }
@@ -170,7 +170,6 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       }
   if (rows.every((r) => r.done)) return rows.map((r) => r.traj);
 
-  let cacheRows = rows.map((_, i) => i); // cache position → row index
   // A row that ended before its first token is prefilled as its last prompt token alone (it is
   // dropped from the cache at the first compaction; its prompt may not even fit the context).
   const inputs = rows.map((r) => (r.done ? r.traj.promptIds.slice(-1) : r.traj.promptIds));
@@ -179,10 +178,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     throw new Error(
       `longest prompt (${maxPrompt} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's max_position_embeddings ${context}`,
     );
-  // Left-pad so every row's last prompt token sits at the same position.
   const pad = tokenizer.padTokenId;
-  const ids = inputs.map((p) => [...new Array(maxPrompt - p.length).fill(pad), ...p]);
-  const mask = inputs.map((p) => [...new Array(maxPrompt - p.length).fill(0), ...p.map(() => 1)]);
   // Environment rows draw from a stream each (see the header); tool rows share cfg.rng, row order.
   const rowRngs = cfg.envs ? rows.map(() => new Rng(Math.floor(cfg.rng.next() * 2 ** 32))) : null;
   // Rows whose environment step is in flight. Past holdSteps decode steps rows stop riding along held
@@ -195,9 +191,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     ? new Promise<void>((resolve) => signal.addEventListener("abort", (onAbort = () => resolve()), { once: true }))
     : null;
 
-  const prefill = model.prefill(ids, mask, { adapters });
-  let logits: tf.Tensor2D | null = prefill.logits; // [cacheRows, V]
-  const cache: KVCache = prefill.cache;
+  const batch = new DecodeBatch(model, inputs, { pad, adapters, compactFraction }); // left-padded prefill
   try {
     for (let step = 0; ; step++) {
       // Let I/O events in: an abort (Ctrl-C), an environment's reply (its row then reads on at once,
@@ -214,23 +208,18 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
         if (rows.every((r) => r.done)) break;
       }
       // Sample only for rows that are not reading forced tokens or waiting for their environment.
+      const cacheRows = batch.rows; // cache position → row index
       const samplers = cacheRows
         .map((r, pos) => (!rows[r].done && rows[r].forced.length === 0 && !pending.has(rows[r]) ? pos : -1))
         .filter((p) => p >= 0);
       const drawIndex = new Array<number>(cacheRows.length).fill(-1); // cache position → row of `drawn`
       samplers.forEach((pos, k) => (drawIndex[pos] = k));
-      let drawn = null as Awaited<ReturnType<typeof sampleTokens>> | null;
-      let readFloats = 0;
+      let drawn: SampleResult | null = null;
       if (samplers.length > 0) {
-        const sub = samplers.length === cacheRows.length ? logits! : (gather(logits!, samplers) as tf.Tensor2D);
-        let k = 0; // sampleTokens draws one uniform per row of `sub`, in order
+        let k = 0; // sampleTokens draws one uniform per sampling row, in order
         const rng = rowRngs ? ({ next: () => rowRngs[cacheRows[samplers[k++]]].next() } as unknown as Rng) : cfg.rng;
-        drawn = await sampleTokens(sub, sampling, rng, { onDevice: cfg.deviceSampling });
-        readFloats = drawn.readFloats;
-        if (sub !== logits) sub.dispose();
+        drawn = await batch.sample(samplers, sampling, rng, { onDevice: cfg.deviceSampling });
       }
-      logits!.dispose();
-      logits = null;
 
       const feed: number[] = [];
       const hold: boolean[] = new Array<boolean>(cacheRows.length).fill(false);
@@ -275,27 +264,13 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
       } else await Promise.all(closing.map(endTurn));
 
       const live = rows.filter((r) => !r.done).length;
+      const readFloats = drawn?.readFloats ?? 0;
       cfg.onStep?.({ step, live, total: rows.length, cacheRows: cacheRows.length, sampled: nSampled, forced: nForced, readFloats });
       if (live === 0) break;
-
-      // Drop finished rows once enough have piled up: select copies the cache, so not every step.
-      const keep = cacheRows.map((r, pos) => (rows[r].done ? -1 : pos)).filter((p) => p >= 0);
-      const held = (ps: number[]) => (ps.some((p) => hold[p]) ? { hold: ps.map((p) => hold[p]) } : {});
-      if (cacheRows.length - keep.length >= Math.max(1, compactFraction * cacheRows.length)) {
-        cache.select(keep);
-        cacheRows = keep.map((p) => cacheRows[p]);
-        logits = model.decodeStep(
-          keep.map((p) => feed[p]),
-          cache,
-          { adapters, ...held(keep) },
-        );
-      } else {
-        logits = model.decodeStep(feed, cache, { adapters, ...held(feed.map((_, p) => p)) });
-      }
+      batch.step(feed, (r) => rows[r].done, hold); // finished rows leave the cache once enough pile up
     }
   } finally {
-    logits?.dispose();
-    cache.dispose();
+    batch.dispose();
     if (onAbort) signal!.removeEventListener("abort", onAbort);
     await Promise.allSettled(pending.values()); // an aborted row's step still in flight (bounded by its time limit)
   }

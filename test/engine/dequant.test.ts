@@ -7,7 +7,7 @@ import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
 import { DEQUANTIZE, dequantizeInto, type DequantizeAttrs } from "../../src/engine/dequant.ts";
-import { heapEngine, heapHelpersReady, splitJobCount } from "../../src/engine/heap.ts";
+import { heapHelpersReady, heapModule, splitJobCount } from "../../src/engine/heap.ts";
 import { heapOffset } from "../../src/engine/kernels.ts";
 import { wasmThreads } from "../../src/engine/wasm-threads.ts";
 import { NF4_BLOCK, NF4_CODE, QuantizedMatrix, dequantizeInt8, dequantizeNf4, quantizeInt8, quantizeNf4 } from "../../src/model/quant.ts";
@@ -89,8 +89,8 @@ describe("dequantize kernel", () => {
     await initBackend("wasm");
     await tf.setBackend("wasm");
     const be = tf.backend();
-    await heapHelpersReady(be); // they start in the background with the heap engine
-    const e = heapEngine(be),
+    await heapHelpersReady(be); // they start in the background with the heap module
+    const e = heapModule(be),
       table = e.malloc(64) >>> 0;
     new Float32Array(e.memory.buffer, table, 16).set(NF4_CODE);
     let seed = 1;

@@ -135,7 +135,7 @@ describe("wasm element-wise kernels", () => {
     };
     const n = wasmThreads() > 1 ? 1 : 0;
     const [x, w, big] = [tf.ones([300, 256]), tf.ones([256]), tf.ones([1024, 256])];
-    await heapHelpersReady(tf.backend()); // they start in the background with the heap engine
+    await heapHelpersReady(tf.backend()); // they start in the background with the heap module
     expect(splits(() => [tf.add(x, w), tf.mul(x, 0.5), tf.sub(x, x)])).toBe(3 * n);
     // copies from 1 MB
     expect(splits(() => tf.split(tf.concat([big, big], 1), [256, 256], 1))).toBe(3 * n);

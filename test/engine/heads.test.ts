@@ -172,7 +172,7 @@ describe("attention heads kernels", () => {
             return splitJobCount() - at;
           };
           // seqRun's two forwards (the values, and the one tf.grad runs) and a backward, once the helper
-          // threads (started in the background with the heap engine) take jobs
+          // threads (started in the background with the heap module) take jobs
           const n = wasmThreads() > 1 && T > 3 ? 3 : 0;
           await heapHelpersReady(tf.backend());
           expect(splits()).toBe(n);

@@ -199,8 +199,8 @@ describe("rollouts on an OpenAI-compatible engine", () => {
       .split("\n")
       .map((l) => JSON.parse(l));
     expect(new Set(lines.map((l) => `${l.step}:${l.policyVersion}`))).toEqual(new Set(["1:0", "2:0", "3:1"]));
-    // Every version loaded into the engine was unloaded again, and its folder removed.
-    expect(server.engine.adapterNames()).toEqual([]);
+    // Every version loaded into the server was unloaded again, and its folder removed.
+    expect(server.batcher.adapterNames()).toEqual([]);
     await expect(fs.stat(path.join(root, "async", "engine-adapters"))).rejects.toThrow();
   });
 

@@ -6,7 +6,7 @@
 import { randomBytes } from "node:crypto";
 import { parseToolCalls } from "../../agents/toolcall.ts";
 import type { ChatMessage, Tokenizer, ToolSchema } from "../../model/types.ts";
-import type { GenToken } from "./engine.ts";
+import type { GenToken } from "./batcher.ts";
 
 export const TOOL_OPEN = "<tool_call>";
 

@@ -1,10 +1,10 @@
-/** Request bodies of the OpenAI API, checked field by field and turned into what the engine takes.
+/** Request bodies of the OpenAI API, checked field by field and turned into what the batcher takes.
  *  A wrong type or value is a 400 naming the field (`param`). Fields that do not change what is
  *  generated (user, metadata, store, parallel_tool_calls, …) are accepted and ignored, as vLLM does;
- *  settings this engine cannot honour (penalties, logit_bias, best_of > 1, echo) are refused by name.
+ *  settings this server cannot honour (penalties, logit_bias, best_of > 1, echo) are refused by name.
  *  Leaves out: the HTTP side (server.ts) and rendering / parsing chat turns (chat.ts). */
 import type { ChatMessage, ChatToolCall, ToolSchema } from "../../model/types.ts";
-import type { GenParams } from "./engine.ts";
+import type { GenParams } from "./batcher.ts";
 import { badField } from "./errors.ts";
 
 type Body = Record<string, unknown>;

@@ -1,5 +1,5 @@
 /** scripts/serve-openai.ts: its flags (one table, flags.ts) and the run that opens the checkpoint,
- *  starts the engine and the HTTP server. `--model_path` takes what the other scripts take (a hub id,
+ *  starts the batcher and the HTTP server. `--model_path` takes what the other scripts take (a hub id,
  *  a Hugging Face folder, a run's final/ — a PEFT folder is served on its base with the adapter on). */
 import { parseFloatArg, parseIntArg } from "../../run/cli.ts";
 import { UsageError } from "../../util/errors.ts";
@@ -7,7 +7,7 @@ import { checkModelSource, openPolicy } from "../../run/policy.ts";
 import { commandOf, flag, optional, parseFlags, type FlagTable, type OptionsOf } from "../../run/flags.ts";
 import { modelFlags } from "../../run/options.ts";
 import { TINY_BASE_DIR } from "../../presets/tiny.ts";
-import { Engine } from "./engine.ts";
+import { Batcher } from "./batcher.ts";
 import { startOpenAiServer, type RunningOpenAiServer } from "./server.ts";
 
 export const SERVE_OPENAI_FLAGS = {
@@ -26,7 +26,7 @@ export const SERVE_OPENAI_FLAGS = {
   ),
   batch_wait_ms: flag(
     "--batch_wait_ms <ms>",
-    "how long an idle engine waits for more requests before it starts a batch",
+    "how long an idle batcher waits for more requests before it starts a batch",
     parseFloatArg("batch_wait_ms", 0, 10_000),
     5,
   ),
@@ -48,7 +48,7 @@ export async function parseServeOpenAiArgs(argv: string[]): Promise<ServeOpenAiF
 }
 
 export interface ServingOpenAi extends RunningOpenAiServer {
-  engine: Engine;
+  batcher: Batcher;
 }
 
 /** Open the checkpoint and serve it; close() stops the server and frees the model. */
@@ -62,14 +62,14 @@ export async function serveOpenAi(cfg: ServeOpenAiFlags, log: (line: string) => 
     seed: cfg.seed,
     unpackBase: cfg.unpack_base,
   });
-  const engine = new Engine(policy.model, policy.tokenizer, {
+  const batcher = new Batcher(policy.model, policy.tokenizer, {
     maxQueue: cfg.max_queue,
     maxBatchRows: cfg.max_batch_rows,
     batchWaitMs: cfg.batch_wait_ms,
   });
   let server: RunningOpenAiServer;
   try {
-    server = await startOpenAiServer(engine, {
+    server = await startOpenAiServer(batcher, {
       host: cfg.host,
       port: cfg.port,
       servedModelName: cfg.served_model_name ?? cfg.model_path,
@@ -78,15 +78,15 @@ export async function serveOpenAi(cfg: ServeOpenAiFlags, log: (line: string) => 
       log,
     });
   } catch (err) {
-    engine.dispose();
+    batcher.dispose();
     throw new UsageError(`cannot listen on ${cfg.host}:${cfg.port}: ${(err as Error).message}`);
   }
   return {
     ...server,
-    engine,
+    batcher,
     close: async () => {
       await server.close();
-      engine.dispose();
+      batcher.dispose();
     },
   };
 }

@@ -12,7 +12,7 @@ import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 import type { Tokenizer } from "../../model/types.ts";
 import { assistantMessage, chatLogprobs, chatPromptIds, sendableLength, tokenName, TOOL_OPEN } from "./chat.ts";
-import type { Engine, GenChoice, GenToken } from "./engine.ts";
+import type { Batcher, GenChoice, GenToken } from "./batcher.ts";
 import { ApiError, badField } from "./errors.ts";
 import { chatRequestOf, completionRequestOf, type Sampling } from "./protocol.ts";
 
@@ -71,8 +71,8 @@ function sendJson(res: http.ServerResponse, status: number, body: unknown, heade
   res.end(text);
 }
 
-export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions): Promise<RunningOpenAiServer> {
-  const tok: Tokenizer = engine.tokenizer;
+export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions): Promise<RunningOpenAiServer> {
+  const tok: Tokenizer = batcher.tokenizer;
   const cap = o.maxBodyBytes ?? MAX_BODY_BYTES;
   const created = Math.floor(Date.now() / 1000);
   let seq = 0;
@@ -81,13 +81,13 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
   /** "model" → the adapter to use (null: as started); unknown names are 404 model_not_found. */
   const adapterFor = (model: string): string | null => {
     if (model === o.servedModelName) return null;
-    if (engine.hasAdapter(model)) return model;
-    const known = [o.servedModelName, ...engine.adapterNames().map((a) => a.name)];
+    if (batcher.hasAdapter(model)) return model;
+    const known = [o.servedModelName, ...batcher.adapterNames().map((a) => a.name)];
     throw new ApiError(404, `the model "${model}" does not exist; served: ${known.join(", ")}`, "model", "model_not_found");
   };
 
   const checkLength = (promptLen: number, s: Sampling) => {
-    const ctx = engine.contextLength;
+    const ctx = batcher.contextLength;
     if (promptLen >= ctx) throw badField("messages", `the prompt is ${promptLen} tokens; the model holds ${ctx} positions`);
     if (s.maxTokens !== undefined && promptLen + s.maxTokens > ctx)
       throw badField("max_tokens", `${s.maxTokens} new tokens after a ${promptLen}-token prompt pass the model's ${ctx} positions`);
@@ -95,10 +95,10 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
 
   // One request decodes in one batch: prompts × n may not pass --max_batch_rows.
   const checkRows = (prompts: number, s: Sampling) => {
-    if (prompts * s.n > engine.o.maxBatchRows)
+    if (prompts * s.n > batcher.o.maxBatchRows)
       throw badField(
         prompts > 1 ? "prompt" : "n",
-        `${prompts} prompt(s) × n ${s.n} = ${prompts * s.n} rows; this server decodes at most ${engine.o.maxBatchRows} (--max_batch_rows) per request`,
+        `${prompts} prompt(s) × n ${s.n} = ${prompts * s.n} rows; this server decodes at most ${batcher.o.maxBatchRows} (--max_batch_rows) per request`,
       );
   };
 
@@ -107,7 +107,7 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
     return { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
   };
 
-  const isStop = (t: GenToken, s: Sampling) => engine.stopIds.has(t.id) || s.params.stopTokenIds.includes(t.id);
+  const isStop = (t: GenToken, s: Sampling) => batcher.stopIds.has(t.id) || s.params.stopTokenIds.includes(t.id);
 
   async function chat(body: Body, res: http.ServerResponse, signal: AbortSignal): Promise<void> {
     const r = chatRequestOf(body);
@@ -134,7 +134,7 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
           }
         : null;
     if (!s.stream) {
-      const choices = await engine.generate({ adapter, prompts: [ids], n: s.n, params: s.params, signal });
+      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, signal });
       return sendJson(res, 200, {
         ...head,
         object: "chat.completion",
@@ -175,7 +175,7 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
       if (delta !== "" || lp) chunk([{ index: i, delta: { content: delta }, logprobs: lp, finish_reason: null }]);
     };
     try {
-      const choices = await engine.generate({ adapter, prompts: [ids], n: s.n, params: s.params, signal, onToken });
+      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, signal, onToken });
       choices.forEach((c, i) => {
         const { message, finishReason } = assistantMessage(c.text, r.tools.length > 0, c.finishReason);
         const content = message.content ?? "";
@@ -201,13 +201,13 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
   }
 
   async function complete(body: Body, res: http.ServerResponse, signal: AbortSignal): Promise<void> {
-    const r = completionRequestOf(body, engine.model.config.vocabSize);
+    const r = completionRequestOf(body, batcher.model.config.vocabSize);
     const adapter = adapterFor(r.model);
     const prompts = r.prompts.map((p) => p.ids ?? tok.encode(p.text!));
     for (const p of prompts) checkLength(p.length, r.sampling);
     checkRows(prompts.length, r.sampling);
     const s = r.sampling;
-    const choices = await engine.generate({ adapter, prompts, n: s.n, params: s.params, signal });
+    const choices = await batcher.generate({ adapter, prompts, n: s.n, params: s.params, signal });
     const logprobsOf = (tokens: GenToken[]) => {
       if (r.logprobs === null) return null;
       const names = tokens.map((t) => tokenName(tok, t.id, s.tokenIds));
@@ -251,15 +251,15 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
   };
 
   const routes: Record<string, Partial<Record<string, (body: Body, res: http.ServerResponse, signal: AbortSignal) => Promise<void>>>> = {
-    "/health": { GET: async (_b, res) => sendJson(res, 200, { status: "ok", waiting: engine.waiting, ...engine.stats }) },
+    "/health": { GET: async (_b, res) => sendJson(res, 200, { status: "ok", waiting: batcher.waiting, ...batcher.stats }) },
     "/v1/models": {
       GET: async (_b, res) => {
-        const base = { object: "model", created, owned_by: "mini-agentic-rl", max_model_len: engine.contextLength };
+        const base = { object: "model", created, owned_by: "mini-agentic-rl", max_model_len: batcher.contextLength };
         sendJson(res, 200, {
           object: "list",
           data: [
             { id: o.servedModelName, ...base, root: o.servedModelName, parent: null },
-            ...engine.adapterNames().map((a) => ({ id: a.name, ...base, root: a.path, parent: o.servedModelName })),
+            ...batcher.adapterNames().map((a) => ({ id: a.name, ...base, root: a.path, parent: o.servedModelName })),
           ],
         });
       },
@@ -270,7 +270,7 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
       POST: async (b, res) => {
         const name = str(b, "lora_name");
         if (name === o.servedModelName) throw badField("lora_name", `"${name}" is the served model's own name`);
-        await engine.loadAdapter(name, str(b, "lora_path"));
+        await batcher.loadAdapter(name, str(b, "lora_path"));
         o.log?.(`loaded LoRA adapter ${name} from ${b.lora_path}`);
         res.writeHead(200, { "Content-Type": "text/plain; charset=utf-8" }).end(`Success: LoRA adapter '${name}' added successfully.`);
       },
@@ -278,7 +278,7 @@ export async function startOpenAiServer(engine: Engine, o: OpenAiServerOptions):
     "/v1/unload_lora_adapter": {
       POST: async (b, res) => {
         const name = str(b, "lora_name");
-        engine.unloadAdapter(name);
+        batcher.unloadAdapter(name);
         res.writeHead(200, { "Content-Type": "text/plain; charset=utf-8" }).end(`Success: LoRA adapter '${name}' removed successfully.`);
       },
     },

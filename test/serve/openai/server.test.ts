@@ -163,7 +163,7 @@ describe("OpenAI-compatible server", () => {
   });
 
   it("completes a token-id prompt and returns token ids with their log-probs", async () => {
-    const tok = server.engine.tokenizer;
+    const tok = server.batcher.tokenizer;
     const ids = tok.encode(tok.applyChatTemplate([system, { role: "user", content: QUESTION }], { addGenerationPrompt: true }));
     const r = await client.completions.create({
       model: "tiny",
@@ -244,7 +244,7 @@ describe("OpenAI-compatible server", () => {
 
   it("answers 8 concurrent requests, sharing decode batches, with no tensors left behind", async () => {
     const tensors = tf.memory().numTensors;
-    const batches = server.engine.stats.batches;
+    const batches = server.batcher.stats.batches;
     const replies = await Promise.all(
       Array.from({ length: 8 }, (_, i) =>
         client.chat.completions.create({
@@ -257,8 +257,8 @@ describe("OpenAI-compatible server", () => {
       ),
     );
     expect(replies.map((r) => r.choices.length)).toEqual(new Array(8).fill(1));
-    expect(server.engine.stats.batches - batches).toBeLessThan(8);
-    expect(server.engine.stats.maxRowsInBatch).toBeGreaterThan(1);
+    expect(server.batcher.stats.batches - batches).toBeLessThan(8);
+    expect(server.batcher.stats.maxRowsInBatch).toBeGreaterThan(1);
     // A client that leaves mid-stream stops its rows; the server goes on.
     const abort = new AbortController();
     const stream = await client.chat.completions.create(
@@ -286,10 +286,10 @@ describe("OpenAI-compatible server", () => {
   });
 });
 
-describe("engine queue", () => {
+describe("batcher queue", () => {
   it("refuses a request with 429 once --max_queue requests wait", async () => {
-    const { Engine } = await import("../../../src/serve/openai/engine.ts");
-    const e = new Engine(server.engine.model, server.engine.tokenizer, { maxQueue: 1, maxBatchRows: 8, batchWaitMs: 0 });
+    const { Batcher } = await import("../../../src/serve/openai/batcher.ts");
+    const e = new Batcher(server.batcher.model, server.batcher.tokenizer, { maxQueue: 1, maxBatchRows: 8, batchWaitMs: 0 });
     const params = { temperature: 0, topP: 1, topK: 0, maxTokens: 2, stop: [], stopTokenIds: [], topLogprobs: 0 };
     const first = e.generate({ adapter: null, prompts: [[1, 2, 3]], n: 1, params });
     expect(() => e.generate({ adapter: null, prompts: [[1, 2, 3]], n: 1, params })).toThrow(expect.objectContaining({ status: 429 }));

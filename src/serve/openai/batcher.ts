@@ -1,5 +1,5 @@
-/** The generation engine behind the OpenAI-compatible server: a FIFO of requests, each one or more
- *  rows (prompt × n), decoded as shared batches over one KV cache. When the engine is idle it waits
+/** The batcher behind the OpenAI-compatible server: a FIFO of requests, each one or more rows
+ *  (prompt × n), decoded as shared batches over one KV cache. When the batcher is idle it waits
  *  `batchWaitMs` for more arrivals, then takes every queued request of the same adapter (up to
  *  `maxBatchRows` rows, in arrival order) into one batch, waiting again while a burst keeps arriving;
  *  requests that arrive meanwhile form the next.
@@ -7,11 +7,14 @@
  *  row order), so what a request gets does not depend on what it was batched with.
  *  LoRA adapters are held by name and swapped into the model per batch (vLLM's runtime LoRA
  *  updating); one unloaded while a batch uses it is freed when that batch ends.
+ *  The decoding itself (left-padded prefill, one token per row per step, finished rows leaving the
+ *  cache) is rollout/decode-batch.ts, the loop local rollouts run; what stays here is the server's
+ *  own: the queue, adapters, and each row's sampling settings, log-probs and stop conditions.
  *  Leaves out: continuous batching (joining a running batch), prefix caching, penalties. */
-import * as tf from "@tensorflow/tfjs";
 import { LoraAdapter } from "../../model/lora.ts";
 import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
 import type { Tokenizer } from "../../model/types.ts";
+import { DecodeBatch } from "../../rollout/decode-batch.ts";
 import { sampleRow, Scratch, topIndices, uniformFor } from "../../rollout/sample-row.ts";
 import { Rng } from "../../util/rng.ts";
 import { ApiError } from "./errors.ts";
@@ -50,7 +53,7 @@ export interface GenRequest {
   signal?: AbortSignal;
 }
 
-export interface EngineOptions {
+export interface BatcherOptions {
   maxQueue: number; // requests that may wait; more get 429
   maxBatchRows: number;
   batchWaitMs: number;
@@ -80,7 +83,7 @@ interface Held {
   unloaded: boolean;
 }
 
-export class Engine {
+export class Batcher {
   private readonly queue: Pending[] = [];
   private readonly adapters = new Map<string, Held>();
   private busy = false;
@@ -92,7 +95,7 @@ export class Engine {
   constructor(
     readonly model: Qwen2ForCausalLM,
     readonly tokenizer: Tokenizer,
-    readonly o: EngineOptions,
+    readonly o: BatcherOptions,
   ) {
     this.startAdapter = model.loraAdapter;
     this.stopIds = new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
@@ -255,21 +258,17 @@ export class Engine {
   private async decode(rows: Row[]): Promise<void> {
     const V = this.model.config.vocabSize;
     const pad = this.tokenizer.padTokenId;
-    const maxPrompt = Math.max(...rows.map((r) => r.prompt.length));
-    const ids = rows.map((r) => [...new Array(maxPrompt - r.prompt.length).fill(pad), ...r.prompt]);
-    const mask = rows.map((r) => [...new Array(maxPrompt - r.prompt.length).fill(0), ...r.prompt.map(() => 1)]);
     const scratch = new Scratch(V);
-    let cacheRows = rows.map((_, i) => i); // cache position → row
-    const prefill = this.model.prefill(ids, mask);
-    let logits: tf.Tensor2D | null = prefill.logits; // [cacheRows, V]
-    const cache = prefill.cache;
+    const batch = new DecodeBatch(
+      this.model,
+      rows.map((r) => r.prompt),
+      { pad },
+    );
     try {
       for (;;) {
-        const data = (await logits!.data()) as Float32Array;
-        logits!.dispose();
-        logits = null;
+        const data = await batch.read(); // [cache rows × V]
         const feed: number[] = [];
-        cacheRows.forEach((r, pos) => {
+        batch.rows.forEach((r, pos) => {
           const row = rows[r];
           if (!row.done && row.p.req.signal?.aborted) row.done = true;
           if (row.done) return void feed.push(pad);
@@ -278,21 +277,10 @@ export class Engine {
           this.take1(row, tok);
         });
         if (rows.every((r) => r.done)) break;
-        const keep = cacheRows.map((r, pos) => (rows[r].done ? -1 : pos)).filter((p) => p >= 0);
-        if (cacheRows.length - keep.length >= Math.max(1, 0.25 * cacheRows.length)) {
-          cache.select(keep);
-          cacheRows = keep.map((p) => cacheRows[p]);
-          logits = this.model.decodeStep(
-            keep.map((p) => feed[p]),
-            cache,
-          );
-        } else {
-          logits = this.model.decodeStep(feed, cache);
-        }
+        batch.step(feed, (r) => rows[r].done);
       }
     } finally {
-      logits?.dispose();
-      cache.dispose();
+      batch.dispose();
     }
   }
 
