@@ -128,10 +128,14 @@ describe.skipIf(loadError !== null && !process.env.CI)("LlamaBatch on the tiny p
     await batch.endRow(1);
   });
 
-  it("fork copies a prefilled prompt into other rows", async () => {
+  it("fork (saveRow + loadRow) copies a prefilled prompt into other rows, replacing what they held", async () => {
     const prompt = promptIds("Sam reads 20 pages a day for 3 days.");
-    await batch.step([{ row: 0, tokens: prompt }]);
+    await batch.step([
+      { row: 0, tokens: prompt },
+      { row: 3, tokens: [1, 2, 3] },
+    ]);
     await batch.fork(0, [1, 2, 3]);
+    expect([1, 2, 3].map((r) => batch.length(r))).toEqual([prompt.length, prompt.length, prompt.length]);
     const draws = await batch.step([0, 1, 2, 3].map((row) => ({ row, tokens: [prompt[prompt.length - 1]], sample: sampled(5) })));
     for (let r = 0; r < 4; r++) await batch.endRow(r);
     // the same as reading prompt + its last token again from scratch, row by row
@@ -185,6 +189,9 @@ describe.skipIf(loadError !== null && !process.env.CI)("LlamaBatch on the tiny p
     await expect(batch.step([{ row: 4, tokens: [1] }])).rejects.toThrow(/row 4 is out of range 0..3/);
     await expect(batch.step([{ row: 0, tokens: [] }])).rejects.toThrow(/no tokens/);
     await expect(batch.step([{ row: 0, tokens: new Array(300).fill(1) }])).rejects.toThrow(/exceed contextSize 256/);
+    const bad = { row: 1, tokens: [1], sample: { ...sampled(1), topP: 0 } };
+    await expect(batch.step([{ row: 0, tokens: [1] }, bad])).rejects.toThrow(/row 1: sampling .* is invalid/);
+    expect(batch.length(0)).toBe(0); // nothing was read
     expect(mixSeed(1, 2)).not.toBe(mixSeed(1, 3));
     expect(mixSeed(1, 2)).not.toBe(mixSeed(2, 2));
   });

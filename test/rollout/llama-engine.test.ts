@@ -142,7 +142,9 @@ describe.skipIf(loadError !== null && !process.env.CI)("the llama rollout engine
     const batch = await LlamaBatch.open({ modelPath: gguf.file, loraPath: lora, sequences: 2, contextSize: 1024, threads: 1, kvF32: true });
     try {
       const c = config(0, 1);
-      const twoSlots = await turnRollouts(new LlamaTurns(batch), policy.tokenizer, prompts, { ...c, seed: 1, maxPositions: 1024 });
+      const turns = new LlamaTurns(batch);
+      const twoSlots = await turnRollouts(turns, policy.tokenizer, prompts, { ...c, seed: 1, maxPositions: 1024 });
+      await turns.dispose();
       expect(view(twoSlots)).toEqual(view(await engine.generate(prompts, c)));
     } finally {
       await batch.close();

@@ -10,11 +10,13 @@
  *  argmax). Reading it sorts the kept candidates (the whole vocabulary when top-k is off): `logprobs:
  *  false` skips it. Each draw runs on a freshly seeded sampler (node-llama-cpp makes one per call), so
  *  the seed of a draw is mixed from the row's `seed` and the position drawn: give each rollout its own
- *  seed; the same seeds and inputs give the same tokens.
+ *  seed; the same seeds and inputs give the same tokens. The other rows of a batch move the logits by
+ *  float rounding (~1e-6 with kvF32, ~3e-4 with F16 KV), so a draw on a boundary can depend on them.
  *
  *  Rows are KV slots, not rollouts: more rollouts than `sequences` reuse slots after `endRow`. A prompt
- *  shared by G samples can be prefilled once and copied with `fork` (llama.cpp's per-sequence state
- *  save/load through a temporary file: node-llama-cpp exposes no llama_memory_seq_cp).
+ *  shared by G samples can be prefilled once and copied (`fork`, or `saveRow` then `loadRow` into slots
+ *  as they free up): llama.cpp's per-sequence state save/load through a temporary file, since
+ *  node-llama-cpp exposes no llama_memory_seq_cp.
  *
  *  Leaves out: the turn loop, tool calls and stopping (turns.ts's job), tokenization, penalties,
  *  grammars, context shift (a row that would overflow `contextSize` throws). node-llama-cpp is imported
@@ -90,6 +92,7 @@ const OFF = null as unknown as number;
 export class LlamaBatch {
   private adapter: string | null = null;
   private inflight: Promise<unknown> = Promise.resolve(); // the last step: an adapter is not freed under it
+  private saves = 0;
   private constructor(
     private readonly llama: Llama,
     private readonly model: LlamaModel,
@@ -168,15 +171,20 @@ export class LlamaBatch {
    *  All rows are evaluated in one batch. Returns, per input, the draw or null. */
   async step(inputs: StepInput[]): Promise<(Draw | null)[]> {
     const seen = new Set<number>();
-    for (const { row, tokens } of inputs) {
+    for (const { row, tokens, sample: p } of inputs) {
       const seq = this.seq(row);
       if (seen.has(row)) throw new UsageError(`row ${row} appears twice in one step`);
       seen.add(row);
       if (tokens.length === 0) throw new UsageError(`row ${row}: no tokens to read`);
       if (seq.nextTokenIndex + tokens.length > seq.contextSize - 1)
         throw new UsageError(`row ${row}: ${seq.nextTokenIndex} + ${tokens.length} tokens exceed contextSize ${seq.contextSize} − 1`);
+      if (p && !(p.temperature >= 0 && p.topP > 0 && p.topP <= 1 && Number.isInteger(p.topK) && p.topK >= 0))
+        throw new UsageError(
+          `row ${row}: sampling ${JSON.stringify(p)} is invalid; accepted: temperature >= 0, topP in (0, 1], topK integer >= 0`,
+        );
     }
-    // No await between the calls: node-llama-cpp queues them all and dispatches one batch next cycle.
+    // Checked first, so a bad input starts nothing. No await between the calls: node-llama-cpp queues
+    // them all and dispatches one batch on the next cycle.
     const pending = inputs.map(({ row, tokens, sample }) => {
       const seq = this.seqs[row];
       const last = tokens.length - 1;
@@ -200,12 +208,28 @@ export class LlamaBatch {
     return all;
   }
 
+  /** Save a row's KV and tokens (a prefilled prompt) to a temporary file for loadRow; returns its
+   *  path. dropSaved deletes it (close deletes all). */
+  async saveRow(row: number): Promise<string> {
+    const file = path.join(this.tmpDir, `state-${this.saves++}.bin`);
+    await this.seq(row).saveStateToFile(file);
+    return file;
+  }
+
+  /** Replace a row's KV and tokens with a saved row's. */
+  async loadRow(row: number, saved: string): Promise<void> {
+    await this.seq(row).loadStateFromFile(saved, { acceptRisk: true }); // the risk is a file from another model
+  }
+
+  async dropSaved(saved: string): Promise<void> {
+    await fs.rm(saved, { force: true });
+  }
+
   /** Copy row `src`'s KV and tokens into each of `dsts` (prefill a shared prompt once). */
   async fork(src: number, dsts: number[]): Promise<void> {
-    const file = path.join(this.tmpDir, `row${src}.state`);
-    await this.seq(src).saveStateToFile(file);
-    for (const d of dsts) await this.seq(d).loadStateFromFile(file, { acceptRisk: true }); // same model: the risk is a foreign file
-    await fs.rm(file, { force: true });
+    const saved = await this.saveRow(src);
+    for (const d of dsts) await this.loadRow(d, saved);
+    await this.dropSaved(saved);
   }
 
   /** Clear a row's KV so the slot can take a new rollout. */
@@ -228,8 +252,6 @@ export class LlamaBatch {
   }
 
   private options(s: SampleParams, position: number) {
-    if (!(s.temperature >= 0 && s.topP > 0 && s.topP <= 1 && Number.isInteger(s.topK) && s.topK >= 0))
-      throw new UsageError(`sampling ${JSON.stringify(s)} is invalid; accepted: temperature >= 0, topP in (0, 1], topK integer >= 0`);
     return {
       temperature: s.temperature,
       topK: s.topK > 0 ? s.topK : OFF,

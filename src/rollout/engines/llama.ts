@@ -14,8 +14,9 @@
  *  they were drawn from, so they are the trainer's raw policy only with temperature 1 and top-p/top-k
  *  off: then they are read (a vocabulary sort per draw) and the update logs their gap and corrects
  *  with truncated importance sampling; otherwise they are not read, as with the local engine.
- *  Leaves out: sharing a group's prompt prefill across its samples (node-llama-cpp copies a
- *  sequence's KV only through a state file), speculative decoding, per-token streaming to chat. */
+ *  A group's prompt is computed once and its KV copied into each sample's row (through a state file:
+ *  node-llama-cpp has no llama_memory_seq_cp). Leaves out: speculative decoding, per-token streaming
+ *  to chat. */
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
@@ -156,7 +157,12 @@ class LlamaEngine implements RolloutEngine {
       this.contextSize = room;
       this.logprobs = logprobs;
     }
-    return turnRollouts(new LlamaTurns(this.batch), this.ctx.tokenizer, prompts, { ...c, maxPositions });
+    const turns = new LlamaTurns(this.batch);
+    try {
+      return await turnRollouts(turns, this.ctx.tokenizer, prompts, { ...c, maxPositions });
+    } finally {
+      await turns.dispose();
+    }
   }
 
   async close(): Promise<void> {
@@ -174,6 +180,7 @@ export class LlamaTurns implements TurnCompleter {
   private readonly free: number[];
   private readonly waiting: (() => void)[] = [];
   private readonly active = new Map<number, Turn>(); // slot → its row's turn in progress
+  private readonly prompts = new Map<string, Promise<string>>(); // a prompt → its KV saved once prefilled
   private pumping = false;
 
   constructor(private readonly batch: LlamaBatch) {
@@ -194,7 +201,32 @@ export class LlamaTurns implements TurnCompleter {
       await this.batch.endRow(slot);
       held.length = 0;
     }
-    const turn = new Turn(ids.slice(held.length), p);
+    // A first turn: the prompt (but its last token, which each row reads to draw from) is computed
+    // once for all the rows that share it and copied into theirs (a group's G samples).
+    if (held.length === 0 && ids.length > 1) {
+      const prefix = ids.slice(0, -1);
+      const key = prefix.join(",");
+      const saved = this.prompts.get(key);
+      if (saved) {
+        await this.batch.loadRow(slot, await saved);
+        held.push(...prefix);
+      } else {
+        const state = this.run(slot, new Turn(prefix, p, false)).then(() => this.batch.saveRow(slot)); // the pump records what it read
+        this.prompts.set(key, state);
+        await state;
+      }
+    }
+    return this.run(slot, new Turn(ids.slice(held.length), p));
+  }
+
+  /** The saved prompt states go (the KV slots stay with the batch). */
+  async dispose(): Promise<void> {
+    const states = await Promise.allSettled(this.prompts.values());
+    for (const s of states) if (s.status === "fulfilled") await this.batch.dropSaved(s.value);
+    this.prompts.clear();
+  }
+
+  private run(slot: number, turn: Turn): Promise<TurnCompletion> {
     this.active.set(slot, turn);
     if (!this.pumping) void this.pump();
     return turn.done;
@@ -231,8 +263,7 @@ export class LlamaTurns implements TurnCompleter {
         slots.forEach((s, i) => {
           const t = turns[i];
           this.held[s].push(...t.feed);
-          const d = draws[i]!;
-          if (t.take(d.token, d.logprob)) this.active.delete(s);
+          if (t.take(draws[i])) this.active.delete(s);
         });
       }
     } finally {
@@ -254,6 +285,7 @@ class Turn {
   constructor(
     feed: number[],
     private readonly p: TurnSampling,
+    private readonly draws = true, // false: read `feed` only (a shared prompt's prefill)
   ) {
     this.feed = feed;
     this.stops = new Set(p.stopTokenIds);
@@ -261,11 +293,17 @@ class Turn {
   }
 
   sample() {
-    return { temperature: this.p.temperature, topP: this.p.topP, topK: this.p.topK, seed: this.p.seed };
+    return this.draws ? { temperature: this.p.temperature, topP: this.p.topP, topK: this.p.topK, seed: this.p.seed } : undefined;
   }
 
-  /** The drawn token; true when the turn is over (a stop token, the budget, an abort). */
-  take(token: number, logprob: number): boolean {
+  /** The step's draw (null when it read only); true when the turn is over (a stop token, the budget,
+   *  an abort, or the read done). */
+  take(draw: { token: number; logprob: number } | null): boolean {
+    if (!draw) {
+      this.resolve({ ids: [], logprobs: [], finishReason: "length" });
+      return true;
+    }
+    const { token, logprob } = draw;
     this.ids.push(token);
     this.logprobs.push(logprob);
     this.feed = [token];
