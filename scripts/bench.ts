@@ -38,6 +38,7 @@ const opts = new Command()
     "lora",
   )
   .option("--engine_gpu <kind>", "with --rollout_engine llama: auto | cuda | vulkan | metal | off", "off")
+  .option("--no_update", "grpo_step: time the rollouts only (the update is the same whichever engine sampled)")
   .addOption(threadsOption())
   .option(
     "--profile",
@@ -55,6 +56,7 @@ const opts = new Command()
       engine_weights: string;
       llama_adapter: string;
       engine_gpu: string;
+      no_update?: boolean;
     }
   >();
 
@@ -75,6 +77,7 @@ await runMain(async () => {
     if (!ok.includes(v as T)) throw new UsageError(`--${flag} ${v}: expected one of ${ok.join(", ")}`);
     return v as T;
   };
+  grpoStepOptions.update = !opts.no_update;
   if (choice("rollout_engine", opts.rollout_engine, ["local", "llama"]) === "llama") {
     const gpu = choice("engine_gpu", opts.engine_gpu, ["auto", "cuda", "vulkan", "metal", "off"]);
     grpoStepOptions.llama = {

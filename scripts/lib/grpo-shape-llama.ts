@@ -1,7 +1,8 @@
 /** The GRPO shape's rollouts on llama.cpp (--rollout_engine llama of `npm run bench -- --workloads
  *  grpo_step` and of gpu-check): the random-weight model's base written as GGUF (the Qwen tokenizer
  *  for the 0.5b shape, the tiny preset's for small), its adapter as a GGUF LoRA, every row decoded in
- *  one llama_decode per token with the behaviour log-probs read, as the llama engine does in a run.
+ *  one llama_decode per token with the behaviour log-probs read, a question's prompt prefilled once
+ *  for its samples, as the llama engine does in a run.
  *  `adapter`: "lora" swaps the adapter in unmerged (what a run does every step); "merged" decodes the
  *  base alone, which is what an engine model with the adapter merged in decodes at, and times what
  *  such a model costs to make each step (the GGUF written and loaded again). One-time costs (the
@@ -67,7 +68,16 @@ export async function llamaShapeRollouts(model: Qwen2ForCausalLM, prompts: numbe
       const generated: number[][] = prompts.map(() => []);
       const logprobs: number[][] = prompts.map(() => []);
       const sample = (row: number) => ({ temperature: 1, topP: 1, topK: 0, seed: 1000 + row });
-      let inputs = prompts.map((tokens, row) => ({ row, tokens, sample: sample(row) }));
+      // Each question's prompt (but its last token) computed once and copied into its samples' rows, as the engine does.
+      const first = new Map<string, number>();
+      prompts.forEach((p, row) => first.has(p.join(",")) || first.set(p.join(","), row));
+      const leaders = [...first.values()];
+      await batch.step(leaders.map((row) => ({ row, tokens: prompts[row].slice(0, -1) })));
+      for (const l of leaders) {
+        const followers = prompts.map((_, r) => r).filter((r) => r !== l && prompts[r].join(",") === prompts[l].join(","));
+        if (followers.length > 0) await batch.fork(l, followers);
+      }
+      let inputs = prompts.map((tokens, row) => ({ row, tokens: tokens.slice(-1), sample: sample(row) }));
       let prefillSeconds = 0;
       for (let t = 0; t < newTokens; t++) {
         const draws = await batch.step(inputs);

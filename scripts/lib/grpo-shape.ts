@@ -57,7 +57,7 @@ const round = (x: number) => Math.round(x * 100) / 100;
 export async function grpoShape(
   model: Qwen2ForCausalLM,
   shape: GrpoShape,
-  opts: { beta?: number; llama?: LlamaShapeOptions } = {},
+  opts: { beta?: number; llama?: LlamaShapeOptions; update?: boolean } = {},
 ): Promise<GrpoShapeResult & { llama?: Record<string, unknown> }> {
   const s = shape,
     beta = opts.beta ?? 0;
@@ -68,7 +68,7 @@ export async function grpoShape(
   if (opts.llama) {
     // The rollouts on llama.cpp (its behaviour log-probs kept for TIS), the update as below.
     const r = await llamaShapeRollouts(model, prompts, s.newTokens, opts.llama);
-    const update = await updateOf(model, prompts, r.generated, s, beta, r.logprobs);
+    const update = opts.update === false ? noUpdate(beta) : await updateOf(model, prompts, r.generated, s, beta, r.logprobs);
     return {
       rows,
       promptTokens: s.promptLen,
@@ -118,7 +118,7 @@ export async function grpoShape(
     release();
   }
   const rolloutSeconds = now() - tr;
-  const update = await updateOf(model, prompts, generated, s, beta);
+  const update = opts.update === false ? noUpdate(beta) : await updateOf(model, prompts, generated, s, beta);
   return {
     rows,
     promptTokens: s.promptLen,
@@ -133,6 +133,15 @@ export async function grpoShape(
     backend: tf.getBackend(),
   };
 }
+
+/** --no_update: the rollouts alone (the update is the same whichever engine sampled). */
+const noUpdate = (beta: number) => ({
+  updateSeconds: 0,
+  update: { reference: 0, old: 0, forward: 0, recompute: 0, backward: 0, optimizer: 0 },
+  beta,
+  loss: 0,
+  tokens: 0,
+});
 
 /** The step's update on what was sampled: advantages ±1; with an engine's log-probs, TIS (cap 2). */
 async function updateOf(
@@ -210,7 +219,7 @@ export async function decodeScaling(
 }
 
 /** The grpo_step workload's KL weight (bench's --beta) and its rollout engine (--rollout_engine). */
-export const grpoStepOptions: { beta: number; llama?: LlamaShapeOptions } = { beta: 0 };
+export const grpoStepOptions: { beta: number; llama?: LlamaShapeOptions; update?: boolean } = { beta: 0 };
 
 registerWorkload({
   name: "grpo_step",
