@@ -10,6 +10,7 @@ import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.ts";
 import { toPrompt } from "../../src/agents/prompts.ts";
+import { generateSynthetic } from "../../src/datasets/synthetic.ts";
 import { cachedModelGguf, writeLoraGguf } from "../../src/model/gguf.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS } from "../../src/presets/tiny.ts";
@@ -111,6 +112,16 @@ describe.skipIf(loadError !== null && !process.env.CI)("the llama rollout engine
     expect(llama.map((t) => t.turns.map((x) => x.toolCalls.map((c) => c.result)))).toEqual(
       local.map((t) => t.turns.map((x) => x.toolCalls.map((c) => c.result))),
     );
+  });
+
+  it("keeps 64 rows apart while some read tool results and others draw (one batch)", async () => {
+    // llama.cpp reorders a mixed batch's outputs lazily while node-llama-cpp's samplers read them in
+    // parallel: rows then drew from one another's logits (llama-batch.ts evaluate()).
+    const many = generateSynthetic({ ...TINY_PROBLEMS, n: 16, seed: 5 }).map((e) => toPrompt(e.question));
+    const c = { ...config(0, 1), samplesPerPrompt: 4 };
+    const local = await rolloutGroups(policy.model, policy.tokenizer, many, c);
+    expect(local.filter((t) => t.numToolCalls > 0).length).toBeGreaterThan(16);
+    expect(view(await engine.generate(many, c))).toEqual(view(local));
   });
 
   it("samples tokens whose log-probs are the trainer's (f32 weights, temperature 1)", async () => {

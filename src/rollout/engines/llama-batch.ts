@@ -25,7 +25,7 @@
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import type { Llama, LlamaContext, LlamaContextSequence, LlamaModel } from "node-llama-cpp";
+import type { Llama, LlamaContext, LlamaContextSequence, LlamaModel, Token } from "node-llama-cpp";
 import { UsageError } from "../../util/errors.ts";
 
 export interface LlamaBatchOptions {
@@ -183,29 +183,40 @@ export class LlamaBatch {
           `row ${row}: sampling ${JSON.stringify(p)} is invalid; accepted: temperature >= 0, topP in (0, 1], topK integer >= 0`,
         );
     }
-    // Checked first, so a bad input starts nothing. No await between the calls: node-llama-cpp queues
-    // them all and dispatches one batch on the next cycle.
-    const pending = inputs.map(({ row, tokens, sample }) => {
-      const seq = this.seqs[row];
-      const last = tokens.length - 1;
-      const input = tokens.map((t, i) =>
-        i === last && sample
-          ? ([
-              t,
-              { generateNext: { token: true, confidence: this.logprobs, options: this.options(sample, seq.nextTokenIndex + last) } },
-            ] as const)
-          : t,
-      );
-      return seq.controlledEvaluate(input as Parameters<LlamaContextSequence["controlledEvaluate"]>[0]).then((out) => {
-        if (!sample) return null;
-        const next = out[last]?.next;
-        if (next?.token == null) throw new Error(`row ${row}: llama.cpp drew no token`);
-        return { token: next.token, logprob: this.logprobs ? Math.log(next.confidence!) : NaN };
-      });
-    });
-    const all = Promise.all(pending);
+    const all = this.evaluate(inputs);
     this.inflight = all.catch(() => {});
     return all;
+  }
+
+  /** Two batches, each in ascending row order. llama.cpp keeps one KV stream per sequence here
+   *  (node-llama-cpp leaves kv_unified off) and splits a batch into micro-batches of consecutive
+   *  sequences with equal token counts; when that puts the outputs out of the batch's order it swaps
+   *  them back lazily, inside the logits reads that node-llama-cpp's samplers make from several
+   *  threads at once, and rows then draw from one another's logits (seen: greedy rollouts of 64 rows
+   *  diverging after a tool result). So first every multi-token read but its last token, with no
+   *  output; then one token per row, every output in the batch's order. Within each, no await
+   *  between the calls: node-llama-cpp queues them all and dispatches one batch on the next cycle. */
+  private async evaluate(inputs: StepInput[]): Promise<(Draw | null)[]> {
+    const sorted = inputs.map((x, k) => ({ ...x, k })).sort((a, b) => a.row - b.row);
+    const reads = sorted.filter((x) => x.tokens.length > 1);
+    if (reads.length > 0) await Promise.all(reads.map((x) => this.seqs[x.row].controlledEvaluate(x.tokens.slice(0, -1) as Token[])));
+    const out = new Array<Draw | null>(inputs.length).fill(null);
+    await Promise.all(
+      sorted.map(({ row, tokens, sample, k }) => {
+        const seq = this.seqs[row];
+        const t = tokens[tokens.length - 1];
+        const input = sample
+          ? [[t, { generateNext: { token: true, confidence: this.logprobs, options: this.options(sample, seq.nextTokenIndex) } }] as const]
+          : [t];
+        return seq.controlledEvaluate(input as Parameters<LlamaContextSequence["controlledEvaluate"]>[0]).then((res) => {
+          if (!sample) return;
+          const next = res[0]?.next;
+          if (next?.token == null) throw new Error(`row ${row}: llama.cpp drew no token`);
+          out[k] = { token: next.token, logprob: this.logprobs ? Math.log(next.confidence!) : NaN };
+        });
+      }),
+    );
+    return out;
   }
 
   /** Save a row's KV and tokens (a prefilled prompt) to a temporary file for loadRow; returns its
