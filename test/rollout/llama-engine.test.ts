@@ -10,6 +10,7 @@ import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.ts";
 import { toPrompt } from "../../src/agents/prompts.ts";
+import { serveGuessNumber } from "../../scripts/lib/guess-number.ts";
 import { generateSynthetic } from "../../src/datasets/synthetic.ts";
 import { cachedModelGguf, writeLoraGguf } from "../../src/model/gguf.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
@@ -27,6 +28,7 @@ import { runGrpo } from "../../src/run/grpo-run.ts";
 import { openPolicy, type Policy } from "../../src/run/policy.ts";
 import { UsageError } from "../../src/util/errors.ts";
 import { Rng } from "../../src/util/rng.ts";
+import { tinyEnvRunConfig } from "../envs/tiny-env-run.ts";
 
 const loadError: unknown = await import("node-llama-cpp")
   .then(async ({ getLlama }) => (await getLlama({ gpu: false, build: "never" })).dispose())
@@ -168,6 +170,34 @@ describe.skipIf(loadError !== null && !process.env.CI)("the llama rollout engine
     const after = await engine.generate(prompts, config(0, 1));
     expect(view(after)).not.toEqual(view(before));
     expect(view(after)).toEqual(view(await rolloutGroups(policy.model, policy.tokenizer, prompts, config(0, 1))));
+  });
+
+  it("rolls out against an environment server (--env): each ended turn an action with its observation", async () => {
+    const server = await serveGuessNumber(0, "env_idx");
+    try {
+      const cfg = await tinyEnvRunConfig(server.url, "env_idx", {
+        ...flags,
+        rollout_engine: "llama",
+        reward_weights: "correctness=0,format=0,tool_use=0,env=1",
+        env_tasks: "5,7",
+        eval_samples: 0,
+        max_new_tokens: 48,
+      });
+      await runGrpo(cfg);
+      const lines = (await fs.readFile(path.join(cfg.output_dir, "trajectories.jsonl"), "utf8"))
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l));
+      expect(lines).toHaveLength(4);
+      for (const t of lines) {
+        expect(t.promptText).toContain("Guess the secret whole number between 1 and 100");
+        for (const turn of t.turns) expect("observation" in turn).toBe(turn.ended);
+        expect(t.reward).toBe(t.envReward);
+      }
+      expect(lines.some((t) => t.turns[0].ended)).toBe(true);
+    } finally {
+      await server.close();
+    }
   });
 
   it("refuses flags it cannot honour, in one line", async () => {

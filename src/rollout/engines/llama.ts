@@ -21,8 +21,9 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { cachedModelGguf, writeLoraGguf } from "../../model/gguf.ts";
+import { paramCount } from "../../model/load.ts";
 import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
-import type { ChatMessage } from "../../model/types.ts";
+import type { ChatMessage, Qwen2Config } from "../../model/types.ts";
 import { resolveThreads } from "../../engine/wasm-threads.ts";
 import { UsageError } from "../../util/errors.ts";
 import { turnRollouts, type TurnCompleter, type TurnCompletion, type TurnSampling } from "../turns.ts";
@@ -65,6 +66,14 @@ async function loadLlama(gpu: EngineFlags["engine_gpu"]): Promise<string> {
 }
 
 const llamaGpu = (g: EngineFlags["engine_gpu"]) => (g === "off" ? false : g);
+
+/** llama.cpp's threads meet at a barrier after every op and spin there: for a model whose ops take
+ *  microseconds (under 100 M parameters, e.g. the tiny preset) one thread decodes as fast as two and
+ *  cannot stall on a core this process's JavaScript needs (on 2 cores a tiny GRPO step's rollouts took
+ *  4× longer with two). Larger models use the --threads count. */
+export function llamaThreads(c: Qwen2Config, threads: EngineFlags["threads"]): number {
+  return paramCount(c) < 100e6 ? 1 : resolveThreads(threads ?? "auto");
+}
 
 /** Sampling that leaves the model's distribution as it is: the drawn tokens' log-probs are then the
  *  policy's the trainer computes. */
@@ -149,8 +158,7 @@ class LlamaEngine implements RolloutEngine {
         sequences,
         contextSize: room,
         gpu: llamaGpu(this.f.engine_gpu),
-        // llama.cpp's threads spin at each barrier: more threads than free cores stall it (~1000×).
-        threads: resolveThreads(this.f.threads ?? "auto"),
+        threads: llamaThreads(this.ctx.model.config, this.f.threads),
         kvF32: this.f.engine_weights === "f32", // f32 weights: the trainer's policy as exactly as llama.cpp computes it
         logprobs,
       });
