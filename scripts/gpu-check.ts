@@ -20,12 +20,13 @@ import { UsageError } from "../src/util/errors.ts";
 import { benchContext, BENCH_CONFIGS, WORKLOADS, type Measurement } from "./lib/bench.ts";
 import { decodeScaling, GRPO_SHAPES, grpoShape } from "./lib/grpo-shape.ts";
 
-const defaults = { config: "0.5b", out: "outputs/gpu-check.json", allowSoftware: false };
+const defaults = { config: "0.5b", out: "outputs/gpu-check.json", allowSoftware: false, llama: true };
 const opts = new Command("gpu-check")
   .description("Adapter, parity subset, small bench and one GRPO step on the webgpu backend; one JSON record")
   .option("--config <name>", "shape of the GRPO step: 0.5b | small", defaults.config)
   .option("--out <file>", "where the JSON record is written", defaults.out)
   .option("--allow-software", "run on a software adapter (only with --config small: checks the script, measures nothing)", false)
+  .option("--no-llama", "skip the step's rollouts on llama.cpp (--rollout_engine llama) at its batch and 8× it")
   .parse()
   .opts<typeof defaults>();
 
@@ -71,6 +72,21 @@ await runMain(async () => {
   // 4. decode steps at the step's batch and four times it
   const rows = GRPO_SHAPES[opts.config].questions * GRPO_SHAPES[opts.config].samples;
   const scaling = await decodeScaling(model, GRPO_SHAPES[opts.config], [rows, 4 * rows], opts.config === "small" ? 3 : 8);
+  // 5. the step's rollouts on llama.cpp (its CUDA, Vulkan or Metal build where node-llama-cpp finds
+  // one; on a software adapter its CPU build), f16 weights, the adapter swapped in: batch 32 and 256
+  const llama = [];
+  if (opts.llama)
+    for (const samples of [1, 8].map((k) => k * GRPO_SHAPES[opts.config].samples)) {
+      const shape = { ...GRPO_SHAPES[opts.config], samples };
+      const r = await grpoShape(model, shape, {
+        llama: { weights: "f16", adapter: "lora", gpu: info.fallback ? false : "auto" },
+        update: false,
+      });
+      llama.push({ rows: r.rows, rolloutSeconds: r.rolloutSeconds, sampledTokensPerS: r.sampledTokensPerS, ...r.llama });
+      console.log(
+        `llama.cpp ${opts.config} batch ${r.rows}: rollouts ${r.rolloutSeconds} s, ${r.sampledTokensPerS} sampled tokens/s (${JSON.stringify(r.llama)})`,
+      );
+    }
   model.dispose();
   console.log(
     `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}; decode ${grpo.decodeSeconds} s, of which ${grpo.stepCallSeconds} s the host encoding the steps and ${grpo.sampleSeconds} s the draws), update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)})`,
@@ -85,6 +101,7 @@ await runMain(async () => {
     bench,
     grpo,
     decodeScaling: scaling,
+    llama,
     seconds: round(now() - t0),
   };
   await fs.mkdir(path.dirname(opts.out), { recursive: true });

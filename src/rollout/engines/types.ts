@@ -70,6 +70,8 @@ export interface EngineFlags {
   async_rollouts: number;
   engine_weights: "f32" | "f16" | "q8_0";
   engine_gpu: "auto" | "cuda" | "vulkan" | "metal" | "off";
+  /** GRPO's TIS cap (0: off); an engine may skip reading log-probs nothing uses. */
+  tis_cap?: number;
   /** CPU threads (the scripts' --threads: the same cores the tfjs backend uses, one pool at a time). */
   threads?: number | "auto";
   env?: string;
