@@ -20,7 +20,7 @@ import { toPrompt } from "../../src/agents/prompts.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { qwenTokenizer } from "../rollout/qwen-tokenizer.ts";
 import { ScriptedModel } from "../rollout/scripted-model.ts";
-import { tinyEnvRunConfig } from "./tiny-env-run.ts";
+import { guessEpisodes, tinyEnvRunConfig } from "./tiny-env-run.ts";
 
 /** The optimal policy: binary search; the guesses it makes for a secret. */
 function binarySearch(secret: number): number[] {
@@ -310,20 +310,11 @@ describe("GRPO against the environment", () => {
     });
     const out = cfg.output_dir;
     await runGrpo(cfg);
-    const lines = (await fs.readFile(path.join(out, "trajectories.jsonl"), "utf8"))
-      .trim()
-      .split("\n")
-      .map((l) => JSON.parse(l));
-    expect(lines).toHaveLength(4);
+    const lines = await guessEpisodes(out, expect);
     for (const t of lines) {
-      expect(t.promptText).toContain("Guess the secret whole number between 1 and 100");
-      // A turn the model ended was an action with an observation; one cut by the token budget was not.
-      for (const turn of t.turns) expect("observation" in turn).toBe(turn.ended);
       expect(t.rewardComponents).toHaveProperty("env");
-      expect(t.reward).toBe(t.envReward);
       if (t.turns.some((x: { observation?: string }) => x.observation !== undefined)) expect(t.envSuccess).toBe(t.envReward >= 1); // generic rule
     }
-    expect(lines.some((t) => t.turns[0].ended)).toBe(true); // the tiny base ends its turns
     const [m] = await readMetrics(path.join(out, "metrics.jsonl"));
     expect(m).toHaveProperty("reward_env");
     // Trained on data_idx 5 and 7 (run.json); the held-out evaluation ran the first two of the default range.

@@ -45,3 +45,21 @@ export async function tinyEnvRunConfig(env: string, dialect: Dialect, overrides:
   };
   return cfg;
 }
+
+/** A guess-the-number run's trajectories.jsonl, checked for what every such run holds: 4 episodes of
+ *  the task's prompt, each ended turn an action with an observation (one cut by the token budget not),
+ *  the reward the environment's. Returns the lines for further checks. */
+export async function guessEpisodes(outputDir: string, expect: typeof import("vitest").expect): Promise<Record<string, any>[]> {
+  const lines = (await fs.readFile(path.join(outputDir, "trajectories.jsonl"), "utf8"))
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l));
+  expect(lines).toHaveLength(4);
+  for (const t of lines) {
+    expect(t.promptText).toContain("Guess the secret whole number between 1 and 100");
+    for (const turn of t.turns) expect("observation" in turn).toBe(turn.ended);
+    expect(t.reward).toBe(t.envReward);
+  }
+  expect(lines.some((t) => t.turns[0].ended)).toBe(true); // the tiny base ends its turns
+  return lines;
+}

@@ -28,7 +28,7 @@ import { runGrpo } from "../../src/run/grpo-run.ts";
 import { openPolicy, type Policy } from "../../src/run/policy.ts";
 import { UsageError } from "../../src/util/errors.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { tinyEnvRunConfig } from "../envs/tiny-env-run.ts";
+import { guessEpisodes, tinyEnvRunConfig } from "../envs/tiny-env-run.ts";
 
 const loadError: unknown = await import("node-llama-cpp")
   .then(async ({ getLlama }) => (await getLlama({ gpu: false, build: "never" })).dispose())
@@ -184,17 +184,7 @@ describe.skipIf(loadError !== null && !process.env.CI)("the llama rollout engine
         max_new_tokens: 48,
       });
       await runGrpo(cfg);
-      const lines = (await fs.readFile(path.join(cfg.output_dir, "trajectories.jsonl"), "utf8"))
-        .trim()
-        .split("\n")
-        .map((l) => JSON.parse(l));
-      expect(lines).toHaveLength(4);
-      for (const t of lines) {
-        expect(t.promptText).toContain("Guess the secret whole number between 1 and 100");
-        for (const turn of t.turns) expect("observation" in turn).toBe(turn.ended);
-        expect(t.reward).toBe(t.envReward);
-      }
-      expect(lines.some((t) => t.turns[0].ended)).toBe(true);
+      await guessEpisodes(cfg.output_dir, expect);
     } finally {
       await server.close();
     }
