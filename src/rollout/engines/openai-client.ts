@@ -4,7 +4,7 @@
  *  re-tokenized), and LoRA adapters hot-loaded by name (/v1/load_lora_adapter, /v1/unload_lora_adapter).
  *  Every request is bounded by a timeout; an engine that cannot be reached, answers with an HTTP error
  *  or with a body that lacks what was asked is an EngineError whose message names the URL and the
- *  field. Leaves out: the turn loop and tools (remote-rollout.ts). */
+ *  field. Leaves out: the turn loop and tools (turns.ts). */
 
 export class EngineError extends Error {
   constructor(
