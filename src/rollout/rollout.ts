@@ -53,6 +53,18 @@ export function newTrajectory(promptIndex: number, sampleIndex: number, promptId
 }
 
 /** The tokens that close an assistant turn: <|im_end|> (eos) and <|endoftext|>. */
+/** Each prompt as the model reads it: the chat template with the tool schemas (unless toolsInPrompt
+ *  is false) and the assistant header, tokenized once. */
+export function encodePrompts(
+  tokenizer: Tokenizer,
+  prompts: ChatMessage[][],
+  cfg: Pick<RolloutConfig, "tools" | "toolsInPrompt">,
+): number[][] {
+  const schemas = cfg.tools.map(toolSchema);
+  const tools = (cfg.toolsInPrompt ?? true) && schemas.length > 0 ? schemas : undefined;
+  return prompts.map((m) => tokenizer.encode(tokenizer.applyChatTemplate(m, { tools, addGenerationPrompt: true })));
+}
+
 export function stopTokenIds(tokenizer: Tokenizer): Set<number> {
   return new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
 }
@@ -78,19 +90,12 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
   const adapters = cfg.adapters ?? true;
   const compactFraction = cfg.compactFraction ?? 0.25;
   const tools = new Map<string, Tool>(cfg.tools.map((t) => [t.name, t]));
-  const schemas = cfg.tools.map(toolSchema);
   const renderer = new ToolResponseRenderer(tokenizer);
   const userRenderer = new ToolResponseRenderer(tokenizer, "user");
   const stopIds = stopTokenIds(tokenizer);
   const sampling = { temperature: cfg.temperature, topP: cfg.topP, topK: cfg.topK };
 
-  const promptIds = prompts.map((messages) => {
-    const text = tokenizer.applyChatTemplate(messages, {
-      tools: (cfg.toolsInPrompt ?? true) && schemas.length > 0 ? schemas : undefined,
-      addGenerationPrompt: true,
-    });
-    return tokenizer.encode(text);
-  });
+  const promptIds = encodePrompts(tokenizer, prompts, cfg);
   const context = model.config.maxPositionEmbeddings;
 
   const rows: Row[] = [];

@@ -12,9 +12,9 @@
  *  seeded sampler (seed per row and turn), so the tokens differ from a local run of the same seed.
  *  onToken sees a turn's tokens once the turn is back (not one by one); an abort (cfg.signal) stops
  *  every row at its next turn and is handed to the completer, which may cut the turn short. */
-import { toolSchema, type Tool } from "../agents/types.ts";
+import { type Tool } from "../agents/types.ts";
 import type { ChatMessage, Tokenizer } from "../model/types.ts";
-import { newTrajectory, stopTokenIds } from "./rollout.ts";
+import { encodePrompts, newTrajectory, stopTokenIds } from "./rollout.ts";
 import { ToolResponseRenderer, toolTurn } from "./tool-messages.ts";
 import type { FinishReason, RolloutConfig, Trajectory, TurnRecord } from "./types.ts";
 
@@ -56,21 +56,13 @@ export async function turnRollouts(
   cfg: TurnRolloutConfig,
 ): Promise<Trajectory[]> {
   const tools = new Map<string, Tool>(cfg.tools.map((t) => [t.name, t]));
-  const schemas = cfg.tools.map(toolSchema);
   const renderer = new ToolResponseRenderer(tokenizer);
   const userRenderer = new ToolResponseRenderer(tokenizer, "user");
   const stopIds = stopTokenIds(tokenizer);
   const G = cfg.samplesPerPrompt;
   if (cfg.envs && cfg.envs.length !== prompts.length * G)
     throw new Error(`envs: ${cfg.envs.length} environments for ${prompts.length} prompts × ${G} samples; one per row is needed`);
-  const promptIds = prompts.map((m) =>
-    tokenizer.encode(
-      tokenizer.applyChatTemplate(m, {
-        tools: (cfg.toolsInPrompt ?? true) && schemas.length > 0 ? schemas : undefined,
-        addGenerationPrompt: true,
-      }),
-    ),
-  );
+  const promptIds = encodePrompts(tokenizer, prompts, cfg);
   const rows = promptIds.flatMap((ids, p) =>
     Array.from({ length: G }, (_, g) => ({
       traj: { ...newTrajectory(p, g, ids), ...(cfg.envs ? { envReward: 0 } : {}) },

@@ -26,6 +26,7 @@ import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
 import type { ChatMessage, Qwen2Config } from "../../model/types.ts";
 import { resolveThreads } from "../../engine/wasm-threads.ts";
 import { UsageError } from "../../util/errors.ts";
+import { encodePrompts } from "../rollout.ts";
 import { turnRollouts, type TurnCompleter, type TurnCompletion, type TurnSampling } from "../turns.ts";
 import type { RolloutConfig, Trajectory } from "../types.ts";
 import { LlamaBatch } from "./llama-batch.ts";
@@ -149,11 +150,10 @@ class LlamaEngine implements RolloutEngine {
   ): Promise<Trajectory[]> {
     const maxPositions = this.ctx.model.config.maxPositionEmbeddings;
     const rows = prompts.length * c.samplesPerPrompt;
-    // Enough KV for the longest prompt and the budget; a call that needs more rows or room reopens.
-    const longest = Math.max(
-      ...prompts.map((p) => this.ctx.tokenizer.encode(this.ctx.tokenizer.applyChatTemplate(p, { addGenerationPrompt: true })).length),
-    );
-    const room = Math.min(maxPositions, Math.max(1024, Math.ceil((2 * longest + c.maxNewTokens + 64) / 256) * 256));
+    // KV for the longest prompt and the budget (at least 1024 a slot, so later steps rarely need more;
+    // a call that needs more rows or room reopens the batch).
+    const longest = Math.max(...encodePrompts(this.ctx.tokenizer, prompts, c).map((p) => p.length));
+    const room = Math.min(maxPositions, Math.max(1024, Math.ceil((longest + c.maxNewTokens + 1) / 256) * 256));
     if (this.batch && (this.batch.sequences < Math.min(256, rows) || this.contextSize < room || this.logprobs !== logprobs)) {
       await this.batch.close();
       this.batch = null;
