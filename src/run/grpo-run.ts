@@ -169,9 +169,9 @@ async function train(
       sampling: engineSampling(cfg),
       log,
     });
+    const promptsOf = (s: number) => questionsOf(s).map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer)));
     const stepRollouts = (e: RolloutEngine, step: number, batch: Task[]) =>
       rolloutsOf(e, { step, steps: total, batch, seed: cfg.seed, envs: c.envs, samples: cfg.samples_per_prompt, promptsOf });
-    const promptsOf = (s: number) => questionsOf(s).map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer)));
     const schedule = {
       type: cfg.lr_scheduler,
       lr: cfg.learning_rate,
