@@ -22,7 +22,7 @@ import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD, setWebgpuHeadsInto } from "./h
 import { ROPE, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
 import { SOFTMAX, SOFTMAX_GRAD } from "./softmax.ts";
 
-type WebgpuModule = typeof import("@tensorflow/tfjs-backend-webgpu");
+export type WebgpuModule = typeof import("@tensorflow/tfjs-backend-webgpu");
 
 const K = {
   rmsNorm: RMS_NORM,
@@ -39,11 +39,11 @@ const K = {
   dLogits: DLOGITS,
 };
 
-const f32 = (x: number) => (Number.isInteger(x) ? `${x}.0` : `${x}`);
+export const f32 = (x: number) => (Number.isInteger(x) ? `${x}.0` : `${x}`);
 
 /** One program: its inputs, output shape, dispatch and WGSL body (the tfjs header declares the
  *  inputs as arrays named by `inputs`, the output as `result`). */
-class RowProgram {
+export class RowProgram {
   variableNames: string[];
   outputShape: number[];
   workgroupSize: [number, number, number];
@@ -88,7 +88,7 @@ function hash(s: string): string {
 }
 
 /** Workgroup size for rows of `width`: 256 threads on wide rows, 64 on narrow ones. */
-const wgFor = (width: number) => (width >= 2048 ? 256 : 64);
+export const wgFor = (width: number) => (width >= 2048 ? 256 : 64);
 
 /** Where element `index` of a KV cache's new position goes in the cache tensor (slot-write.ts'
  *  layouts): keys [..., W] take it at (index·W + pos) (D 1), values [..., W, D] their row index / D at
@@ -99,7 +99,7 @@ const slotAt = (rank: number, rows: boolean, D: number) =>
 
 /** The row index (workgroups past the last row, from a dispatch tfjs reshaped to 2-D or 3-D, compute
  *  row rows − 1 again and write nothing: barriers need every thread) and tree reductions. */
-const rowPrelude = (wg: number, rows: number | string) => `
+export const rowPrelude = (wg: number, rows: number | string) => `
   const WG = ${wg}u;
   var<workgroup> red: array<f32, ${wg}>;
   fn rowIndex() -> i32 {

@@ -167,6 +167,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   // Imported here, not at the top: the row kernels' op files load the wasm heap module, whose import
   // registers the wasm backend, and profile.ts (which every model imports) imports this file.
   (await import("./webgpu-rows.ts")).registerWebgpuRows(mod);
+  (await import("./webgpu-adamw.ts")).registerWebgpuAdamW(mod);
   Object.defineProperty(globalThis, "navigator", {
     value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu },
     configurable: true,
@@ -192,28 +193,65 @@ export interface WebgpuTraffic {
   dispatches: number;
   readbackBytes: number;
   byProgram: Map<string, number>;
+  /** Host milliseconds in the backend's program runs (runWebGPUProgram: the shader key, uploads,
+   *  bind groups, uniforms and encoding; runs that compiled a pipeline are left out, with their
+   *  dispatches: dispatchesTimed counts the rest). */
+  hostMs: number;
+  /** Of hostMs, the part in recordAndSubmit (bind groups, the uniform buffer, encoding the pass). */
+  recordMs: number;
+  dispatchesTimed: number;
 }
-const traffic: WebgpuTraffic = { dispatches: 0, readbackBytes: 0, byProgram: new Map() };
+const traffic: WebgpuTraffic = { dispatches: 0, readbackBytes: 0, byProgram: new Map(), hostMs: 0, recordMs: 0, dispatchesTimed: 0 };
 
 /** The running totals (zeros before the backend starts); take differences around a step. */
 export function webgpuTraffic(): WebgpuTraffic {
-  return { dispatches: traffic.dispatches, readbackBytes: traffic.readbackBytes, byProgram: new Map(traffic.byProgram) };
+  return { ...traffic, byProgram: new Map(traffic.byProgram) };
 }
 
 /** Count each dispatch (recordAndSubmit records one) and each read back (getBufferData copies a
- *  whole buffer to a staging buffer and maps it), wrapping the backend's own methods. */
+ *  whole buffer to a staging buffer and maps it), and time the host's part of each program run,
+ *  wrapping the backend's own methods. */
 function countTraffic<B extends object>(backend: B): B {
   const b = backend as unknown as {
     recordAndSubmit: (program: object, ...rest: unknown[]) => unknown;
+    runWebGPUProgram: (program: object, ...rest: unknown[]) => unknown;
     getBufferData: (buffer: GPUBuffer) => Promise<ArrayBuffer>;
+    pipelineCache: Record<string, unknown>;
   };
   const record = b.recordAndSubmit.bind(b),
+    runProgram = b.runWebGPUProgram.bind(b),
     read = b.getBufferData.bind(b);
+  let recorded = 0,
+    compiles = 0;
+  b.pipelineCache = new Proxy(b.pipelineCache, {
+    set: (target, key, value) => {
+      compiles++;
+      return Reflect.set(target, key, value);
+    },
+  });
   b.recordAndSubmit = (program, ...rest) => {
     traffic.dispatches++;
     const name = program.constructor.name;
     traffic.byProgram.set(name, (traffic.byProgram.get(name) ?? 0) + 1);
-    return record(program, ...rest);
+    const t0 = performance.now();
+    try {
+      return record(program, ...rest);
+    } finally {
+      recorded = performance.now() - t0;
+    }
+  };
+  b.runWebGPUProgram = (program, ...rest) => {
+    const t0 = performance.now(),
+      n0 = traffic.dispatches,
+      c0 = compiles;
+    recorded = 0;
+    const out = runProgram(program, ...rest);
+    if (traffic.dispatches === n0 + 1 && compiles === c0) {
+      traffic.hostMs += performance.now() - t0;
+      traffic.recordMs += recorded;
+      traffic.dispatchesTimed++;
+    }
+    return out;
   };
   b.getBufferData = (buffer) => {
     traffic.readbackBytes += buffer.size;

@@ -1,7 +1,10 @@
 /** AdamW as torch.optim.AdamW computes it (decoupled weight decay, bias correction, no amsgrad), global
  *  gradient-norm clipping as torch.nn.utils.clip_grad_norm_, and the optimizer state as named
- *  Float32Arrays for checkpoints. Leaves out param groups, amsgrad and fused kernels. */
+ *  Float32Arrays for checkpoints. On webgpu the step is the engine's device programs (engine/adamw.ts:
+ *  two dispatches per variable and one per eight for the norm, the norm read once at the end); on
+ *  other backends tfjs ops, with the norm read before the update. Leaves out param groups, amsgrad. */
 import * as tf from "@tensorflow/tfjs";
+import { deviceAdamW, deviceGradNorm, hasDeviceAdamW, type AdamWConstants } from "../engine/adamw.ts";
 import { NonFiniteError } from "../util/errors.ts";
 
 export interface AdamWConfig {
@@ -47,8 +50,9 @@ export class AdamW {
   readonly weightDecay: number;
   private stepCount = 0;
   private readonly vars: Map<string, tf.Variable>;
-  private expAvg = new Map<string, tf.Tensor>(); // m, torch's exp_avg
-  private expAvgSq = new Map<string, tf.Tensor>(); // v, torch's exp_avg_sq
+  /** Per variable its m (torch's exp_avg) then its v (exp_avg_sq), flat [2·size]: one tensor the
+   *  device step updates in place. */
+  private moments = new Map<string, tf.Tensor1D>();
 
   constructor(variables: tf.Variable[], cfg: AdamWConfig) {
     this.lr = cfg.lr;
@@ -66,8 +70,7 @@ export class AdamW {
     for (const v of variables) {
       if (this.vars.has(v.name)) throw new Error(`variable name "${v.name}" appears twice; optimizer state is keyed by name`);
       this.vars.set(v.name, v);
-      this.expAvg.set(v.name, tf.zerosLike(v));
-      this.expAvgSq.set(v.name, tf.zerosLike(v));
+      this.moments.set(v.name, tf.zeros([2 * v.size]));
     }
   }
 
@@ -93,66 +96,97 @@ export class AdamW {
         );
     const lr = opts.lr ?? this.lr;
     checkHyper("lr", lr, 0, Infinity);
+    const maxNorm = opts.maxGradNorm !== undefined && opts.maxGradNorm > 0 && Number.isFinite(opts.maxGradNorm) ? opts.maxGradNorm : 0;
+    const t = this.stepCount + 1;
+    const k: AdamWConstants = {
+      beta1: this.beta1,
+      beta2: this.beta2,
+      eps: this.eps,
+      decay: 1 - lr * this.weightDecay,
+      stepSize: lr / (1 - this.beta1 ** t),
+      bc2Sqrt: Math.sqrt(1 - this.beta2 ** t),
+    };
+    const gradNorm = hasDeviceAdamW() ? await this.deviceStep(grads, maxNorm, k) : await this.opStep(grads, maxNorm, k);
+    this.stepCount = t;
+    return { gradNorm };
+  }
+
+  /** The step as device programs: the norm is read once, after the update, which the programs skip
+   *  when it is not finite. */
+  private async deviceStep(grads: tf.NamedTensorMap, maxNorm: number, k: AdamWConstants): Promise<number> {
+    const zeros: tf.Tensor[] = [];
+    const gs = [...this.vars].map(([name, v]) => grads[name] ?? (zeros.push(tf.zerosLike(v)), zeros[zeros.length - 1]));
+    const nc = deviceGradNorm(gs, maxNorm);
+    try {
+      [...this.vars.values()].forEach((v, i) => {
+        const next = deviceAdamW(v, this.moments.get(v.name)!, gs[i], nc, k);
+        v.assign(next);
+        next.dispose();
+      });
+      const norm = (await nc.data())[0];
+      if (!Number.isFinite(norm)) throw new NonFiniteError("gradient norm", norm);
+      return norm;
+    } finally {
+      tf.dispose([nc, ...zeros]);
+    }
+  }
+
+  /** The step as tfjs ops: clip (reading the norm), then per variable the moments and the weight. */
+  private async opStep(grads: tf.NamedTensorMap, maxNorm: number, k: AdamWConstants): Promise<number> {
     let use = grads;
     let gradNorm: number;
-    if (opts.maxGradNorm !== undefined && opts.maxGradNorm > 0 && Number.isFinite(opts.maxGradNorm)) {
-      const c = await clipGradNorm(grads, opts.maxGradNorm); // throws on NaN/Inf before any change
+    if (maxNorm > 0) {
+      const c = await clipGradNorm(grads, maxNorm); // throws on NaN/Inf before any change
       use = c.grads;
       gradNorm = c.norm;
     } else {
       gradNorm = await globalNorm(grads);
       if (!Number.isFinite(gradNorm)) throw new NonFiniteError("gradient norm", gradNorm);
     }
-
-    this.stepCount += 1;
-    const t = this.stepCount;
-    const bc1 = 1 - this.beta1 ** t;
-    const bc2Sqrt = Math.sqrt(1 - this.beta2 ** t);
-    const stepSize = lr / bc1;
     // The step's constants as tensors once, shared by every variable: as numbers each product made a
     // scalar of its own, which a GPU backend uploads through a new buffer (8 per variable).
-    const k = tf.tidy(() => ({
-      decay: tf.scalar(1 - lr * this.weightDecay),
-      beta1: tf.scalar(this.beta1),
-      oneMinusBeta1: tf.scalar(1 - this.beta1),
-      beta2: tf.scalar(this.beta2),
-      oneMinusBeta2: tf.scalar(1 - this.beta2),
-      bc2Sqrt: tf.scalar(bc2Sqrt),
-      eps: tf.scalar(this.eps),
-      stepSize: tf.scalar(stepSize),
+    const c = tf.tidy(() => ({
+      decay: tf.scalar(k.decay),
+      beta1: tf.scalar(k.beta1),
+      oneMinusBeta1: tf.scalar(1 - k.beta1),
+      beta2: tf.scalar(k.beta2),
+      oneMinusBeta2: tf.scalar(1 - k.beta2),
+      bc2Sqrt: tf.scalar(k.bc2Sqrt),
+      eps: tf.scalar(k.eps),
+      stepSize: tf.scalar(k.stepSize),
     }));
     try {
       for (const [name, v] of this.vars) {
-        const m0 = this.expAvg.get(name)!;
-        const v0 = this.expAvgSq.get(name)!;
-        const [m1, v1] = tf.tidy(() => {
+        const prev = this.moments.get(name)!;
+        const next = tf.tidy(() => {
           const g = use[name] ?? tf.zerosLike(v);
+          const [m0, v0] = tf.split(prev, 2).map((x) => tf.reshape(x, v.shape));
           // Decoupled weight decay first, on the pre-update weights: θ ← θ·(1 − lr·wd).
-          const decayed = this.weightDecay === 0 ? v : tf.mul(v, k.decay);
-          const m = tf.add(tf.mul(m0, k.beta1), tf.mul(g, k.oneMinusBeta1)); // exp_avg
-          const s = tf.add(tf.mul(v0, k.beta2), tf.mul(tf.square(g), k.oneMinusBeta2)); // exp_avg_sq
-          const denom = tf.add(tf.div(tf.sqrt(s), k.bc2Sqrt), k.eps);
-          v.assign(tf.sub(decayed, tf.mul(tf.div(m, denom), k.stepSize)));
-          return [m, s];
+          const decayed = this.weightDecay === 0 ? v : tf.mul(v, c.decay);
+          const m = tf.add(tf.mul(m0, c.beta1), tf.mul(g, c.oneMinusBeta1)); // exp_avg
+          const s = tf.add(tf.mul(v0, c.beta2), tf.mul(tf.square(g), c.oneMinusBeta2)); // exp_avg_sq
+          const denom = tf.add(tf.div(tf.sqrt(s), c.bc2Sqrt), c.eps);
+          v.assign(tf.sub(decayed, tf.mul(tf.div(m, denom), c.stepSize)));
+          return tf.concat([tf.reshape(m, [-1]), tf.reshape(s, [-1])]) as tf.Tensor1D;
         });
-        this.expAvg.set(name, m1);
-        this.expAvgSq.set(name, v1);
-        tf.dispose([m0, v0]);
+        this.moments.set(name, next);
+        prev.dispose();
       }
     } finally {
-      tf.dispose(Object.values(k));
+      tf.dispose(Object.values(c));
     }
     if (use !== grads) tf.dispose(Object.values(use));
-    return { gradNorm };
+    return gradNorm;
   }
 
   /** State as flat named arrays: "step" (length 1) and "<var>.exp_avg", "<var>.exp_avg_sq" (torch's
    *  names). Copies; importState of the result restores the optimizer bit for bit. */
   async exportState(): Promise<Record<string, Float32Array>> {
     const out: Record<string, Float32Array> = { step: new Float32Array([this.stepCount]) };
-    for (const name of this.vars.keys()) {
-      out[`${name}.exp_avg`] = Float32Array.from((await this.expAvg.get(name)!.data()) as Float32Array);
-      out[`${name}.exp_avg_sq`] = Float32Array.from((await this.expAvgSq.get(name)!.data()) as Float32Array);
+    for (const [name, v] of this.vars) {
+      const mv = (await this.moments.get(name)!.data()) as Float32Array;
+      out[`${name}.exp_avg`] = mv.slice(0, v.size);
+      out[`${name}.exp_avg_sq`] = mv.slice(v.size);
     }
     return out;
   }
@@ -162,7 +196,7 @@ export class AdamW {
     const step = state.step;
     if (!step || step.length !== 1 || !Number.isInteger(step[0]) || step[0] < 0)
       throw new Error(`optimizer state "step" is ${step ? `[${Array.from(step)}]` : "missing"}; expected one non-negative integer`);
-    const next = new Map<string, [tf.Tensor, tf.Tensor]>();
+    const next = new Map<string, tf.Tensor1D>();
     for (const [name, v] of this.vars) {
       const arrays = [state[`${name}.exp_avg`], state[`${name}.exp_avg_sq`]];
       arrays.forEach((a, i) => {
@@ -171,21 +205,22 @@ export class AdamW {
         if (a.length !== v.size)
           throw new Error(`optimizer state "${key}" has ${a.length} values; expected ${v.size} (shape [${v.shape}])`);
       });
-      next.set(name, [tf.tensor(arrays[0], v.shape, "float32"), tf.tensor(arrays[1], v.shape, "float32")]);
+      const mv = new Float32Array(2 * v.size);
+      mv.set(arrays[0]);
+      mv.set(arrays[1], v.size);
+      next.set(name, tf.tensor1d(mv, "float32"));
     }
-    for (const [name, [m, s]] of next) {
-      tf.dispose([this.expAvg.get(name)!, this.expAvgSq.get(name)!]);
-      this.expAvg.set(name, m);
-      this.expAvgSq.set(name, s);
+    for (const [name, mv] of next) {
+      this.moments.get(name)!.dispose();
+      this.moments.set(name, mv);
     }
     this.stepCount = step[0];
   }
 
   /** Frees the moment tensors (not the variables, which belong to the model). */
   dispose(): void {
-    tf.dispose([...this.expAvg.values(), ...this.expAvgSq.values()]);
-    this.expAvg.clear();
-    this.expAvgSq.clear();
+    tf.dispose([...this.moments.values()]);
+    this.moments.clear();
   }
 }
 

@@ -1,0 +1,70 @@
+/** The optimizer step on the device: the global gradient norm with clip_grad_norm_'s coefficient,
+ *  and AdamW's moments and weights, as a few dispatches per variable with nothing read back inside
+ *  the step (webgpu; webgpu-adamw.ts holds the programs). Through tfjs ops the same step was ~17
+ *  dispatches per variable and a read of the norm before the update. trainer/optimizer.ts takes this
+ *  path where the backend has it and its op path elsewhere; both compute torch's AdamW in float32.
+ *  A non-finite norm leaves the moments and weights as they were (the programs check it), so the
+ *  caller can read the norm after the step and refuse it then. */
+import * as tf from "@tensorflow/tfjs";
+import type { Backend } from "./kernels.ts";
+
+/** The step's numbers, as the op path computes them on the host. */
+export interface AdamWConstants {
+  beta1: number;
+  beta2: number;
+  eps: number;
+  decay: number; // 1 − lr·weight decay
+  stepSize: number; // lr / (1 − β1^t)
+  bc2Sqrt: number; // √(1 − β2^t)
+}
+
+/** The programs, on tensors of the backend `b`. */
+export interface AdamWDevice {
+  /** Σ g² of each of up to SUMSQ_GROUP gradients into acc[pos + i], in place: one dispatch. */
+  sumSquares(b: Backend, grads: tf.TensorInfo[], acc: tf.TensorInfo, pos: number): void;
+  /** [‖g‖, clip coefficient min(1, maxNorm / (‖g‖ + 1e-6))] from acc's squares; maxNorm ≤ 0: 1. */
+  normCoef(b: Backend, acc: tf.TensorInfo, maxNorm: number): tf.TensorInfo;
+  /** m and v of one variable, held as one tensor [2·n] (m, then v), updated in place from the
+   *  gradient times the clip coefficient. */
+  moments(b: Backend, state: tf.TensorInfo, g: tf.TensorInfo, normCoef: tf.TensorInfo, k: AdamWConstants): void;
+  /** The variable's new value from its old one and the updated moments. */
+  param(b: Backend, theta: tf.TensorInfo, state: tf.TensorInfo, normCoef: tf.TensorInfo, k: AdamWConstants): tf.TensorInfo;
+}
+
+/** Gradients whose squares one dispatch sums (a program binds each as its own buffer). */
+export const SUMSQ_GROUP = 8;
+
+let device: AdamWDevice | null = null;
+
+/** Called once the webgpu programs are registered. */
+export function setWebgpuAdamW(d: AdamWDevice): void {
+  device = d;
+}
+
+/** Whether the current backend runs the optimizer step on the device. */
+export function hasDeviceAdamW(): boolean {
+  return device !== null && tf.getBackend() === "webgpu";
+}
+
+const backend = () => tf.backend() as Backend;
+const wrap = <T extends tf.Tensor>(info: tf.TensorInfo) => tf.engine().makeTensorFromTensorInfo(info) as T;
+
+/** [‖g‖, clip coefficient] of all `grads` (maxNorm ≤ 0 or ∞: coefficient 1): ⌈n / 8⌉ + 1 dispatches. */
+export function deviceGradNorm(grads: tf.Tensor[], maxNorm: number): tf.Tensor1D {
+  const d = device!;
+  const acc = tf.tensor1d(new Float32Array(Math.max(1, grads.length))); // an upload, not a dispatch
+  try {
+    for (let i = 0; i < grads.length; i += SUMSQ_GROUP) d.sumSquares(backend(), grads.slice(i, i + SUMSQ_GROUP), acc, i);
+    return wrap<tf.Tensor1D>(d.normCoef(backend(), acc, Number.isFinite(maxNorm) && maxNorm > 0 ? maxNorm : 0));
+  } finally {
+    acc.dispose();
+  }
+}
+
+/** One variable's AdamW step: its moments `state` [2·n] in place, and its new value returned (two
+ *  dispatches). Nothing changes when the norm in normCoef is not finite. */
+export function deviceAdamW(theta: tf.Tensor, state: tf.Tensor, g: tf.Tensor, normCoef: tf.Tensor1D, k: AdamWConstants): tf.Tensor {
+  const d = device!;
+  d.moments(backend(), state, g, normCoef, k);
+  return wrap({ ...d.param(backend(), theta, state, normCoef, k), shape: theta.shape });
+}
