@@ -7,6 +7,7 @@ import { wasmSimd, type WasmSimd } from "../../src/engine/heap.ts";
 import { webgpuTraffic } from "../../src/engine/webgpu.ts";
 import { sampleTokens } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
+import { AdamW } from "../../src/trainer/optimizer.ts";
 import { createModel, paramCount } from "../../src/model/load.ts";
 import { backendProfile } from "../../src/engine/profile.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
@@ -291,8 +292,21 @@ export interface StepCounts {
   decodeTop: string;
   trainTop: string;
   /** webgpu only: dispatches per decode step (the model's, without and with LoRA), of its draw (the
-   *  rollout sampler's, temperature 1), per training step, and the programs. */
-  dispatches?: { decode: number; decodeLora: number; draw: number; train: number; decodeTop: string; drawTop: string; trainTop: string };
+   *  rollout sampler's, temperature 1), per training step, of the optimizer step (AdamW with
+   *  clipping over the LoRA variables), and the programs. */
+  dispatches?: {
+    decode: number;
+    decodeLora: number;
+    draw: number;
+    train: number;
+    optimizer: number;
+    decodeTop: string;
+    drawTop: string;
+    trainTop: string;
+  };
+  /** webgpu only: host microseconds per dispatch in the training step (the backend's program runs:
+   *  shader key, uploads, bind groups, uniforms, encoding), and of that in recordAndSubmit. */
+  hostUsPerDispatch?: { run: number; record: number };
   /** webgpu only: bytes read back by a decode step's draw (the model's step reads nothing): B·2
    *  floats from the whole-vocabulary draw kernel. */
   decodeReadbackBytes?: number;
@@ -365,14 +379,38 @@ export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number
   const decLora = await decodeCount(model);
   const tids = tokenBatch(2, trainLen, V),
     mask = tids.map((r) => r.map(() => 1));
-  const train = await count(async () => {
+  const trainStep = async () => {
     const { value, grads } = tf.variableGrads(
       () => tf.neg(tf.mean(model.tokenLogprobs(tids, mask, { training: true }).logprobs)) as tf.Scalar,
       model.trainableVariables(),
     );
     await value.data();
-    tf.dispose([value, grads]);
+    tf.dispose(value);
+    return grads;
+  };
+  // webgpu: a step to compile the programs, then one timed outside tf.profile (which ends the pass
+  // and submits a timestamp query after every dispatch)
+  let hostUs: { run: number; record: number } | undefined;
+  if (gpu) {
+    tf.dispose(await trainStep());
+    const t0 = webgpuTraffic();
+    tf.dispose(await trainStep());
+    const t1 = webgpuTraffic(),
+      timed = Math.max(1, t1.dispatchesTimed - t0.dispatchesTimed);
+    hostUs = { run: (1000 * (t1.hostMs - t0.hostMs)) / timed, record: (1000 * (t1.recordMs - t0.recordMs)) / timed };
+  }
+  let grads: tf.NamedTensorMap = {};
+  const train = await count(async () => {
+    grads = await trainStep();
   });
+  // the optimizer step as training runs it (the second: the first compiles)
+  const opt = new AdamW(model.trainableVariables(), { lr: 0 });
+  await opt.applyGradients(grads, { maxGradNorm: 1 });
+  const optimizer = await count(async () => {
+    await opt.applyGradients(grads, { maxGradNorm: 1 });
+  });
+  opt.dispose();
+  tf.dispose(grads);
   return {
     decodeStep: dec.n,
     decodeStepLora: decLora.n,
@@ -385,12 +423,14 @@ export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number
           decodeLora: decLora.dispatches,
           draw: dec.draw.dispatches,
           train: train.dispatches,
+          optimizer: optimizer.dispatches,
           decodeTop: dec.programs,
           drawTop: dec.draw.programs,
           trainTop: train.programs,
         }
       : undefined,
     decodeReadbackBytes: gpu ? dec.readback + dec.draw.readback : undefined,
+    hostUsPerDispatch: hostUs,
   };
 }
 
@@ -426,6 +466,7 @@ export async function layerTracedCounts(
             decode: x(c1.dispatches.decode, c2.dispatches.decode),
             decodeLora: x(c1.dispatches.decodeLora, c2.dispatches.decodeLora),
             train: x(c1.dispatches.train, c2.dispatches.train), // the draw's count does not depend on the layers
+            optimizer: x(c1.dispatches.optimizer, c2.dispatches.optimizer),
           }
         : undefined,
     decodeReadbackBytes: c2.decodeReadbackBytes, // the draw's reads do not depend on the layers
