@@ -45,6 +45,10 @@ export interface BackendProfile {
    *  32 rollouts of a 0.5B, ~300-token prompts, in one pass needed ~5 GB beside the unpacked 2 GB
    *  base and stalled the wasm heap's allocator at its 4 GiB limit for good. Every backend. */
   prefillBytes: number;
+  /** Bytes of memory the device has, for `--micro_batch_size auto`: a GPU's as its system reports it
+   *  (webgpu.ts: nvidia-smi; WebGPU itself does not tell), 8 GiB where unknown, the host's for a
+   *  software adapter; wasm: its 4 GiB heap. */
+  deviceMemoryBytes: number;
 }
 
 export const AUTO_CHECKPOINT_BYTES = 2 ** 30;
@@ -60,6 +64,7 @@ const CPU: BackendProfile = {
   trainLayerBytes: 2 ** 30,
   autoCheckpointBytes: AUTO_CHECKPOINT_BYTES,
   prefillBytes: PREFILL_BYTES,
+  deviceMemoryBytes: 4 * 2 ** 30,
 };
 
 /** The profile of the current tfjs backend. */
@@ -77,5 +82,6 @@ export function backendProfile(): BackendProfile {
     trainLayerBytes: Infinity,
     autoCheckpointBytes: AUTO_CHECKPOINT_BYTES,
     prefillBytes: PREFILL_BYTES,
+    deviceMemoryBytes: limits?.memoryBytes ?? 8 * 2 ** 30,
   };
 }

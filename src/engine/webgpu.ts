@@ -9,7 +9,9 @@
  *  validation errors, which do not throw and leave stale data behind, stop the process loudly.
  *  Leaves out: choosing among several adapters (Dawn's `adapter=NAME` in MARL_DAWN_OPTS does that). */
 import * as tf from "@tensorflow/tfjs";
+import { execFileSync } from "node:child_process";
 import { existsSync, readdirSync, statSync } from "node:fs";
+import { totalmem } from "node:os";
 import { registerWebgpuDequantize } from "./dequant-webgpu.ts";
 
 /** What the adapter is, as printed once when the backend starts. */
@@ -42,7 +44,7 @@ const WANTED_LIMITS = [
   "maxComputeWorkgroupsPerDimension",
 ];
 
-let limits: { maxStorageBufferBindingSize: number; maxBufferSize: number } | null = null;
+let limits: { maxStorageBufferBindingSize: number; maxBufferSize: number; memoryBytes?: number } | null = null;
 
 /** The device's limits once the webgpu backend is registered (null before). Model code splits any
  *  buffer larger than maxStorageBufferBindingSize (see profile.ts). */
@@ -158,7 +160,11 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
       throw new Error(`WebGPU error (results would be wrong, stopping): ${msg}`);
     });
   });
-  limits = { maxStorageBufferBindingSize: device.limits.maxStorageBufferBindingSize, maxBufferSize: device.limits.maxBufferSize };
+  limits = {
+    maxStorageBufferBindingSize: device.limits.maxStorageBufferBindingSize,
+    maxBufferSize: device.limits.maxBufferSize,
+    memoryBytes: adapterMemoryBytes(fallback),
+  };
 
   // The package registers its kernels on import, and registers its own backend factory only when it
   // sees navigator.gpu, which is not set yet; ours is registered instead.
@@ -187,6 +193,44 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   };
 }
 
+/** The adapter's memory where the system tells (WebGPU does not): the host's for a software adapter,
+ *  NVIDIA's first GPU's through nvidia-smi; undefined elsewhere. */
+function adapterMemoryBytes(fallback: boolean): number | undefined {
+  if (fallback) return totalmem();
+  try {
+    const out = execFileSync("nvidia-smi", ["--query-gpu=memory.total", "--format=csv,noheader,nounits"], {
+      encoding: "utf8",
+      timeout: 10_000,
+      stdio: ["ignore", "pipe", "ignore"],
+    });
+    const mib = Number(out.split("\n")[0].trim());
+    return mib > 0 ? mib * 2 ** 20 : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Run f inside a WebGPU out-of-memory error scope: whether an allocation failed for lack of device
+ *  memory meanwhile (f's results are then garbage; an error f threw because of it is dropped). Other
+ *  backends: f's outcome, false. */
+export async function deviceOutOfMemory(f: () => Promise<void>): Promise<boolean> {
+  const device = (tf.backend() as unknown as { device?: GPUDevice }).device;
+  if (tf.getBackend() !== "webgpu" || !device) {
+    await f();
+    return false;
+  }
+  device.pushErrorScope("out-of-memory");
+  let thrown: unknown = null;
+  try {
+    await f();
+  } catch (err) {
+    thrown = err ?? new Error("unknown error");
+  }
+  const oom = (await device.popErrorScope()) !== null;
+  if (thrown !== null && !oom) throw thrown;
+  return oom;
+}
+
 /** What the webgpu backend has sent to the GPU and read back since it started: compute dispatches
  *  (by program name) and bytes copied back to the host. A Reshape or Identity costs no dispatch. */
 export interface WebgpuTraffic {
@@ -203,6 +247,16 @@ export interface WebgpuTraffic {
 }
 const traffic: WebgpuTraffic = { dispatches: 0, readbackBytes: 0, byProgram: new Map(), hostMs: 0, recordMs: 0, dispatchesTimed: 0 };
 
+/** Device memory the backend holds in buffers (tfjs keeps released ones for reuse: they count), now
+ *  and at most since the last resetWebgpuPeak(); zeros before the backend starts. */
+const memory = { peakBytes: 0, current: () => 0 };
+export function webgpuMemory(): { bytes: number; peakBytes: number } {
+  return { bytes: memory.current(), peakBytes: memory.peakBytes };
+}
+export function resetWebgpuPeak(): void {
+  memory.peakBytes = memory.current();
+}
+
 /** The running totals (zeros before the backend starts); take differences around a step. */
 export function webgpuTraffic(): WebgpuTraffic {
   return { ...traffic, byProgram: new Map(traffic.byProgram) };
@@ -217,7 +271,16 @@ function countTraffic<B extends object>(backend: B): B {
     runWebGPUProgram: (program: object, ...rest: unknown[]) => unknown;
     getBufferData: (buffer: GPUBuffer) => Promise<ArrayBuffer>;
     pipelineCache: Record<string, unknown>;
+    bufferManager: { acquireBuffer: (...args: unknown[]) => unknown; numBytesAllocated: number };
   };
+  const manager = b.bufferManager,
+    acquire = manager.acquireBuffer.bind(manager);
+  manager.acquireBuffer = (...args) => {
+    const out = acquire(...args);
+    memory.peakBytes = Math.max(memory.peakBytes, manager.numBytesAllocated);
+    return out;
+  };
+  memory.current = () => manager.numBytesAllocated;
   const record = b.recordAndSubmit.bind(b),
     runProgram = b.runWebGPUProgram.bind(b),
     read = b.getBufferData.bind(b);

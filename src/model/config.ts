@@ -101,3 +101,17 @@ export function configToJson(cfg: Qwen2Config): Record<string, unknown> {
 export function layerTapeBytes(c: Qwen2Config, B: number, T: number): number {
   return 1.25 * 4 * B * T * (12 * c.intermediateSize + 3 * c.numAttentionHeads * T + 30 * c.hiddenSize);
 }
+
+/** The share of a GPU's memory `--micro_batch_size auto` lets a micro-step's activations take; the
+ *  rest is for the weights, generation's unpacked copies and the allocator's slack. */
+export const AUTO_MEMORY_SHARE = 0.5;
+
+/** The most rows of `length` tokens whose training activations fit `budget` bytes: every layer's tape
+ *  held, or, where a forward of that many rows checkpoints its layers (`checkpoints`), each layer's
+ *  input and one layer's tape at a time. At least 1. */
+export function trainRowsWithin(c: Qwen2Config, length: number, budget: number, checkpoints: (rows: number) => boolean): number {
+  const tape = layerTapeBytes(c, 1, length);
+  const whole = Math.max(1, Math.floor(budget / (c.numHiddenLayers * tape)));
+  if (!checkpoints(whole)) return whole;
+  return Math.max(1, Math.floor(budget / (tape + c.numHiddenLayers * 4 * length * c.hiddenSize)));
+}

@@ -26,7 +26,7 @@ import { rmsNorm } from "../engine/rmsnorm.ts";
 import { softmax } from "../engine/softmax.ts";
 import { baseBytes, BaseWeight, linearBytes, unpackLinear } from "./weight.ts";
 import type { LayerWeights, Qwen2Weights } from "./weight.ts";
-import { layerTapeBytes } from "./config.ts";
+import { AUTO_MEMORY_SHARE, layerTapeBytes, trainRowsWithin } from "./config.ts";
 import { FUSED, FUSED_MODULES } from "./types.ts";
 import type {
   CausalLM,
@@ -420,6 +420,13 @@ export class Qwen2ForCausalLM implements CausalLM {
 
   trainRowsFor(length: number): number {
     return Math.max(1, Math.floor((this.trainLayerBytes ?? backendProfile().trainLayerBytes) / layerTapeBytes(this.config, 1, length)));
+  }
+
+  autoTrainRows(length: number): number {
+    const p = backendProfile();
+    if (this.trainLayerBytes !== undefined || Number.isFinite(p.trainLayerBytes)) return this.trainRowsFor(length);
+    const budget = AUTO_MEMORY_SHARE * p.deviceMemoryBytes - this.baseBytes();
+    return trainRowsWithin(this.config, length, budget, (rows) => this.checkpointsLayers(rows, length));
   }
 
   /** Rows of a prefill are run in groups whose one-layer activations (layerTapeBytes) stay below

@@ -109,6 +109,11 @@ export interface CausalLM {
    *  current backend (its memory); GRPO splits larger micro-batches. Absent: no limit. */
   trainRowsFor?(length: number): number;
 
+  /** Optional: the rows of `length` tokens `--micro_batch_size auto` gives one micro-step: on a GPU
+   *  as many as fit a share of its memory beside the weights (estimated from shapes), elsewhere
+   *  trainRowsFor's. */
+  autoTrainRows?(length: number): number;
+
   /** LoRA A/B variables when an adapter is attached (base frozen); every weight when trained in full. */
   trainableVariables(): tf.Variable[];
 

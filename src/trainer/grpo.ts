@@ -12,6 +12,7 @@ import { microBatchRows, rightPad, type PaddedBatch } from "./batch.ts";
 import { NonFiniteError } from "../util/errors.ts";
 import { accumulateGrads, stopGradient } from "./grads.ts";
 import { recomputeSeconds } from "../engine/checkpoint.ts";
+import { deviceOutOfMemory } from "../engine/webgpu.ts";
 import type { AdamW } from "./optimizer.ts";
 import {
   checkPolicyLossConfig,
@@ -39,7 +40,10 @@ export interface GrpoConfig extends PolicyLossConfig {
   numIterations: number; // optimizer updates on this batch (TRL's num_iterations, μ)
   maxGradNorm: number; // ≤ 0 or Infinity: no clipping
   lr: number;
-  microBatchSize: number; // rollouts per forward/backward (fewer where model.trainRowsFor says so)
+  /** Rollouts per forward/backward (fewer where model.trainRowsFor says so), or "auto": as many as
+   *  model.autoTrainRows gives (on a GPU what fits a share of its memory), checked by the step's
+   *  first micro-step on webgpu: an out-of-memory error there halves it and the step starts again. */
+  microBatchSize: number | "auto";
   padTokenId?: number; // any valid id (padding is masked); default 0
   skipZeroAdvantage?: boolean; // default true
   maskTruncatedCompletions?: boolean; // truncated rollouts train nothing and count no tokens (DAPO's overlong filtering, as TRL)
@@ -71,6 +75,9 @@ export interface GrpoStats {
   behaviourGap: number; // mean |log π_trainer − log π_behaviour| per counted token before the update (NaN: no behaviour log-probs)
   behaviourDelta: number; // mean (log π_trainer − log π_behaviour), the same tokens
   tisClipped: number; // share of those tokens whose TIS weight was cut to tisCap (NaN: no TIS)
+  /** The micro-batches the update ran in: how many, and the rows of the largest (absent when nothing
+   *  was updated). */
+  microBatch?: { count: number; rows: number };
   /** Wall seconds of the step's parts, summed over micro-batches and iterations (absent when nothing
    *  was updated). On an asynchronous backend (webgpu) a part's time is the time to queue its work,
    *  except where a read waits for it. */
@@ -107,9 +114,31 @@ export function noUpdateStats(rollouts: number): GrpoStats {
   };
 }
 
+/** A micro-step of an "auto" micro-batch ran out of device memory before anything was applied. */
+class TrialOutOfMemory extends Error {}
+
+/** Tokens per micro-batch an "auto" split may hold, per model, after one ran out of device memory. */
+const autoTokenCap = new WeakMap<CausalLM, number>();
+
 export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRollout[], cfg: GrpoConfig): Promise<GrpoStats> {
   checkConfig(cfg);
   checkBatch(batch);
+  for (;;) {
+    try {
+      return await grpoStepOnce(model, optimizer, batch, cfg);
+    } catch (err) {
+      if (!(err instanceof TrialOutOfMemory)) throw err;
+      const [rows, length] = JSON.parse(err.message) as [number, number];
+      if (rows <= 1)
+        throw new Error(
+          `one rollout of ${length} tokens does not fit the GPU's memory for a training step; use shorter rollouts (--max_new_tokens) or a GPU with more memory`,
+        );
+      autoTokenCap.set(model, Math.floor(rows / 2) * length);
+    }
+  }
+}
+
+async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollout[], cfg: GrpoConfig): Promise<GrpoStats> {
   const padId = cfg.padTokenId ?? 0;
   // Position 0 has no logprob (nothing precedes it), so it can never be a trained token. A masked
   // truncated rollout still counts as a sequence (TRL: its mask is zeroed, the batch keeps its size).
@@ -137,10 +166,14 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
         return prompts.get(key)!;
       })
     : undefined;
+  const auto = cfg.microBatchSize === "auto";
+  const cap = autoTokenCap.get(model);
+  const autoRows = (length: number) =>
+    Math.min(model.autoTrainRows?.(length) ?? Infinity, cap === undefined ? Infinity : Math.max(1, Math.floor(cap / length)));
   const mbIdx = microBatchRows(
     kept.map((i) => batch[i].ids.length),
-    cfg.microBatchSize,
-    model.trainRowsFor?.bind(model),
+    auto ? kept.length : (cfg.microBatchSize as number),
+    auto ? autoRows : model.trainRowsFor?.bind(model),
     true,
     groups,
   ).map((rows) => rows.map((r) => kept[r]));
@@ -179,93 +212,109 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
     tisClipped: 0,
   };
   const tis = behaviour !== null && !cfg.offPolicy && (cfg.tisCap ?? 0) > 0;
-  try {
-    for (const mb of mbs) {
-      const t0 = now();
-      // Log-probs only where the loss reads them (the loss mask): prompts and padding skip the head.
-      const at = { logprobMask: mb.lossMask };
-      oldLogp.push(cfg.numIterations > 1 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { training: false, ...at }).logprobs : null);
-      const t1 = now();
-      refLogp.push(cfg.beta > 0 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { adapters: false, ...at }).logprobs : null);
-      seconds.old += t1 - t0;
-      seconds.reference += now() - t1;
+  // One micro-batch's forward and backward, its gradients added to acc and its sums to the totals.
+  let acc: tf.NamedTensorMap | null = null;
+  let loss = 0;
+  const microStep = async (i: number, it: number) => {
+    const mb = mbs[i];
+    let sums: ReturnType<typeof policyLoss>["sums"] | null = null;
+    let entropySum: tf.Scalar | null = null;
+    let gapSums: tf.Tensor1D | null = null;
+    let isWeights: tf.Tensor2D | undefined;
+    const t0 = now(),
+      r0 = recomputeSeconds();
+    let forwardSeconds = 0;
+    const { value, grads } = tf.variableGrads(() => {
+      const out = model.tokenLogprobs(mb.ids, mb.attentionMask, { training: true, withEntropy: it === 0, logprobMask: mb.lossMask });
+      const logp = out.logprobs; // [n, L]
+      const mask = tf.tensor2d(mb.lossMask, [mb.lossMask.length, mb.lossMask[0].length], "float32"); // [n, L]
+      // numIterations = 1: π_old is this very forward, detached, so ρ = 1 and the gradient is −A·∇logp.
+      let old = oldLogp[i] ?? (stopGradient(logp) as tf.Tensor2D);
+      if (behaviour) {
+        const flat = behaviour[i].flat();
+        const known = tf.tensor2d(
+          flat.map((x) => (Number.isNaN(x) ? 0 : 1)),
+          logp.shape,
+          "float32",
+        ); // [n, L]
+        const behav = tf.tensor2d(
+          flat.map((x) => (Number.isNaN(x) ? 0 : x)),
+          logp.shape,
+          "float32",
+        ); // [n, L]
+        const d = tf.mul(tf.sub(stopGradient(logp), behav), known);
+        const m = tf.mul(mask, known);
+        // TIS: min(π_old / π_behaviour, C) where the engine gave a log-prob, 1 elsewhere.
+        const logW = tf.clipByValue(tf.mul(tf.sub(old, behav), known), -LOG_RATIO_BOUND, LOG_RATIO_BOUND);
+        const cut = tis ? tf.sum(tf.mul(tf.cast(tf.greater(logW, Math.log(cfg.tisCap!)), "float32"), m)) : tf.scalar(0);
+        if (tis) isWeights = tf.minimum(tf.exp(logW), cfg.tisCap!) as tf.Tensor2D;
+        if (it === 0) gapSums = tf.keep(tf.stack([tf.sum(tf.mul(tf.abs(d), m)), tf.sum(tf.mul(d, m)), tf.sum(m), cut]) as tf.Tensor1D);
+        if (cfg.offPolicy) old = tf.where(tf.cast(known, "bool"), behav, old) as tf.Tensor2D;
+      }
+      const advantages = tf.tensor1d(advs[i], "float32");
+      const r = policyLoss({ logp, oldLogp: old, refLogp: refLogp[i], advantages, mask, isWeights }, cfg, norm);
+      Object.values(r.sums).forEach((t) => tf.keep(t)); // read after the backward pass
+      sums = r.sums;
+      if (out.entropy) entropySum = tf.keep(tf.sum(tf.mul(out.entropy, mask)));
+      forwardSeconds = now() - t0;
+      return r.loss;
+    }, vars);
+    const recompute = recomputeSeconds() - r0;
+    seconds.forward += forwardSeconds;
+    seconds.recompute += recompute;
+    seconds.backward += now() - t0 - forwardSeconds - recompute;
+    acc = accumulateGrads(acc, grads);
+    loss += (await value.data())[0];
+    value.dispose();
+    const s = await readSums(sums!);
+    totals.tokens += it === 0 ? s.tokens : 0;
+    totals.lowClipped += s.lowClipped;
+    totals.highClipped += s.highClipped;
+    totals.kl += s.kl;
+    totals.ratio += s.ratio;
+    if (gapSums !== null) {
+      const [g, dl, n, cut] = await (gapSums as tf.Tensor1D).data();
+      (gapSums as tf.Tensor1D).dispose();
+      totals.gap += g;
+      totals.delta += dl;
+      totals.gapTokens += n;
+      totals.tisClipped += cut;
     }
+    if (entropySum !== null) {
+      totals.entropy += (await (entropySum as tf.Scalar).data())[0];
+      totals.entropyTokens += s.tokens;
+      (entropySum as tf.Scalar).dispose();
+    }
+  };
+  try {
+    const fixed = async () => {
+      for (const mb of mbs) {
+        const t0 = now();
+        // Log-probs only where the loss reads them (the loss mask): prompts and padding skip the head.
+        const at = { logprobMask: mb.lossMask };
+        oldLogp.push(cfg.numIterations > 1 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { training: false, ...at }).logprobs : null);
+        const t1 = now();
+        refLogp.push(cfg.beta > 0 ? model.tokenLogprobs(mb.ids, mb.attentionMask, { adapters: false, ...at }).logprobs : null);
+        seconds.old += t1 - t0;
+        seconds.reference += now() - t1;
+      }
+    };
+    const outOfMemory = () => new TrialOutOfMemory(JSON.stringify([mbs[0].ids.length, mbs[0].ids[0].length]));
+    if (auto && cfg.numIterations + cfg.beta > 1) {
+      if (await deviceOutOfMemory(fixed)) throw outOfMemory();
+    } else await fixed();
     for (let it = 0; it < cfg.numIterations; it++) {
-      let acc: tf.NamedTensorMap | null = null;
-      let loss = 0;
+      acc = null;
+      loss = 0;
       try {
         for (let i = 0; i < mbs.length; i++) {
-          const mb = mbs[i];
-          let sums: ReturnType<typeof policyLoss>["sums"] | null = null;
-          let entropySum: tf.Scalar | null = null;
-          let gapSums: tf.Tensor1D | null = null;
-          let isWeights: tf.Tensor2D | undefined;
-          const t0 = now(),
-            r0 = recomputeSeconds();
-          let forwardSeconds = 0;
-          const { value, grads } = tf.variableGrads(() => {
-            const out = model.tokenLogprobs(mb.ids, mb.attentionMask, { training: true, withEntropy: it === 0, logprobMask: mb.lossMask });
-            const logp = out.logprobs; // [n, L]
-            const mask = tf.tensor2d(mb.lossMask, [mb.lossMask.length, mb.lossMask[0].length], "float32"); // [n, L]
-            // numIterations = 1: π_old is this very forward, detached, so ρ = 1 and the gradient is −A·∇logp.
-            let old = oldLogp[i] ?? (stopGradient(logp) as tf.Tensor2D);
-            if (behaviour) {
-              const flat = behaviour[i].flat();
-              const known = tf.tensor2d(
-                flat.map((x) => (Number.isNaN(x) ? 0 : 1)),
-                logp.shape,
-                "float32",
-              ); // [n, L]
-              const behav = tf.tensor2d(
-                flat.map((x) => (Number.isNaN(x) ? 0 : x)),
-                logp.shape,
-                "float32",
-              ); // [n, L]
-              const d = tf.mul(tf.sub(stopGradient(logp), behav), known);
-              const m = tf.mul(mask, known);
-              // TIS: min(π_old / π_behaviour, C) where the engine gave a log-prob, 1 elsewhere.
-              const logW = tf.clipByValue(tf.mul(tf.sub(old, behav), known), -LOG_RATIO_BOUND, LOG_RATIO_BOUND);
-              const cut = tis ? tf.sum(tf.mul(tf.cast(tf.greater(logW, Math.log(cfg.tisCap!)), "float32"), m)) : tf.scalar(0);
-              if (tis) isWeights = tf.minimum(tf.exp(logW), cfg.tisCap!) as tf.Tensor2D;
-              if (it === 0)
-                gapSums = tf.keep(tf.stack([tf.sum(tf.mul(tf.abs(d), m)), tf.sum(tf.mul(d, m)), tf.sum(m), cut]) as tf.Tensor1D);
-              if (cfg.offPolicy) old = tf.where(tf.cast(known, "bool"), behav, old) as tf.Tensor2D;
-            }
-            const advantages = tf.tensor1d(advs[i], "float32");
-            const r = policyLoss({ logp, oldLogp: old, refLogp: refLogp[i], advantages, mask, isWeights }, cfg, norm);
-            Object.values(r.sums).forEach((t) => tf.keep(t)); // read after the backward pass
-            sums = r.sums;
-            if (out.entropy) entropySum = tf.keep(tf.sum(tf.mul(out.entropy, mask)));
-            forwardSeconds = now() - t0;
-            return r.loss;
-          }, vars);
-          const recompute = recomputeSeconds() - r0;
-          seconds.forward += forwardSeconds;
-          seconds.recompute += recompute;
-          seconds.backward += now() - t0 - forwardSeconds - recompute;
-          acc = accumulateGrads(acc, grads);
-          loss += (await value.data())[0];
-          value.dispose();
-          const s = await readSums(sums!);
-          totals.tokens += it === 0 ? s.tokens : 0;
-          totals.lowClipped += s.lowClipped;
-          totals.highClipped += s.highClipped;
-          totals.kl += s.kl;
-          totals.ratio += s.ratio;
-          if (gapSums !== null) {
-            const [g, dl, n, cut] = await (gapSums as tf.Tensor1D).data();
-            (gapSums as tf.Tensor1D).dispose();
-            totals.gap += g;
-            totals.delta += dl;
-            totals.gapTokens += n;
-            totals.tisClipped += cut;
-          }
-          if (entropySum !== null) {
-            totals.entropy += (await (entropySum as tf.Scalar).data())[0];
-            totals.entropyTokens += s.tokens;
-            (entropySum as tf.Scalar).dispose();
-          }
+          // The first micro-step of an "auto" split is its trial: it is the largest (longest rows
+          // first), and nothing has been applied yet.
+          if (auto && it === 0 && i === 0) {
+            if (await deviceOutOfMemory(() => microStep(i, it))) throw outOfMemory(); // acc is freed below
+          } else await microStep(i, it);
         }
+        if (!Number.isFinite(loss)) throw new NonFiniteError("GRPO loss", loss);
         if (!Number.isFinite(loss)) throw new NonFiniteError("GRPO loss", loss);
         const t0 = now();
         const { gradNorm } = await optimizer.applyGradients(acc!, { lr: cfg.lr, maxGradNorm: cfg.maxGradNorm });
@@ -305,6 +354,7 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
     behaviourDelta: totals.gapTokens > 0 ? totals.delta / totals.gapTokens : NaN,
     tisClipped: tis && totals.gapTokens > 0 ? totals.tisClipped / totals.gapTokens : NaN,
     seconds,
+    microBatch: { count: mbs.length, rows: Math.max(...mbs.map((m) => m.ids.length)) },
   };
 }
 
@@ -313,8 +363,8 @@ function checkConfig(cfg: GrpoConfig): void {
   if (!(Number.isInteger(cfg.numIterations) && cfg.numIterations >= 1))
     throw new Error(`numIterations ${cfg.numIterations} must be an integer ≥ 1`);
   if (cfg.tisCap !== undefined && !(cfg.tisCap >= 0)) throw new Error(`tisCap ${cfg.tisCap} must be ≥ 0 (0: off)`);
-  if (!(Number.isInteger(cfg.microBatchSize) && cfg.microBatchSize >= 1))
-    throw new Error(`microBatchSize ${cfg.microBatchSize} must be an integer ≥ 1`);
+  if (cfg.microBatchSize !== "auto" && !(Number.isInteger(cfg.microBatchSize) && cfg.microBatchSize >= 1))
+    throw new Error(`microBatchSize ${cfg.microBatchSize} must be an integer ≥ 1 or "auto"`);
 }
 
 function checkBatch(batch: GrpoRollout[]): void {

@@ -162,6 +162,33 @@ describe("grpoStep on a stand-in model", () => {
     [oa, ob, a, b].forEach((x) => x.dispose());
   });
 
+  it('"auto" sizes micro-batches by the model\'s autoTrainRows per length (the whole batch without it), with the same update', async () => {
+    const a = new BigramLM(V, init(), init()),
+      b = new BigramLM(V, init(), init()),
+      c = new BigramLM(V, init(), init());
+    const [oa, ob, oc] = [a, b, c].map((m) => new AdamW(m.trainableVariables(), { lr: 0.05 }));
+    const rows: number[] = [];
+    const seen = b.tokenLogprobs.bind(b);
+    b.tokenLogprobs = (ids, mask, opts) => (rows.push(ids.length), seen(ids, mask, opts));
+    (b as BigramLM & { autoTrainRows(length: number): number }).autoTrainRows = (length) => (length >= 5 ? 2 : 8);
+    const rollouts = batch([
+      [1, 0, 0.2],
+      [0, 2, 1.5],
+    ]); // lengths 5, 4, 7, 2, 4, 3
+    const sa = await grpoStep(a, oa, rollouts, { ...cfg, microBatchSize: 1 });
+    const sb = await grpoStep(b, ob, rollouts, { ...cfg, microBatchSize: "auto" });
+    const sc = await grpoStep(c, oc, rollouts, { ...cfg, microBatchSize: "auto" });
+    expect(rows).toEqual([2, 2, 2]); // all six are one chunk, its longest row 7 tokens: 2 rows at a time
+    expect(sa.microBatch).toEqual({ count: 6, rows: 1 });
+    expect(sb.microBatch).toEqual({ count: 3, rows: 2 });
+    expect(sc.microBatch).toEqual({ count: 1, rows: 6 });
+    for (const s of [sb, sc])
+      for (const k of ["loss", "gradNorm", "ratio", "entropy", "tokens"] as const) expect(s[k]).toBeCloseTo(sa[k], 5);
+    const wa = a.delta.dataSync();
+    for (const m of [b, c]) m.delta.dataSync().forEach((x, i) => expect(x).toBeCloseTo(wa[i], 5));
+    [oa, ob, oc, a, b, c].forEach((x) => x.dispose());
+  });
+
   it("skips zero-advantage rollouts yet, with β = 0, equals the loss that keeps them", async () => {
     const a = new BigramLM(V, undefined, init()),
       b = new BigramLM(V, undefined, init());
