@@ -4,6 +4,10 @@
  *  4 questions × 8 rollouts × 256 new tokens after prompts of 220 tokens; advantages ±1, as random
  *  weights earn no reward), rollouts and update timed apart, then greedy decode steps at the step's
  *  batch and four times it (what more rollouts per step cost); one JSON record in --out.
+ *  The update's micro-batches are sized by `--micro_batch_size auto`; the record has the update by part
+ *  (forward, recomputation, backward, optimizer), the micro-batch chosen and the device memory's peak.
+ *  `--config 1.5b | 3b | 7b` (Qwen2.5's shapes) runs only the step's update, on random completions of
+ *  its length: which model trains on which GPU, and how fast.
  *  A software adapter measures nothing a GPU would: it is refused unless given
  *  `--allow-software --config small` (CI runs that form, with a short step, so the script cannot rot).
  *  Leaves out: the real tokenizer and GSM8K prompts (synthetic token ids of the same lengths). */
@@ -12,18 +16,23 @@ import { spawnSync } from "node:child_process";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { initBackend } from "../src/engine/backend.ts";
-import { registerWebgpu } from "../src/engine/webgpu.ts";
+import { registerWebgpu, resetWebgpuPeak, webgpuMemory } from "../src/engine/webgpu.ts";
 import { createModel } from "../src/model/load.ts";
 import { LORA_TARGETS } from "../src/model/types.ts";
 import { runMain } from "../src/run/cli.ts";
 import { UsageError } from "../src/util/errors.ts";
-import { benchContext, BENCH_CONFIGS, WORKLOADS, type Measurement } from "./lib/bench.ts";
+import { writeFileAtomic } from "../src/util/fs.ts";
+import { benchContext, BENCH_CONFIGS, SIZE_CONFIGS, WORKLOADS, type Measurement } from "./lib/bench.ts";
 import { decodeScaling, GRPO_SHAPES, grpoShape } from "./lib/grpo-shape.ts";
 
 const defaults = { config: "0.5b", out: "outputs/gpu-check.json", allowSoftware: false, llama: true };
 const opts = new Command("gpu-check")
   .description("Adapter, parity subset, small bench and one GRPO step on the webgpu backend; one JSON record")
-  .option("--config <name>", "shape of the GRPO step: 0.5b | small", defaults.config)
+  .option(
+    "--config <name>",
+    "shape of the GRPO step: 0.5b | small, or 1.5b | 3b | 7b (Qwen2.5's shapes: the update alone, its time and peak memory)",
+    defaults.config,
+  )
   .option("--out <file>", "where the JSON record is written", defaults.out)
   .option("--allow-software", "run on a software adapter (only with --config small: checks the script, measures nothing)", false)
   .option("--no-llama", "skip the step's rollouts on llama.cpp (--rollout_engine llama) at its batch and 8× it")
@@ -36,7 +45,9 @@ const now = () => performance.now() / 1000;
 
 await runMain(async () => {
   const t0 = now();
-  if (!(opts.config in GRPO_SHAPES)) throw new UsageError(`--config must be 0.5b or small, got "${opts.config}"`);
+  if (!(opts.config in GRPO_SHAPES))
+    throw new UsageError(`--config must be one of ${Object.keys(GRPO_SHAPES).join(", ")}, got "${opts.config}"`);
+  const sizeOnly = opts.config in SIZE_CONFIGS;
   const probe = await registerWebgpu(false);
   if (!probe.ok) throw new UsageError(`gpu-check: ${probe.reason}`);
   const { info } = probe;
@@ -48,6 +59,10 @@ await runMain(async () => {
   console.log(`adapter: ${info.description}${info.fallback ? " (software)" : ""}`);
   console.log(`limits: ${JSON.stringify(info.limits)}`);
 
+  if (sizeOnly) {
+    await sizeCheck(info);
+    return;
+  }
   // 1. parity: a child vitest on the same adapter (Dawn's options and the adapter's env pass through)
   const tp = now();
   const vt = spawnSync("npx", ["vitest", "run", ...PARITY], { env: { ...process.env, CI: "true" }, encoding: "utf8", stdio: "pipe" });
@@ -63,12 +78,13 @@ await runMain(async () => {
   for (const m of bench) console.log(`bench small ${m.workload}: ${m.tokens_per_s} tokens/s`);
 
   // 3. one GRPO step of the config's shape
+  resetWebgpuPeak();
   const model = await createModel(BENCH_CONFIGS[opts.config], {
     seed: 0,
     quantize: "nf4",
     lora: { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] },
   });
-  const grpo = { config: opts.config, ...(await grpoShape(model, GRPO_SHAPES[opts.config])) };
+  const grpo = { config: opts.config, ...(await grpoShape(model, GRPO_SHAPES[opts.config])), peakDeviceBytes: webgpuMemory().peakBytes };
   // 4. decode steps at the step's batch and four times it
   const rows = GRPO_SHAPES[opts.config].questions * GRPO_SHAPES[opts.config].samples;
   const scaling = await decodeScaling(model, GRPO_SHAPES[opts.config], [rows, 4 * rows], opts.config === "small" ? 3 : 8);
@@ -89,7 +105,7 @@ await runMain(async () => {
     }
   model.dispose();
   console.log(
-    `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}; decode ${grpo.decodeSeconds} s, of which ${grpo.stepCallSeconds} s the host encoding the steps and ${grpo.sampleSeconds} s the draws), update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)})`,
+    `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}; decode ${grpo.decodeSeconds} s, of which ${grpo.stepCallSeconds} s the host encoding the steps and ${grpo.sampleSeconds} s the draws), update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)}; micro-batches ${JSON.stringify(grpo.microBatch)}), device memory peak ${gib(grpo.peakDeviceBytes)} GiB`,
   );
   for (const d of scaling) console.log(`decode ${opts.config} batch ${d.rows}: ${d.msPerStep} ms a step, ${d.tokensPerS} tokens/s`);
 
@@ -105,10 +121,46 @@ await runMain(async () => {
     seconds: round(now() - t0),
   };
   await fs.mkdir(path.dirname(opts.out), { recursive: true });
-  await fs.writeFile(opts.out, JSON.stringify(record, null, 2) + "\n");
+  await writeFileAtomic(opts.out, JSON.stringify(record, null, 2) + "\n");
   console.log(`wrote ${opts.out} (${record.seconds} s in all)`);
   if (!parity.passed) throw new Error("gpu-check: the parity subset failed on this adapter (output above)");
 });
+
+/** --config 1.5b | 3b | 7b: the model (random weights, NF4 base, LoRA r16) and one step's update on
+ *  random completions of the 0.5b step's shape; its time by part, micro-batches and memory peak. */
+async function sizeCheck(info: { description: string; fallback: boolean; limits: Record<string, number> }): Promise<void> {
+  const t0 = now();
+  resetWebgpuPeak();
+  const model = await createModel(SIZE_CONFIGS[opts.config], {
+    seed: 0,
+    quantize: "nf4",
+    lora: { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] },
+  });
+  const loadSeconds = round(now() - t0);
+  const weightsBytes = webgpuMemory().bytes;
+  const grpo = { config: opts.config, ...(await grpoShape(model, GRPO_SHAPES[opts.config], { rollouts: false })) };
+  const peakDeviceBytes = webgpuMemory().peakBytes;
+  model.dispose();
+  console.log(
+    `update ${opts.config}: ${grpo.updateSeconds} s for ${grpo.rows} rollouts × ${grpo.promptTokens + grpo.newTokens} tokens (${JSON.stringify(grpo.update)}; micro-batches ${JSON.stringify(grpo.microBatch)}); device memory: weights ${gib(weightsBytes)} GiB, peak ${gib(peakDeviceBytes)} GiB`,
+  );
+  const record = {
+    adapter: info.description,
+    limits: info.limits,
+    grpo,
+    loadSeconds,
+    weightsBytes,
+    peakDeviceBytes,
+    seconds: round(now() - t0),
+  };
+  await fs.mkdir(path.dirname(opts.out), { recursive: true });
+  await writeFileAtomic(opts.out, JSON.stringify(record, null, 2) + "\n");
+  console.log(`wrote ${opts.out} (${record.seconds} s in all)`);
+}
+
+function gib(bytes: number): string {
+  return (bytes / 2 ** 30).toFixed(2);
+}
 
 function round(x: number): number {
   return Math.round(x * 100) / 100;

@@ -82,6 +82,39 @@ export const BENCH_CONFIGS: Record<string, Qwen2Config> = {
   }),
 };
 
+/** Qwen2.5's larger shapes (their Hugging Face config.json), for `gpu-check --config`: which model
+ *  trains on which GPU. Not bench configs: a CPU runs none of them in reasonable time. */
+export const SIZE_CONFIGS: Record<string, Qwen2Config> = {
+  "1.5b": qwen({
+    vocabSize: 151936,
+    hiddenSize: 1536,
+    intermediateSize: 8960,
+    numHiddenLayers: 28,
+    numAttentionHeads: 12,
+    numKeyValueHeads: 2,
+    headDim: 128,
+  }),
+  "3b": qwen({
+    vocabSize: 151936,
+    hiddenSize: 2048,
+    intermediateSize: 11008,
+    numHiddenLayers: 36,
+    numAttentionHeads: 16,
+    numKeyValueHeads: 2,
+    headDim: 128,
+  }),
+  "7b": qwen({
+    vocabSize: 152064,
+    hiddenSize: 3584,
+    intermediateSize: 18944,
+    numHiddenLayers: 28,
+    numAttentionHeads: 28,
+    numKeyValueHeads: 4,
+    headDim: 128,
+    tieWordEmbeddings: false,
+  }),
+};
+
 export const WORKLOADS: Workload[] = [];
 export function registerWorkload(w: Workload): void {
   if (WORKLOADS.some((x) => x.name === w.name)) throw new Error(`benchmark workload "${w.name}" is registered twice`);

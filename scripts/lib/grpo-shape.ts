@@ -19,14 +19,19 @@ export interface GrpoShape {
   samples: number; // rollouts per question (the group)
   promptLen: number;
   newTokens: number;
-  microBatch: number;
+  microBatch: number | "auto";
 }
 
 /** The shapes, by bench config: 0.5b is the README's step (4 questions × 8 rollouts × 256 new tokens
- *  after ~220-token prompts, micro-batches of 8 that the wasm heap splits into 4s). */
+ *  after ~220-token prompts, micro-batches sized by --micro_batch_size auto: on wasm 4 rollouts, on a
+ *  GPU what fits half its memory); the larger models take the 0.5b's step. */
+const STEP: GrpoShape = { questions: 4, samples: 8, promptLen: 220, newTokens: 256, microBatch: "auto" };
 export const GRPO_SHAPES: Record<string, GrpoShape> = {
-  "0.5b": { questions: 4, samples: 8, promptLen: 220, newTokens: 256, microBatch: 8 },
-  small: { questions: 2, samples: 2, promptLen: 16, newTokens: 8, microBatch: 4 },
+  "0.5b": STEP,
+  small: { questions: 2, samples: 2, promptLen: 16, newTokens: 8, microBatch: "auto" },
+  "1.5b": STEP,
+  "3b": STEP,
+  "7b": STEP,
 };
 
 export interface GrpoShapeResult {
@@ -43,6 +48,8 @@ export interface GrpoShapeResult {
   sampledTokensPerS: number; // rows × newTokens ÷ rolloutSeconds
   updateSeconds: number;
   update: GrpoSeconds;
+  /** The micro-batches the update ran in (how many, the rows of the largest). */
+  microBatch?: { count: number; rows: number };
   beta: number;
   loss: number;
   tokens: number; // trained tokens
@@ -57,7 +64,7 @@ const round = (x: number) => Math.round(x * 100) / 100;
 export async function grpoShape(
   model: Qwen2ForCausalLM,
   shape: GrpoShape,
-  opts: { beta?: number; llama?: LlamaShapeOptions; update?: boolean } = {},
+  opts: { beta?: number; llama?: LlamaShapeOptions; update?: boolean; rollouts?: boolean } = {},
 ): Promise<GrpoShapeResult & { llama?: Record<string, unknown> }> {
   const s = shape,
     beta = opts.beta ?? 0;
@@ -83,6 +90,13 @@ export async function grpoShape(
       backend: tf.getBackend(),
       llama: r.info,
     };
+  }
+  if (opts.rollouts === false) {
+    // the update alone, on random completions of the shape's length (the larger models' rows)
+    const generated = tokenBatch(rows, s.newTokens, model.config.vocabSize, 4);
+    const update = await updateOf(model, prompts, generated, s, beta);
+    const zero = { prefillSeconds: 0, decodeSeconds: 0, sampleSeconds: 0, stepCallSeconds: 0, rolloutSeconds: 0, sampledTokensPerS: 0 };
+    return { rows, promptTokens: s.promptLen, newTokens: s.newTokens, ...zero, ...update, backend: tf.getBackend() };
   }
   const rng = new Rng(1);
   const generated: number[][] = prompts.map(() => []);
@@ -151,7 +165,14 @@ async function updateOf(
   s: GrpoShape,
   beta: number,
   behaviour?: number[][],
-): Promise<{ updateSeconds: number; update: GrpoSeconds; beta: number; loss: number; tokens: number }> {
+): Promise<{
+  updateSeconds: number;
+  update: GrpoSeconds;
+  microBatch?: { count: number; rows: number };
+  beta: number;
+  loss: number;
+  tokens: number;
+}> {
   const batch: GrpoRollout[] = prompts.map((p, i) => ({
     ids: [...p, ...generated[i]],
     lossMask: [...p.map(() => 0), ...generated[i].map(() => 1)],
@@ -176,7 +197,7 @@ async function updateOf(
   optimizer.dispose();
   if (!Number.isFinite(stats.loss)) throw new Error(`the GRPO step's loss is ${stats.loss}`);
   const update = Object.fromEntries(Object.entries(stats.seconds!).map(([k, v]) => [k, round(v)])) as unknown as GrpoSeconds;
-  return { updateSeconds: round(updateSeconds), update, beta, loss: stats.loss, tokens: stats.tokens };
+  return { updateSeconds: round(updateSeconds), update, microBatch: stats.microBatch, beta, loss: stats.loss, tokens: stats.tokens };
 }
 
 /** A decode step's time at several batch sizes after the shape's prompt length (greedy, the rollouts'
