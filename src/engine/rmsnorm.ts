@@ -16,6 +16,10 @@ const heapKernel = (backendName: string, H: number) => backendName === "wasm" &&
 
 export const RMS_NORM = "MarlRmsNorm";
 export const RMS_NORM_GRAD = "MarlRmsNormGrad";
+/** The gradient's parts apart (webgpu): dx alone is one program, and LoRA training never asks for the
+ *  frozen weight's dw (two more). */
+export const RMS_NORM_DX = "MarlRmsNormDx";
+export const RMS_NORM_DW = "MarlRmsNormDw";
 
 /** y [N·H] from x [N·H], w [H]. */
 export function rmsNormInto(y: Float32Array, x: Float32Array, w: Float32Array, H: number, eps: number): void {
@@ -97,7 +101,8 @@ export function rmsNormOps(x: tf.Tensor2D, w: tf.Tensor1D, eps: number): tf.Tens
   return tf.mul(tf.mul(x, tf.rsqrt(tf.add(v, eps))), w);
 }
 
-/** The one-kernel form for one eps (customGrad takes tensors only, so eps is closed over). */
+/** The one-kernel form for one eps (customGrad takes tensors only, so eps is closed over): one
+ *  gradient kernel for both inputs. */
 const fusedByEps = new Map<number, (x: tf.Tensor2D, w: tf.Tensor1D) => tf.Tensor2D>();
 function fused(eps: number): (x: tf.Tensor2D, w: tf.Tensor1D) => tf.Tensor2D {
   let f = fusedByEps.get(eps);
@@ -114,6 +119,22 @@ function fused(eps: number): (x: tf.Tensor2D, w: tf.Tensor1D) => tf.Tensor2D {
   fusedByEps.set(eps, f);
   return f;
 }
+
+/** Where the backend has the gradient's parts as kernels of their own (webgpu), the kernel's
+ *  gradient computes each input's part only when the tape asks for it: LoRA training never asks for
+ *  the frozen weight's (its input is not reached from the trained variables), so dx is one dispatch
+ *  instead of the joint gradient's three. */
+const registerPartsGradient = once(() =>
+  tf.registerGradient({
+    kernelName: RMS_NORM,
+    inputsToSave: ["x", "w"],
+    gradFunc: (dy, saved, attrs) => {
+      const [x, w] = saved;
+      const part = (name: string) => () => tf.engine().runKernel(name, { x, w, dy: dy as tf.Tensor }, attrs) as tf.Tensor;
+      return { x: part(RMS_NORM_DX), w: part(RMS_NORM_DW) };
+    },
+  }),
+);
 
 /** Rows up to which the JS kernels run: measured on wasm (1 thread), they beat the six op kernels
  *  up to ~512 rows of 256 (0.34 vs 0.74 ms at 64 rows) but lose at 2048 (13.8 vs 4.4 ms), where the
@@ -132,5 +153,7 @@ export function rmsNorm(x: tf.Tensor2D, w: tf.Tensor1D, eps: number): tf.Tensor2
     x.dtype !== "float32"
   )
     return rmsNormOps(x, w, eps);
-  return fused(eps)(x, w);
+  if (tf.getKernel(RMS_NORM_DX, b) === undefined) return fused(eps)(x, w);
+  registerPartsGradient();
+  return tf.engine().runKernel(RMS_NORM, { x, w }, { eps }) as tf.Tensor2D;
 }

@@ -16,7 +16,7 @@ import { BLOCK_DIAG } from "./block-diag.ts";
 import { DRAW_ROWS, drawCall } from "./draw.ts";
 import { registerKernel, type Backend } from "./kernels.ts";
 import { DLOGITS, LOGP } from "./logprob.ts";
-import { RMS_NORM, RMS_NORM_GRAD } from "./rmsnorm.ts";
+import { RMS_NORM, RMS_NORM_DW, RMS_NORM_DX, RMS_NORM_GRAD } from "./rmsnorm.ts";
 import { setWebgpuSlotWriter } from "./slot-write.ts";
 import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD, setWebgpuHeadsInto } from "./heads.ts";
 import { ROPE, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
@@ -186,6 +186,28 @@ function rmsDxProgram(u: WebgpuModule["webgpu_util"], N: number, H: number) {
       var s = 0.0;
       for (var j = i32(localIndex); j < ${H}; j += ${wg}) { s += dy[o + j] * w[j] * x[o + j]; }
       let rr = r[row()];
+      let c = rr * rr * rr * reduceSum(s) / ${f32(H)};
+      if (rowOk()) { for (var j = i32(localIndex); j < ${H}; j += ${wg}) { result[o + j] = rr * dy[o + j] * w[j] - c * x[o + j]; } }
+    }`,
+  );
+}
+
+/** rmsDxProgram with r computed in the same row pass: the gradient's dx in one dispatch. */
+function rmsDxOnlyProgram(u: WebgpuModule["webgpu_util"], N: number, H: number, eps: number) {
+  const wg = wgFor(H);
+  return new RowProgram(
+    u,
+    "rms_dx_only",
+    ["x", "w", "dy"],
+    [N, H],
+    { rows: N, wg },
+    `${rowPrelude(wg, N)}
+    fn main(index: i32) {
+      let o = row() * ${H};
+      var ss = 0.0;
+      var s = 0.0;
+      for (var j = i32(localIndex); j < ${H}; j += ${wg}) { let v = x[o + j]; ss += v * v; s += dy[o + j] * w[j] * v; }
+      let rr = inverseSqrt(reduceSum(ss) / ${f32(H)} + ${f32(eps)});
       let c = rr * rr * rr * reduceSum(s) / ${f32(H)};
       if (rowOk()) { for (var j = i32(localIndex); j < ${H}; j += ${wg}) { result[o + j] = rr * dy[o + j] * w[j] - c * x[o + j]; } }
     }`,
@@ -757,6 +779,28 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
         const dw = run(backend, rmsDwProgram(u, N, H), [x, dy, r]);
         (backend as Backend).disposeData(r.dataId);
         return [dx, dw];
+      },
+    on,
+  );
+  registerKernel(
+    RMS_NORM_DX,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { x, w, dy } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo; dy: tf.TensorInfo };
+        return run(backend, rmsDxOnlyProgram(u, x.shape[0], x.shape[1], attrs!.eps as number), [x, w, dy]);
+      },
+    on,
+  );
+  registerKernel(
+    RMS_NORM_DW,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { x, dy } = inputs as { x: tf.TensorInfo; dy: tf.TensorInfo };
+        const [N, H] = x.shape;
+        const r = run(backend, rmsRProgram(u, N, H, attrs!.eps as number), [x]);
+        const dw = run(backend, rmsDwProgram(u, N, H), [x, dy, r]);
+        (backend as Backend).disposeData(r.dataId);
+        return dw;
       },
     on,
   );

@@ -83,6 +83,10 @@ describe.skipIf(!gpu)("webgpu fused row kernels", () => {
       expect(g.n, "forward + backward dispatches").toBe(4);
       close(g.values[0], dx, `rmsnorm dx ${N}×${H}`, 1e-5);
       close(g.values[1], dw, `rmsnorm dw ${N}×${H}`, 1e-5, Math.sqrt(N));
+      // a frozen weight (LoRA training): dx alone, one dispatch
+      const gx = await dispatchesOf(() => [tf.grad((a: tf.Tensor) => rmsNorm(a as tf.Tensor2D, w, eps))(x, dy)]);
+      expect(gx.n, "forward + backward dispatches, dx only").toBe(2);
+      close(gx.values[0], dx, `rmsnorm dx only ${N}×${H}`, 1e-5);
       tf.dispose([x, w, dy]);
     }
     expect(tf.memory().numTensors).toBe(before);
