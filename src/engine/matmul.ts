@@ -55,6 +55,24 @@ export const mm = tf.customGrad(((a: tf.Tensor2D, b: tf.Tensor2D, save: tf.GradS
   };
 }) as unknown as CustomGradFn) as (a: tf.Tensor2D, b: tf.Tensor2D) => tf.Tensor2D;
 
+/** a [M, K] · b [K, N] + c [M, N], differentiable in all three: c is the product's epilogue where
+ *  the backend's profile says so (fusedAddend), an add after it elsewhere (c + a·b, the order the
+ *  model's LoRA terms always had). */
+export function mmAdd(a: tf.Tensor2D, b: tf.Tensor2D, c: tf.Tensor2D): tf.Tensor2D {
+  if (!backendProfile().fusedAddend) return tf.add(c, mm(a, b));
+  const f = tf.customGrad(((aa: tf.Tensor2D, bb: tf.Tensor2D, cc: tf.Tensor2D, save: tf.GradSaveFunc) => {
+    save([aa, bb]);
+    return {
+      value: tf.fused.matMul({ a: aa, b: bb, bias: cc }),
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => {
+        const [sa, sb] = saved as tf.Tensor2D[];
+        return [matMulBT(dy, sb), matMulAT(sa, dy), tf.clone(dy)];
+      },
+    };
+  }) as unknown as CustomGradFn);
+  return f(a, b, c) as tf.Tensor2D;
+}
+
 /** x [M, K] · wᵀ for a frozen, large w held [N, K] (torch's layout, kept so a 2 GB f32 model is not
  *  transposed at load). Its gradient, dy · w, is a plain product. */
 export function mmFrozenLeft(x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D {
@@ -66,12 +84,35 @@ export function mmFrozenLeft(x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D {
 }
 
 /** x [M, K] · w [K, N] with w frozen (no gradient computed for it; `w` is re-fetched for the backward
- *  pass, so a dequantized weight need not stay alive). */
-export function mmFrozen(x: tf.Tensor2D, w: () => tf.Tensor2D, wForward?: tf.Tensor2D): tf.Tensor2D {
-  const f = tf.customGrad(((xx: tf.Tensor2D) => ({
-    value: wForward ? tf.matMul(xx, wForward) : tf.tidy(() => tf.matMul(xx, w())),
-    gradFunc: (dy: tf.Tensor2D) => tf.tidy(() => matMulBT(dy, w())),
-  })) as unknown as CustomGradFn);
+ *  pass, so a dequantized weight need not stay alive). Plus, where given, a frozen bias [N] and an
+ *  addend [M, N] that is differentiated (a residual): with the profile's fusedAddend both are the
+ *  product's epilogue, elsewhere adds after it (product + bias, addend + product). */
+export function mmFrozen(
+  x: tf.Tensor2D,
+  w: () => tf.Tensor2D,
+  wForward?: tf.Tensor2D,
+  extra: { bias?: tf.Tensor1D; addend?: tf.Tensor2D } = {},
+): tf.Tensor2D {
+  const { bias, addend } = extra;
+  if (!backendProfile().fusedAddend && (bias || addend)) {
+    const y = mmFrozen(x, w, wForward);
+    const b: tf.Tensor2D = bias ? tf.add(y, bias) : y;
+    return addend ? tf.add(addend, b) : b;
+  }
+  const product = (xx: tf.Tensor2D, ww: tf.Tensor2D, add?: tf.Tensor2D) => {
+    const epilogue = add && bias ? tf.add(add, bias) : (add ?? bias);
+    return epilogue ? (tf.fused.matMul({ a: xx, b: ww, bias: epilogue }) as tf.Tensor2D) : tf.matMul(xx, ww);
+  };
+  const forward = (xx: tf.Tensor2D, add?: tf.Tensor2D) => (wForward ? product(xx, wForward, add) : tf.tidy(() => product(xx, w(), add)));
+  const backward = (dy: tf.Tensor2D) => tf.tidy(() => matMulBT(dy, w()));
+  if (addend) {
+    const f = tf.customGrad(((xx: tf.Tensor2D, aa: tf.Tensor2D) => ({
+      value: forward(xx, aa),
+      gradFunc: (dy: tf.Tensor2D) => [backward(dy), tf.clone(dy)],
+    })) as unknown as CustomGradFn);
+    return f(x, addend) as tf.Tensor2D;
+  }
+  const f = tf.customGrad(((xx: tf.Tensor2D) => ({ value: forward(xx), gradFunc: backward })) as unknown as CustomGradFn);
   return f(x) as tf.Tensor2D;
 }
 

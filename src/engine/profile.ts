@@ -45,6 +45,10 @@ export interface BackendProfile {
    *  32 rollouts of a 0.5B, ~300-token prompts, in one pass needed ~5 GB beside the unpacked 2 GB
    *  base and stalled the wasm heap's allocator at its 4 GiB limit for good. Every backend. */
   prefillBytes: number;
+  /** Whether a product takes an addend as its epilogue (tfjs' fused matMul bias: the q/k/v bias, the
+   *  residual, a LoRA term's base product) rather than an add after it: on webgpu one dispatch fewer
+   *  each; elsewhere the add, in the order the model always summed (the same bits as before). */
+  fusedAddend: boolean;
   /** Bytes of memory the device has, for `--micro_batch_size auto`: a GPU's as its system reports it
    *  (webgpu.ts: nvidia-smi; WebGPU itself does not tell), 8 GiB where unknown, the host's for a
    *  software adapter; wasm: its 4 GiB heap. */
@@ -64,6 +68,7 @@ const CPU: BackendProfile = {
   trainLayerBytes: 2 ** 30,
   autoCheckpointBytes: AUTO_CHECKPOINT_BYTES,
   prefillBytes: PREFILL_BYTES,
+  fusedAddend: false,
   deviceMemoryBytes: 4 * 2 ** 30,
 };
 
@@ -82,6 +87,7 @@ export function backendProfile(): BackendProfile {
     trainLayerBytes: Infinity,
     autoCheckpointBytes: AUTO_CHECKPOINT_BYTES,
     prefillBytes: PREFILL_BYTES,
+    fusedAddend: true,
     deviceMemoryBytes: limits?.memoryBytes ?? 8 * 2 ** 30,
   };
 }

@@ -7,7 +7,8 @@ import * as tf from "@tensorflow/tfjs";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
-import { mm } from "../engine/matmul.ts";
+import { mm, mmAdd } from "../engine/matmul.ts";
+import { backendProfile } from "../engine/profile.ts";
 import { blockDiagonal } from "../engine/block-diag.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { readSafetensorsAll, writeSafetensors, type HostTensor } from "./safetensors.ts";
@@ -230,10 +231,10 @@ export class LoraAdapter {
     return this.heldTerms(layer, members, pairs, fuse, x, null);
   }
 
-  /** y + fusedDelta (y itself when no member has an adapter). While the factors are held on webgpu,
-   *  the sum is the last product's epilogue (tfjs' fused matMul with y as its bias): one dispatch
-   *  fewer per fused module and decode step, the same bits (the product is the same program, and
-   *  y + d is d + y). */
+  /** y + fusedDelta (y itself when no member has an adapter). Where the backend profile has
+   *  fusedAddend (webgpu), y is the last product's epilogue (tfjs' fused matMul with y as its bias):
+   *  one dispatch fewer per fused module, in decode steps (held factors) and in training (mmAdd, its
+   *  gradient y's too); with dropout each member's own products and an add. */
   addFusedDelta(
     layer: number,
     members: readonly LoraTarget[],
@@ -242,9 +243,17 @@ export class LoraAdapter {
     training: boolean,
     y: tf.Tensor2D,
   ): tf.Tensor2D {
-    if (this.heldNow() && !(training && this.config.dropout > 0) && tf.getBackend() === "webgpu") {
+    const dropout = training && this.config.dropout > 0;
+    if (!dropout && backendProfile().fusedAddend) {
       const pairs = members.map((m) => this.pairs.get(`${layer}.${m}`));
-      return pairs.some((p) => p) ? this.heldTerms(layer, members, pairs, this.fuser(pairs, outDims), x, y) : y;
+      if (!pairs.some((p) => p)) return y;
+      if (this.heldNow()) return this.heldTerms(layer, members, pairs, this.fuser(pairs, outDims), x, y);
+      // y as the second product's epilogue, differentiable (mmAdd): one dispatch fewer per module
+      const f =
+        pairs.length === 1
+          ? { a: pairs[0]!.a as tf.Tensor as tf.Tensor2D, b: pairs[0]!.b as tf.Tensor as tf.Tensor2D }
+          : this.fuser(pairs, outDims)();
+      return mmAdd(tf.mul(mm(x, f.a), this.scaling) as tf.Tensor2D, f.b, y);
     }
     const d = this.fusedDelta(layer, members, outDims, x, training);
     return d ? tf.add(y, d) : y;

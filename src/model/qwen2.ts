@@ -119,10 +119,13 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   /** One fused module: x [N, in] → [N, out] (its members' outputs side by side), with the q/k/v
-   *  bias and its members' LoRA terms as one tensor (lora.ts addFusedDelta). */
-  private proj(layer: number, f: FusedModule, x: tf.Tensor2D, opts: ForwardOptions): tf.Tensor2D {
+   *  bias and its members' LoRA terms as one tensor (lora.ts addFusedDelta), plus `residual` where
+   *  given: where the backend profile has fusedAddend, it is the base product's epilogue (one dispatch
+   *  fewer), elsewhere added last, residual + projection, as the layer always summed. */
+  private proj(layer: number, f: FusedModule, x: tf.Tensor2D, opts: ForwardOptions, residual?: tf.Tensor2D): tf.Tensor2D {
+    if (residual && !backendProfile().fusedAddend) return tf.add(residual, this.proj(layer, f, x, opts));
     const lw = this.weights.layers[layer];
-    let y = f === "qkv_proj" ? lw.proj[f].matmulBias(x, lw.qkvBias) : lw.proj[f].matmul(x);
+    let y = lw.proj[f].matmul(x, { bias: f === "qkv_proj" ? lw.qkvBias : undefined, addend: residual });
     const ad = this.adapter;
     if (ad && opts.adapters !== false && this.merged !== ad)
       y = ad.addFusedDelta(
@@ -314,10 +317,10 @@ export class Qwen2ForCausalLM implements CausalLM {
       if (cache && cache.length && !h.inSlot) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
       att = this.attend(h.qg, kT, v, bias, B, T, ctx.kvBias);
     }
-    x = tf.add(x, this.proj(l, "o_proj", att, opts)) as tf.Tensor2D;
+    x = this.proj(l, "o_proj", att, opts, x);
     const n = this.rmsNorm(x, lw.postNorm);
     const act = swiglu(this.proj(l, "gate_up_proj", n, opts)); // silu(gate)·up, [N, I]
-    x = tf.add(x, this.proj(l, "down_proj", act, opts)) as tf.Tensor2D;
+    x = this.proj(l, "down_proj", act, opts, x);
     return { x, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };
   }
 

@@ -96,9 +96,26 @@ export class BaseWeight {
     return this.f32 ?? this.quant!.dequantize();
   }
 
-  /** x [N, in] → [N, out]. Frozen weights get no gradient; a quantized one is dequantized again in the
-   *  backward pass instead of being kept on the tape. */
-  matmul(x: tf.Tensor2D): tf.Tensor2D {
+  /** x [N, in] → [N, out], plus a frozen bias [out] and an addend [N, out] (a residual, differentiated)
+   *  where given: a frozen matrix held [in, out] takes them as the product's epilogue where the backend
+   *  profile says so (mmFrozen), others add them after it. Frozen weights get no gradient; a
+   *  quantized one is dequantized again in the backward pass instead of being kept on the tape. */
+  matmul(x: tf.Tensor2D, extra: { bias?: tf.Tensor1D; addend?: tf.Tensor2D } = {}): tf.Tensor2D {
+    const f32 = this.f32,
+      u = this.unpacked,
+      q = this.quant;
+    if (!this.isVariable && !this.parts && !this.left) {
+      if (f32) return mmFrozen(x, () => f32, f32, extra);
+      if (u && !u.left) return mmFrozen(x, () => u.w, u.w, extra);
+      if (!u && q) return mmFrozen(x, () => q.dequantize(), undefined, extra);
+    }
+    const y = this.product(x);
+    const b: tf.Tensor2D = extra.bias ? tf.add(y, extra.bias) : y;
+    return extra.addend ? tf.add(extra.addend, b) : b;
+  }
+
+  /** x · W for the weights mmFrozen does not take: trained, split in parts, or held [out, in]. */
+  private product(x: tf.Tensor2D): tf.Tensor2D {
     if (this.isVariable) return mm(x, this.f32!);
     if (this.parts) {
       const parts = this.parts;
@@ -112,23 +129,8 @@ export class BaseWeight {
       return f(x) as tf.Tensor2D;
     }
     if (this.left) return mmFrozenLeft(x, this.left);
-    const f32 = this.f32;
-    if (f32) return mmFrozen(x, () => f32, f32);
-    const u = this.unpacked;
-    if (u) return u.left ? mmFrozenLeft(x, u.w) : mmFrozen(x, () => u.w, u.w);
-    const q = this.quant!;
-    return mmFrozen(x, () => q.dequantize());
-  }
-
-  /** x · W + bias [out]. On webgpu with no gradient tape recording, for a matrix held whole [in, out]
-   *  (f32 or unpacked), the bias is the product's epilogue (tfjs' fused matMul): one dispatch fewer
-   *  per layer and decode step, the same bits (the same product program, then the same float32 add). */
-  matmulBias(x: tf.Tensor2D, bias: tf.Tensor1D): tf.Tensor2D {
-    const w =
-      tf.getBackend() === "webgpu" && tf.engine().state.gradientDepth === 0 && !this.isVariable && !this.parts && !this.left
-        ? (this.f32 ?? (this.unpacked && !this.unpacked.left ? this.unpacked.w : null))
-        : null;
-    return w ? (tf.fused.matMul({ a: x, b: w, bias }) as tf.Tensor2D) : tf.add(this.matmul(x), bias);
+    const u = this.unpacked!;
+    return mmFrozenLeft(x, u.w); // held [out, in]
   }
 
   /** Columns as rows: [ids.length, in] (embedding lookup on a transposed embedding matrix). A frozen
