@@ -49,6 +49,11 @@ export interface BackendProfile {
    *  residual, a LoRA term's base product) rather than an add after it: on webgpu one dispatch fewer
    *  each; elsewhere the add, in the order the model always summed (the same bits as before). */
   fusedAddend: boolean;
+  /** Whether each kernel launch costs host time that dominates small kernels (a GPU: ~300 µs of
+   *  encoding a dispatch), so model code takes a path of fewer kernels where the CPU backends keep
+   *  one whose bits they have always given (tokenLogprobs' spans by gathers, not a slice and a pad
+   *  per row: the gradients of a shared prefix's rows are summed in another order). */
+  dispatchBound: boolean;
   /** Bytes of memory the device has, for `--micro_batch_size auto`: a GPU's as its system reports it
    *  (webgpu.ts: nvidia-smi; WebGPU itself does not tell), 8 GiB where unknown, the host's for a
    *  software adapter; wasm: its 4 GiB heap. */
@@ -69,6 +74,7 @@ const CPU: BackendProfile = {
   autoCheckpointBytes: AUTO_CHECKPOINT_BYTES,
   prefillBytes: PREFILL_BYTES,
   fusedAddend: false,
+  dispatchBound: false,
   deviceMemoryBytes: 4 * 2 ** 30,
 };
 
@@ -88,6 +94,7 @@ export function backendProfile(): BackendProfile {
     autoCheckpointBytes: AUTO_CHECKPOINT_BYTES,
     prefillBytes: PREFILL_BYTES,
     fusedAddend: true,
+    dispatchBound: true,
     deviceMemoryBytes: limits?.memoryBytes ?? 8 * 2 ** 30,
   };
 }

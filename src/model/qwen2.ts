@@ -357,7 +357,7 @@ export class Qwen2ForCausalLM implements CausalLM {
       T = inputIds[0].length,
       H = this.config.hiddenSize;
     const spans = logprobSpans(opts.logprobMask, B, T);
-    const res = tf.tidy(() => {
+    const res: { lp: tf.Tensor2D; ent?: tf.Tensor2D } = tf.tidy(() => {
       if (spans.every(([lo, hi]) => hi <= lo)) return { lp: tf.zeros([B, T]) as tf.Tensor2D, ent: tf.zeros([B, T]) as tf.Tensor2D };
       const P = this.sharedPrefix(inputIds, mask, opts);
       const { hidden } = this.run(inputIds, mask, opts, null, P); // [B·T, H], or [P + B·(T − P), H]
@@ -371,10 +371,27 @@ export class Qwen2ForCausalLM implements CausalLM {
               [t0, Math.min(t1, P) - t0], // in the shared prefix
               [P + b * (T - P) + Math.max(t0, P) - P, t1 - Math.max(t0, P)], // in the row's own part
             ] as [number, number][]);
+      const targets = spans.flatMap(([lo, hi], b) => inputIds[b].slice(lo, hi));
+      if (backendProfile().dispatchBound) {
+        // The spans' hidden rows by one gather, and the head's rows back to [B, T] by another from
+        // them and a zero row (outside a span, or where logprobMask is 0): a few dispatches whatever
+        // the rows, where a slice and a pad per row are ~10 each.
+        const rows = spans.flatMap(([lo, hi], b) =>
+          hi > lo ? runsOf(b, lo - 1, hi - 1).flatMap(([r, n]) => Array.from({ length: Math.max(0, n) }, (_, i) => r + i)) : [],
+        );
+        const both = headLogprobs(this.head, tf.gather(hidden, tf.tensor1d(rows, "int32")), targets, this.config.vocabSize);
+        let k = 0;
+        const at = new Int32Array(B * T).fill(targets.length); // the zero row
+        spans.forEach(([lo, hi], b) => {
+          for (let t = lo; t < hi; t++, k++) if (!opts.logprobMask || opts.logprobMask[b][t]) at[b * T + t] = k;
+        });
+        const placed = tf.gather(tf.concat([both, tf.zeros([1, 2])], 0), tf.tensor1d(at, "int32")); // [B·T, 2]
+        const column = (col: number) => tf.reshape(tf.slice(placed, [0, col], [B * T, 1]), [B, T]) as tf.Tensor2D;
+        return { lp: column(0), ent: opts.withEntropy ? column(1) : undefined };
+      }
       const pieces = spans.flatMap(([lo, hi], b) =>
         hi > lo ? runsOf(b, lo - 1, hi - 1).flatMap(([r, n]) => (n > 0 ? [tf.slice(hidden, [r, 0], [n, H])] : [])) : [],
       );
-      const targets = spans.flatMap(([lo, hi], b) => inputIds[b].slice(lo, hi));
       const both = headLogprobs(
         this.head,
         pieces.length === 1 ? pieces[0] : (tf.concat(pieces, 0) as tf.Tensor2D),
@@ -396,7 +413,7 @@ export class Qwen2ForCausalLM implements CausalLM {
       return { lp: rowsOf(0), ent: rowsOf(1) };
     });
     if (opts.withEntropy) return { logprobs: res.lp, entropy: res.ent };
-    res.ent.dispose();
+    res.ent?.dispose();
     return { logprobs: res.lp };
   }
 
