@@ -1,5 +1,5 @@
 /** Each report page as a PNG, drawn by headless Chromium (Debian: apt-get install chromium):
- *    npx tsx scripts/screenshot-reports.ts outputs/tiny/sft outputs/tiny/grpo outputs/tiny/eval --out_dir docs
+ *    npx tsx scripts/screenshot-reports.ts outputs/tiny/sft outputs/tiny/grpo outputs/tiny/eval --out_dir docs/images
  *  A run folder means its report.html; `page.html#id` starts the picture at that part of the page
  *  (e.g. report.html#rollouts). The PNG is named after the folder (sft.png, grpo.png, ...). */
 import * as path from "node:path";

@@ -227,7 +227,7 @@ registerWorkload({
   },
 });
 
-/** The decode workload's shape per config: small as the README's table; 0.5b at a GRPO step's batch
+/** The decode workload's shape per config: small as docs/engine.md's table; 0.5b at a GRPO step's batch
  *  and prompt length (4 × 8 rollouts after ~220 tokens), with fewer new tokens so a run takes minutes. */
 const DECODE_SHAPES: Record<string, { batch: number; promptLen: number; newTokens: number }> = {
   small: { batch: 8, promptLen: 128, newTokens: 64 },

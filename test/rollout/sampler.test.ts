@@ -204,7 +204,7 @@ describe("the host sampler's draws for a seed are every earlier version's", () =
   it("same logits and seed: the token ids main's sampler (before device sampling) gave, in every mode", async () => {
     // Expected ids computed with main's src/rollout/sampler.ts at 75e13f8 (the id-order walk, unchanged
     // since b1dafa2; before device sampling) on these
-    // logits: 3 steps of 4 rows from Rng(17). They pin the published seeded runs (README results) on
+    // logits: 3 steps of 4 rows from Rng(17). They pin the published seeded runs (docs/performance.md) on
     // wasm/cpu; the rank walk (the device path's) gives other ids in the first three modes.
     const B = 4,
       V = 50;

@@ -6,7 +6,7 @@
  *  `run_meta.json` written by the harness first, trained outputs whose tokenizer files link to the
  *  base — and each answer must have the status and the shape the real one had: every field the real
  *  server returns, with the same JSON type. Where this server differs on purpose, the table below
- *  names the difference and the reason (the README's table says the same). Evaluations use 4 questions. */
+ *  names the difference and the reason (docs/grading-server.md's table says the same). Evaluations use 4 questions. */
 import { initBackend } from "../../src/engine/backend.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as http from "node:http";
@@ -29,7 +29,7 @@ interface Exchange {
   response: { status: number; json: any };
 }
 
-/** Where ours answers otherwise than the real server, and why (kept in step with the README). */
+/** Where ours answers otherwise than the real server, and why (kept in step with docs/grading-server.md). */
 const DIFFERS: Record<string, { status?: number; nullable?: string[]; loose?: string[]; why: string }> = {
   "set_baseline with a numeric string: float(score)": {
     loose: ["baseline_score"],
