@@ -13,6 +13,8 @@
  *  - at most WS_MAX whitespace characters between tokens of JSON, none around the whole value;
  *  - tokens that are not whole characters (a partial UTF-8 sequence) or are control tokens
  *    (`<|...|>`) are never taken inside a constrained value; the stop tokens only once it is complete.
+ *  - strings never hold the chat format's markers (<tool_call>, <|im_end|>, ...): they would end a
+ *    tool call early; a string without maxLength stops at GrammarLimits.maxString characters.
  *  Every path of the grammar can be completed, so a mask is never empty.
  *  Leaves out: anyOf / oneOf / allOf, $ref, pattern, format, multipleOf, tuples (prefixItems),
  *  uniqueItems, type lists: `compileSchema` refuses them by name (a 400), never ignores them. */
@@ -21,7 +23,7 @@ import { badField } from "./errors.ts";
 /** A value the recognizer reads. `lit`: one of some exact texts (enum, const, true/false/null);
  *  `branch`: one of some texts, each followed by its own node; `seq`: nodes one after another. */
 export type Node =
-  | { kind: "any" }
+  | { kind: "any"; maxString: number }
   | { kind: "object"; props: { key: string; node: Node; required: boolean }[] | null; values: Node }
   | { kind: "array"; items: Node; min: number; max: number }
   | { kind: "string"; min: number; max: number }
@@ -32,7 +34,6 @@ export type Node =
 
 const WS_MAX = 1;
 const NUMBER_MAX_CHARS = 32;
-const ANY: Node = { kind: "any" };
 
 const ANNOTATIONS = new Set([
   "title",
@@ -58,9 +59,15 @@ const SUPPORTED: Record<string, string[]> = {
 
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
 
+export interface GrammarLimits {
+  /** The longest string a schema without maxLength gets (a weak model may never close one). */
+  maxString: number;
+}
+
 /** A JSON schema → its grammar. `param` names the request field in the 400 a schema gets when it uses
  *  a keyword this recognizer cannot enforce (the keyword and where it is are in the message). */
-export function compileSchema(schema: unknown, param: string, at = ""): Node {
+export function compileSchema(schema: unknown, param: string, limits: GrammarLimits, at = ""): Node {
+  const ANY: Node = { kind: "any", maxString: limits.maxString };
   const refuse = (what: string) => badField(param, `${what}${at ? ` (at ${at})` : ""}`);
   if (schema === true) return ANY;
   if (!isObj(schema)) throw refuse(`expected a JSON schema object, got ${JSON.stringify(schema)}`);
@@ -88,7 +95,7 @@ export function compileSchema(schema: unknown, param: string, at = ""): Node {
     case undefined:
       return ANY;
     case "string":
-      return { kind: "string", min: int("minLength", 0), max: int("maxLength", Infinity) };
+      return { kind: "string", min: int("minLength", 0), max: int("maxLength", limits.maxString) };
     case "boolean":
       return { kind: "lit", options: ["true", "false"] };
     case "null":
@@ -97,15 +104,15 @@ export function compileSchema(schema: unknown, param: string, at = ""): Node {
     case "integer":
       return numberNode(schema, type === "integer", refuse);
     case "array": {
-      const node = { kind: "array" as const, items: ANY, min: int("minItems", 0), max: int("maxItems", Infinity) };
-      if (schema.items !== undefined) node.items = compileSchema(schema.items, param, `${at}/items`);
+      const node: Extract<Node, { kind: "array" }> = { kind: "array", items: ANY, min: int("minItems", 0), max: int("maxItems", Infinity) };
+      if (schema.items !== undefined) node.items = compileSchema(schema.items, param, limits, `${at}/items`);
       if (node.min > node.max) throw refuse(`minItems ${node.min} > maxItems ${node.max}`);
       return node;
     }
     default: {
       const extra = schema.additionalProperties;
       const values =
-        extra === undefined || extra === true || extra === false ? ANY : compileSchema(extra, param, `${at}/additionalProperties`);
+        extra === undefined || extra === true || extra === false ? ANY : compileSchema(extra, param, limits, `${at}/additionalProperties`);
       const required = schema.required ?? [];
       if (!Array.isArray(required) || required.some((r) => typeof r !== "string")) throw refuse(`"required" must be a list of names`);
       if (schema.properties === undefined && required.length > 0)
@@ -115,7 +122,7 @@ export function compileSchema(schema: unknown, param: string, at = ""): Node {
       if (!isObj(schema.properties)) throw refuse(`"properties" must be an object`);
       const props = Object.entries(schema.properties).map(([key, s]) => ({
         key,
-        node: compileSchema(s, param, `${at}/properties/${key}`),
+        node: compileSchema(s, param, limits, `${at}/properties/${key}`),
         required: required.includes(key),
       }));
       const missing = required.find((r) => !props.some((p) => p.key === r));
@@ -178,7 +185,7 @@ type Frame =
       up: State;
     }
   | { t: "arr"; node: Extract<Node, { kind: "array" }>; phase: "open" | "value" | "after" | "comma"; count: number; ws: number; up: State }
-  | { t: "str"; node: { min: number; max: number }; len: number; esc: number; up: State }
+  | { t: "str"; node: { min: number; max: number }; len: number; esc: number; tail: string; up: State }
   | { t: "num"; node: Extract<Node, { kind: "number" }>; text: string; up: State }
   | { t: "lit"; options: string[]; text: string; up: State }
   | { t: "seq"; node: Extract<Node, { kind: "seq" }>; i: number; up: State }
@@ -195,16 +202,19 @@ export function initialState(node: Node): State {
 }
 
 const isWs = (ch: string) => ch === " " || ch === "\n";
-const ANY_STRING = { min: 0, max: Infinity };
 const GENERIC_START = ["true", "false", "null"];
+const KEY_STRING = { min: 0, max: 64 };
+/** The chat format's markers: a string holding one would end a tool call early or fake a turn. */
+const RESERVED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"];
+const TAIL = Math.max(...RESERVED.map((m) => m.length)) - 1;
 
 /** Start a value of `node` with its first character. */
 function begin(node: Node, ch: string, up: State): Next {
   switch (node.kind) {
     case "any":
-      if (ch === "{") return { t: "obj", node: { kind: "object", props: null, values: ANY }, phase: "open", next: 0, cur: -1, ws: 0, up };
-      if (ch === "[") return { t: "arr", node: { kind: "array", items: ANY, min: 0, max: Infinity }, phase: "open", count: 0, ws: 0, up };
-      if (ch === '"') return { t: "str", node: ANY_STRING, len: 0, esc: 0, up };
+      if (ch === "{") return { t: "obj", node: { kind: "object", props: null, values: node }, phase: "open", next: 0, cur: -1, ws: 0, up };
+      if (ch === "[") return { t: "arr", node: { kind: "array", items: node, min: 0, max: Infinity }, phase: "open", count: 0, ws: 0, up };
+      if (ch === '"') return { t: "str", node: { min: 0, max: node.maxString }, len: 0, esc: 0, tail: "", up };
       if (ch === "-" || (ch >= "0" && ch <= "9"))
         return numStep(
           { t: "num", node: { kind: "number", integer: false, lo: -Infinity, hi: Infinity, loOpen: false, hiOpen: false }, text: "", up },
@@ -216,7 +226,7 @@ function begin(node: Node, ch: string, up: State): Next {
     case "array":
       return ch === "[" ? { t: "arr", node, phase: "open", count: 0, ws: 0, up } : undefined;
     case "string":
-      return ch === '"' ? { t: "str", node, len: 0, esc: 0, up } : undefined;
+      return ch === '"' ? { t: "str", node, len: 0, esc: 0, tail: "", up } : undefined;
     case "number":
       return ch === "-" || (ch >= "0" && ch <= "9") ? numStep({ t: "num", node, text: "", up }, ch) : undefined;
     case "lit":
@@ -267,7 +277,7 @@ function objStep(f: Extract<Frame, { t: "obj" }>, ch: string): Next {
   const startKey = () => {
     if (ch !== '"') return undefined;
     const key = { ...f, phase: "key" as const };
-    if (f.node.props === null) return { t: "str" as const, node: ANY_STRING, len: 0, esc: 0, up: key };
+    if (f.node.props === null) return { t: "str" as const, node: KEY_STRING, len: 0, esc: 0, tail: "", up: key };
     const options = keyOptions(f);
     return options.length > 0 ? litStep({ t: "lit", options, text: "", up: key }, ch) : undefined;
   };
@@ -308,7 +318,10 @@ function strStep(f: Extract<Frame, { t: "str" }>, ch: string): Next {
   }
   if (ch === '"') return f.len >= f.node.min ? finish(f.up) : undefined;
   if (ch < " " || f.len >= f.node.max) return undefined;
-  return ch === "\\" ? { ...f, esc: 1 } : { ...f, len: f.len + 1 };
+  if (ch === "\\") return { ...f, esc: 1 };
+  const tail = f.tail + ch;
+  if (ch === ">" && RESERVED.some((m) => tail.endsWith(m))) return undefined;
+  return { ...f, len: f.len + 1, tail: tail.slice(-TAIL) };
 }
 
 const NUMBER_PREFIX = /^-?(?:0|[1-9]\d*)?(?:(?<=\d)\.\d*)?(?:(?<=\d)[eE][+-]?\d*)?$/;

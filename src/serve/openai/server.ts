@@ -1,7 +1,9 @@
 /** An OpenAI-compatible HTTP server over one checkpoint (scripts/serve-openai.ts), on node:http:
  *    GET  /v1/models, GET /health
  *    POST /v1/chat/completions   messages + tools through the model's chat template; tool_calls back;
- *                                stream (SSE), n, temperature, top_p, max_tokens, stop, seed, logprobs
+ *                                stream (SSE), n, temperature, top_p, max_tokens, stop, seed, logprobs;
+ *                                response_format json_object / json_schema and tool_choice "required" /
+ *                                a named function, enforced by a token mask (json-grammar.ts)
  *    POST /v1/completions        text or token-id prompts; tokens as ids (return_tokens_as_token_ids)
  *    POST /v1/load_lora_adapter {lora_name, lora_path}, /v1/unload_lora_adapter {lora_name} (vLLM's)
  *  "model" names the served model or a loaded adapter. Every error is OpenAI's
@@ -26,6 +28,8 @@ export interface OpenAiServerOptions {
   apiKey?: string;
   toolsInPrompt: boolean;
   maxBodyBytes?: number;
+  /** Constrained decoding: the longest string a JSON schema without maxLength gets. */
+  maxJsonString: number;
   log?: (line: string) => void;
 }
 
@@ -74,6 +78,7 @@ function sendJson(res: http.ServerResponse, status: number, body: unknown, heade
 export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions): Promise<RunningOpenAiServer> {
   const tok: Tokenizer = batcher.tokenizer;
   const cap = o.maxBodyBytes ?? MAX_BODY_BYTES;
+  const limits = { maxString: o.maxJsonString > 0 ? o.maxJsonString : Infinity };
   const created = Math.floor(Date.now() / 1000);
   let seq = 0;
   const newId = (prefix: string) => `${prefix}-${Date.now().toString(36)}${(seq++).toString(36)}`;
@@ -110,7 +115,7 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
   const isStop = (t: GenToken, s: Sampling) => batcher.stopIds.has(t.id) || s.params.stopTokenIds.includes(t.id);
 
   async function chat(body: Body, res: http.ServerResponse, signal: AbortSignal): Promise<void> {
-    const r = chatRequestOf(body);
+    const r = chatRequestOf(body, limits);
     const adapter = adapterFor(r.model);
     let ids: number[];
     try {
@@ -134,7 +139,7 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
           }
         : null;
     if (!s.stream) {
-      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, signal });
+      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, grammar: r.grammar, signal });
       return sendJson(res, 200, {
         ...head,
         object: "chat.completion",
@@ -175,7 +180,7 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
       if (delta !== "" || lp) chunk([{ index: i, delta: { content: delta }, logprobs: lp, finish_reason: null }]);
     };
     try {
-      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, signal, onToken });
+      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, grammar: r.grammar, signal, onToken });
       choices.forEach((c, i) => {
         const { message, finishReason } = assistantMessage(c.text, r.tools.length > 0, c.finishReason);
         const content = message.content ?? "";

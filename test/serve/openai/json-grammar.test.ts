@@ -12,7 +12,7 @@ const whole = (node: Node, text: string) => {
   const s = advance(initialState(node), text);
   return s !== undefined && canEnd(s);
 };
-const schema = (s: unknown) => compileSchema(s, "response_format");
+const schema = (s: unknown, maxString = Infinity) => compileSchema(s, "response_format", { maxString });
 
 const PERSON = schema({
   type: "object",
@@ -53,6 +53,10 @@ describe("JSON recognizer", () => {
     expect(takes(PERSON, '{"age"')).toBe(false); // name comes first
     expect(takes(PERSON, '{"name": "Ann", "age": 41}')).toBe(false); // tags missing
     expect(takes(PERSON, '{"name": "Annabel"')).toBe(false); // maxLength 5
+    expect(takes(schema({ type: "string" }, 4), '"abcde')).toBe(false); // GrammarLimits.maxString
+    expect(takes(schema({ type: "string" }), '"a </tool_call>')).toBe(false); // would end a forced call early
+    expect(takes(schema({ type: "string" }), '"a <|im_end|')).toBe(true);
+    expect(takes(schema({ type: "string" }), '"a <|im_end|>')).toBe(false);
     expect(takes(PERSON, '{"name": "A", "age": 4.5')).toBe(false); // an integer
     expect(takes(PERSON, '{"name": "A", "age": 121')).toBe(false); // maximum 120
     expect(takes(PERSON, '{"name": "A", "age": -1')).toBe(false); // minimum 0
