@@ -16,6 +16,7 @@ import type { Tokenizer } from "../../model/types.ts";
 import { assistantMessage, chatLogprobs, chatPromptIds, sendableLength, tokenName, TOOL_OPEN } from "./chat.ts";
 import type { Batcher, GenChoice, GenToken } from "./batcher.ts";
 import { ApiError, badField } from "./errors.ts";
+import { vocabOf } from "./token-mask.ts";
 import { chatRequestOf, completionRequestOf, type Sampling } from "./protocol.ts";
 
 export const MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -91,11 +92,23 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
     throw new ApiError(404, `the model "${model}" does not exist; served: ${known.join(", ")}`, "model", "model_not_found");
   };
 
-  const checkLength = (promptLen: number, s: Sampling) => {
+  const vocab = vocabOf(tok, batcher.model.config.vocabSize); // built once: the token mask and the bound below use it
+  const checkLength = (promptLen: number, s: Sampling, param: "messages" | "prompt") => {
     const ctx = batcher.contextLength;
-    if (promptLen >= ctx) throw badField("messages", `the prompt is ${promptLen} tokens; the model holds ${ctx} positions`);
+    if (promptLen >= ctx) throw badField(param, `the prompt is ${promptLen} tokens; the model holds ${ctx} positions`);
     if (s.maxTokens !== undefined && promptLen + s.maxTokens > ctx)
       throw badField("max_tokens", `${s.maxTokens} new tokens after a ${promptLen}-token prompt pass the model's ${ctx} positions`);
+  };
+
+  // A text too long for the context whatever its tokens (each covers at most vocab.longest characters)
+  // is refused before it is tokenized: tokenizing megabytes holds the event loop for seconds.
+  const checkChars = (chars: number, param: "messages" | "prompt") => {
+    const atLeast = Math.ceil(chars / vocab.longest);
+    if (atLeast >= batcher.contextLength)
+      throw badField(
+        param,
+        `the prompt is ${chars} characters, at least ${atLeast} tokens; the model holds ${batcher.contextLength} positions`,
+      );
   };
 
   // One request decodes in one batch: prompts × n may not pass --max_batch_rows.
@@ -117,13 +130,17 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
   async function chat(body: Body, res: http.ServerResponse, signal: AbortSignal): Promise<void> {
     const r = chatRequestOf(body, limits);
     const adapter = adapterFor(r.model);
+    checkChars(
+      r.messages.reduce((a, m) => a + m.content.length, 0),
+      "messages",
+    );
     let ids: number[];
     try {
       ids = chatPromptIds(tok, r.messages, r.tools, o.toolsInPrompt);
     } catch (err) {
       throw badField("messages", `the chat template cannot render them: ${(err as Error).message.split("\n")[0]}`);
     }
-    checkLength(ids.length, r.sampling);
+    checkLength(ids.length, r.sampling, "messages");
     checkRows(1, r.sampling);
     const s = r.sampling;
     const id = newId("chatcmpl");
@@ -208,8 +225,9 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
   async function complete(body: Body, res: http.ServerResponse, signal: AbortSignal): Promise<void> {
     const r = completionRequestOf(body, batcher.model.config.vocabSize);
     const adapter = adapterFor(r.model);
+    for (const p of r.prompts) if (p.text !== undefined) checkChars(p.text.length, "prompt");
     const prompts = r.prompts.map((p) => p.ids ?? tok.encode(p.text!));
-    for (const p of prompts) checkLength(p.length, r.sampling);
+    for (const p of prompts) checkLength(p.length, r.sampling, "prompt");
     checkRows(prompts.length, r.sampling);
     const s = r.sampling;
     const choices = await batcher.generate({ adapter, prompts, n: s.n, params: s.params, signal });
@@ -315,7 +333,8 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
       const e = err instanceof ApiError ? err : new ApiError(500, (err as Error).message.split("\n")[0]);
       if (e.status >= 500) o.log?.(`error: ${e.message}`);
       // A refused body is left unread: close the connection after answering.
-      sendJson(res, e.status, e.body(), e.status === 413 ? { Connection: "close" } : {});
+      const headers: Record<string, string> = e.status === 413 ? { Connection: "close" } : e.status === 429 ? { "Retry-After": "1" } : {};
+      sendJson(res, e.status, e.body(), headers);
       if (e.status === 413) req.resume();
     }
   });

@@ -12,6 +12,7 @@ export interface Vocab {
   ids: Int32Array; // ids[i]: the token whose text is texts[i]
   textOf: (string | null)[]; // by id; null: never allowed inside a value
   size: number;
+  longest: number; // characters of the longest token text (special tokens included)
 }
 
 const vocabs = new WeakMap<Tokenizer, Vocab>();
@@ -22,14 +23,16 @@ export function vocabOf(tok: Tokenizer, size: number): Vocab {
   if (have) return have;
   const textOf: (string | null)[] = [];
   const entries: [string, number][] = [];
+  let longest = 1;
   for (let id = 0; id < size; id++) {
     const t = id < tok.vocabSize ? tok.decode([id]) : "";
+    longest = Math.max(longest, t.length);
     const ok = t !== "" && !t.includes("\uFFFD") && !/^<\|.*\|>$/.test(t);
     textOf.push(ok ? t : null);
     if (ok) entries.push([t, id]);
   }
   entries.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
-  const v = { texts: entries.map((e) => e[0]), ids: Int32Array.from(entries.map((e) => e[1])), textOf, size };
+  const v = { texts: entries.map((e) => e[0]), ids: Int32Array.from(entries.map((e) => e[1])), textOf, size, longest };
   vocabs.set(tok, v);
   return v;
 }
