@@ -4,6 +4,7 @@
  *                                stream (SSE), n, temperature, top_p, max_tokens, stop, seed, logprobs;
  *                                response_format json_object / json_schema and tool_choice "required" /
  *                                a named function, enforced by a token mask (json-grammar.ts)
+ *    POST /v1/responses          the Responses API subset vLLM serves (responses.ts)
  *    POST /v1/completions        text or token-id prompts; tokens as ids (return_tokens_as_token_ids)
  *    POST /v1/load_lora_adapter {lora_name, lora_path}, /v1/unload_lora_adapter {lora_name} (vLLM's)
  *  "model" names the served model or a loaded adapter. Every error is OpenAI's
@@ -13,10 +14,11 @@ import { timingSafeEqual } from "node:crypto";
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 import type { Tokenizer } from "../../model/types.ts";
-import { assistantMessage, chatLogprobs, chatPromptIds, sendableLength, tokenName, TOOL_OPEN } from "./chat.ts";
+import { assistantMessage, chatLogprobs, chatPromptIds, ContentDeltas, tokenName } from "./chat.ts";
 import type { Batcher, GenChoice, GenToken } from "./batcher.ts";
 import { ApiError, badField } from "./errors.ts";
 import { vocabOf } from "./token-mask.ts";
+import { responses } from "./responses.ts";
 import { chatRequestOf, completionRequestOf, type Sampling } from "./protocol.ts";
 
 export const MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -93,16 +95,16 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
   };
 
   const vocab = vocabOf(tok, batcher.model.config.vocabSize); // built once: the token mask and the bound below use it
-  const checkLength = (promptLen: number, s: Sampling, param: "messages" | "prompt") => {
+  const checkLength = (promptLen: number, s: Sampling, param: string, maxParam = "max_tokens") => {
     const ctx = batcher.contextLength;
     if (promptLen >= ctx) throw badField(param, `the prompt is ${promptLen} tokens; the model holds ${ctx} positions`);
     if (s.maxTokens !== undefined && promptLen + s.maxTokens > ctx)
-      throw badField("max_tokens", `${s.maxTokens} new tokens after a ${promptLen}-token prompt pass the model's ${ctx} positions`);
+      throw badField(maxParam, `${s.maxTokens} new tokens after a ${promptLen}-token prompt pass the model's ${ctx} positions`);
   };
 
   // A text too long for the context whatever its tokens (each covers at most vocab.longest characters)
   // is refused before it is tokenized: tokenizing megabytes holds the event loop for seconds.
-  const checkChars = (chars: number, param: "messages" | "prompt") => {
+  const checkChars = (chars: number, param: string) => {
     const atLeast = Math.ceil(chars / vocab.longest);
     if (atLeast >= batcher.contextLength)
       throw badField(
@@ -180,19 +182,10 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
     const open = () => !res.destroyed && !res.writableEnded; // a client that went away gets nothing more
     const event = (x: unknown) => void (open() && res.write(`data: ${JSON.stringify(x)}\n\n`));
     const chunk = (choices: unknown[]) => event({ ...head, object: "chat.completion.chunk", choices });
-    const markers = [...s.params.stop, ...(r.tools.length > 0 ? [TOOL_OPEN] : [])];
-    const state = Array.from({ length: s.n }, () => ({ ids: [] as number[], sent: "" }));
+    const state = Array.from({ length: s.n }, () => new ContentDeltas(tok, r.tools.length > 0, s.params.stop));
     chunk(state.map((_, i) => ({ index: i, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null })));
     const onToken = (i: number, t: GenToken) => {
-      const st = state[i];
-      if (!isStop(t, s)) st.ids.push(t.id);
-      // With tools, content is the text outside tool calls, trimmed: whitespace waits for what follows it.
-      const raw = tok.decode(st.ids, { skipSpecialTokens: true });
-      const text = r.tools.length > 0 ? raw.trimStart() : raw;
-      const safe = sendableLength(text, markers);
-      const n = r.tools.length > 0 ? text.slice(0, safe).trimEnd().length : safe;
-      const delta = n > st.sent.length && text.startsWith(st.sent) ? text.slice(st.sent.length, n) : "";
-      st.sent += delta;
+      const delta = isStop(t, s) ? "" : state[i].push(t.id);
       const lp = r.logprobs && !isStop(t, s) ? { content: chatLogprobs(tok, [t], s.tokenIds) } : null;
       if (delta !== "" || lp) chunk([{ index: i, delta: { content: delta }, logprobs: lp, finish_reason: null }]);
     };
@@ -200,8 +193,7 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
       const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, grammar: r.grammar, signal, onToken });
       choices.forEach((c, i) => {
         const { message, finishReason } = assistantMessage(c.text, r.tools.length > 0, c.finishReason);
-        const content = message.content ?? "";
-        const rest = content.startsWith(state[i].sent) ? content.slice(state[i].sent.length) : "";
+        const rest = state[i].rest(message.content ?? "");
         if (rest !== "") chunk([{ index: i, delta: { content: rest }, logprobs: null, finish_reason: null }]);
         if (message.tool_calls)
           chunk([
@@ -289,6 +281,15 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
     },
     "/v1/chat/completions": { POST: chat },
     "/v1/completions": { POST: complete },
+    "/v1/responses": {
+      POST: (body, res, signal) =>
+        responses(
+          { batcher, limits, toolsInPrompt: o.toolsInPrompt, adapterFor, checkChars, checkLength, newId, sendJson },
+          body,
+          res,
+          signal,
+        ),
+    },
     "/v1/load_lora_adapter": {
       POST: async (b, res) => {
         const name = str(b, "lora_name");
