@@ -8,7 +8,8 @@
  *  streamed, the Responses event sequence (response.created, response.in_progress, the output items'
  *  added / delta / done events, response.completed or response.incomplete), each with its
  *  sequence_number. Errors are OpenAI's shape, as on the other routes.
- *  Leaves out: stored responses (store, previous_response_id, item_reference: nothing is kept),
+ *  The last outputs' items are kept (ItemStore) so a next turn may name them by item_reference.
+ *  Leaves out: stored responses (previous_response_id, retrieving a response),
  *  background mode, built-in tools (web search, file search, ...), images and files in input. */
 import type * as http from "node:http";
 import type { ChatMessage, ChatToolCall, ToolSchema } from "../../model/types.ts";
@@ -60,7 +61,7 @@ function textOf(v: unknown, param: string): string {
 const ROLES: Record<string, ChatMessage["role"]> = { system: "system", developer: "system", user: "user", assistant: "assistant" };
 
 /** `input` (+ `instructions`) → chat messages. function_call items join the assistant turn before them. */
-function messagesOf(b: Body): ChatMessage[] {
+function messagesOf(b: Body, items: ItemStore): ChatMessage[] {
   const out: ChatMessage[] = [];
   if (b.instructions !== undefined && b.instructions !== null) {
     if (typeof b.instructions !== "string") throw badField("instructions", `expected a string, got ${kind(b.instructions)}`);
@@ -69,9 +70,10 @@ function messagesOf(b: Body): ChatMessage[] {
   if (typeof b.input === "string") return [...out, { role: "user", content: b.input }];
   if (!Array.isArray(b.input) || b.input.length === 0)
     throw badField("input", `expected a string or a non-empty list of input items, got ${kind(b.input)}`);
-  b.input.forEach((item, i) => {
+  b.input.forEach((given, i) => {
     const p = `input[${i}]`;
-    if (!isObj(item)) throw badField(p, `expected an object, got ${kind(item)}`);
+    if (!isObj(given)) throw badField(p, `expected an object, got ${kind(given)}`);
+    const item = given.type === "item_reference" ? items.get(given.id, `${p}.id`) : given;
     const type = item.type ?? "message";
     if (type === "message") {
       const role = ROLES[item.role as string];
@@ -121,7 +123,7 @@ function toolsOf(v: unknown): ToolSchema[] {
   });
 }
 
-export function responsesRequestOf(b: Body, limits: GrammarLimits): ResponsesRequest {
+export function responsesRequestOf(b: Body, limits: GrammarLimits, items = new ItemStore()): ResponsesRequest {
   const model = modelOf(b);
   for (const k of ["previous_response_id", "conversation", "prompt"])
     if (b[k] !== undefined && b[k] !== null) throw badField(k, "is not supported: this server stores no responses or prompts");
@@ -129,7 +131,7 @@ export function responsesRequestOf(b: Body, limits: GrammarLimits): ResponsesReq
   const max = b.max_output_tokens;
   if (max !== undefined && max !== null && !(Number.isInteger(max) && (max as number) >= 1))
     throw badField("max_output_tokens", `expected a positive integer, got ${JSON.stringify(max)}`);
-  const messages = messagesOf(b);
+  const messages = messagesOf(b, items);
   let tools = toolsOf(b.tools);
   const choice = b.tool_choice ?? "auto";
   const named = isObj(choice) && choice.type === "function" && typeof choice.name === "string";
@@ -170,8 +172,33 @@ export function responsesRequestOf(b: Body, limits: GrammarLimits): ResponsesReq
   };
 }
 
-export async function responses(ctx: ResponsesContext, body: Body, res: http.ServerResponse, signal: AbortSignal): Promise<void> {
-  const r = responsesRequestOf(body, ctx.limits);
+/** The output items of recent responses by id, for the `item_reference` inputs clients send on the
+ *  next turn (the Vercel AI SDK does by default). Bounded: the oldest go first. Nothing else is kept. */
+export class ItemStore {
+  private readonly items = new Map<string, Body>();
+  constructor(readonly capacity = 4096) {}
+
+  put(item: Body): void {
+    this.items.set(item.id as string, item);
+    if (this.items.size > this.capacity) this.items.delete(this.items.keys().next().value!);
+  }
+
+  get(id: unknown, param: string): Body {
+    const item = typeof id === "string" ? this.items.get(id) : undefined;
+    if (!item)
+      throw badField(param, `no output item ${JSON.stringify(id)} (this server keeps the items of its last ${this.capacity} outputs only)`);
+    return item;
+  }
+}
+
+export async function responses(
+  ctx: ResponsesContext,
+  items: ItemStore,
+  body: Body,
+  res: http.ServerResponse,
+  signal: AbortSignal,
+): Promise<void> {
+  const r = responsesRequestOf(body, ctx.limits, items);
   const adapter = ctx.adapterFor(r.model);
   const tok = ctx.batcher.tokenizer;
   ctx.checkChars(
@@ -242,6 +269,7 @@ export async function responses(ctx: ResponsesContext, body: Body, res: http.Ser
   if (!s.stream) {
     const [c] = await ctx.batcher.generate(gen);
     conclude(c.text, c.finishReason, c.tokens.length);
+    response.output.forEach((o) => items.put(o));
     return ctx.sendJson(res, 200, response);
   }
 
@@ -285,12 +313,14 @@ export async function responses(ctx: ResponsesContext, body: Body, res: http.Ser
       say(deltas.rest(text));
       open(); // an empty reply still gets its item
       message.id = msgId;
+      items.put(message);
       event("response.output_text.done", { ...at, text, logprobs: [] });
       event("response.content_part.done", { ...at, part: part(text) });
       event("response.output_item.done", { output_index: 0, item: message });
     }
     response.output.forEach((item, k) => {
       if (item.type !== "function_call") return;
+      items.put(item);
       event("response.output_item.added", { output_index: k, item: { ...item, arguments: "", status: "in_progress" } });
       event("response.function_call_arguments.delta", { item_id: item.id, output_index: k, delta: item.arguments });
       event("response.function_call_arguments.done", { item_id: item.id, output_index: k, name: item.name, arguments: item.arguments });

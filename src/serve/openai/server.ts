@@ -18,7 +18,7 @@ import { assistantMessage, chatLogprobs, chatPromptIds, ContentDeltas, tokenName
 import type { Batcher, GenChoice, GenToken } from "./batcher.ts";
 import { ApiError, badField } from "./errors.ts";
 import { vocabOf } from "./token-mask.ts";
-import { responses } from "./responses.ts";
+import { ItemStore, responses } from "./responses.ts";
 import { chatRequestOf, completionRequestOf, type Sampling } from "./protocol.ts";
 
 export const MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -81,6 +81,7 @@ function sendJson(res: http.ServerResponse, status: number, body: unknown, heade
 export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions): Promise<RunningOpenAiServer> {
   const tok: Tokenizer = batcher.tokenizer;
   const cap = o.maxBodyBytes ?? MAX_BODY_BYTES;
+  const items = new ItemStore(); // /v1/responses output items, for item_reference
   const limits = { maxString: o.maxJsonString > 0 ? o.maxJsonString : Infinity };
   const created = Math.floor(Date.now() / 1000);
   let seq = 0;
@@ -285,6 +286,7 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
       POST: (body, res, signal) =>
         responses(
           { batcher, limits, toolsInPrompt: o.toolsInPrompt, adapterFor, checkChars, checkLength, newId, sendJson },
+          items,
           body,
           res,
           signal,

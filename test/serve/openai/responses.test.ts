@@ -171,6 +171,10 @@ describe("POST /v1/responses", () => {
       status: 400,
       param: "previous_response_id",
     });
+    await expect(client.responses.create({ model: "tiny", input: [{ type: "item_reference", id: "msg-none" }] })).rejects.toMatchObject({
+      status: 400,
+      param: "input[0].id",
+    });
     await expect(client.responses.create({ model: "tiny", input: "hi", tools: [{ type: "web_search" }] })).rejects.toMatchObject({
       status: 400,
       param: "tools[0].type",
