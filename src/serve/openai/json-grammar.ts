@@ -1,6 +1,6 @@
-/** Constrained decoding for the OpenAI server: a JSON schema compiled to a grammar, an incremental
- *  character-level recognizer over it, and per decode step the set of vocabulary tokens whose text
- *  keeps the recognizer on a path that can still complete (the token mask).
+/** Constrained decoding for the OpenAI server: the grammar a JSON schema compiles to (json-schema.ts)
+ *  and an incremental character-level recognizer over it; token-mask.ts turns it into the set of
+ *  vocabulary tokens that keep the recognizer on a path that can still complete.
  *
  *  The recognizer's state is a persistent stack of frames (each step builds a new top frame and
  *  shares the rest), so one state can be tried against every token without copying. The mask walks
@@ -16,12 +16,11 @@
  *  - strings never hold the chat format's markers (<tool_call>, <|im_end|>, ...): they would end a
  *    tool call early; a string without maxLength stops at GrammarLimits.maxString characters.
  *  Every path of the grammar can be completed, so a mask is never empty.
- *  Leaves out: anyOf / oneOf / allOf, $ref, pattern, format, multipleOf, tuples (prefixItems),
- *  uniqueItems, type lists: `compileSchema` refuses them by name (a 400), never ignores them. */
-import { badField } from "./errors.ts";
-
+ *  Leaves out: alternatives that start alike (a union is told apart by its first character), pattern,
+ *  format, multipleOf, tuples, uniqueItems: json-schema.ts refuses them by name (a 400). */
 /** A value the recognizer reads. `lit`: one of some exact texts (enum, const, true/false/null);
- *  `branch`: one of some texts, each followed by its own node; `seq`: nodes one after another. */
+ *  `branch`: one of some texts, each followed by its own node; `seq`: nodes one after another;
+ *  `union`: one of some nodes, no two of which start with the same character. */
 export type Node =
   | { kind: "any"; maxString: number }
   | { kind: "object"; props: { key: string; node: Node; required: boolean }[] | null; values: Node }
@@ -30,130 +29,11 @@ export type Node =
   | { kind: "number"; integer: boolean; lo: number; hi: number; loOpen: boolean; hiOpen: boolean }
   | { kind: "lit"; options: string[] }
   | { kind: "branch"; options: { text: string; then: Node }[] }
-  | { kind: "seq"; parts: Node[] };
+  | { kind: "seq"; parts: Node[] }
+  | { kind: "union"; options: Node[] };
 
 const WS_MAX = 1;
 const NUMBER_MAX_CHARS = 32;
-
-const ANNOTATIONS = new Set([
-  "title",
-  "description",
-  "default",
-  "examples",
-  "$schema",
-  "$id",
-  "$comment",
-  "deprecated",
-  "readOnly",
-  "writeOnly",
-]);
-const SUPPORTED: Record<string, string[]> = {
-  object: ["properties", "required", "additionalProperties"],
-  array: ["items", "minItems", "maxItems"],
-  string: ["minLength", "maxLength"],
-  number: ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"],
-  integer: ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"],
-  boolean: [],
-  null: [],
-};
-
-const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
-
-export interface GrammarLimits {
-  /** The longest string a schema without maxLength gets (a weak model may never close one). */
-  maxString: number;
-}
-
-/** A JSON schema → its grammar. `param` names the request field in the 400 a schema gets when it uses
- *  a keyword this recognizer cannot enforce (the keyword and where it is are in the message). */
-export function compileSchema(schema: unknown, param: string, limits: GrammarLimits, at = ""): Node {
-  const ANY: Node = { kind: "any", maxString: limits.maxString };
-  const refuse = (what: string) => badField(param, `${what}${at ? ` (at ${at})` : ""}`);
-  if (schema === true) return ANY;
-  if (!isObj(schema)) throw refuse(`expected a JSON schema object, got ${JSON.stringify(schema)}`);
-  if ("enum" in schema || "const" in schema) {
-    const values = "const" in schema ? [schema.const] : schema.enum;
-    if (!Array.isArray(values) || values.length === 0) throw refuse(`"enum" must be a non-empty list`);
-    return { kind: "lit", options: values.map((v) => JSON.stringify(v)) };
-  }
-  let type = schema.type;
-  if (type === undefined)
-    type = "properties" in schema || "additionalProperties" in schema ? "object" : "items" in schema ? "array" : undefined;
-  const allowed = type === undefined ? [] : SUPPORTED[type as string];
-  if (type !== undefined && allowed === undefined)
-    throw refuse(`the keyword "type" with ${JSON.stringify(type)} is not supported; one type of ${Object.keys(SUPPORTED).join(", ")}`);
-  for (const k of Object.keys(schema))
-    if (k !== "type" && !ANNOTATIONS.has(k) && !allowed.includes(k))
-      throw refuse(`the keyword "${k}" is not supported by constrained decoding here${type ? ` for type ${type}` : ""}`);
-  const int = (k: string, def: number) => {
-    const v = schema[k];
-    if (v === undefined) return def;
-    if (!Number.isInteger(v) || (v as number) < 0) throw refuse(`"${k}" must be a non-negative integer`);
-    return v as number;
-  };
-  switch (type) {
-    case undefined:
-      return ANY;
-    case "string":
-      return { kind: "string", min: int("minLength", 0), max: int("maxLength", limits.maxString) };
-    case "boolean":
-      return { kind: "lit", options: ["true", "false"] };
-    case "null":
-      return { kind: "lit", options: ["null"] };
-    case "number":
-    case "integer":
-      return numberNode(schema, type === "integer", refuse);
-    case "array": {
-      const node: Extract<Node, { kind: "array" }> = { kind: "array", items: ANY, min: int("minItems", 0), max: int("maxItems", Infinity) };
-      if (schema.items !== undefined) node.items = compileSchema(schema.items, param, limits, `${at}/items`);
-      if (node.min > node.max) throw refuse(`minItems ${node.min} > maxItems ${node.max}`);
-      return node;
-    }
-    default: {
-      const extra = schema.additionalProperties;
-      const values =
-        extra === undefined || extra === true || extra === false ? ANY : compileSchema(extra, param, limits, `${at}/additionalProperties`);
-      const required = schema.required ?? [];
-      if (!Array.isArray(required) || required.some((r) => typeof r !== "string")) throw refuse(`"required" must be a list of names`);
-      if (schema.properties === undefined && required.length > 0)
-        throw refuse(`"required" names "${required[0]}", which is not in "properties"`);
-      if (schema.properties === undefined)
-        return extra === false ? { kind: "lit", options: ["{}"] } : { kind: "object", props: null, values };
-      if (!isObj(schema.properties)) throw refuse(`"properties" must be an object`);
-      const props = Object.entries(schema.properties).map(([key, s]) => ({
-        key,
-        node: compileSchema(s, param, limits, `${at}/properties/${key}`),
-        required: required.includes(key),
-      }));
-      const missing = required.find((r) => !props.some((p) => p.key === r));
-      if (missing !== undefined) throw refuse(`"required" names "${missing}", which is not in "properties"`);
-      return { kind: "object", props, values };
-    }
-  }
-}
-
-function numberNode(s: Record<string, unknown>, integer: boolean, refuse: (m: string) => Error): Node {
-  const bound = (k: string) => {
-    const v = s[k];
-    if (v !== undefined && (typeof v !== "number" || !Number.isFinite(v))) throw refuse(`"${k}" must be a number`);
-    return v as number | undefined;
-  };
-  const [min, max, xmin, xmax] = [bound("minimum"), bound("maximum"), bound("exclusiveMinimum"), bound("exclusiveMaximum")];
-  let lo = min ?? -Infinity;
-  let hi = max ?? Infinity;
-  let loOpen = false;
-  let hiOpen = false;
-  if (xmin !== undefined && xmin >= lo) [lo, loOpen] = [xmin, true];
-  if (xmax !== undefined && xmax <= hi) [hi, hiOpen] = [xmax, true];
-  if (integer) {
-    // Integers: the bounds as the nearest integers inside them.
-    lo = loOpen ? Math.floor(lo) + 1 : Math.ceil(lo);
-    hi = hiOpen ? Math.ceil(hi) - 1 : Math.floor(hi);
-    loOpen = hiOpen = false;
-  }
-  if (lo > hi || (lo === hi && (loOpen || hiOpen))) throw refuse(`no ${integer ? "integer" : "number"} lies within the bounds`);
-  return { kind: "number", integer, lo, hi, loOpen, hiOpen };
-}
 
 /** A tool call in Qwen2.5's (Hermes) format, forced: `<tool_call>\n{"name": "<name>", "arguments": `,
  *  the arguments by their schema, then `}\n</tool_call>` — for one of `tools` (name → parameters grammar). */
@@ -165,6 +45,32 @@ export function toolCallNode(tools: { name: string; parameters: Node }[]): Node 
       then: { kind: "seq", parts: [t.parameters, { kind: "lit", options: ["}\n</tool_call>"] }] },
     })),
   };
+}
+
+const NUMBER_START = "-0123456789";
+
+/** The characters a value of `node` can start with. */
+export function firstChars(node: Node): Set<string> {
+  switch (node.kind) {
+    case "any":
+      return new Set(`{["tfn${NUMBER_START}`);
+    case "object":
+      return new Set("{");
+    case "array":
+      return new Set("[");
+    case "string":
+      return new Set('"');
+    case "number":
+      return new Set(NUMBER_START);
+    case "lit":
+      return new Set(node.options.map((o) => o[0]));
+    case "branch":
+      return new Set(node.options.map((o) => o.text[0]));
+    case "seq":
+      return firstChars(node.parts[0]);
+    case "union":
+      return new Set(node.options.flatMap((o) => [...firstChars(o)]));
+  }
 }
 
 // ---- the recognizer --------------------------------------------------------------------------
@@ -235,6 +141,12 @@ function begin(node: Node, ch: string, up: State): Next {
       return litStep({ t: "lit", options: node.options.map((o) => o.text), text: "", up: { t: "branch", node, up } }, ch);
     case "seq":
       return begin(node.parts[0], ch, { t: "seq", node, i: 0, up });
+    case "union":
+      for (const o of node.options) {
+        const next = begin(o, ch, up);
+        if (next !== undefined) return next; // the only one: options start with different characters
+      }
+      return undefined;
   }
 }
 

@@ -6,7 +6,8 @@
 import type { ChatMessage, ChatToolCall, ToolSchema } from "../../model/types.ts";
 import type { GenParams } from "./batcher.ts";
 import { badField } from "./errors.ts";
-import { compileSchema, toolCallNode, type GrammarLimits, type Node } from "./json-grammar.ts";
+import { toolCallNode, type Node } from "./json-grammar.ts";
+import { compileSchema, type GrammarLimits } from "./json-schema.ts";
 
 type Body = Record<string, unknown>;
 

@@ -16,7 +16,8 @@ import type { ChatMessage, ChatToolCall, ToolSchema } from "../../model/types.ts
 import type { Batcher } from "./batcher.ts";
 import { assistantMessage, chatPromptIds, ContentDeltas } from "./chat.ts";
 import { badField } from "./errors.ts";
-import type { GrammarLimits, Node } from "./json-grammar.ts";
+import type { Node } from "./json-grammar.ts";
+import type { GrammarLimits } from "./json-schema.ts";
 import { forcedToolGrammar, formatGrammar, modelOf, samplingOf, type Sampling } from "./protocol.ts";
 
 type Body = Record<string, unknown>;

@@ -20,6 +20,7 @@ const Answer = z.object({
   note: z.string(),
   steps: z.array(z.object({ op: z.string(), value: z.number() })).max(2),
   sure: z.boolean(),
+  comment: z.string().nullable(), // anyOf [string, null]
 });
 
 let server: ServingOpenAi;

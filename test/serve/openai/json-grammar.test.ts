@@ -3,7 +3,8 @@
  *  through the token mask that always end in JSON valid against the schema. */
 import { describe, expect, it } from "vitest";
 import type { Tokenizer } from "../../../src/model/types.ts";
-import { advance, canEnd, compileSchema, initialState, toolCallNode, type Node } from "../../../src/serve/openai/json-grammar.ts";
+import { advance, canEnd, initialState, toolCallNode, type Node } from "../../../src/serve/openai/json-grammar.ts";
+import { compileSchema } from "../../../src/serve/openai/json-schema.ts";
 import { takeToken, tokenMask, vocabOf } from "../../../src/serve/openai/token-mask.ts";
 import { Rng } from "../../../src/util/rng.ts";
 
@@ -24,6 +25,7 @@ const PERSON = schema({
     tags: { type: "array", items: { type: "string" }, minItems: 1, maxItems: 2 },
     address: { type: "object", properties: { city: { type: "string" }, zip: { type: "integer" } }, required: ["city"] },
     active: { type: "boolean" },
+    nick: { anyOf: [{ type: "string", maxLength: 3 }, { type: "null" }] },
   },
   required: ["name", "age", "tags"],
   additionalProperties: false,
@@ -102,12 +104,43 @@ describe("JSON recognizer", () => {
       param: "response_format",
       message: expect.stringContaining('"pattern"'),
     });
-    expect(refused({ type: "object", properties: { x: { anyOf: [{ type: "string" }] } } }).message).toMatch(/"anyOf".*\/properties\/x/);
+    expect(refused({ type: "object", properties: { x: { anyOf: [{ type: "integer" }, { type: "number" }] } } }).message).toMatch(
+      /"anyOf".*start with the same character.*\/properties\/x/,
+    );
+    expect(refused({ allOf: [{ type: "string" }, { maxLength: 3 }] }).message).toContain('"allOf"');
+    expect(refused({ $defs: { n: { type: "object", properties: { next: { $ref: "#/$defs/n" } } } }, $ref: "#/$defs/n" }).message).toContain(
+      "recursive",
+    );
+    expect(refused({ $ref: "https://example.com/s.json" }).message).toContain('"$ref"');
+    expect(refused({ type: ["string", "null"], pattern: "a" }).message).toContain('"pattern"');
     expect(refused({ oneOf: [] }).message).toContain('"oneOf"');
     expect(refused({ $ref: "#/$defs/a" }).message).toContain('"$ref"');
     expect(refused({ type: "string", format: "email" }).message).toContain('"format"');
-    expect(refused({ type: ["string", "null"] }).message).toContain('"type"');
+    expect(refused({ type: "date" }).message).toContain('"type"');
     expect(refused({ type: "object", required: ["x"] }).message).toContain('"x"');
+  });
+
+  it("takes unions the first character tells apart, and local $refs", () => {
+    const nullable = schema({ anyOf: [{ type: "string", maxLength: 3 }, { type: "null" }] });
+    expect(whole(nullable, '"abc"')).toBe(true);
+    expect(whole(nullable, "null")).toBe(true);
+    expect(takes(nullable, '"abcd')).toBe(false);
+    expect(takes(nullable, "1")).toBe(false);
+    const list = schema({ type: ["integer", "null"], minimum: 0 });
+    expect(whole(list, "5")).toBe(true);
+    expect(whole(list, "null")).toBe(true);
+    expect(takes(list, "-")).toBe(false);
+    // Pydantic's shape: nested models under $defs, fields by $ref.
+    const pydantic = schema({
+      $defs: { Pet: { type: "object", properties: { kind: { enum: ["cat", "dog"] } }, required: ["kind"], title: "Pet" } },
+      properties: { pet: { $ref: "#/$defs/Pet" }, friend: { anyOf: [{ $ref: "#/$defs/Pet" }, { type: "null" }], default: null } },
+      required: ["pet"],
+      title: "Owner",
+      type: "object",
+    });
+    expect(whole(pydantic, '{"pet": {"kind": "cat"}, "friend": null}')).toBe(true);
+    expect(whole(pydantic, '{"pet": {"kind": "dog"}, "friend": {"kind": "cat"}}')).toBe(true);
+    expect(takes(pydantic, '{"pet": {"kind": "cow')).toBe(false);
   });
 
   it("forces a tool call: the template's prefix, one of the names, arguments by their schema, the close", () => {
@@ -204,6 +237,7 @@ describe("token mask", () => {
       if ("role" in v) expect(["admin", "user"]).toContain(v.role);
       if ("address" in v) expect(typeof v.address.city).toBe("string");
       if ("active" in v) expect(typeof v.active).toBe("boolean");
+      if ("nick" in v) expect(v.nick === null || (typeof v.nick === "string" && v.nick.length <= 3)).toBe(true);
     }
     expect(stopped).toBeGreaterThan(40);
   });
