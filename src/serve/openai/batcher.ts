@@ -163,8 +163,8 @@ export class Batcher {
     this.model.dispose(); // with the adapter it was started with
   }
 
-  /** Queue a request; resolves with its choices (prompt-major, n per prompt). */
-  generate(req: GenRequest): Promise<GenChoice[]> {
+  /** A 429 if the queue is full (a stream asks before it answers 200). */
+  checkRoom(): void {
     if (this.queue.length >= this.o.maxQueue)
       throw new ApiError(
         429,
@@ -173,6 +173,11 @@ export class Batcher {
         "rate_limit_exceeded",
         "rate_limit_error",
       );
+  }
+
+  /** Queue a request; resolves with its choices (prompt-major, n per prompt). */
+  generate(req: GenRequest): Promise<GenChoice[]> {
+    this.checkRoom();
     return new Promise((resolve, reject) => {
       this.queue.push({ req, resolve, reject });
       if (!this.busy) void this.pump();

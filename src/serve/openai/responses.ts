@@ -274,6 +274,7 @@ export async function responses(
     return ctx.sendJson(res, 200, response);
   }
 
+  ctx.batcher.checkRoom(); // a full queue is a 429, not an error inside a 200 stream
   res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", Connection: "keep-alive" });
   let seq = 0;
   const event = (type: string, x: Body) => {

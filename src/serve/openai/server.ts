@@ -179,6 +179,7 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
     }
     // Streaming: a role chunk per choice, content deltas as text becomes safe to send, then tool calls
     // (parsed once the turn is whole), a finish chunk per choice, the usage chunk when asked, [DONE].
+    batcher.checkRoom(); // a full queue is a 429, not an error inside a 200 stream
     res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", Connection: "keep-alive" });
     const open = () => !res.destroyed && !res.writableEnded; // a client that went away gets nothing more
     const event = (x: unknown) => void (open() && res.write(`data: ${JSON.stringify(x)}\n\n`));

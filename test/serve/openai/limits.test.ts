@@ -7,7 +7,7 @@ import { postJson, serveTiny } from "./serve-tiny.ts";
 
 let server: ServingOpenAi;
 beforeAll(async () => {
-  server = await serveTiny({ max_queue: 1, batch_wait_ms: 300 });
+  server = await serveTiny({ max_queue: 1, batch_wait_ms: 600 });
 });
 afterAll(async () => {
   await server?.close();
@@ -62,6 +62,14 @@ describe("request limits", () => {
     expect(second.status).toBe(429);
     expect(Number(second.headers.get("retry-after"))).toBeGreaterThan(0);
     expect((await errorOf(second)).code).toBe("rate_limit_exceeded");
+    for (const [route, streamed] of [
+      ["chat/completions", { model: "tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 2, stream: true }],
+      ["responses", { model: "tiny", input: "hi", max_output_tokens: 2, stream: true }],
+    ] as const) {
+      const r = await postJson(server, route, streamed); // refused before the stream starts
+      expect(r.status).toBe(429);
+      expect(r.headers.get("retry-after")).toBe("1");
+    }
     expect((await first).status).toBe(200);
   });
 });
