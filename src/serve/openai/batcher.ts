@@ -10,6 +10,8 @@
  *  The decoding itself (left-padded prefill, one token per row per step, finished rows leaving the
  *  cache) is rollout/decode-batch.ts, the loop local rollouts run; what stays here is the server's
  *  own: the queue, adapters, and each row's sampling settings, log-probs and stop conditions.
+ *  A request with a grammar has its rows masked to the tokens the grammar allows (token-mask.ts)
+ *  before they are drawn, and each row ends once its value is complete.
  *  Leaves out: continuous batching (joining a running batch), prefix caching, penalties. */
 import { LoraAdapter } from "../../model/lora.ts";
 import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
@@ -18,6 +20,8 @@ import { DecodeBatch } from "../../rollout/decode-batch.ts";
 import { sampleRow, Scratch, topIndices, uniformFor } from "../../rollout/sample-row.ts";
 import { Rng } from "../../util/rng.ts";
 import { ApiError } from "./errors.ts";
+import { initialState, type Node, type State } from "./json-grammar.ts";
+import { takeToken, tokenMask, vocabOf, type Vocab } from "./token-mask.ts";
 
 export interface GenParams {
   temperature: number; // 0 = greedy
@@ -48,6 +52,8 @@ export interface GenRequest {
   prompts: number[][];
   n: number;
   params: GenParams;
+  /** What every row must write (response_format, a forced tool call): a token mask each step. */
+  grammar?: Node;
   /** Each token as it is taken (streaming): choice index = promptIndex·n + sample. */
   onToken?: (choice: number, token: GenToken) => void;
   signal?: AbortSignal;
@@ -74,6 +80,7 @@ interface Row {
   text: string;
   done: boolean;
   finish: "stop" | "length";
+  grammar?: State; // the recognizer after what the row wrote; absent: unconstrained
 }
 
 interface Held {
@@ -156,8 +163,8 @@ export class Batcher {
     this.model.dispose(); // with the adapter it was started with
   }
 
-  /** Queue a request; resolves with its choices (prompt-major, n per prompt). */
-  generate(req: GenRequest): Promise<GenChoice[]> {
+  /** A 429 if the queue is full (a stream asks before it answers 200). */
+  checkRoom(): void {
     if (this.queue.length >= this.o.maxQueue)
       throw new ApiError(
         429,
@@ -166,6 +173,11 @@ export class Batcher {
         "rate_limit_exceeded",
         "rate_limit_error",
       );
+  }
+
+  /** Queue a request; resolves with its choices (prompt-major, n per prompt). */
+  generate(req: GenRequest): Promise<GenChoice[]> {
+    this.checkRoom();
     return new Promise((resolve, reject) => {
       this.queue.push({ req, resolve, reject });
       if (!this.busy) void this.pump();
@@ -226,7 +238,17 @@ export class Batcher {
       const rng = new Rng(p.req.params.seed ?? Math.floor(Math.random() * 2 ** 32));
       p.req.prompts.forEach((prompt, i) => {
         for (let k = 0; k < p.req.n; k++)
-          rows.push({ p, choice: i * p.req.n + k, prompt, rng, tokens: [], text: "", done: false, finish: "length" });
+          rows.push({
+            p,
+            choice: i * p.req.n + k,
+            prompt,
+            rng,
+            tokens: [],
+            text: "",
+            done: false,
+            finish: "length",
+            ...(p.req.grammar ? { grammar: initialState(p.req.grammar) } : {}),
+          });
       });
     }
     this.stats.batches++;
@@ -259,6 +281,7 @@ export class Batcher {
     const V = this.model.config.vocabSize;
     const pad = this.tokenizer.padTokenId;
     const scratch = new Scratch(V);
+    const masked = { vocab: null as Vocab | null, allowed: new Uint8Array(V), logits: new Float32Array(V) };
     const batch = new DecodeBatch(
       this.model,
       rows.map((r) => r.prompt),
@@ -272,7 +295,16 @@ export class Batcher {
           const row = rows[r];
           if (!row.done && row.p.req.signal?.aborted) row.done = true;
           if (row.done) return void feed.push(pad);
-          const tok = this.sample(row, data.subarray(pos * V, (pos + 1) * V), scratch);
+          let logits = data.subarray(pos * V, (pos + 1) * V);
+          if (row.grammar !== undefined) {
+            masked.vocab ??= vocabOf(this.tokenizer, V);
+            const allowed = tokenMask(row.grammar, masked.vocab, [...this.stopIds, ...row.p.req.params.stopTokenIds], masked.allowed);
+            // Every path of the grammar can be completed, so this is a bug, not the model: end the row.
+            if (allowed.indexOf(1) === -1) return void (feed.push(pad), Object.assign(row, { done: true, text: this.text(row) }));
+            for (let j = 0; j < V; j++) masked.logits[j] = allowed[j] ? logits[j] : -Infinity;
+            logits = masked.logits;
+          }
+          const tok = this.sample(row, logits, scratch);
           feed.push(tok.id);
           this.take1(row, tok);
         });
@@ -290,7 +322,12 @@ export class Batcher {
     const draw = sampleRow(logits, params, uniformFor(params, row.rng), scratch);
     const { max, logZ } = logSoftmaxStats(logits);
     const lp = (j: number) => logits[j] - max - logZ;
-    const top = prm.topLogprobs > 0 ? topIndices(logits, prm.topLogprobs).map((j) => ({ id: j, logprob: lp(j) })) : [];
+    const top =
+      prm.topLogprobs > 0
+        ? topIndices(logits, prm.topLogprobs)
+            .filter((j) => logits[j] > -Infinity) // masked out by a grammar
+            .map((j) => ({ id: j, logprob: lp(j) }))
+        : [];
     return { id: draw.token, logprob: lp(draw.token), top };
   }
 
@@ -300,6 +337,10 @@ export class Batcher {
     row.tokens.push(tok);
     row.p.req.onToken?.(row.choice, tok);
     const isStop = this.stopIds.has(tok.id) || prm.stopTokenIds.includes(tok.id);
+    if (row.grammar !== undefined && !isStop) {
+      row.grammar = takeToken(row.grammar, vocabOf(this.tokenizer, this.model.config.vocabSize), tok.id);
+      if (row.grammar === null) return void Object.assign(row, { done: true, finish: "stop", text: this.text(row) }); // the value is whole
+    }
     if (prm.stop.length > 0 && !isStop) {
       // Stop strings: the text so far is searched after every token (and cut before the first one).
       const text = this.text(row);

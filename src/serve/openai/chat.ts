@@ -73,6 +73,39 @@ export function sendableLength(text: string, markers: string[]): number {
   return Math.max(0, n);
 }
 
+/** One streamed choice's content: tokens in, the text that is safe to send out as deltas. With
+ *  tools, content is the text outside tool calls, trimmed: whitespace waits for what follows it. */
+export class ContentDeltas {
+  private readonly ids: number[] = [];
+  private sent = "";
+  private readonly markers: string[];
+
+  constructor(
+    private readonly tok: Tokenizer,
+    private readonly withTools: boolean,
+    stop: string[],
+  ) {
+    this.markers = [...stop, ...(withTools ? [TOOL_OPEN] : [])];
+  }
+
+  /** A generated token (not a stop token) → the delta to send now (maybe ""). */
+  push(id: number): string {
+    this.ids.push(id);
+    const raw = this.tok.decode(this.ids, { skipSpecialTokens: true });
+    const text = this.withTools ? raw.trimStart() : raw;
+    const safe = sendableLength(text, this.markers);
+    const n = this.withTools ? text.slice(0, safe).trimEnd().length : safe;
+    const delta = n > this.sent.length && text.startsWith(this.sent) ? text.slice(this.sent.length, n) : "";
+    this.sent += delta;
+    return delta;
+  }
+
+  /** What is left to send once the turn is parsed into its final `content`. */
+  rest(content: string): string {
+    return content.startsWith(this.sent) ? content.slice(this.sent.length) : "";
+  }
+}
+
 /** How a token is named in log-probs: "token_id:N" (vLLM's return_tokens_as_token_ids) or its text. */
 export function tokenName(tokenizer: Tokenizer, id: number, asIds: boolean): string {
   return asIds ? `token_id:${id}` : tokenizer.decode([id]);

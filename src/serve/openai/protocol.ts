@@ -6,6 +6,8 @@
 import type { ChatMessage, ChatToolCall, ToolSchema } from "../../model/types.ts";
 import type { GenParams } from "./batcher.ts";
 import { badField } from "./errors.ts";
+import { toolCallNode, type Node } from "./json-grammar.ts";
+import { compileSchema, type GrammarLimits } from "./json-schema.ts";
 
 type Body = Record<string, unknown>;
 
@@ -102,6 +104,33 @@ export interface ChatRequest {
   tools: ToolSchema[]; // empty: none offered (or tool_choice "none")
   logprobs: boolean;
   sampling: Sampling;
+  grammar?: Node; // what the reply must be: JSON by response_format, or a forced tool call
+}
+
+/** A structured-output format (chat's response_format, the Responses API's text.format) → its grammar;
+ *  undefined for free text. `schemaParam` names where the schema sits, for the 400s. */
+export function formatGrammar(type: unknown, schema: unknown, param: string, schemaParam: string, limits: GrammarLimits): Node | undefined {
+  if (type === "text") return undefined;
+  if (type === "json_object") return compileSchema({ type: "object" }, param, limits);
+  if (type === "json_schema") return compileSchema(schema ?? {}, schemaParam, limits);
+  throw badField(param, `type ${JSON.stringify(type)} is not supported; accepted: "text", "json_object", "json_schema"`);
+}
+
+/** tool_choice "required" or one named function → the grammar of a call to one of those tools. */
+export function forcedToolGrammar(tools: ToolSchema[], choice: "required" | { name: string }, limits: GrammarLimits): Node {
+  if (tools.length === 0) throw badField("tool_choice", "forcing a tool call needs tools");
+  const chosen = choice === "required" ? tools : tools.filter((t) => t.function.name === choice.name);
+  if (chosen.length === 0)
+    throw badField(
+      "tool_choice",
+      `no tool is named "${(choice as { name: string }).name}"; offered: ${tools.map((t) => t.function.name).join(", ")}`,
+    );
+  return toolCallNode(
+    chosen.map((t) => ({
+      name: t.function.name,
+      parameters: compileSchema(t.function.parameters, `tools[${tools.indexOf(t)}].function.parameters`, limits),
+    })),
+  );
 }
 
 function textOf(v: unknown, param: string, allowNull: boolean): string {
@@ -143,7 +172,7 @@ const ROLES = new Map<string, ChatMessage["role"]>([
   ["tool", "tool"],
 ]);
 
-export function chatRequestOf(b: Body): ChatRequest {
+export function chatRequestOf(b: Body, limits: GrammarLimits): ChatRequest {
   const model = modelOf(b);
   if (!Array.isArray(b.messages) || b.messages.length === 0)
     throw badField("messages", `expected a non-empty list of messages, got ${kind(b.messages)}`);
@@ -183,13 +212,28 @@ export function chatRequestOf(b: Body): ChatRequest {
     });
   }
   const choice = b.tool_choice;
-  if (choice !== undefined && choice !== null && choice !== "auto" && choice !== "none")
-    throw badField("tool_choice", `${JSON.stringify(choice)} is not supported; accepted: "auto", "none"`);
+  const named = isObj(choice) && choice.type === "function" && isObj(choice.function) && typeof choice.function.name === "string";
+  if (choice !== undefined && choice !== null && !["auto", "none", "required"].includes(choice as string) && !named)
+    throw badField(
+      "tool_choice",
+      `expected "auto", "none", "required" or {"type": "function", "function": {"name": ...}}, got ${JSON.stringify(choice)}`,
+    );
   if (choice === "none") tools = [];
+  let grammar: Node | undefined;
+  if (choice === "required" || named)
+    grammar = forcedToolGrammar(tools, named ? { name: (choice.function as Body).name as string } : "required", limits);
+  const rf = b.response_format;
+  if (rf !== undefined && rf !== null) {
+    if (!isObj(rf)) throw badField("response_format", `expected an object, got ${kind(rf)}`);
+    const js = isObj(rf.json_schema) ? rf.json_schema : {};
+    const g = formatGrammar(rf.type, js.schema, "response_format", "response_format.json_schema.schema", limits);
+    if (g && grammar) throw badField("response_format", "cannot be combined with a forced tool_choice");
+    grammar ??= g;
+  }
   const logprobs = bool(b, "logprobs", false);
   const top = num(b, "top_logprobs", 0, 0, 20, true);
   if (top > 0 && !logprobs) throw badField("top_logprobs", "needs logprobs: true");
-  return { model, messages, tools, logprobs, sampling: samplingOf(b, top) };
+  return { model, messages, tools, logprobs, sampling: samplingOf(b, top), ...(grammar ? { grammar } : {}) };
 }
 
 export interface CompletionRequest {

@@ -24,6 +24,12 @@ export const SERVE_OPENAI_FLAGS = {
     parseIntArg("max_batch_rows", 1),
     64,
   ),
+  max_json_string: flag(
+    "--max_json_string <chars>",
+    "structured output: the longest string a JSON schema without maxLength gets (0: no limit)",
+    parseIntArg("max_json_string", 0),
+    0,
+  ),
   batch_wait_ms: flag(
     "--batch_wait_ms <ms>",
     "how long an idle batcher waits for more requests before it starts a batch",
@@ -42,7 +48,9 @@ export const serveOpenAiCommand = () =>
   );
 
 export async function parseServeOpenAiArgs(argv: string[]): Promise<ServeOpenAiFlags> {
-  const { o } = parseFlags(serveOpenAiCommand(), SERVE_OPENAI_FLAGS, argv, { tiny: { model_path: TINY_BASE_DIR, tools_in_prompt: false } });
+  const { o } = parseFlags(serveOpenAiCommand(), SERVE_OPENAI_FLAGS, argv, {
+    tiny: { model_path: TINY_BASE_DIR, tools_in_prompt: false, max_json_string: 32 },
+  });
   await checkModelSource(o.model_path, "--model_path", o.adapter);
   return o;
 }
@@ -75,6 +83,7 @@ export async function serveOpenAi(cfg: ServeOpenAiFlags, log: (line: string) => 
       servedModelName: cfg.served_model_name ?? cfg.model_path,
       apiKey: cfg.api_key,
       toolsInPrompt: cfg.tools_in_prompt,
+      maxJsonString: cfg.max_json_string,
       log,
     });
   } catch (err) {

@@ -1,7 +1,10 @@
 /** An OpenAI-compatible HTTP server over one checkpoint (scripts/serve-openai.ts), on node:http:
  *    GET  /v1/models, GET /health
  *    POST /v1/chat/completions   messages + tools through the model's chat template; tool_calls back;
- *                                stream (SSE), n, temperature, top_p, max_tokens, stop, seed, logprobs
+ *                                stream (SSE), n, temperature, top_p, max_tokens, stop, seed, logprobs;
+ *                                response_format json_object / json_schema and tool_choice "required" /
+ *                                a named function, enforced by a token mask (json-grammar.ts)
+ *    POST /v1/responses          the Responses API subset vLLM serves (responses.ts)
  *    POST /v1/completions        text or token-id prompts; tokens as ids (return_tokens_as_token_ids)
  *    POST /v1/load_lora_adapter {lora_name, lora_path}, /v1/unload_lora_adapter {lora_name} (vLLM's)
  *  "model" names the served model or a loaded adapter. Every error is OpenAI's
@@ -11,9 +14,11 @@ import { timingSafeEqual } from "node:crypto";
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 import type { Tokenizer } from "../../model/types.ts";
-import { assistantMessage, chatLogprobs, chatPromptIds, sendableLength, tokenName, TOOL_OPEN } from "./chat.ts";
+import { assistantMessage, chatLogprobs, chatPromptIds, ContentDeltas, tokenName } from "./chat.ts";
 import type { Batcher, GenChoice, GenToken } from "./batcher.ts";
 import { ApiError, badField } from "./errors.ts";
+import { vocabOf } from "./token-mask.ts";
+import { ItemStore, responses } from "./responses.ts";
 import { chatRequestOf, completionRequestOf, type Sampling } from "./protocol.ts";
 
 export const MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -26,6 +31,8 @@ export interface OpenAiServerOptions {
   apiKey?: string;
   toolsInPrompt: boolean;
   maxBodyBytes?: number;
+  /** Constrained decoding: the longest string a JSON schema without maxLength gets. */
+  maxJsonString: number;
   log?: (line: string) => void;
 }
 
@@ -74,6 +81,8 @@ function sendJson(res: http.ServerResponse, status: number, body: unknown, heade
 export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions): Promise<RunningOpenAiServer> {
   const tok: Tokenizer = batcher.tokenizer;
   const cap = o.maxBodyBytes ?? MAX_BODY_BYTES;
+  const items = new ItemStore(); // /v1/responses output items, for item_reference
+  const limits = { maxString: o.maxJsonString > 0 ? o.maxJsonString : Infinity };
   const created = Math.floor(Date.now() / 1000);
   let seq = 0;
   const newId = (prefix: string) => `${prefix}-${Date.now().toString(36)}${(seq++).toString(36)}`;
@@ -86,11 +95,23 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
     throw new ApiError(404, `the model "${model}" does not exist; served: ${known.join(", ")}`, "model", "model_not_found");
   };
 
-  const checkLength = (promptLen: number, s: Sampling) => {
+  const vocab = vocabOf(tok, batcher.model.config.vocabSize); // built once: the token mask and the bound below use it
+  const checkLength = (promptLen: number, s: Sampling, param: string, maxParam = "max_tokens") => {
     const ctx = batcher.contextLength;
-    if (promptLen >= ctx) throw badField("messages", `the prompt is ${promptLen} tokens; the model holds ${ctx} positions`);
+    if (promptLen >= ctx) throw badField(param, `the prompt is ${promptLen} tokens; the model holds ${ctx} positions`);
     if (s.maxTokens !== undefined && promptLen + s.maxTokens > ctx)
-      throw badField("max_tokens", `${s.maxTokens} new tokens after a ${promptLen}-token prompt pass the model's ${ctx} positions`);
+      throw badField(maxParam, `${s.maxTokens} new tokens after a ${promptLen}-token prompt pass the model's ${ctx} positions`);
+  };
+
+  // A text too long for the context whatever its tokens (each covers at most vocab.longest characters)
+  // is refused before it is tokenized: tokenizing megabytes holds the event loop for seconds.
+  const checkChars = (chars: number, param: string) => {
+    const atLeast = Math.ceil(chars / vocab.longest);
+    if (atLeast >= batcher.contextLength)
+      throw badField(
+        param,
+        `the prompt is ${chars} characters, at least ${atLeast} tokens; the model holds ${batcher.contextLength} positions`,
+      );
   };
 
   // One request decodes in one batch: prompts × n may not pass --max_batch_rows.
@@ -110,15 +131,19 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
   const isStop = (t: GenToken, s: Sampling) => batcher.stopIds.has(t.id) || s.params.stopTokenIds.includes(t.id);
 
   async function chat(body: Body, res: http.ServerResponse, signal: AbortSignal): Promise<void> {
-    const r = chatRequestOf(body);
+    const r = chatRequestOf(body, limits);
     const adapter = adapterFor(r.model);
+    checkChars(
+      r.messages.reduce((a, m) => a + m.content.length, 0),
+      "messages",
+    );
     let ids: number[];
     try {
       ids = chatPromptIds(tok, r.messages, r.tools, o.toolsInPrompt);
     } catch (err) {
       throw badField("messages", `the chat template cannot render them: ${(err as Error).message.split("\n")[0]}`);
     }
-    checkLength(ids.length, r.sampling);
+    checkLength(ids.length, r.sampling, "messages");
     checkRows(1, r.sampling);
     const s = r.sampling;
     const id = newId("chatcmpl");
@@ -134,7 +159,7 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
           }
         : null;
     if (!s.stream) {
-      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, signal });
+      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, grammar: r.grammar, signal });
       return sendJson(res, 200, {
         ...head,
         object: "chat.completion",
@@ -154,32 +179,23 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
     }
     // Streaming: a role chunk per choice, content deltas as text becomes safe to send, then tool calls
     // (parsed once the turn is whole), a finish chunk per choice, the usage chunk when asked, [DONE].
+    batcher.checkRoom(); // a full queue is a 429, not an error inside a 200 stream
     res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache", Connection: "keep-alive" });
     const open = () => !res.destroyed && !res.writableEnded; // a client that went away gets nothing more
     const event = (x: unknown) => void (open() && res.write(`data: ${JSON.stringify(x)}\n\n`));
     const chunk = (choices: unknown[]) => event({ ...head, object: "chat.completion.chunk", choices });
-    const markers = [...s.params.stop, ...(r.tools.length > 0 ? [TOOL_OPEN] : [])];
-    const state = Array.from({ length: s.n }, () => ({ ids: [] as number[], sent: "" }));
+    const state = Array.from({ length: s.n }, () => new ContentDeltas(tok, r.tools.length > 0, s.params.stop));
     chunk(state.map((_, i) => ({ index: i, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null })));
     const onToken = (i: number, t: GenToken) => {
-      const st = state[i];
-      if (!isStop(t, s)) st.ids.push(t.id);
-      // With tools, content is the text outside tool calls, trimmed: whitespace waits for what follows it.
-      const raw = tok.decode(st.ids, { skipSpecialTokens: true });
-      const text = r.tools.length > 0 ? raw.trimStart() : raw;
-      const safe = sendableLength(text, markers);
-      const n = r.tools.length > 0 ? text.slice(0, safe).trimEnd().length : safe;
-      const delta = n > st.sent.length && text.startsWith(st.sent) ? text.slice(st.sent.length, n) : "";
-      st.sent += delta;
+      const delta = isStop(t, s) ? "" : state[i].push(t.id);
       const lp = r.logprobs && !isStop(t, s) ? { content: chatLogprobs(tok, [t], s.tokenIds) } : null;
       if (delta !== "" || lp) chunk([{ index: i, delta: { content: delta }, logprobs: lp, finish_reason: null }]);
     };
     try {
-      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, signal, onToken });
+      const choices = await batcher.generate({ adapter, prompts: [ids], n: s.n, params: s.params, grammar: r.grammar, signal, onToken });
       choices.forEach((c, i) => {
         const { message, finishReason } = assistantMessage(c.text, r.tools.length > 0, c.finishReason);
-        const content = message.content ?? "";
-        const rest = content.startsWith(state[i].sent) ? content.slice(state[i].sent.length) : "";
+        const rest = state[i].rest(message.content ?? "");
         if (rest !== "") chunk([{ index: i, delta: { content: rest }, logprobs: null, finish_reason: null }]);
         if (message.tool_calls)
           chunk([
@@ -203,8 +219,9 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
   async function complete(body: Body, res: http.ServerResponse, signal: AbortSignal): Promise<void> {
     const r = completionRequestOf(body, batcher.model.config.vocabSize);
     const adapter = adapterFor(r.model);
+    for (const p of r.prompts) if (p.text !== undefined) checkChars(p.text.length, "prompt");
     const prompts = r.prompts.map((p) => p.ids ?? tok.encode(p.text!));
-    for (const p of prompts) checkLength(p.length, r.sampling);
+    for (const p of prompts) checkLength(p.length, r.sampling, "prompt");
     checkRows(prompts.length, r.sampling);
     const s = r.sampling;
     const choices = await batcher.generate({ adapter, prompts, n: s.n, params: s.params, signal });
@@ -266,6 +283,16 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
     },
     "/v1/chat/completions": { POST: chat },
     "/v1/completions": { POST: complete },
+    "/v1/responses": {
+      POST: (body, res, signal) =>
+        responses(
+          { batcher, limits, toolsInPrompt: o.toolsInPrompt, adapterFor, checkChars, checkLength, newId, sendJson },
+          items,
+          body,
+          res,
+          signal,
+        ),
+    },
     "/v1/load_lora_adapter": {
       POST: async (b, res) => {
         const name = str(b, "lora_name");
@@ -310,7 +337,8 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
       const e = err instanceof ApiError ? err : new ApiError(500, (err as Error).message.split("\n")[0]);
       if (e.status >= 500) o.log?.(`error: ${e.message}`);
       // A refused body is left unread: close the connection after answering.
-      sendJson(res, e.status, e.body(), e.status === 413 ? { Connection: "close" } : {});
+      const headers: Record<string, string> = e.status === 413 ? { Connection: "close" } : e.status === 429 ? { "Retry-After": "1" } : {};
+      sendJson(res, e.status, e.body(), headers);
       if (e.status === 413) req.resume();
     }
   });

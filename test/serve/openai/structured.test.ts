@@ -1,0 +1,210 @@
+/** Structured output on the OpenAI server, through the official `openai` client: response_format
+ *  json_object and json_schema enforced by the token mask (the tiny model's own output does not
+ *  parse; the constrained output does, and fits the schema), tool_choice "required" and a named
+ *  function forcing a call with arguments valid for the tool, an honest finish_reason "length" when
+ *  the budget ends mid-value, 400s naming unsupported schema keywords, and no tensors left behind. */
+import * as tf from "@tensorflow/tfjs";
+import OpenAI from "openai";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { ServingOpenAi } from "../../../src/serve/openai/run.ts";
+import { API_KEY, serveTiny } from "./serve-tiny.ts";
+
+let server: ServingOpenAi;
+let client: OpenAI;
+
+beforeAll(async () => {
+  server = await serveTiny();
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: API_KEY, maxRetries: 0 });
+});
+afterAll(async () => {
+  await server?.close();
+});
+
+const ask = [{ role: "user" as const, content: "Each bag has 15 marbles. How many marbles are in 6 bags? Answer in JSON." }];
+const ORDER = {
+  type: "object",
+  properties: {
+    item: { type: "string", maxLength: 12 },
+    count: { type: "integer", minimum: 1, maximum: 99 },
+    price: { type: "number" },
+    size: { enum: ["small", "large"] },
+    gift: { type: "boolean" },
+    tags: { type: "array", items: { type: "string", maxLength: 6 }, maxItems: 3 },
+    ship: { type: "object", properties: { city: { type: "string", maxLength: 10 } }, required: ["city"], additionalProperties: false },
+  },
+  required: ["item", "count", "size", "ship"],
+  additionalProperties: false,
+};
+
+describe("response_format", () => {
+  it("json_object: the reply parses as a JSON object, where the free reply does not", async () => {
+    const free = await client.chat.completions.create({ model: "tiny", messages: ask, temperature: 0, max_tokens: 60 });
+    expect(() => JSON.parse(free.choices[0].message.content!)).toThrow();
+    const tensors = tf.memory().numTensors;
+    const r = await client.chat.completions.create({
+      model: "tiny",
+      messages: ask,
+      temperature: 0.8,
+      seed: 3,
+      n: 4,
+      max_tokens: 200,
+      response_format: { type: "json_object" },
+    });
+    for (const c of r.choices) {
+      if (c.finish_reason === "length") continue; // a value the budget cut: not JSON, and said so
+      expect(c.finish_reason).toBe("stop");
+      const v = JSON.parse(c.message.content!);
+      expect(typeof v === "object" && v !== null && !Array.isArray(v)).toBe(true);
+    }
+    expect(r.choices.filter((c) => c.finish_reason === "stop").length).toBeGreaterThan(0);
+    expect(tf.memory().numTensors).toBe(tensors);
+  });
+
+  it("json_schema: every reply parses and fits the schema (nesting, enums, integers, required)", async () => {
+    const r = await client.chat.completions.create({
+      model: "tiny",
+      messages: ask,
+      temperature: 1,
+      seed: 7,
+      n: 6,
+      max_tokens: 300,
+      response_format: { type: "json_schema", json_schema: { name: "order", schema: ORDER, strict: true } },
+    });
+    for (const c of r.choices) {
+      expect(c.finish_reason).toBe("stop");
+      const v = JSON.parse(c.message.content!);
+      expect(Object.keys(v)).toEqual(expect.arrayContaining(["item", "count", "size", "ship"]));
+      expect(Object.keys(v).every((k) => k in ORDER.properties)).toBe(true);
+      expect(typeof v.item === "string" && v.item.length <= 12).toBe(true);
+      expect(Number.isInteger(v.count) && v.count >= 1 && v.count <= 99).toBe(true);
+      expect(["small", "large"]).toContain(v.size);
+      expect(typeof v.ship.city).toBe("string");
+      if ("price" in v) expect(typeof v.price).toBe("number");
+      if ("gift" in v) expect(typeof v.gift).toBe("boolean");
+      if ("tags" in v) expect(v.tags.length).toBeLessThanOrEqual(3);
+    }
+  });
+
+  it("says finish_reason length when max_tokens ends the value", async () => {
+    const r = await client.chat.completions.create({
+      model: "tiny",
+      messages: ask,
+      temperature: 0,
+      max_tokens: 3,
+      response_format: { type: "json_schema", json_schema: { name: "order", schema: ORDER } },
+    });
+    expect(r.choices[0].finish_reason).toBe("length");
+    const text = r.choices[0].message.content!;
+    expect(text.startsWith("{")).toBe(true);
+    expect(() => JSON.parse(text)).toThrow();
+  });
+
+  it("refuses a schema keyword it cannot enforce, by name, and keeps serving", async () => {
+    const bad = (schema: object) =>
+      client.chat.completions.create({
+        model: "tiny",
+        messages: ask,
+        response_format: { type: "json_schema", json_schema: { name: "x", schema: schema as Record<string, unknown> } },
+      });
+    await expect(bad({ type: "object", properties: { a: { type: "string", pattern: "^x" } } })).rejects.toMatchObject({
+      status: 400,
+      param: "response_format.json_schema.schema",
+      message: expect.stringContaining('"pattern"'),
+    });
+    await expect(bad({ oneOf: [{ type: "integer" }, { type: "number" }] })).rejects.toMatchObject({
+      message: expect.stringContaining('"oneOf"'),
+    });
+    await expect(
+      client.chat.completions.create({ model: "tiny", messages: ask, response_format: { type: "yaml" } as never }),
+    ).rejects.toMatchObject({ status: 400, param: "response_format" });
+    const ok = await client.chat.completions.create({ model: "tiny", messages: ask, max_tokens: 2 });
+    expect(ok.choices).toHaveLength(1);
+  });
+});
+
+const weather = {
+  type: "function" as const,
+  function: {
+    name: "get_weather",
+    description: "Weather in a city",
+    parameters: {
+      type: "object",
+      properties: { city: { type: "string", maxLength: 12 }, unit: { enum: ["c", "f"] } },
+      required: ["city", "unit"],
+    },
+  },
+};
+const lookup = {
+  type: "function" as const,
+  function: {
+    name: "lookup",
+    description: "Look a word up",
+    parameters: { type: "object", properties: { word: { type: "string" } }, required: ["word"] },
+  },
+};
+
+describe("tool_choice", () => {
+  it("a named function: the reply is a call to it with arguments valid for its schema", async () => {
+    for (const stream of [false, true]) {
+      const body = {
+        model: "tiny",
+        messages: [{ role: "user" as const, content: "What is the weather in Oslo?" }],
+        tools: [lookup, weather],
+        tool_choice: { type: "function" as const, function: { name: "get_weather" } },
+        temperature: 0,
+        max_tokens: 80,
+      };
+      let call: { name: string; arguments: string };
+      if (!stream) {
+        const r = await client.chat.completions.create(body);
+        expect(r.choices[0].finish_reason).toBe("tool_calls");
+        const tc = r.choices[0].message.tool_calls![0];
+        call = (tc as { function: { name: string; arguments: string } }).function;
+      } else {
+        const s = await client.chat.completions.create({ ...body, stream: true });
+        const calls = [];
+        for await (const c of s) calls.push(...(c.choices[0]?.delta.tool_calls ?? []));
+        call = calls[0].function as { name: string; arguments: string };
+      }
+      expect(call.name).toBe("get_weather");
+      const args = JSON.parse(call.arguments);
+      expect(typeof args.city === "string" && args.city.length <= 12).toBe(true);
+      expect(["c", "f"]).toContain(args.unit);
+    }
+  });
+
+  it('"required": the reply is a call to one of the tools', async () => {
+    const r = await client.chat.completions.create({
+      model: "tiny",
+      messages: [{ role: "user", content: "Hello there" }],
+      tools: [lookup, weather],
+      tool_choice: "required",
+      temperature: 1,
+      seed: 4,
+      n: 4,
+      max_tokens: 80,
+    });
+    for (const c of r.choices) {
+      expect(c.finish_reason).toBe("tool_calls");
+      const f = (c.message.tool_calls![0] as { function: { name: string; arguments: string } }).function;
+      expect(["lookup", "get_weather"]).toContain(f.name);
+      expect(Object.keys(JSON.parse(f.arguments))).toContain(f.name === "lookup" ? "word" : "city");
+    }
+  });
+
+  it("refuses a name no tool has, and a forced call without tools", async () => {
+    const msg = [{ role: "user" as const, content: "hi" }];
+    await expect(
+      client.chat.completions.create({
+        model: "tiny",
+        messages: msg,
+        tools: [lookup],
+        tool_choice: { type: "function", function: { name: "nope" } },
+      }),
+    ).rejects.toMatchObject({ status: 400, param: "tool_choice", message: expect.stringContaining("nope") });
+    await expect(client.chat.completions.create({ model: "tiny", messages: msg, tool_choice: "required" })).rejects.toMatchObject({
+      status: 400,
+      param: "tool_choice",
+    });
+  });
+});
