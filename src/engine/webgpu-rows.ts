@@ -2,7 +2,7 @@
  *  its gradient, SwiGLU and its gradient, attention's softmax and its gradient, RoPE and its
  *  gradient, a decode step's q/k/v heads with RoPE, a row's log p(target), entropy and logits
  *  gradient over the vocabulary, and a whole-vocabulary draw. Through tfjs ops each was 4–15 dispatches and as many passes over its tensor; here each is one (RMSNorm's
- *  gradient three, the decode heads three). A row reduction runs one workgroup per row (a tree sum in
+ *  gradient one for dx and two for dw, by parts: rmsnorm.ts; the decode heads three). A row reduction runs one workgroup per row (a tree sum in
  *  workgroup memory, float32); element-wise kernels one thread per output. Sizes are compiled into
  *  the shader (a model has a handful of row widths). Registered by webgpu.ts through kernels.ts'
  *  registerKernel; the op files (rmsnorm.ts, rope-swiglu.ts, heads.ts, softmax.ts, logprob.ts) hold the
@@ -171,29 +171,9 @@ function rmsRProgram(u: WebgpuModule["webgpu_util"], N: number, H: number, eps: 
   );
 }
 
-/** dx_j = r·dy_j·w_j − r³·x_j·Σ_k dy_k·w_k·x_k / H, per row. */
-function rmsDxProgram(u: WebgpuModule["webgpu_util"], N: number, H: number) {
-  const wg = wgFor(H);
-  return new RowProgram(
-    u,
-    "rms_dx",
-    ["x", "w", "dy", "r"],
-    [N, H],
-    { rows: N, wg },
-    `${rowPrelude(wg, N)}
-    fn main(index: i32) {
-      let o = row() * ${H};
-      var s = 0.0;
-      for (var j = i32(localIndex); j < ${H}; j += ${wg}) { s += dy[o + j] * w[j] * x[o + j]; }
-      let rr = r[row()];
-      let c = rr * rr * rr * reduceSum(s) / ${f32(H)};
-      if (rowOk()) { for (var j = i32(localIndex); j < ${H}; j += ${wg}) { result[o + j] = rr * dy[o + j] * w[j] - c * x[o + j]; } }
-    }`,
-  );
-}
-
-/** rmsDxProgram with r computed in the same row pass: the gradient's dx in one dispatch. */
-function rmsDxOnlyProgram(u: WebgpuModule["webgpu_util"], N: number, H: number, eps: number) {
+/** dx_j = r·dy_j·w_j − r³·x_j·Σ_k dy_k·w_k·x_k / H per row, r = rsqrt(mean(x²) + eps) in the same
+ *  row pass: the gradient's dx in one dispatch. */
+function rmsDxProgram(u: WebgpuModule["webgpu_util"], N: number, H: number, eps: number) {
   const wg = wgFor(H);
   return new RowProgram(
     u,
@@ -774,8 +754,8 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
       ({ inputs, backend, attrs }) => {
         const { x, w, dy } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo; dy: tf.TensorInfo };
         const [N, H] = x.shape;
+        const dx = run(backend, rmsDxProgram(u, N, H, attrs!.eps as number), [x, w, dy]);
         const r = run(backend, rmsRProgram(u, N, H, attrs!.eps as number), [x]);
-        const dx = run(backend, rmsDxProgram(u, N, H), [x, w, dy, r]);
         const dw = run(backend, rmsDwProgram(u, N, H), [x, dy, r]);
         (backend as Backend).disposeData(r.dataId);
         return [dx, dw];
@@ -787,7 +767,7 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
     () =>
       ({ inputs, backend, attrs }) => {
         const { x, w, dy } = inputs as { x: tf.TensorInfo; w: tf.TensorInfo; dy: tf.TensorInfo };
-        return run(backend, rmsDxOnlyProgram(u, x.shape[0], x.shape[1], attrs!.eps as number), [x, w, dy]);
+        return run(backend, rmsDxProgram(u, x.shape[0], x.shape[1], attrs!.eps as number), [x, w, dy]);
       },
     on,
   );
