@@ -7,6 +7,7 @@
  *  the same rollouts as an uninterrupted one.
  *  Whatever generates the rollouts is a RolloutEngine (rollout/engines/, --rollout_engine): the loop
  *  never asks which. The step's pieces between rollouts and update are grpo-step.ts. */
+import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { checkToolsFit, systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";
@@ -32,7 +33,7 @@ import { dataStream, environmentSplit, heldOutCutsTraining, loadTrainingData } f
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
 import { runIdentity } from "./flags.ts";
-import { GRPO_FLAGS, settleGrpoConfig, type GrpoRunConfig } from "./grpo-flags.ts";
+import { GRPO_FLAGS, settleGrpoConfig, TINY_GRPO, type GrpoRunConfig } from "./grpo-flags.ts";
 import { describeLoss, engineMetrics, engineSampling, ENV_LINE, EnvFailures, grpoConfig, grpoRollouts, lossFields } from "./grpo-step.ts";
 import { rolloutsOf, scoreStep, stepMetrics, type RolloutScorer } from "./grpo-step.ts";
 import { loraTargets, toolConfig } from "./options.ts";
@@ -71,6 +72,7 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
     : null;
   const { cfg, rewardWeights } = settleGrpoConfig(options, envs);
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
+  await checkPresetModel(cfg);
   await checkModelSource(cfg.model_path, "--model_path", cfg.init_adapter, "--init_adapter");
   if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
   const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir) : null;
@@ -103,6 +105,22 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   } finally {
     await toolSet.close();
   }
+}
+
+/** --preset tiny trains from the tiny SFT model, quickstart step 1's output: when that is not there
+ *  yet, say which command makes it rather than only that the folder is missing. */
+async function checkPresetModel(cfg: GrpoRunConfig): Promise<void> {
+  if (cfg.preset !== "tiny" || path.normalize(cfg.model_path) !== TINY_GRPO.model_path) return;
+  if (
+    await fs.stat(path.join(cfg.model_path, "config.json")).then(
+      () => true,
+      () => false,
+    )
+  )
+    return;
+  throw new UsageError(
+    `--preset tiny: GRPO starts from the tiny SFT model, ${cfg.model_path}, which is not there yet; run quickstart step 1 first: npx tsx scripts/train-sft.ts --preset tiny`,
+  );
 }
 
 async function train(
