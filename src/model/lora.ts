@@ -4,7 +4,7 @@
  *  Init as PEFT: A kaiming-uniform(a=√5) (bound 1/√in, like torch nn.Linear), B zeros.
  *  Leaves out: DoRA, rsLoRA, per-module rank/alpha patterns (rejected on load with a clear error). */
 import * as tf from "@tensorflow/tfjs";
-import { promises as fs } from "node:fs";
+import { existsSync, promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
 import { mm } from "../engine/matmul.ts";
@@ -395,7 +395,8 @@ export class LoraAdapter {
   /** Writes adapter_config.json + adapter_model.safetensors into dir (each file atomically). */
   async save(dir: string, baseModel = ""): Promise<void> {
     await writeSafetensors(path.join(dir, "adapter_model.safetensors"), await this.toPeft(), { format: "pt" });
-    await writeFileAtomic(path.join(dir, "adapter_config.json"), JSON.stringify(adapterConfigJson(this.config, baseModel), null, 2) + "\n");
+    const base = adapterBaseName(dir, baseModel);
+    await writeFileAtomic(path.join(dir, "adapter_config.json"), JSON.stringify(adapterConfigJson(this.config, base), null, 2) + "\n");
   }
 
   dispose(): void {
@@ -403,6 +404,14 @@ export class LoraAdapter {
     for (const p of this.pairs.values()) tf.dispose([p.a, p.b]);
     this.pairs.clear();
   }
+}
+
+/** What an adapter saved in `adapterDir` records as base_model_name_or_path: a local base folder as a
+ *  path relative to the adapter folder (so the two move or are shared together; run/policy.ts
+ *  adapterBaseOf resolves it from there), anything else (a hub id) as given. */
+export function adapterBaseName(adapterDir: string, baseModel: string): string {
+  if (baseModel === "" || !existsSync(path.resolve(baseModel))) return baseModel;
+  return path.relative(path.resolve(adapterDir), path.resolve(baseModel)) || ".";
 }
 
 /** The adapter_config.json PEFT writes for a LoRA on a causal LM (keys sorted, as PEFT dumps them). */
