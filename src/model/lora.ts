@@ -7,6 +7,7 @@ import * as tf from "@tensorflow/tfjs";
 import { existsSync, promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
+import { BadFileError } from "../util/errors.ts";
 import { mm } from "../engine/matmul.ts";
 import { blockDiagonal } from "../engine/block-diag.ts";
 import { writeFileAtomic } from "../util/fs.ts";
@@ -114,28 +115,28 @@ export class LoraAdapter {
     try {
       raw = JSON.parse(await fs.readFile(cfgFile, "utf8"));
     } catch (err) {
-      throw new Error(`${cfgFile}: cannot read adapter config (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+      throw new BadFileError(`${cfgFile}: cannot read adapter config (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
     }
     if (typeof raw !== "object" || raw === null || Array.isArray(raw))
-      throw new Error(
+      throw new BadFileError(
         `${cfgFile}: holds ${raw === null ? "null" : Array.isArray(raw) ? "an array" : typeof raw}; expected a JSON object (a PEFT adapter config)`,
       );
     if (raw.peft_type !== undefined && raw.peft_type !== "LORA")
-      throw new Error(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
-    if (raw.use_dora === true) throw new Error(`${cfgFile}: use_dora is true; only plain LoRA is supported`);
-    if (raw.use_rslora === true) throw new Error(`${cfgFile}: use_rslora is true; only alpha/r scaling is supported`);
+      throw new BadFileError(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
+    if (raw.use_dora === true) throw new BadFileError(`${cfgFile}: use_dora is true; only plain LoRA is supported`);
+    if (raw.use_rslora === true) throw new BadFileError(`${cfgFile}: use_rslora is true; only alpha/r scaling is supported`);
     for (const k of ["rank_pattern", "alpha_pattern"])
       if (raw[k] && Object.keys(raw[k] as object).length)
-        throw new Error(`${cfgFile}: ${k} is not supported (one rank and alpha for every module)`);
+        throw new BadFileError(`${cfgFile}: ${k} is not supported (one rank and alpha for every module)`);
     if (!Array.isArray(raw.target_modules))
-      throw new Error(
+      throw new BadFileError(
         `${cfgFile}: target_modules must be a list of module names, got ${JSON.stringify(raw.target_modules)}; accepted: ${LORA_TARGETS.join(", ")}`,
       );
     let targets: LoraTarget[];
     try {
       targets = parseLoraTargets(raw.target_modules as string[]);
     } catch (err) {
-      throw new Error(`${cfgFile}: ${(err as Error).message}`);
+      throw new BadFileError(`${cfgFile}: ${(err as Error).message}`);
     }
     const config: LoraConfig = {
       r: Number(raw.r),
@@ -146,7 +147,7 @@ export class LoraAdapter {
     try {
       checkConfig(config);
     } catch (err) {
-      throw new Error(`${cfgFile}: ${(err as Error).message}`);
+      throw new BadFileError(`${cfgFile}: ${(err as Error).message}`);
     }
     const tensors = await readSafetensorsAll(wFile);
     const ad = new LoraAdapter(config, model.numHiddenLayers, seed);
@@ -160,11 +161,16 @@ export class LoraAdapter {
           expected.add(ka).add(kb);
           const A = tensors[ka],
             B = tensors[kb];
-          if (!A || !B) throw new Error(`${wFile}: tensor ${A ? kb : ka} missing (adapter_config.json targets ${targets.join(", ")})`);
+          if (!A || !B)
+            throw new BadFileError(`${wFile}: tensor ${A ? kb : ka} missing (adapter_config.json targets ${targets.join(", ")})`);
           if (A.shape.join() !== `${config.r},${inD}`)
-            throw new Error(`${wFile}: ${ka} has shape [${A.shape}], expected [${config.r}, ${inD}] (r ${config.r} × ${m} in_features)`);
+            throw new BadFileError(
+              `${wFile}: ${ka} has shape [${A.shape}], expected [${config.r}, ${inD}] (r ${config.r} × ${m} in_features)`,
+            );
           if (B.shape.join() !== `${outD},${config.r}`)
-            throw new Error(`${wFile}: ${kb} has shape [${B.shape}], expected [${outD}, ${config.r}] (${m} out_features × r ${config.r})`);
+            throw new BadFileError(
+              `${wFile}: ${kb} has shape [${B.shape}], expected [${outD}, ${config.r}] (${m} out_features × r ${config.r})`,
+            );
           // torch layout → ours; tidy frees the untransposed copies (24 tensors a load for the tiny preset's adapter otherwise)
           ad.set(
             l,
