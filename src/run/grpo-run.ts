@@ -75,7 +75,7 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   await checkPresetModel(cfg);
   await checkModelSource(cfg.model_path, "--model_path", cfg.init_adapter, "--init_adapter");
   if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
-  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir) : null;
+  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir, { checkModel: true }) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
   const start = ckpt?.state.global_step ?? 0;
   const total = cfg.max_steps;

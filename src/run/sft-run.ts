@@ -68,7 +68,7 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
   // Everything the user named is checked before the run folder is touched.
   await checkModelSource(cfg.model_path, "--model_path");
   if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "sft" });
-  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir) : null;
+  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir, { checkModel: true }) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
   const lora: LoraConfig | undefined = cfg.full
     ? undefined
