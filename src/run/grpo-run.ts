@@ -79,10 +79,6 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
   const start = ckpt?.state.global_step ?? 0;
   const total = cfg.max_steps;
-  // A run killed after its last step (while writing final/, evaluating or reporting) is finished by
-  // --resume; a finished one only continues with more steps.
-  if (start > total || (start === total && (await runFinished(cfg.output_dir))))
-    throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
   // Tool servers are checked before the run folder is touched (the environment server was, above).
   // Held-out questions never include a training row; the split is logged and kept in run.json.
   const {
@@ -96,6 +92,10 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
         cfg.eval_samples,
       );
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
+  // A run killed after its last step (while writing final/, evaluating or reporting) is finished by
+  // --resume; a finished one only continues with more steps.
+  if (start > total || (start === total && (await runFinished(cfg.output_dir, heldOut.length > 0))))
+    throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
   log(`data: ${split}`);
   // The rollout engine's flags, and that it answers or loads, are checked before anything is written.
   const openEngine = await prepareEngine(cfg, log);
@@ -226,9 +226,16 @@ async function train(
     // Ctrl-C / SIGTERM: the loop stops at its next safe point (before a step starts, when weights,
     // optimizer state and history all belong to the same step) and saves there.
     const stop = watchInterrupts();
+    // A run that stops early (Ctrl-C, the engine gone) still leaves its report of the steps it made.
+    const report = () => writeReport(cfg.output_dir, { title: `GRPO ${path.basename(policy.base)}`, extra: { loss: describeLoss(loss) } });
+    const reportOnTheWayOut = () =>
+      report().then(
+        () => " and report.html",
+        (err: Error) => (log(`note: report.html could not be written: ${err.message.split("\n")[0]}`), ""),
+      );
     const stopHere = async (s: number) => {
       if (s !== savedStep) await saveAt(s);
-      return new Interrupted(`saved checkpoint-${s} in ${cfg.output_dir}; continue with --resume`);
+      return new Interrupted(`saved checkpoint-${s}${await reportOnTheWayOut()} in ${cfg.output_dir}; continue with --resume`);
     };
     const progress = createProgress(total, "grpo", { keyMetric: "reward", start });
     try {
@@ -262,8 +269,9 @@ async function train(
         if (env.note && !cfg.quiet) progress.log(`step ${step + 1}: ${env.note}`);
         if (env.stop) {
           if (savedStep !== step + 1) await saveAt(step + 1);
+          const wrote = await reportOnTheWayOut();
           throw new Error(
-            `environment ${cfg.env}: ${env.stop}; stopped after step ${step + 1} and saved checkpoint-${step + 1} in ${cfg.output_dir}; continue with --resume once the server answers`,
+            `environment ${cfg.env}: ${env.stop}; stopped after step ${step + 1} and saved checkpoint-${step + 1}${wrote} in ${cfg.output_dir}; continue with --resume once the server answers`,
           );
         }
         if (saves.due(step + 1) && step + 1 < total) await saveAt(step + 1);
@@ -272,11 +280,13 @@ async function train(
       // The last step is checkpointed before final/ is written, so a run killed after it can be finished.
       if (savedStep !== total) await saveAt(total);
     } catch (err) {
+      stop.dispose(); // the run ends here: signals exit at once again
       if (err instanceof EngineError) {
         // The engine died, stalled or answered nonsense before this step trained: its weights are step's.
         if (savedStep !== step) await saveAt(step);
+        const wrote = await reportOnTheWayOut();
         throw new Error(
-          `${err.message}; stopped before step ${step + 1} and saved checkpoint-${step} in ${cfg.output_dir}; continue with --resume once the engine answers`,
+          `${err.message}; stopped before step ${step + 1} and saved checkpoint-${step}${wrote} in ${cfg.output_dir}; continue with --resume once the engine answers`,
         );
       }
       if (err instanceof NonFiniteError)
@@ -286,25 +296,36 @@ async function train(
       throw err;
     } finally {
       progress.stop();
-      stop.dispose();
     }
     const finalDir = path.join(cfg.output_dir, "final");
-    await savePolicy(policy, finalDir, false);
-    log(`saved adapter to ${finalDir}`);
-    const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      generate: (prompts, rc) => engine!.generate(prompts, rc), // evaluated as it was trained
-      maxNewTokens: cfg.max_new_tokens,
-      maxTurns: cfg.max_turns,
-      toolsInPrompt: cfg.tools_in_prompt,
-      seed: cfg.seed,
-      tools,
-      envs: c.envs ?? undefined,
-      outputDir: cfg.output_dir,
-      metrics,
-      step: total,
-      log,
-    });
-    await writeReport(cfg.output_dir, { title: `GRPO ${path.basename(policy.base)}`, extra: { loss: describeLoss(loss) } });
+    let evalResult: EvalResult | null;
+    try {
+      await savePolicy(policy, finalDir, false);
+      log(`saved adapter to ${finalDir}`);
+      evalResult = await finalEvaluation(model, tokenizer, heldOut, {
+        generate: (prompts, rc) => engine!.generate(prompts, rc), // evaluated as it was trained
+        maxNewTokens: cfg.max_new_tokens,
+        maxTurns: cfg.max_turns,
+        toolsInPrompt: cfg.tools_in_prompt,
+        seed: cfg.seed,
+        tools,
+        envs: c.envs ?? undefined,
+        outputDir: cfg.output_dir,
+        metrics,
+        step: total,
+        log,
+        signal: stop.abortSignal,
+      });
+      if (stop.requested) {
+        await report();
+        throw new Interrupted(
+          `saved ${finalDir} and report.html; the closing evaluation was cut short: --resume runs it and writes eval.json`,
+        );
+      }
+    } finally {
+      stop.dispose();
+    }
+    await report();
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
   } catch (err) {
     if (!ckpt) await discardFailedRun(cfg.output_dir); // failed before its first step: leave nothing behind
