@@ -7,6 +7,7 @@ import { promises as fs } from "node:fs";
 import { ANSWER_SCHEMAS, isAnswerSchema, type AnswerSchema } from "./answer.ts";
 import type { Gsm8kExample } from "./gsm8k.ts";
 import { scorerNames } from "./scorers.ts";
+import { readLines } from "../util/jsonl.ts";
 
 export interface Task extends Gsm8kExample {
   scorer?: string;
@@ -37,18 +38,18 @@ export async function isTaskFile(file: string): Promise<boolean> {
   }
 }
 
-/** Every task of the file in order, each checked; a bad line throws with its line number. */
+/** Every task of the file in order, each checked; a bad line (not UTF-8, not JSON, not a task)
+ *  throws with its line number. */
 export async function loadTasks(file: string, opts: { maxSamples?: number } = {}): Promise<Task[]> {
-  const text = await fs.readFile(file, "utf8");
   const out: Task[] = [];
   const ids = new Set<string>();
-  const lines = text.split("\n");
-  for (let i = 0; i < lines.length && out.length < (opts.maxSamples ?? Infinity); i++) {
-    if (!lines[i].trim()) continue;
-    const where = `${file}: line ${i + 1}`;
+  for (const { text, lineNo } of readLines(file)) {
+    if (out.length >= (opts.maxSamples ?? Infinity)) break;
+    if (!text.trim()) continue;
+    const where = `${file}: line ${lineNo}`;
     let row: unknown;
     try {
-      row = JSON.parse(lines[i]);
+      row = JSON.parse(text);
     } catch (err) {
       throw new Error(`${where}: not valid JSON (${(err as Error).message})`);
     }

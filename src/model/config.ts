@@ -3,6 +3,7 @@
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import type { Qwen2Config } from "./types.ts";
+import { BadFileError } from "../util/errors.ts";
 
 export async function readConfig(dir: string): Promise<Qwen2Config> {
   const file = path.join(dir, "config.json");
@@ -16,36 +17,39 @@ export async function readConfig(dir: string): Promise<Qwen2Config> {
   try {
     json = JSON.parse(text);
   } catch (err) {
-    throw new Error(`${file}: not valid JSON (${(err as Error).message})`);
+    throw new BadFileError(`${file}: not valid JSON (${(err as Error).message})`);
   }
   return parseConfig(json, file);
 }
 
 /** Pure: HF snake_case JSON → Qwen2Config; `file` only names the source in errors. */
 export function parseConfig(json: unknown, file = "config.json"): Qwen2Config {
-  if (typeof json !== "object" || json === null || Array.isArray(json)) throw new Error(`${file}: expected a JSON object`);
+  if (typeof json !== "object" || json === null || Array.isArray(json)) throw new BadFileError(`${file}: expected a JSON object`);
   const c = json as Record<string, unknown>;
-  if (c.model_type !== "qwen2") throw new Error(`${file}: unsupported model_type ${JSON.stringify(c.model_type)}; accepted: "qwen2"`);
+  if (c.model_type !== "qwen2")
+    throw new BadFileError(`${file}: unsupported model_type ${JSON.stringify(c.model_type)}; accepted: "qwen2"`);
   if (c.use_sliding_window === true)
-    throw new Error(`${file}: use_sliding_window is true; only full attention is supported (set it to false)`);
+    throw new BadFileError(`${file}: use_sliding_window is true; only full attention is supported (set it to false)`);
   const int = (key: string, fallback?: number): number => {
     const v = c[key] ?? fallback;
     if (typeof v !== "number" || !Number.isInteger(v) || v <= 0)
-      throw new Error(`${file}: ${key} must be a positive integer, got ${JSON.stringify(c[key])}`);
+      throw new BadFileError(`${file}: ${key} must be a positive integer, got ${JSON.stringify(c[key])}`);
     return v;
   };
   const num = (key: string, v: unknown): number => {
-    if (typeof v !== "number" || !(v > 0)) throw new Error(`${file}: ${key} must be a positive number, got ${JSON.stringify(v)}`);
+    if (typeof v !== "number" || !(v > 0)) throw new BadFileError(`${file}: ${key} must be a positive number, got ${JSON.stringify(v)}`);
     return v;
   };
   const hiddenSize = int("hidden_size");
   const numAttentionHeads = int("num_attention_heads");
   const numKeyValueHeads = int("num_key_value_heads", numAttentionHeads);
   if (numAttentionHeads % numKeyValueHeads !== 0)
-    throw new Error(`${file}: num_attention_heads ${numAttentionHeads} must be a multiple of num_key_value_heads ${numKeyValueHeads}`);
+    throw new BadFileError(
+      `${file}: num_attention_heads ${numAttentionHeads} must be a multiple of num_key_value_heads ${numKeyValueHeads}`,
+    );
   const headDim = c.head_dim === undefined || c.head_dim === null ? hiddenSize / numAttentionHeads : int("head_dim");
   if (!Number.isInteger(headDim) || headDim % 2 !== 0)
-    throw new Error(`${file}: head_dim ${headDim} (hidden_size / num_attention_heads) must be an even integer`);
+    throw new BadFileError(`${file}: head_dim ${headDim} (hidden_size / num_attention_heads) must be an even integer`);
   const rp = c.rope_parameters as Record<string, unknown> | undefined;
   const ropeTheta = num("rope_theta", c.rope_theta ?? rp?.rope_theta ?? 10000);
   const eos = c.eos_token_id;

@@ -5,6 +5,7 @@
 import * as tf from "@tensorflow/tfjs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
+import { BadFileError } from "../util/errors.ts";
 import { readConfig } from "./config.ts";
 import { resolveModelDir } from "./model-dir.ts";
 import { LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
@@ -123,7 +124,7 @@ async function build(cfg: Qwen2Config, src: Source, opts: ModelOptions, hasLmHea
       V = cfg.vocabSize;
     const embedT = await mat("model.embed_tokens.weight", V, H, true);
     const lmHeadT = cfg.tieWordEmbeddings ? null : hasLmHead ? await mat("lm_head.weight", V, H, true) : null;
-    if (!cfg.tieWordEmbeddings && !lmHeadT) throw new Error(`${name}: tensor lm_head.weight missing (tie_word_embeddings is false)`);
+    if (!cfg.tieWordEmbeddings && !lmHeadT) throw new BadFileError(`${name}: tensor lm_head.weight missing (tie_word_embeddings is false)`);
     const layers: LayerWeights[] = [];
     for (let i = 0; i < cfg.numHiddenLayers; i++) {
       const p = `model.layers.${i}`;
@@ -186,10 +187,10 @@ export async function loadModel(pathOrId: string, opts: LoadOptions = {}): Promi
   let model: Qwen2ForCausalLM;
   try {
     const src: Source = async (name, shape) => {
-      if (!ckpt.has(name)) throw new Error(`${ckpt.fileOf(name)}: tensor ${name} missing from the checkpoint`);
+      if (!ckpt.has(name)) throw new BadFileError(`${ckpt.fileOf(name)}: tensor ${name} missing from the checkpoint`);
       const got = ckpt.shape(name);
       if (got.join() !== shape.join())
-        throw new Error(`${ckpt.fileOf(name)}: tensor ${name} has shape [${got}], config.json implies [${shape}]`);
+        throw new BadFileError(`${ckpt.fileOf(name)}: tensor ${name} has shape [${got}], config.json implies [${shape}]`);
       return (await ckpt.read(name)).data;
     };
     model = await build(cfg, src, { ...opts, lora: opts.adapter ? undefined : opts.lora }, ckpt.has("lm_head.weight"), pathOrId);

@@ -4,9 +4,10 @@
  *  Init as PEFT: A kaiming-uniform(a=√5) (bound 1/√in, like torch nn.Linear), B zeros.
  *  Leaves out: DoRA, rsLoRA, per-module rank/alpha patterns (rejected on load with a clear error). */
 import * as tf from "@tensorflow/tfjs";
-import { promises as fs } from "node:fs";
+import { existsSync, promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
+import { BadFileError } from "../util/errors.ts";
 import { mm, mmAdd } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { blockDiagonal } from "../engine/block-diag.ts";
@@ -115,28 +116,28 @@ export class LoraAdapter {
     try {
       raw = JSON.parse(await fs.readFile(cfgFile, "utf8"));
     } catch (err) {
-      throw new Error(`${cfgFile}: cannot read adapter config (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+      throw new BadFileError(`${cfgFile}: cannot read adapter config (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
     }
     if (typeof raw !== "object" || raw === null || Array.isArray(raw))
-      throw new Error(
+      throw new BadFileError(
         `${cfgFile}: holds ${raw === null ? "null" : Array.isArray(raw) ? "an array" : typeof raw}; expected a JSON object (a PEFT adapter config)`,
       );
     if (raw.peft_type !== undefined && raw.peft_type !== "LORA")
-      throw new Error(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
-    if (raw.use_dora === true) throw new Error(`${cfgFile}: use_dora is true; only plain LoRA is supported`);
-    if (raw.use_rslora === true) throw new Error(`${cfgFile}: use_rslora is true; only alpha/r scaling is supported`);
+      throw new BadFileError(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
+    if (raw.use_dora === true) throw new BadFileError(`${cfgFile}: use_dora is true; only plain LoRA is supported`);
+    if (raw.use_rslora === true) throw new BadFileError(`${cfgFile}: use_rslora is true; only alpha/r scaling is supported`);
     for (const k of ["rank_pattern", "alpha_pattern"])
       if (raw[k] && Object.keys(raw[k] as object).length)
-        throw new Error(`${cfgFile}: ${k} is not supported (one rank and alpha for every module)`);
+        throw new BadFileError(`${cfgFile}: ${k} is not supported (one rank and alpha for every module)`);
     if (!Array.isArray(raw.target_modules))
-      throw new Error(
+      throw new BadFileError(
         `${cfgFile}: target_modules must be a list of module names, got ${JSON.stringify(raw.target_modules)}; accepted: ${LORA_TARGETS.join(", ")}`,
       );
     let targets: LoraTarget[];
     try {
       targets = parseLoraTargets(raw.target_modules as string[]);
     } catch (err) {
-      throw new Error(`${cfgFile}: ${(err as Error).message}`);
+      throw new BadFileError(`${cfgFile}: ${(err as Error).message}`);
     }
     const config: LoraConfig = {
       r: Number(raw.r),
@@ -147,7 +148,7 @@ export class LoraAdapter {
     try {
       checkConfig(config);
     } catch (err) {
-      throw new Error(`${cfgFile}: ${(err as Error).message}`);
+      throw new BadFileError(`${cfgFile}: ${(err as Error).message}`);
     }
     const tensors = await readSafetensorsAll(wFile);
     const ad = new LoraAdapter(config, model.numHiddenLayers, seed);
@@ -161,11 +162,16 @@ export class LoraAdapter {
           expected.add(ka).add(kb);
           const A = tensors[ka],
             B = tensors[kb];
-          if (!A || !B) throw new Error(`${wFile}: tensor ${A ? kb : ka} missing (adapter_config.json targets ${targets.join(", ")})`);
+          if (!A || !B)
+            throw new BadFileError(`${wFile}: tensor ${A ? kb : ka} missing (adapter_config.json targets ${targets.join(", ")})`);
           if (A.shape.join() !== `${config.r},${inD}`)
-            throw new Error(`${wFile}: ${ka} has shape [${A.shape}], expected [${config.r}, ${inD}] (r ${config.r} × ${m} in_features)`);
+            throw new BadFileError(
+              `${wFile}: ${ka} has shape [${A.shape}], expected [${config.r}, ${inD}] (r ${config.r} × ${m} in_features)`,
+            );
           if (B.shape.join() !== `${outD},${config.r}`)
-            throw new Error(`${wFile}: ${kb} has shape [${B.shape}], expected [${outD}, ${config.r}] (${m} out_features × r ${config.r})`);
+            throw new BadFileError(
+              `${wFile}: ${kb} has shape [${B.shape}], expected [${outD}, ${config.r}] (${m} out_features × r ${config.r})`,
+            );
           // torch layout → ours; tidy frees the untransposed copies (24 tensors a load for the tiny preset's adapter otherwise)
           ad.set(
             l,
@@ -404,7 +410,8 @@ export class LoraAdapter {
   /** Writes adapter_config.json + adapter_model.safetensors into dir (each file atomically). */
   async save(dir: string, baseModel = ""): Promise<void> {
     await writeSafetensors(path.join(dir, "adapter_model.safetensors"), await this.toPeft(), { format: "pt" });
-    await writeFileAtomic(path.join(dir, "adapter_config.json"), JSON.stringify(adapterConfigJson(this.config, baseModel), null, 2) + "\n");
+    const base = adapterBaseName(dir, baseModel);
+    await writeFileAtomic(path.join(dir, "adapter_config.json"), JSON.stringify(adapterConfigJson(this.config, base), null, 2) + "\n");
   }
 
   dispose(): void {
@@ -412,6 +419,14 @@ export class LoraAdapter {
     for (const p of this.pairs.values()) tf.dispose([p.a, p.b]);
     this.pairs.clear();
   }
+}
+
+/** What an adapter saved in `adapterDir` records as base_model_name_or_path: a local base folder as a
+ *  path relative to the adapter folder (so the two move or are shared together; run/policy.ts
+ *  adapterBaseOf resolves it from there), anything else (a hub id) as given. */
+export function adapterBaseName(adapterDir: string, baseModel: string): string {
+  if (baseModel === "" || !existsSync(path.resolve(baseModel))) return baseModel;
+  return path.relative(path.resolve(adapterDir), path.resolve(baseModel)) || ".";
 }
 
 /** The adapter_config.json PEFT writes for a LoRA on a causal LM (keys sorted, as PEFT dumps them). */

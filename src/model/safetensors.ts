@@ -7,6 +7,7 @@
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { insideFolder, writeFileAtomic } from "../util/fs.ts";
+import { BadFileError } from "../util/errors.ts";
 
 export interface HostTensor {
   shape: number[];
@@ -63,7 +64,7 @@ export class SafetensorsFile {
     const e = this.entry(name);
     const bytes = Buffer.alloc(e.end - e.begin);
     const { bytesRead } = await this.handle.read(bytes, 0, bytes.length, e.begin);
-    if (bytesRead !== bytes.length) throw new Error(`${this.file}: truncated data for tensor ${name}`);
+    if (bytesRead !== bytes.length) throw new BadFileError(`${this.file}: truncated data for tensor ${name}`);
     return { shape: e.shape.slice(), data: toFloat32(bytes, e.dtype) };
   }
 
@@ -80,21 +81,22 @@ export class SafetensorsFile {
 
 async function parseHeader(file: string, handle: fs.FileHandle) {
   const size = (await handle.stat()).size;
-  if (size < 8) throw new Error(`${file}: truncated safetensors header (file is ${size} bytes, needs at least 8)`);
+  if (size < 8) throw new BadFileError(`${file}: truncated safetensors header (file is ${size} bytes, needs at least 8)`);
   const lenBuf = Buffer.alloc(8);
   await handle.read(lenBuf, 0, 8, 0);
   const n = Number(lenBuf.readBigUInt64LE(0));
-  if (n < 2 || 8 + n > size) throw new Error(`${file}: truncated or corrupted safetensors header (header length ${n}, file ${size} bytes)`);
+  if (n < 2 || 8 + n > size)
+    throw new BadFileError(`${file}: truncated or corrupted safetensors header (header length ${n}, file ${size} bytes)`);
   const headBuf = Buffer.alloc(n);
   await handle.read(headBuf, 0, n, 8);
   let header: Record<string, unknown>;
   try {
     header = JSON.parse(headBuf.toString("utf8"));
   } catch {
-    throw new Error(`${file}: corrupted safetensors header (not valid JSON)`);
+    throw new BadFileError(`${file}: corrupted safetensors header (not valid JSON)`);
   }
   if (typeof header !== "object" || header === null || Array.isArray(header))
-    throw new Error(`${file}: corrupted safetensors header (not a JSON object)`);
+    throw new BadFileError(`${file}: corrupted safetensors header (not a JSON object)`);
   const dataStart = 8 + n;
   const entries = new Map<string, Entry>();
   let metadata: Record<string, string> = {};
@@ -105,28 +107,30 @@ async function parseHeader(file: string, handle: fs.FileHandle) {
     }
     const r = raw as { dtype?: unknown; shape?: unknown; data_offsets?: unknown };
     if (!(typeof r.dtype === "string" && r.dtype in DTYPE_BYTES))
-      throw new Error(`${file}: tensor ${name} has unsupported dtype ${JSON.stringify(r.dtype)}; accepted: F32, F16, BF16`);
+      throw new BadFileError(`${file}: tensor ${name} has unsupported dtype ${JSON.stringify(r.dtype)}; accepted: F32, F16, BF16`);
     const shape = r.shape,
       offs = r.data_offsets;
     if (!Array.isArray(shape) || !shape.every((d) => Number.isInteger(d) && d >= 0))
-      throw new Error(`${file}: corrupted safetensors header (tensor ${name} has shape ${JSON.stringify(shape)})`);
+      throw new BadFileError(`${file}: corrupted safetensors header (tensor ${name} has shape ${JSON.stringify(shape)})`);
     if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((o) => Number.isInteger(o) && o >= 0) || offs[1] < offs[0])
-      throw new Error(`${file}: corrupted safetensors header (tensor ${name} has data_offsets ${JSON.stringify(offs)})`);
+      throw new BadFileError(`${file}: corrupted safetensors header (tensor ${name} has data_offsets ${JSON.stringify(offs)})`);
     const dtype = r.dtype as DType;
     const want = shape.reduce((p: number, d: number) => p * d, 1) * DTYPE_BYTES[dtype];
     if (offs[1] - offs[0] !== want)
-      throw new Error(
+      throw new BadFileError(
         `${file}: corrupted safetensors header (tensor ${name}: shape ${JSON.stringify(shape)} × ${dtype} is ${want} bytes, data_offsets span ${offs[1] - offs[0]})`,
       );
     if (dataStart + offs[1] > size)
-      throw new Error(`${file}: truncated safetensors file (tensor ${name} ends at byte ${dataStart + offs[1]}, file has ${size})`);
+      throw new BadFileError(`${file}: truncated safetensors file (tensor ${name} ends at byte ${dataStart + offs[1]}, file has ${size})`);
     entries.set(name, { dtype, shape, begin: dataStart + offs[0], end: dataStart + offs[1] });
   }
   // Each byte belongs to one tensor: overlapping ranges mean a corrupt (or crafted) header.
   const byStart = [...entries].filter(([, e]) => e.end > e.begin).sort((a, b) => a[1].begin - b[1].begin);
   for (let i = 1; i < byStart.length; i++)
     if (byStart[i][1].begin < byStart[i - 1][1].end)
-      throw new Error(`${file}: corrupted safetensors header (tensors ${byStart[i - 1][0]} and ${byStart[i][0]} overlap in the data)`);
+      throw new BadFileError(
+        `${file}: corrupted safetensors header (tensors ${byStart[i - 1][0]} and ${byStart[i][0]} overlap in the data)`,
+      );
   return { entries, metadata };
 }
 
@@ -232,7 +236,7 @@ export class Checkpoint {
       map = JSON.parse(await fs.readFile(index, "utf8")).weight_map;
       if (typeof map !== "object" || map === null) throw new Error("no weight_map");
     } catch (err) {
-      throw new Error(`${index}: invalid index (${(err as Error).message}); expected {"weight_map": {tensor: shard file}}`);
+      throw new BadFileError(`${index}: invalid index (${(err as Error).message}); expected {"weight_map": {tensor: shard file}}`);
     }
     const shards = new Map<string, SafetensorsFile>();
     const where = new Map<string, SafetensorsFile>();
@@ -244,7 +248,7 @@ export class Checkpoint {
             await SafetensorsFile.open(insideFolder(dir, shard, `${index}: weight_map[${JSON.stringify(name).slice(0, 80)}]`)),
           );
         const f = shards.get(shard)!;
-        if (!f.has(name)) throw new Error(`${f.file}: tensor ${name} listed in ${index} is not in the shard`);
+        if (!f.has(name)) throw new BadFileError(`${f.file}: tensor ${name} listed in ${index} is not in the shard`);
         where.set(name, f);
       }
     } catch (err) {
@@ -275,7 +279,7 @@ export class Checkpoint {
   }
   private get(name: string): SafetensorsFile {
     const f = this.where.get(name);
-    if (!f) throw new Error(`${this.fileOf(name)}: tensor ${name} missing from the checkpoint`);
+    if (!f) throw new BadFileError(`${this.fileOf(name)}: tensor ${name} missing from the checkpoint`);
     return f;
   }
 }

@@ -7,7 +7,7 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
 import { configToJson } from "./config.ts";
-import { adapterConfigJson, moduleDims, moduleGroup } from "./lora.ts";
+import { adapterBaseName, adapterConfigJson, moduleDims, moduleGroup } from "./lora.ts";
 import type { Qwen2ForCausalLM } from "./qwen2.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { FUSED, FUSED_MODULES } from "./types.ts";
@@ -21,7 +21,8 @@ export async function saveAdapter(model: Qwen2ForCausalLM, dir: string): Promise
     await fs.writeFile(path.join(tmp, "adapter_model.safetensors"), encodeSafetensors(tensors, { format: "pt" }));
     await fs.writeFile(
       path.join(tmp, "adapter_config.json"),
-      JSON.stringify(adapterConfigJson(ad.config, model.baseModelName), null, 2) + "\n",
+      // Relative to `dir`: the temp folder is its sibling, so the same path holds once renamed.
+      JSON.stringify(adapterConfigJson(ad.config, adapterBaseName(dir, model.baseModelName)), null, 2) + "\n",
     );
   });
 }

@@ -7,6 +7,7 @@ import * as path from "node:path";
 import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
 import type { ChatMessage, Tokenizer, ToolSchema } from "./types.ts";
+import { BadFileError } from "../util/errors.ts";
 
 type ChatOpts = { tools?: ToolSchema[]; addGenerationPrompt?: boolean };
 /** tokenizer_config.json's chat_template: one string, or named templates ("default", "tool_use", ...). */
@@ -200,7 +201,7 @@ async function readJson(file: string): Promise<Record<string, unknown>> {
   try {
     value = JSON.parse(text);
   } catch (err) {
-    throw new Error(`${file} is not valid JSON: ${(err as Error).message}`);
+    throw new BadFileError(`${file} is not valid JSON: ${(err as Error).message}`);
   }
   if (typeof value !== "object" || value === null || Array.isArray(value)) throw new Error(`${file} must hold a JSON object`);
   return value as Record<string, unknown>;

@@ -13,7 +13,7 @@ import type { Tool } from "../agents/types.ts";
 import { UsageError } from "../util/errors.ts";
 import type { CausalLM, ChatMessage, Tokenizer } from "../model/types.ts";
 import { TINY_BASE_DIR } from "../presets/tiny.ts";
-import { rolloutGroups, stopTokenIds, type Trajectory } from "../rollout/rollout.ts";
+import { encodePrompts, rolloutGroups, stopTokenIds, type Trajectory } from "../rollout/rollout.ts";
 import { Rng } from "../util/rng.ts";
 import { CHAT_FLAGS, CHAT_HELP, chatCommand, TINY_CHAT_PRESET, type ChatFlags } from "./chat-flags.ts";
 import { TINY_EVAL_MODELS } from "./eval-run.ts";
@@ -193,6 +193,7 @@ export class ChatSession {
         }))
       : [];
     const conversation: ChatMessage[] = [...this.messages, { role: "user", content: text }];
+    this.checkFits(conversation, tools);
     const generate = this.o.generate ?? ((p, c) => rolloutGroups(this.model, this.tokenizer, p, c));
     const [traj] = await generate([conversation], {
       samplesPerPrompt: 1,
@@ -210,6 +211,17 @@ export class ChatSession {
     streamer.endTurn();
     this.messages = [...conversation, ...trajectoryToMessages(traj, this.toolsOn)];
     return traj;
+  }
+
+  /** A prompt that leaves no room for --max_new_tokens in the model's context is refused before
+   *  anything runs, saying what the user can do; the conversation stays as it was. */
+  private checkFits(conversation: ChatMessage[], tools: Tool[]): void {
+    const [ids] = encodePrompts(this.tokenizer, [conversation], { tools, toolsInPrompt: this.toolsOn && this.o.tools_in_prompt });
+    const positions = this.model.config.maxPositionEmbeddings;
+    if (ids.length + this.o.max_new_tokens > positions)
+      throw new Error(
+        `this message makes the prompt ${ids.length} tokens; with --max_new_tokens ${this.o.max_new_tokens} that passes the model's ${positions} positions: send a shorter message, /reset to start a new conversation, or restart with a lower --max_new_tokens`,
+      );
   }
 }
 

@@ -116,6 +116,8 @@ export interface PrepareOptions {
   runKind: string;
   /** Flag name used in messages (default "--output_dir"). */
   flag?: string;
+  /** Whether this kind of run can be continued with --resume (default true; an evaluation cannot). */
+  resumable?: boolean;
 }
 
 function hasRunMarker(names: string[]): boolean {
@@ -155,7 +157,11 @@ export async function prepareOutputDir(dir: string, opts: PrepareOptions): Promi
     if (names.length > 0 && !isRun) throw new UsageError(`${flag} ${dir} is not empty and does not hold a run; pick a new or empty folder`);
     if (isRun) {
       if (!opts.overwrite)
-        throw new UsageError(`${flag} ${dir} already holds a run; pass --resume to continue it or --overwrite to replace it`);
+        throw new UsageError(
+          opts.resumable === false
+            ? `${flag} ${dir} already holds a run; pass --overwrite to replace it or pick another ${flag}`
+            : `${flag} ${dir} already holds a run; pass --resume to continue it or --overwrite to replace it`,
+        );
       for (const n of names) await fs.rm(path.join(dir, n), { recursive: true, force: true });
     }
     return { resumed: false };

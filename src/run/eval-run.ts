@@ -351,7 +351,7 @@ async function evaluateModels(
   examples: Task[],
   run: { tools: Tool[]; envs?: EnvironmentFactory },
 ): Promise<EvalRunOutput> {
-  await prepareOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "eval" });
+  await prepareOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "eval", resumable: false });
   // An evaluation cannot be continued: if it fails, what it wrote goes, so the command can be rerun.
   try {
     await writeRunConfig(cfg.output_dir, cfg, "eval");

@@ -40,6 +40,8 @@ export interface EvalOptions {
   onProgress?: (done: number, total: number) => void;
   /** The rollout engine's generate (rollout/engines/); default: this process's model. */
   generate?: RolloutEngine["generate"];
+  /** Stops the evaluation at its next decode step (what is summarized then is partial). */
+  signal?: AbortSignal;
 }
 
 export interface EvalSample {
@@ -132,7 +134,7 @@ export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: 
   const t0 = Date.now();
   const schema = o.answerSchema ?? "boxed";
   const questions: EvalQuestion[] = [];
-  for (let i = 0; i < examples.length; i += o.batchSize) {
+  for (let i = 0; i < examples.length && !o.signal?.aborted; i += o.batchSize) {
     const batch = examples.slice(i, i + o.batchSize);
     // With an environment, a task's prompt is its first observation and each row acts in its own instance.
     const episodes = o.envs
@@ -159,6 +161,7 @@ export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: 
         tools: episodes ? [] : o.tools,
         toolsInPrompt: o.toolsInPrompt,
         envs: episodes?.envs,
+        signal: o.signal,
       });
     } finally {
       await episodes?.close();
@@ -210,7 +213,9 @@ export function formatEvalLine(r: EvalResult): string {
 }
 
 /** A training run's closing evaluation: greedy on the held-out questions, one log line, the eval_*
- *  metrics at the last step, and eval.json (summary + the first 50 questions) in the run folder. */
+ *  metrics at the last step, and eval.json (summary + the first 50 questions) in the run folder.
+ *  Stopped by `signal` (Ctrl-C), it records nothing and returns null: a partial evaluation is not
+ *  passed off as the run's. */
 export async function finalEvaluation(
   model: CausalLM,
   tokenizer: Tokenizer,
@@ -223,6 +228,7 @@ export async function finalEvaluation(
     tools: Tool[];
     envs?: EnvironmentFactory;
     generate?: RolloutEngine["generate"];
+    signal?: AbortSignal;
     outputDir: string;
     metrics: MetricsLogger;
     step: number;
@@ -241,7 +247,9 @@ export async function finalEvaluation(
     tools: o.tools,
     envs: o.envs,
     generate: o.generate,
+    signal: o.signal,
   });
+  if (o.signal?.aborted) return null;
   o.log(`eval (held-out, greedy): ${formatEvalLine(r)}`);
   o.metrics.log(o.step, {
     eval_accuracy: r.strict.value,

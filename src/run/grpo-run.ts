@@ -7,6 +7,7 @@
  *  the same rollouts as an uninterrupted one.
  *  Whatever generates the rollouts is a RolloutEngine (rollout/engines/, --rollout_engine): the loop
  *  never asks which. The step's pieces between rollouts and update are grpo-step.ts. */
+import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { checkToolsFit, systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { openRunTools, type ToolSet } from "../agents/toolset.ts";
@@ -32,7 +33,7 @@ import { dataStream, environmentSplit, heldOutCutsTraining, loadTrainingData } f
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
 import { runIdentity } from "./flags.ts";
-import { GRPO_FLAGS, settleGrpoConfig, type GrpoRunConfig } from "./grpo-flags.ts";
+import { GRPO_FLAGS, settleGrpoConfig, TINY_GRPO, type GrpoRunConfig } from "./grpo-flags.ts";
 import { describeLoss, engineMetrics, engineSampling, ENV_LINE, EnvFailures, grpoConfig, grpoRollouts, lossFields } from "./grpo-step.ts";
 import { rolloutsOf, scoreStep, stepMetrics, type RolloutScorer } from "./grpo-step.ts";
 import { loraTargets, toolConfig } from "./options.ts";
@@ -71,16 +72,13 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
     : null;
   const { cfg, rewardWeights } = settleGrpoConfig(options, envs);
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
+  await checkPresetModel(cfg);
   await checkModelSource(cfg.model_path, "--model_path", cfg.init_adapter, "--init_adapter");
   if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
-  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir) : null;
+  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir, { checkModel: true }) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
   const start = ckpt?.state.global_step ?? 0;
   const total = cfg.max_steps;
-  // A run killed after its last step (while writing final/, evaluating or reporting) is finished by
-  // --resume; a finished one only continues with more steps.
-  if (start > total || (start === total && (await runFinished(cfg.output_dir))))
-    throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
   // Tool servers are checked before the run folder is touched (the environment server was, above).
   // Held-out questions never include a training row; the split is logged and kept in run.json.
   const {
@@ -94,6 +92,10 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
         cfg.eval_samples,
       );
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
+  // A run killed after its last step (while writing final/, evaluating or reporting) is finished by
+  // --resume; a finished one only continues with more steps.
+  if (start > total || (start === total && (await runFinished(cfg.output_dir, heldOut.length > 0))))
+    throw new UsageError(`--resume: ${cfg.output_dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
   log(`data: ${split}`);
   // The rollout engine's flags, and that it answers or loads, are checked before anything is written.
   const openEngine = await prepareEngine(cfg, log);
@@ -103,6 +105,22 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   } finally {
     await toolSet.close();
   }
+}
+
+/** --preset tiny trains from the tiny SFT model, quickstart step 1's output: when that is not there
+ *  yet, say which command makes it rather than only that the folder is missing. */
+async function checkPresetModel(cfg: GrpoRunConfig): Promise<void> {
+  if (cfg.preset !== "tiny" || path.normalize(cfg.model_path) !== TINY_GRPO.model_path) return;
+  if (
+    await fs.stat(path.join(cfg.model_path, "config.json")).then(
+      () => true,
+      () => false,
+    )
+  )
+    return;
+  throw new UsageError(
+    `--preset tiny: GRPO starts from the tiny SFT model, ${cfg.model_path}, which is not there yet; run quickstart step 1 first: npx tsx scripts/train-sft.ts --preset tiny`,
+  );
 }
 
 async function train(
@@ -208,9 +226,16 @@ async function train(
     // Ctrl-C / SIGTERM: the loop stops at its next safe point (before a step starts, when weights,
     // optimizer state and history all belong to the same step) and saves there.
     const stop = watchInterrupts();
+    // A run that stops early (Ctrl-C, the engine gone) still leaves its report of the steps it made.
+    const report = () => writeReport(cfg.output_dir, { title: `GRPO ${path.basename(policy.base)}`, extra: { loss: describeLoss(loss) } });
+    const reportOnTheWayOut = () =>
+      report().then(
+        () => " and report.html",
+        (err: Error) => (log(`note: report.html could not be written: ${err.message.split("\n")[0]}`), ""),
+      );
     const stopHere = async (s: number) => {
       if (s !== savedStep) await saveAt(s);
-      return new Interrupted(`saved checkpoint-${s} in ${cfg.output_dir}; continue with --resume`);
+      return new Interrupted(`saved checkpoint-${s}${await reportOnTheWayOut()} in ${cfg.output_dir}; continue with --resume`);
     };
     const progress = createProgress(total, "grpo", { keyMetric: "reward", start });
     try {
@@ -244,8 +269,9 @@ async function train(
         if (env.note && !cfg.quiet) progress.log(`step ${step + 1}: ${env.note}`);
         if (env.stop) {
           if (savedStep !== step + 1) await saveAt(step + 1);
+          const wrote = await reportOnTheWayOut();
           throw new Error(
-            `environment ${cfg.env}: ${env.stop}; stopped after step ${step + 1} and saved checkpoint-${step + 1} in ${cfg.output_dir}; continue with --resume once the server answers`,
+            `environment ${cfg.env}: ${env.stop}; stopped after step ${step + 1} and saved checkpoint-${step + 1}${wrote} in ${cfg.output_dir}; continue with --resume once the server answers`,
           );
         }
         if (saves.due(step + 1) && step + 1 < total) await saveAt(step + 1);
@@ -254,11 +280,13 @@ async function train(
       // The last step is checkpointed before final/ is written, so a run killed after it can be finished.
       if (savedStep !== total) await saveAt(total);
     } catch (err) {
+      stop.dispose(); // the run ends here: signals exit at once again
       if (err instanceof EngineError) {
         // The engine died, stalled or answered nonsense before this step trained: its weights are step's.
         if (savedStep !== step) await saveAt(step);
+        const wrote = await reportOnTheWayOut();
         throw new Error(
-          `${err.message}; stopped before step ${step + 1} and saved checkpoint-${step} in ${cfg.output_dir}; continue with --resume once the engine answers`,
+          `${err.message}; stopped before step ${step + 1} and saved checkpoint-${step}${wrote} in ${cfg.output_dir}; continue with --resume once the engine answers`,
         );
       }
       if (err instanceof NonFiniteError)
@@ -268,25 +296,36 @@ async function train(
       throw err;
     } finally {
       progress.stop();
-      stop.dispose();
     }
     const finalDir = path.join(cfg.output_dir, "final");
-    await savePolicy(policy, finalDir, false);
-    log(`saved adapter to ${finalDir}`);
-    const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      generate: (prompts, rc) => engine!.generate(prompts, rc), // evaluated as it was trained
-      maxNewTokens: cfg.max_new_tokens,
-      maxTurns: cfg.max_turns,
-      toolsInPrompt: cfg.tools_in_prompt,
-      seed: cfg.seed,
-      tools,
-      envs: c.envs ?? undefined,
-      outputDir: cfg.output_dir,
-      metrics,
-      step: total,
-      log,
-    });
-    await writeReport(cfg.output_dir, { title: `GRPO ${path.basename(policy.base)}`, extra: { loss: describeLoss(loss) } });
+    let evalResult: EvalResult | null;
+    try {
+      await savePolicy(policy, finalDir, false);
+      log(`saved adapter to ${finalDir}`);
+      evalResult = await finalEvaluation(model, tokenizer, heldOut, {
+        generate: (prompts, rc) => engine!.generate(prompts, rc), // evaluated as it was trained
+        maxNewTokens: cfg.max_new_tokens,
+        maxTurns: cfg.max_turns,
+        toolsInPrompt: cfg.tools_in_prompt,
+        seed: cfg.seed,
+        tools,
+        envs: c.envs ?? undefined,
+        outputDir: cfg.output_dir,
+        metrics,
+        step: total,
+        log,
+        signal: stop.abortSignal,
+      });
+      if (stop.requested) {
+        await report();
+        throw new Interrupted(
+          `saved ${finalDir} and report.html; the closing evaluation was cut short: --resume runs it and writes eval.json`,
+        );
+      }
+    } finally {
+      stop.dispose();
+    }
+    await report();
     return { steps: total, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
   } catch (err) {
     if (!ckpt) await discardFailedRun(cfg.output_dir); // failed before its first step: leave nothing behind

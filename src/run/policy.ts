@@ -215,8 +215,9 @@ export async function withOutputDir<T>(dir: string, opts: PrepareOptions, open: 
   }
 }
 
-/** A training run is finished once its report is written: the last thing it does, after final/ and
- *  the held-out evaluation. */
-export async function runFinished(dir: string): Promise<boolean> {
-  return (await exists(path.join(dir, "final"))) && (await exists(path.join(dir, "report.html")));
+/** A training run is finished once final/, its closing evaluation (when it has held-out questions)
+ *  and its report are written. An interrupted run writes its report too, but not eval.json. */
+export async function runFinished(dir: string, evaluates: boolean): Promise<boolean> {
+  const has = (f: string) => exists(path.join(dir, f));
+  return (await has("final")) && (await has("report.html")) && (!evaluates || (await has("eval.json")));
 }

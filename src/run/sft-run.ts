@@ -18,7 +18,7 @@ import { Interrupted, watchInterrupts } from "./shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";
 import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { collectGarbage } from "../util/gc.ts";
-import { formatStepLine, memoryFields, MetricsLogger, SFT_LINE } from "../trainer/metrics.ts";
+import { formatStepLine, memoryFields, MetricsLogger, readMetrics, SFT_LINE } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { writeReport } from "../report/report.ts";
@@ -68,7 +68,7 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
   // Everything the user named is checked before the run folder is touched.
   await checkModelSource(cfg.model_path, "--model_path");
   if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "sft" });
-  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir) : null;
+  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir, { checkModel: true }) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
   const lora: LoraConfig | undefined = cfg.full
     ? undefined
@@ -129,7 +129,7 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     const totalSteps = stepsPerEpoch * cfg.num_epochs;
     const start = ckpt?.state.global_step ?? 0;
     // A run killed after its last step (while writing final/, evaluating or reporting) is finished here.
-    if (start > totalSteps || (start === totalSteps && (await runFinished(cfg.output_dir))))
+    if (start > totalSteps || (start === totalSteps && (await runFinished(cfg.output_dir, heldOut.length > 0))))
       throw new UsageError(
         `--resume: ${cfg.output_dir} already ran ${start} of ${totalSteps} steps; start a new --output_dir to train further`,
       );
@@ -140,7 +140,8 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     const rng = new Rng(cfg.seed);
     const progress = createProgress(totalSteps, "sft", { keyMetric: "loss", start });
     let step = start;
-    let lastLoss = NaN;
+    let lastLoss = await lastLoggedLoss(path.join(cfg.output_dir, "metrics.jsonl"), start); // a resumed run that has no step left
+    const report = () => writeReport(cfg.output_dir, { title: `SFT ${path.basename(policy.base)}` });
     let savedStep = ckpt ? start : -1;
     const saveAt = async (s: number) => {
       await saveCheckpoint(cfg.output_dir, {
@@ -159,7 +160,8 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
       });
       savedStep = s;
     };
-    // Ctrl-C / SIGTERM: stop before the next step and save there (see shutdown.ts).
+    // Ctrl-C / SIGTERM: stop before the next step and save there (see shutdown.ts); during the closing
+    // evaluation, stop it, write the report and leave the evaluation to --resume.
     const stop = watchInterrupts();
     const stopHere = async (s: number) => {
       if (s !== savedStep) await saveAt(s);
@@ -211,26 +213,39 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
       if (await stop.poll()) throw await stopHere(step);
       // The last step is checkpointed too, so a run killed while writing final/ can be finished.
       if (savedStep !== step) await saveAt(step);
+    } catch (err) {
+      stop.dispose();
+      throw err;
     } finally {
       progress.stop();
-      stop.dispose();
     }
     const finalDir = path.join(cfg.output_dir, "final");
-    await savePolicy(policy, finalDir, cfg.full);
-    log(`saved ${cfg.full ? "model" : "adapter"} to ${finalDir}`);
-
-    const evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-      maxNewTokens: cfg.eval_max_new_tokens,
-      maxTurns: cfg.max_turns,
-      toolsInPrompt: cfg.tools_in_prompt,
-      seed: cfg.seed,
-      tools: toolSet.tools,
-      outputDir: cfg.output_dir,
-      metrics,
-      step,
-      log,
-    });
-    await writeReport(cfg.output_dir, { title: `SFT ${path.basename(policy.base)}` });
+    let evalResult: EvalResult | null;
+    try {
+      await savePolicy(policy, finalDir, cfg.full);
+      log(`saved ${cfg.full ? "model" : "adapter"} to ${finalDir}`);
+      evalResult = await finalEvaluation(model, tokenizer, heldOut, {
+        maxNewTokens: cfg.eval_max_new_tokens,
+        maxTurns: cfg.max_turns,
+        toolsInPrompt: cfg.tools_in_prompt,
+        seed: cfg.seed,
+        tools: toolSet.tools,
+        outputDir: cfg.output_dir,
+        metrics,
+        step,
+        log,
+        signal: stop.abortSignal,
+      });
+      if (stop.requested) {
+        await report();
+        throw new Interrupted(
+          `saved ${finalDir} and report.html; the closing evaluation was cut short: --resume runs it and writes eval.json`,
+        );
+      }
+    } finally {
+      stop.dispose();
+    }
+    await report();
     return { steps: step, finalLoss: lastLoss, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
   } catch (err) {
     if (!ckpt) await discardFailedRun(cfg.output_dir); // failed before its first step: leave nothing behind
@@ -241,6 +256,13 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     model.dispose();
     releaseOutputDir(cfg.output_dir);
   }
+}
+
+/** The loss of the last step metrics.jsonl holds up to `step` (NaN when none). */
+async function lastLoggedLoss(file: string, step: number): Promise<number> {
+  const records = await readMetrics(file).catch(() => []);
+  const last = records.filter((r) => r.step <= step && typeof r.loss === "number").at(-1);
+  return last ? (last.loss as number) : NaN;
 }
 
 function countCalls(conversations: ChatMessage[][]): number {

@@ -39,6 +39,10 @@ const SAME_INTERRUPT_MS = 1000;
 export class StopRequest {
   requested = false;
   private requestedAt = 0;
+  private readonly aborter = new AbortController();
+  /** Aborted with the stop request: work that cannot wait for a safe point (the closing evaluation's
+   *  rollouts) ends at its next decode step. */
+  readonly abortSignal: AbortSignal = this.aborter.signal;
 
   constructor(
     private io: StopIo = processIo,
@@ -72,6 +76,7 @@ export class StopRequest {
     this.requested = true;
     this.requestedAt = this.now();
     this.io.stderr(why);
+    this.aborter.abort();
   }
 }
 

@@ -69,6 +69,25 @@ class EvalQueue {
 
 const SHUTDOWN = () => new HttpError(503, "the server is shutting down: evaluation abandoned; nothing was recorded");
 
+/** The unit of every score, accuracy and rate an evaluation answers, by field path: AutoRL-Bench's
+ *  fields (score, baseline, improvement, details.accuracy) are percent, as its evaluators give them;
+ *  the fields this server adds beside them are fractions (0-1). */
+export const GRADE_UNITS = {
+  score: "percent",
+  score_ci: "percent",
+  baseline_score: "percent",
+  baseline: "percent",
+  improvement: "percentage points",
+  improvement_ci: "percentage points",
+  "details.accuracy": "percent",
+  accuracy: "fraction",
+  "details.lenient_accuracy": "fraction",
+  "details.pass_at_k": "fraction",
+  "details.format_valid": "fraction",
+  "details.tool_error_rate": "fraction",
+  "details.truncated_rate": "fraction",
+} as const;
+
 export class Grader {
   readonly store: GradingStore;
   private queue: EvalQueue;
@@ -297,7 +316,8 @@ export class Grader {
   }
 
   /** Evaluate a submitted folder and score it against the baseline (both dialects' fields). Scores
-   *  are percent, as AutoRL-Bench's evaluators give them; `accuracy` keeps the fraction. With no
+   *  are percent, as AutoRL-Bench's evaluators give them; `accuracy` keeps the fraction; `units`
+   *  names the unit of each (GRADE_UNITS). With no
    *  baseline (none set, and the base model's evaluation failed or is unavailable) `baseline_score`
    *  and `improvement` are null, as on the real server before /set_baseline. */
   async grade(s: Scenario, modelPath: string): Promise<{ fields: Record<string, unknown>; key: string }> {
@@ -333,6 +353,7 @@ export class Grader {
       score,
       score_ci: { lo: pct(r.strict.lo), hi: pct(r.strict.hi), level: 0.95 },
       score_unit: "percent",
+      units: GRADE_UNITS,
       accuracy: r.strict.value,
       metric: "accuracy", // strict: the \boxed{} answer (the protocol's answer_schema and scorer)
       n: r.n,

@@ -234,6 +234,7 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
       POST: async (raw) => {
         const body = parseBody("/set_baseline", raw, o.log);
         const score = body.score; // percent, as the scores this server gives
+        if (!(score >= 0 && score <= 100)) throw new HttpError(400, `field "score" must be a percent between 0 and 100, got ${score}`);
         const s = grader.scenario(body.scenario_id);
         await grader.setBaseline(s, score);
         return { baseline_score: score, status: "set", scenario_id: s.id };

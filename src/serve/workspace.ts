@@ -63,15 +63,16 @@ async function regularFile(file: string): Promise<{ size: number; mtimeMs: numbe
 
 const MAX_JSON_BYTES = 64 * 2 ** 20; // config, tokenizer (Qwen2.5's tokenizer.json is 7 MB), index
 
-/** Parse a JSON file of a submitted folder. The error names the file only: V8's message quotes the
- *  text it could not parse, and the file may be a link to something that must not be shown. */
+/** Parse a JSON file of a submitted folder. A file that is not JSON is a model that does not load
+ *  (422, as a broken weights file). The error names the file only: V8's message quotes the text it
+ *  could not parse, and the file may be a link to something that must not be shown. */
 async function parseJsonFile(file: string, size: number): Promise<unknown> {
   if (size > MAX_JSON_BYTES)
     throw new HttpError(413, `file ${file} is ${size} bytes; JSON files of a model folder may hold at most ${MAX_JSON_BYTES}`);
   try {
     return JSON.parse(await fs.readFile(file, "utf8"));
   } catch {
-    throw new HttpError(400, `file ${file} is not valid JSON`);
+    throw new HttpError(422, `file ${file} is not valid JSON`);
   }
 }
 

@@ -9,8 +9,8 @@
 import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { UsageError } from "../util/errors.ts";
-import { readSafetensorsAll, writeSafetensors } from "../model/safetensors.ts";
+import { BadFileError, UsageError } from "../util/errors.ts";
+import { readSafetensorsAll, SafetensorsFile, writeSafetensors } from "../model/safetensors.ts";
 import { writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
 
 /** Named F32 tensors as exported by the optimizer (e.g. `m/<var>`, `v/<var>`). */
@@ -145,20 +145,56 @@ export interface LoadedCheckpoint {
   modelKind: "adapter" | "full" | "unknown";
 }
 
-/** Find and read a checkpoint (see resolveCheckpoint). Errors name the folder and the bad piece. */
-export async function loadCheckpoint(p: string, io: SafetensorsIo = defaultIo): Promise<LoadedCheckpoint> {
+export interface LoadOptions {
+  io?: SafetensorsIo;
+  /** Also check the model part's files (JSON configs parse, safetensors headers fit their files). */
+  checkModel?: boolean;
+  /** Where the fallback below is said (default stderr). */
+  note?: (line: string) => void;
+}
+
+/** Find and read a checkpoint (see resolveCheckpoint). Errors name the folder and the bad piece.
+ *  Given a run folder whose newest checkpoint is corrupt or incomplete (a disk that filled up, a file
+ *  cut short by a copy), the newest intact earlier one is read instead, and `note` says so. */
+export async function loadCheckpoint(p: string, opts: LoadOptions = {}): Promise<LoadedCheckpoint> {
   const dir = await resolveCheckpoint(p);
+  try {
+    return await readCheckpoint(dir, opts);
+  } catch (err) {
+    if (dir === p || !(err instanceof BadFileError)) throw err;
+    const step = Number(CHECKPOINT_RE.exec(path.basename(dir))?.[1] ?? Infinity);
+    for (const c of (await listCheckpoints(p)).filter((c) => c.step < step).reverse()) {
+      const ckpt = await readCheckpoint(c.dir, opts).catch((e) => {
+        if (e instanceof BadFileError) return null;
+        throw e;
+      });
+      if (ckpt === null) continue;
+      (opts.note ?? ((l) => process.stderr.write(l + "\n")))(
+        `warning: ${err.message}; continuing from ${path.basename(c.dir)}, the newest intact checkpoint`,
+      );
+      return ckpt;
+    }
+    throw err;
+  }
+}
+
+async function readCheckpoint(dir: string, opts: LoadOptions): Promise<LoadedCheckpoint> {
+  const io = opts.io ?? defaultIo;
   const stateFile = path.join(dir, TRAINER_STATE_FILE);
   const text = await fs.readFile(stateFile, "utf8").catch(() => {
-    throw new Error(`checkpoint ${dir} is incomplete: ${TRAINER_STATE_FILE} is missing`);
+    throw new BadFileError(`checkpoint ${dir} is incomplete: ${TRAINER_STATE_FILE} is missing`);
   });
   let state: TrainerState;
   try {
     state = JSON.parse(text);
   } catch {
-    throw new Error(`checkpoint ${dir} is corrupt: ${TRAINER_STATE_FILE} is not valid JSON`);
+    throw new BadFileError(`checkpoint ${dir} is corrupt: ${TRAINER_STATE_FILE} is not valid JSON`);
   }
-  validateState(state, stateFile);
+  try {
+    validateState(state, stateFile);
+  } catch (err) {
+    throw new BadFileError((err as Error).message);
+  }
 
   let optimizerState: OptimizerState | undefined;
   const optFile = path.join(dir, OPTIMIZER_FILE);
@@ -166,12 +202,12 @@ export async function loadCheckpoint(p: string, io: SafetensorsIo = defaultIo): 
     try {
       optimizerState = await io.read(optFile);
     } catch (err) {
-      throw new Error(`checkpoint ${dir} is corrupt: ${OPTIMIZER_FILE}: ${err instanceof Error ? err.message : String(err)}`);
+      throw new BadFileError(`checkpoint ${dir} is corrupt: ${OPTIMIZER_FILE}: ${err instanceof Error ? err.message : String(err)}`);
     }
     for (const [k, t] of Object.entries(optimizerState)) {
       const numel = t.shape.reduce((a, b) => a * b, 1);
       if (numel !== t.data.length)
-        throw new Error(`checkpoint ${dir}: optimizer tensor ${k} has shape ${JSON.stringify(t.shape)} but ${t.data.length} values`);
+        throw new BadFileError(`checkpoint ${dir}: optimizer tensor ${k} has shape ${JSON.stringify(t.shape)} but ${t.data.length} values`);
     }
   }
   const modelKind = (await exists(path.join(dir, "adapter_config.json")))
@@ -179,7 +215,22 @@ export async function loadCheckpoint(p: string, io: SafetensorsIo = defaultIo): 
     : (await exists(path.join(dir, "config.json")))
       ? "full"
       : "unknown";
+  if (opts.checkModel) await checkModelFiles(dir);
   return { dir, state, optimizerState, modelKind };
+}
+
+/** The model part's files as far as they can be checked without loading: every JSON file parses,
+ *  every safetensors header is sound and fits its file (a truncated or garbled file fails here). */
+async function checkModelFiles(dir: string): Promise<void> {
+  for (const name of (await fs.readdir(dir)).sort()) {
+    const file = path.join(dir, name);
+    try {
+      if (name.endsWith(".json") && name !== TRAINER_STATE_FILE) JSON.parse(await fs.readFile(file, "utf8"));
+      else if (name.endsWith(".safetensors") && name !== OPTIMIZER_FILE) await (await SafetensorsFile.open(file)).close();
+    } catch (err) {
+      throw new BadFileError(`checkpoint ${dir} is corrupt: ${name}: ${(err as Error).message.replace(file + ": ", "")}`);
+    }
+  }
 }
 
 /** Refuse to continue a checkpoint made with other settings (naming the differing keys), or one

@@ -1,5 +1,5 @@
 /** The errors thrown on purpose, by type: a usage error the user fixes on the command line (runMain
- *  exits 2), and a non-finite step the trainers refuse to apply, so a training loop can tell "this
+ *  exits 2), a file of theirs that is corrupt (a usage error too), and a non-finite step the trainers refuse to apply, so a training loop can tell "this
  *  step blew up, nothing was applied" from a bug. */
 
 /** A bad flag or argument: the user can fix it by changing the command line. Exits with code 2. */
@@ -7,6 +7,16 @@ export class UsageError extends Error {
   constructor(message: string) {
     super(message);
     this.name = "UsageError";
+  }
+}
+
+/** A file the user gave (model weights, config.json, an adapter, a checkpoint) is not what it must be:
+ *  truncated, corrupt, not JSON, not the format. Bad input like a bad flag (runMain exits 2); the
+ *  message names the file. */
+export class BadFileError extends UsageError {
+  constructor(message: string) {
+    super(message);
+    this.name = "BadFileError";
   }
 }
 

@@ -1,5 +1,6 @@
 /** JSON-lines files. `readLines` is the one way they are read: in chunks, never holding more than one
- *  line, each line capped (a 50 MB line is an error naming it, not a 4 GB heap), a UTF-8 BOM skipped.
+ *  line, each line capped (a 50 MB line is an error naming it, not a 4 GB heap), a UTF-8 BOM skipped,
+ *  and a line that is not UTF-8 (a Latin-1 file, random bytes) an error naming it, not U+FFFD.
  *
  *  Step logs (metrics.jsonl, trajectories.jsonl): JSON lines with a `step` field, appended as a run
  *  goes. Before a run appends to one, `openStepLog` makes the file fit to continue: it cuts a torn
@@ -50,8 +51,12 @@ export interface Line {
 
 const mb = (n: number) => `${(n / 1024 / 1024).toFixed(1)} MB`;
 
+// fatal: invalid bytes throw instead of becoming U+FFFD; ignoreBOM: the BOM is ours to skip, on line 1 only.
+const utf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+
 /** The lines of `file`, streamed (synchronous reads of 1 MB chunks). A line longer than
- *  `maxLineBytes` throws "<file>: line N is X MB; the limit is Y MB". */
+ *  `maxLineBytes` throws "<file>: line N is X MB; the limit is Y MB"; one that is not UTF-8 throws
+ *  "<file>: line N is not UTF-8 text (...)" and quotes none of its bytes. */
 export function* readLines(file: string, maxLineBytes = MAX_LINE_BYTES): Generator<Line> {
   const fd = fs.openSync(file, "r");
   try {
@@ -62,7 +67,12 @@ export function* readLines(file: string, maxLineBytes = MAX_LINE_BYTES): Generat
     let offset = 0; // file offset of the current line
     let pos = 0; // file offset of `chunk`
     const lineOf = (buf: Buffer, terminated: boolean): Line => {
-      let text = buf.toString("utf8");
+      let text: string;
+      try {
+        text = utf8.decode(buf);
+      } catch {
+        throw new Error(`${file}: line ${lineNo} is not UTF-8 text (a binary file, or text in another encoding); save it as UTF-8`);
+      }
       if (lineNo === 1 && text.charCodeAt(0) === 0xfeff) text = text.slice(1);
       return { text, lineNo, offset, terminated };
     };

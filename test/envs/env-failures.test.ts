@@ -284,7 +284,7 @@ describe("GRPO against a failing environment server", () => {
     const bySample: RolloutScorer = (t) => ({ reward: t.sampleIndex, components: { sample: t.sampleIndex } });
     const out = cfg.output_dir;
     await expect(runGrpo(cfg, bySample)).rejects.toThrow(
-      /^environment http:\/\/127\.0\.0\.1:\d+: every rollout failed in 2 steps in a row \(last: environment .*\/create: HTTP 500 .*\); stopped after step 3 and saved checkpoint-3 in .*; continue with --resume once the server answers$/,
+      /^environment http:\/\/127\.0\.0\.1:\d+: every rollout failed in 2 steps in a row \(last: environment .*\/create: HTTP 500 .*\); stopped after step 3 and saved checkpoint-3 and report\.html in .*; continue with --resume once the server answers$/,
     );
     const metrics = await readMetrics(path.join(out, "metrics.jsonl"));
     expect(metrics.map((m) => m.env_error_rate)).toEqual([0.25, 1, 1]);

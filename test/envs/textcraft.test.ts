@@ -250,7 +250,7 @@ describe("GRPO against TextCraft on the tiny model", () => {
     const s = await replay();
     const cfg = await tinyEnvRunConfig(s.url, "auto", { env_tasks: "0,3", env_max_failed_steps: 1, max_steps: 2 });
     await expect(runGrpo(cfg)).rejects.toThrow(
-      /^environment .*: every rollout failed in 1 steps in a row \(last: the first observation makes a prompt of \d+ tokens; with maxNewTokens 128 it passes the model's context of 1024 tokens\); stopped after step 1 and saved checkpoint-1 in .*; continue with --resume once the server answers$/,
+      /^environment .*: every rollout failed in 1 steps in a row \(last: the first observation makes a prompt of \d+ tokens; with maxNewTokens 128 it passes the model's context of 1024 tokens\); stopped after step 1 and saved checkpoint-1 and report\.html in .*; continue with --resume once the server answers$/,
     );
     const run = JSON.parse(await fs.readFile(path.join(cfg.output_dir, "run.json"), "utf8"));
     expect(JSON.stringify(run)).toContain('"env_eval_tasks":"272-543"'); // TextCraft's upper half, by default

@@ -293,6 +293,19 @@ describe("runChat with piped input", () => {
     expect(stdout).not.toMatch(/\x1b\[|you>/); // no prompts or ANSI when piped
   });
 
+  it("a message too long for the context: one line naming --max_new_tokens and what to do; the session goes on", async () => {
+    const cfg = await parseChatArgs(["node", "chat", "--model_path", modelDir, "--max_new_tokens", "4", "--backend", "wasm"]);
+    const long = "eggs ".repeat(1100); // more tokens than the model's 1,024 positions
+    const { errs, replies } = await chatPiped(cfg, `${long}\nHow many are left?\n`);
+    const errors = errs.filter((l) => l.startsWith("error:"));
+    expect(errors).toHaveLength(1);
+    expect(errors[0]).toMatch(
+      /^error: this message makes the prompt \d+ tokens; with --max_new_tokens 4 that passes the model's 1024 positions: send a shorter message, \/reset to start a new conversation, or restart with a lower --max_new_tokens$/,
+    );
+    expect(replies).toHaveLength(1); // the next message is answered, without the long one in its prompt
+    expect(replies[0].promptIds.length).toBeLessThan(1024 - 4);
+  });
+
   it("the script exits 0 at end of piped input", async () => {
     const tsx = path.resolve("node_modules/.bin/tsx");
     const p = spawn(tsx, ["scripts/chat.ts", "--model_path", modelDir, "--max_new_tokens", "3", "--backend", "wasm"], {

@@ -216,6 +216,10 @@ describe("prepareOutputDir", () => {
     await fs.writeFile(path.join(dir, "metrics.jsonl"), '{"step":1}\n');
     const before = (await fs.readdir(dir)).sort();
     await expect(prepareOutputDir(dir, { runKind: "grpo" })).rejects.toThrow(/already holds a run; pass --resume .* or --overwrite/);
+    // A run kind that cannot be continued (an evaluation) is not told to pass --resume.
+    await expect(prepareOutputDir(dir, { runKind: "eval", resumable: false })).rejects.toThrow(
+      /^--output_dir \S+ already holds a run; pass --overwrite to replace it or pick another --output_dir$/,
+    );
     await expect(prepareOutputDir(dir, { runKind: "grpo", overwrite: true, resume: true })).rejects.toThrow(UsageError);
     await expect(prepareOutputDir(dir, { runKind: "sft", resume: true })).rejects.toThrow(/holds a grpo run, not sft/);
     expect((await fs.readdir(dir)).sort()).toEqual(before);

@@ -153,8 +153,10 @@ describe("runEval on a random tiny model", () => {
     expect(res.results).toHaveLength(2);
     expect(lines.some((l) => l.startsWith(`improvement ${name} vs ${name}-baseline: strict +0.000`))).toBe(true);
     expect(lines.filter((l) => /^\S+: strict \d\.\d{3} \[/.test(l))).toHaveLength(2); // formatEvalLine per model
-    // A second run into the same folder is refused without --overwrite, before any model is opened.
-    await expect(runEval(cfg, { out: () => {}, progress: false })).rejects.toThrow(/already holds a run/);
+    // A second run into the same folder is refused without --overwrite, before any model is opened;
+    // the message names the flag eval has (an evaluation cannot be continued: no --resume).
+    const second = runEval(cfg, { out: () => {}, progress: false });
+    await expect(second).rejects.toThrow(/already holds a run; pass --overwrite to replace it or pick another --output_dir$/);
   }, 60_000);
 });
 

@@ -176,7 +176,9 @@ describe("tiny pipeline", () => {
     expect(report.match(/<div class="group">/g)).toHaveLength(2 * 2);
     expect(await fs.readFile(path.join(sftDir, "report.html"), "utf8")).toContain('<h2 id="held-out">Held-out transcripts</h2>');
     const adapterCfg = JSON.parse(await fs.readFile(path.join(grpoDir, "final/adapter_config.json"), "utf8"));
-    expect(adapterCfg.base_model_name_or_path).toBe(path.join(sftDir, "final"));
+    // The base is named relative to the adapter folder, and resolves to the SFT output from there.
+    expect(path.resolve(grpoDir, "final", adapterCfg.base_model_name_or_path)).toBe(path.resolve(sftDir, "final"));
+    expect(path.isAbsolute(adapterCfg.base_model_name_or_path)).toBe(false);
   });
 
   it("GRPO resumed halfway makes the same adapter as an uninterrupted run", async () => {

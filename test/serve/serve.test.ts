@@ -175,6 +175,27 @@ describe("early dialect (/scenarios, /evaluate, /interact)", () => {
       baseline_source: "computed",
     });
     expect(r.json.baseline).toBe(r.json.baseline_score);
+    // Every score, accuracy and rate in the body says its unit: percent as AutoRL-Bench scores, or a fraction.
+    const numbers = (o: any, pre = ""): string[] =>
+      Object.entries(o).flatMap(([k, v]) =>
+        typeof v === "number" ? [pre + k] : v && typeof v === "object" && !Array.isArray(v) ? numbers(v, `${pre}${k}.`) : [],
+      );
+    const COUNTS =
+      /^(n|k|details\.(correct|total|tool_calls_per_rollout|eval_seconds)|elapsed_seconds|(score|improvement)_ci\.(level|paired_over))$/;
+    const units = r.json.units as Record<string, string>;
+    const valueAt = (p: string) => p.split(".").reduce((o: any, k) => o?.[k], r.json);
+    for (const p of numbers(r.json).filter((p) => !COUNTS.test(p))) {
+      const field = p.replace(/_ci\.(lo|hi)$/, "_ci");
+      expect([p, units[field]]).toEqual([p, expect.stringMatching(/^(percent|fraction|percentage points)$/)]);
+      if (units[field] === "fraction") expect(valueAt(p)).toBeLessThanOrEqual(1);
+    }
+    expect(units).toMatchObject({
+      score: "percent",
+      "details.accuracy": "percent",
+      accuracy: "fraction",
+      improvement: "percentage points",
+    });
+    expect(r.json.details.accuracy).toBe(r.json.score); // as AutoRL-Bench's /evaluate gives it
     const lines = (await fs.readFile(r.json.samples_path, "utf8"))
       .trim()
       .split("\n")
@@ -283,7 +304,6 @@ describe("bad requests get a JSON 4xx naming the problem, and the server keeps s
       ["output/../../x", 403, /outside the workspace/],
       [TINY_BASE_DIR, 403, /outside the workspace/],
       ["output/link-out", 403, /symlink .*outside the workspace/],
-      ["output/secret", 400, /^file .*config\.json is not valid JSON$/],
       ["output/fifo", 400, /^file .*model\.safetensors is not a regular file$/],
       ["output/foreign-adapter", 403, /neither this scenario's base model .* nor a model folder inside the workspace/],
       ["output/missing", 404, /does not exist/],
@@ -296,6 +316,10 @@ describe("bad requests get a JSON 4xx naming the problem, and the server keeps s
       expect(JSON.stringify(r.json)).not.toContain("hunter2");
     }
     expect((await call("GET", "/history")).json).toHaveLength(1);
+    // A config.json that is not JSON is a model that does not load (422), named, never quoted.
+    const secretAnswer = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/secret" });
+    expect([secretAnswer.status, secretAnswer.json.error]).toEqual([422, expect.stringMatching(/^file .*config\.json is not valid JSON$/)]);
+    expect(JSON.stringify(secretAnswer.json)).not.toContain("hunter2");
     // A folder whose weights link to the base (outside the workspace) is graded, as AutoRL-Bench grades it.
     const linked = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/mixed" });
     expect(linked.status, linked.json.error).toBe(200);
@@ -351,6 +375,9 @@ describe("bad requests get a JSON 4xx naming the problem, and the server keeps s
       ["GET", "/nope", undefined, 404, /no such endpoint: GET \/nope/],
       ["GET", "/submit", undefined, 405, /GET \/submit is not supported; use POST/],
       ["POST", "/set_baseline", { score: "high" }, 400, /field "score" must be a number \(or a numeric string\), got "high"/],
+      ["POST", "/set_baseline", { score: -5 }, 400, /^field "score" must be a percent between 0 and 100, got -5$/],
+      ["POST", "/set_baseline", { score: 1e9 }, 400, /^field "score" must be a percent between 0 and 100, got 1000000000$/],
+      ["POST", "/set_baseline", { score: "101" }, 400, /^field "score" must be a percent between 0 and 100, got 101$/],
     ];
     for (const [method, route, body, status, msg] of cases) {
       const r = await call(method, route, body);
@@ -369,6 +396,13 @@ describe("bad requests get a JSON 4xx naming the problem, and the server keeps s
     expect(r.status).toBe(422);
     expect(r.json.error).toMatch(/^model_path "output\/broken" could not be loaded or evaluated: /);
     expect((await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/v1" })).status).toBe(200);
+    // A config.json that is not JSON: the model does not load either.
+    const garbled = path.join(ws, "output", "garbled");
+    await fs.mkdir(garbled);
+    await fs.copyFile(path.join(TINY_BASE_DIR, "model.safetensors"), path.join(garbled, "model.safetensors"));
+    await fs.writeFile(path.join(garbled, "config.json"), "{ not json");
+    const g = await call("POST", "/evaluate", { scenario_id: "tiny", model_path: "output/garbled" });
+    expect([g.status, g.json.error]).toEqual([422, expect.stringMatching(/^file .*config\.json is not valid JSON$/)]);
   });
 });
 

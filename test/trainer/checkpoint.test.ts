@@ -14,6 +14,9 @@ import {
   type TrainerState,
 } from "../../src/trainer/checkpoint.ts";
 import { Rng } from "../../src/util/rng.ts";
+import { UsageError } from "../../src/util/errors.ts";
+import { encodeSafetensors } from "../../src/model/safetensors.ts";
+import { randomBytes } from "node:crypto";
 
 const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-ckpt-"));
 
@@ -146,6 +149,63 @@ describe("checkpoint", () => {
     await expect(loadCheckpoint(dir)).rejects.toThrow(/global_step -1: expected a whole number >= 0/);
     await fs.rm(path.join(dir, "trainer_state.json"));
     await expect(loadCheckpoint(run)).rejects.toThrow(/is incomplete: trainer_state.json is missing/);
+  });
+});
+
+describe("a corrupt newest checkpoint", () => {
+  /** A PEFT-shaped model part with a real safetensors file. */
+  const realModel = (seed: number) => async (dir: string) => {
+    await fs.writeFile(path.join(dir, "adapter_config.json"), JSON.stringify({ r: 2 }));
+    await fs.writeFile(path.join(dir, "adapter_model.safetensors"), encodeSafetensors(optimizer(seed), { format: "pt" }));
+  };
+  const runWithTwo = async () => {
+    const run = await tmp();
+    const first = await saveCheckpoint(run, { saveModel: realModel(1), state: state(1), optimizerState: optimizer(1) });
+    const second = await saveCheckpoint(run, { saveModel: realModel(2), state: state(2), optimizerState: optimizer(2) });
+    return { run, first, second };
+  };
+
+  it("--resume falls back to the newest intact one, saying which and why", async () => {
+    const damage: Array<[string, (dir: string) => Promise<void>, RegExp]> = [
+      [
+        "truncated weights",
+        async (d) => fs.truncate(path.join(d, "adapter_model.safetensors"), 100),
+        /adapter_model\.safetensors: truncated/,
+      ],
+      ["a config that is not JSON", (d) => fs.writeFile(path.join(d, "adapter_config.json"), "{ r: 2"), /adapter_config\.json/],
+      [
+        "random bytes as weights",
+        (d) => fs.writeFile(path.join(d, "adapter_model.safetensors"), randomBytes(4096)),
+        /adapter_model\.safetensors: .*corrupted/,
+      ],
+      [
+        "a cut trainer state",
+        (d) => fs.writeFile(path.join(d, "trainer_state.json"), '{"global_step": 2'),
+        /trainer_state\.json is not valid JSON/,
+      ],
+      ["garbled optimizer state", (d) => fs.writeFile(path.join(d, "optimizer.safetensors"), "garbage"), /optimizer\.safetensors/],
+    ];
+    for (const [what, harm, why] of damage) {
+      const { run, first, second } = await runWithTwo();
+      await harm(second);
+      const notes: string[] = [];
+      const got = await loadCheckpoint(run, { checkModel: true, note: (l) => notes.push(l) });
+      expect([what, got.dir, got.state.global_step]).toEqual([what, first, 1]);
+      expect(notes).toHaveLength(1);
+      expect(notes[0]).toMatch(/^warning: checkpoint .*checkpoint-2 is (corrupt|incomplete): /);
+      expect(notes[0]).toMatch(why);
+      expect(notes[0]).toMatch(/; continuing from checkpoint-1, the newest intact checkpoint$/);
+    }
+  });
+
+  it("with no intact one left, or named directly, is an error naming it (a usage error: exit 2)", async () => {
+    const { run, first, second } = await runWithTwo();
+    await fs.truncate(path.join(second, "adapter_model.safetensors"), 100);
+    await expect(loadCheckpoint(second, { checkModel: true })).rejects.toThrow(/checkpoint-2 is corrupt: adapter_model\.safetensors/);
+    await fs.writeFile(path.join(first, "trainer_state.json"), "");
+    const err = await loadCheckpoint(run, { checkModel: true, note: () => {} }).catch((e: Error) => e);
+    expect(err).toBeInstanceOf(UsageError);
+    expect((err as Error).message).toMatch(/checkpoint-2 is corrupt: adapter_model\.safetensors/);
   });
 });
 
