@@ -7,12 +7,7 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { modelInfo } from "@huggingface/hub";
 import { cachedMain, hubCacheDirs, hubDownload, hubEndpoint, hubOffline, isHubId, repoCacheDir, setCachedMain } from "../util/hub.ts";
-
-const exists = (p: string) =>
-  fs.stat(p).then(
-    () => true,
-    () => false,
-  );
+import { exists } from "../util/fs.ts";
 
 /** The snapshot folder of `ORG/NAME` in a cache root, or null when it is not there (or incomplete). */
 export async function cachedSnapshot(id: string, cache: string): Promise<string | null> {

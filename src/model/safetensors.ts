@@ -6,7 +6,7 @@
  *  and F64 (Qwen checkpoints do not use them). */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { insideFolder, writeFileAtomic } from "../util/fs.ts";
+import { insideFolder, writeFileAtomic, exists } from "../util/fs.ts";
 import { BadFileError } from "../util/errors.ts";
 
 export interface HostTensor {
@@ -221,11 +221,6 @@ export class Checkpoint {
   static async open(dir: string): Promise<Checkpoint> {
     const single = path.join(dir, "model.safetensors");
     const index = path.join(dir, "model.safetensors.index.json");
-    const exists = (p: string) =>
-      fs.stat(p).then(
-        () => true,
-        () => false,
-      );
     if (await exists(single)) {
       const f = await SafetensorsFile.open(single);
       return new Checkpoint(new Map(f.keys().map((k) => [k, f])), [f]);

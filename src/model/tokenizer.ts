@@ -8,6 +8,7 @@ import { Tokenizer as HfTokenizer } from "@huggingface/tokenizers";
 import { Template } from "@huggingface/jinja";
 import type { ChatMessage, Tokenizer, ToolSchema } from "./types.ts";
 import { BadFileError } from "../util/errors.ts";
+import { isFile } from "../util/fs.ts";
 
 type ChatOpts = { tools?: ToolSchema[]; addGenerationPrompt?: boolean };
 /** tokenizer_config.json's chat_template: one string, or named templates ("default", "tool_use", ...). */
@@ -25,12 +26,12 @@ export async function loadTokenizerFromDir(dir: string): Promise<Tokenizer> {
   const jsonFile = path.join(dir, "chat_template.json");
   let template: TemplateSource | undefined;
   let templateFile = configFile;
-  if (await exists(jinjaFile)) {
+  if (await isFile(jinjaFile)) {
     template = await fs.readFile(jinjaFile, "utf8");
     templateFile = jinjaFile;
   } else if (tokenizerConfig.chat_template !== undefined && tokenizerConfig.chat_template !== null) {
     template = tokenizerConfig.chat_template as TemplateSource;
-  } else if (await exists(jsonFile)) {
+  } else if (await isFile(jsonFile)) {
     template = (await readJson(jsonFile)).chat_template as TemplateSource;
     templateFile = jsonFile;
   }
@@ -205,11 +206,4 @@ async function readJson(file: string): Promise<Record<string, unknown>> {
   }
   if (typeof value !== "object" || value === null || Array.isArray(value)) throw new Error(`${file} must hold a JSON object`);
   return value as Record<string, unknown>;
-}
-
-async function exists(file: string): Promise<boolean> {
-  return fs.stat(file).then(
-    (s) => s.isFile(),
-    () => false,
-  );
 }

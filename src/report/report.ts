@@ -7,7 +7,7 @@
  *  any model- or tool-written text) is HTML-escaped. */
 import * as path from "node:path";
 import { promises as fs } from "node:fs";
-import { writeFileAtomic } from "../util/fs.ts";
+import { writeFileAtomic, exists } from "../util/fs.ts";
 import { readMetrics, type MetricsRecord } from "../trainer/metrics.ts";
 import { formatDuration } from "../trainer/progress.ts";
 import { wilsonInterval, type Interval } from "../trainer/stats.ts";
@@ -97,12 +97,6 @@ export function renderTrainReport(input: TrainReportInput): string {
   }
   return page(input.title, span + minutes, body);
 }
-
-const exists = (p: string) =>
-  fs.stat(p).then(
-    () => true,
-    () => false,
-  );
 
 /** Write `runDir/report.html` from the run's metrics.jsonl (and, when present, run.json's config,
  *  trajectories.jsonl's rollouts and eval.json's held-out samples). */

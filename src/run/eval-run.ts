@@ -24,7 +24,7 @@ import { writeEvalReport, type EvalRow } from "../report/report.ts";
 import type { ModelQuestions } from "../report/eval-questions.ts";
 import { createProgress } from "../trainer/progress.ts";
 import { meanCI, type Interval } from "../trainer/stats.ts";
-import { writeFileAtomic } from "../util/fs.ts";
+import { writeFileAtomic, exists } from "../util/fs.ts";
 import { checkDataset, loadExamples, type Purpose } from "./data.ts";
 import { EVAL_FLAGS, evalCommand, TINY_EVAL_PRESET, type EvalFlags } from "./eval-flags.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
@@ -63,12 +63,6 @@ export const TINY_EVAL_MODELS: ReadonlyArray<EvalModelSpec> = [
   { name: "sft", modelPath: path.join(TINY_OUTPUT_DIR, "sft", "final"), quantize: "none" },
   { name: "rl", modelPath: path.join(TINY_OUTPUT_DIR, "grpo", "final"), quantize: "nf4" },
 ];
-
-const exists = (p: string) =>
-  fs.stat(p).then(
-    () => true,
-    () => false,
-  );
 
 /** A name safe in a file name: Qwen/Qwen2.5-0.5B → Qwen2.5-0.5B. */
 export function modelName(p: string): string {

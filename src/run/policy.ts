@@ -10,7 +10,7 @@ import { resolveModelDir } from "../model/model-dir.ts";
 import { loadTokenizerFromDir } from "../model/tokenizer.ts";
 import type { Qwen2ForCausalLM } from "../model/qwen2.ts";
 import type { LoraConfig, Quantize, Tokenizer } from "../model/types.ts";
-import { writeDirAtomic } from "../util/fs.ts";
+import { writeDirAtomic, exists } from "../util/fs.ts";
 import { isHubId } from "../util/hub.ts";
 import type { ThreadsSpec } from "../engine/wasm-threads.ts";
 import { initBackend } from "../engine/backend.ts";
@@ -34,12 +34,6 @@ export interface Policy {
   adapterDir: string | null;
   tokenizerDir: string;
 }
-
-const exists = (p: string) =>
-  fs.stat(p).then(
-    () => true,
-    () => false,
-  );
 
 /** A local folder resolves to its absolute path (so saved adapters find their base from anywhere);
  *  anything else is a hub id. A path-looking argument that does not exist is a usage error. */

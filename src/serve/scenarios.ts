@@ -15,7 +15,7 @@ import { TINY_BASE_DIR, TINY_PROBLEMS, TINY_SEEDS } from "../presets/tiny.ts";
 import { loadExamples } from "../run/data.ts";
 import { TINY_EVAL_PRESET } from "../run/eval-flags.ts";
 import type { EvalProtocol } from "../run/eval-run.ts";
-import { writeFileAtomic } from "../util/fs.ts";
+import { writeFileAtomic, exists } from "../util/fs.ts";
 import { hubCacheDirs, isHubId } from "../util/hub.ts";
 
 export const SCENARIO_IDS = ["tiny", "gsm8k"] as const;
@@ -163,12 +163,6 @@ export function makeScenario(id: ScenarioId, o: ScenarioOptions): Scenario {
       )),
   };
 }
-
-const exists = (p: string) =>
-  fs.stat(p).then(
-    () => true,
-    () => false,
-  );
 
 /** The base model's folder if it is on this machine (a folder, or a hub id in the local cache), else
  *  null. Never downloads: that happens when the baseline is computed. */

@@ -1,5 +1,6 @@
 /** Writes that never leave a half-written file or folder behind: write to a temp name beside the
- *  target, then rename into place (rename is atomic within one file system). */
+ *  target, then rename into place (rename is atomic within one file system). And whether a path
+ *  exists. */
 import * as fsSync from "node:fs";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
@@ -95,4 +96,20 @@ export function insideFolder(dir: string, name: unknown, where: string): string 
       `${where} is ${JSON.stringify(name).slice(0, 80)}, which is outside ${dir}; expected a file name inside the model folder`,
     );
   return full;
+}
+
+/** Whether something (a file or a folder) is at `p`. */
+export async function exists(p: string): Promise<boolean> {
+  return fs.stat(p).then(
+    () => true,
+    () => false,
+  );
+}
+
+/** Whether a file (not a folder) is at `p`. */
+export async function isFile(p: string): Promise<boolean> {
+  return fs.stat(p).then(
+    (s) => s.isFile(),
+    () => false,
+  );
 }
