@@ -20,7 +20,7 @@ import * as tf from "@tensorflow/tfjs";
 import { BACKEND_NAMES, initBackend } from "../src/engine/backend.ts";
 import { parseIntArg } from "../src/run/cli.ts";
 import { calculatorTool, shutdownCalculator } from "../src/agents/calculator.ts";
-import { DelegatingLM, RowStateCache } from "../src/model/delegate.ts";
+import { DelegatingLM, RowStateCache } from "./lib/delegate.ts";
 import { BENCH_CONFIGS } from "./lib/bench.ts";
 import { createModel } from "../src/model/load.ts";
 import { backendProfile } from "../src/engine/profile.ts";

@@ -5,7 +5,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
 import { FUSED_MODULES } from "../../src/model/types.ts";
-import { DelegatingLM } from "../../src/model/delegate.ts";
+import { DelegatingLM } from "../../scripts/lib/delegate.ts";
 import { loadModel } from "../../src/model/load.ts";
 
 const FIX = "test/fixtures/qwen2-tiny";

@@ -6,7 +6,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
-import { DelegatingLM, RowStateCache } from "../../src/model/delegate.ts";
+import { DelegatingLM, RowStateCache } from "../../scripts/lib/delegate.ts";
 import { createModel } from "../../src/model/load.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { buildTinyTokenizer, saveTinyTokenizer } from "../../scripts/lib/tiny-tokenizer.ts";

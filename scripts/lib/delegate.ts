@@ -2,7 +2,7 @@
  *  steering biases of the rollout bench and tests override prefill/decodeStep and keep per-row state
  *  beside the cache. Anything the wrapped model offers (unpackBase included) stays available. */
 import type * as tf from "@tensorflow/tfjs";
-import type { CausalLM, ForwardOptions, KVCache, UnpackOptions } from "./types.ts";
+import type { CausalLM, ForwardOptions, KVCache, UnpackOptions } from "../../src/model/types.ts";
 
 export class DelegatingLM implements CausalLM {
   constructor(protected readonly inner: CausalLM) {}
