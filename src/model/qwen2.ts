@@ -170,8 +170,9 @@ export class Qwen2ForCausalLM implements CausalLM {
     const bias = tf.tensor4d(biasData, [B, 1, R, S]);
     const nKv = c.numKeyValueHeads;
     let kvBias: tf.Tensor3D | null = null;
-    if (R === 1 && cache && tf.getBackend() === "webgpu") {
-      const perKv = new Float32Array(B * nKv * S); // each row's bias once per kv head
+    if (R === 1 && cache && backendProfile().fusedAddend) {
+      // a decode step's mask as the scores product's epilogue: each row's bias once per kv head
+      const perKv = new Float32Array(B * nKv * S);
       for (let r = 0; r < B * nKv; r++) perKv.set(biasData.subarray(Math.floor(r / nKv) * S, (Math.floor(r / nKv) + 1) * S), r * S);
       kvBias = tf.tensor3d(perKv, [B * nKv, 1, S]);
     }

@@ -1,7 +1,7 @@
 /** Command-line plumbing shared by the scripts: flag parsers for commander that reject bad values
  *  with one clear line, `runMain` (exit codes 0 / 1 error / 2 usage / 130 interrupted; the Ctrl-C
  *  path itself is in shutdown.ts), and the run-folder rules (never mix two runs in
- *  one folder). Flag definitions themselves live in each script. */
+ *  one folder). The flag tables themselves are in flags.ts and each run's *-flags.ts. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Interrupted } from "./shutdown.ts";
