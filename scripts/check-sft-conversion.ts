@@ -8,7 +8,7 @@ import { fileURLToPath } from "node:url";
 import { Command } from "commander";
 import { calculatorTool, shutdownCalculator } from "../src/agents/calculator.ts";
 import { loadGsm8k, type Gsm8kSplit } from "../src/datasets/gsm8k.ts";
-import { buildSftConversations, type ToolCheckStatus } from "../src/datasets/sft.ts";
+import { buildSftConversations, type ToolCheckStatus } from "../src/agents/sft.ts";
 import { generateSynthetic } from "../src/datasets/synthetic.ts";
 
 const here = path.dirname(fileURLToPath(import.meta.url));

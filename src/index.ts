@@ -21,7 +21,7 @@ export { loadTasks, type Task } from "./datasets/tasks.ts";
 export type { Tool } from "./agents/types.ts";
 export { loadGsm8k, type Gsm8kExample } from "./datasets/gsm8k.ts";
 export { generateSynthetic } from "./datasets/synthetic.ts";
-export { toConversation, buildSftConversations } from "./datasets/sft.ts";
+export { toConversation, buildSftConversations } from "./agents/sft.ts";
 export { extractAnswer, lastNumber, answersMatch, parseGold, ANSWER_SCHEMAS, type AnswerSchema } from "./datasets/answer.ts";
 export { rolloutGroups, type Trajectory, type RolloutConfig } from "./rollout/rollout.ts";
 export { prepareEngine, ROLLOUT_ENGINES, type RolloutEngine, type EngineContext, type EngineFlags } from "./rollout/engines/index.ts";

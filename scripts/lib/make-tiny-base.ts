@@ -6,7 +6,7 @@ import { Template } from "@huggingface/jinja";
 import { toolSchema } from "../../src/agents/types.ts";
 import { calculatorTool } from "../../src/agents/calculator.ts";
 import { generateSynthetic } from "../../src/datasets/synthetic.ts";
-import { toConversation } from "../../src/datasets/sft.ts";
+import { toConversation } from "../../src/agents/sft.ts";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { createModel, loadModel } from "../../src/model/load.ts";

@@ -1,7 +1,7 @@
 /** The flags of scripts/train-sft.ts, which are the SFT run's configuration (flags.ts): run.json holds
  *  them under these names. */
 import { parseFloatArg, parseIntArg, parseList } from "./cli.ts";
-import { INLINE_OPS } from "../datasets/sft.ts";
+import { INLINE_OPS } from "../agents/sft.ts";
 import { commandOf, flag, optional, parseFlags, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
 import { trainingFlags } from "./options.ts";
 import * as path from "node:path";

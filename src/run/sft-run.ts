@@ -1,4 +1,4 @@
-/** SFT warmup: GSM8K (or synthetic) solutions become tool-calling conversations (datasets/sft.ts),
+/** SFT warmup: GSM8K (or synthetic) solutions become tool-calling conversations (agents/sft.ts),
  *  rendered with the chat template; next-token cross-entropy on the assistant's tokens only, AdamW
  *  with clipping and gradient accumulation, a learning-rate schedule; LoRA on a (quantized) frozen
  *  base, or every weight with `full`. Ends with the trained part in <output_dir>/final (PEFT adapter
@@ -8,7 +8,7 @@ import * as path from "node:path";
 import { calculatorTool } from "../agents/calculator.ts";
 import { toolSchema } from "../agents/types.ts";
 import { openTools } from "../agents/toolset.ts";
-import { buildSftConversations } from "../datasets/sft.ts";
+import { buildSftConversations } from "../agents/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { ChatMessage, LoraConfig } from "../model/types.ts";
 import { TINY_PROBLEMS } from "../presets/tiny.ts";

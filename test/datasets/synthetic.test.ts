@@ -2,7 +2,7 @@ import { evaluate } from "mathjs";
 import { describe, expect, it } from "vitest";
 import { parseGold } from "../../src/datasets/answer.ts";
 import { parseAnnotations } from "../../src/datasets/annotations.ts";
-import { toConversation } from "../../src/datasets/sft.ts";
+import { toConversation } from "../../src/agents/sft.ts";
 import { generateSynthetic, type SynthOp } from "../../src/datasets/synthetic.ts";
 
 function checkFormat(ex: { question: string; answer: string; gold: string }, maxValue = 999_999) {

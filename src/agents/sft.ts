@@ -13,14 +13,14 @@
  *  those with the `inlineOps` operators) as GSM8K's visible text, result inline and no call, so the
  *  demonstrations sometimes skip the tool, as human-written solutions do. */
 import type { ChatMessage } from "../model/types.ts";
-// The two imports that run up the layers (agents/ sits above datasets/): an SFT conversation is the
-// agent's own prompt and tool messages around GSM8K's annotations, so it is built from the agent's
-// prompt (toPrompt) and tool-result shape, not a copy of them that could drift from what rollouts see.
-import { toToolResult, type Tool } from "../agents/types.ts";
-import { toPrompt } from "../agents/prompts.ts";
-import { answerValue, normalizeNumber } from "./answer.ts";
-import { normalizeExpression, parseAnnotations } from "./annotations.ts";
-import type { Gsm8kExample } from "./gsm8k.ts";
+// In agents/, not datasets/: an SFT conversation is the agent's own prompt and tool messages around
+// GSM8K's annotations, built from the agent's prompt (toPrompt) and tool-result shape, not a copy of
+// them that could drift from what rollouts see.
+import { toToolResult, type Tool } from "./types.ts";
+import { toPrompt } from "./prompts.ts";
+import { answerValue, normalizeNumber } from "../datasets/answer.ts";
+import { normalizeExpression, parseAnnotations } from "../datasets/annotations.ts";
+import type { Gsm8kExample } from "../datasets/gsm8k.ts";
 import { Rng } from "../util/rng.ts";
 
 export const CALCULATOR = "calculator";

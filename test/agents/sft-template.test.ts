@@ -4,7 +4,7 @@
 import { promises as fs } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { toolSchema } from "../../src/agents/types.ts";
-import { toConversation } from "../../src/datasets/sft.ts";
+import { toConversation } from "../../src/agents/sft.ts";
 import { parseGold } from "../../src/datasets/answer.ts";
 import { tokenizerFromJson } from "../../src/model/tokenizer.ts";
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { normalizeExpression, parseAnnotations } from "../../src/datasets/annotations.ts";
-import { buildSftConversations, compareResults, operators, toConversation, verifyConversation } from "../../src/datasets/sft.ts";
+import { buildSftConversations, compareResults, operators, toConversation, verifyConversation } from "../../src/agents/sft.ts";
 import { SYSTEM_PROMPT, toPrompt } from "../../src/agents/prompts.ts";
 import type { Gsm8kExample } from "../../src/datasets/gsm8k.ts";
 import { parseGold } from "../../src/datasets/answer.ts";
