@@ -1,4 +1,4 @@
-/** Saving a Qwen2ForCausalLM: its adapter in PEFT's format (adapter_config.json +
+/** Saving a Qwen2 model: its adapter in PEFT's format (adapter_config.json +
  *  adapter_model.safetensors), or the whole model as a Hugging Face folder (config.json +
  *  model.safetensors, F32, HF names, torch's [out, in] layout, fused modules written as their members).
  *  Folders are written atomically. Leaves out: sharded output, F16/BF16 output. */
@@ -7,13 +7,20 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
 import { configToJson } from "./config.ts";
-import { adapterBaseName, adapterConfigJson, moduleDims, moduleGroup } from "./lora.ts";
-import type { Qwen2ForCausalLM } from "./qwen2.ts";
+import { adapterBaseName, adapterConfigJson, moduleDims, moduleGroup, type LoraAdapter } from "./lora.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
-import { FUSED, FUSED_MODULES } from "./types.ts";
-import type { BaseWeight } from "./weight.ts";
+import { FUSED, FUSED_MODULES, type Qwen2Config } from "./types.ts";
+import type { BaseWeight, Qwen2Weights } from "./weight.ts";
 
-export async function saveAdapter(model: Qwen2ForCausalLM, dir: string): Promise<void> {
+/** What saving reads of a model (Qwen2ForCausalLM has it; this file does not import the class). */
+export interface SavableModel {
+  readonly config: Qwen2Config;
+  readonly weights: Qwen2Weights;
+  readonly loraAdapter: LoraAdapter | null;
+  readonly baseModelName: string;
+}
+
+export async function saveAdapter(model: SavableModel, dir: string): Promise<void> {
   const ad = model.loraAdapter;
   if (!ad) throw new Error(`saveAdapter(${dir}): the model has no LoRA adapter attached`);
   const tensors = await ad.toPeft();
@@ -28,7 +35,7 @@ export async function saveAdapter(model: Qwen2ForCausalLM, dir: string): Promise
 }
 
 /** HF names → torch-layout f32 tensors (W [out, in]); the tied head is written once (as embed_tokens). */
-export async function stateDict(model: Qwen2ForCausalLM): Promise<Record<string, HostTensor>> {
+export async function stateDict(model: SavableModel): Promise<Record<string, HostTensor>> {
   const out: Record<string, HostTensor> = {};
   const put = async (name: string, t: tf.Tensor) => {
     out[name] = { shape: t.shape.slice(), data: (await t.data()) as Float32Array };
@@ -70,7 +77,7 @@ export async function stateDict(model: Qwen2ForCausalLM): Promise<Record<string,
 }
 
 /** A Hugging Face folder: config.json and model.safetensors (F32), written atomically. */
-export async function savePretrained(model: Qwen2ForCausalLM, dir: string): Promise<void> {
+export async function savePretrained(model: SavableModel, dir: string): Promise<void> {
   const tensors = await stateDict(model);
   const cfg = JSON.stringify(configToJson(model.config), null, 2) + "\n";
   await writeDirAtomic(dir, async (tmp) => {
