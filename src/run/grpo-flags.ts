@@ -1,7 +1,13 @@
 /** The flags of scripts/train-gsm8k-agent.ts, which are the GRPO run's configuration (flags.ts): run.json
  *  holds them under these names, and a resumed run must match every one not marked `free`. */
 import { parseChoice, parseFloatArg, parseIntArg } from "./cli.ts";
-import { IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, type ImportanceSamplingLevel, type LossType } from "../trainer/policy-loss.ts";
+import {
+  IMPORTANCE_SAMPLING_LEVELS,
+  LOSS_TYPES,
+  POLICY_LOSSES,
+  type ImportanceSamplingLevel,
+  type LossType,
+} from "../trainer/policy-loss.ts";
 import { commandOf, flag, optional, parseFlags, toggle, usage, type FlagTable, type OptionsOf } from "./flags.ts";
 import { checkTaskRange, defaultTaskRanges, HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
@@ -60,7 +66,12 @@ export const GRPO_FLAGS = {
     parseFloatArg("epsilon_high", 0),
   ),
   num_iterations: flag("--num_iterations <n>", "policy updates per batch of rollouts", parseIntArg("num_iterations", 1), 1),
-  loss_type: flag("--loss_type <kind>", `${LOSS_TYPES.join(", ")}`, parseChoice("loss_type", LOSS_TYPES), "grpo" as LossType),
+  loss_type: flag(
+    "--loss_type <kind>",
+    LOSS_TYPES.map((k) => `${k}: ${POLICY_LOSSES[k].help}`).join("; "),
+    parseChoice("loss_type", LOSS_TYPES),
+    "grpo" as LossType,
+  ),
   importance_sampling_level: flag(
     "--importance_sampling_level <level>",
     "token: one importance ratio per token; sequence: one per rollout, exp(mean log-ratio) (GSPO; --loss_type gspo always)",

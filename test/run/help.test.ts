@@ -65,8 +65,9 @@ const CHANGED: Record<string, Record<string, string>> = {
   "train-gsm8k-agent": {
     // "RL steps" was named after epochs; the old name stays accepted, hidden from --help.
     "--total_epochs <n>": "--max_steps <n> RL steps; each is one rollout → train round (default: 100)",
-    // The loss table's names, and minirl's own upper clip default.
-    "--loss_type <kind>": '--loss_type <kind> grpo, bnpo, dapo, dr_grpo, gspo, minirl (default: "grpo")',
+    // The loss table's names with each one's help, and minirl's own upper clip default.
+    "--loss_type <kind>":
+      '--loss_type <kind> grpo: clipped ratio, mean per sequence then over sequences; bnpo: clipped ratio, mean over all tokens; dapo: clipped ratio, mean over all tokens; dr_grpo: clipped ratio, sum ÷ (sequences × max_new_tokens); gspo: grpo with one importance ratio per sequence (GSPO); minirl: AgentRL\'s −sg(ρ)·A·logp, out-of-window tokens dropped, sum per sequence (default: "grpo")',
     "--epsilon_high <x>": "--epsilon_high <x> upper clip range (default: --epsilon; minirl: --epsilon + 0.1, AgentRL's window)",
     // Task files next to GSM8K's format, and the environment's reward.
     "--dataset <name|path>":
