@@ -28,6 +28,11 @@ export interface ToolSet {
   close(): Promise<void>;
 }
 
+/** No tools: what a run on an environment (whose actions are the tools) opens. */
+export function noTools(): ToolSet {
+  return { tools: [], close: async () => {} };
+}
+
 export const DEFAULT_TOOL_TIMEOUT_MS = 30_000;
 export const DEFAULT_TOOL_MAX_CHARS = 4_000;
 

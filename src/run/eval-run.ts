@@ -12,7 +12,7 @@ import * as path from "node:path";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
 import { UsageError } from "../util/errors.ts";
 import type { Tool } from "../agents/types.ts";
-import { openRunTools } from "../agents/toolset.ts";
+import { noTools, openRunTools } from "../agents/toolset.ts";
 import { checkToolsFit } from "../agents/prompts.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { Task } from "../datasets/tasks.ts";
@@ -331,7 +331,7 @@ export async function runEval(
     ? environmentTasks(expandRanges(cfg.env_tasks!))
     : await loadExamples({ dataset: cfg.dataset, purpose, maxSamples: cfg.max_samples, synthetic: cfg.synthetic });
   if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset} --split ${cfg.split}: no questions to evaluate`);
-  const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(toolConfig(cfg), log);
+  const toolSet = envs ? noTools() : await openRunTools(toolConfig(cfg), log);
   try {
     return await evaluateModels(cfg, io, examples, { tools: toolSet.tools, envs });
   } finally {

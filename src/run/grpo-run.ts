@@ -10,7 +10,7 @@
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { checkToolsFit, systemPromptFor, toPrompt } from "../agents/prompts.ts";
-import { openRunTools, type ToolSet } from "../agents/toolset.ts";
+import { noTools, openRunTools, type ToolSet } from "../agents/toolset.ts";
 import type { Task } from "../datasets/tasks.ts";
 import { expandRanges, openEnvironmentServer } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
@@ -99,7 +99,7 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   log(`data: ${split}`);
   // The rollout engine's flags, and that it answers or loads, are checked before anything is written.
   const openEngine = await prepareEngine(cfg, log);
-  const toolSet = envs ? { tools: [], close: async () => {} } : await openRunTools(toolConfig(cfg), log);
+  const toolSet = envs ? noTools() : await openRunTools(toolConfig(cfg), log);
   try {
     return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs, rewardWeights, openEngine, score });
   } finally {
