@@ -219,7 +219,7 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
     const mb = mbs[i];
     let sums: ReturnType<typeof policyLoss>["sums"] | null = null;
     let entropySum: tf.Scalar | null = null;
-    let gapSums: tf.Tensor1D | null = null;
+    let gapSums: tf.Tensor1D | undefined;
     let isWeights: tf.Tensor2D | undefined;
     const t0 = now(),
       r0 = recomputeSeconds();
@@ -230,27 +230,7 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
       const mask = tf.tensor2d(mb.lossMask, [mb.lossMask.length, mb.lossMask[0].length], "float32"); // [n, L]
       // numIterations = 1: π_old is this very forward, detached, so ρ = 1 and the gradient is −A·∇logp.
       let old = oldLogp[i] ?? (stopGradient(logp) as tf.Tensor2D);
-      if (behaviour) {
-        const flat = behaviour[i].flat();
-        const known = tf.tensor2d(
-          flat.map((x) => (Number.isNaN(x) ? 0 : 1)),
-          logp.shape,
-          "float32",
-        ); // [n, L]
-        const behav = tf.tensor2d(
-          flat.map((x) => (Number.isNaN(x) ? 0 : x)),
-          logp.shape,
-          "float32",
-        ); // [n, L]
-        const d = tf.mul(tf.sub(stopGradient(logp), behav), known);
-        const m = tf.mul(mask, known);
-        // TIS: min(π_old / π_behaviour, C) where the engine gave a log-prob, 1 elsewhere.
-        const logW = tf.clipByValue(tf.mul(tf.sub(old, behav), known), -LOG_RATIO_BOUND, LOG_RATIO_BOUND);
-        const cut = tis ? tf.sum(tf.mul(tf.cast(tf.greater(logW, Math.log(cfg.tisCap!)), "float32"), m)) : tf.scalar(0);
-        if (tis) isWeights = tf.minimum(tf.exp(logW), cfg.tisCap!) as tf.Tensor2D;
-        if (it === 0) gapSums = tf.keep(tf.stack([tf.sum(tf.mul(tf.abs(d), m)), tf.sum(tf.mul(d, m)), tf.sum(m), cut]) as tf.Tensor1D);
-        if (cfg.offPolicy) old = tf.where(tf.cast(known, "bool"), behav, old) as tf.Tensor2D;
-      }
+      if (behaviour) ({ old, isWeights, gapSums } = behaviourTerms(logp, mask, old, behaviour[i].flat(), cfg, tis, it === 0));
       const advantages = tf.tensor1d(advs[i], "float32");
       const r = policyLoss({ logp, oldLogp: old, refLogp: refLogp[i], advantages, mask, isWeights }, cfg, norm);
       Object.values(r.sums).forEach((t) => tf.keep(t)); // read after the backward pass
@@ -272,7 +252,7 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
     totals.highClipped += s.highClipped;
     totals.kl += s.kl;
     totals.ratio += s.ratio;
-    if (gapSums !== null) {
+    if (gapSums !== undefined) {
       const [g, dl, n, cut] = await (gapSums as tf.Tensor1D).data();
       (gapSums as tf.Tensor1D).dispose();
       totals.gap += g;
@@ -315,7 +295,6 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
           } else await microStep(i, it);
         }
         if (!Number.isFinite(loss)) throw new NonFiniteError("GRPO loss", loss);
-        if (!Number.isFinite(loss)) throw new NonFiniteError("GRPO loss", loss);
         const t0 = now();
         const { gradNorm } = await optimizer.applyGradients(acc!, { lr: cfg.lr, maxGradNorm: cfg.maxGradNorm });
         seconds.optimizer += now() - t0;
@@ -356,6 +335,41 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
     seconds,
     microBatch: { count: mbs.length, rows: Math.max(...mbs.map((m) => m.ids.length)) },
   };
+}
+
+/** The behaviour log-probs' terms of a micro-batch (inside its gradient tape): where the engine gave
+ *  a log-prob (`flat`, NaN where unknown), the gap sums to the trainer's own [Σ|d|, Σd, tokens, TIS
+ *  cuts] (kept, on the first iteration), TIS's weights min(π_old / π_behaviour, cap), and with
+ *  offPolicy π_old replaced by the behaviour's. */
+function behaviourTerms(
+  logp: tf.Tensor2D,
+  mask: tf.Tensor2D,
+  old: tf.Tensor2D,
+  flat: number[],
+  cfg: GrpoConfig,
+  tis: boolean,
+  first: boolean,
+): { old: tf.Tensor2D; isWeights?: tf.Tensor2D; gapSums?: tf.Tensor1D } {
+  const known = tf.tensor2d(
+    flat.map((x) => (Number.isNaN(x) ? 0 : 1)),
+    logp.shape,
+    "float32",
+  ); // [n, L]
+  const behav = tf.tensor2d(
+    flat.map((x) => (Number.isNaN(x) ? 0 : x)),
+    logp.shape,
+    "float32",
+  ); // [n, L]
+  const d = tf.mul(tf.sub(stopGradient(logp), behav), known);
+  const m = tf.mul(mask, known);
+  // TIS: min(π_old / π_behaviour, C) where the engine gave a log-prob, 1 elsewhere.
+  const logW = tf.clipByValue(tf.mul(tf.sub(old, behav), known), -LOG_RATIO_BOUND, LOG_RATIO_BOUND);
+  const cut = tis ? tf.sum(tf.mul(tf.cast(tf.greater(logW, Math.log(cfg.tisCap!)), "float32"), m)) : tf.scalar(0);
+  const isWeights = tis ? (tf.minimum(tf.exp(logW), cfg.tisCap!) as tf.Tensor2D) : undefined;
+  const gapSums = first
+    ? tf.keep(tf.stack([tf.sum(tf.mul(tf.abs(d), m)), tf.sum(tf.mul(d, m)), tf.sum(m), cut]) as tf.Tensor1D)
+    : undefined;
+  return { old: cfg.offPolicy ? (tf.where(tf.cast(known, "bool"), behav, old) as tf.Tensor2D) : old, isWeights, gapSums };
 }
 
 function checkConfig(cfg: GrpoConfig): void {
