@@ -30,7 +30,7 @@ import type { CausalLM, ChatMessage, ForwardOptions, KVCache, Quantize, Tokenize
 import { rolloutGroups, type RolloutConfig } from "../src/rollout/rollout.ts";
 import { Rng } from "../src/util/rng.ts";
 import { threadsOption } from "../src/run/options.ts";
-import { wasmThreads, type ThreadsSpec } from "../src/engine/wasm-threads.ts";
+import { wasmThreads, type ThreadsSpec } from "../src/engine/wasm/threads.ts";
 
 const defaults = {
   config: "tiny,0.5b",

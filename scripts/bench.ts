@@ -8,10 +8,10 @@ import { UsageError } from "../src/util/errors.ts";
 import * as tf from "@tensorflow/tfjs";
 import { benchContext, BENCH_CONFIGS, kernelCounts, layerTracedCounts, profileTop, WORKLOADS } from "./lib/bench.ts";
 import { grpoStepOptions } from "./lib/grpo-shape.ts"; // registers grpo_step
-import { webgpuIsSoftware } from "../src/engine/webgpu.ts";
+import { webgpuIsSoftware } from "../src/engine/webgpu/device.ts";
 import type { Quantize } from "../src/model/types.ts";
 import { threadsOption } from "../src/run/options.ts";
-import type { ThreadsSpec } from "../src/engine/wasm-threads.ts";
+import type { ThreadsSpec } from "../src/engine/wasm/threads.ts";
 
 const defaults = { config: "small", quantize: "none", workloads: "forward,fwd_bwd,decode", backend: "wasm", profile: false };
 const opts = new Command()

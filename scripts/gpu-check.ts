@@ -16,7 +16,7 @@ import { spawnSync } from "node:child_process";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { initBackend } from "../src/engine/backend.ts";
-import { registerWebgpu, resetWebgpuPeak, webgpuMemory } from "../src/engine/webgpu.ts";
+import { registerWebgpu, resetWebgpuPeak, webgpuMemory } from "../src/engine/webgpu/device.ts";
 import { createModel } from "../src/model/load.ts";
 import { LORA_TARGETS } from "../src/model/types.ts";
 import { runMain } from "../src/run/cli.ts";

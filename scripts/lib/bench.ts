@@ -2,9 +2,9 @@
  *  another workload (say, a rollout benchmark) lives in its own file and calls registerWorkload().
  *  Each run returns measurements; speed is measured here, never asserted in tests. */
 import * as tf from "@tensorflow/tfjs";
-import { wasmThreads } from "../../src/engine/wasm-threads.ts";
-import { wasmSimd, type WasmSimd } from "../../src/engine/heap.ts";
-import { webgpuTraffic } from "../../src/engine/webgpu.ts";
+import { wasmThreads } from "../../src/engine/wasm/threads.ts";
+import { wasmSimd, type WasmSimd } from "../../src/engine/wasm/heap.ts";
+import { webgpuTraffic } from "../../src/engine/webgpu/device.ts";
 import { sampleTokens } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { AdamW } from "../../src/trainer/optimizer.ts";

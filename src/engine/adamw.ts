@@ -1,6 +1,6 @@
 /** The optimizer step on the device: the global gradient norm with clip_grad_norm_'s coefficient,
  *  and AdamW's moments and weights, as a few dispatches per variable with nothing read back inside
- *  the step (webgpu; webgpu-adamw.ts holds the programs). Through tfjs ops the same step was ~17
+ *  the step (webgpu; webgpu/adamw.ts holds the programs). Through tfjs ops the same step was ~17
  *  dispatches per variable and a read of the norm before the update. trainer/optimizer.ts takes this
  *  path where the backend has it and its op path elsewhere; both compute torch's AdamW in float32.
  *  A non-finite norm leaves the moments and weights as they were (the programs check it), so the

@@ -1,18 +1,18 @@
 /** Picks the tfjs backend once per process: tfjs-node-gpu → webgpu on a hardware adapter → tfjs-node →
  *  wasm → cpu, or the one asked for. The native bindings are optional packages (not dependencies), so
  *  they are imported by a variable name and a failed import just moves on; webgpu (Dawn) is a
- *  dependency and starts in engine/webgpu.ts. A backend asked for by name that cannot start is a
+ *  dependency and starts in engine/webgpu/device.ts. A backend asked for by name that cannot start is a
  *  usage error (one line, exit 2); `auto` moves on to the next. On wasm it puts the engine's own
  *  kernels in place (registerWasmExtras) and runs on `threads` threads (default: every core this
- *  process may use; see wasm-threads.ts). The run layer calls initBackend; model code never does.
+ *  process may use; see wasm/threads.ts). The run layer calls initBackend; model code never does.
  *
  *  engine/ is the floor of the project: it imports nothing above util/. Its files: backends
- *  (backend.ts, webgpu.ts, wasm-threads.ts, profile.ts); the wasm heap module (heap.ts: the engine on
+ *  (backend.ts, webgpu/device.ts, wasm/threads.ts, profile.ts); the wasm heap module (heap.ts: the engine on
  *  tfjs' heap, helper threads and jobs; heap-code.ts assembles the module from heap-gemm-code.ts,
  *  heap-row-code.ts, heap-norm-code.ts, heap-elementwise-code.ts and heap-heads-code.ts through
- *  wasm-asm.ts); the kernels, each with its gradient (gemm.ts, rmsnorm.ts, rope-swiglu.ts, heads.ts,
- *  softmax.ts, logprob.ts, dequant.ts, dequant-webgpu.ts, concat.ts, gather.ts, slices.ts,
- *  elementwise.ts, draw.ts with draw-wasm.ts); matmul.ts and checkpoint.ts (activation checkpointing).
+ *  wasm/asm.ts); the kernels, each with its gradient (gemm.ts, rmsnorm.ts, rope-swiglu.ts, heads.ts,
+ *  softmax.ts, logprob.ts, dequant.ts, webgpu/dequant.ts, concat.ts, gather.ts, slices.ts,
+ *  elementwise.ts, draw.ts with wasm/draw.ts); matmul.ts and checkpoint.ts (activation checkpointing).
  *  Every kernel is registered by one call of kernels.ts. Adding a heap kernel: its body as
  *  instructions in a heap-*-code.ts file (exported by heap-code.ts), a heap<Name>() wrapper in
  *  heap.ts that runs it as a job, and one registerKernel() call in the op's file.
@@ -20,16 +20,16 @@
 import * as tf from "@tensorflow/tfjs";
 import "@tensorflow/tfjs-backend-wasm";
 import { UsageError } from "../util/errors.ts";
-import { registerWebgpu } from "./webgpu.ts";
-import { registerWasmConcat } from "./concat.ts";
+import { registerWebgpu } from "./webgpu/device.ts";
+import { registerWasmConcat } from "./wasm/concat.ts";
 import { useHeapDequantize } from "./dequant.ts";
-import { registerWasmDraw } from "./draw-wasm.ts";
-import { heapDequantize } from "./heap.ts";
-import { registerWasmElementwise } from "./elementwise.ts";
-import { registerWasmGather } from "./gather.ts";
-import { registerWasmGemm } from "./gemm.ts";
-import { registerFastSlice, registerSegmentSum, registerSharedIdentity } from "./slices.ts";
-import { resolveThreads, startWasm, wasmThreads, type ThreadsSpec } from "./wasm-threads.ts";
+import { registerWasmDraw } from "./wasm/draw.ts";
+import { heapDequantize } from "./wasm/heap.ts";
+import { registerWasmElementwise } from "./wasm/elementwise.ts";
+import { registerWasmGather } from "./wasm/gather.ts";
+import { registerWasmGemm } from "./wasm/gemm.ts";
+import { registerFastSlice, registerSegmentSum, registerSharedIdentity } from "./wasm/slices.ts";
+import { resolveThreads, startWasm, wasmThreads, type ThreadsSpec } from "./wasm/threads.ts";
 
 export type BackendName = "tensorflow" | "webgpu" | "wasm" | "cpu" | "auto";
 export const BACKEND_NAMES: BackendName[] = ["auto", "tensorflow", "webgpu", "wasm", "cpu"];

@@ -3,7 +3,7 @@
  *  kernels known to be slow or inexact there. Model code reads `backendProfile()`; nothing else in
  *  model/ or trainer/ asks which backend is current. */
 import * as tf from "@tensorflow/tfjs";
-import { webgpuLimits } from "./webgpu.ts";
+import { webgpuLimits } from "./webgpu/device.ts";
 
 export interface BackendProfile {
   /** f32 bytes of frozen weights above which they are held [out, in] and multiplied as the left
@@ -55,7 +55,7 @@ export interface BackendProfile {
    *  per row: the gradients of a shared prefix's rows are summed in another order). */
   dispatchBound: boolean;
   /** Bytes of memory the device has, for `--micro_batch_size auto`: a GPU's as its system reports it
-   *  (webgpu.ts: nvidia-smi; WebGPU itself does not tell), 8 GiB where unknown, the host's for a
+   *  (webgpu/device.ts: nvidia-smi; WebGPU itself does not tell), 8 GiB where unknown, the host's for a
    *  software adapter; wasm: its 4 GiB heap. */
   deviceMemoryBytes: number;
 }

@@ -2,13 +2,13 @@
  *  one backward on the CPU backends (wasm, cpu): a JS pass over heap views, as the dequantize kernel
  *  does. Through tfjs ops the forward is 6 kernels (Square, Mean, Add, Rsqrt, Mul, Mul) and its
  *  gradient about 15 more, each a full pass over [N, H] plus a kernel launch; a small model's decode
- *  step spent 40 of its 230 kernels here. On webgpu the kernels are WGSL programs (webgpu-rows.ts:
+ *  step spent 40 of its 230 kernels here. On webgpu the kernels are WGSL programs (webgpu/rows.ts:
  *  one dispatch forward, three backward, at every size); other backends keep the op path, whose
  *  gradient tfjs derives. Sums run in float64 (JS) or in four float32 lanes (wasm's vector kernel), so results
  *  differ from the op path by float32 rounding only. */
 import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel } from "./kernels.ts";
-import { heapRmsNorm, heapRmsNormGrad } from "./heap.ts";
+import { heapRmsNorm, heapRmsNormGrad } from "./wasm/heap.ts";
 
 /** On wasm with H a multiple of 4 the heap module's vector kernels run at every size, rows split over
  *  the helper threads (a small training step: 9 norms of [2048, 256] each way). */

@@ -7,11 +7,11 @@
  *  SwiGLU on wasm: there the heap module's vector kernel (heap-code.ts) runs at every size, split
  *  over the helper threads by rows, in place of the op path's SplitV, Sigmoid, two Multiply and a
  *  backward of seven kernels (a small training step's 32 Multiply, 4 Sigmoid, 4 SplitV and 4 Concat
- *  of [2048, 688] became 8 kernel calls). On webgpu all four are WGSL programs (webgpu-rows.ts) at
+ *  of [2048, 688] became 8 kernel calls). On webgpu all four are WGSL programs (webgpu/rows.ts) at
  *  every size: there each op of the op path is a dispatch. */
 import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel } from "./kernels.ts";
-import { heapSwiglu } from "./heap.ts";
+import { heapSwiglu } from "./wasm/heap.ts";
 
 /** Elements up to which the JS kernels run (a decode step's rows; prefill and training use ops). */
 const MAX_KERNEL_ELEMENTS = 64 * 1024;
@@ -121,7 +121,7 @@ const kernels = (x: tf.Tensor) => {
   register();
   return ropeKernelRuns(x.size) && x.dtype === "float32" && tf.getKernel(ROPE, tf.getBackend()) !== undefined;
 };
-/** webgpu's kernels (webgpu-rows.ts) run at every size: there each op of the op path is a dispatch. */
+/** webgpu's kernels (webgpu/rows.ts) run at every size: there each op of the op path is a dispatch. */
 export const webgpuKernel = (x: tf.Tensor, name: string) =>
   tf.getBackend() === "webgpu" && x.dtype === "float32" && tf.getKernel(name, "webgpu") !== undefined;
 

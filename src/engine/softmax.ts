@@ -3,10 +3,10 @@
  *  split over the helper threads. tfjs' Softmax runs on one thread, and its gradient is four more
  *  single-threaded kernels (Multiply, Sum, Sub, Multiply). Masked scores (−1e9) get exactly 0, as
  *  with tfjs; values agree with it to float32 rounding. On webgpu both are WGSL programs
- *  (webgpu-rows.ts, any width), one dispatch each; other backends keep tf.softmax. */
+ *  (webgpu/rows.ts, any width), one dispatch each; other backends keep tf.softmax. */
 import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
-import { heapSoftmaxGrad, heapSoftmaxRows } from "./heap.ts";
+import { heapSoftmaxGrad, heapSoftmaxRows } from "./wasm/heap.ts";
 
 export const SOFTMAX = "MarlSoftmax",
   SOFTMAX_GRAD = "MarlSoftmaxGrad";

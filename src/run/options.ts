@@ -10,7 +10,7 @@ import { splitToolSpecs } from "../agents/toolset.ts";
 import { DIALECTS, type Dialect } from "../envs/families.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
-import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../engine/wasm-threads.ts";
+import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../engine/wasm/threads.ts";
 import { addFlags, flag, optional, parseFlags, toggle, type FlagTable } from "./flags.ts";
 import { ROLLOUT_ENGINE_NAMES, type RolloutEngineName } from "../rollout/engines/index.ts";
 import type { EngineFlags } from "../rollout/engines/types.ts";

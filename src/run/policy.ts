@@ -12,7 +12,7 @@ import type { Qwen2ForCausalLM } from "../model/qwen2.ts";
 import type { LoraConfig, Quantize, Tokenizer } from "../model/types.ts";
 import { writeDirAtomic, exists } from "../util/fs.ts";
 import { isHubId } from "../util/hub.ts";
-import type { ThreadsSpec } from "../engine/wasm-threads.ts";
+import type { ThreadsSpec } from "../engine/wasm/threads.ts";
 import { initBackend } from "../engine/backend.ts";
 
 export interface OpenPolicyOptions {

@@ -12,7 +12,7 @@ import { microBatchRows, rightPad, type PaddedBatch } from "./batch.ts";
 import { NonFiniteError } from "../util/errors.ts";
 import { accumulateGrads, stopGradient } from "./grads.ts";
 import { recomputeSeconds } from "../engine/checkpoint.ts";
-import { deviceOutOfMemory } from "../engine/webgpu.ts";
+import { deviceOutOfMemory } from "../engine/webgpu/device.ts";
 import type { AdamW } from "./optimizer.ts";
 import {
   checkPolicyLossConfig,

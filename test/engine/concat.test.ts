@@ -1,4 +1,4 @@
-/** The wasm Concat kernel (src/engine/concat.ts) against the cpu backend's: every axis of 1-D to
+/** The wasm Concat kernel (src/engine/wasm/concat.ts) against the cpu backend's: every axis of 1-D to
  *  4-D tensors, float32, int32 and bool, empty inputs, one input, and flat tensor counts. */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";

@@ -7,9 +7,9 @@ import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
 import { DEQUANTIZE, dequantizeInto, type DequantizeAttrs } from "../../src/engine/dequant.ts";
-import { heapHelpersReady, heapModule, splitJobCount } from "../../src/engine/heap.ts";
+import { heapHelpersReady, heapModule, splitJobCount } from "../../src/engine/wasm/heap.ts";
 import { heapOffset } from "../../src/engine/kernels.ts";
-import { wasmThreads } from "../../src/engine/wasm-threads.ts";
+import { wasmThreads } from "../../src/engine/wasm/threads.ts";
 import { NF4_BLOCK, NF4_CODE, QuantizedMatrix, dequantizeInt8, dequantizeNf4, quantizeInt8, quantizeNf4 } from "../../src/model/quant.ts";
 import { Rng } from "../../src/util/rng.ts";
 

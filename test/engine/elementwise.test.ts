@@ -1,4 +1,4 @@
-/** The wasm Add, Sub and Multiply kernels (src/engine/elementwise.ts), and Concat and
+/** The wasm Add, Sub and Multiply kernels (src/engine/wasm/elementwise.ts), and Concat and
  *  SplitV at sizes that split over the helper threads (≥ 1 MB), against the cpu backend's kernels, in each
  *  build of the heap module: equal bit for bit, small and large (≥ 64 K elements: split when the
  *  backend has threads), with the broadcasts they take and those they leave to tfjs (int32, both
@@ -6,9 +6,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
-import { heapHelpersReady, relaxedSimdAvailable, setWasmSimd, splitJobCount, wasmSimd, type WasmSimd } from "../../src/engine/heap.ts";
-import { wasmThreads } from "../../src/engine/wasm-threads.ts";
-import { binaryPlan } from "../../src/engine/elementwise.ts";
+import { heapHelpersReady, relaxedSimdAvailable, setWasmSimd, splitJobCount, wasmSimd, type WasmSimd } from "../../src/engine/wasm/heap.ts";
+import { wasmThreads } from "../../src/engine/wasm/threads.ts";
+import { binaryPlan } from "../../src/engine/wasm/elementwise.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const rng = new Rng(9);

@@ -1,4 +1,4 @@
-/** The wasm GatherV2 kernel (src/engine/gather.ts) against the cpu backend's: every axis, float32
+/** The wasm GatherV2 kernel (src/engine/wasm/gather.ts) against the cpu backend's: every axis, float32
  *  (NaN and -0 bits kept) and int32, slices of one element and of whole rows, 2-D indices, repeats,
  *  empty inputs, tfjs' error for an out-of-range index, and flat tensor counts. */
 import { beforeAll, describe, expect, it } from "vitest";

@@ -1,4 +1,4 @@
-/** The wasm BatchMatMul kernel (src/engine/gemm.ts): plain and batched products against a float64
+/** The wasm BatchMatMul kernel (src/engine/wasm/gemm.ts): plain and batched products against a float64
  *  reference and tfjs' own kernel, in both builds of the heap module (simd128, and relaxed where the
  *  runtime has it), on every remainder of rows (4 or 6 per block) and columns (8 per panel),
  *  K of 1, empty products, broadcast batches and transposed operands, with B read in place and packed,
@@ -16,10 +16,10 @@ import {
   wasmSimd,
   WASM_SIMD_ENV,
   type WasmSimd,
-} from "../../src/engine/heap.ts";
-import { useWasmGemm } from "../../src/engine/gemm.ts";
+} from "../../src/engine/wasm/heap.ts";
+import { useWasmGemm } from "../../src/engine/wasm/gemm.ts";
 import { matMulXWT, XWT } from "../../src/engine/matmul.ts";
-import { wasmThreads } from "../../src/engine/wasm-threads.ts";
+import { wasmThreads } from "../../src/engine/wasm/threads.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const randn = (n: number, seed: number) => {

@@ -8,8 +8,8 @@ import { initBackend } from "../../src/engine/backend.ts";
 import { ropeTables } from "../../src/model/attention.ts";
 import { decodeHeads, seqHeads, seqHeadsInto } from "../../src/engine/heads.ts";
 import { rope } from "../../src/engine/rope-swiglu.ts";
-import { heapHelpersReady, splitJobCount } from "../../src/engine/heap.ts";
-import { wasmThreads } from "../../src/engine/wasm-threads.ts";
+import { heapHelpersReady, splitJobCount } from "../../src/engine/wasm/heap.ts";
+import { wasmThreads } from "../../src/engine/wasm/threads.ts";
 import { Rng } from "../../src/util/rng.ts";
 
 const randn = (n: number, seed: number, scale = 1) => {

@@ -1,11 +1,11 @@
 /** Whether `auto` should try webgpu on Linux: the Vulkan loader's own search for a driver manifest
- *  (webgpu.ts vulkanDriverFound), on folders and variables made here. Without one, Dawn can only fail,
+ *  (webgpu/device.ts vulkanDriverFound), on folders and variables made here. Without one, Dawn can only fail,
  *  after three lines of warnings on stderr. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { vulkanDriverFound } from "../../src/engine/webgpu.ts";
+import { vulkanDriverFound } from "../../src/engine/webgpu/device.ts";
 
 let root: string;
 const at = (...p: string[]) => path.join(root, ...p);

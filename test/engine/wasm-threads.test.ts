@@ -1,4 +1,4 @@
-/** Threaded wasm (src/engine/wasm-threads.ts): 1 and 2 threads give bit-identical logits and LoRA gradients
+/** Threaded wasm (src/engine/wasm/threads.ts): 1 and 2 threads give bit-identical logits and LoRA gradients
  *  (in each build of the heap module: simd128, and relaxed where the runtime has it),
  *  a process that used the threaded build exits by itself, and when the threaded build cannot start
  *  (a runtime without SharedArrayBuffer) `auto` falls back with one warning line while an explicit
@@ -12,8 +12,8 @@ import { fileURLToPath } from "node:url";
 import { BENCH_CONFIGS } from "../../scripts/lib/bench.ts";
 import { moduleDims } from "../../src/model/lora.ts";
 import { LORA_TARGETS } from "../../src/model/types.ts";
-import { MAX_WASM_THREADS, resolveThreads } from "../../src/engine/wasm-threads.ts";
-import { relaxedSimdAvailable, wasmSimd, WASM_SIMD_ENV, type WasmSimd } from "../../src/engine/heap.ts";
+import { MAX_WASM_THREADS, resolveThreads } from "../../src/engine/wasm/threads.ts";
+import { relaxedSimdAvailable, wasmSimd, WASM_SIMD_ENV, type WasmSimd } from "../../src/engine/wasm/heap.ts";
 
 const tsxCli = fileURLToPath(new URL("../../node_modules/tsx/dist/cli.mjs", import.meta.url));
 const child = fileURLToPath(new URL("../fixtures/threads/logits-and-grads.ts", import.meta.url));

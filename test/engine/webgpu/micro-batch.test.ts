@@ -5,7 +5,7 @@
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
-import { deviceOutOfMemory } from "../../../src/engine/webgpu.ts";
+import { deviceOutOfMemory } from "../../../src/engine/webgpu/device.ts";
 import { loadModel } from "../../../src/model/load.ts";
 import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
 import { LORA_TARGETS, type LoraConfig } from "../../../src/model/types.ts";

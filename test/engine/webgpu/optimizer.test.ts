@@ -5,7 +5,7 @@ import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend, registerWasmExtras } from "../../../src/engine/backend.ts";
 import { hasDeviceAdamW } from "../../../src/engine/adamw.ts";
-import { webgpuTraffic } from "../../../src/engine/webgpu.ts";
+import { webgpuTraffic } from "../../../src/engine/webgpu/device.ts";
 import { AdamW } from "../../../src/trainer/optimizer.ts";
 import { NonFiniteError } from "../../../src/util/errors.ts";
 import { Rng } from "../../../src/util/rng.ts";

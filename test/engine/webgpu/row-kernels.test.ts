@@ -1,4 +1,4 @@
-/** The fused WGSL row kernels (src/engine/webgpu-rows.ts) against float64 references computed on the
+/** The fused WGSL row kernels (src/engine/webgpu/rows.ts) against float64 references computed on the
  *  host from the same float32 inputs: RMSNorm, SwiGLU, RoPE and attention's softmax with their gradients,
  *  a decode step's q/k/v heads, and a row's log p(target), entropy and logits gradient. Each also
  *  checks it ran as the fused dispatches (not the op path). Widths that are not multiples of 4 and
@@ -11,7 +11,7 @@ import { rmsNorm } from "../../../src/engine/rmsnorm.ts";
 import { decodeHeads, seqHeads } from "../../../src/engine/heads.ts";
 import { rope, swiglu } from "../../../src/engine/rope-swiglu.ts";
 import { softmax } from "../../../src/engine/softmax.ts";
-import { webgpuTraffic } from "../../../src/engine/webgpu.ts";
+import { webgpuTraffic } from "../../../src/engine/webgpu/device.ts";
 import { blockDiagonal } from "../../../src/engine/block-diag.ts";
 import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./adapter.ts";

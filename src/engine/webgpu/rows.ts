@@ -4,7 +4,7 @@
  *  gradient over the vocabulary, and a whole-vocabulary draw. Through tfjs ops each was 4–15 dispatches and as many passes over its tensor; here each is one (RMSNorm's
  *  gradient one for dx and two for dw, by parts: rmsnorm.ts; the decode heads three). A row reduction runs one workgroup per row (a tree sum in
  *  workgroup memory, float32); element-wise kernels one thread per output. Sizes are compiled into
- *  the shader (a model has a handful of row widths). Registered by webgpu.ts through kernels.ts'
+ *  the shader (a model has a handful of row widths). Registered by webgpu/device.ts through kernels.ts'
  *  registerKernel; the op files (rmsnorm.ts, rope-swiglu.ts, heads.ts, softmax.ts, logprob.ts) hold the
  *  kernel names, the gradients and the choice of path. Inputs are 2-D views [rows, width] (a
  *  reshape is free); the vocabulary kernels are given chunks of rows no larger than the device's
@@ -12,15 +12,15 @@
  *  Leaves out: float16, and vector (vec4) loads. */
 import type * as tf from "@tensorflow/tfjs";
 import * as tfjs from "@tensorflow/tfjs";
-import { BLOCK_DIAG } from "./block-diag.ts";
-import { DRAW_ROWS, drawCall } from "./draw.ts";
-import { registerKernel, type Backend } from "./kernels.ts";
-import { DLOGITS, LOGP } from "./logprob.ts";
-import { RMS_NORM, RMS_NORM_DW, RMS_NORM_DX, RMS_NORM_GRAD } from "./rmsnorm.ts";
-import { setWebgpuSlotWriter } from "./slot-write.ts";
-import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD, setWebgpuHeadsInto } from "./heads.ts";
-import { ROPE, SWIGLU, SWIGLU_GRAD } from "./rope-swiglu.ts";
-import { SOFTMAX, SOFTMAX_GRAD } from "./softmax.ts";
+import { BLOCK_DIAG } from "../block-diag.ts";
+import { DRAW_ROWS, drawCall } from "../draw.ts";
+import { registerKernel, type Backend } from "../kernels.ts";
+import { DLOGITS, LOGP } from "../logprob.ts";
+import { RMS_NORM, RMS_NORM_DW, RMS_NORM_DX, RMS_NORM_GRAD } from "../rmsnorm.ts";
+import { setWebgpuSlotWriter } from "../slot-write.ts";
+import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD, setWebgpuHeadsInto } from "../heads.ts";
+import { ROPE, SWIGLU, SWIGLU_GRAD } from "../rope-swiglu.ts";
+import { SOFTMAX, SOFTMAX_GRAD } from "../softmax.ts";
 
 export type WebgpuModule = typeof import("@tensorflow/tfjs-backend-webgpu");
 

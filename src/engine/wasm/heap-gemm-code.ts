@@ -1,7 +1,7 @@
 /** The matrix-product kernels of the heap module, as instructions: `tile` / `tile1` (blocks of MR rows ×
  *  8 columns summed over all of K in vector registers) and `pack` / `packT` (B copied panel by panel).
  *  Their contract is described in heap-code.ts. */
-import { I32, op, v, forLoop, V128 } from "./wasm-asm.ts";
+import { I32, op, v, forLoop, V128 } from "./asm.ts";
 
 export const P = { a: 0, b: 1, c: 2, M: 3, N: 4, K: 5, ars: 6, aks: 7, ldb: 8, ldc: 9, ps: 10, acc: 11 };
 export const NPARAMS = 12;

@@ -12,8 +12,8 @@
  *  results do not depend on the thread count. */
 import * as tf from "@tensorflow/tfjs";
 import { heapModule, heapGemm } from "./heap.ts";
-import { registerKernel, replaceKernel, type Backend } from "./kernels.ts";
-import { XWT } from "./matmul.ts";
+import { registerKernel, replaceKernel, type Backend } from "../kernels.ts";
+import { XWT } from "../matmul.ts";
 
 let enabled = true;
 

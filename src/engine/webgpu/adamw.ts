@@ -4,9 +4,9 @@
  *  uniforms, so one shader serves every step; sizes are compiled in. Float32 throughout, in the op
  *  path's order of operations. */
 import type * as tf from "@tensorflow/tfjs";
-import { setWebgpuAdamW, type AdamWConstants } from "./adamw.ts";
-import type { Backend } from "./kernels.ts";
-import { RowProgram, rowPrelude, type WebgpuModule } from "./webgpu-rows.ts";
+import { setWebgpuAdamW, type AdamWConstants } from "../adamw.ts";
+import type { Backend } from "../kernels.ts";
+import { RowProgram, rowPrelude, type WebgpuModule } from "./rows.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 const WG = 256;

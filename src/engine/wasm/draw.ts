@@ -1,9 +1,9 @@
 /** The wasm kernel of draw.ts (MarlDrawRows): heap.ts heapDrawRows on the logits where they lie,
  *  straight into the output tensor (int32 [B, 4]: per row two float64, the token and its log-prob). */
 import type * as tf from "@tensorflow/tfjs";
-import { DRAW_ROWS, drawCall } from "./draw.ts";
+import { DRAW_ROWS, drawCall } from "../draw.ts";
 import { heapDrawRows } from "./heap.ts";
-import { heapOffset, registerKernel, type Backend } from "./kernels.ts";
+import { heapOffset, registerKernel, type Backend } from "../kernels.ts";
 
 export function registerWasmDraw(): void {
   registerKernel(

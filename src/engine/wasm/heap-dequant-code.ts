@@ -4,7 +4,7 @@
  *  NF4's table is looked up one lane at a time from 16 floats in the heap: spreading each code over its
  *  lane's bytes and taking the value's four bytes from four 16-byte planes of the table (i8x16.swizzle
  *  ×4, no loads) ran 5–8% slower (one thread, 0.5B shapes: 1.22–1.39 vs 1.16–1.33 ns per weight). */
-import { I32, V128, op, v, Consts, forLoop } from "./wasm-asm.ts";
+import { I32, V128, op, v, Consts, forLoop } from "./asm.ts";
 
 const i32 = { sub: [0x6b], and: [0x71], shl: [0x74], divU: [0x6e], load: [0x28, 2, 0] };
 const f32 = { mul: [0x94], convertS: [0xb2] };

@@ -1,6 +1,6 @@
 /** The element-wise kernel of the heap module, as instructions: a float32 binary op (add, sub, mul)
  *  over rows with a broadcast operand. Its contract is described in heap-code.ts. */
-import { I32, op, v, forLoop } from "./wasm-asm.ts";
+import { I32, op, v, forLoop } from "./asm.ts";
 
 /** Binary ops by code (the `op` argument of binary): 0 add, 1 sub (a − b), 2 mul; +3: b is one value. */
 export const BINARY_OPS = { Add: 0, Sub: 1, Multiply: 2 } as const;

@@ -1,7 +1,7 @@
 /** The attention heads kernels of the heap module, as instructions: seqHeads and its gradient over rows
  *  [n0, n1) of the fused projection (heads.ts holds their JS form and the op path they match). Their
  *  contracts are described in heap-code.ts. */
-import { I32, V128, F32, op, v, forLoop } from "./wasm-asm.ts";
+import { I32, V128, F32, op, v, forLoop } from "./asm.ts";
 
 const i32 = { sub: [0x6b], divU: [0x6e] };
 const select = [0x1b];

@@ -1,6 +1,6 @@
 /** RMSNorm and its gradient in the heap module, as instructions: rows of [rows, H], four lanes at a
  *  time, the gradient's dw summed per block of rows. Their contracts are described in heap-code.ts. */
-import { I32, op, v, forLoop, hreduce, madd, F32, V128 } from "./wasm-asm.ts";
+import { I32, op, v, forLoop, hreduce, madd, F32, V128 } from "./asm.ts";
 
 /** rmsNorm(x, w, y, rows, H, eps) and, with grad, rmsNormGrad(x, w, dy, dx, dw, rows, H, eps). */
 export function rmsNormBody(grad: boolean, relaxed = false): { locals: number[][]; code: number[] } {

@@ -5,15 +5,15 @@
  *  (`heapBlocks`: Concat, Slice, SplitV), or the packed rows of a quantized matrix (`heapDequantize`,
  *  used by dequant.ts). Work is split only where it repays a
  *  hand-off, and every output is computed the same way whatever the split, so results do not
- *  depend on the thread count. Leaves out: tfjs' own thread pool (kept at one thread, wasm-threads.ts).
+ *  depend on the thread count. Leaves out: tfjs' own thread pool (kept at one thread, wasm/threads.ts).
  *  Over 400 lines on purpose: the helper threads' source is built from part(), slicesPart() and
  *  rowsPart() in this file (Function.toString), so the job protocol and the jobs it runs must live together. */
 import * as tf from "@tensorflow/tfjs";
 import v8 from "node:v8";
 import { Worker } from "node:worker_threads";
-import { MAX_WASM_THREADS, wasmThreads } from "./wasm-threads.ts";
+import { MAX_WASM_THREADS, wasmThreads } from "./threads.ts";
 import { gemmModuleBytes } from "./heap-code.ts";
-import type { Backend } from "./kernels.ts";
+import type { Backend } from "../kernels.ts";
 
 /** Rows per register block of the plain SIMD build: 4 rows × 8 columns = 8 accumulators, within x64's
  *  16 vector registers with the two halves of B's row and the broadcast A value (5 rows spill: half

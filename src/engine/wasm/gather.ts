@@ -5,7 +5,7 @@
  *  layers, and a decode step's 8-token lookup ~0.1 ms. Values are moved as bits (no float is touched).
  *  Other dtypes and batchDims go to tfjs' kernel. Out-of-range indices fail as tfjs' do. */
 import * as tf from "@tensorflow/tfjs";
-import { replaceKernel, type Backend } from "./kernels.ts";
+import { replaceKernel, type Backend } from "../kernels.ts";
 
 /** Slice lengths (elements) from which a slice is copied with copyWithin instead of element by element. */
 const ROW_COPY = 16;

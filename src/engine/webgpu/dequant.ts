@@ -3,8 +3,8 @@
  *  BitwiseAnd, which tfjs-backend-webgpu does not have, and its int32 `mod` is wrong for large
  *  values. Shapes are compiled into the shader (a model has a handful of distinct matrix shapes). */
 import * as tf from "@tensorflow/tfjs";
-import { DEQUANTIZE, type DequantizeAttrs } from "./dequant.ts";
-import { registerKernel } from "./kernels.ts";
+import { DEQUANTIZE, type DequantizeAttrs } from "../dequant.ts";
+import { registerKernel } from "../kernels.ts";
 
 type WebgpuModule = typeof import("@tensorflow/tfjs-backend-webgpu");
 

@@ -10,7 +10,7 @@
 import * as tf from "@tensorflow/tfjs";
 import { heapBinary } from "./heap.ts";
 import { BINARY_OPS } from "./heap-elementwise-code.ts";
-import { heapOffset, replaceKernel, type Backend } from "./kernels.ts";
+import { heapOffset, replaceKernel, type Backend } from "../kernels.ts";
 
 /** How out = a op b runs on the binary kernel, for a of the output's shape and b of shape `b`: as
  *  rows × W with b's row at ⌊r / rep⌋·bs bytes (rep 0: one flat run), b one value per row group when

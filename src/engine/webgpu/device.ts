@@ -12,7 +12,7 @@ import * as tf from "@tensorflow/tfjs";
 import { execFileSync } from "node:child_process";
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { totalmem } from "node:os";
-import { registerWebgpuDequantize } from "./dequant-webgpu.ts";
+import { registerWebgpuDequantize } from "./dequant.ts";
 
 /** What the adapter is, as printed once when the backend starts. */
 export interface WebgpuAdapterInfo {
@@ -172,8 +172,8 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   registerWebgpuDequantize(mod);
   // Imported here, not at the top: the row kernels' op files load the wasm heap module, whose import
   // registers the wasm backend, and profile.ts (which every model imports) imports this file.
-  (await import("./webgpu-rows.ts")).registerWebgpuRows(mod);
-  (await import("./webgpu-adamw.ts")).registerWebgpuAdamW(mod);
+  (await import("./rows.ts")).registerWebgpuRows(mod);
+  (await import("./adamw.ts")).registerWebgpuAdamW(mod);
   Object.defineProperty(globalThis, "navigator", {
     value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu },
     configurable: true,

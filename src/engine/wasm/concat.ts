@@ -6,7 +6,7 @@
  *  kernel (and complex64, which the project does not use). */
 import * as tf from "@tensorflow/tfjs";
 import { heapBlocks } from "./heap.ts";
-import { heapOffset, replaceKernel, type Backend } from "./kernels.ts";
+import { heapOffset, replaceKernel, type Backend } from "../kernels.ts";
 
 export function registerWasmConcat(): void {
   replaceKernel("Concat", "wasm", (fallback) => (args) => {

@@ -1,7 +1,7 @@
 /** The row kernels of the heap module, as instructions: copyRows, SwiGLU (and its gradient), row
  *  statistics and softmax, softmax's gradient (RMSNorm's are in heap-norm-code.ts). Sums over a row go four
  *  lanes at a time; their contracts are described in heap-code.ts. */
-import { I32, op, f32x4, v, Consts, vexp, forLoop, hreduce, madd, F32, V128 } from "./wasm-asm.ts";
+import { I32, op, f32x4, v, Consts, vexp, forLoop, hreduce, madd, F32, V128 } from "./asm.ts";
 
 /** copyRows(dst, dstStride, src, srcStride, rowBytes, rows). */
 export function copyRowsBody(): { locals: number[][]; code: number[] } {

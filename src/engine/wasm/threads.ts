@@ -1,6 +1,6 @@
 /** Threaded wasm in Node: starts tfjs-backend-wasm's threaded-SIMD build with worker_threads standing
  *  in for the browser's Web Workers, for what that build brings: a heap on shared memory, on which
- *  the heap module's helper threads (engine/heap.ts) work beside the main thread. tfjs' own
+ *  the heap module's helper threads (engine/wasm/heap.ts) work beside the main thread. tfjs' own
  *  thread pool is kept at one thread: its element-wise kernels are too small to repay a hand-off
  *  (XNNPACK's pool made each Add/Multiply of a decode step 5× slower at 2 threads, and its threads
  *  spinning after a kernel took the core the matrix helpers needed: small config, 2 threads, decode
@@ -20,7 +20,7 @@ import { createRequire } from "node:module";
 import os from "node:os";
 import * as path from "node:path";
 import { Worker as NodeWorker } from "node:worker_threads";
-import { UsageError } from "../util/errors.ts";
+import { UsageError } from "../../util/errors.ts";
 
 /** Most threads a run asks for (the matrix kernel splits products into at most this many parts). */
 export const MAX_WASM_THREADS = 8;

@@ -4,7 +4,7 @@
  *  train in full mode) sums in JS on the heap views. String tensors go to tfjs' kernels. */
 import * as tf from "@tensorflow/tfjs";
 import { heapBlocks } from "./heap.ts";
-import { heapOffset, registerKernel, replaceKernel, type Backend } from "./kernels.ts";
+import { heapOffset, registerKernel, replaceKernel, type Backend } from "../kernels.ts";
 
 /** UnsortedSegmentSum for wasm, computed in JS on the heap views (only the gather gradient of a
  *  trainable embedding uses it, so simplicity beats speed here). */
