@@ -1,4 +1,4 @@
-/** LoRA's fused-module B as one block-diagonal kernel on webgpu (webgpu/rows.ts registers it). This
+/** LoRA's fused-module B as one block-diagonal kernel on webgpu (webgpu/heads.ts registers it). This
  *  file imports only tfjs, so model code can call it without loading the wasm heap module (whose
  *  import registers the wasm backend). */
 import * as tf from "@tensorflow/tfjs";

@@ -5,7 +5,7 @@
  *    logits and drawing on one thread took ~150 ms a decode step. The kernel (MarlDrawRows) returns
  *    int32 [B, 4]: per row two float64 (the token, then its log-prob) as 32-bit words, so the
  *    log-prob arrives exact. Registered by backend.ts registerWasmExtras → registerWasmDraw.
- *  - webgpu: one workgroup per row (webgpu/rows.ts drawProgram), float32 weights with the running
+ *  - webgpu: one workgroup per row (webgpu/vocab.ts drawProgram), float32 weights with the running
  *    sums in double-float32, so the host walk's tokens but for a draw within float32 rounding of a
  *    boundary; float32 [B, 2] (token, log-prob to ~1e-6): B·2 floats read a step, where the top-64
  *    candidates read B·130 and a flat row (random weights) its whole row.

@@ -7,7 +7,7 @@
  *  the op path rounds in float32, the heap module's vector kernel (heap-heads-code.ts, rows split
  *  over the helper threads; the small bench config's [2048, 512] on one thread: 1.2 ms forward, 3.8
  *  with the backward, where the op path took 4.4 and 13.3), else one JS pass over the tensors'
- *  memory. On webgpu WGSL programs (webgpu/rows.ts). Other backends keep the op path. */
+ *  memory. On webgpu WGSL programs (webgpu/heads.ts). Other backends keep the op path. */
 import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
 import { heapSeqHeads } from "./wasm/heap.ts";
@@ -197,7 +197,7 @@ export function decodeHeads(
 }
 
 /** Runs a decode step's q head and writes its k and v heads straight into a KV cache's slot `pos`
- *  (webgpu/rows.ts registers it); returns q's TensorInfo in decodeHeads' layout. */
+ *  (webgpu/heads.ts registers it); returns q's TensorInfo in decodeHeads' layout. */
 export type HeadsIntoWriter = (
   backend: Backend,
   qkv: tf.TensorInfo,

@@ -5,7 +5,7 @@
  *  pass per 1,024 tokens. On wasm (V a multiple of 4) they are two kernels of the heap module
  *  (heap-code.ts rowStats, softmaxRows: two or three vector passes per row, rows split over the
  *  helper threads); results agree with the op forms to float32 rounding. On webgpu they are two WGSL
- *  programs (webgpu/rows.ts, one workgroup per row, any V), given chunks of rows no larger than the
+ *  programs (webgpu/vocab.ts, one workgroup per row, any V), given chunks of rows no larger than the
  *  device's largest binding by head-logprobs.ts. Other backends keep the ops. */
 import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
@@ -77,7 +77,7 @@ const useKernels = (logits: tf.Tensor2D) => {
   return tf.getBackend() === "wasm" && logits.dtype === "float32" && logits.shape[1] % 4 === 0;
 };
 
-/** webgpu's kernels (webgpu/rows.ts) read the targets from an int32 tensor (an upload, no dispatch). */
+/** webgpu's kernels (webgpu/vocab.ts) read the targets from an int32 tensor (an upload, no dispatch). */
 const useWebgpu = (logits: tf.Tensor2D) =>
   tf.getBackend() === "webgpu" && logits.dtype === "float32" && tf.getKernel(LOGP, "webgpu") !== undefined;
 function onWebgpu(name: string, logits: tf.Tensor2D, targets: number[], dy?: tf.Tensor2D): tf.Tensor2D {

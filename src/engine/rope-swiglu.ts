@@ -7,7 +7,7 @@
  *  SwiGLU on wasm: there the heap module's vector kernel (heap-code.ts) runs at every size, split
  *  over the helper threads by rows, in place of the op path's SplitV, Sigmoid, two Multiply and a
  *  backward of seven kernels (a small training step's 32 Multiply, 4 Sigmoid, 4 SplitV and 4 Concat
- *  of [2048, 688] became 8 kernel calls). On webgpu all four are WGSL programs (webgpu/rows.ts) at
+ *  of [2048, 688] became 8 kernel calls). On webgpu all four are WGSL programs (webgpu/rows.ts; RoPE in webgpu/heads.ts) at
  *  every size: there each op of the op path is a dispatch. */
 import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel } from "./kernels.ts";

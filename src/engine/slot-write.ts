@@ -4,7 +4,7 @@
  *  softmaxes of a new width every step). Outside tfjs' immutable-tensor model on purpose, so only
  *  where that cannot be seen: float32, and a target whose data no other tensor shares (refCount 1:
  *  not a reshape, clone or concat-of-one of a tensor still alive), on wasm (a copy on the heap) and
- *  on webgpu (a program whose output is the target's own buffer: webgpu/rows.ts, registered with
+ *  on webgpu (a program whose output is the target's own buffer: webgpu/heads.ts, registered with
  *  setWebgpuSlotWriter). Callers fall back to a copy everywhere else (inPlaceWritable false). */
 import * as tf from "@tensorflow/tfjs";
 import type { Backend } from "./kernels.ts";

@@ -6,7 +6,7 @@
 import type * as tf from "@tensorflow/tfjs";
 import { setWebgpuAdamW, type AdamWConstants } from "../adamw.ts";
 import type { Backend } from "../kernels.ts";
-import { RowProgram, rowPrelude, type WebgpuModule } from "./rows.ts";
+import { RowProgram, rowPrelude, type WebgpuModule } from "./program.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 const WG = 256;

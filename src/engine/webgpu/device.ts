@@ -173,6 +173,8 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   // Imported here, not at the top: the row kernels' op files load the wasm heap module, whose import
   // registers the wasm backend, and profile.ts (which every model imports) imports this file.
   (await import("./rows.ts")).registerWebgpuRows(mod);
+  (await import("./heads.ts")).registerWebgpuHeads(mod);
+  (await import("./vocab.ts")).registerWebgpuVocab(mod);
   (await import("./adamw.ts")).registerWebgpuAdamW(mod);
   Object.defineProperty(globalThis, "navigator", {
     value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu },

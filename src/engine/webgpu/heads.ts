@@ -1,0 +1,316 @@
+/** The attention heads' WGSL programs: a decode step's q/k/v heads with RoPE (written into the KV
+ *  cache's slot where it has room), a prefill or training step's heads and their gradient, RoPE,
+ *  a KV cache slot write, and LoRA's fused-module block-diagonal B. Registered by device.ts; the op
+ *  files (heads.ts, rope-swiglu.ts, slot-write.ts, block-diag.ts) hold the names and the gradients. */
+import type * as tf from "@tensorflow/tfjs";
+import * as tfjs from "@tensorflow/tfjs";
+import { BLOCK_DIAG } from "../block-diag.ts";
+import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD, setWebgpuHeadsInto } from "../heads.ts";
+import { registerKernel } from "../kernels.ts";
+import { ROPE } from "../rope-swiglu.ts";
+import { setWebgpuSlotWriter } from "../slot-write.ts";
+import { f32, RowProgram, run, writeInto, type WebgpuModule } from "./program.ts";
+
+const K = { rope: ROPE, seqHeads: SEQ_HEADS, seqHeadsGrad: SEQ_HEADS_GRAD, decodeHeads: DECODE_HEADS };
+
+/** Where element `index` of a KV cache's new position goes in the cache tensor (slot-write.ts'
+ *  layouts): keys [..., W] take it at (index·W + pos) (D 1), values [..., W, D] their row index / D at
+ *  position pos, column index mod D; W (the output's shape uniform of that axis) and pos (a uniform)
+ *  are read at run time, so one shader serves every step and width. */
+const slotAt = (rank: number, rows: boolean, D: number) =>
+  `(index / ${D} * uniforms.outShape[${rows ? rank - 2 : rank - 1}] + uniforms.pos) * ${D} + index % ${D}`;
+
+/** One decode step's heads from qkv [B, (nH + 2·nKv)·hd]: part "q" (rope · scale, [B, nH, hd]), "k"
+ *  (rope, [B, nKv, hd]) or "v" (a copy, [B, nKv, hd]); cos, sin [B, hd] with rotate-half's sign in sin. */
+function headsProgram(
+  u: WebgpuModule["webgpu_util"],
+  part: "q" | "k" | "v",
+  B: number,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+  /** k or v written straight into a KV cache's slot: the cache tensor's shape ([B, nKv, hd, W] keys,
+   *  [B, nKv, W, hd] values), the position a uniform `pos` (slot-write.ts' layouts). */
+  slot?: number[],
+) {
+  const heads = part === "q" ? nH : nKv,
+    first = part === "q" ? 0 : part === "k" ? nH : nH + nKv,
+    width = (nH + 2 * nKv) * hd,
+    half = hd / 2;
+  const value =
+    part === "v"
+      ? "qkv[src]"
+      : `(qkv[src] * cosT[b * ${hd} + j] + qkv[src - j + select(j - ${half}, j + ${half}, j < ${half})] * sinT[b * ${hd} + j])${part === "q" ? ` * ${f32(Math.fround(scale))}` : ""}`;
+  const n = B * heads * hd;
+  const at = !slot ? "index" : slotAt(slot.length, part === "v", part === "v" ? hd : 1);
+  const p = new RowProgram(
+    u,
+    `heads_${part}${slot ? "_slot" : ""}`,
+    ["qkv", "cosT", "sinT"],
+    slot ?? [B, heads, hd],
+    slot ? { rows: Math.ceil(n / 64), wg: 64 } : "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${n}) {
+        let b = index / ${heads * hd};
+        let hj = index - b * ${heads * hd};
+        let h = hj / ${hd};
+        let j = hj - h * ${hd};
+        let src = b * ${width} + (${first} + h) * ${hd} + j;
+        result[${at}] = ${value};
+      }
+    }`,
+  );
+  if (slot) p.uniforms = "pos : i32,";
+  return p;
+}
+
+/** RoPE (rotate-half) of x [rows, heads, hd] by cos, sin [rows, hd]; with `transpose` its adjoint (the
+ *  gradient): out_j = x_j·cos_j + x_j'·sin_j' in place of x_j'·sin_j, j' = (j + hd/2) mod hd. */
+function ropeProgram(u: WebgpuModule["webgpu_util"], rows: number, heads: number, hd: number, transpose: boolean) {
+  const half = hd / 2;
+  return new RowProgram(
+    u,
+    `rope_${transpose ? "t" : "n"}`,
+    ["x", "cosT", "sinT"],
+    [rows, heads, hd],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${rows * heads * hd}) {
+        let r = index / ${heads * hd};
+        let j = index % ${hd};
+        let jr = select(j - ${half}, j + ${half}, j < ${half});
+        result[index] = x[index] * cosT[r * ${hd} + j] + x[index - j + jr] * sinT[r * ${hd} + ${transpose ? "jr" : "j"}];
+      }
+    }`,
+  );
+}
+
+/** Any T (prefill, training): the heads of qkv [B·T, (nH + 2·nKv)·hd] in attention's layouts, part "q"
+ *  (rope · scale, [B, nH, T, hd]), "kT" (rope, [B, nKv, hd, T]) or "v" ([B, nKv, T, hd]); cos, sin
+ *  [B·T, hd]. In place of two splits, RoPE, the scale and three transposes. */
+function seqHeadsProgram(
+  u: WebgpuModule["webgpu_util"],
+  part: "q" | "kT" | "v",
+  B: number,
+  T: number,
+  nH: number,
+  nKv: number,
+  hd: number,
+  scale: number,
+) {
+  const heads = part === "q" ? nH : nKv,
+    first = part === "q" ? 0 : part === "kT" ? nH : nH + nKv,
+    width = (nH + 2 * nKv) * hd,
+    half = hd / 2;
+  // index → (b, h, t, j) in the part's layout
+  const coords =
+    part === "kT"
+      ? `let t = index % ${T}; let j = (index / ${T}) % ${hd}; let h = (index / ${T * hd}) % ${heads}; let b = index / ${T * hd * heads};`
+      : `let j = index % ${hd}; let t = (index / ${hd}) % ${T}; let h = (index / ${T * hd}) % ${heads}; let b = index / ${T * hd * heads};`;
+  const value =
+    part === "v"
+      ? "qkv[src + j]"
+      : `(qkv[src + j] * cosT[n * ${hd} + j] + qkv[src + select(j - ${half}, j + ${half}, j < ${half})] * sinT[n * ${hd} + j])${part === "q" ? ` * ${f32(Math.fround(scale))}` : ""}`;
+  return new RowProgram(
+    u,
+    `seq_heads_${part}`,
+    ["qkv", "cosT", "sinT"],
+    part === "kT" ? [B, heads, hd, T] : [B, heads, T, hd],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${B * heads * T * hd}) {
+        ${coords}
+        let n = b * ${T} + t;
+        let src = n * ${width} + (${first} + h) * ${hd};
+        result[index] = ${value};
+      }
+    }`,
+  );
+}
+
+/** The gradient of seqHeadsProgram's three parts with respect to qkv [B·T, (nH + 2·nKv)·hd]: RoPE's
+ *  adjoint (x_j gets dy_j·cos_j + dy_j'·sin_j', j' = (j + hd/2) mod hd) and the scale, read from dq,
+ *  dkT and dv in their layouts. */
+function seqHeadsGradProgram(u: WebgpuModule["webgpu_util"], B: number, T: number, nH: number, nKv: number, hd: number, scale: number) {
+  const width = (nH + 2 * nKv) * hd,
+    half = hd / 2;
+  return new RowProgram(
+    u,
+    "seq_heads_grad",
+    ["dq", "dkT", "dv", "cosT", "sinT"],
+    [B * T, width],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${B * T * width}) {
+        let n = index / ${width};
+        let c = index % ${width};
+        let hh = c / ${hd};
+        let j = c % ${hd};
+        let jr = select(j - ${half}, j + ${half}, j < ${half});
+        let b = n / ${T};
+        let t = n % ${T};
+        var out = 0.0;
+        if (hh < ${nH}) {
+          let o = ((b * ${nH} + hh) * ${T} + t) * ${hd};
+          out = (dq[o + j] * cosT[n * ${hd} + j] + dq[o + jr] * sinT[n * ${hd} + jr]) * ${f32(Math.fround(scale))};
+        } else if (hh < ${nH + nKv}) {
+          let o = (b * ${nKv} + hh - ${nH}) * ${hd * T} + t;
+          out = dkT[o + j * ${T}] * cosT[n * ${hd} + j] + dkT[o + jr * ${T}] * sinT[n * ${hd} + jr];
+        } else {
+          out = dv[((b * ${nKv} + hh - ${nH + nKv}) * ${T} + t) * ${hd} + j];
+        }
+        result[index] = out;
+      }
+    }`,
+  );
+}
+
+/** The block-diagonal [k·r, Σout] of k matrices [r, out_i] (LoRA's fused-module B): one dispatch in
+ *  place of k pads and a concat. */
+function blockDiagProgram(u: WebgpuModule["webgpu_util"], r: number, outs: number[]) {
+  const total = outs.reduce((a, b) => a + b, 0);
+  let off = 0;
+  const cases = outs
+    .map((o, i) => {
+      const c = `if (i == ${i} && c >= ${off} && c < ${off + o}) { v = b${i}[(R - ${i * r}) * ${o} + c - ${off}]; }`;
+      off += o;
+      return c;
+    })
+    .join("\n        ");
+  return new RowProgram(
+    u,
+    "block_diag",
+    outs.map((_, i) => `b${i}`),
+    [outs.length * r, total],
+    "flat",
+    `
+    fn main(index: i32) {
+      if (index < ${outs.length * r * total}) {
+        let R = index / ${total};
+        let c = index % ${total};
+        let i = R / ${r};
+        var v = 0.0;
+        ${cases}
+        result[index] = v;
+      }
+    }`,
+  );
+}
+
+/** A KV cache's new position written into the cache's own buffer (slot-write.ts): src's n elements
+ *  to dst[..., i, pos] (keys, dst [..., W]) or, with `rows`, dst[..., pos, :] (values, dst [..., W, D]). */
+function slotProgram(u: WebgpuModule["webgpu_util"], dstShape: number[], n: number, rows: boolean) {
+  const r = dstShape.length;
+  const p = new RowProgram(
+    u,
+    rows ? "slot_rows" : "slot_cols",
+    ["src"],
+    dstShape,
+    { rows: Math.ceil(n / 64), wg: 64 },
+    `
+    fn main(index: i32) {
+      if (index < ${n}) { result[${slotAt(r, rows, rows ? dstShape[r - 1] : 1)}] = src[index]; }
+    }`,
+  );
+  p.uniforms = "pos : i32,";
+  return p;
+}
+
+/** Register the heads' kernels for the webgpu backend (once the package is loaded). */
+export function registerWebgpuHeads(mod: WebgpuModule): void {
+  const u = mod.webgpu_util;
+  const on = ["webgpu"];
+  const pos_ = (p: number) => [{ type: "int32", data: [p] }];
+  setWebgpuHeadsInto((b, qkv, cos, sin, { nH, nKv, hd, scale }, kDst, vDst, pos) => {
+    const B = qkv.shape[0];
+    const q = run(b, headsProgram(u, "q", B, nH, nKv, hd, scale), [qkv, cos, sin]);
+    writeInto(b, headsProgram(u, "k", B, nH, nKv, hd, scale, kDst.shape), [qkv, cos, sin], kDst, pos_(pos));
+    writeInto(b, headsProgram(u, "v", B, nH, nKv, hd, scale, vDst.shape), [qkv, cos, sin], vDst, pos_(pos));
+    return { ...q, shape: [B * nKv, nH / nKv, hd] }; // decodeHeads' layout of q
+  });
+  setWebgpuSlotWriter((b, dst, src, pos, rows) =>
+    writeInto(b, slotProgram(u, dst.shape, tfjs.util.sizeFromShape(src.shape), rows), [src], dst, pos_(pos)),
+  );
+  registerKernel(
+    K.rope,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { x, cos, sin } = inputs as { x: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+        const [B, T, heads, hd] = x.shape;
+        const out = run(backend, ropeProgram(u, B * T, heads, hd, attrs!.transpose as boolean), [x, cos, sin]);
+        return { ...out, shape: x.shape };
+      },
+    on,
+  );
+  registerKernel(
+    K.seqHeads,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+        const { B, T, nH, nKv, hd, scale } = attrs as { B: number; T: number; nH: number; nKv: number; hd: number; scale: number };
+        return (["q", "kT", "v"] as const).map((part) => run(backend, seqHeadsProgram(u, part, B, T, nH, nKv, hd, scale), [qkv, cos, sin]));
+      },
+    on,
+  );
+  registerKernel(
+    K.seqHeadsGrad,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { dq, dkT, dv, cos, sin } = inputs as Record<string, tf.TensorInfo>;
+        const { B, T, nH, nKv, hd, scale } = attrs as { B: number; T: number; nH: number; nKv: number; hd: number; scale: number };
+        return run(backend, seqHeadsGradProgram(u, B, T, nH, nKv, hd, scale), [dq, dkT, dv, cos, sin]);
+      },
+    on,
+  );
+  registerKernel(
+    BLOCK_DIAG,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { r, outs } = attrs as unknown as { r: number; outs: number[] };
+        return run(
+          backend,
+          blockDiagProgram(u, r, outs),
+          outs.map((_, i) => (inputs as Record<string, tf.TensorInfo>)[`b${i}`]),
+        );
+      },
+    on,
+  );
+  tfjs.registerGradient({
+    kernelName: BLOCK_DIAG,
+    gradFunc: (dy, _saved, attrs) => {
+      const { r, outs } = attrs as unknown as { r: number; outs: number[] };
+      let off = 0;
+      return Object.fromEntries(
+        outs.map((o, i) => {
+          const at = off;
+          off += o;
+          return [`b${i}`, () => tfjs.slice(dy as tf.Tensor2D, [i * r, at], [r, o])];
+        }),
+      );
+    },
+  });
+  registerKernel(
+    K.decodeHeads,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
+        const { nH, nKv, hd, scale } = attrs as { nH: number; nKv: number; hd: number; scale: number };
+        const B = qkv.shape[0];
+        const [q, k, v] = (["q", "k", "v"] as const).map((part) =>
+          run(backend, headsProgram(u, part, B, nH, nKv, hd, scale), [qkv, cos, sin]),
+        );
+        // the layouts the wasm kernel returns (attention.ts reads these shapes)
+        return [
+          { ...q, shape: [B * nKv, nH / nKv, hd] },
+          { ...k, shape: [B, nKv, hd, 1] },
+          { ...v, shape: [B, nKv, 1, hd] },
+        ];
+      },
+    on,
+  );
+}

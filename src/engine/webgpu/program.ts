@@ -1,0 +1,104 @@
+/** The scaffolding of the project's WGSL programs on tfjs' webgpu backend: RowProgram (its inputs,
+ *  output shape, dispatch and body; the tfjs header declares the inputs as arrays named by
+ *  `inputs`, the output as `result`), the row prelude every row reduction shares (the row index and
+ *  tree reductions in workgroup memory), and running a program with a new output or in place.
+ *  Sizes are compiled into a shader (a model has a handful of widths). */
+import type * as tf from "@tensorflow/tfjs";
+import type { Backend } from "../kernels.ts";
+
+export type WebgpuModule = typeof import("@tensorflow/tfjs-backend-webgpu");
+
+export const f32 = (x: number) => (Number.isInteger(x) ? `${x}.0` : `${x}`);
+
+/** One program: its inputs, output shape, dispatch and WGSL body (the tfjs header declares the
+ *  inputs as arrays named by `inputs`, the output as `result`). */
+export class RowProgram {
+  variableNames: string[];
+  outputShape: number[];
+  workgroupSize: [number, number, number];
+  dispatchLayout: { x: number[] };
+  dispatch: [number, number, number];
+  shaderKey: string;
+  /** Uniforms of the program's own ("name : type,"), their values passed to runWebGPUProgram. */
+  uniforms?: string;
+  constructor(
+    util: WebgpuModule["webgpu_util"],
+    name: string,
+    inputs: string[],
+    outputShape: number[],
+    /** "rows": one workgroup of `wg` per row of `rows`; "flat": one thread per output element. */
+    grid: { rows: number; wg: number } | "flat",
+    private body: string,
+  ) {
+    this.variableNames = inputs;
+    this.outputShape = outputShape;
+    this.dispatchLayout = util.flatDispatchLayout(outputShape);
+    if (grid === "flat") {
+      this.workgroupSize = [64, 1, 1];
+      this.dispatch = util.computeDispatch(this.dispatchLayout, outputShape, this.workgroupSize);
+    } else {
+      this.workgroupSize = [grid.wg, 1, 1];
+      this.dispatch = [grid.rows, 1, 1];
+    }
+    this.shaderKey = `marl_${name}_${body.length}_${hash(body)}`;
+  }
+  getUserCode(): string {
+    // Every binding statically used: the pipeline's "auto" layout leaves out the unused ones, and
+    // tfjs binds all of them (the uniforms included).
+    const uses = ["_ = uniforms.NAN;", ...this.variableNames.map((v) => `_ = ${v}[0];`)].join(" ");
+    return this.body.replace("fn main(index: i32) {", `fn main(index: i32) {\n      ${uses}`);
+  }
+}
+
+function hash(s: string): string {
+  let h = 2166136261;
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 16777619);
+  return (h >>> 0).toString(36);
+}
+
+/** Workgroup size for rows of `width`: 256 threads on wide rows, 64 on narrow ones. */
+export const wgFor = (width: number) => (width >= 2048 ? 256 : 64);
+
+/** The row index (workgroups past the last row, from a dispatch tfjs reshaped to 2-D or 3-D, compute
+ *  row rows − 1 again and write nothing: barriers need every thread) and tree reductions. */
+export const rowPrelude = (wg: number, rows: number | string) => `
+  const WG = ${wg}u;
+  var<workgroup> red: array<f32, ${wg}>;
+  fn rowIndex() -> i32 {
+    return i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x);
+  }
+  fn rowOk() -> bool { return rowIndex() < ${rows}; }
+  fn row() -> i32 { return min(rowIndex(), ${rows} - 1); }
+  fn reduceSum(v: f32) -> f32 {
+    red[localIndex] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+      if (localIndex < s) { red[localIndex] = red[localIndex] + red[localIndex + s]; }
+      workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+  }
+  fn reduceMax(v: f32) -> f32 {
+    red[localIndex] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+      if (localIndex < s) { red[localIndex] = max(red[localIndex], red[localIndex + s]); }
+      workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+  }
+`;
+
+/** Runs p on inputs into a new float32 output. */
+export const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[]) => b.runWebGPUProgram(p, inputs, "float32") as tf.TensorInfo;
+
+/** Runs p with dst as its output, written in place (uniforms: the program's own, e.g. a position);
+ *  a copy of dst read back earlier is stale then. */
+export function writeInto(b: Backend, p: RowProgram, inputs: tf.TensorInfo[], dst: tf.TensorInfo, uniforms: object[] = []): void {
+  b.runWebGPUProgram(p, inputs, "float32", uniforms, dst);
+  b.tensorMap.get(dst.dataId).values = null;
+}
