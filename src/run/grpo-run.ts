@@ -28,7 +28,7 @@ import { lrAt } from "../trainer/schedule.ts";
 import { collectGarbage } from "../util/gc.ts";
 import { NonFiniteError, UsageError } from "../util/errors.ts";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
-import { Interrupted, watchInterrupts } from "./shutdown.ts";
+import { closingEvaluation, Interrupted, watchInterrupts } from "./shutdown.ts";
 import { dataStream, environmentSplit, heldOutCutsTraining, loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
@@ -302,26 +302,22 @@ async function train(
     try {
       await savePolicy(policy, finalDir, false);
       log(`saved adapter to ${finalDir}`);
-      evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-        generate: (prompts, rc) => engine!.generate(prompts, rc), // evaluated as it was trained
-        maxNewTokens: cfg.max_new_tokens,
-        maxTurns: cfg.max_turns,
-        toolsInPrompt: cfg.tools_in_prompt,
-        seed: cfg.seed,
-        tools,
-        envs: c.envs ?? undefined,
-        outputDir: cfg.output_dir,
-        metrics,
-        step: total,
-        log,
-        signal: stop.abortSignal,
-      });
-      if (stop.requested) {
-        await report();
-        throw new Interrupted(
-          `saved ${finalDir} and report.html; the closing evaluation was cut short: --resume runs it and writes eval.json`,
-        );
-      }
+      evalResult = await closingEvaluation(stop, finalDir, report, (signal) =>
+        finalEvaluation(model, tokenizer, heldOut, {
+          generate: (prompts, rc) => engine!.generate(prompts, rc), // evaluated as it was trained
+          maxNewTokens: cfg.max_new_tokens,
+          maxTurns: cfg.max_turns,
+          toolsInPrompt: cfg.tools_in_prompt,
+          seed: cfg.seed,
+          tools,
+          envs: c.envs ?? undefined,
+          outputDir: cfg.output_dir,
+          metrics,
+          step: total,
+          log,
+          signal,
+        }),
+      );
     } finally {
       stop.dispose();
     }

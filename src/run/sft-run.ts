@@ -14,7 +14,7 @@ import type { ChatMessage, LoraConfig } from "../model/types.ts";
 import { TINY_PROBLEMS } from "../presets/tiny.ts";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
 import { UsageError } from "../util/errors.ts";
-import { Interrupted, watchInterrupts } from "./shutdown.ts";
+import { closingEvaluation, Interrupted, watchInterrupts } from "./shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";
 import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { collectGarbage } from "../util/gc.ts";
@@ -224,24 +224,20 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     try {
       await savePolicy(policy, finalDir, cfg.full);
       log(`saved ${cfg.full ? "model" : "adapter"} to ${finalDir}`);
-      evalResult = await finalEvaluation(model, tokenizer, heldOut, {
-        maxNewTokens: cfg.eval_max_new_tokens,
-        maxTurns: cfg.max_turns,
-        toolsInPrompt: cfg.tools_in_prompt,
-        seed: cfg.seed,
-        tools: toolSet.tools,
-        outputDir: cfg.output_dir,
-        metrics,
-        step,
-        log,
-        signal: stop.abortSignal,
-      });
-      if (stop.requested) {
-        await report();
-        throw new Interrupted(
-          `saved ${finalDir} and report.html; the closing evaluation was cut short: --resume runs it and writes eval.json`,
-        );
-      }
+      evalResult = await closingEvaluation(stop, finalDir, report, (signal) =>
+        finalEvaluation(model, tokenizer, heldOut, {
+          maxNewTokens: cfg.eval_max_new_tokens,
+          maxTurns: cfg.max_turns,
+          toolsInPrompt: cfg.tools_in_prompt,
+          seed: cfg.seed,
+          tools: toolSet.tools,
+          outputDir: cfg.output_dir,
+          metrics,
+          step,
+          log,
+          signal,
+        }),
+      );
     } finally {
       stop.dispose();
     }
