@@ -24,7 +24,7 @@ import { registerWebgpu } from "./webgpu/device.ts";
 import { registerWasmConcat } from "./wasm/concat.ts";
 import { useHeapDequantize } from "./dequant.ts";
 import { registerWasmDraw } from "./wasm/draw.ts";
-import { heapDequantize } from "./wasm/heap.ts";
+import { heapDequantize } from "./wasm/heap-ops.ts";
 import { registerWasmElementwise } from "./wasm/elementwise.ts";
 import { registerWasmGather } from "./wasm/gather.ts";
 import { registerWasmGemm } from "./wasm/gemm.ts";

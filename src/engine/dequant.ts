@@ -10,7 +10,7 @@
  *  Other backends keep the op-based path in quant.ts. Frozen weights only: no gradient is defined. */
 import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel } from "./kernels.ts";
-import type { heapDequantize } from "./wasm/heap.ts";
+import type { heapDequantize } from "./wasm/heap-ops.ts";
 
 export const DEQUANTIZE = "MarlDequantize";
 

@@ -10,7 +10,7 @@
  *  memory. On webgpu WGSL programs (webgpu/heads.ts). Other backends keep the op path. */
 import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
-import { heapSeqHeads } from "./wasm/heap.ts";
+import { heapSeqHeads } from "./wasm/heap-ops.ts";
 import { ropeKernelRuns, webgpuKernel } from "./rope-swiglu.ts";
 import { inPlaceWritable } from "./slot-write.ts";
 

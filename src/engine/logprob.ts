@@ -9,7 +9,7 @@
  *  device's largest binding by head-logprobs.ts. Other backends keep the ops. */
 import * as tf from "@tensorflow/tfjs";
 import { heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
-import { heapRowStats, heapSoftmaxRows } from "./wasm/heap.ts";
+import { heapRowStats, heapSoftmaxRows } from "./wasm/heap-ops.ts";
 
 export const LOGP = "MarlLogpEntropy",
   DLOGITS = "MarlDLogits";

@@ -8,7 +8,7 @@
  *  differ from the op path by float32 rounding only. */
 import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel } from "./kernels.ts";
-import { heapRmsNorm, heapRmsNormGrad } from "./wasm/heap.ts";
+import { heapRmsNorm, heapRmsNormGrad } from "./wasm/heap-ops.ts";
 
 /** On wasm with H a multiple of 4 the heap module's vector kernels run at every size, rows split over
  *  the helper threads (a small training step: 9 norms of [2048, 256] each way). */

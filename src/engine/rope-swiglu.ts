@@ -11,7 +11,7 @@
  *  every size: there each op of the op path is a dispatch. */
 import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel } from "./kernels.ts";
-import { heapSwiglu } from "./wasm/heap.ts";
+import { heapSwiglu } from "./wasm/heap-ops.ts";
 
 /** Elements up to which the JS kernels run (a decode step's rows; prefill and training use ops). */
 const MAX_KERNEL_ELEMENTS = 64 * 1024;

@@ -6,7 +6,7 @@
  *  (webgpu/rows.ts, any width), one dispatch each; other backends keep tf.softmax. */
 import * as tf from "@tensorflow/tfjs";
 import { type CustomGradFn, heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
-import { heapSoftmaxGrad, heapSoftmaxRows } from "./wasm/heap.ts";
+import { heapSoftmaxGrad, heapSoftmaxRows } from "./wasm/heap-ops.ts";
 
 export const SOFTMAX = "MarlSoftmax",
   SOFTMAX_GRAD = "MarlSoftmaxGrad";

@@ -5,7 +5,7 @@
  *  took 1.9 of a step's 5.8 ms. Strings still go to tfjs'
  *  kernel (and complex64, which the project does not use). */
 import * as tf from "@tensorflow/tfjs";
-import { heapBlocks } from "./heap.ts";
+import { heapBlocks } from "./heap-ops.ts";
 import { heapOffset, replaceKernel, type Backend } from "../kernels.ts";
 
 export function registerWasmConcat(): void {

@@ -2,7 +2,7 @@
  *  straight into the output tensor (int32 [B, 4]: per row two float64, the token and its log-prob). */
 import type * as tf from "@tensorflow/tfjs";
 import { DRAW_ROWS, drawCall } from "../draw.ts";
-import { heapDrawRows } from "./heap.ts";
+import { heapDrawRows } from "./heap-ops.ts";
 import { heapOffset, registerKernel, type Backend } from "../kernels.ts";
 
 export function registerWasmDraw(): void {

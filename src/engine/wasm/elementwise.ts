@@ -8,7 +8,7 @@
  *  per 256-byte row) ran no faster than tfjs' C++ kernel on one thread and slower split; moving the
  *  last axis element by element ran at half its speed. */
 import * as tf from "@tensorflow/tfjs";
-import { heapBinary } from "./heap.ts";
+import { heapBinary } from "./heap-ops.ts";
 import { BINARY_OPS } from "./heap-elementwise-code.ts";
 import { heapOffset, replaceKernel, type Backend } from "../kernels.ts";
 

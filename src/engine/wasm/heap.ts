@@ -1,19 +1,34 @@
 /** The heap module (heap-code.ts) on tfjs-backend-wasm's own heap: one instance per heap, helper
  *  threads (threaded build) that share it through a control block, and the jobs they split: a
- *  product's columns, rows or batch slices (`heapGemm`, used by gemm.ts), the rows of a row kernel
- *  (`heapSwiglu`, `heapRmsNorm`, `heapRowStats`, `heapBinary`, …, used by the op files) or of strided copies
- *  (`heapBlocks`: Concat, Slice, SplitV), or the packed rows of a quantized matrix (`heapDequantize`,
- *  used by dequant.ts). Work is split only where it repays a
- *  hand-off, and every output is computed the same way whatever the split, so results do not
- *  depend on the thread count. Leaves out: tfjs' own thread pool (kept at one thread, wasm/threads.ts).
- *  Over 400 lines on purpose: the helper threads' source is built from part(), slicesPart() and
- *  rowsPart() in this file (Function.toString), so the job protocol and the jobs it runs must live together. */
+ *  product's columns, rows or batch slices (`heapGemm`, used by gemm.ts), and the rows of the row and
+ *  copy kernels (`rowsJob`, `splitJob`: heap-ops.ts). Work is split only where it repays a hand-off,
+ *  and every output is computed the same way whatever the split, so results do not depend on the
+ *  thread count. The helpers' source is built here from heap-jobs.ts' functions (Function.toString),
+ *  with the control block's slots and job numbers inlined. Leaves out: tfjs' own thread pool (kept at
+ *  one thread, wasm/threads.ts). */
 import * as tf from "@tensorflow/tfjs";
 import v8 from "node:v8";
 import { Worker } from "node:worker_threads";
 import { MAX_WASM_THREADS, wasmThreads } from "./threads.ts";
 import { gemmModuleBytes } from "./heap-code.ts";
 import type { Backend } from "../kernels.ts";
+import {
+  ARGS,
+  CTRL_SLOTS,
+  DONE,
+  drawRows,
+  JOB_GEMM,
+  JOB_GEMM_SLICES,
+  JOB_RMS_NORM_GRAD,
+  NEXT,
+  NORM_BLOCK,
+  packBytes,
+  part,
+  READY,
+  rowsPart,
+  SEQ,
+  slicesPart,
+} from "./heap-jobs.ts";
 
 /** Rows per register block of the plain SIMD build: 4 rows × 8 columns = 8 accumulators, within x64's
  *  16 vector registers with the two halves of B's row and the broadcast A value (5 rows spill: half
@@ -216,262 +231,6 @@ export function heapModule(backend: Backend): HeapModule {
   return instance;
 }
 
-/** The control block shared with the helpers (Int32 slots). */
-const SEQ = 0,
-  DONE = 1,
-  READY = 2,
-  NEXT = 3, // per part, the next of its units of a product to take (part(), slicesPart())
-  ARGS = NEXT + MAX_WASM_THREADS; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job, then a batch's slices, A's and B's slice strides
-const CTRL_SLOTS = ARGS + 13;
-/** Jobs the helpers run: a product's columns or rows, a batch's slices, or rows of an element-wise kernel. */
-const JOB_GEMM = 0,
-  JOB_SWIGLU = 1,
-  JOB_SWIGLU_GRAD = 2,
-  JOB_ROW_STATS = 3,
-  JOB_SOFTMAX = 4,
-  JOB_RMS_NORM = 5,
-  JOB_RMS_NORM_GRAD = 6,
-  JOB_SOFTMAX_GRAD = 8,
-  JOB_BINARY = 9,
-  JOB_COPY_BLOCKS = 10,
-  JOB_SEQ_HEADS = 11,
-  JOB_SEQ_HEADS_GRAD = 12,
-  JOB_GEMM_SLICES = 13,
-  JOB_DEQUANT = 14,
-  JOB_DRAW = 15;
-/** Rows per block of RMSNorm's gradient: each block sums its own part of dw, and the blocks are added
- *  in order afterwards, so dw does not depend on how the blocks were shared among threads. */
-const NORM_BLOCK = 64;
-
-/** One part of C = op(A) · op(B), in units: whole 8-column panels, or with t & 4 rows (whole blocks
- *  of mr) over all of N's panels. Each part owns an even share of U units, takes them in order, then
- *  takes what is left of the other parts' (claim(q): the next of part q's units), so a thread slowed
- *  by other work on its core does less while an unloaded run keeps each part on its own rows (those
- *  the row kernels' same split left in its cache). U = 4: a unit of columns passes over all of A
- *  once more, a unit of rows packs B again (U = 2 where B is stored transposed: its packing, one
- *  float at a time, costs more).
- *  Runs on every thread, so it is also the helpers' code (stringified below): only plain JS, no imports.
- *  t: bit 0 = A stored transposed ([K, M]), bit 1 = B stored transposed ([N, K]), bit 2 = split by rows,
- *  bit 3 = C stored transposed ([N, M]: the tile*T kernels; no wide blocks).
- *  scratch ≠ 0: B's panels are first packed, up to 512 KB of them at a time, into this part's slice of
- *  the scratch buffer (packBytes(K) each), so the kernel reads each panel as one run of memory (a
- *  transposed B is always packed); scratch = 0: B is read in place. */
-function part(
-  k: Kernels,
-  mr: number,
-  a: number,
-  b: number,
-  c: number,
-  M: number,
-  K: number,
-  N: number,
-  index: number,
-  parts: number,
-  scratch: number,
-  t: number,
-  claim: (q: number) => number = () => 0,
-): void {
-  if (index >= parts) return; // a helper beyond the parts: no packing buffer of its own
-  const ars = t & 1 ? 4 : 4 * K,
-    aks = t & 1 ? 4 * M : 4,
-    ldc = 4 * N; // B's row stride in place
-  // C's bytes per row and per column, and the stride its kernels take (transposed: [N, M])
-  const ct = t & 8,
-    rs = ct ? 4 : ldc,
-    cs = ct ? 4 * M : 4,
-    ldk = ct ? 4 * M : ldc,
-    T = ct ? "T" : "";
-  const panels = (N - (N % 8)) / 8;
-  // K in blocks of ≤ 1024, so a packed panel (32 KB) stays in L1 while the row groups pass over it;
-  // rows in blocks of ≤ 256 KB of A, which stay in cache while every column panel passes over them
-  // (else a tall A, such as a vocab head held [vocab, hidden], is read from memory once per panel).
-  const kc = Math.min(K, 1024);
-  const mc = Math.max(mr, Math.floor(65536 / kc) - (Math.floor(65536 / kc) % mr));
-  const nc = scratch ? Math.max(8, Math.floor(16384 / kc) * 8) : 8 * panels;
-  const buf = scratch + index * nc * kc * 4;
-  // A row's sum is the same whichever part and block of rows it falls in, and a panel's whichever unit
-  // and thread, so every split gives the same bits.
-  const byRows = t & 4,
-    shared = parts > 1,
-    U = shared ? (byRows && t & 2 ? 2 : 4) : 1,
-    per = byRows ? Math.ceil(M / (U * parts) / mr) * mr : Math.ceil(panels / (U * parts));
-  for (let tried = 0, q = index; tried < parts; tried++, q = (q + 1) % parts)
-    for (let u = shared ? claim(q) : 0; u < U; u = shared ? claim(q) : U) {
-      const unit = q * U + u,
-        r0 = byRows ? Math.min(M, unit * per) : 0,
-        r1 = byRows ? Math.min(M, (unit + 1) * per) : M,
-        j0 = byRows ? 0 : Math.min(panels, unit * per) * 8,
-        j1 = byRows ? panels * 8 : Math.min(panels, (unit + 1) * per) * 8;
-      if (r1 <= r0 || j1 <= j0) continue;
-      const ar = a + r0 * ars,
-        cr = c + r0 * rs,
-        Mb = r1 - r0 - ((r1 - r0) % mr),
-        rest = r1 - r0 - Mb;
-      for (let jc = j0; jc < j1; jc += nc) {
-        const n = Math.min(nc, j1 - jc);
-        for (let k0 = 0; k0 < K; k0 += kc) {
-          const kn = Math.min(kc, K - k0),
-            acc = k0 > 0 ? 1 : 0,
-            ak = ar + k0 * aks;
-          let pb = b + k0 * ldc + 4 * jc,
-            ldb = ldc,
-            ps = 32;
-          if (scratch) {
-            if (t & 2) k.packT(b + 4 * K * jc + 4 * k0, buf, kn, 4 * K, n / 8);
-            else k.pack(pb, buf, kn, ldc, n / 8);
-            ((pb = buf), (ldb = 32), (ps = 32 * kn));
-          }
-          for (let i0 = 0; i0 < Mb; i0 += mc)
-            k[("tile" + T) as "tile"](ak + i0 * ars, pb, cr + i0 * rs + jc * cs, Math.min(mc, Mb - i0), n, kn, ars, aks, ldb, ldk, ps, acc);
-          // the rows left after the blocks of mr: one block of as many rows (tile1 … tile5); one or two
-          // rows of B in place take wide blocks first (wide1: 32 columns, wide2: 16), as many as fit
-          if (rest) {
-            const wide = rest <= 2 && !scratch && !ct ? n - (n % (rest === 1 ? 32 : 16)) : 0;
-            const aw = ak + Mb * ars,
-              cw = cr + Mb * rs + jc * cs;
-            if (wide) k[("wide" + rest) as "wide1"](aw, pb, cw, rest, wide, kn, ars, aks, ldb, ldc, ps, acc);
-            if (wide < n)
-              k[("tile" + rest + T) as "tile1"](aw, pb + 4 * wide, cw + wide * cs, rest, n - wide, kn, ars, aks, ldb, ldk, ps, acc);
-          }
-        }
-      }
-    }
-}
-
-/** One part of a batch of `batch` products C[s] = op(A[s]) · op(B[s]): whole slices, an even share
- *  owned by each part and the rest taken as part()'s units are, each slice run as one part (part()
- *  with parts = 1) on this part's packing buffer. A's and B's slices are sa and
- *  sb bytes apart (0: one operand for every slice), C's M·N floats. A batch of attention products
- *  ([heads, T, hd] · [heads, hd, T]) is then one hand-off instead of one per slice, and slices too
- *  small to split on their own run in parallel. Each slice is summed as one part's product is, so the
- *  bits are those of the other splits. Plain JS (helpers' code too). */
-function slicesPart(
-  k: Kernels,
-  mr: number,
-  a: number,
-  b: number,
-  c: number,
-  M: number,
-  K: number,
-  N: number,
-  index: number,
-  parts: number,
-  scratch: number,
-  t: number,
-  batch: number,
-  sa: number,
-  sb: number,
-  claim: (q: number) => number,
-): void {
-  if (index >= parts) return;
-  const buf = scratch ? scratch + index * packBytes(K) : 0,
-    S = Math.ceil(batch / parts);
-  for (let tried = 0, q = index; tried < parts; tried++, q = (q + 1) % parts)
-    for (let u = claim(q), s = q * S + u; u < S && s < batch; u = claim(q), s = q * S + u)
-      part(k, mr, a + s * sa, b + s * sb, c + s * M * N * 4, M, K, N, 0, 1, buf, t);
-}
-
-/** Rows [r0, r1) of one part of a row kernel over [rows, I] (a job of the helpers too, so plain JS;
- *  the job numbers are those of JOB_*). SwiGLU: a gu [rows, 2I], b dy [rows, I], c the output;
- *  rowStats: a x [rows, I], c out [rows, 3]; softmaxRows: a x, b coef [rows], c out [rows, I];
- *  softmaxGrad: a y, b dy, c dx, all [rows, I];
- *  RMSNorm: a x, w the weight, c y or dx, b dy, aux dw's blocks [⌈rows / 64⌉, I], eps as float32 bits.
- *  The gradient is shared out by blocks of 64 rows (NORM_BLOCK), the others by rows.
- *  binary: c = a op b, w = rep, aux = bs, bits = op (see heapBinary); with rep 0 the rows·I elements
- *  are shared out as one flat run (aux = 4: b too, aux = 0: b one value).
- *  Seq heads (11) and their gradient (12): a a table of the kernel's six pointers, T, nH, nKv, hd and
- *  the scale's float32 bits; its `rows` rows (B·T) are shared out.
- *  Copy blocks (10): a a table of `rows` blocks of 4 u32 (src, dst, src row stride, row bytes), each
- *  of I rows, b the destination stride; their I·rows rows are shared out in order, a part's range
- *  crossing blocks where it must.
- *  Dequantize (14): a packed [rows, I] int32, b the scales, c the output, w inDim, aux the NF4 table
- *  (heap-code.ts), bits the NF4 block (0: int8); the packed rows are shared out, each with the output
- *  rows it holds.
- *  Draw (15): a logits [rows, I] float32, b float64 [T, u₀, u₁, …], c float64 out [rows, 2]
- *  (token, log-prob); rows are shared out (drawRows). */
-function rowsPart(
-  k: Kernels,
-  job: number,
-  a: number,
-  b: number,
-  c: number,
-  rows: number,
-  I: number,
-  index: number,
-  parts: number,
-  w: number,
-  aux: number,
-  bits: number,
-): void {
-  if (index >= parts) return;
-  if (job === 9 && w === 0) {
-    const n = rows * I,
-      e0 = Math.floor((n * index) / parts),
-      e1 = Math.floor((n * (index + 1)) / parts);
-    if (e1 > e0) k.binary(a + 4 * e0, aux ? b + 4 * e0 : b, c + 4 * e0, 0, 1, e1 - e0, 1, 0, bits);
-    return;
-  }
-  if (job === 10) {
-    const t = new Uint32Array(k.memory.buffer, a, 4 * rows),
-      u1 = Math.floor((rows * I * (index + 1)) / parts);
-    for (let u = Math.floor((rows * I * index) / parts); u < u1;) {
-      const blk = Math.floor(u / I),
-        rr = u - blk * I,
-        n = Math.min(I - rr, u1 - u);
-      const [src, dst, srs, cb] = [t[4 * blk], t[4 * blk + 1], t[4 * blk + 2], t[4 * blk + 3]];
-      k.copyRows(dst + rr * b, b, src + rr * srs, srs, cb, n);
-      u += n;
-    }
-    return;
-  }
-  if (job === 15) {
-    const r0 = Math.floor((rows * index) / parts),
-      r1 = Math.floor((rows * (index + 1)) / parts);
-    if (r1 > r0) drawRows(k.memory.buffer, a, I, b, c, r0, r1);
-    return;
-  }
-  if (job === 14) {
-    const i0 = Math.floor((rows * index) / parts),
-      i1 = Math.floor((rows * (index + 1)) / parts);
-    if (i1 > i0) k[bits ? "dequantNf4" : "dequantInt8"](a, b, c, i0, i1, rows, I, w, bits, aux);
-    return;
-  }
-  if (job === 11 || job === 12) {
-    const p = new Uint32Array(k.memory.buffer, a, 11),
-      n0 = Math.floor((rows * index) / parts),
-      n1 = Math.floor((rows * (index + 1)) / parts);
-    const scale = new Float32Array(k.memory.buffer, a + 40, 1)[0];
-    if (n1 > n0) k[job === 11 ? "seqHeads" : "seqHeadsGrad"](p[0], p[1], p[2], p[3], p[4], p[5], n0, n1, p[6], p[7], p[8], p[9], scale);
-    return;
-  }
-  const eps = new Float32Array(new Uint32Array([bits]).buffer)[0];
-  if (job === 6) {
-    const blocks = Math.ceil(rows / 64);
-    for (let blk = Math.floor((blocks * index) / parts), end = Math.floor((blocks * (index + 1)) / parts); blk < end; blk++) {
-      const r0 = 64 * blk;
-      k.rmsNormGrad(a + 4 * I * r0, w, b + 4 * I * r0, c + 4 * I * r0, aux + 4 * I * blk, Math.min(64, rows - r0), I, eps);
-    }
-    return;
-  }
-  const r0 = Math.floor((rows * index) / parts),
-    r1 = Math.floor((rows * (index + 1)) / parts),
-    n = r1 - r0;
-  if (n <= 0) return;
-  if (job === 9) k.binary(a, b, c, r0, r1, I, w, aux, bits);
-  else if (job === 5) k.rmsNorm(a + 4 * I * r0, w, c + 4 * I * r0, n, I, eps);
-  else if (job === 1) k.swiglu(a + 8 * I * r0, c + 4 * I * r0, n, I);
-  else if (job === 8) k.softmaxGrad(a + 4 * I * r0, b + 4 * I * r0, c + 4 * I * r0, n, I);
-  else if (job === 2) k.swigluGrad(a + 8 * I * r0, b + 4 * I * r0, c + 8 * I * r0, n, I);
-  else if (job === 3) k.rowStats(a + 4 * I * r0, c + 12 * r0, n, I);
-  else k.softmaxRows(a + 4 * I * r0, b + 4 * r0, c + 4 * I * r0, n, I);
-}
-
-/** Bytes of one part's packing buffer for depth K (the nc × kc of part(): ≤ 512 KB, at least one panel).
- *  Helpers' code too (slicesPart). */
-function packBytes(K: number): number {
-  return Math.max(8, Math.floor(16384 / Math.min(K, 1024)) * 8) * Math.min(K, 1024) * 4;
-}
-
 /** Milliseconds a thread polls for its next hand-off before it sleeps: a helper for the next job, the
  *  caller for the helpers' answers. Waking a sleeping thread (Atomics.notify, then the OS, on a VM the
  *  hypervisor) takes tens of µs to ms, paid twice per hand-off; a forward pass of the small config
@@ -654,7 +413,7 @@ function fanOut(pool: Pool, args: number[], own: () => void): void {
   if (Atomics.load(ctrl, READY) < 0) throw new Error("wasm kernels: a helper thread failed");
 }
 
-const ready = (pool: Pool | null): pool is Pool => pool !== null && Atomics.load(pool.ctrl, READY) === pool.size;
+export const ready = (pool: Pool | null): pool is Pool => pool !== null && Atomics.load(pool.ctrl, READY) === pool.size;
 
 /** Resolves once the heap module's helper threads (where it has any) take jobs, or after timeoutMs:
  *  they start in the background with the module, and until then every kernel runs on the calling
@@ -668,249 +427,29 @@ export async function heapHelpersReady(backend: Backend, timeoutMs = 60_000): Pr
  *  ~10–50 µs hand-off). */
 const PARALLEL_ELEMENTS = 64 * 1024;
 
-/** SwiGLU on the heap module, rows split over the helper threads when large: y [rows, I] from gu
- *  [rows, 2I] (grad null), or dgu [rows, 2I] from gu and dy [rows, I]. Byte offsets of the backend's
- *  heap; I a multiple of 4. Each row is computed the same way on any thread. */
-export function heapSwiglu(backend: unknown, gu: number, dy: number | null, out: number, rows: number, I: number): void {
-  rowsJob(heapModule(backend), dy === null ? JOB_SWIGLU : JOB_SWIGLU_GRAD, gu, dy ?? 0, out, rows, I);
-}
-
-function rowsJob(e: HeapModule, job: number, a: number, b: number, c: number, rows: number, I: number, w = 0, aux = 0, eps = 0): void {
+export function rowsJob(
+  e: HeapModule,
+  job: number,
+  a: number,
+  b: number,
+  c: number,
+  rows: number,
+  I: number,
+  w = 0,
+  aux = 0,
+  eps = 0,
+): void {
   const units = job === JOB_RMS_NORM_GRAD ? Math.ceil(rows / NORM_BLOCK) : rows;
   splitJob(e, job, units, rows * I, a, b, c, rows, I, w, aux, new Uint32Array(new Float32Array([eps]).buffer)[0]);
 }
 
 /** Runs rowsPart's job over `units` parts of work at most, split over the helpers when `size` (elements) repays it. */
-function splitJob(e: HeapModule, job: number, units: number, size: number, ...[a, b, c, rows, I, w, aux, bits]: number[]): void {
+export function splitJob(e: HeapModule, job: number, units: number, size: number, ...[a, b, c, rows, I, w, aux, bits]: number[]): void {
   const parts = ready(e.pool) && size >= PARALLEL_ELEMENTS ? Math.min(e.pool.size + 1, units) : 1;
   if (parts > 1) {
     splitJobs++;
     fanOut(e.pool!, [a, b, c, rows, I, w, parts, aux, bits, job], () => rowsPart(e.k, job, a, b, c, rows, I, 0, parts, w, aux, bits));
   } else rowsPart(e.k, job, a, b, c, rows, I, 0, 1, w, aux, bits);
-}
-
-/** out = a op b for float32 at heap offsets (op: BINARY_OPS of heap-elementwise-code.ts), rows split
- *  over the helper threads from 64 K elements. a and out are [rows, W]; b's row for row r is at b +
- *  ⌊r / rep⌋·bs (bs in bytes), or with op + 3 b holds one value there. rep 0: a flat run of rows·W
- *  elements, b the same shape (bs = 4) or one value (bs = 0, op + 3). */
-export function heapBinary(
-  backend: unknown,
-  op: number,
-  a: number,
-  b: number,
-  out: number,
-  rows: number,
-  W: number,
-  rep: number,
-  bs: number,
-): void {
-  splitJob(heapModule(backend), JOB_BINARY, rep === 0 ? rows * W : rows, rows * W, a, b, out, rows, W, rep, bs, op);
-}
-
-/** Bytes from which a copy is split over the helpers: copies are bound by memory, and a decode
- *  step's key/value appends (~600 KB) ran slower split than on one thread. */
-const PARALLEL_COPY_BYTES = 1 << 20;
-
-/** Blocks of strided rows copied on the heap, each block [src, dst, srs, rowBytes] (byte offsets and
- *  the source row stride) of R rows, the destination rows `stride` apart. The rows are split over the
- *  helper threads when `bytes` in all reach 1 MB (the table of blocks then goes on the heap). */
-export function heapBlocks(backend: unknown, blocks: number[][], R: number, stride: number, bytes: number): void {
-  const e = heapModule(backend),
-    units = blocks.length * R;
-  if (!(ready(e.pool) && bytes >= PARALLEL_COPY_BYTES && units > 1)) {
-    for (const [src, dst, srs, cb] of blocks) e.k.copyRows(dst, stride, src, srs, cb, R);
-    return;
-  }
-  const table = e.malloc(16 * blocks.length) >>> 0;
-  try {
-    new Uint32Array(e.memory.buffer, table, 4 * blocks.length).set(blocks.flat());
-    splitJob(e, JOB_COPY_BLOCKS, units, bytes / 4, table, stride, 0, blocks.length, R, 0, 0, 0);
-  } finally {
-    e.free(table);
-  }
-}
-
-/** The heads of the fused projection (heads.ts) on the heap module: forward (grad false) with p =
- *  [qkv, cos, sin, q, kT, v], or the gradient with p = [dq, dkT, dv, cos, sin, dqkv], byte offsets of
- *  the backend's heap; rows = B·T, hd a multiple of 8. Rows split over the helper threads when large
- *  (each row is computed the same way on any thread). */
-export function heapSeqHeads(
-  backend: unknown,
-  grad: boolean,
-  p: number[],
-  rows: number,
-  T: number,
-  nH: number,
-  nKv: number,
-  hd: number,
-  scale: number,
-): void {
-  const e = heapModule(backend),
-    table = e.malloc(44) >>> 0;
-  try {
-    new Uint32Array(e.memory.buffer, table, 11).set([...p, T, nH, nKv, hd, new Uint32Array(new Float32Array([scale]).buffer)[0]]);
-    splitJob(e, grad ? JOB_SEQ_HEADS_GRAD : JOB_SEQ_HEADS, rows, rows * (nH + 2 * nKv) * hd, table, 0, 0, rows, 0, 0, 0, 0);
-  } finally {
-    e.free(table);
-  }
-}
-
-/** The frozen base's codes to float32 (dequant.ts' MarlDequantize on wasm): out [inDim, n] from packed
- *  int32 [P, n] and scales (int8 [1, n], NF4 [P·8 / block, n]), byte offsets of the backend's heap.
- *  The packed rows are split over the helper threads when the output reaches 64 K elements; each
- *  output is one float32 product whichever thread makes it. table: NF4's 16 values (unused for int8). */
-export function heapDequantize(
-  backend: unknown,
-  kind: "int8" | "nf4",
-  packed: number,
-  scales: number,
-  out: number,
-  P: number,
-  n: number,
-  inDim: number,
-  table: ArrayLike<number>,
-  block: number,
-): void {
-  if (kind === "nf4" && !(table.length === 16 && block > 0))
-    throw new Error(`heap dequantize nf4: expected a 16-value table and a block > 0, got ${table.length} values, block ${block}`);
-  const e = heapModule(backend),
-    tab = e.malloc(64) >>> 0;
-  try {
-    if (kind === "nf4") new Float32Array(e.memory.buffer, tab, 16).set(table);
-    splitJob(e, JOB_DEQUANT, P, inDim * n, packed, scales, out, P, n, inDim, tab, kind === "nf4" ? block : 0);
-  } finally {
-    e.free(tab);
-  }
-}
-
-/** Rows [r0, r1) of a draw from whole rows of logits [rows, V] at byte offset x: per row, the token
- *  of an inverse-CDF draw in id order over softmax(logits / T) with the row's uniform, and its
- *  log-probability, into out (float64 [rows, 2]); at T = 0 the argmax (lowest id among equal
- *  largest logits) and log-prob 0, as sampleRow's greedy; p holds float64 T, then one uniform per row. The
- *  arithmetic of rollout/sample-row.ts sampleRow's whole-vocabulary id walk, step for step (float64
- *  weights from Math.exp, negligible below −40, summed in id order), so the same tokens and
- *  log-probs; a row without a finite largest logit gets token −1 (the caller reports it). A job of
- *  the helpers too (plain JS, no imports). */
-function drawRows(buf: ArrayBufferLike, x: number, V: number, p: number, out: number, r0: number, r1: number): void {
-  const f = new Float64Array(buf, p, 1 + r1),
-    o = new Float64Array(buf, out, 2 * r1),
-    T = f[0],
-    e = new Float64Array(V);
-  for (let r = r0; r < r1; r++) {
-    const row = new Float32Array(buf, x + 4 * r * V, V);
-    let max = -Infinity,
-      argmax = 0;
-    for (let j = 0; j < V; j++)
-      if (row[j] > max) {
-        max = row[j];
-        argmax = j;
-      }
-    if (!(max > -Infinity && max < Infinity)) {
-      o[2 * r] = -1;
-      o[2 * r + 1] = NaN;
-      continue;
-    }
-    if (T === 0) {
-      o[2 * r] = argmax; // greedy: the first (lowest) id of the largest logit, a certain choice
-      o[2 * r + 1] = 0;
-      continue;
-    }
-    let sum = 0;
-    for (let j = 0; j < V; j++) {
-      const z = (row[j] - max) / T;
-      sum += e[j] = z > -40 ? Math.exp(z) : 0;
-    }
-    const logZ = Math.log(sum),
-      target = f[1 + r] * sum;
-    let acc = 0,
-      tok = argmax;
-    for (let j = 0; j < V; j++) {
-      if (e[j] === 0) continue;
-      acc += e[j];
-      tok = j;
-      if (target < acc) break;
-    }
-    o[2 * r] = tok;
-    o[2 * r + 1] = (row[tok] - max) / T - logZ;
-  }
-}
-
-/** Draws one token per row of logits [rows, V] (float32 at heap offset x) at temperature T with one
- *  uniform per row, rows split over the helper threads: drawRows, into out (float64 [rows, 2]: the
- *  token, −1 where the row has no finite largest logit, and its log-prob; 8-byte aligned). */
-export function heapDrawRows(backend: unknown, x: number, rows: number, V: number, T: number, us: number[], out: number): void {
-  if (out % 8) throw new Error(`heap draw: the output at byte ${out} is not 8-byte aligned for float64`);
-  const e = heapModule(backend),
-    p = e.malloc(8 * (1 + rows)) >>> 0;
-  if (!p) throw new Error(`heap draw: could not allocate ${8 * (1 + rows)} bytes`);
-  try {
-    new Float64Array(e.memory.buffer, p, 1 + rows).set([T, ...us]);
-    splitJob(e, JOB_DRAW, rows, rows * V, x, p, out, rows, V);
-  } finally {
-    e.free(p);
-  }
-}
-
-/** Softmax's backward dx = y · (dy − Σ y·dy) per row of [rows, S] at heap offsets (S a multiple of 4). */
-export function heapSoftmaxGrad(backend: unknown, y: number, dy: number, dx: number, rows: number, S: number): void {
-  rowsJob(heapModule(backend), JOB_SOFTMAX_GRAD, y, dy, dx, rows, S);
-}
-
-/** RMSNorm of x [rows, H] with weight w [H] into y, at heap offsets (H a multiple of 4); rows split
- *  over the helper threads when large. */
-export function heapRmsNorm(backend: unknown, x: number, w: number, y: number, rows: number, H: number, eps: number): void {
-  rowsJob(heapModule(backend), JOB_RMS_NORM, x, 0, y, rows, H, w, 0, eps);
-}
-
-/** RMSNorm's gradient: dx [rows, H] into its heap offset, dw [H] returned (the blocks of 64 rows
- *  summed in order, in float64). */
-export function heapRmsNormGrad(
-  backend: unknown,
-  x: number,
-  w: number,
-  dy: number,
-  dx: number,
-  rows: number,
-  H: number,
-  eps: number,
-): Float32Array {
-  const e = heapModule(backend),
-    blocks = Math.ceil(rows / NORM_BLOCK),
-    part = e.malloc(4 * H * blocks) >>> 0;
-  try {
-    rowsJob(e, JOB_RMS_NORM_GRAD, x, dy, dx, rows, H, w, part, eps);
-    const p = new Float32Array(e.memory.buffer, part, H * blocks),
-      dw = new Float64Array(H);
-    for (let b = 0; b < blocks; b++) for (let j = 0; j < H; j++) dw[j] += p[b * H + j];
-    return Float32Array.from(dw);
-  } finally {
-    e.free(part);
-  }
-}
-
-/** Per row of x [rows, V] at heap offset x (V a multiple of 4): [m, s, t] with m = max, s = Σ exp(x −
- *  m), t = Σ exp(x − m)·x, from the heap module's kernel (rows split over the helper threads). */
-export function heapRowStats(backend: unknown, x: number, rows: number, V: number): Float32Array {
-  const e = heapModule(backend),
-    out = e.malloc(12 * rows) >>> 0;
-  try {
-    rowsJob(e, JOB_ROW_STATS, x, 0, out, rows, V);
-    return new Float32Array(e.memory.buffer, out, 3 * rows).slice();
-  } finally {
-    e.free(out);
-  }
-}
-
-/** out [rows, V] = softmax(x) · coef[r] per row, at heap offsets (V a multiple of 4). */
-export function heapSoftmaxRows(backend: unknown, x: number, coef: Float32Array, out: number, rows: number, V: number): void {
-  const e = heapModule(backend),
-    c = e.malloc(4 * rows) >>> 0;
-  try {
-    new Float32Array(e.memory.buffer, c, rows).set(coef);
-    rowsJob(e, JOB_SOFTMAX, x, c, out, rows, V);
-  } finally {
-    e.free(c);
-  }
 }
 
 /** The last N mod 8 columns (after every part is done, so the scratch buffer is free): B's columns

@@ -3,7 +3,7 @@
  *  UnsortedSegmentSum (which tfjs-backend-wasm lacks: the gradient of gather, needed when embeddings
  *  train in full mode) sums in JS on the heap views. String tensors go to tfjs' kernels. */
 import * as tf from "@tensorflow/tfjs";
-import { heapBlocks } from "./heap.ts";
+import { heapBlocks } from "./heap-ops.ts";
 import { heapOffset, registerKernel, replaceKernel, type Backend } from "../kernels.ts";
 
 /** UnsortedSegmentSum for wasm, computed in JS on the heap views (only the gather gradient of a
