@@ -18,6 +18,8 @@ import { dLogits, logpEntropy } from "../engine/logprob.ts";
 import { matMulAT, matMulBT, matMulXWT } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
 import type { BaseWeight } from "./weight.ts";
+import { checkBatch } from "./attention.ts";
+import type { ForwardOptions, Qwen2Config } from "./types.ts";
 
 /** h [n, H] and one target per row → [n, 2]: log p(target) and the entropy of each row; V is the
  *  vocabulary size (the head's output width). chunkRows: rows per chunk (default: as many as the
@@ -94,4 +96,97 @@ function trainableChunk(h: tf.Tensor2D, w: tf.Tensor2D, targets: number[]): tf.T
     };
   }) as unknown as CustomGradFn);
   return f(h, w) as tf.Tensor2D;
+}
+
+/** What tokenLogprobs reads of a model (Qwen2ForCausalLM). */
+export interface LogprobModel {
+  readonly config: Qwen2Config;
+  readonly head: BaseWeight;
+  sharedPrefix(ids: number[][], mask: number[][], opts: ForwardOptions): number;
+  /** The decoder stack's final-normed hidden rows [B·T, H] (with a shared prefix of P tokens: the
+   *  prefix's rows, then each row's rest). Inside tf.tidy. */
+  run(ids: number[][], mask: number[][], opts: ForwardOptions, cache: null, prefix: number): { hidden: tf.Tensor2D };
+}
+
+/** CausalLM.tokenLogprobs for a Qwen2 model: only each row's span of the log-prob mask reaches the
+ *  vocabulary head (headLogprobs), the rest of the row is 0. */
+export function tokenLogprobs(
+  m: LogprobModel,
+  inputIds: number[][],
+  attentionMask: number[][],
+  opts: ForwardOptions & { withEntropy?: boolean; logprobMask?: number[][] } = {},
+): { logprobs: tf.Tensor2D; entropy?: tf.Tensor2D } {
+  const mask = checkBatch(m.config.vocabSize, inputIds, attentionMask);
+  const B = inputIds.length,
+    T = inputIds[0].length,
+    H = m.config.hiddenSize;
+  const spans = logprobSpans(opts.logprobMask, B, T);
+  const res: { lp: tf.Tensor2D; ent?: tf.Tensor2D } = tf.tidy(() => {
+    if (spans.every(([lo, hi]) => hi <= lo)) return { lp: tf.zeros([B, T]) as tf.Tensor2D, ent: tf.zeros([B, T]) as tf.Tensor2D };
+    const P = m.sharedPrefix(inputIds, mask, opts);
+    const { hidden } = m.run(inputIds, mask, opts, null, P); // [B·T, H], or [P + B·(T − P), H]
+    // Only each row's span [lo, hi) reaches the head, position t's log-prob from hidden row t − 1 (the
+    // vocabulary product is ~a quarter of a 0.5B token's forward, and a GRPO rollout's prompt needs
+    // none); the rest of the row is 0. Positions [lo − 1, hi − 1) of row b, in runs of hidden's rows.
+    const runsOf = (b: number, t0: number, t1: number): [number, number][] =>
+      P === 0
+        ? [[b * T + t0, t1 - t0]]
+        : ([
+            [t0, Math.min(t1, P) - t0], // in the shared prefix
+            [P + b * (T - P) + Math.max(t0, P) - P, t1 - Math.max(t0, P)], // in the row's own part
+          ] as [number, number][]);
+    const targets = spans.flatMap(([lo, hi], b) => inputIds[b].slice(lo, hi));
+    if (backendProfile().dispatchBound) {
+      // The spans' hidden rows by one gather, and the head's rows back to [B, T] by another from
+      // them and a zero row (outside a span, or where logprobMask is 0): a few dispatches whatever
+      // the rows, where a slice and a pad per row are ~10 each.
+      const rows = spans.flatMap(([lo, hi], b) =>
+        hi > lo ? runsOf(b, lo - 1, hi - 1).flatMap(([r, n]) => Array.from({ length: Math.max(0, n) }, (_, i) => r + i)) : [],
+      );
+      const both = headLogprobs(m.head, tf.gather(hidden, tf.tensor1d(rows, "int32")), targets, m.config.vocabSize);
+      let k = 0;
+      const at = new Int32Array(B * T).fill(targets.length); // the zero row
+      spans.forEach(([lo, hi], b) => {
+        for (let t = lo; t < hi; t++, k++) if (!opts.logprobMask || opts.logprobMask[b][t]) at[b * T + t] = k;
+      });
+      const placed = tf.gather(tf.concat([both, tf.zeros([1, 2])], 0), tf.tensor1d(at, "int32")); // [B·T, 2]
+      const column = (col: number) => tf.reshape(tf.slice(placed, [0, col], [B * T, 1]), [B, T]) as tf.Tensor2D;
+      return { lp: column(0), ent: opts.withEntropy ? column(1) : undefined };
+    }
+    const pieces = spans.flatMap(([lo, hi], b) =>
+      hi > lo ? runsOf(b, lo - 1, hi - 1).flatMap(([r, n]) => (n > 0 ? [tf.slice(hidden, [r, 0], [n, H])] : [])) : [],
+    );
+    const both = headLogprobs(m.head, pieces.length === 1 ? pieces[0] : (tf.concat(pieces, 0) as tf.Tensor2D), targets, m.config.vocabSize); // [Σ spans, 2]
+    const keep = opts.logprobMask ? tf.tensor2d(opts.logprobMask.flat(), [B, T], "float32") : null;
+    const rowsOf = (col: number) => {
+      let k = 0;
+      const rows = spans.map(([lo, hi]) => {
+        const n = Math.max(0, hi - lo);
+        const r = n > 0 ? tf.pad(tf.reshape(tf.slice(both, [k, col], [n, 1]), [n]), [[lo, T - hi]]) : tf.zeros([T]);
+        k += n;
+        return r;
+      });
+      const all = tf.stack(rows) as tf.Tensor2D; // [B, T]
+      return keep ? (tf.mul(all, keep) as tf.Tensor2D) : all; // 0 where logprobMask is 0
+    };
+    return { lp: rowsOf(0), ent: rowsOf(1) };
+  });
+  if (opts.withEntropy) return { logprobs: res.lp, entropy: res.ent };
+  res.ent?.dispose();
+  return { logprobs: res.lp };
+}
+
+/** Each row's span [lo, hi) of positions whose log-prob is asked for: from its first to its last 1
+ *  of the mask (position 0 has none), [1, T) without a mask. */
+export function logprobSpans(mask: number[][] | undefined, B: number, T: number): [number, number][] {
+  if (!mask) return Array.from({ length: B }, () => [1, T]);
+  if (mask.length !== B || mask.some((r) => r.length !== T))
+    throw new Error(`logprobMask is [${mask.length}][${mask[0]?.length}]; expected [${B}][${T}] like the ids`);
+  return mask.map((r) => {
+    let lo = 1,
+      hi = T;
+    while (lo < T && r[lo] === 0) lo++;
+    while (hi > lo && r[hi - 1] === 0) hi--;
+    return [lo, hi];
+  });
 }

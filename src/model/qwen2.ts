@@ -7,38 +7,29 @@
  *  head transposes are reshapes (one position). The tied head keeps only Eᵀ [hidden, vocab] and
  *  embeds by gathering its columns.
  *  Training forwards whose tape would be large checkpoint each decoder layer (only its input stays on
- *  the gradient tape; activationCheckpointing). The head's chunked log-probs are in head-logprobs.ts,
- *  the KV cache in kv-cache.ts, saving in save.ts.
+ *  the gradient tape; activationCheckpointing). This file is the forward pass; the attention heads and
+ *  attention are in self-attention.ts, the token log-probs and the head's chunks in head-logprobs.ts,
+ *  prefill, decode steps and the unpacked base in generation.ts, the KV cache in kv-cache.ts, saving
+ *  in save.ts.
  *  Leaves out: sliding-window attention, rope scaling, dropout in attention (Qwen2 uses 0). */
 import * as tf from "@tensorflow/tfjs";
 import { attentionBias, checkBatch, positionIds, ropeInvFreq, ropeTables } from "./attention.ts";
+import { attend, attentionHeads } from "./self-attention.ts";
 import { LoraAdapter, moduleDims } from "./lora.ts";
 import type { HostTensor } from "./safetensors.ts";
-import { headLogprobs } from "./head-logprobs.ts";
+import { tokenLogprobs } from "./head-logprobs.ts";
+import * as generation from "./generation.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
 import { saveAdapter, savePretrained, stateDict } from "./save.ts";
 import { checkpoint } from "../engine/checkpoint.ts";
-import { decodeHeads, decodeHeadsInto, seqHeads } from "../engine/heads.ts";
-import { rope, swiglu } from "../engine/rope-swiglu.ts";
-import { bmm } from "../engine/matmul.ts";
+import { swiglu } from "../engine/rope-swiglu.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { rmsNorm } from "../engine/rmsnorm.ts";
-import { softmax } from "../engine/softmax.ts";
-import { baseBytes, BaseWeight, linearBytes, unpackLinear } from "./weight.ts";
-import type { LayerWeights, Qwen2Weights } from "./weight.ts";
+import { baseBytes, BaseWeight, disposeWeights, linearBytes } from "./weight.ts";
+import type { Qwen2Weights } from "./weight.ts";
 import { AUTO_MEMORY_SHARE, layerTapeBytes, trainRowsWithin } from "./config.ts";
 import { FUSED, FUSED_MODULES } from "./types.ts";
-import type {
-  CausalLM,
-  ForwardOptions,
-  FusedModule,
-  KVCache,
-  LoraConfig,
-  LoraTarget,
-  Quantize,
-  Qwen2Config,
-  UnpackOptions,
-} from "./types.ts";
+import type { CausalLM, ForwardOptions, FusedModule, KVCache, LoraConfig, Quantize, Qwen2Config, UnpackOptions } from "./types.ts";
 
 /** What every layer of one forward shares: shapes, RoPE tables [B, T, 1, hd], the attention bias
  *  [B, 1, T, S] and the cache (null in training forwards). */
@@ -77,9 +68,10 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  operand (true), [in, out] (false), or by their f32 size (undefined: weight.ts unpackLinear). The
    *  bench sets it when it runs a model cut to fewer layers, so the cut model is laid out as the whole. */
   unpackLeft: boolean | undefined = undefined;
-  private unpacked = false;
+  /** Whether unpackBase holds the base unpacked now (generation.ts). */
+  unpacked = false;
   /** The adapter merged into the unpacked base (unpackBase's mergeAdapter) until its release. */
-  private merged: LoraAdapter | null = null;
+  merged: LoraAdapter | null = null;
   private readonly invFreq: Float32Array;
 
   constructor(
@@ -104,7 +96,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     return linearBytes(this.weights);
   }
 
-  private get head(): BaseWeight {
+  get head(): BaseWeight {
     return this.weights.lmHeadT ?? this.weights.embedT;
   }
 
@@ -143,7 +135,7 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  updated keys/values per layer when `cache` is given. prefix > 0 (no cache): the rows' first
    *  `prefix` tokens are one shared prefix (sharePrefixes), run once: hidden is then the prefix's rows,
    *  then each row's T − prefix rows after it. Call inside tf.tidy. */
-  private run(ids: number[][], mask: number[][], opts: ForwardOptions, cache: Qwen2KVCache | null, prefix = 0) {
+  run(ids: number[][], mask: number[][], opts: ForwardOptions, cache: Qwen2KVCache | null, prefix = 0) {
     const c = this.config,
       B = ids.length,
       T = ids[0].length,
@@ -217,77 +209,6 @@ export class Qwen2ForCausalLM implements CausalLM {
     return { hidden: this.rmsNorm(x, this.weights.norm), newK, newV };
   }
 
-  /** Query, key and value heads of qkv [B·T, (nH + 2·nKv)·hd] with RoPE: queries stacked per kv head
-   *  (B·nKv, g·T, hd), keys (B, nKv, hd, T), values (B, nKv, T, hd); with `slot` (a decode step, a
-   *  cache layer writable in place) keys and values may be written into the cache at slot.pos
-   *  instead (inSlot; webgpu), kT and v then the cache's tensors. */
-  private heads(
-    qkv: tf.Tensor2D,
-    cos: tf.Tensor4D,
-    sin: tf.Tensor4D,
-    B: number,
-    T: number,
-    decode: boolean,
-    slot: { k: tf.Tensor4D; v: tf.Tensor4D; pos: number } | null = null,
-  ): { qg: tf.Tensor3D; kT: tf.Tensor; v: tf.Tensor; inSlot?: boolean } {
-    const c = this.config,
-      nH = c.numAttentionHeads,
-      nKv = c.numKeyValueHeads,
-      hd = c.headDim,
-      g = nH / nKv;
-    // webgpu: k and v computed straight into the cache's slot (then kT, v are the cache's own tensors)
-    const into = decode && slot ? decodeHeadsInto(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd), slot.k, slot.v, slot.pos) : null;
-    if (into && slot) return { qg: into, kT: slot.k, v: slot.v, inSlot: true };
-    // With one position (a decode step) moving the T axis keeps the element order: a reshape does it.
-    const perm = (t: tf.Tensor, p: number[]): tf.Tensor =>
-      T === 1
-        ? tf.reshape(
-            t,
-            p.map((a) => t.shape[a]),
-          )
-        : tf.transpose(t, p);
-    // GQA without repeating K/V: the g query heads sharing a kv head are stacked along the rows, qg.
-    const heads = decode ? decodeHeads(qkv, cos, sin, nH, nKv, hd, 1 / Math.sqrt(hd)) : null;
-    if (heads) return { qg: heads[0], kT: heads[1], v: heads[2] };
-    const seq = seqHeads(qkv, cos, sin, B, T, nH, nKv, hd, 1 / Math.sqrt(hd)); // wasm, cpu, webgpu: one kernel each way
-    // (B, nKv, hd, T), (B, nKv, T, hd); (B, nH, T, hd) -> (B·nKv, g·T, hd)
-    if (seq) return { qg: tf.reshape<tf.Rank.R3>(seq[0], [B * nKv, g * T, hd]), kT: seq[1], v: seq[2] };
-    const [qk, vFlat] = tf.split(qkv, [(nH + nKv) * hd, nKv * hd], 1); // [N, (nH+nKv)·hd], [N, nKv·hd]
-    const [qr, k] = tf.split(rope(tf.reshape(qk, [B, T, nH + nKv, hd]), cos, sin), [nH, nKv], 2); // (B, T, nH | nKv, hd)
-    const q = perm(tf.mul(qr, 1 / Math.sqrt(hd)), [0, 2, 1, 3]); // (B, nH, T, hd)
-    return {
-      qg: tf.reshape<tf.Rank.R3>(q, [B * nKv, g * T, hd]),
-      kT: perm(k, [0, 2, 3, 1]), // (B, nKv, hd, T)
-      v: perm(tf.reshape(vFlat, [B, T, nKv, hd]), [0, 2, 1, 3]), // (B, nKv, T, hd)
-    };
-  }
-
-  /** Attention of stacked queries qg (B·nKv, g·T, hd) over keys kT (B, nKv, hd, S) and values
-   *  (B, nKv, S, hd) with bias [B, 1, T, S] → [B·T, nH·hd]. */
-  private attend(
-    qg: tf.Tensor3D,
-    kT: tf.Tensor,
-    v: tf.Tensor,
-    bias: tf.Tensor4D,
-    B: number,
-    T: number,
-    kvBias: tf.Tensor3D | null = null,
-  ): tf.Tensor2D {
-    const c = this.config,
-      nH = c.numAttentionHeads,
-      nKv = c.numKeyValueHeads,
-      hd = c.headDim,
-      g = nH / nKv,
-      S = bias.shape[3];
-    const kT3 = tf.reshape<tf.Rank.R3>(kT, [B * nKv, hd, S]);
-    const scores = kvBias
-      ? tf.reshape(tf.fused.matMul({ a: qg, b: kT3, bias: kvBias }), [B, nH, T, S]) // the mask in the product's epilogue
-      : tf.add(tf.reshape(bmm(qg, kT3), [B, nH, T, S]), bias); // (B, nH, T, S)
-    const probs = tf.reshape<tf.Rank.R3>(softmax(scores), [B * nKv, g * T, S]);
-    const ctxv = bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
-    return tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [B * T, nH * hd]);
-  }
-
   /** One decoder layer: x [N, hidden] → x [N, hidden], with this layer's keys (B, nKv, hd, S) and
    *  values (B, nKv, S, hd) after the cache (if any). With a shared prefix (ctx.shared) x holds the
    *  prefix's rows, then every row's rest: the prefix attends over itself, each row's rest over the
@@ -303,20 +224,23 @@ export class Qwen2ForCausalLM implements CausalLM {
     if (shared) {
       const P = shared.P,
         W = qkv.shape[1];
-      const pre = this.heads(tf.slice(qkv, [0, 0], [P, W]), shared.cos, shared.sin, 1, P, false);
-      const own = this.heads(tf.slice(qkv, [P, 0], [B * T, W]), cos, sin, B, T, false);
+      const pre = attentionHeads(this.config, tf.slice(qkv, [0, 0], [P, W]), shared.cos, shared.sin, 1, P, false);
+      const own = attentionHeads(this.config, tf.slice(qkv, [P, 0], [B * T, W]), cos, sin, B, T, false);
       ({ kT, v } = own);
       const keys = tf.concat([tf.tile(pre.kT, [B, 1, 1, 1]), own.kT], 3), // (B, nKv, hd, P + T)
         values = tf.concat([tf.tile(pre.v, [B, 1, 1, 1]), own.v], 2); // (B, nKv, P + T, hd)
-      att = tf.concat([this.attend(pre.qg, pre.kT, pre.v, shared.bias, 1, P), this.attend(own.qg, keys, values, bias, B, T)], 0);
+      att = tf.concat(
+        [attend(this.config, pre.qg, pre.kT, pre.v, shared.bias, 1, P), attend(this.config, own.qg, keys, values, bias, B, T)],
+        0,
+      );
     } else {
       // a decode step into a cache with room: its new key and value may go straight into the slot
       const slot =
         T === 1 && cache && cache.length && cache.writesInPlace(l, S) ? { k: cache.k[l], v: cache.v[l], pos: cache.length } : null;
-      const h = this.heads(qkv, cos, sin, B, T, T === 1 && cache !== null, slot);
+      const h = attentionHeads(this.config, qkv, cos, sin, B, T, T === 1 && cache !== null, slot);
       ({ kT, v } = h);
       if (cache && cache.length && !h.inSlot) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
-      att = this.attend(h.qg, kT, v, bias, B, T, ctx.kvBias);
+      att = attend(this.config, h.qg, kT, v, bias, B, T, ctx.kvBias);
     }
     x = this.proj(l, "o_proj", att, opts, x);
     const n = this.rmsNorm(x, lw.postNorm);
@@ -353,69 +277,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     attentionMask: number[][],
     opts: ForwardOptions & { withEntropy?: boolean; logprobMask?: number[][] } = {},
   ) {
-    const mask = checkBatch(this.config.vocabSize, inputIds, attentionMask);
-    const B = inputIds.length,
-      T = inputIds[0].length,
-      H = this.config.hiddenSize;
-    const spans = logprobSpans(opts.logprobMask, B, T);
-    const res: { lp: tf.Tensor2D; ent?: tf.Tensor2D } = tf.tidy(() => {
-      if (spans.every(([lo, hi]) => hi <= lo)) return { lp: tf.zeros([B, T]) as tf.Tensor2D, ent: tf.zeros([B, T]) as tf.Tensor2D };
-      const P = this.sharedPrefix(inputIds, mask, opts);
-      const { hidden } = this.run(inputIds, mask, opts, null, P); // [B·T, H], or [P + B·(T − P), H]
-      // Only each row's span [lo, hi) reaches the head, position t's log-prob from hidden row t − 1 (the
-      // vocabulary product is ~a quarter of a 0.5B token's forward, and a GRPO rollout's prompt needs
-      // none); the rest of the row is 0. Positions [lo − 1, hi − 1) of row b, in runs of hidden's rows.
-      const runsOf = (b: number, t0: number, t1: number): [number, number][] =>
-        P === 0
-          ? [[b * T + t0, t1 - t0]]
-          : ([
-              [t0, Math.min(t1, P) - t0], // in the shared prefix
-              [P + b * (T - P) + Math.max(t0, P) - P, t1 - Math.max(t0, P)], // in the row's own part
-            ] as [number, number][]);
-      const targets = spans.flatMap(([lo, hi], b) => inputIds[b].slice(lo, hi));
-      if (backendProfile().dispatchBound) {
-        // The spans' hidden rows by one gather, and the head's rows back to [B, T] by another from
-        // them and a zero row (outside a span, or where logprobMask is 0): a few dispatches whatever
-        // the rows, where a slice and a pad per row are ~10 each.
-        const rows = spans.flatMap(([lo, hi], b) =>
-          hi > lo ? runsOf(b, lo - 1, hi - 1).flatMap(([r, n]) => Array.from({ length: Math.max(0, n) }, (_, i) => r + i)) : [],
-        );
-        const both = headLogprobs(this.head, tf.gather(hidden, tf.tensor1d(rows, "int32")), targets, this.config.vocabSize);
-        let k = 0;
-        const at = new Int32Array(B * T).fill(targets.length); // the zero row
-        spans.forEach(([lo, hi], b) => {
-          for (let t = lo; t < hi; t++, k++) if (!opts.logprobMask || opts.logprobMask[b][t]) at[b * T + t] = k;
-        });
-        const placed = tf.gather(tf.concat([both, tf.zeros([1, 2])], 0), tf.tensor1d(at, "int32")); // [B·T, 2]
-        const column = (col: number) => tf.reshape(tf.slice(placed, [0, col], [B * T, 1]), [B, T]) as tf.Tensor2D;
-        return { lp: column(0), ent: opts.withEntropy ? column(1) : undefined };
-      }
-      const pieces = spans.flatMap(([lo, hi], b) =>
-        hi > lo ? runsOf(b, lo - 1, hi - 1).flatMap(([r, n]) => (n > 0 ? [tf.slice(hidden, [r, 0], [n, H])] : [])) : [],
-      );
-      const both = headLogprobs(
-        this.head,
-        pieces.length === 1 ? pieces[0] : (tf.concat(pieces, 0) as tf.Tensor2D),
-        targets,
-        this.config.vocabSize,
-      ); // [Σ spans, 2]
-      const keep = opts.logprobMask ? tf.tensor2d(opts.logprobMask.flat(), [B, T], "float32") : null;
-      const rowsOf = (col: number) => {
-        let k = 0;
-        const rows = spans.map(([lo, hi]) => {
-          const n = Math.max(0, hi - lo);
-          const r = n > 0 ? tf.pad(tf.reshape(tf.slice(both, [k, col], [n, 1]), [n]), [[lo, T - hi]]) : tf.zeros([T]);
-          k += n;
-          return r;
-        });
-        const all = tf.stack(rows) as tf.Tensor2D; // [B, T]
-        return keep ? (tf.mul(all, keep) as tf.Tensor2D) : all; // 0 where logprobMask is 0
-      };
-      return { lp: rowsOf(0), ent: rowsOf(1) };
-    });
-    if (opts.withEntropy) return { logprobs: res.lp, entropy: res.ent };
-    res.ent?.dispose();
-    return { logprobs: res.lp };
+    return tokenLogprobs(this, inputIds, attentionMask, opts);
   }
 
   /** The length of the prefix every row shares (same ids, attended) that a log-prob forward runs once
@@ -456,69 +318,11 @@ export class Qwen2ForCausalLM implements CausalLM {
   prefillBytes: number | undefined = undefined;
 
   prefill(inputIds: number[][], attentionMask: number[][], opts: ForwardOptions = {}): { logits: tf.Tensor2D; cache: Qwen2KVCache } {
-    const mask = checkBatch(this.config.vocabSize, inputIds, attentionMask);
-    // A GRPO group is G rollouts of one prompt: each distinct row is run once and its keys, values
-    // and logits copied to its repeats (rows are independent, so the result is the same bits).
-    const { unique, of } = distinctRows(inputIds, mask);
-    if (unique.length < inputIds.length) {
-      const once = this.prefill(
-        unique.map((r) => inputIds[r]),
-        unique.map((r) => mask[r]),
-        opts,
-      );
-      once.cache.select(of);
-      const logits = tf.tidy(() => tf.gather(once.logits, tf.tensor1d(of, "int32"))) as tf.Tensor2D;
-      once.logits.dispose();
-      return { logits, cache: once.cache };
-    }
-    const B = inputIds.length,
-      rows = Math.max(
-        1,
-        Math.floor((this.prefillBytes ?? backendProfile().prefillBytes) / layerTapeBytes(this.config, 1, inputIds[0].length)),
-      );
-    const parts: { logits: tf.Tensor2D; cache: Qwen2KVCache }[] = [];
-    for (let r = 0; r < B; r += rows) {
-      const cache = Qwen2KVCache.empty(Math.min(rows, B - r));
-      parts.push({ logits: this.step(inputIds.slice(r, r + rows), mask.slice(r, r + rows), cache, opts), cache });
-    }
-    if (parts.length === 1) return parts[0];
-    const cache = Qwen2KVCache.concat(parts.map((p) => p.cache));
-    const logits = tf.concat(
-      parts.map((p) => p.logits),
-      0,
-    ) as tf.Tensor2D;
-    for (const p of parts) {
-      p.logits.dispose();
-      p.cache.dispose();
-    }
-    return { logits, cache };
+    return generation.prefill(this, inputIds, attentionMask, opts);
   }
 
   decodeStep(tokens: number[], cache: KVCache, opts: ForwardOptions = {}): tf.Tensor2D {
-    if (!(cache instanceof Qwen2KVCache)) throw new Error("decodeStep needs the cache returned by prefill()");
-    if (tokens.length !== cache.batchSize) throw new Error(`decodeStep got ${tokens.length} tokens for a cache of ${cache.batchSize} rows`);
-    const ids = tokens.map((t) => [t]);
-    const hold = opts.hold;
-    if (hold && hold.length !== tokens.length) throw new Error(`decodeStep got ${hold.length} hold flags for ${tokens.length} rows`);
-    return this.step(ids, checkBatch(this.config.vocabSize, ids, hold ? hold.map((h) => [h ? 0 : 1]) : undefined), cache, opts);
-  }
-
-  private step(ids: number[][], mask: number[][], cache: Qwen2KVCache, opts: ForwardOptions): tf.Tensor2D {
-    const B = ids.length,
-      T = ids[0].length,
-      H = this.config.hiddenSize;
-    const out = tf.tidy(() => {
-      const { hidden, newK, newV } = this.run(ids, mask, opts, cache);
-      const last = tf.reshape<tf.Rank.R2>(tf.slice(tf.reshape(hidden, [B, T, H]), [0, T - 1, 0], [B, 1, H]), [B, H]);
-      return { logits: this.head.matmul(last), k: newK, v: newV };
-    });
-    const kept = new Set<tf.Tensor>([...out.k, ...out.v]); // written in place: the same tensors
-    tf.dispose([...cache.k, ...cache.v].filter((t) => !kept.has(t)));
-    cache.k = out.k;
-    cache.v = out.v;
-    cache.mask = cache.mask.map((r, b) => r.concat(mask[b]));
-    cache.count = cache.count.map((c, b) => c + mask[b].reduce((s, m) => s + (m ? 1 : 0), 0));
-    return out.logits;
+    return generation.decodeStep(this, tokens, cache, opts);
   }
 
   trainableVariables(): tf.Variable[] {
@@ -561,33 +365,7 @@ export class Qwen2ForCausalLM implements CausalLM {
    *  ones to float32 rounding; until the release, forwards with adapters off, training forwards and
    *  adapter swaps throw (the held weights carry this adapter). */
   unpackBase(opts: UnpackOptions = {}): () => void {
-    const unpacks = this.quantize !== "none" && !this.unpacked && this.unpackForGeneration;
-    const ad = unpacks && opts.mergeAdapter ? this.adapter : null; // the adapter to merge
-    const outDim = (m: LoraTarget) => moduleDims(this.config, m)[1];
-    // The adapter's fused factors are held for generation too (lora.ts holdFactors), unless merged:
-    // then no LoRA product runs.
-    const releaseFactors = ad
-      ? () => {}
-      : (this.adapter?.holdFactors(
-          FUSED_MODULES.map((f) => FUSED[f]),
-          outDim,
-        ) ?? (() => {}));
-    if (!unpacks) return releaseFactors;
-    const pack = unpackLinear(this.weights, opts.left ?? this.unpackLeft);
-    this.unpacked = true;
-    if (ad) {
-      for (const f of FUSED_MODULES) {
-        const dims = FUSED[f].map(outDim);
-        this.weights.layers.forEach((lw, l) => lw.proj[f].addToUnpacked((outIn) => ad.fusedWeightDelta(l, FUSED[f], dims, outIn)));
-      }
-      this.merged = ad;
-    }
-    return () => {
-      pack();
-      this.unpacked = false;
-      this.merged = null;
-      releaseFactors();
-    };
+    return generation.unpackBase(this, opts);
   }
 
   /** Attach another adapter (or none) and hand back the one attached before, not disposed: a server
@@ -609,45 +387,7 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   dispose(): void {
-    const w = this.weights;
-    w.embedT.dispose();
-    w.lmHeadT?.dispose();
-    w.norm.dispose();
-    for (const l of w.layers) {
-      tf.dispose([l.inputNorm, l.postNorm, l.qkvBias]);
-      for (const f of FUSED_MODULES) l.proj[f].dispose();
-    }
+    disposeWeights(this.weights);
     this.adapter?.dispose();
   }
-}
-
-/** Per row, the positions [lo, hi) from the first to the last 1 of `mask` (lo ≥ 1: position 0 has no
- *  log-prob; hi ≤ lo when the row needs none); without a mask every row needs [1, T). */
-export function logprobSpans(mask: number[][] | undefined, B: number, T: number): [number, number][] {
-  if (!mask) return Array.from({ length: B }, () => [1, T]);
-  if (mask.length !== B || mask.some((r) => r.length !== T))
-    throw new Error(`logprobMask is [${mask.length}][${mask[0]?.length}]; expected [${B}][${T}] like the ids`);
-  return mask.map((r) => {
-    let lo = 1,
-      hi = T;
-    while (lo < T && r[lo] === 0) lo++;
-    while (hi > lo && r[hi - 1] === 0) hi--;
-    return [lo, hi];
-  });
-}
-
-/** The first row of each distinct (ids, mask) pair, and for every row the index of its pair in that list. */
-export function distinctRows(ids: number[][], mask: number[][]): { unique: number[]; of: number[] } {
-  const seen = new Map<string, number>(),
-    unique: number[] = [];
-  const of = ids.map((r, i) => {
-    const key = `${r.join(",")}|${mask[i].join(",")}`;
-    let k = seen.get(key);
-    if (k === undefined) {
-      seen.set(key, (k = unique.length));
-      unique.push(i);
-    }
-    return k;
-  });
-  return { unique, of };
 }

@@ -245,6 +245,17 @@ export interface Qwen2Weights {
 }
 
 /** Bytes of the frozen base held on the backend (quantized or f32). */
+/** Frees every tensor of the weights. */
+export function disposeWeights(w: Qwen2Weights): void {
+  w.embedT.dispose();
+  w.lmHeadT?.dispose();
+  w.norm.dispose();
+  for (const l of w.layers) {
+    tf.dispose([l.inputNorm, l.postNorm, l.qkvBias]);
+    for (const f of FUSED_MODULES) l.proj[f].dispose();
+  }
+}
+
 export function baseBytes(w: Qwen2Weights): number {
   let n = w.embedT.bytes + (w.lmHeadT?.bytes ?? 0) + 4 * w.norm.size;
   for (const l of w.layers) {
