@@ -11,6 +11,7 @@ import { groupAdvantages } from "../trainer/advantages.ts";
 import { formatNumber } from "../trainer/metrics.ts";
 import { escapeHtml } from "./html.ts";
 import { renderTurns, TRANSCRIPT_LEGEND } from "./transcript.ts";
+import { mean } from "../trainer/stats.ts";
 
 export interface RolloutLimits {
   /** Steps shown (first, middle and last always among them). */
@@ -207,12 +208,12 @@ function groupHtml(g: RolloutView[], limits: RolloutLimits): string {
   const ex = extremes(g);
   const shown = shownRollouts(g, limits.maxRollouts, ex);
   const rewards = g.map((r) => r.reward).filter((v): v is number => v !== null);
-  const mean = rewards.length ? rewards.reduce((a, b) => a + b, 0) / rewards.length : null;
+  const meanReward = mean(rewards, null);
   const note = ex ? "" : ` · <span class="tag warn">all rewards equal: no learning signal</span>`;
   const more = shown.length < g.length ? ` · ${shown.length} of ${g.length} rollouts shown` : "";
   const cards = shown.map((i) => rolloutCard(g[i], ex?.best === i ? "best" : ex?.worst === i ? "worst" : "", limits.maxChars));
   return (
-    `<div class="group"><div class="meta">question ${g[0].promptIndex + 1} · ${g.length} rollouts · mean reward ${fmt(mean)}${note}${more}</div>` +
+    `<div class="group"><div class="meta">question ${g[0].promptIndex + 1} · ${g.length} rollouts · mean reward ${fmt(meanReward)}${note}${more}</div>` +
     `<div class="q">${escapeHtml(g[0].question)}</div><div class="rollouts">${cards.join("")}</div></div>`
   );
 }
@@ -231,8 +232,8 @@ export function renderRolloutBrowser(sample: RolloutSample): string {
       .flat()
       .map((r) => r.reward)
       .filter((v): v is number => v !== null);
-    const mean = rs.length ? formatNumber(rs.reduce((a, b) => a + b, 0) / rs.length, 3) : "–";
-    return `<details${open.has(step) ? " open" : ""}><summary>step ${step} · mean reward of the questions shown ${mean}</summary>${groups.map((gr) => groupHtml(gr, limits)).join("")}</details>`;
+    const m = mean(rs, null);
+    return `<details${open.has(step) ? " open" : ""}><summary>step ${step} · mean reward of the questions shown ${m === null ? "–" : formatNumber(m, 3)}</summary>${groups.map((gr) => groupHtml(gr, limits)).join("")}</details>`;
   });
   return `<h2 id="rollouts">Rollouts</h2><p class="sub">${escapeHtml(intro)}</p>${TRANSCRIPT_LEGEND}\n${sections.join("\n")}\n`;
 }

@@ -18,7 +18,7 @@ import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
 import type { TurnRecord } from "../rollout/types.ts";
 import type { RolloutEngine } from "../rollout/engines/types.ts";
 import { judgeRollout } from "../datasets/scorers.ts";
-import { passAtK, wilsonInterval, type Interval } from "../trainer/stats.ts";
+import { passAtK, wilsonInterval, type Interval, mean } from "../trainer/stats.ts";
 import type { MetricsLogger } from "../trainer/metrics.ts";
 import { writeFileAtomic } from "../util/fs.ts";
 import { Rng } from "../util/rng.ts";
@@ -183,19 +183,30 @@ export function summarize(questions: EvalQuestion[], k: number, seconds: number)
   const lenientCorrect = count((s) => s.lenient);
   const calls = all.reduce((a, s) => a + s.toolCalls, 0);
   const errors = all.reduce((a, s) => a + s.toolErrors, 0);
-  const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);
   return {
     n: questions.length,
     k,
     strict: { ...wilsonInterval(strictCorrect, all.length), correct: strictCorrect, total: all.length },
     lenient: { ...wilsonInterval(lenientCorrect, all.length), correct: lenientCorrect, total: all.length },
-    passAtK: mean(questions.map((q) => passAtK(q.samples.length, q.samples.filter((s) => s.strict).length, Math.min(k, q.samples.length)))),
+    passAtK: mean(
+      questions.map((q) => passAtK(q.samples.length, q.samples.filter((s) => s.strict).length, Math.min(k, q.samples.length))),
+      0,
+    ),
     formatValid: all.length ? count((s) => s.formatValid) / all.length : 0,
     toolCallsPerRollout: all.length ? calls / all.length : 0,
     toolErrorRate: calls ? errors / calls : 0,
     truncatedRate: all.length ? count((s) => s.truncated) / all.length : 0,
     ...(all.some((s) => s.envReward !== undefined)
-      ? { envReward: mean(all.map((s) => s.envReward ?? 0)), envErrorRate: mean(all.map((s) => (s.envError ? 1 : 0))) }
+      ? {
+          envReward: mean(
+            all.map((s) => s.envReward ?? 0),
+            0,
+          ),
+          envErrorRate: mean(
+            all.map((s) => (s.envError ? 1 : 0)),
+            0,
+          ),
+        }
       : {}),
     seconds,
     questions,

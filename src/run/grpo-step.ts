@@ -12,6 +12,7 @@ import { countedGroupAdvantages, groupHasSignal } from "../trainer/advantages.ts
 import type { GrpoConfig, GrpoRollout, GrpoStats } from "../trainer/grpo.ts";
 import { GRPO_LINE, meanStd, memoryFields } from "../trainer/metrics.ts";
 import type { GrpoFlags } from "./grpo-flags.ts";
+import { mean } from "../trainer/stats.ts";
 
 /** A step's rollouts on the engine. With an environment each task's prompt is its first observation
  *  and each row acts in its own instance, open for the step only. Step s draws from seed·1000003 + s. */
@@ -159,10 +160,12 @@ export function stepMetrics(
   t: { lr: number; rolloutSeconds: number; trainSeconds: number; stepSeconds: number },
 ): Record<string, number> {
   const r = meanStd(trajs.map((x) => x.reward!));
-  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
   const components: Record<string, number> = {};
   for (const name of Object.keys(trajs[0]?.rewardComponents ?? {}))
-    components[`reward_${name}`] = mean(trajs.map((x) => x.rewardComponents![name]));
+    components[`reward_${name}`] = mean(
+      trajs.map((x) => x.rewardComponents![name]),
+      0,
+    );
   const calls = trajs.reduce((a, x) => a + x.numToolCalls + x.numParseErrors, 0);
   const failed = trajs.reduce((a, x) => a + x.numToolErrors + x.numParseErrors, 0);
   const rolloutTokens = trajs.reduce((a, x) => a + x.completionIds.length, 0);
@@ -179,15 +182,37 @@ export function stepMetrics(
     loss: s.loss,
     grad_norm: s.gradNorm,
     lr: t.lr,
-    completion_len: mean(trajs.map((x) => x.completionIds.length)),
+    completion_len: mean(
+      trajs.map((x) => x.completionIds.length),
+      0,
+    ),
     completion_len_max: Math.max(0, ...trajs.map((x) => x.completionIds.length)),
-    sampled_len: mean(trajs.map((x) => x.lossMask.reduce((a, b) => a + b, 0))),
-    tool_calls: mean(trajs.map((x) => x.numToolCalls)),
+    sampled_len: mean(
+      trajs.map((x) => x.lossMask.reduce((a, b) => a + b, 0)),
+      0,
+    ),
+    tool_calls: mean(
+      trajs.map((x) => x.numToolCalls),
+      0,
+    ),
     tool_error_rate: calls ? failed / calls : 0,
     // Runs against an environment only, so a tool run's metrics stay as they were.
-    ...(trajs[0]?.envReward !== undefined ? { env_error_rate: mean(trajs.map((x) => (x.finishReason === "env_error" ? 1 : 0))) } : {}),
-    truncated: mean(trajs.map((x) => (x.truncated ? 1 : 0))),
-    zero_signal_groups: mean(rewards.map((g) => (groupHasSignal(g) ? 0 : 1))),
+    ...(trajs[0]?.envReward !== undefined
+      ? {
+          env_error_rate: mean(
+            trajs.map((x) => (x.finishReason === "env_error" ? 1 : 0)),
+            0,
+          ),
+        }
+      : {}),
+    truncated: mean(
+      trajs.map((x) => (x.truncated ? 1 : 0)),
+      0,
+    ),
+    zero_signal_groups: mean(
+      rewards.map((g) => (groupHasSignal(g) ? 0 : 1)),
+      0,
+    ),
     masked_truncated: s.maskedTruncated / Math.max(1, s.rollouts),
     rollout_tokens_per_s: rolloutTokens / t.rolloutSeconds,
     train_tokens_per_s: s.tokens / Math.max(t.trainSeconds, 1e-9),

@@ -1,5 +1,6 @@
 /** Group-relative advantages for GRPO: each rollout's reward against the other rollouts of the same
  *  question. Pure numbers in, numbers out; no tensors. Leaves out reward shaping (rollout/rewards). */
+import { mean } from "./stats.ts";
 
 /** A_i = (r_i − mean r) / (std r + eps) per group, or r_i − mean r with scale "none" (Dr. GRPO).
  *  std is torch's default, the unbiased one (÷ n−1), as TRL uses. A group whose rewards are all equal
@@ -39,8 +40,4 @@ export function countedGroupAdvantages(rewards: number[][], counted: boolean[][]
 /** Whether a group can move the policy at all: false when every reward is the same. */
 export function groupHasSignal(rewards: number[]): boolean {
   return rewards.some((r) => r !== rewards[0]);
-}
-
-function mean(xs: number[]): number {
-  return xs.reduce((s, x) => s + x, 0) / xs.length;
 }

@@ -4,6 +4,7 @@
 import * as fsSync from "node:fs";
 import * as tf from "@tensorflow/tfjs";
 import { openStepLog, parseStepLines } from "../util/jsonl.ts";
+import { mean } from "./stats.ts";
 
 /** Metric names shared by the trainers, the step line and the report (snake_case, like TRL's logs). */
 export const METRIC = {
@@ -35,9 +36,9 @@ export interface MetricsRecord extends Metrics {
 export function meanStd(values: readonly number[]): { mean: number; std: number } {
   const n = values.length;
   if (n === 0) return { mean: NaN, std: NaN };
-  const mean = values.reduce((a, b) => a + b, 0) / n;
-  const variance = values.reduce((a, v) => a + (v - mean) ** 2, 0) / n;
-  return { mean, std: Math.sqrt(variance) };
+  const m = mean(values);
+  const variance = values.reduce((a, v) => a + (v - m) ** 2, 0) / n;
+  return { mean: m, std: Math.sqrt(variance) };
 }
 
 /** Appends one line per `log` call to a JSONL file. With `resumeStep`, lines for steps after it are

@@ -1,7 +1,14 @@
 /** Confidence intervals and pass@k for evaluation summaries: the Wilson score interval for an
  *  accuracy, the unbiased pass@k estimator (Chen et al. 2021, "Evaluating Large Language Models
  *  Trained on Code"), and a normal-approximation interval for a mean of per-question scores.
- *  Pure functions on plain numbers; no tensors, no bootstrap. */
+ *  Pure functions on plain numbers; no tensors, no bootstrap. And the plain mean. */
+
+/** The mean of xs (summed in order), or `empty` for an empty list (default NaN). */
+export function mean(xs: readonly number[]): number;
+export function mean<E>(xs: readonly number[], empty: E): number | E;
+export function mean(xs: readonly number[], empty: unknown = NaN): unknown {
+  return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : empty;
+}
 
 export interface Interval {
   /** Point estimate. */
@@ -53,13 +60,13 @@ export function meanCI(values: readonly number[], z = 1.96, bounds: [number, num
   const n = values.length;
   if (n === 0) throw new RangeError(`meanCI of an empty list: expected at least one value`);
   for (const v of values) if (!Number.isFinite(v)) throw new RangeError(`meanCI: value ${v} is not a finite number`);
-  const mean = values.reduce((a, b) => a + b, 0) / n;
-  const variance = n > 1 ? values.reduce((a, v) => a + (v - mean) ** 2, 0) / (n - 1) : 0;
+  const m = mean(values);
+  const variance = n > 1 ? values.reduce((a, v) => a + (v - m) ** 2, 0) / (n - 1) : 0;
   const sem = Math.sqrt(variance / n);
   return {
-    value: mean,
-    lo: Math.max(bounds[0], mean - z * sem),
-    hi: Math.min(bounds[1], mean + z * sem),
+    value: m,
+    lo: Math.max(bounds[0], m - z * sem),
+    hi: Math.min(bounds[1], m + z * sem),
     sem,
     n,
   };
