@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import * as path from "node:path";
 import { initBackend, loadModel, loadTokenizer, calculatorTool, shutdownCalculator } from "../src/index.ts";
-import { makeTinyModelDir } from "./run/tiny-fixture.ts";
+import { makeTinyModelDir } from "./run/helpers/tiny-fixture.ts";
 
 const FIX = path.join(import.meta.dirname, "fixtures", "qwen2-tiny");
 

@@ -1,5 +1,5 @@
 /** Records exchanges with AgentGym's own servers into test/fixtures/agentgym/<family>.json, which
- *  test/envs/agentgym-replay.ts serves back in the tests (the project never runs Python). Dev-only.
+ *  test/envs/helpers/agentgym-replay.ts serves back in the tests (the project never runs Python). Dev-only.
  *  The servers are AgentGym's at commit 3ef9235 on Debian's python3-fastapi/python3-uvicorn/
  *  python3-numpy:
  *  - textcraft: agentenv-textcraft unchanged, `gymnasium` stubbed as a bare base class (TextCraftEnv

@@ -18,9 +18,9 @@ import { rolloutGroups } from "../../src/rollout/rollout.ts";
 import { scoreRollout } from "../../src/rollout/rewards.ts";
 import { toPrompt } from "../../src/agents/prompts.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { qwenTokenizer } from "../rollout/qwen-tokenizer.ts";
-import { ScriptedModel } from "../rollout/scripted-model.ts";
-import { guessEpisodes, tinyEnvRunConfig } from "./tiny-env-run.ts";
+import { qwenTokenizer } from "../rollout/helpers/qwen-tokenizer.ts";
+import { ScriptedModel } from "../rollout/helpers/scripted-model.ts";
+import { guessEpisodes, tinyEnvRunConfig } from "./helpers/tiny-env-run.ts";
 
 /** The optimal policy: binary search; the guesses it makes for a secret. */
 function binarySearch(secret: number): number[] {

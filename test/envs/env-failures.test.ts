@@ -20,9 +20,9 @@ import type { Tokenizer } from "../../src/model/types.ts";
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
 import { countedGroupAdvantages, groupAdvantages } from "../../src/trainer/advantages.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { qwenTokenizer } from "../rollout/qwen-tokenizer.ts";
-import { ScriptedModel } from "../rollout/scripted-model.ts";
-import { tinyEnvRunConfig } from "./tiny-env-run.ts";
+import { qwenTokenizer } from "../rollout/helpers/qwen-tokenizer.ts";
+import { ScriptedModel } from "../rollout/helpers/scripted-model.ts";
+import { tinyEnvRunConfig } from "./helpers/tiny-env-run.ts";
 
 type Fault = "ok" | "http500" | "garbage" | "hang";
 

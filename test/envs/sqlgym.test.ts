@@ -8,9 +8,9 @@ import { checkTaskRange, defaultTaskRanges, environmentTasks, openEnvironmentSer
 import { FAMILIES } from "../../src/envs/families.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { evaluate } from "../../src/run/evaluate.ts";
-import { qwenTokenizer } from "../rollout/qwen-tokenizer.ts";
-import { ScriptedModel } from "../rollout/scripted-model.ts";
-import { replayAgentGym, type ReplayServer } from "./agentgym-replay.ts";
+import { qwenTokenizer } from "../rollout/helpers/qwen-tokenizer.ts";
+import { ScriptedModel } from "../rollout/helpers/scripted-model.ts";
+import { replayAgentGym, type ReplayServer } from "./helpers/agentgym-replay.ts";
 
 const FIXTURE = "test/fixtures/agentgym/sqlgym.json";
 const open = { timeoutMs: 30_000, maxChars: 4_000 };

@@ -22,9 +22,9 @@ import type { Tokenizer } from "../../src/model/types.ts";
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
 import { evaluate } from "../../src/run/evaluate.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { qwenTokenizer } from "../rollout/qwen-tokenizer.ts";
-import { ScriptedModel } from "../rollout/scripted-model.ts";
-import { replayAgentGym, type ReplayServer } from "./agentgym-replay.ts";
+import { qwenTokenizer } from "../rollout/helpers/qwen-tokenizer.ts";
+import { ScriptedModel } from "../rollout/helpers/scripted-model.ts";
+import { replayAgentGym, type ReplayServer } from "./helpers/agentgym-replay.ts";
 
 const FIXTURE = "test/fixtures/agentgym/textcraft.json";
 const open = { timeoutMs: 30_000, maxChars: 4_000 };
@@ -246,7 +246,7 @@ describe("GRPO against TextCraft on the tiny model", () => {
     const { runGrpo } = await import("../../src/run/grpo-run.ts");
     const { promises: fs } = await import("node:fs");
     const path = await import("node:path");
-    const { tinyEnvRunConfig } = await import("./tiny-env-run.ts");
+    const { tinyEnvRunConfig } = await import("./helpers/tiny-env-run.ts");
     const s = await replay();
     const cfg = await tinyEnvRunConfig(s.url, "auto", { env_tasks: "0,3", env_max_failed_steps: 1, max_steps: 2 });
     await expect(runGrpo(cfg)).rejects.toThrow(

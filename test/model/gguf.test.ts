@@ -40,7 +40,7 @@ import { LORA_TARGETS, type ChatMessage, type Tokenizer, type ToolSchema } from 
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { rolloutGroups, stopTokenIds } from "../../src/rollout/rollout.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { runScript } from "../run/run-script.ts";
+import { runScript } from "../run/helpers/run-script.ts";
 
 let loadError: unknown;
 const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error }).catch((err) => {

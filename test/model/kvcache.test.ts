@@ -7,7 +7,7 @@ import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { distinctRows } from "../../src/model/generation.ts";
 import { Qwen2KVCache } from "../../src/model/kv-cache.ts";
 import { attentionBias, MASKED, positionIds } from "../../src/model/attention.ts";
-import { lastLogits, maxDiff, slotWriteTests } from "./kvcache-suite.ts";
+import { lastLogits, maxDiff, slotWriteTests } from "./helpers/kvcache-suite.ts";
 
 const FIX = "test/fixtures/qwen2-tiny";
 

@@ -3,7 +3,7 @@ import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/engine/backend.ts";
 import { LoraAdapter, moduleDims } from "../../src/model/lora.ts";
 import { FUSED, type LoraTarget } from "../../src/model/types.ts";
-import { cfg, randn } from "./lora-setup.ts";
+import { cfg, randn } from "./helpers/lora-setup.ts";
 
 const maxDiff = (a: tf.Tensor, b: tf.Tensor) => tf.tidy(() => tf.max(tf.abs(tf.sub(a, b))).dataSync()[0]);
 

@@ -1,4 +1,4 @@
 /** The golden suite (golden-suite.ts) on the wasm backend. */
-import { goldenSuite } from "./golden-suite.ts";
+import { goldenSuite } from "./helpers/golden-suite.ts";
 
 goldenSuite("wasm");

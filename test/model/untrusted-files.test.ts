@@ -11,7 +11,7 @@ import { Checkpoint, encodeSafetensors, SafetensorsFile } from "../../src/model/
 import { sampleRow } from "../../src/rollout/sampler.ts";
 import { checkModelSource } from "../../src/run/policy.ts";
 import { NonFiniteError } from "../../src/util/errors.ts";
-import { SMALL_MODEL_CONFIG } from "../run/tiny-fixture.ts";
+import { SMALL_MODEL_CONFIG } from "../run/helpers/tiny-fixture.ts";
 
 let root: string;
 beforeAll(async () => {

@@ -11,7 +11,7 @@ import { escapeHtml } from "../../src/report/html.ts";
 import type { ModelQuestions, QuestionSample } from "../../src/report/eval-questions.ts";
 import { pickSteps, readRolloutSample } from "../../src/report/rollouts.ts";
 import { renderTurns } from "../../src/report/transcript.ts";
-import { expectSelfContained } from "./report-helpers.ts";
+import { expectSelfContained } from "./helpers/report-helpers.ts";
 
 const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-report-views-"));
 

@@ -6,7 +6,7 @@ import { writeRunConfig } from "../../src/run/cli.ts";
 import { MetricsLogger } from "../../src/trainer/metrics.ts";
 import { chartedKeys, escapeHtml, niceTicks, renderEvalReport, writeEvalReport, writeReport } from "../../src/report/report.ts";
 
-import { expectSelfContained } from "./report-helpers.ts";
+import { expectSelfContained } from "./helpers/report-helpers.ts";
 
 const tmp = () => fs.mkdtemp(path.join(os.tmpdir(), "marl-report-"));
 

@@ -28,7 +28,7 @@ import { runGrpo } from "../../src/run/grpo-run.ts";
 import { openPolicy, type Policy } from "../../src/run/policy.ts";
 import { UsageError } from "../../src/util/errors.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { guessEpisodes, tinyEnvRunConfig } from "../envs/tiny-env-run.ts";
+import { guessEpisodes, tinyEnvRunConfig } from "../envs/helpers/tiny-env-run.ts";
 
 const loadError: unknown = await import("node-llama-cpp")
   .then(async ({ getLlama }) => (await getLlama({ gpu: false, build: "never" })).dispose())

@@ -6,8 +6,8 @@ import { parseToolCalls } from "../../src/agents/toolcall.ts";
 import { rolloutGroups, type RolloutConfig, type RolloutStepInfo } from "../../src/rollout/rollout.ts";
 import { ToolResponseRenderer } from "../../src/rollout/tool-messages.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { qwenTokenizer } from "./qwen-tokenizer.ts";
-import { ScriptedModel } from "./scripted-model.ts";
+import { qwenTokenizer } from "./helpers/qwen-tokenizer.ts";
+import { ScriptedModel } from "./helpers/scripted-model.ts";
 
 let tok: Tokenizer;
 beforeAll(async () => {

@@ -5,7 +5,7 @@ import { heapHelpersReady, splitJobCount } from "../../src/engine/wasm/heap.ts";
 import { wasmThreads } from "../../src/engine/wasm/threads.ts";
 import { sampleRow, sampleTokens, topIndices, type SampleOptions } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "./sampler-suite.ts";
+import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "./helpers/sampler-suite.ts";
 
 beforeAll(async () => {
   await initBackend("wasm");

@@ -8,7 +8,7 @@ import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.
 import { TrajectoryLog } from "../../src/rollout/trajectories.ts";
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { ScriptedModel } from "./scripted-model.ts";
+import { ScriptedModel } from "./helpers/scripted-model.ts";
 
 const ROOT = path.resolve(__dirname, "../..");
 let tok: Tokenizer;

@@ -9,7 +9,7 @@ import { adapterBaseName } from "../../src/model/lora.ts";
 import { adapterBaseOf, openPolicy, savePolicy } from "../../src/run/policy.ts";
 import { inspectModelFolder } from "../../src/serve/workspace.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
-import { makeTinyModelDir } from "./tiny-fixture.ts";
+import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 const dirs: string[] = [];
 afterAll(async () => {

@@ -28,8 +28,8 @@ import {
   type OpenChatModel,
 } from "../../src/run/chat.ts";
 import { Rng } from "../../src/util/rng.ts";
-import { ScriptedModel } from "../rollout/scripted-model.ts";
-import { makeSmallModelDir, SMALL_MODEL_CONFIG } from "./tiny-fixture.ts";
+import { ScriptedModel } from "../rollout/helpers/scripted-model.ts";
+import { makeSmallModelDir, SMALL_MODEL_CONFIG } from "./helpers/tiny-fixture.ts";
 
 let modelDir: string;
 let tok: Tokenizer;

@@ -4,8 +4,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { makeTinyModelDir } from "./tiny-fixture.ts";
-import { ROOT, runScript } from "./run-script.ts";
+import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
+import { ROOT, runScript } from "./helpers/run-script.ts";
 
 const LORA_FIXTURE = path.join(ROOT, "test", "fixtures", "qwen2-tiny", "lora");
 

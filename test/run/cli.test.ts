@@ -106,7 +106,7 @@ describe("StopRequest", () => {
 
 function runChild(args: string[], onStdout?: (s: string, kill: (sig: NodeJS.Signals) => void) => void) {
   return new Promise<{ code: number | null; stderr: string }>((resolve) => {
-    const child = spawn(process.execPath, ["--import", "tsx", path.join(__dirname, "fixtures", "cli-child.ts"), ...args], {
+    const child = spawn(process.execPath, ["--import", "tsx", path.join(__dirname, "..", "fixtures", "run", "cli-child.ts"), ...args], {
       cwd: path.join(__dirname, "..", ".."),
       env: { ...process.env, DEBUG: "" },
     });
@@ -143,7 +143,7 @@ describe("exit codes of a real process", () => {
 function runGroup(out: string, sigintAfterMs: number[]) {
   return new Promise<{ code: number | null; stderr: string; ms: number }>((resolve) => {
     const tsx = path.join(__dirname, "..", "..", "node_modules", "tsx", "dist", "cli.mjs");
-    const child = spawn(process.execPath, [tsx, path.join(__dirname, "fixtures", "cli-child.ts"), "busy", out], {
+    const child = spawn(process.execPath, [tsx, path.join(__dirname, "..", "fixtures", "run", "cli-child.ts"), "busy", out], {
       cwd: path.join(__dirname, "..", ".."),
       detached: true,
       stdio: ["ignore", "pipe", "pipe"],

@@ -7,7 +7,7 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
-import { runScript } from "./run-script.ts";
+import { runScript } from "./helpers/run-script.ts";
 
 let root: string;
 beforeAll(async () => {

@@ -10,7 +10,7 @@ import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { summarize, type EvalQuestion, type EvalResult, type EvalSample } from "../../src/run/evaluate.ts";
 import { formatEvalTable, pairedImprovement, parseEvalArgs, rewriteEvalReport, runEval } from "../../src/run/eval-run.ts";
 import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
-import { makeSmallModelDir } from "./tiny-fixture.ts";
+import { makeSmallModelDir } from "./helpers/tiny-fixture.ts";
 
 let modelDir: string;
 beforeAll(async () => {

@@ -6,8 +6,8 @@ import { spawn } from "node:child_process";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { ROOT } from "./run-script.ts";
-import { makeTinyModelDir } from "./tiny-fixture.ts";
+import { ROOT } from "./helpers/run-script.ts";
+import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 const TSX = path.join(ROOT, "node_modules", "tsx", "dist", "cli.mjs");
 let model: string;

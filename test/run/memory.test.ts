@@ -13,7 +13,7 @@ import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { runGrpo } from "../../src/run/grpo-run.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
 import { collectGarbage } from "../../src/util/gc.ts";
-import { makeTinyModelDir } from "./tiny-fixture.ts";
+import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let root: string;
 let base: string;

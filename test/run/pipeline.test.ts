@@ -14,7 +14,7 @@ import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
 import { defaultsOf } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { SFT_FLAGS } from "../../src/run/sft-flags.ts";
-import { makeTinyModelDir } from "./tiny-fixture.ts";
+import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let base: string;
 let root: string;

@@ -9,7 +9,7 @@ import { parseEvalArgs } from "../../src/run/eval-run.ts";
 import { addModelOptions } from "../../src/run/options.ts";
 import { openPolicy } from "../../src/run/policy.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
-import { makeTinyModelDir } from "./tiny-fixture.ts";
+import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let dir: string;
 beforeAll(async () => {

@@ -5,7 +5,7 @@ import { spawn } from "node:child_process";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { ROOT, TSX } from "./run-script.ts";
+import { ROOT, TSX } from "./helpers/run-script.ts";
 
 const dirs: string[] = [];
 afterAll(async () => {

@@ -26,7 +26,7 @@ import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
 import { SERVE_OPENAI_FLAGS, serveOpenAi, type ServingOpenAi } from "../../src/serve/openai/run.ts";
-import { makeTinyModelDir } from "./tiny-fixture.ts";
+import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let base: string;
 let root: string;

@@ -16,7 +16,7 @@ import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
 import { Interrupted } from "../../src/run/shutdown.ts";
 import { generateSynthetic } from "../../src/datasets/synthetic.ts";
 import { readRunConfig } from "../../src/run/cli.ts";
-import { makeTinyModelDir } from "./tiny-fixture.ts";
+import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let base: string;
 let root: string;

@@ -20,7 +20,7 @@ import { readSafetensorsAll, writeSafetensors } from "../../src/model/safetensor
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { parseServeArgs, serveCommand } from "../../src/serve/config.ts";
 import { startServer, type RunningServer } from "../../src/serve/http.ts";
-import { makeSmallModelDir } from "../run/tiny-fixture.ts";
+import { makeSmallModelDir } from "../run/helpers/tiny-fixture.ts";
 
 // The protocol every server here uses; scripts/eval.ts gets the same flags for the cross-check.
 const PROTOCOL = ["--max_samples", "4", "--batch_size", "2", "--max_new_tokens", "160", "--backend", "wasm"];

@@ -4,7 +4,7 @@ import { grpoStep, type GrpoConfig, type GrpoRollout } from "../../src/trainer/g
 import { groupAdvantages } from "../../src/trainer/advantages.ts";
 import { AdamW } from "../../src/trainer/optimizer.ts";
 import { NonFiniteError } from "../../src/util/errors.ts";
-import { BigramLM } from "./bigram-lm.ts";
+import { BigramLM } from "./helpers/bigram-lm.ts";
 
 beforeAll(async () => {
   await tf.setBackend("cpu");

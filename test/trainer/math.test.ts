@@ -1,7 +1,7 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { groupAdvantages, groupHasSignal } from "../../src/trainer/advantages.ts";
-import { expectGradMatchesFd } from "./loss-fd.ts";
+import { expectGradMatchesFd } from "./helpers/loss-fd.ts";
 import { aggregateLoss, perTokenLoss, policyLoss, readSums, statsFromSums, type PolicyLossConfig } from "../../src/trainer/policy-loss.ts";
 import { lrAt, lrLambda } from "../../src/trainer/schedule.ts";
 import { rightPad, microBatchRows } from "../../src/trainer/batch.ts";

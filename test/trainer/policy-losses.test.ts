@@ -19,8 +19,8 @@ import {
 } from "../../src/trainer/policy-loss.ts";
 import { grpoStep, type GrpoConfig, type GrpoRollout } from "../../src/trainer/grpo.ts";
 import { AdamW } from "../../src/trainer/optimizer.ts";
-import { BigramLM } from "./bigram-lm.ts";
-import { expectGradMatchesFd } from "./loss-fd.ts";
+import { BigramLM } from "./helpers/bigram-lm.ts";
+import { expectGradMatchesFd } from "./helpers/loss-fd.ts";
 
 beforeAll(async () => {
   await tf.setBackend("cpu");

@@ -4,7 +4,7 @@ import { countTokens, sftLoss, sftStep, type SftBatch } from "../../src/trainer/
 import { AdamW } from "../../src/trainer/optimizer.ts";
 import { NonFiniteError } from "../../src/util/errors.ts";
 import { rightPad } from "../../src/trainer/batch.ts";
-import { BigramLM } from "./bigram-lm.ts";
+import { BigramLM } from "./helpers/bigram-lm.ts";
 
 beforeAll(async () => {
   await tf.setBackend("cpu");

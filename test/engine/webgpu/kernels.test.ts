@@ -5,7 +5,7 @@ import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
 import { QuantizedMatrix, dequantizeInt8, dequantizeNf4, quantizeInt8, quantizeNf4 } from "../../../src/model/quant.ts";
 import { Rng } from "../../../src/util/rng.ts";
-import { webgpuForTests } from "./adapter.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 const randn = (n: number, seed: number) => {

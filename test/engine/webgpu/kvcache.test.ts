@@ -9,9 +9,9 @@ import { decodeHeads, decodeHeadsInto } from "../../../src/engine/heads.ts";
 import { slotWrites } from "../../../src/engine/slot-write.ts";
 import { loadModel } from "../../../src/model/load.ts";
 import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
-import { slotWriteTests } from "../../model/kvcache-suite.ts";
-import { randn } from "../../model/lora-setup.ts";
-import { webgpuForTests } from "./adapter.ts";
+import { slotWriteTests } from "../../model/helpers/kvcache-suite.ts";
+import { randn } from "../../model/helpers/lora-setup.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 const FIX = "test/fixtures/qwen2-tiny";

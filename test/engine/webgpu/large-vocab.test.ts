@@ -10,7 +10,7 @@ import { backendProfile } from "../../../src/engine/profile.ts";
 import type { Qwen2Config } from "../../../src/model/types.ts";
 import { BaseWeight } from "../../../src/model/weight.ts";
 import { Rng } from "../../../src/util/rng.ts";
-import { webgpuForTests } from "./adapter.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 const V = 151936,

@@ -6,8 +6,8 @@ import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
 import { LoraAdapter, moduleDims } from "../../../src/model/lora.ts";
 import { FUSED } from "../../../src/model/types.ts";
-import { cfg, randn } from "../../model/lora-setup.ts";
-import { webgpuForTests } from "./adapter.ts";
+import { cfg, randn } from "../../model/helpers/lora-setup.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 describe.skipIf(!gpu)("LoRA terms on webgpu (held factors)", () => {

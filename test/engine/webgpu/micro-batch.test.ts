@@ -11,7 +11,7 @@ import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
 import { LORA_TARGETS, type LoraConfig } from "../../../src/model/types.ts";
 import { grpoStep, type GrpoConfig, type GrpoRollout } from "../../../src/trainer/grpo.ts";
 import { AdamW } from "../../../src/trainer/optimizer.ts";
-import { webgpuForTests } from "./adapter.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 const FIX = "test/fixtures/qwen2-tiny";

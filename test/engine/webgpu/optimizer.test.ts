@@ -9,7 +9,7 @@ import { webgpuTraffic } from "../../../src/engine/webgpu/device.ts";
 import { AdamW } from "../../../src/trainer/optimizer.ts";
 import { NonFiniteError } from "../../../src/util/errors.ts";
 import { Rng } from "../../../src/util/rng.ts";
-import { webgpuForTests } from "./adapter.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 

@@ -14,7 +14,7 @@ import { softmax } from "../../../src/engine/softmax.ts";
 import { webgpuTraffic } from "../../../src/engine/webgpu/device.ts";
 import { blockDiagonal } from "../../../src/engine/block-diag.ts";
 import { Rng } from "../../../src/util/rng.ts";
-import { webgpuForTests } from "./adapter.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 const randn = (n: number, seed: number, scale = 1) => {

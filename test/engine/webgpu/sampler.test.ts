@@ -17,8 +17,8 @@ import {
   PARAM_SETS,
   RANK_REFERENCE,
   structuredLogits,
-} from "../../rollout/sampler-suite.ts";
-import { webgpuForTests } from "./adapter.ts";
+} from "../../rollout/helpers/sampler-suite.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 

@@ -21,7 +21,7 @@ import { grpoStep, type GrpoConfig, type GrpoRollout } from "../../../src/traine
 import { AdamW } from "../../../src/trainer/optimizer.ts";
 import { sftStep } from "../../../src/trainer/sft.ts";
 import { Rng } from "../../../src/util/rng.ts";
-import { webgpuForTests } from "./adapter.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 const FIX = "test/fixtures/qwen2-tiny";

@@ -3,7 +3,7 @@
  *  3 MB prompt does not hold up the requests beside it; a full queue answers 429 with Retry-After. */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { ServingOpenAi } from "../../../src/serve/openai/run.ts";
-import { postJson, serveTiny } from "./serve-tiny.ts";
+import { postJson, serveTiny } from "./helpers/serve-tiny.ts";
 
 let server: ServingOpenAi;
 beforeAll(async () => {

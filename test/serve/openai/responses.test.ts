@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { calculatorTool, shutdownCalculator } from "../../../src/agents/calculator.ts";
 import { SYSTEM_PROMPT } from "../../../src/agents/prompts.ts";
 import type { ServingOpenAi } from "../../../src/serve/openai/run.ts";
-import { API_KEY, serveTiny } from "./serve-tiny.ts";
+import { API_KEY, serveTiny } from "./helpers/serve-tiny.ts";
 
 const QUESTION = "Each bag has 15 marbles. How many marbles are in 6 bags?";
 const calculator = {

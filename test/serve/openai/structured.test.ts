@@ -7,7 +7,7 @@ import * as tf from "@tensorflow/tfjs";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { ServingOpenAi } from "../../../src/serve/openai/run.ts";
-import { API_KEY, serveTiny } from "./serve-tiny.ts";
+import { API_KEY, serveTiny } from "./helpers/serve-tiny.ts";
 
 let server: ServingOpenAi;
 let client: OpenAI;

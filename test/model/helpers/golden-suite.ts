@@ -3,11 +3,11 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { readFileSync } from "node:fs";
-import { initBackend } from "../../src/engine/backend.ts";
-import { loadModel } from "../../src/model/load.ts";
-import { peftKey } from "../../src/model/lora.ts";
-import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
-import { LORA_TARGETS } from "../../src/model/types.ts";
+import { initBackend } from "../../../src/engine/backend.ts";
+import { loadModel } from "../../../src/model/load.ts";
+import { peftKey } from "../../../src/model/lora.ts";
+import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
+import { LORA_TARGETS } from "../../../src/model/types.ts";
 
 const FIX = "test/fixtures/qwen2-tiny";
 const exp = JSON.parse(readFileSync(`${FIX}/expected.json`, "utf8"));

@@ -1,7 +1,7 @@
 /** Whether the webgpu tests can run here. Under CI=true a missing adapter is a failure (thrown while
  *  the test file loads); elsewhere the file's suites are skipped with one line saying how to enable
  *  them. Import first in every test/engine/webgpu file: `const gpu = await webgpuForTests();`. */
-import { registerWebgpu } from "../../../src/engine/webgpu/device.ts";
+import { registerWebgpu } from "../../../../src/engine/webgpu/device.ts";
 
 const ENABLE = "sh scripts/setup-webgpu-adapter.sh DEST, then `. DEST/env.sh` before npm test";
 

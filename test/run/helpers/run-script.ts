@@ -3,7 +3,7 @@
 import { spawn } from "node:child_process";
 import * as path from "node:path";
 
-export const ROOT = path.join(import.meta.dirname, "..", "..");
+export const ROOT = path.join(import.meta.dirname, "..", "..", "..");
 export const TSX = path.join(ROOT, "node_modules", ".bin", "tsx");
 
 export function runScript(script: string, args: string[]): Promise<{ code: number | null; stderr: string; stdout: string }> {

@@ -2,7 +2,7 @@
  *  with a frozen [V, V] base table and a trainable [V, V] delta playing the adapter (adapters: false
  *  drops it, like LoRA switched off). Only tokenLogprobs and trainableVariables are real. */
 import * as tf from "@tensorflow/tfjs";
-import type { CausalLM, KVCache, LoraConfig, Quantize, Qwen2Config } from "../../src/model/types.ts";
+import type { CausalLM, KVCache, LoraConfig, Quantize, Qwen2Config } from "../../../src/model/types.ts";
 
 let uid = 0;
 

@@ -1,5 +1,5 @@
 /** The tool-call conversation that test/fixtures/qwen2.5-chat-template/README.md shows rendered. */
-import type { ChatMessage, ToolSchema } from "../../src/model/types.ts";
+import type { ChatMessage, ToolSchema } from "../../../src/model/types.ts";
 
 export const tools: ToolSchema[] = [
   {

@@ -5,14 +5,14 @@
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import type { Dialect } from "../../src/envs/families.ts";
-import type { GrpoRunConfig } from "../../src/run/grpo-run.ts";
+import type { Dialect } from "../../../src/envs/families.ts";
+import type { GrpoRunConfig } from "../../../src/run/grpo-run.ts";
 
 export async function tinyEnvRunConfig(env: string, dialect: Dialect, overrides: Partial<GrpoRunConfig> = {}) {
-  const { initBackend } = await import("../../src/engine/backend.ts");
-  const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
-  const { defaultsOf } = await import("../../src/run/flags.ts");
-  const { GRPO_FLAGS } = await import("../../src/run/grpo-flags.ts");
+  const { initBackend } = await import("../../../src/engine/backend.ts");
+  const { TINY_BASE_DIR } = await import("../../../src/presets/tiny.ts");
+  const { defaultsOf } = await import("../../../src/run/flags.ts");
+  const { GRPO_FLAGS } = await import("../../../src/run/grpo-flags.ts");
   await initBackend("wasm");
   const output_dir = path.join(await fs.mkdtemp(path.join(os.tmpdir(), "env-grpo-")), "run");
   const cfg: GrpoRunConfig & { output_dir: string } = {

@@ -4,10 +4,10 @@
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
-import type { Tokenizer } from "../../src/model/types.ts";
+import { loadTokenizerFromDir } from "../../../src/model/tokenizer.ts";
+import type { Tokenizer } from "../../../src/model/types.ts";
 
-const ROOT = path.resolve(import.meta.dirname, "../..");
+const ROOT = path.resolve(import.meta.dirname, "../../..");
 
 export async function qwenTokenizer(): Promise<Tokenizer> {
   const dir = await fs.mkdtemp(path.join(os.tmpdir(), "qwen-tok-"));

@@ -2,7 +2,7 @@
  *  differences. Shared by the loss tests. */
 import { expect } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { aggregateLoss, perTokenLoss, policyLoss, type PolicyLossConfig } from "../../src/trainer/policy-loss.ts";
+import { aggregateLoss, perTokenLoss, policyLoss, type PolicyLossConfig } from "../../../src/trainer/policy-loss.ts";
 
 export interface LossCase {
   logp: number[][];

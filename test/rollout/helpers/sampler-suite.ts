@@ -4,8 +4,8 @@
  *  on wasm by test/rollout/sampler.test.ts and on webgpu by test/engine/webgpu/sampler.test.ts. */
 import { expect, vi } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { CANDIDATES, sampleTokens, type SampleOptions, type SampleResult, type SamplingParams } from "../../src/rollout/sampler.ts";
-import { Rng } from "../../src/util/rng.ts";
+import { CANDIDATES, sampleTokens, type SampleOptions, type SampleResult, type SamplingParams } from "../../../src/rollout/sampler.ts";
+import { Rng } from "../../../src/util/rng.ts";
 
 /** Rows of every kind the candidate path must decide or hand back: peaked (the draw lands among the
  *  candidates), model-like spreads, flat (every draw falls back), a tie at the max (greedy falls

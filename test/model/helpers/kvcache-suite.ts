@@ -4,9 +4,9 @@
  *  and writeSlot puts a key column and a value row where they belong. */
 import { expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { inPlaceWritable, writeSlot } from "../../src/engine/slot-write.ts";
-import { Qwen2KVCache } from "../../src/model/kv-cache.ts";
-import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { inPlaceWritable, writeSlot } from "../../../src/engine/slot-write.ts";
+import { Qwen2KVCache } from "../../../src/model/kv-cache.ts";
+import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
 
 /** The last position's logits of a full forward (the recompute a cache must equal). */
 export async function lastLogits(model: Qwen2ForCausalLM, ids: number[][], mask: number[][]): Promise<number[][]> {

@@ -4,7 +4,7 @@
  *  So forced tokens (tool responses and the next header) move it to the next turn exactly as they
  *  would a real model's context. Or, with `fixed`, every step returns the same distribution. */
 import * as tf from "@tensorflow/tfjs";
-import type { CausalLM, ForwardOptions, KVCache, Qwen2Config } from "../../src/model/types.ts";
+import type { CausalLM, ForwardOptions, KVCache, Qwen2Config } from "../../../src/model/types.ts";
 
 class ScriptedCache implements KVCache {
   constructor(

@@ -3,12 +3,12 @@
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { initBackend } from "../../src/engine/backend.ts";
-import { createModel } from "../../src/model/load.ts";
-import { buildTinyTokenizer, saveTinyTokenizer } from "../../scripts/lib/tiny-tokenizer.ts";
-import { tokenizerCorpus } from "../../scripts/lib/make-tiny-base.ts";
-import { tinyModelConfig } from "../../src/presets/tiny.ts";
-import type { Qwen2Config } from "../../src/model/types.ts";
+import { initBackend } from "../../../src/engine/backend.ts";
+import { createModel } from "../../../src/model/load.ts";
+import { buildTinyTokenizer, saveTinyTokenizer } from "../../../scripts/lib/tiny-tokenizer.ts";
+import { tokenizerCorpus } from "../../../scripts/lib/make-tiny-base.ts";
+import { tinyModelConfig } from "../../../src/presets/tiny.ts";
+import type { Qwen2Config } from "../../../src/model/types.ts";
 
 /** Random weights with the tiny preset's architecture (made smaller) and a tokenizer learned from a
  *  few synthetic problems. */

@@ -1,8 +1,8 @@
 /** A small model shape for LoRA tests and seeded normal tensors (test/model/lora.test.ts,
  *  test/engine/webgpu/lora.test.ts). */
 import * as tf from "@tensorflow/tfjs";
-import type { Qwen2Config } from "../../src/model/types.ts";
-import { Rng } from "../../src/util/rng.ts";
+import type { Qwen2Config } from "../../../src/model/types.ts";
+import { Rng } from "../../../src/util/rng.ts";
 
 export const cfg = {
   hiddenSize: 32,
