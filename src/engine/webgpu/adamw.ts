@@ -6,7 +6,7 @@
 import type * as tf from "@tensorflow/tfjs";
 import { setWebgpuAdamW, type AdamWConstants } from "../adamw.ts";
 import type { Backend } from "../kernels.ts";
-import { RowProgram, rowPrelude, type WebgpuModule } from "./program.ts";
+import { RowProgram, rowPrelude, type WebgpuModule, cols } from "./program.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 const WG = 256;
@@ -16,9 +16,7 @@ const FINITE = "(nc[0] == nc[0] && abs(nc[0]) < uniforms.INFINITY)";
 
 /** acc[pos + i] = Σ g_i², one workgroup per gradient. */
 function sumSquaresProgram(u: Util, sizes: number[], accSize: number) {
-  const sums = sizes
-    .map((n, i) => `if (i == ${i}) { for (var j = i32(localIndex); j < ${n}; j += ${WG}) { let x = g${i}[j]; s += x * x; } }`)
-    .join("\n      ");
+  const sums = sizes.map((n, i) => `if (i == ${i}) { ${cols(n, WG, `let x = g${i}[j]; s += x * x;`)} }`).join("\n      ");
   const p = new RowProgram(
     u,
     "sumsq",
@@ -50,7 +48,7 @@ function normCoefProgram(u: Util, n: number) {
     `${rowPrelude(wg, 1)}
     fn main(index: i32) {
       var s = 0.0;
-      for (var j = i32(localIndex); j < ${n}; j += ${wg}) { s += acc[j]; }
+      ${cols(n, wg, `s += acc[j];`)}
       let norm = sqrt(reduceSum(s));
       if (localIndex == 0u) {
         result[0] = norm;

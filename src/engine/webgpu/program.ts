@@ -93,6 +93,10 @@ export const rowPrelude = (wg: number, rows: number | string) => `
   }
 `;
 
+/** The loop of a row program over its row's columns j in [0, n), strided by the workgroup's wg
+ *  threads (each thread its own j): the scaffolding every row kernel repeats, written once. */
+export const cols = (n: number | string, wg: number, body: string) => `for (var j = i32(localIndex); j < ${n}; j += ${wg}) { ${body} }`;
+
 /** Runs p on inputs into a new float32 output. */
 export const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[]) => b.runWebGPUProgram(p, inputs, "float32") as tf.TensorInfo;
 

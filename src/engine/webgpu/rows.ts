@@ -12,7 +12,7 @@ import { registerKernel, type Backend } from "../kernels.ts";
 import { RMS_NORM, RMS_NORM_DW, RMS_NORM_DX, RMS_NORM_GRAD } from "../rmsnorm.ts";
 import { SWIGLU, SWIGLU_GRAD } from "../rope-swiglu.ts";
 import { SOFTMAX, SOFTMAX_GRAD } from "../softmax.ts";
-import { f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule } from "./program.ts";
+import { f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule, cols } from "./program.ts";
 
 const K = {
   rmsNorm: RMS_NORM,
@@ -36,9 +36,9 @@ function rmsNormProgram(u: WebgpuModule["webgpu_util"], N: number, H: number, ep
     fn main(index: i32) {
       let o = row() * ${H};
       var ss = 0.0;
-      for (var j = i32(localIndex); j < ${H}; j += ${wg}) { let v = x[o + j]; ss += v * v; }
+      ${cols(H, wg, `let v = x[o + j]; ss += v * v;`)}
       let r = inverseSqrt(reduceSum(ss) / ${f32(H)} + ${f32(eps)});
-      if (rowOk()) { for (var j = i32(localIndex); j < ${H}; j += ${wg}) { result[o + j] = x[o + j] * r * w[j]; } }
+      if (rowOk()) { ${cols(H, wg, `result[o + j] = x[o + j] * r * w[j];`)} }
     }`,
   );
 }
@@ -56,7 +56,7 @@ function rmsRProgram(u: WebgpuModule["webgpu_util"], N: number, H: number, eps: 
     fn main(index: i32) {
       let o = row() * ${H};
       var ss = 0.0;
-      for (var j = i32(localIndex); j < ${H}; j += ${wg}) { let v = x[o + j]; ss += v * v; }
+      ${cols(H, wg, `let v = x[o + j]; ss += v * v;`)}
       let r = inverseSqrt(reduceSum(ss) / ${f32(H)} + ${f32(eps)});
       if (rowOk() && localIndex == 0u) { result[row()] = r; }
     }`,
@@ -78,10 +78,10 @@ function rmsDxProgram(u: WebgpuModule["webgpu_util"], N: number, H: number, eps:
       let o = row() * ${H};
       var ss = 0.0;
       var s = 0.0;
-      for (var j = i32(localIndex); j < ${H}; j += ${wg}) { let v = x[o + j]; ss += v * v; s += dy[o + j] * w[j] * v; }
+      ${cols(H, wg, `let v = x[o + j]; ss += v * v; s += dy[o + j] * w[j] * v;`)}
       let rr = inverseSqrt(reduceSum(ss) / ${f32(H)} + ${f32(eps)});
       let c = rr * rr * rr * reduceSum(s) / ${f32(H)};
-      if (rowOk()) { for (var j = i32(localIndex); j < ${H}; j += ${wg}) { result[o + j] = rr * dy[o + j] * w[j] - c * x[o + j]; } }
+      if (rowOk()) { ${cols(H, wg, `result[o + j] = rr * dy[o + j] * w[j] - c * x[o + j];`)} }
     }`,
   );
 }
@@ -165,12 +165,12 @@ function softmaxProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
       let S = uniforms.outShape[1];
       let o = row() * S;
       var m = -3.402823e+38;
-      for (var j = i32(localIndex); j < S; j += ${wg}) { m = max(m, x[o + j]); }
+      ${cols("S", wg, `m = max(m, x[o + j]);`)}
       m = reduceMax(m);
       var s = 0.0;
-      for (var j = i32(localIndex); j < S; j += ${wg}) { s += exp(x[o + j] - m); }
+      ${cols("S", wg, `s += exp(x[o + j] - m);`)}
       let inv = 1.0 / reduceSum(s);
-      if (rowOk()) { for (var j = i32(localIndex); j < S; j += ${wg}) { result[o + j] = exp(x[o + j] - m) * inv; } }
+      if (rowOk()) { ${cols("S", wg, `result[o + j] = exp(x[o + j] - m) * inv;`)} }
     }`,
   );
 }
@@ -188,9 +188,9 @@ function softmaxGradProgram(u: WebgpuModule["webgpu_util"], R: number, S: number
     fn main(index: i32) {
       let o = row() * ${S};
       var s = 0.0;
-      for (var j = i32(localIndex); j < ${S}; j += ${wg}) { s += dy[o + j] * y[o + j]; }
+      ${cols(S, wg, `s += dy[o + j] * y[o + j];`)}
       let t = reduceSum(s);
-      if (rowOk()) { for (var j = i32(localIndex); j < ${S}; j += ${wg}) { result[o + j] = y[o + j] * (dy[o + j] - t); } }
+      if (rowOk()) { ${cols(S, wg, `result[o + j] = y[o + j] * (dy[o + j] - t);`)} }
     }`,
   );
 }

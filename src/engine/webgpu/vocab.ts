@@ -6,7 +6,7 @@ import type * as tf from "@tensorflow/tfjs";
 import { DRAW_ROWS, drawCall } from "../draw.ts";
 import { registerKernel, type Backend } from "../kernels.ts";
 import { DLOGITS, LOGP } from "../logprob.ts";
-import { f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule } from "./program.ts";
+import { f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule, cols } from "./program.ts";
 
 const K = { logp: LOGP, dLogits: DLOGITS };
 
@@ -23,16 +23,18 @@ function logpProgram(u: WebgpuModule["webgpu_util"], n: number, V: number) {
     fn main(index: i32) {
       let o = row() * ${V};
       var m = -3.402823e+38;
-      for (var j = i32(localIndex); j < ${V}; j += ${wg}) { m = max(m, logits[o + j]); }
+      ${cols(V, wg, `m = max(m, logits[o + j]);`)}
       m = reduceMax(m);
       var s = 0.0;
       var sx = 0.0;
-      for (var j = i32(localIndex); j < ${V}; j += ${wg}) {
-        let x = logits[o + j];
+      ${cols(
+        V,
+        wg,
+        `let x = logits[o + j];
         let e = exp(x - m);
         s += e;
-        sx += e * (x - m);
-      }
+        sx += e * (x - m);`,
+      )}
       let S = reduceSum(s);
       let SX = reduceSum(sx);
       if (rowOk() && localIndex == 0u) {
@@ -57,15 +59,15 @@ function dLogitsProgram(u: WebgpuModule["webgpu_util"], n: number, V: number) {
     fn main(index: i32) {
       let o = row() * ${V};
       var m = -3.402823e+38;
-      for (var j = i32(localIndex); j < ${V}; j += ${wg}) { m = max(m, logits[o + j]); }
+      ${cols(V, wg, `m = max(m, logits[o + j]);`)}
       m = reduceMax(m);
       var s = 0.0;
-      for (var j = i32(localIndex); j < ${V}; j += ${wg}) { s += exp(logits[o + j] - m); }
+      ${cols(V, wg, `s += exp(logits[o + j] - m);`)}
       let d = dy[row() * 2];
       let c = -d / reduceSum(s);
       let t = targets[row()];
       if (rowOk()) {
-        for (var j = i32(localIndex); j < ${V}; j += ${wg}) { result[o + j] = c * exp(logits[o + j] - m) + select(0.0, d, j == t); }
+        ${cols(V, wg, `result[o + j] = c * exp(logits[o + j] - m) + select(0.0, d, j == t);`)}
       }
     }`,
   );
@@ -120,7 +122,7 @@ function drawProgram(u: WebgpuModule["webgpu_util"], B: number, V: number, T: nu
   fn main(index: i32) {
     let o = row() * ${V};
     var m = -3.4028234663852886e38;
-    for (var j = i32(localIndex); j < ${V}; j += ${wg}) { let v = x[o + j]; if (v > m) { m = v; } }
+    ${cols(V, wg, `let v = x[o + j]; if (v > m) { m = v; }`)}
     m = reduceMax(m);
     let j0 = i32(localIndex) * ${C};
     let j1 = min(${V}, j0 + ${C});
@@ -184,10 +186,12 @@ function greedyProgram(u: WebgpuModule["webgpu_util"], B: number, V: number) {
     let o = row() * ${V};
     var m = -3.4028234663852886e38;
     var best = ${V};
-    for (var j = i32(localIndex); j < ${V}; j += ${wg}) {
-      let v = x[o + j];
-      if (v > m) { m = v; best = j; }
-    }
+    ${cols(
+      V,
+      wg,
+      `let v = x[o + j];
+      if (v > m) { m = v; best = j; }`,
+    )}
     let top = reduceMax(m);
     at[localIndex] = select(${V}, best, m == top);
     workgroupBarrier();
