@@ -17,7 +17,7 @@ import { encodePrompts, rolloutGroups, stopTokenIds, type Trajectory } from "../
 import { Rng } from "../util/rng.ts";
 import { CHAT_FLAGS, CHAT_HELP, chatCommand, TINY_CHAT_PRESET, type ChatFlags } from "./chat-flags.ts";
 import { TINY_EVAL_MODELS } from "./eval-run.ts";
-import { parseFlags } from "./flags.ts";
+import { parseFlags, samplingSettings, turnSettings } from "./flags.ts";
 import { engineOptions, toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy, type Policy } from "./policy.ts";
 import { openGenerationEngine } from "./rollout-engine.ts";
@@ -196,15 +196,14 @@ export class ChatSession {
     this.checkFits(conversation, tools);
     const generate = this.o.generate ?? ((p, c) => rolloutGroups(this.model, this.tokenizer, p, c));
     const [traj] = await generate([conversation], {
-      samplesPerPrompt: 1,
-      maxNewTokens: this.o.max_new_tokens,
-      maxTurns: this.toolsOn ? this.o.max_turns : 1, // tools off: the first turn is the answer
-      temperature: this.temperature,
-      topP: this.o.top_p,
-      topK: 0,
+      ...samplingSettings({ samples_per_prompt: 1, temperature: this.temperature, top_p: this.o.top_p, top_k: 0 }),
+      ...turnSettings({
+        max_new_tokens: this.o.max_new_tokens,
+        max_turns: this.toolsOn ? this.o.max_turns : 1, // tools off: the first turn is the answer
+        tools_in_prompt: this.toolsOn && this.o.tools_in_prompt,
+      }),
       rng: this.rng,
       tools,
-      toolsInPrompt: this.toolsOn && this.o.tools_in_prompt,
       onToken: (_row, id, forced) => streamer.push(id, forced),
       signal,
     });

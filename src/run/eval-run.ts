@@ -28,7 +28,7 @@ import { writeFileAtomic, exists } from "../util/fs.ts";
 import { checkDataset, loadExamples, type Purpose } from "./data.ts";
 import { EVAL_FLAGS, evalCommand, TINY_EVAL_PRESET, type EvalFlags } from "./eval-flags.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
-import { defaultsOf, parseFlags } from "./flags.ts";
+import { defaultsOf, parseFlags, turnSettings } from "./flags.ts";
 import { engineOptions, toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
 import { openGenerationEngine } from "./rollout-engine.ts";
@@ -252,9 +252,7 @@ export async function evaluateModel(
         samplesPerPrompt: p.samples_per_prompt,
         temperature: p.temperature,
         batchSize: p.batch_size,
-        maxNewTokens: p.max_new_tokens,
-        maxTurns: p.max_turns,
-        toolsInPrompt: p.tools_in_prompt,
+        ...turnSettings(p),
         seed: p.seed,
         tools,
         envs: run.envs,

@@ -133,3 +133,23 @@ export function defaultsOf<F extends FlagTable>(table: F): OptionsOf<F> {
   for (const [key, f] of Object.entries(table)) out[key] = f.default ?? (/^--no-/.test(f.spec) ? true : undefined);
   return out as OptionsOf<F>;
 }
+
+/** A rollout's turn budget from a run's flags (snake_case) in the rollout's names: the one mapping
+ *  GRPO, its closing evaluation, eval, SFT's evaluation and chat use. */
+export function turnSettings(f: { max_new_tokens: number; max_turns: number; tools_in_prompt: boolean }): {
+  maxNewTokens: number;
+  maxTurns: number;
+  toolsInPrompt: boolean;
+} {
+  return { maxNewTokens: f.max_new_tokens, maxTurns: f.max_turns, toolsInPrompt: f.tools_in_prompt };
+}
+
+/** How a run samples its rollouts, from its flags, in the rollout's names. */
+export function samplingSettings(f: { samples_per_prompt: number; temperature: number; top_p: number; top_k: number }): {
+  samplesPerPrompt: number;
+  temperature: number;
+  topP: number;
+  topK: number;
+} {
+  return { samplesPerPrompt: f.samples_per_prompt, temperature: f.temperature, topP: f.top_p, topK: f.top_k };
+}

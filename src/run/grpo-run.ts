@@ -32,7 +32,7 @@ import { closingEvaluation, Interrupted, watchInterrupts } from "./shutdown.ts";
 import { dataStream, environmentSplit, heldOutCutsTraining, loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, type Policy } from "./policy.ts";
-import { runIdentity } from "./flags.ts";
+import { runIdentity, turnSettings } from "./flags.ts";
 import { GRPO_FLAGS, settleGrpoConfig, TINY_GRPO, type GrpoRunConfig } from "./grpo-flags.ts";
 import { describeLoss, engineMetrics, engineSampling, ENV_LINE, EnvFailures, grpoConfig, grpoRollouts, lossFields } from "./grpo-step.ts";
 import { rolloutsOf, scoreStep, stepMetrics, type RolloutScorer } from "./grpo-step.ts";
@@ -305,9 +305,7 @@ async function train(
       evalResult = await closingEvaluation(stop, finalDir, report, (signal) =>
         finalEvaluation(model, tokenizer, heldOut, {
           generate: (prompts, rc) => engine!.generate(prompts, rc), // evaluated as it was trained
-          maxNewTokens: cfg.max_new_tokens,
-          maxTurns: cfg.max_turns,
-          toolsInPrompt: cfg.tools_in_prompt,
+          ...turnSettings(cfg),
           seed: cfg.seed,
           tools,
           envs: c.envs ?? undefined,

@@ -13,6 +13,7 @@ import type { GrpoConfig, GrpoRollout, GrpoStats } from "../trainer/grpo.ts";
 import { GRPO_LINE, meanStd, memoryFields } from "../trainer/metrics.ts";
 import type { GrpoFlags } from "./grpo-flags.ts";
 import { mean } from "../trainer/stats.ts";
+import { samplingSettings, turnSettings } from "./flags.ts";
 
 /** A step's rollouts on the engine. With an environment each task's prompt is its first observation
  *  and each row acts in its own instance, open for the step only. Step s draws from seed·1000003 + s. */
@@ -44,15 +45,7 @@ export async function rolloutsOf(
 
 /** How the engine samples, from the run's flags. */
 export function engineSampling(cfg: GrpoFlags): EngineSampling {
-  return {
-    samplesPerPrompt: cfg.samples_per_prompt,
-    maxNewTokens: cfg.max_new_tokens,
-    maxTurns: cfg.max_turns,
-    temperature: cfg.temperature,
-    topP: cfg.top_p,
-    topK: cfg.top_k,
-    toolsInPrompt: cfg.tools_in_prompt,
-  };
+  return { ...samplingSettings(cfg), ...turnSettings(cfg) };
 }
 
 /** The update's configuration from the run's flags. */

@@ -28,7 +28,7 @@ import { Rng } from "../util/rng.ts";
 import { heldOutCutsTraining, loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
 import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir } from "./policy.ts";
-import { runIdentity } from "./flags.ts";
+import { runIdentity, turnSettings } from "./flags.ts";
 import { defaultOutputDir, loraTargets } from "./options.ts";
 import { SFT_FLAGS, type SftFlags } from "./sft-flags.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
@@ -226,9 +226,7 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
       log(`saved ${cfg.full ? "model" : "adapter"} to ${finalDir}`);
       evalResult = await closingEvaluation(stop, finalDir, report, (signal) =>
         finalEvaluation(model, tokenizer, heldOut, {
-          maxNewTokens: cfg.eval_max_new_tokens,
-          maxTurns: cfg.max_turns,
-          toolsInPrompt: cfg.tools_in_prompt,
+          ...turnSettings({ ...cfg, max_new_tokens: cfg.eval_max_new_tokens }),
           seed: cfg.seed,
           tools: toolSet.tools,
           outputDir: cfg.output_dir,
