@@ -196,21 +196,7 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
   const oldLogp: (tf.Tensor2D | null)[] = [];
   const refLogp: (tf.Tensor2D | null)[] = [];
   const vars = model.trainableVariables();
-  const totals = {
-    loss: 0,
-    gradNorm: 0,
-    tokens: 0,
-    lowClipped: 0,
-    highClipped: 0,
-    kl: 0,
-    ratio: 0,
-    entropy: 0,
-    entropyTokens: 0,
-    gap: 0,
-    delta: 0,
-    gapTokens: 0,
-    tisClipped: 0,
-  };
+  const totals = newTotals();
   const tis = behaviour !== null && !cfg.offPolicy && (cfg.tisCap ?? 0) > 0;
   // One micro-batch's forward and backward, its gradients added to acc and its sums to the totals.
   let acc: tf.NamedTensorMap | null = null;
@@ -246,25 +232,7 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
     acc = accumulateGrads(acc, grads);
     loss += (await value.data())[0];
     value.dispose();
-    const s = await readSums(sums!);
-    totals.tokens += it === 0 ? s.tokens : 0;
-    totals.lowClipped += s.lowClipped;
-    totals.highClipped += s.highClipped;
-    totals.kl += s.kl;
-    totals.ratio += s.ratio;
-    if (gapSums !== undefined) {
-      const [g, dl, n, cut] = await (gapSums as tf.Tensor1D).data();
-      (gapSums as tf.Tensor1D).dispose();
-      totals.gap += g;
-      totals.delta += dl;
-      totals.gapTokens += n;
-      totals.tisClipped += cut;
-    }
-    if (entropySum !== null) {
-      totals.entropy += (await (entropySum as tf.Scalar).data())[0];
-      totals.entropyTokens += s.tokens;
-      (entropySum as tf.Scalar).dispose();
-    }
+    await addSums(totals, sums!, gapSums, entropySum, it === 0);
   };
   try {
     const fixed = async () => {
@@ -335,6 +303,71 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
     seconds,
     microBatch: { count: mbs.length, rows: Math.max(...mbs.map((m) => m.ids.length)) },
   };
+}
+
+/** What a step sums over its micro-batches and iterations, read from the device after each. */
+interface Totals {
+  loss: number;
+  gradNorm: number;
+  tokens: number;
+  lowClipped: number;
+  highClipped: number;
+  kl: number;
+  ratio: number;
+  entropy: number;
+  entropyTokens: number;
+  gap: number;
+  delta: number;
+  gapTokens: number;
+  tisClipped: number;
+}
+
+function newTotals(): Totals {
+  return {
+    loss: 0,
+    gradNorm: 0,
+    tokens: 0,
+    lowClipped: 0,
+    highClipped: 0,
+    kl: 0,
+    ratio: 0,
+    entropy: 0,
+    entropyTokens: 0,
+    gap: 0,
+    delta: 0,
+    gapTokens: 0,
+    tisClipped: 0,
+  };
+}
+
+/** A micro-step's sums into the totals (tokens and entropy on the first iteration only), their
+ *  tensors disposed. */
+async function addSums(
+  totals: Totals,
+  sums: ReturnType<typeof policyLoss>["sums"],
+  gapSums: tf.Tensor1D | undefined,
+  entropySum: tf.Scalar | null,
+  first: boolean,
+): Promise<void> {
+  const s = await readSums(sums);
+  totals.tokens += first ? s.tokens : 0;
+  totals.lowClipped += s.lowClipped;
+  totals.highClipped += s.highClipped;
+  totals.kl += s.kl;
+  totals.ratio += s.ratio;
+  if (gapSums !== undefined) {
+    const [g, dl, n, cut] = await gapSums.data();
+    gapSums.dispose();
+    totals.gap += g;
+    totals.delta += dl;
+    totals.gapTokens += n;
+    totals.tisClipped += cut;
+  }
+  if (entropySum !== null) {
+    totals.entropy += (await entropySum.data())[0];
+    totals.entropyTokens += s.tokens;
+    entropySum.dispose();
+  }
 }
 
 /** The behaviour log-probs' terms of a micro-batch (inside its gradient tape): where the engine gave
