@@ -1,12 +1,13 @@
 /** Generation on a Qwen2 model: the prefill (each distinct row once, rows in groups whose
  *  activations stay within prefillBytes), decode steps against the KV cache, and the base held
- *  unpacked, with the adapter merged into it or its factors held, while generating. */
+ *  unpacked, with the adapter merged into it or its factors held, while generating; and adapter
+ *  swaps (a server switching adapters per decode batch). */
 import * as tf from "@tensorflow/tfjs";
 import { backendProfile } from "../engine/profile.ts";
 import { checkBatch } from "./attention.ts";
 import { layerTapeBytes } from "./config.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
-import { moduleDims } from "./lora.ts";
+import { moduleDims, type LoraAdapter } from "./lora.ts";
 import type { Qwen2ForCausalLM } from "./qwen2.ts";
 import { FUSED, FUSED_MODULES, type ForwardOptions, type KVCache, type LoraTarget, type UnpackOptions } from "./types.ts";
 import { unpackLinear } from "./weight.ts";
@@ -82,6 +83,16 @@ function step(m: Qwen2ForCausalLM, ids: number[][], mask: number[][], cache: Qwe
   cache.mask = cache.mask.map((r, b) => r.concat(mask[b]));
   cache.count = cache.count.map((c, b) => c + mask[b].reduce((s, m) => s + (m ? 1 : 0), 0));
   return out.logits;
+}
+
+/** Qwen2ForCausalLM.swapAdapter: attach `adapter` (or none), handing back the one before (not
+ *  disposed); refused while an adapter is merged into the unpacked base, unless it is that one. */
+export function swapAdapter(m: Qwen2ForCausalLM, adapter: LoraAdapter | null): LoraAdapter | null {
+  if (m.merged && adapter !== m.merged)
+    throw new Error("swapAdapter: the adapter is merged into the unpacked base (unpackBase mergeAdapter); release it first");
+  const before = m.loraAdapter;
+  m.attach(adapter);
+  return before;
 }
 
 /** Qwen2ForCausalLM.unpackBase (its doc there). */

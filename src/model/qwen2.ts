@@ -371,17 +371,17 @@ export class Qwen2ForCausalLM implements CausalLM {
   /** Attach another adapter (or none) and hand back the one attached before, not disposed: a server
    *  holding several adapters switches between them per decode batch (serve/openai/batcher.ts). */
   swapAdapter(adapter: LoraAdapter | null): LoraAdapter | null {
-    if (this.merged && adapter !== this.merged)
-      throw new Error("swapAdapter: the adapter is merged into the unpacked base (unpackBase mergeAdapter); release it first");
-    const before = this.adapter;
-    this.adapter = adapter;
-    (this as { lora: LoraConfig | null }).lora = adapter ? adapter.config : null;
-    return before;
+    return generation.swapAdapter(this, adapter);
   }
 
   /** Replace (or remove, with null) the attached adapter; the old one is disposed. */
   setAdapter(adapter: LoraAdapter | null): void {
-    this.adapter?.dispose();
+    this.loraAdapter?.dispose();
+    this.attach(adapter);
+  }
+
+  /** Make `adapter` (or none) the attached one (generation.ts' swaps). */
+  attach(adapter: LoraAdapter | null): void {
     this.adapter = adapter;
     (this as { lora: LoraConfig | null }).lora = adapter ? adapter.config : null;
   }
