@@ -114,8 +114,16 @@ export function noUpdateStats(rollouts: number): GrpoStats {
   };
 }
 
-/** A micro-step of an "auto" micro-batch ran out of device memory before anything was applied. */
-class TrialOutOfMemory extends Error {}
+/** A micro-step of an "auto" micro-batch (`rows` rollouts of `length` tokens) ran out of device
+ *  memory before anything was applied. */
+class TrialOutOfMemory extends Error {
+  constructor(
+    readonly rows: number,
+    readonly length: number,
+  ) {
+    super(`${rows} rollouts of ${length} tokens ran out of device memory`);
+  }
+}
 
 /** Tokens per micro-batch an "auto" split may hold, per model, after one ran out of device memory. */
 const autoTokenCap = new WeakMap<CausalLM, number>();
@@ -128,7 +136,7 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
       return await grpoStepOnce(model, optimizer, batch, cfg);
     } catch (err) {
       if (!(err instanceof TrialOutOfMemory)) throw err;
-      const [rows, length] = JSON.parse(err.message) as [number, number];
+      const { rows, length } = err;
       if (rows <= 1)
         throw new Error(
           `one rollout of ${length} tokens does not fit the GPU's memory for a training step; use shorter rollouts (--max_new_tokens) or a GPU with more memory`,
@@ -247,20 +255,19 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
         seconds.reference += now() - t1;
       }
     };
-    const outOfMemory = () => new TrialOutOfMemory(JSON.stringify([mbs[0].ids.length, mbs[0].ids[0].length]));
-    if (auto && cfg.numIterations + cfg.beta > 1) {
-      if (await deviceOutOfMemory(fixed)) throw outOfMemory();
-    } else await fixed();
+    // An "auto" split's first passes are its trial: the largest micro-batch (longest rows first),
+    // before anything is applied. An out-of-memory error there restarts the step with fewer rows.
+    const trial = async (f: () => Promise<void>) => {
+      if (!auto) return f();
+      if (await deviceOutOfMemory(f)) throw new TrialOutOfMemory(mbs[0].ids.length, mbs[0].ids[0].length);
+    };
+    await (cfg.numIterations > 1 || cfg.beta > 0 ? trial(fixed) : fixed()); // otherwise fixed runs no forward
     for (let it = 0; it < cfg.numIterations; it++) {
       acc = null;
       loss = 0;
       try {
         for (let i = 0; i < mbs.length; i++) {
-          // The first micro-step of an "auto" split is its trial: it is the largest (longest rows
-          // first), and nothing has been applied yet.
-          if (auto && it === 0 && i === 0) {
-            if (await deviceOutOfMemory(() => microStep(i, it))) throw outOfMemory(); // acc is freed below
-          } else await microStep(i, it);
+          await (it === 0 && i === 0 ? trial(() => microStep(i, it)) : microStep(i, it)); // acc is freed below
         }
         if (!Number.isFinite(loss)) throw new NonFiniteError("GRPO loss", loss);
         const t0 = now();
