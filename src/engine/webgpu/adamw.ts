@@ -5,8 +5,7 @@
  *  path's order of operations. */
 import type * as tf from "@tensorflow/tfjs";
 import { setWebgpuAdamW, type AdamWConstants } from "../adamw.ts";
-import type { Backend } from "../kernels.ts";
-import { RowProgram, rowPrelude, type WebgpuModule, cols } from "./program.ts";
+import { cols, RowProgram, rowPrelude, run, writeInto, type WebgpuModule } from "./program.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 const WG = 256;
@@ -116,17 +115,11 @@ function paramProgram(u: Util, n: number) {
 export function registerWebgpuAdamW(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
   const size = (t: tf.TensorInfo) => t.shape.reduce((a, b) => a * b, 1);
-  /** Run p with `out` as its output, written in place (a copy read back earlier is stale then). */
-  const into = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[], uniforms: object[], out: tf.TensorInfo) => {
-    b.runWebGPUProgram(p, inputs, "float32", uniforms, out);
-    b.tensorMap.get(out.dataId).values = null;
-  };
   setWebgpuAdamW({
     sumSquares: (b, grads, acc, pos) =>
-      into(b, sumSquaresProgram(u, grads.map(size), size(acc)), grads, [{ type: "int32", data: [pos] }], acc),
-    normCoef: (b, acc, maxNorm) =>
-      b.runWebGPUProgram(normCoefProgram(u, size(acc)), [acc], "float32", [{ type: "float32", data: [maxNorm] }]),
-    moments: (b, state, g, nc, k) => into(b, momentsProgram(u, size(g)), [g, nc], adamUniforms(k), state),
-    param: (b, theta, state, nc, k) => b.runWebGPUProgram(paramProgram(u, size(theta)), [theta, state, nc], "float32", adamUniforms(k)),
+      writeInto(b, sumSquaresProgram(u, grads.map(size), size(acc)), grads, acc, [{ type: "int32", data: [pos] }]),
+    normCoef: (b, acc, maxNorm) => run(b, normCoefProgram(u, size(acc)), [acc], [{ type: "float32", data: [maxNorm] }]),
+    moments: (b, state, g, nc, k) => writeInto(b, momentsProgram(u, size(g)), [g, nc], state, adamUniforms(k)),
+    param: (b, theta, state, nc, k) => run(b, paramProgram(u, size(theta)), [theta, state, nc], adamUniforms(k)),
   });
 }

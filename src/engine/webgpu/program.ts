@@ -97,8 +97,9 @@ export const rowPrelude = (wg: number, rows: number | string) => `
  *  threads (each thread its own j): the scaffolding every row kernel repeats, written once. */
 export const cols = (n: number | string, wg: number, body: string) => `for (var j = i32(localIndex); j < ${n}; j += ${wg}) { ${body} }`;
 
-/** Runs p on inputs into a new float32 output. */
-export const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[]) => b.runWebGPUProgram(p, inputs, "float32") as tf.TensorInfo;
+/** Runs p on inputs into a new float32 output (uniforms: the program's own, e.g. a step's constants). */
+export const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[], uniforms?: object[]) =>
+  b.runWebGPUProgram(p, inputs, "float32", uniforms) as tf.TensorInfo;
 
 /** Runs p with dst as its output, written in place (uniforms: the program's own, e.g. a position);
  *  a copy of dst read back earlier is stale then. */

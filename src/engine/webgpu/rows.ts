@@ -12,7 +12,7 @@ import { registerKernel, type Backend } from "../kernels.ts";
 import { RMS_NORM, RMS_NORM_DW, RMS_NORM_DX, RMS_NORM_GRAD } from "../rmsnorm.ts";
 import { SWIGLU, SWIGLU_GRAD } from "../rope-swiglu.ts";
 import { SOFTMAX, SOFTMAX_GRAD } from "../softmax.ts";
-import { f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule, cols } from "./program.ts";
+import { cols, f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule } from "./program.ts";
 
 const K = {
   rmsNorm: RMS_NORM,

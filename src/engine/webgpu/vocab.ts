@@ -6,7 +6,7 @@ import type * as tf from "@tensorflow/tfjs";
 import { DRAW_ROWS, drawCall } from "../draw.ts";
 import { registerKernel, type Backend } from "../kernels.ts";
 import { DLOGITS, LOGP } from "../logprob.ts";
-import { f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule, cols } from "./program.ts";
+import { cols, f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule } from "./program.ts";
 
 const K = { logp: LOGP, dLogits: DLOGITS };
 
