@@ -100,9 +100,11 @@ export const GRPO_FLAGS = {
     "rollouts per forward/backward, at most (memory knob; results do not change up to float rounding). On wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 tokens). auto: on a GPU as many as fit half its memory beside the weights (estimated from shapes; an out-of-memory error in the step's first micro-step halves it), on wasm the 1 GiB rule alone",
     (v: string): number | "auto" => {
       if (v.trim() === "auto") return "auto";
-      if (!/^\s*\d+\s*$/.test(v) || Number(v) < 1)
+      try {
+        return parseIntArg("micro_batch_size", 1)(v);
+      } catch {
         throw new UsageError(`--micro_batch_size ${JSON.stringify(v)}: expected a whole number ≥ 1 or auto`);
-      return parseIntArg("micro_batch_size", 1)(v);
+      }
     },
     8,
   ),

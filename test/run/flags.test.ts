@@ -38,6 +38,12 @@ describe("flag tables", () => {
     expect(() => grpo("--total_epochs", "0")).toThrow(/--max_steps "0": expected a whole number >= 1/);
   });
 
+  it("take --micro_batch_size as a whole number ≥ 1 or auto, refusing anything else in one line", () => {
+    expect(grpo("--micro_batch_size", "auto").o.micro_batch_size).toBe("auto");
+    expect(grpo("--micro_batch_size", "3").o.micro_batch_size).toBe(3);
+    for (const bad of ["0", "2.5", "big"]) expect(() => grpo("--micro_batch_size", bad)).toThrow(/expected a whole number ≥ 1 or auto$/);
+  });
+
   it("let explicit flags win over the preset", () => {
     const { o, preset } = grpo("--preset", "tiny", "--learning_rate", "0.1");
     expect(preset).toBe("tiny");
