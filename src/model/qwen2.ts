@@ -96,6 +96,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     return linearBytes(this.weights);
   }
 
+  /** The vocabulary head: the untied lm_head, else the tied embedding. */
   get head(): BaseWeight {
     return this.weights.lmHeadT ?? this.weights.embedT;
   }

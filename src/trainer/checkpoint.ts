@@ -11,7 +11,7 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { BadFileError, UsageError } from "../util/errors.ts";
 import { readSafetensorsAll, SafetensorsFile, writeSafetensors } from "../model/safetensors.ts";
-import { writeDirAtomic, writeFileAtomic, exists } from "../util/fs.ts";
+import { exists, isDir, writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
 
 /** Named F32 tensors as exported by the optimizer (e.g. `m/<var>`, `v/<var>`). */
 export type OptimizerState = Record<string, { shape: number[]; data: Float32Array }>;
@@ -101,13 +101,6 @@ export async function pruneCheckpoints(runDir: string, keep: number, protect?: s
       await fs.rm(path.join(runDir, n), { recursive: true, force: true });
   }
   return removed;
-}
-
-async function isDir(p: string): Promise<boolean> {
-  return fs.stat(p).then(
-    (s) => s.isDirectory(),
-    () => false,
-  );
 }
 
 /** A checkpoint folder, or a run folder (then its `latest`, else its newest checkpoint). */

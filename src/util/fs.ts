@@ -113,3 +113,11 @@ export async function isFile(p: string): Promise<boolean> {
     () => false,
   );
 }
+
+/** Whether a folder is at `p`. */
+export async function isDir(p: string): Promise<boolean> {
+  return fs.stat(p).then(
+    (s) => s.isDirectory(),
+    () => false,
+  );
+}
