@@ -83,6 +83,31 @@ export function mmFrozenLeft(x: tf.Tensor2D, w: tf.Tensor2D): tf.Tensor2D {
   return f(x) as tf.Tensor2D;
 }
 
+/** The two halves of a product with a frozen w [K, N], for ops that wrap them in a gradient of their
+ *  own (mmFrozen, lora-linear.ts): x·w plus the bias and an addend, and dy·wᵀ plus an addend, each
+ *  addend the product's epilogue (callers use it where the profile has fusedAddend). `w` is
+ *  re-fetched for the backward pass, so a dequantized weight need not stay alive. */
+export interface FrozenProduct {
+  forward(x: tf.Tensor2D, addend?: tf.Tensor2D): tf.Tensor2D;
+  inputGrad(dy: tf.Tensor2D, addend?: tf.Tensor2D): tf.Tensor2D;
+}
+
+export function frozenProduct(w: () => tf.Tensor2D, wForward?: tf.Tensor2D, bias?: tf.Tensor1D): FrozenProduct {
+  const product = (xx: tf.Tensor2D, ww: tf.Tensor2D, add?: tf.Tensor2D) => {
+    const epilogue = add && bias ? tf.add(add, bias) : (add ?? bias);
+    return epilogue ? (tf.fused.matMul({ a: xx, b: ww, bias: epilogue }) as tf.Tensor2D) : (tf.matMul(xx, ww) as tf.Tensor2D);
+  };
+  return {
+    forward: (xx, add) => (wForward ? product(xx, wForward, add) : tf.tidy(() => product(xx, w(), add))),
+    inputGrad: (dy, add) =>
+      tf.tidy(() => {
+        if (!add) return matMulBT(dy, w());
+        const t = flagsFor(dy.shape[1]);
+        return tf.fused.matMul({ a: dy, b: t ? w() : tf.transpose(w()), transposeB: t, bias: add }) as tf.Tensor2D;
+      }),
+  };
+}
+
 /** x [M, K] · w [K, N] with w frozen (no gradient computed for it; `w` is re-fetched for the backward
  *  pass, so a dequantized weight need not stay alive). Plus, where given, a frozen bias [N] and an
  *  addend [M, N] that is differentiated (a residual): with the profile's fusedAddend both are the
@@ -99,20 +124,18 @@ export function mmFrozen(
     const b: tf.Tensor2D = bias ? tf.add(y, bias) : y;
     return addend ? tf.add(addend, b) : b;
   }
-  const product = (xx: tf.Tensor2D, ww: tf.Tensor2D, add?: tf.Tensor2D) => {
-    const epilogue = add && bias ? tf.add(add, bias) : (add ?? bias);
-    return epilogue ? (tf.fused.matMul({ a: xx, b: ww, bias: epilogue }) as tf.Tensor2D) : tf.matMul(xx, ww);
-  };
-  const forward = (xx: tf.Tensor2D, add?: tf.Tensor2D) => (wForward ? product(xx, wForward, add) : tf.tidy(() => product(xx, w(), add)));
-  const backward = (dy: tf.Tensor2D) => tf.tidy(() => matMulBT(dy, w()));
+  const p = frozenProduct(w, wForward, bias);
   if (addend) {
     const f = tf.customGrad(((xx: tf.Tensor2D, aa: tf.Tensor2D) => ({
-      value: forward(xx, aa),
-      gradFunc: (dy: tf.Tensor2D) => [backward(dy), tf.clone(dy)],
+      value: p.forward(xx, aa),
+      gradFunc: (dy: tf.Tensor2D) => [p.inputGrad(dy), tf.clone(dy)],
     })) as unknown as CustomGradFn);
     return f(x, addend) as tf.Tensor2D;
   }
-  const f = tf.customGrad(((xx: tf.Tensor2D) => ({ value: forward(xx), gradFunc: backward })) as unknown as CustomGradFn);
+  const f = tf.customGrad(((xx: tf.Tensor2D) => ({
+    value: p.forward(xx),
+    gradFunc: (dy: tf.Tensor2D) => p.inputGrad(dy),
+  })) as unknown as CustomGradFn);
   return f(x) as tf.Tensor2D;
 }
 

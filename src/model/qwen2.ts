@@ -112,15 +112,20 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   /** One fused module: x [N, in] → [N, out] (its members' outputs side by side), with the q/k/v
-   *  bias and its members' LoRA terms as one tensor (lora.ts addFusedDelta), plus `residual` where
+   *  bias and its members' LoRA terms as one tensor (on webgpu one op, lora.ts linear; elsewhere
+   *  lora.ts addFusedDelta), plus `residual` where
    *  given: where the backend profile has fusedAddend, it is the base product's epilogue (one dispatch
    *  fewer), elsewhere added last, residual + projection, as the layer always summed. */
   private proj(layer: number, f: FusedModule, x: tf.Tensor2D, opts: ForwardOptions, residual?: tf.Tensor2D): tf.Tensor2D {
     if (residual && !backendProfile().fusedAddend) return tf.add(residual, this.proj(layer, f, x, opts));
-    const lw = this.weights.layers[layer];
-    let y = lw.proj[f].matmul(x, { bias: f === "qkv_proj" ? lw.qkvBias : undefined, addend: residual });
-    const ad = this.adapter;
-    if (ad && opts.adapters !== false && this.merged !== ad)
+    const lw = this.weights.layers[layer],
+      bias = f === "qkv_proj" ? lw.qkvBias : undefined;
+    const ad = this.adapter,
+      lora = ad && opts.adapters !== false && this.merged !== ad;
+    const one = lora ? ad.linear(layer, FUSED[f], x, opts.training === true, () => lw.proj[f].frozen(bias), residual) : null;
+    if (one) return one;
+    let y = lw.proj[f].matmul(x, { bias, addend: residual });
+    if (lora)
       y = ad.addFusedDelta(
         layer,
         FUSED[f],

@@ -10,7 +10,7 @@
  *  held as column blocks [in, outᵢ]: products are computed per block and concatenated, lookups
  *  gather from every block and keep the block that holds each id. Nothing ever binds the whole. */
 import * as tf from "@tensorflow/tfjs";
-import { matMulBT, mm, mmFrozen, mmFrozenLeft } from "../engine/matmul.ts";
+import { frozenProduct, matMulBT, mm, mmFrozen, mmFrozenLeft, type FrozenProduct } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { QuantizedMatrix } from "./quant.ts";
 import { FUSED_MODULES, type FusedModule, type Quantize } from "./types.ts";
@@ -112,6 +112,20 @@ export class BaseWeight {
     const y = this.product(x);
     const b: tf.Tensor2D = extra.bias ? tf.add(y, extra.bias) : y;
     return extra.addend ? tf.add(extra.addend, b) : b;
+  }
+
+  /** The product's halves (matmul.ts frozenProduct) with this frozen matrix and `bias`, for ops that
+   *  hold it inside their own gradient (lora-linear.ts); null for the matrices mmFrozen does not take
+   *  (trained, in column blocks, or held [out, in]). */
+  frozen(bias?: tf.Tensor1D): FrozenProduct | null {
+    if (this.isVariable || this.parts || this.left) return null;
+    const f32 = this.f32,
+      u = this.unpacked,
+      q = this.quant;
+    if (f32) return frozenProduct(() => f32, f32, bias);
+    if (u && !u.left) return frozenProduct(() => u.w, u.w, bias);
+    if (!u && q) return frozenProduct(() => q.dequantize(), undefined, bias);
+    return null;
   }
 
   /** x · W for the weights mmFrozen does not take: trained, split in parts, or held [out, in]. */

@@ -13,6 +13,7 @@ import { execFileSync } from "node:child_process";
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { totalmem } from "node:os";
 import { registerWebgpuDequantize } from "./dequant.ts";
+import { withWrites } from "./program.ts";
 
 /** What the adapter is, as printed once when the backend starts. */
 export interface WebgpuAdapterInfo {
@@ -176,11 +177,15 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   (await import("./heads.ts")).registerWebgpuHeads(mod);
   (await import("./vocab.ts")).registerWebgpuVocab(mod);
   (await import("./adamw.ts")).registerWebgpuAdamW(mod);
+  (await import("./lora.ts")).registerWebgpuLora(mod);
   Object.defineProperty(globalThis, "navigator", {
     value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu },
     configurable: true,
     writable: true,
   }); // Node 21+ has a read-only getter
+  // Programs that write more than `result` (program.ts runMulti) have those bindings made read_write.
+  const shaderModule = device.createShaderModule.bind(device);
+  device.createShaderModule = (d: GPUShaderModuleDescriptor) => shaderModule({ ...d, code: withWrites(d.code) });
   if (tf.findBackendFactory("webgpu")) tf.removeBackend("webgpu");
   tf.registerBackend("webgpu", () => countTraffic(new mod.WebGPUBackend(device, ai)), 3);
   return {

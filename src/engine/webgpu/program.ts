@@ -21,6 +21,9 @@ export class RowProgram {
   shaderKey: string;
   /** Uniforms of the program's own ("name : type,"), their values passed to runWebGPUProgram. */
   uniforms?: string;
+  /** Inputs the program writes (its outputs beside `result`, runMulti): device.ts binds them
+   *  read_write, as tfjs binds `result`. */
+  writes: string[] = [];
   constructor(
     util: WebgpuModule["webgpu_util"],
     name: string,
@@ -46,8 +49,28 @@ export class RowProgram {
     // Every binding statically used: the pipeline's "auto" layout leaves out the unused ones, and
     // tfjs binds all of them (the uniforms included).
     const uses = ["_ = uniforms.NAN;", ...this.variableNames.map((v) => `_ = ${v}[0];`)].join(" ");
-    return this.body.replace("fn main(index: i32) {", `fn main(index: i32) {\n      ${uses}`);
+    return (
+      (this.writes.length ? `${WRITES_MARK}${this.writes.join(" ")}\n` : "") +
+      this.body.replace("fn main(index: i32) {", `fn main(index: i32) {\n      ${uses}`)
+    );
   }
+}
+
+/** The line a program's code starts with when it writes inputs (RowProgram.writes), followed by their
+ *  names: device.ts' shader hook makes those bindings read_write. */
+export const WRITES_MARK = "// marl-writes: ";
+
+/** WGSL source with the bindings its WRITES_MARK line names declared read_write instead of read
+ *  (tfjs declares every input read-only); other code is returned as it is. */
+export function withWrites(code: string): string {
+  const at = code.indexOf(WRITES_MARK);
+  if (at < 0) return code;
+  const names = code
+    .slice(at + WRITES_MARK.length, code.indexOf("\n", at))
+    .trim()
+    .split(" ");
+  for (const n of names) code = code.replace(new RegExp(`var<storage, read> ${n}\\s*:`), `var<storage, read_write> ${n}:`);
+  return code;
 }
 
 function hash(s: string): string {
@@ -100,6 +123,14 @@ export const cols = (n: number | string, wg: number, body: string) => `for (var 
 /** Runs p on inputs into a new float32 output (uniforms: the program's own, e.g. a step's constants). */
 export const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[], uniforms?: object[]) =>
   b.runWebGPUProgram(p, inputs, "float32", uniforms) as tf.TensorInfo;
+
+/** Runs p into a new float32 `result` and new float32 outputs of `extra` shapes, passed to the
+ *  program as its last inputs (named last in p's inputs and in p.writes), which it writes: several
+ *  outputs from one dispatch. Returns [result, ...extras]. */
+export function runMulti(b: Backend, p: RowProgram, inputs: tf.TensorInfo[], extra: number[][], uniforms?: object[]): tf.TensorInfo[] {
+  const outs = extra.map((shape) => b.makeTensorInfo(shape, "float32") as tf.TensorInfo);
+  return [run(b, p, [...inputs, ...outs], uniforms), ...outs];
+}
 
 /** Runs p with dst as its output, written in place (uniforms: the program's own, e.g. a position);
  *  a copy of dst read back earlier is stale then. */

@@ -1,6 +1,8 @@
 /** LoRA on webgpu while generation holds the fused factors: y + the module's terms is the last
  *  product's epilogue (one dispatch, no Add), with the bits of the product and an Add, at a scaling
- *  folded into B (2) and one kept as a product (1.5). */
+ *  folded into B (2) and one kept as a product (1.5). The LoRA linear op (a frozen base with its
+ *  members' terms, trained): its value and the gradients of the input, the residual and every factor
+ *  against float64, over f32, int8 and NF4 bases. */
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
@@ -8,6 +10,8 @@ import { LoraAdapter, moduleDims } from "../../../src/model/lora.ts";
 import { FUSED } from "../../../src/model/types.ts";
 import { cfg, randn } from "../../model/helpers/lora-setup.ts";
 import { webgpuForTests } from "./helpers/adapter.ts";
+import { BaseWeight } from "../../../src/model/weight.ts";
+import { LORA_DW, LORA_DX, LORA_FWD, loraLinear, loraLinearRuns } from "../../../src/engine/lora-linear.ts";
 
 const gpu = await webgpuForTests();
 describe.skipIf(!gpu)("LoRA terms on webgpu (held factors)", () => {
@@ -35,5 +39,133 @@ describe.skipIf(!gpu)("LoRA terms on webgpu (held factors)", () => {
     release();
     tf.dispose(x);
     ad.dispose();
+  });
+});
+
+/** Float64 matrix product of row-major a [n, k] and b [k, m] (bT: b given as [m, k]). */
+function matmul64(
+  a: Float64Array | Float32Array,
+  b: Float64Array | Float32Array,
+  n: number,
+  k: number,
+  m: number,
+  bT = false,
+): Float64Array {
+  const out = new Float64Array(n * m);
+  for (let i = 0; i < n; i++)
+    for (let j = 0; j < m; j++) {
+      let s = 0;
+      for (let t = 0; t < k; t++) s += a[i * k + t] * (bT ? b[j * k + t] : b[t * m + j]);
+      out[i * m + j] = s;
+    }
+  return out;
+}
+const transpose64 = (a: Float64Array | Float32Array, n: number, m: number) => {
+  const out = new Float64Array(n * m);
+  for (let i = 0; i < n; i++) for (let j = 0; j < m; j++) out[j * n + i] = a[i * m + j];
+  return out;
+};
+/** max |got − want| / max |want|. */
+const relErr = (got: Float32Array, want: Float64Array) => {
+  let e = 0,
+    w = 0;
+  for (let i = 0; i < want.length; i++) {
+    e = Math.max(e, Math.abs(got[i] - want[i]));
+    w = Math.max(w, Math.abs(want[i]));
+  }
+  return e / w;
+};
+
+describe.skipIf(!gpu)("LoRA linear op on webgpu (lora-linear.ts)", () => {
+  it.each([
+    { name: "q/k/v-like, bias, f32 base", outs: [24, 8, 8], bias: true, addend: false, quantize: "none" as const },
+    { name: "one member, residual, nf4 base", outs: [32], bias: false, addend: true, quantize: "nf4" as const },
+    { name: "gate/up-like, both, int8 base", outs: [48, 48], bias: true, addend: true, quantize: "int8" as const },
+  ])("$name: value and every gradient equal a float64 reference", async ({ outs, bias, addend, quantize }) => {
+    expect(await initBackend("webgpu")).toBe("webgpu");
+    const N = 70, // more than one workgroup of rows' threads, not a multiple of 64
+      IN = 32,
+      r = 4,
+      s = 1.5,
+      k = outs.length,
+      OUT = outs.reduce((a, b) => a + b, 0);
+    const wData = (await randn([IN, OUT], 1).data()) as Float32Array;
+    const base = BaseWeight.fromFloat32(wData, IN, OUT, quantize);
+    const w = (await tf.tidy(() => base.value()).data()) as Float32Array; // what the base multiplies by
+    const x = randn([N, IN], 2) as tf.Tensor2D,
+      b1 = bias ? (randn([OUT], 3) as tf.Tensor1D) : undefined,
+      add = addend ? (randn([N, OUT], 4) as tf.Tensor2D) : undefined,
+      as = outs.map((_, i) => randn([IN, r], 10 + i) as tf.Tensor2D),
+      bs = outs.map((o, i) => randn([r, o], 20 + i) as tf.Tensor2D),
+      C = randn([N, OUT], 5);
+    expect(loraLinearRuns(as, bs)).toBe(true);
+    const n0 = tf.memory().numTensors;
+    const inputs = [x, ...(add ? [add] : []), ...as, ...bs];
+    const prof = await tf.profile(() =>
+      tf.tidy(() => {
+        const { value, grads } = tf.valueAndGrads((...ts: tf.Tensor[]) => {
+          const [xx, ...rest] = ts as tf.Tensor2D[];
+          const aa = add ? rest.shift() : undefined;
+          return tf.sum(tf.mul(loraLinear(xx, base.frozen(b1)!, aa, rest.slice(0, k), rest.slice(k), s), C));
+        })(inputs);
+        return [value, ...grads];
+      }),
+    );
+    const names = prof.kernels.map((kk) => kk.name);
+    for (const kn of [LORA_FWD, LORA_DX, LORA_DW]) expect(names).toContain(kn);
+    // (a bias and a residual together are summed first: no module of the model has both)
+    for (const gone of ["Concat", "MarlBlockDiag", "SplitV", "Slice", ...(bias && addend ? [] : ["Add"])])
+      expect(names).not.toContain(gone);
+    const [, ...grads] = prof.result as tf.Tensor[];
+    // the reference, in float64
+    const xd = (await x.data()) as Float32Array,
+      cd = (await C.data()) as Float32Array;
+    const ad = await Promise.all(as.map(async (a) => (await a.data()) as Float32Array)),
+      bd = await Promise.all(bs.map(async (b) => (await b.data()) as Float32Array));
+    const off = outs.map((_, i) => outs.slice(0, i).reduce((a, b) => a + b, 0));
+    const block = (m: Float32Array | Float64Array, i: number) => {
+      const out = new Float64Array(N * outs[i]);
+      for (let n = 0; n < N; n++) for (let j = 0; j < outs[i]; j++) out[n * outs[i] + j] = m[n * OUT + off[i] + j];
+      return out;
+    };
+    let dx = matmul64(cd, w, N, OUT, IN, true);
+    const dA: Float64Array[] = [],
+      dB: Float64Array[] = [];
+    for (let i = 0; i < k; i++) {
+      const xas = matmul64(xd, ad[i], N, IN, r).map((v) => v * s);
+      const Ci = block(cd, i);
+      const dxa = matmul64(Ci, bd[i], N, outs[i], r, true).map((v) => v * s);
+      const dxl = matmul64(dxa, ad[i], N, r, IN, true);
+      dx = dx.map((v, j) => v + dxl[j]);
+      dA.push(matmul64(transpose64(xd, N, IN), dxa, IN, N, r));
+      dB.push(matmul64(transpose64(xas, N, r), Ci, r, N, outs[i]));
+    }
+    const want = [dx, ...(add ? [Float64Array.from(cd)] : []), ...dA, ...dB];
+    expect(grads.length).toBe(want.length);
+    for (let i = 0; i < want.length; i++)
+      expect(relErr((await grads[i].data()) as Float32Array, want[i]), `gradient ${i}`).toBeLessThan(1e-5);
+    // the value
+    const value = tf.tidy(() => loraLinear(x, base.frozen(b1)!, add, as, bs, s));
+    const got = (await value.data()) as Float32Array;
+    value.dispose();
+    const y = matmul64(xd, w, N, IN, OUT);
+    const bv = b1 ? ((await b1.data()) as Float32Array) : null,
+      av = add ? ((await add.data()) as Float32Array) : null;
+    for (let i = 0; i < k; i++) {
+      const t = matmul64(
+        matmul64(xd, ad[i], N, IN, r).map((v) => v * s),
+        bd[i],
+        N,
+        r,
+        outs[i],
+      );
+      for (let n = 0; n < N; n++) for (let j = 0; j < outs[i]; j++) y[n * OUT + off[i] + j] += t[n * outs[i] + j];
+    }
+    for (let n = 0; n < N; n++) for (let j = 0; j < OUT; j++) y[n * OUT + j] += (bv?.[j] ?? 0) + (av?.[n * OUT + j] ?? 0);
+    expect(relErr(got, y)).toBeLessThan(1e-5);
+    tf.dispose(prof.result as tf.Tensor[]);
+    expect(tf.memory().numTensors).toBe(n0);
+    tf.dispose([x, C, ...as, ...bs, ...(b1 ? [b1] : []), ...(add ? [add] : [])]);
+    base.dispose();
   });
 });

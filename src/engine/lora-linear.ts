@@ -1,0 +1,79 @@
+/** A frozen linear module with LoRA on its members, as one op with its own gradient (webgpu):
+ *  out = x·W (+ bias) (+ addend) + s·(x·[A₁|…])·blockdiag(B₁, …). Forward: the base product (its
+ *  epilogue the bias and the addend) and one kernel for the LoRA terms, which also keeps s·x·A for the
+ *  backward pass. Backward: one kernel for the LoRA input gradient, the base's input gradient with it
+ *  as the epilogue, and one kernel for every factor's gradient: 5 dispatches a module where the ops
+ *  took 10 to 17 (the products per member, the scaling, the concatenated A and block-diagonal B, and
+ *  their gradients' slices, splits and sums). The members' factors stay their own variables (PEFT's).
+ *  The kernels are in webgpu/lora.ts; other backends keep lora.ts' ops and their bits. */
+import * as tf from "@tensorflow/tfjs";
+import type { CustomGradFn } from "./kernels.ts";
+import type { FrozenProduct } from "./matmul.ts";
+
+export const LORA_FWD = "MarlLoraFwd";
+export const LORA_DX = "MarlLoraDx";
+export const LORA_DW = "MarlLoraDw";
+
+/** The kernels' attributes: the members' rank, their output widths, the scaling alpha / r. */
+export interface LoraAttrs {
+  r: number;
+  outs: number[];
+  scale: number;
+}
+
+/** At most this many members (a fused module has 2 or 3). */
+const MAX_MEMBERS = 8;
+
+/** Whether loraLinear runs for these factors: webgpu with the kernels registered, every member's A
+ *  [in, r] and B [r, outᵢ] of one rank, float32. */
+export function loraLinearRuns(as: tf.Tensor2D[], bs: tf.Tensor2D[]): boolean {
+  if (tf.getBackend() !== "webgpu" || tf.getKernel(LORA_FWD, "webgpu") === undefined) return false;
+  const r = as[0].shape[1];
+  return (
+    as.length <= MAX_MEMBERS &&
+    as.every((a, i) => a.shape[1] === r && a.shape[0] === as[0].shape[0] && bs[i].shape[0] === r) &&
+    [...as, ...bs].every((t) => t.dtype === "float32")
+  );
+}
+
+/** x [N, in] through the frozen base (its bias and `addend` [N, Σout] the product's epilogue) plus the
+ *  LoRA terms of members with factors as [in, r] and bs [r, outᵢ] → [N, Σout], differentiable in x,
+ *  the addend and every factor. Call where loraLinearRuns. */
+export function loraLinear(
+  x: tf.Tensor2D,
+  base: FrozenProduct,
+  addend: tf.Tensor2D | undefined,
+  as: tf.Tensor2D[],
+  bs: tf.Tensor2D[],
+  scale: number,
+): tf.Tensor2D {
+  const k = as.length,
+    attrs = { r: as[0].shape[1], outs: bs.map((b) => b.shape[1]), scale };
+  const named = (name: string, ts: tf.Tensor2D[]) => Object.fromEntries(ts.map((t, i) => [`${name}${i}`, t]));
+  const lead = addend ? 2 : 1;
+  const f = tf.customGrad(((...args: unknown[]) => {
+    const save = args.pop() as tf.GradSaveFunc;
+    const ts = args as tf.Tensor2D[];
+    const xx = ts[0],
+      fa = ts.slice(lead, lead + k),
+      fb = ts.slice(lead + k);
+    const y = base.forward(xx, addend ? ts[1] : undefined);
+    const [out, xas] = tf.engine().runKernel(LORA_FWD, { x: xx, y, ...named("a", fa), ...named("b", fb) }, attrs as never) as tf.Tensor2D[];
+    y.dispose();
+    save([xx, xas, ...fa, ...fb]);
+    return {
+      value: out,
+      gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => {
+        const [sx, sxas, ...factors] = saved as tf.Tensor2D[];
+        const sa = factors.slice(0, k),
+          sb = factors.slice(k);
+        const [dxLora, dxa] = tf.engine().runKernel(LORA_DX, { dy, ...named("a", sa), ...named("b", sb) }, attrs as never) as tf.Tensor2D[];
+        const dx = base.inputGrad(dy, dxLora);
+        const dw = tf.engine().runKernel(LORA_DW, { x: sx, dxa, xas: sxas, dy }, attrs as never) as tf.Tensor2D[];
+        tf.dispose([dxLora, dxa]);
+        return [dx, ...(addend ? [tf.clone(dy)] : []), ...dw];
+      },
+    };
+  }) as unknown as CustomGradFn);
+  return f(...([x, ...(addend ? [addend] : []), ...as, ...bs] as [tf.Tensor])) as tf.Tensor2D;
+}

@@ -1,0 +1,222 @@
+/** LoRA's terms of a fused module as three WGSL programs (lora-linear.ts holds the op and its
+ *  gradient): the forward (y + s·(x·A)·blockdiag(B), and s·x·A kept for the backward pass), the input
+ *  gradient (s·dy·blockdiag(B)ᵀ and its product with Aᵀ) and the factors' gradients (xᵀ·dxa and
+ *  (s·x·A)ᵀ·dy, every member's in one dispatch). Members (up to 8) share one rank r; each has its own A
+ *  [in, r] and B [r, outᵢ] binding, so fused modules need no concatenated or padded factors. The row
+ *  count is read from the shapes' uniforms, so one shader serves every batch. */
+import type * as tf from "@tensorflow/tfjs";
+import { LORA_DW, LORA_DX, LORA_FWD, type LoraAttrs } from "../lora-linear.ts";
+import { registerKernel } from "../kernels.ts";
+import { f32, RowProgram, runMulti, type WebgpuModule } from "./program.ts";
+
+type Util = WebgpuModule["webgpu_util"];
+const WG = 64;
+
+/** Member i's columns [off, off + outᵢ) of the fused output. */
+const offsets = (outs: number[]) => outs.map((_, i) => outs.slice(0, i).reduce((a, b) => a + b, 0));
+
+/** `body(i)` for the member i that row-of-factors index m (m = i·r + t) falls in: a chain of ifs, as
+ *  each member's factor is its own binding. */
+const perMember = (k: number, r: number, m: string, body: (i: number) => string) =>
+  Array.from({ length: k }, (_, i) => `${i ? "else " : ""}if (${m} < ${(i + 1) * r}) { ${body(i)} }`).join(" ");
+
+/** The row index of a "rows" dispatch (tfjs may spread the workgroups over y and z). */
+const ROW = `i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x)`;
+
+/** Forward, one workgroup per row n: xs = s·x[n]·[A₁|…] into workgroup memory (and the output xas),
+ *  then result[n] = y[n] + xs·blockdiag(B). */
+function forwardProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
+  const { r, outs, scale } = a,
+    k = outs.length,
+    KR = k * r,
+    OUT = outs.reduce((x, y) => x + y, 0),
+    off = offsets(outs);
+  const A = Array.from({ length: k }, (_, i) => `a${i}`),
+    B = Array.from({ length: k }, (_, i) => `b${i}`);
+  const p = new RowProgram(
+    u,
+    `lora_fwd_${inDim}_${r}_${outs.join("_")}_${scale}`,
+    ["x", "y", ...A, ...B, "xas"],
+    [N, OUT],
+    { rows: N, wg: WG },
+    `
+  var<workgroup> xs: array<f32, ${KR}>;
+  fn main(index: i32) {
+    let N = uniforms.xShape[0];
+    let n = min(${ROW}, N - 1);
+    for (var m = i32(localIndex); m < ${KR}; m += ${WG}) {
+      var s = 0.0;
+      ${perMember(k, r, "m", (i) => `let t = m - ${i * r}; for (var c = 0; c < ${inDim}; c++) { s += x[n * ${inDim} + c] * a${i}[c * ${r} + t]; }`)}
+      xs[m] = s * ${f32(Math.fround(scale))};
+    }
+    workgroupBarrier();
+    if (${ROW} < N) {
+      for (var m = i32(localIndex); m < ${KR}; m += ${WG}) { xas[n * ${KR} + m] = xs[m]; }
+      ${outs
+        .map(
+          (o, i) => `for (var j = i32(localIndex); j < ${o}; j += ${WG}) {
+        var s = 0.0;
+        for (var t = 0; t < ${r}; t++) { s += xs[${i * r} + t] * b${i}[t * ${o} + j]; }
+        let at = n * ${OUT} + ${off[i]} + j;
+        result[at] = y[at] + s;
+      }`,
+        )
+        .join("\n      ")}
+    }
+  }`,
+  );
+  p.writes = ["xas"];
+  return p;
+}
+
+/** Input gradient, one workgroup per row n: dxa[n] = s·dy[n]·blockdiag(B)ᵀ (workgroup memory and the
+ *  output dxa), then result[n] = dxa[n]·[A₁|…]ᵀ. */
+function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
+  const { r, outs, scale } = a,
+    k = outs.length,
+    KR = k * r,
+    OUT = outs.reduce((x, y) => x + y, 0),
+    off = offsets(outs);
+  const A = Array.from({ length: k }, (_, i) => `a${i}`),
+    B = Array.from({ length: k }, (_, i) => `b${i}`);
+  const p = new RowProgram(
+    u,
+    `lora_dx_${inDim}_${r}_${outs.join("_")}_${scale}`,
+    ["dy", ...A, ...B, "dxa"],
+    [N, inDim],
+    { rows: N, wg: WG },
+    `
+  var<workgroup> ds: array<f32, ${KR}>;
+  fn main(index: i32) {
+    let N = uniforms.dyShape[0];
+    let n = min(${ROW}, N - 1);
+    for (var m = i32(localIndex); m < ${KR}; m += ${WG}) {
+      var s = 0.0;
+      ${perMember(k, r, "m", (i) => `let t = m - ${i * r}; for (var j = 0; j < ${outs[i]}; j++) { s += dy[n * ${OUT} + ${off[i]} + j] * b${i}[t * ${outs[i]} + j]; }`)}
+      ds[m] = s * ${f32(Math.fround(scale))};
+    }
+    workgroupBarrier();
+    if (${ROW} < N) {
+      for (var m = i32(localIndex); m < ${KR}; m += ${WG}) { dxa[n * ${KR} + m] = ds[m]; }
+      for (var c = i32(localIndex); c < ${inDim}; c += ${WG}) {
+        var s = 0.0;
+        ${A.map((_, i) => `for (var t = 0; t < ${r}; t++) { s += ds[${i * r} + t] * a${i}[c * ${r} + t]; }`).join("\n        ")}
+        result[n * ${inDim} + c] = s;
+      }
+    }
+  }`,
+  );
+  p.writes = ["dxa"];
+  return p;
+}
+
+/** The factors' gradients, one thread per output column: dAᵢ[c] = Σₙ x[n, c]·dxa[n, i·r + t] (thread
+ *  (i, c)) and dBᵢ[:, j] = Σₙ xas[n, i·r + t]·dy[n, j] (thread j), for t < r. result is dA₀; the
+ *  other members' dA and every dB are the outputs written beside it. */
+function factorGradProgram(u: Util, inDim: number, a: LoraAttrs) {
+  const { r, outs } = a,
+    k = outs.length,
+    KR = k * r,
+    OUT = outs.reduce((x, y) => x + y, 0),
+    off = offsets(outs);
+  const dA = Array.from({ length: k }, (_, i) => (i === 0 ? "result" : `da${i}`)),
+    dB = Array.from({ length: k }, (_, i) => `db${i}`);
+  const threads = k * inDim + OUT;
+  const p = new RowProgram(
+    u,
+    `lora_dw_${inDim}_${r}_${outs.join("_")}`,
+    ["x", "dxa", "xas", "dy", ...dA.slice(1), ...dB],
+    [inDim, r],
+    { rows: Math.ceil(threads / WG), wg: WG },
+    `
+  fn main(index: i32) {
+    let N = uniforms.xShape[0];
+    let g = ${ROW} * ${WG} + i32(localIndex);
+    var acc: array<f32, ${r}>;
+    for (var t = 0; t < ${r}; t++) { acc[t] = 0.0; }
+    if (g < ${k * inDim}) {
+      let i = g / ${inDim};
+      let c = g - i * ${inDim};
+      for (var n = 0; n < N; n++) {
+        let xv = x[n * ${inDim} + c];
+        for (var t = 0; t < ${r}; t++) { acc[t] += xv * dxa[n * ${KR} + i * ${r} + t]; }
+      }
+      ${dA.map((d, i) => `${i ? "else " : ""}if (i == ${i}) { for (var t = 0; t < ${r}; t++) { ${d}[c * ${r} + t] = acc[t]; } }`).join(" ")}
+    } else if (g < ${threads}) {
+      let j = g - ${k * inDim};
+      ${outs
+        .map(
+          (o, i) => `${i ? "else " : ""}if (j < ${off[i] + o}) {
+        for (var n = 0; n < N; n++) {
+          let dv = dy[n * ${OUT} + j];
+          for (var t = 0; t < ${r}; t++) { acc[t] += xas[n * ${KR} + ${i * r} + t] * dv; }
+        }
+        for (var t = 0; t < ${r}; t++) { db${i}[t * ${o} + j - ${off[i]}] = acc[t]; }
+      }`,
+        )
+        .join(" ")}
+    }
+  }`,
+  );
+  p.writes = [...dA.slice(1), ...dB];
+  return p;
+}
+
+/** Registers the three kernels on webgpu (device.ts calls it once the backend's module is loaded). */
+export function registerWebgpuLora(mod: WebgpuModule): void {
+  const u = mod.webgpu_util,
+    on = ["webgpu"];
+  const members = (inputs: Record<string, tf.TensorInfo>, name: string, k: number) =>
+    Array.from({ length: k }, (_, i) => inputs[`${name}${i}`]);
+  registerKernel(
+    LORA_FWD,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const a = attrs as unknown as LoraAttrs,
+          ins = inputs as Record<string, tf.TensorInfo>,
+          k = a.outs.length,
+          [N, inDim] = ins.x.shape;
+        return runMulti(
+          backend,
+          forwardProgram(u, N, inDim, a),
+          [ins.x, ins.y, ...members(ins, "a", k), ...members(ins, "b", k)],
+          [[N, k * a.r]],
+        );
+      },
+    on,
+  );
+  registerKernel(
+    LORA_DX,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const a = attrs as unknown as LoraAttrs,
+          ins = inputs as Record<string, tf.TensorInfo>,
+          k = a.outs.length,
+          N = ins.dy.shape[0],
+          inDim = ins.a0.shape[0];
+        return runMulti(
+          backend,
+          inputGradProgram(u, N, inDim, a),
+          [ins.dy, ...members(ins, "a", k), ...members(ins, "b", k)],
+          [[N, k * a.r]],
+        );
+      },
+    on,
+  );
+  registerKernel(
+    LORA_DW,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const a = attrs as unknown as LoraAttrs,
+          ins = inputs as Record<string, tf.TensorInfo>,
+          inDim = ins.x.shape[1];
+        return runMulti(
+          backend,
+          factorGradProgram(u, inDim, a),
+          [ins.x, ins.dxa, ins.xas, ins.dy],
+          [...a.outs.slice(1).map(() => [inDim, a.r]), ...a.outs.map((o) => [a.r, o])],
+        );
+      },
+    on,
+  );
+}
