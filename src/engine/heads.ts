@@ -242,7 +242,7 @@ export function decodeHeadsInto(
 /** Any number of positions T (prefill, training), differentiable in qkv: the fused projection qkv
  *  [B·T, (nH + 2·nKv)·hd] split into heads, q and k rotated by cos, sin [B, T, 1, hd] and q scaled, in
  *  the layouts attention reads: q [B, nH, T, hd], kᵀ [B, nKv, hd, T], v [B, nKv, T, hd]. One kernel
- *  each way on wasm/cpu (at every size) and webgpu (three dispatches forward, one backward), where
+ *  each way on wasm/cpu (at every size) and webgpu (one dispatch each way), where
  *  the op path is two splits, RoPE, the scale and three transposes each way; null elsewhere (the
  *  layer then takes its op path). */
 export function seqHeads(

@@ -48,6 +48,21 @@ const kernelSoftmax = tf.customGrad(((x: tf.Tensor, save: tf.GradSaveFunc) => {
   return { value: y, gradFunc: (dy: tf.Tensor, [ys]: tf.Tensor[]) => tf.engine().runKernel(SOFTMAX_GRAD, { y: ys, dy }) as tf.Tensor };
 }) as unknown as CustomGradFn) as unknown as <T extends tf.Tensor>(x: T) => T;
 
+/** softmax(x + bias) for attention's scores x [B, H, T, S] and mask bias [B, 1, T, S], the bias
+ *  added by the webgpu kernel as it reads x (one dispatch fewer); elsewhere softmax(x + bias), the
+ *  add first, as before. The bias takes no gradient (a constant). */
+export function softmaxBiased(x: tf.Tensor4D, bias: tf.Tensor4D): tf.Tensor4D {
+  register();
+  if (tf.getBackend() !== "webgpu" || tf.getKernel(SOFTMAX, "webgpu") === undefined || x.dtype !== "float32" || x.size === 0)
+    return softmax(tf.add(x, bias));
+  const f = tf.customGrad(((xx: tf.Tensor4D, save: tf.GradSaveFunc) => {
+    const y = tf.engine().runKernel(SOFTMAX, { x: xx, bias }) as tf.Tensor4D;
+    save([y]);
+    return { value: y, gradFunc: (dy: tf.Tensor, [ys]: tf.Tensor[]) => tf.engine().runKernel(SOFTMAX_GRAD, { y: ys, dy }) as tf.Tensor };
+  }) as unknown as CustomGradFn);
+  return f(x) as tf.Tensor4D;
+}
+
 /** softmax over the last axis of x. */
 export function softmax<T extends tf.Tensor>(x: T): T {
   register();

@@ -6,7 +6,8 @@ import * as tf from "@tensorflow/tfjs";
 import { decodeHeads, decodeHeadsInto, seqHeads } from "../engine/heads.ts";
 import { bmm } from "../engine/matmul.ts";
 import { rope } from "../engine/rope-swiglu.ts";
-import { softmax } from "../engine/softmax.ts";
+import { softmax, softmaxBiased } from "../engine/softmax.ts";
+import { backendProfile } from "../engine/profile.ts";
 import type { Qwen2Config } from "./types.ts";
 
 /** Query, key and value heads of qkv [B·T, (nH + 2·nKv)·hd] with RoPE: queries stacked per kv head
@@ -73,9 +74,11 @@ export function attend(
     S = bias.shape[3];
   const kT3 = tf.reshape<tf.Rank.R3>(kT, [B * nKv, hd, S]);
   const scores = kvBias
-    ? tf.reshape(tf.fused.matMul({ a: qg, b: kT3, bias: kvBias }), [B, nH, T, S]) // the mask in the product's epilogue
-    : tf.add(tf.reshape(bmm(qg, kT3), [B, nH, T, S]), bias); // (B, nH, T, S)
-  const probs = tf.reshape<tf.Rank.R3>(softmax(scores), [B * nKv, g * T, S]);
+    ? tf.reshape<tf.Rank.R4>(tf.fused.matMul({ a: qg, b: kT3, bias: kvBias }), [B, nH, T, S]) // the mask in the product's epilogue
+    : tf.reshape<tf.Rank.R4>(bmm(qg, kT3), [B, nH, T, S]); // (B, nH, T, S)
+  // the mask added by the softmax kernel where the profile is dispatch-bound (webgpu), else an add
+  const masked = kvBias ? softmax(scores) : backendProfile().dispatchBound ? softmaxBiased(scores, bias) : softmax(tf.add(scores, bias));
+  const probs = tf.reshape<tf.Rank.R3>(masked, [B * nKv, g * T, S]);
   const ctxv = bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
   return tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [B * T, nH * hd]);
 }

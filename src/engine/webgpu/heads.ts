@@ -9,7 +9,7 @@ import { DECODE_HEADS, SEQ_HEADS, SEQ_HEADS_GRAD, setWebgpuHeadsInto } from "../
 import { registerKernel } from "../kernels.ts";
 import { ROPE } from "../rope-swiglu.ts";
 import { setWebgpuSlotWriter } from "../slot-write.ts";
-import { f32, RowProgram, run, writeInto, type WebgpuModule } from "./program.ts";
+import { f32, RowProgram, run, runMulti, writeInto, type WebgpuModule } from "./program.ts";
 
 const K = { rope: ROPE, seqHeads: SEQ_HEADS, seqHeadsGrad: SEQ_HEADS_GRAD, decodeHeads: DECODE_HEADS };
 
@@ -88,48 +88,45 @@ function ropeProgram(u: WebgpuModule["webgpu_util"], rows: number, heads: number
   );
 }
 
-/** Any T (prefill, training): the heads of qkv [B·T, (nH + 2·nKv)·hd] in attention's layouts, part "q"
- *  (rope · scale, [B, nH, T, hd]), "kT" (rope, [B, nKv, hd, T]) or "v" ([B, nKv, T, hd]); cos, sin
- *  [B·T, hd]. In place of two splits, RoPE, the scale and three transposes. */
-function seqHeadsProgram(
-  u: WebgpuModule["webgpu_util"],
-  part: "q" | "kT" | "v",
-  B: number,
-  T: number,
-  nH: number,
-  nKv: number,
-  hd: number,
-  scale: number,
-) {
-  const heads = part === "q" ? nH : nKv,
-    first = part === "q" ? 0 : part === "kT" ? nH : nH + nKv,
-    width = (nH + 2 * nKv) * hd,
-    half = hd / 2;
-  // index → (b, h, t, j) in the part's layout
-  const coords =
-    part === "kT"
-      ? `let t = index % ${T}; let j = (index / ${T}) % ${hd}; let h = (index / ${T * hd}) % ${heads}; let b = index / ${T * hd * heads};`
-      : `let j = index % ${hd}; let t = (index / ${hd}) % ${T}; let h = (index / ${T * hd}) % ${heads}; let b = index / ${T * hd * heads};`;
-  const value =
-    part === "v"
-      ? "qkv[src + j]"
-      : `(qkv[src + j] * cosT[n * ${hd} + j] + qkv[src + select(j - ${half}, j + ${half}, j < ${half})] * sinT[n * ${hd} + j])${part === "q" ? ` * ${f32(Math.fround(scale))}` : ""}`;
-  return new RowProgram(
+/** Any T (prefill, training): the heads of qkv [B·T, (nH + 2·nKv)·hd] in one dispatch, one thread per
+ *  element of qkv: q (rope · scale, [B, nH, T, hd]) as the result, kT (rope, [B, nKv, hd, T]) and v
+ *  ([B, nKv, T, hd]) as the outputs written beside it (program.ts runMulti); cos, sin [B·T, hd]. In
+ *  place of two splits, RoPE, the scale and three transposes. */
+function seqHeadsProgram(u: WebgpuModule["webgpu_util"], B: number, T: number, nH: number, nKv: number, hd: number, scale: number) {
+  const width = (nH + 2 * nKv) * hd,
+    half = hd / 2,
+    total = B * T * width;
+  const roped = (s: string) =>
+    `(qkv[src + j] * cosT[n * ${hd} + j] + qkv[src + select(j - ${half}, j + ${half}, j < ${half})] * sinT[n * ${hd} + j])${s}`;
+  const p = new RowProgram(
     u,
-    `seq_heads_${part}`,
-    ["qkv", "cosT", "sinT"],
-    part === "kT" ? [B, heads, hd, T] : [B, heads, T, hd],
-    "flat",
+    "seq_heads",
+    ["qkv", "cosT", "sinT", "kT", "v"],
+    [B, nH, T, hd],
+    { rows: Math.ceil(total / 64), wg: 64 },
     `
     fn main(index: i32) {
-      if (index < ${B * heads * T * hd}) {
-        ${coords}
-        let n = b * ${T} + t;
-        let src = n * ${width} + (${first} + h) * ${hd};
-        result[index] = ${value};
+      let g = i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x) * 64 + i32(localIndex);
+      if (g < ${total}) {
+        let n = g / ${width};
+        let col = g - n * ${width};
+        let hs = col / ${hd};
+        let j = col - hs * ${hd};
+        let b = n / ${T};
+        let t = n - b * ${T};
+        let src = n * ${width} + hs * ${hd};
+        if (hs < ${nH}) {
+          result[((b * ${nH} + hs) * ${T} + t) * ${hd} + j] = ${roped(` * ${f32(Math.fround(scale))}`)};
+        } else if (hs < ${nH + nKv}) {
+          kT[((b * ${nKv} + hs - ${nH}) * ${hd} + j) * ${T} + t] = ${roped("")};
+        } else {
+          v[((b * ${nKv} + hs - ${nH + nKv}) * ${T} + t) * ${hd} + j] = qkv[src + j];
+        }
       }
     }`,
   );
+  p.writes = ["kT", "v"];
+  return p;
 }
 
 /** The gradient of seqHeadsProgram's three parts with respect to qkv [B·T, (nH + 2·nKv)·hd]: RoPE's
@@ -253,7 +250,15 @@ export function registerWebgpuHeads(mod: WebgpuModule): void {
       ({ inputs, backend, attrs }) => {
         const { qkv, cos, sin } = inputs as { qkv: tf.TensorInfo; cos: tf.TensorInfo; sin: tf.TensorInfo };
         const { B, T, nH, nKv, hd, scale } = attrs as { B: number; T: number; nH: number; nKv: number; hd: number; scale: number };
-        return (["q", "kT", "v"] as const).map((part) => run(backend, seqHeadsProgram(u, part, B, T, nH, nKv, hd, scale), [qkv, cos, sin]));
+        return runMulti(
+          backend,
+          seqHeadsProgram(u, B, T, nH, nKv, hd, scale),
+          [qkv, cos, sin],
+          [
+            [B, nKv, hd, T],
+            [B, nKv, T, hd],
+          ],
+        );
       },
     on,
   );

@@ -175,6 +175,35 @@ function softmaxProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
   );
 }
 
+/** Softmax over rows of x + bias, x [B, H, T, S] as rows [B·H·T, S] and bias [B, 1, T, S] (attention's
+ *  mask, added here rather than by a dispatch of its own): row (b, h, t) adds bias row (b, t). The
+ *  sizes are read from the shape uniforms, as softmaxProgram's. */
+function softmaxBiasProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
+  const wg = wgFor(S);
+  return new RowProgram(
+    u,
+    "softmax_bias",
+    ["x", "bias"],
+    [R, S],
+    { rows: R, wg },
+    `${rowPrelude(wg, "uniforms.outShape[0]")}
+    fn main(index: i32) {
+      let S = uniforms.outShape[1];
+      let T = uniforms.biasShape[2];
+      let perB = uniforms.outShape[0] / uniforms.biasShape[0];
+      let o = row() * S;
+      let ob = ((row() / perB) * T + row() % T) * S;
+      var m = -3.402823e+38;
+      ${cols("S", wg, `m = max(m, x[o + j] + bias[ob + j]);`)}
+      m = reduceMax(m);
+      var s = 0.0;
+      ${cols("S", wg, `s += exp(x[o + j] + bias[ob + j] - m);`)}
+      let inv = 1.0 / reduceSum(s);
+      if (rowOk()) { ${cols("S", wg, `result[o + j] = exp(x[o + j] + bias[ob + j] - m) * inv;`)} }
+    }`,
+  );
+}
+
 /** dx = y·(dy − Σ dy·y) per row of y, dy [R, S]. */
 function softmaxGradProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
   const wg = wgFor(S);
@@ -268,8 +297,10 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
     K.softmax,
     () =>
       ({ inputs, backend }) => {
-        const { x } = inputs as { x: tf.TensorInfo };
-        const out = run(backend, softmaxProgram(u, rowsOf(x), last(x)), [x]);
+        const { x, bias } = inputs as { x: tf.TensorInfo; bias?: tf.TensorInfo };
+        const out = bias
+          ? run(backend, softmaxBiasProgram(u, rowsOf(x), last(x)), [x, bias])
+          : run(backend, softmaxProgram(u, rowsOf(x), last(x)), [x]);
         return { ...out, shape: x.shape };
       },
     on,
