@@ -17,6 +17,7 @@ import type { CustomGradFn } from "../engine/kernels.ts";
 import { dLogits, logpEntropy } from "../engine/logprob.ts";
 import { matMulAT, matMulBT, matMulXWT } from "../engine/matmul.ts";
 import { backendProfile } from "../engine/profile.ts";
+import { gatherRows } from "../engine/gather-rows.ts";
 import type { BaseWeight } from "./weight.ts";
 import { checkBatch } from "./attention.ts";
 import type { ForwardOptions, Qwen2Config } from "./types.ts";
@@ -47,7 +48,7 @@ export function headLogprobs(head: BaseWeight, h: tf.Tensor2D, targets: number[]
   const outs: tf.Tensor2D[] = [];
   for (let s = 0; s < targets.length; s += rows) {
     const n = Math.min(rows, targets.length - s);
-    const hc = tf.slice(h, [s, 0], [n, H]),
+    const hc = n === h.shape[0] ? h : tf.slice(h, [s, 0], [n, H]),
       tc = targets.slice(s, s + n);
     if (!frozen) outs.push(trainableChunk(hc, w!, tc));
     else if (!recording) outs.push(tf.tidy(() => logpEntropy(frozen.logits(hc), tc)));
@@ -143,14 +144,22 @@ export function tokenLogprobs(
       const rows = spans.flatMap(([lo, hi], b) =>
         hi > lo ? runsOf(b, lo - 1, hi - 1).flatMap(([r, n]) => Array.from({ length: Math.max(0, n) }, (_, i) => r + i)) : [],
       );
-      const both = headLogprobs(m.head, tf.gather(hidden, tf.tensor1d(rows, "int32")), targets, m.config.vocabSize);
+      const both = headLogprobs(m.head, gatherRows(hidden, Int32Array.from(rows)), targets, m.config.vocabSize);
       let k = 0;
-      const at = new Int32Array(B * T).fill(targets.length); // the zero row
+      const at = new Int32Array(B * T).fill(-1); // −1: a zero
       spans.forEach(([lo, hi], b) => {
         for (let t = lo; t < hi; t++, k++) if (!opts.logprobMask || opts.logprobMask[b][t]) at[b * T + t] = k;
       });
-      const placed = tf.gather(tf.concat([both, tf.zeros([1, 2])], 0), tf.tensor1d(at, "int32")); // [B·T, 2]
-      const column = (col: number) => tf.reshape(tf.slice(placed, [0, col], [B * T, 1]), [B, T]) as tf.Tensor2D;
+      // a column of both [n, 2] is every other row of it as [2n, 1]
+      const flat = tf.reshape(both, [2 * targets.length, 1]) as tf.Tensor2D;
+      const column = (col: number) =>
+        tf.reshape(
+          gatherRows(
+            flat,
+            at.map((i) => (i < 0 ? -1 : 2 * i + col)),
+          ),
+          [B, T],
+        ) as tf.Tensor2D;
       return { lp: column(0), ent: opts.withEntropy ? column(1) : undefined };
     }
     const pieces = spans.flatMap(([lo, hi], b) =>

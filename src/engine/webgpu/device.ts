@@ -178,6 +178,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   (await import("./vocab.ts")).registerWebgpuVocab(mod);
   (await import("./adamw.ts")).registerWebgpuAdamW(mod);
   (await import("./lora.ts")).registerWebgpuLora(mod);
+  (await import("./gather-rows.ts")).registerWebgpuGatherRows(mod);
   Object.defineProperty(globalThis, "navigator", {
     value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu },
     configurable: true,

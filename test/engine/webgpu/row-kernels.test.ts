@@ -13,6 +13,7 @@ import { rope, swiglu } from "../../../src/engine/rope-swiglu.ts";
 import { softmax, softmaxBiased } from "../../../src/engine/softmax.ts";
 import { webgpuTraffic } from "../../../src/engine/webgpu/device.ts";
 import { blockDiagonal } from "../../../src/engine/block-diag.ts";
+import { gatherRows } from "../../../src/engine/gather-rows.ts";
 import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./helpers/adapter.ts";
 
@@ -182,6 +183,32 @@ describe.skipIf(!gpu)("webgpu fused row kernels", () => {
     ]);
     close(await g.data(), await want.data(), "gradient", 1e-6);
     tf.dispose([x, bias, dy, g, want]);
+  });
+
+  it("rows by host indices (repeated, and −1 for zeros) and their gradient: one dispatch each way", async () => {
+    await initBackend("webgpu");
+    const [R, C] = [7, 5];
+    const xs = randn(R * C, 11);
+    const idx = Int32Array.from([3, -1, 0, 3, 6, 3, -1, 1]);
+    const dys = randn(idx.length * C, 12);
+    const want = new Float64Array(idx.length * C),
+      dx = new Float64Array(R * C);
+    idx.forEach((r, i) => {
+      for (let c = 0; c < C; c++) {
+        want[i * C + c] = r < 0 ? 0 : xs[r * C + c];
+        if (r >= 0) dx[r * C + c] += dys[i * C + c];
+      }
+    });
+    const x = tf.tensor2d(xs, [R, C]),
+      dy = tf.tensor2d(dys, [idx.length, C]);
+    const f = await dispatchesOf(() => gatherRows(x, idx));
+    expect(f.n).toBe(1);
+    close(f.values[0], want, "rows", 0);
+    const g = await dispatchesOf(() => tf.grad((a: tf.Tensor) => gatherRows(a as tf.Tensor2D, idx))(x, dy));
+    expect(g.n).toBe(2); // the forward again, and the gradient's one
+    close(g.values[0], dx, "gradient", 1e-6);
+    expect(() => gatherRows(x, Int32Array.from([R]))).toThrow(/index 7 outside \[-1, 7\)/);
+    tf.dispose([x, dy]);
   });
 
   it("RoPE and its gradient (the adjoint rotation): one dispatch each way, float64 reference", async () => {
