@@ -70,13 +70,17 @@ function forwardProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
 }
 
 /** Input gradient, one workgroup per row n: dxa[n] = s·dy[n]·blockdiag(B)ᵀ (workgroup memory and the
- *  output dxa), then result[n] = dxa[n]·[A₁|…]ᵀ. */
+ *  output dxa), then result[n] = dxa[n]·[A₁|…]ᵀ. The first product is summed as the forward's second
+ *  reads: each thread a stride of dy's columns (adjacent threads, adjacent columns of dy and B), its r
+ *  partial sums per member then added across the workgroup. */
 function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
   const { r, outs, scale } = a,
     k = outs.length,
     KR = k * r,
     OUT = outs.reduce((x, y) => x + y, 0),
     off = offsets(outs);
+  // the partial sums [wg, r] in workgroup memory beside ds: at most 8 KB of them
+  const wg = Math.max(1, Math.min(WG, 2 ** Math.floor(Math.log2(2048 / r))));
   const A = Array.from({ length: k }, (_, i) => `a${i}`),
     B = Array.from({ length: k }, (_, i) => `b${i}`);
   const p = new RowProgram(
@@ -84,21 +88,35 @@ function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
     `lora_dx_${inDim}_${r}_${outs.join("_")}_${scale}`,
     ["dy", ...A, ...B, "dxa"],
     [N, inDim],
-    { rows: N, wg: WG },
+    { rows: N, wg },
     `
   var<workgroup> ds: array<f32, ${KR}>;
+  var<workgroup> part: array<f32, ${wg * r}>;
   fn main(index: i32) {
     let N = uniforms.dyShape[0];
     let n = min(${ROW}, N - 1);
-    for (var m = i32(localIndex); m < ${KR}; m += ${WG}) {
-      var s = 0.0;
-      ${perMember(k, r, "m", (i) => `let t = m - ${i * r}; for (var j = 0; j < ${outs[i]}; j++) { s += dy[n * ${OUT} + ${off[i]} + j] * b${i}[t * ${outs[i]} + j]; }`)}
-      ds[m] = s * ${f32(Math.fround(scale))};
+    let l = i32(localIndex);
+    var acc: array<f32, ${r}>;
+    ${outs
+      .map(
+        (o, i) => `for (var t = 0; t < ${r}; t++) { acc[t] = 0.0; }
+    for (var j = l; j < ${o}; j += ${wg}) {
+      let d = dy[n * ${OUT} + ${off[i]} + j];
+      for (var t = 0; t < ${r}; t++) { acc[t] += d * b${i}[t * ${o} + j]; }
     }
+    for (var t = 0; t < ${r}; t++) { part[l * ${r} + t] = acc[t]; }
     workgroupBarrier();
+    for (var t = l; t < ${r}; t += ${wg}) {
+      var s = 0.0;
+      for (var q = 0; q < ${wg}; q++) { s += part[q * ${r} + t]; }
+      ds[${i * r} + t] = s * ${f32(Math.fround(scale))};
+    }
+    workgroupBarrier();`,
+      )
+      .join("\n    ")}
     if (${ROW} < N) {
-      for (var m = i32(localIndex); m < ${KR}; m += ${WG}) { dxa[n * ${KR} + m] = ds[m]; }
-      for (var c = i32(localIndex); c < ${inDim}; c += ${WG}) {
+      for (var m = l; m < ${KR}; m += ${wg}) { dxa[n * ${KR} + m] = ds[m]; }
+      for (var c = l; c < ${inDim}; c += ${wg}) {
         var s = 0.0;
         ${A.map((_, i) => `for (var t = 0; t < ${r}; t++) { s += ds[${i * r} + t] * a${i}[c * ${r} + t]; }`).join("\n        ")}
         result[n * ${inDim} + c] = s;

@@ -81,11 +81,18 @@ describe.skipIf(!gpu)("LoRA linear op on webgpu (lora-linear.ts)", () => {
     { name: "q/k/v-like, bias, f32 base", outs: [24, 8, 8], bias: true, addend: false, quantize: "none" as const },
     { name: "one member, residual, nf4 base", outs: [32], bias: false, addend: true, quantize: "nf4" as const },
     { name: "gate/up-like, both, int8 base", outs: [48, 48], bias: true, addend: true, quantize: "int8" as const },
-  ])("$name: value and every gradient equal a float64 reference", async ({ outs, bias, addend, quantize }) => {
+    {
+      name: "rank 40 (more than a workgroup's threads sum each row)",
+      outs: [24, 8, 8],
+      bias: false,
+      addend: false,
+      quantize: "none" as const,
+      r: 40,
+    },
+  ])("$name: value and every gradient equal a float64 reference", async ({ outs, bias, addend, quantize, r = 4 }) => {
     expect(await initBackend("webgpu")).toBe("webgpu");
     const N = 70, // more than one workgroup of rows' threads, not a multiple of 64
       IN = 32,
-      r = 4,
       s = 1.5,
       k = outs.length,
       OUT = outs.reduce((a, b) => a + b, 0);
