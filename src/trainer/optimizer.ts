@@ -1,8 +1,9 @@
 /** AdamW as torch.optim.AdamW computes it (decoupled weight decay, bias correction, no amsgrad), global
  *  gradient-norm clipping as torch.nn.utils.clip_grad_norm_, and the optimizer state as named
  *  Float32Arrays for checkpoints. On webgpu the step is the engine's device programs (engine/adamw.ts:
- *  two dispatches per variable and one per eight for the norm, the norm read once at the end); on
- *  other backends tfjs ops, with the norm read before the update. Leaves out param groups, amsgrad. */
+ *  one dispatch per group of variables for the update and one per group for the norm, the norm read
+ *  once at the end); on other backends tfjs ops, with the norm read before the update. Leaves out
+ *  param groups, amsgrad. */
 import * as tf from "@tensorflow/tfjs";
 import { deviceAdamW, deviceGradNorm, hasDeviceAdamW, type AdamWConstants } from "../engine/adamw.ts";
 import { NonFiniteError } from "../util/errors.ts";
@@ -118,11 +119,16 @@ export class AdamW {
     const gs = [...this.vars].map(([name, v]) => grads[name] ?? (zeros.push(tf.zerosLike(v)), zeros[zeros.length - 1]));
     const nc = deviceGradNorm(gs, maxNorm);
     try {
-      [...this.vars.values()].forEach((v, i) => {
-        const next = deviceAdamW(v, this.moments.get(v.name)!, gs[i], nc, k);
-        v.assign(next);
-        next.dispose();
-      });
+      const vars = [...this.vars.values()];
+      const next = deviceAdamW(
+        vars,
+        vars.map((v) => this.moments.get(v.name)!),
+        gs,
+        nc,
+        k,
+      );
+      vars.forEach((v, i) => v.assign(next[i]));
+      tf.dispose(next);
       const norm = (await nc.data())[0];
       if (!Number.isFinite(norm)) throw new NonFiniteError("gradient norm", norm);
       return norm;

@@ -1,11 +1,11 @@
-/** The optimizer step's WGSL programs (adamw.ts holds the op side): the squares of up to eight
- *  gradients summed per dispatch into one vector, its norm and clip coefficient, and per variable
- *  AdamW's moments (in place) and new weights. Hyperparameters and the step's bias corrections are
- *  uniforms, so one shader serves every step; sizes are compiled in. Float32 throughout, in the op
+/** The optimizer step's WGSL programs (adamw.ts holds the op side): the squares of a group of
+ *  gradients summed per dispatch into one vector, its norm and clip coefficient, and for a group of
+ *  variables per dispatch AdamW's moments (in place) and new weights. Hyperparameters and the step's
+ *  bias corrections are uniforms, so one shader serves every step; sizes are compiled in. Float32 throughout, in the op
  *  path's order of operations. */
 import type * as tf from "@tensorflow/tfjs";
 import { setWebgpuAdamW, type AdamWConstants } from "../adamw.ts";
-import { cols, RowProgram, rowPrelude, run, writeInto, type WebgpuModule } from "./program.ts";
+import { cols, RowProgram, rowPrelude, run, runMulti, writeInto, type WebgpuModule } from "./program.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 const WG = 256;
@@ -64,62 +64,73 @@ const ADAM_UNIFORMS = "beta1 : f32, omb1 : f32, beta2 : f32, omb2 : f32, eps : f
 const adamUniforms = (k: AdamWConstants) =>
   [k.beta1, 1 - k.beta1, k.beta2, 1 - k.beta2, k.eps, k.decay, k.stepSize, k.bc2Sqrt].map((x) => ({ type: "float32", data: [x] }));
 
-/** m ← β1·m + (1 − β1)·g·c and v ← β2·v + (1 − β2)·(g·c)², in place in result [2n]. */
-function momentsProgram(u: Util, n: number) {
-  const p = new RowProgram(
-    u,
-    "adam_moments",
-    ["g", "nc"],
-    [2 * n],
-    "flat",
-    `
-    fn main(index: i32) {
-      if (index < ${n} && ${FINITE}) {
-        let x = g[index] * nc[1];
-        result[index] = result[index] * uniforms.beta1 + x * uniforms.omb1;
-        result[${n} + index] = result[${n} + index] * uniforms.beta2 + x * x * uniforms.omb2;
-      }
-    }`,
-  );
-  p.uniforms = ADAM_UNIFORMS;
-  p.dispatch = u.computeDispatch(p.dispatchLayout, [n], p.workgroupSize); // one thread per weight
-  return p;
-}
-
-/** θ·(1 − lr·wd) − stepSize · m / (√v / √(1 − β2^t) + eps); θ itself when the norm is not finite. */
-function paramProgram(u: Util, n: number) {
-  const p = new RowProgram(
-    u,
-    "adam_param",
-    ["theta", "st", "nc"],
-    [n],
-    "flat",
-    `
-    fn main(index: i32) {
-      if (index < ${n}) {
-        let th = theta[index];
+/** AdamW for a group of variables in one dispatch, one thread per weight of them all: variable i's
+ *  moments st_i [2·n_i] in place, m ← β1·m + (1 − β1)·g·c and v ← β2·v + (1 − β2)·(g·c)², then its
+ *  new weights θ·(1 − lr·wd) − stepSize · m / (√v / √(1 − β2^t) + eps) into its output (result for
+ *  the first, the outputs written beside it for the others); θ itself and the moments unchanged when
+ *  the norm is not finite. */
+function updateProgram(u: Util, sizes: number[]) {
+  const total = sizes.reduce((a, b) => a + b, 0),
+    off = sizes.map((_, i) => sizes.slice(0, i).reduce((a, b) => a + b, 0));
+  const out = (i: number) => (i === 0 ? "result" : `out${i}`);
+  const body = (i: number) => {
+    const n = sizes[i];
+    return `let j = g - ${off[i]};
+        let th = th${i}[j];
         if (${FINITE}) {
-          let denom = sqrt(st[${n} + index]) / uniforms.bc2Sqrt + uniforms.eps;
-          result[index] = th * uniforms.decay - st[index] / denom * uniforms.stepSize;
+          let x = gr${i}[j] * nc[1];
+          let m = st${i}[j] * uniforms.beta1 + x * uniforms.omb1;
+          let v = st${i}[${n} + j] * uniforms.beta2 + x * x * uniforms.omb2;
+          st${i}[j] = m;
+          st${i}[${n} + j] = v;
+          ${out(i)}[j] = th * uniforms.decay - m / (sqrt(v) / uniforms.bc2Sqrt + uniforms.eps) * uniforms.stepSize;
         } else {
-          result[index] = th;
-        }
-      }
+          ${out(i)}[j] = th;
+        }`;
+  };
+  const idx = (name: string) => sizes.map((_, i) => `${name}${i}`);
+  const p = new RowProgram(
+    u,
+    "adam_update",
+    [...idx("th"), ...idx("gr"), "nc", ...idx("st"), ...idx("out").slice(1)],
+    [sizes[0]],
+    { rows: Math.ceil(total / 64), wg: 64 },
+    `
+    fn main(index: i32) {
+      let g = i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x) * 64 + i32(localIndex);
+      ${sizes
+        .map(
+          (_, i) => `${i ? "else " : ""}if (g < ${off[i] + sizes[i]}) {
+        ${body(i)}
+      }`,
+        )
+        .join(" ")}
     }`,
   );
   p.uniforms = ADAM_UNIFORMS;
+  p.writes = [...idx("st"), ...idx("out").slice(1)];
   return p;
 }
 
-/** Register the programs with adamw.ts (once the package is loaded). */
-export function registerWebgpuAdamW(mod: WebgpuModule): void {
+/** Register the programs with adamw.ts (once the package is loaded), grouped as the device's storage
+ *  bindings per shader stage allow: a sum of squares binds its gradients and the sums, an update four
+ *  buffers per variable (weights, gradient, moments, new weights) and the norm. */
+export function registerWebgpuAdamW(mod: WebgpuModule, storageBindings: number): void {
   const u = mod.webgpu_util;
   const size = (t: tf.TensorInfo) => t.shape.reduce((a, b) => a * b, 1);
   setWebgpuAdamW({
+    sumSquaresGroup: Math.max(1, Math.min(16, storageBindings - 1)),
+    updateGroup: Math.max(1, Math.min(8, Math.floor((storageBindings - 1) / 4))),
     sumSquares: (b, grads, acc, pos) =>
       writeInto(b, sumSquaresProgram(u, grads.map(size), size(acc)), grads, acc, [{ type: "int32", data: [pos] }]),
     normCoef: (b, acc, maxNorm) => run(b, normCoefProgram(u, size(acc)), [acc], [{ type: "float32", data: [maxNorm] }]),
-    moments: (b, state, g, nc, k) => writeInto(b, momentsProgram(u, size(g)), [g, nc], state, adamUniforms(k)),
-    param: (b, theta, state, nc, k) => run(b, paramProgram(u, size(theta)), [theta, state, nc], adamUniforms(k)),
+    update: (b, thetas, states, grads, nc, k) =>
+      runMulti(
+        b,
+        updateProgram(u, thetas.map(size)),
+        [...thetas, ...grads, nc, ...states],
+        thetas.slice(1).map((t) => [size(t)]),
+        adamUniforms(k),
+      ),
   });
 }

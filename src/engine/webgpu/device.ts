@@ -176,7 +176,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   (await import("./rows.ts")).registerWebgpuRows(mod);
   (await import("./heads.ts")).registerWebgpuHeads(mod);
   (await import("./vocab.ts")).registerWebgpuVocab(mod);
-  (await import("./adamw.ts")).registerWebgpuAdamW(mod);
+  (await import("./adamw.ts")).registerWebgpuAdamW(mod, device.limits.maxStorageBuffersPerShaderStage);
   (await import("./lora.ts")).registerWebgpuLora(mod);
   (await import("./gather-rows.ts")).registerWebgpuGatherRows(mod);
   Object.defineProperty(globalThis, "navigator", {

@@ -120,9 +120,13 @@ export const rowPrelude = (wg: number, rows: number | string) => `
  *  threads (each thread its own j): the scaffolding every row kernel repeats, written once. */
 export const cols = (n: number | string, wg: number, body: string) => `for (var j = i32(localIndex); j < ${n}; j += ${wg}) { ${body} }`;
 
-/** Runs p on inputs into a new float32 output (uniforms: the program's own, e.g. a step's constants). */
-export const run = (b: Backend, p: RowProgram, inputs: tf.TensorInfo[], uniforms?: object[]) =>
-  b.runWebGPUProgram(p, inputs, "float32", uniforms) as tf.TensorInfo;
+/** Runs p on inputs into a new float32 output (uniforms: the program's own, e.g. a step's constants).
+ *  Inputs the program writes (p.writes) lose any copy of their values held on the host. */
+export function run(b: Backend, p: RowProgram, inputs: tf.TensorInfo[], uniforms?: object[]): tf.TensorInfo {
+  const out = b.runWebGPUProgram(p, inputs, "float32", uniforms) as tf.TensorInfo;
+  for (const name of p.writes) b.tensorMap.get(inputs[p.variableNames.indexOf(name)].dataId).values = null;
+  return out;
+}
 
 /** Runs p into a new float32 `result` and new float32 outputs of `extra` shapes, passed to the
  *  program as its last inputs (named last in p's inputs and in p.writes), which it writes: several
