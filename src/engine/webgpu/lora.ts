@@ -128,9 +128,12 @@ function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
   return p;
 }
 
-/** The factors' gradients, one thread per output column: dAᵢ[c] = Σₙ x[n, c]·dxa[n, i·r + t] (thread
- *  (i, c)) and dBᵢ[:, j] = Σₙ xas[n, i·r + t]·dy[n, j] (thread j), for t < r. result is dA₀; the
- *  other members' dA and every dB are the outputs written beside it. */
+/** The factors' gradients, one output column per thread group: dAᵢ[c, :] = Σₙ x[n, c]·dxa[n, i·r + ·]
+ *  (column (i, c)) and dBᵢ[:, j] = Σₙ xas[n, i·r + ·]·dy[n, j] (column j), r sums each. A workgroup
+ *  takes 8 adjacent columns (adjacent threads read adjacent elements of a row of x or dy) and L lanes
+ *  that split the rows, whose partial sums are then added in workgroup memory: the rows (thousands in
+ *  a training micro-step) are shared by L threads and the columns spread over many workgroups. result
+ *  is dA₀; the other members' dA and every dB are the outputs written beside it. */
 function factorGradProgram(u: Util, inDim: number, a: LoraAttrs) {
   const { r, outs } = a,
     k = outs.length,
@@ -139,40 +142,64 @@ function factorGradProgram(u: Util, inDim: number, a: LoraAttrs) {
     off = offsets(outs);
   const dA = Array.from({ length: k }, (_, i) => (i === 0 ? "result" : `da${i}`)),
     dB = Array.from({ length: k }, (_, i) => `db${i}`);
-  const threads = k * inDim + OUT;
+  const columns = k * inDim + OUT,
+    CW = 8,
+    L = Math.max(1, Math.min(8, 2 ** Math.floor(Math.log2(256 / r)))), // partial sums ≤ 8 KB
+    wg = CW * L;
   const p = new RowProgram(
     u,
     `lora_dw_${inDim}_${r}_${outs.join("_")}`,
     ["x", "dxa", "xas", "dy", ...dA.slice(1), ...dB],
     [inDim, r],
-    { rows: Math.ceil(threads / WG), wg: WG },
+    { rows: Math.ceil(columns / CW), wg },
     `
+  var<workgroup> part: array<f32, ${wg * r}>;
   fn main(index: i32) {
     let N = uniforms.xShape[0];
-    let g = ${ROW} * ${WG} + i32(localIndex);
+    let l = i32(localIndex);
+    let g = ${ROW} * ${CW} + l % ${CW}; // the column
+    let lane = l / ${CW};
     var acc: array<f32, ${r}>;
     for (var t = 0; t < ${r}; t++) { acc[t] = 0.0; }
     if (g < ${k * inDim}) {
       let i = g / ${inDim};
       let c = g - i * ${inDim};
-      for (var n = 0; n < N; n++) {
+      for (var n = lane; n < N; n += ${L}) {
         let xv = x[n * ${inDim} + c];
         for (var t = 0; t < ${r}; t++) { acc[t] += xv * dxa[n * ${KR} + i * ${r} + t]; }
       }
-      ${dA.map((d, i) => `${i ? "else " : ""}if (i == ${i}) { for (var t = 0; t < ${r}; t++) { ${d}[c * ${r} + t] = acc[t]; } }`).join(" ")}
-    } else if (g < ${threads}) {
+    } else if (g < ${columns}) {
       let j = g - ${k * inDim};
       ${outs
         .map(
           (o, i) => `${i ? "else " : ""}if (j < ${off[i] + o}) {
-        for (var n = 0; n < N; n++) {
+        for (var n = lane; n < N; n += ${L}) {
           let dv = dy[n * ${OUT} + j];
           for (var t = 0; t < ${r}; t++) { acc[t] += xas[n * ${KR} + ${i * r} + t] * dv; }
         }
-        for (var t = 0; t < ${r}; t++) { db${i}[t * ${o} + j - ${off[i]}] = acc[t]; }
       }`,
         )
         .join(" ")}
+    }
+    for (var t = 0; t < ${r}; t++) { part[l * ${r} + t] = acc[t]; }
+    workgroupBarrier();
+    if (lane == 0 && g < ${columns}) {
+      for (var q = 1; q < ${L}; q++) {
+        for (var t = 0; t < ${r}; t++) { acc[t] += part[(q * ${CW} + l) * ${r} + t]; }
+      }
+      if (g < ${k * inDim}) {
+        let i = g / ${inDim};
+        let c = g - i * ${inDim};
+        ${dA.map((d, i) => `${i ? "else " : ""}if (i == ${i}) { for (var t = 0; t < ${r}; t++) { ${d}[c * ${r} + t] = acc[t]; } }`).join(" ")}
+      } else {
+        let j = g - ${k * inDim};
+        ${outs
+          .map(
+            (o, i) =>
+              `${i ? "else " : ""}if (j < ${off[i] + o}) { for (var t = 0; t < ${r}; t++) { db${i}[t * ${o} + j - ${off[i]}] = acc[t]; } }`,
+          )
+          .join(" ")}
+      }
     }
   }`,
   );
