@@ -5,6 +5,7 @@
  *  as the epilogue, and one kernel for every factor's gradient: 5 dispatches a module where the ops
  *  took 10 to 17 (the products per member, the scaling, the concatenated A and block-diagonal B, and
  *  their gradients' slices, splits and sums). The members' factors stay their own variables (PEFT's).
+ *  Gate/up may take SwiGLU inside its kernels (act "swiglu").
  *  The kernels are in webgpu/lora.ts; other backends keep lora.ts' ops and their bits. */
 import * as tf from "@tensorflow/tfjs";
 import type { CustomGradFn } from "./kernels.ts";
@@ -19,6 +20,8 @@ export interface LoraAttrs {
   r: number;
   outs: number[];
   scale: number;
+  /** Gate and up (two members of one width) through SwiGLU: the op's output is silu(gate)·up. */
+  swiglu: boolean;
 }
 
 /** At most this many members (a fused module has 2 or 3). */
@@ -38,7 +41,9 @@ export function loraLinearRuns(as: tf.Tensor2D[], bs: tf.Tensor2D[]): boolean {
 
 /** x [N, in] through the frozen base (its bias and `addend` [N, Σout] the product's epilogue) plus the
  *  LoRA terms of members with factors as [in, r] and bs [r, outᵢ] → [N, Σout], differentiable in x,
- *  the addend and every factor. Call where loraLinearRuns. */
+ *  the addend and every factor. With act "swiglu" (gate and up, two members of width I) the output is
+ *  silu(gate)·up [N, I], the activation and its gradient inside the LoRA kernels (two dispatches fewer
+ *  than SwiGLU's own). Call where loraLinearRuns. */
 export function loraLinear(
   x: tf.Tensor2D,
   base: FrozenProduct,
@@ -46,9 +51,13 @@ export function loraLinear(
   as: tf.Tensor2D[],
   bs: tf.Tensor2D[],
   scale: number,
+  act?: "swiglu",
 ): tf.Tensor2D {
   const k = as.length,
-    attrs = { r: as[0].shape[1], outs: bs.map((b) => b.shape[1]), scale };
+    swiglu = act === "swiglu",
+    attrs: LoraAttrs = { r: as[0].shape[1], outs: bs.map((b) => b.shape[1]), scale, swiglu };
+  if (swiglu && (k !== 2 || attrs.outs[0] !== attrs.outs[1]))
+    throw new Error(`loraLinear: swiglu takes gate and up of one width, got widths ${attrs.outs.join(", ")}`);
   const named = (name: string, ts: tf.Tensor2D[]) => Object.fromEntries(ts.map((t, i) => [`${name}${i}`, t]));
   const lead = addend ? 2 : 1;
   const f = tf.customGrad(((...args: unknown[]) => {
@@ -58,20 +67,31 @@ export function loraLinear(
       fa = ts.slice(lead, lead + k),
       fb = ts.slice(lead + k);
     const y = base.forward(xx, addend ? ts[1] : undefined);
-    const [out, xas] = tf.engine().runKernel(LORA_FWD, { x: xx, y, ...named("a", fa), ...named("b", fb) }, attrs as never) as tf.Tensor2D[];
+    const [out, xas, pre] = tf
+      .engine()
+      .runKernel(LORA_FWD, { x: xx, y, ...named("a", fa), ...named("b", fb) }, attrs as never) as tf.Tensor2D[];
     y.dispose();
-    save([xx, xas, ...fa, ...fb]);
+    save([xx, xas, ...(pre ? [pre] : []), ...fa, ...fb]);
     return {
       value: out,
       gradFunc: (dy: tf.Tensor2D, saved: tf.Tensor[]) => {
-        const [sx, sxas, ...factors] = saved as tf.Tensor2D[];
-        const sa = factors.slice(0, k),
-          sb = factors.slice(k);
-        const [dxLora, dxa] = tf.engine().runKernel(LORA_DX, { dy, ...named("a", sa), ...named("b", sb) }, attrs as never) as tf.Tensor2D[];
-        const dx = base.inputGrad(dy, dxLora);
-        const dw = tf.engine().runKernel(LORA_DW, { x: sx, dxa, xas: sxas, dy }, attrs as never) as tf.Tensor2D[];
-        tf.dispose([dxLora, dxa]);
-        return [dx, ...(addend ? [tf.clone(dy)] : []), ...dw];
+        const [sx, sxas, ...rest] = saved as tf.Tensor2D[];
+        const spre = swiglu ? rest.shift() : undefined;
+        const sa = rest.slice(0, k),
+          sb = rest.slice(k);
+        const [dxLora, dxa, dgu] = tf
+          .engine()
+          .runKernel(
+            LORA_DX,
+            { dy, ...(spre ? { pre: spre } : {}), ...named("a", sa), ...named("b", sb) },
+            attrs as never,
+          ) as tf.Tensor2D[];
+        const dOut = dgu ?? dy; // the gradient of the fused output (before the activation)
+        const dx = base.inputGrad(dOut, dxLora);
+        const dw = tf.engine().runKernel(LORA_DW, { x: sx, dxa, xas: sxas, dy: dOut }, attrs as never) as tf.Tensor2D[];
+        const dAddend = addend ? [tf.clone(dOut)] : [];
+        tf.dispose([dxLora, dxa, ...(dgu ? [dgu] : [])]);
+        return [dx, ...dAddend, ...dw];
       },
     };
   }) as unknown as CustomGradFn);

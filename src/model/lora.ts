@@ -268,7 +268,8 @@ export class LoraAdapter {
 
   /** A frozen fused module with its members' LoRA terms as one op (lora-linear.ts: 5 dispatches where
    *  the ops take 10 to 17), where it runs: webgpu, every member with an adapter, no dropout while
-   *  training and no held factors (generation's); null elsewhere (the caller takes the ops). */
+   *  training and no held factors (generation's); null elsewhere (the caller takes the ops). act
+   *  "swiglu" (gate/up): the output is the activation, silu(gate)·up. */
   linear(
     layer: number,
     members: readonly LoraTarget[],
@@ -276,6 +277,7 @@ export class LoraAdapter {
     training: boolean,
     base: () => FrozenProduct | null,
     addend?: tf.Tensor2D,
+    act?: "swiglu",
   ): tf.Tensor2D | null {
     if ((training && this.config.dropout > 0) || this.heldNow()) return null;
     const pairs = members.map((m) => this.pairs.get(`${layer}.${m}`));
@@ -284,7 +286,7 @@ export class LoraAdapter {
       bs = pairs.map((p) => p!.b as tf.Tensor as tf.Tensor2D);
     if (!loraLinearRuns(as, bs)) return null;
     const product = base();
-    return product && loraLinear(x, product, addend, as, bs, this.scaling);
+    return product && loraLinear(x, product, addend, as, bs, this.scaling, act);
   }
 
   /** A fused module's weight delta scaling · [A₁|A₂|…] · blockdiag(B₁, B₂, …) [in, Σout] (zero columns

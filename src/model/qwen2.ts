@@ -113,16 +113,17 @@ export class Qwen2ForCausalLM implements CausalLM {
 
   /** One fused module: x [N, in] → [N, out] (its members' outputs side by side), with the q/k/v
    *  bias and its members' LoRA terms as one tensor (on webgpu one op, lora.ts linear; elsewhere
-   *  lora.ts addFusedDelta), plus `residual` where
-   *  given: where the backend profile has fusedAddend, it is the base product's epilogue (one dispatch
-   *  fewer), elsewhere added last, residual + projection, as the layer always summed. */
-  private proj(layer: number, f: FusedModule, x: tf.Tensor2D, opts: ForwardOptions, residual?: tf.Tensor2D): tf.Tensor2D {
+   *  lora.ts addFusedDelta), plus `residual` where given: where the backend profile has fusedAddend,
+   *  it is the base product's epilogue (one dispatch fewer), elsewhere added last, residual +
+   *  projection, as the layer always summed. act "swiglu": silu(gate)·up of gate/up's output (inside
+   *  the one LoRA op where it runs). */
+  private proj(layer: number, f: FusedModule, x: tf.Tensor2D, opts: ForwardOptions, residual?: tf.Tensor2D, act?: "swiglu"): tf.Tensor2D {
     if (residual && !backendProfile().fusedAddend) return tf.add(residual, this.proj(layer, f, x, opts));
     const lw = this.weights.layers[layer],
       bias = f === "qkv_proj" ? lw.qkvBias : undefined;
     const ad = this.adapter,
       lora = ad && opts.adapters !== false && this.merged !== ad;
-    const one = lora ? ad.linear(layer, FUSED[f], x, opts.training === true, () => lw.proj[f].frozen(bias), residual) : null;
+    const one = lora ? ad.linear(layer, FUSED[f], x, opts.training === true, () => lw.proj[f].frozen(bias), residual, act) : null;
     if (one) return one;
     let y = lw.proj[f].matmul(x, { bias, addend: residual });
     if (lora)
@@ -134,7 +135,7 @@ export class Qwen2ForCausalLM implements CausalLM {
         opts.training === true,
         y,
       );
-    return y;
+    return act ? swiglu(y) : y;
   }
 
   /** The decoder stack: new tokens (after `cache`, if any) → final-normed hidden [B·T, hidden], and the
@@ -250,7 +251,7 @@ export class Qwen2ForCausalLM implements CausalLM {
     }
     x = this.proj(l, "o_proj", att, opts, x);
     const n = this.rmsNorm(x, lw.postNorm);
-    const act = swiglu(this.proj(l, "gate_up_proj", n, opts)); // silu(gate)·up, [N, I]
+    const act = this.proj(l, "gate_up_proj", n, opts, undefined, "swiglu"); // silu(gate)·up, [N, I]
     x = this.proj(l, "down_proj", act, opts, x);
     return { x, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };
   }

@@ -1,7 +1,8 @@
 /** LoRA's terms of a fused module as three WGSL programs (lora-linear.ts holds the op and its
  *  gradient): the forward (y + s·(x·A)·blockdiag(B), and s·x·A kept for the backward pass), the input
  *  gradient (s·dy·blockdiag(B)ᵀ and its product with Aᵀ) and the factors' gradients (xᵀ·dxa and
- *  (s·x·A)ᵀ·dy, every member's in one dispatch). Members (up to 8) share one rank r; each has its own A
+ *  (s·x·A)ᵀ·dy, every member's in one dispatch). Gate/up can take SwiGLU in the first two (the
+ *  activation as the forward's output, its gradient formed as the input gradient reads dy). Members (up to 8) share one rank r; each has its own A
  *  [in, r] and B [r, outᵢ] binding, so fused modules need no concatenated or padded factors. The row
  *  count is read from the shapes' uniforms, so one shader serves every batch. */
 import type * as tf from "@tensorflow/tfjs";
@@ -24,26 +25,56 @@ const perMember = (k: number, r: number, m: string, body: (i: number) => string)
 const ROW = `i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x)`;
 
 /** Forward, one workgroup per row n: xs = s·x[n]·[A₁|…] into workgroup memory (and the output xas),
- *  then result[n] = y[n] + xs·blockdiag(B). */
+ *  then result[n] = y[n] + xs·blockdiag(B). With swiglu (gate and up, I columns each) result[n] is
+ *  silu(gate)·up [I] instead, and gate and up themselves go to the output pre [N, 2I] (the
+ *  activation's backward reads them). */
 function forwardProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
-  const { r, outs, scale } = a,
+  const { r, outs, scale, swiglu } = a,
     k = outs.length,
     KR = k * r,
     OUT = outs.reduce((x, y) => x + y, 0),
-    off = offsets(outs);
+    off = offsets(outs),
+    I = outs[0];
   const A = Array.from({ length: k }, (_, i) => `a${i}`),
     B = Array.from({ length: k }, (_, i) => `b${i}`);
+  const term = (i: number, j: string) => `y[n * ${OUT} + ${off[i]} + ${j}] + dot${i}(${j})`;
+  const dots = outs
+    .map(
+      (o, i) => `fn dot${i}(j: i32) -> f32 {
+    var s = 0.0;
+    for (var t = 0; t < ${r}; t++) { s += xs[${i * r} + t] * b${i}[t * ${o} + j]; }
+    return s;
+  }`,
+    )
+    .join("\n  ");
+  const write = swiglu
+    ? `for (var j = i32(localIndex); j < ${I}; j += ${WG}) {
+        let g = ${term(0, "j")};
+        let up = ${term(1, "j")};
+        pre[n * ${2 * I} + j] = g;
+        pre[n * ${2 * I} + ${I} + j] = up;
+        result[n * ${I} + j] = g / (1.0 + exp(-g)) * up;
+      }`
+    : outs
+        .map(
+          (o, i) => `for (var j = i32(localIndex); j < ${o}; j += ${WG}) {
+        result[n * ${OUT} + ${off[i]} + j] = ${term(i, "j")};
+      }`,
+        )
+        .join("\n      ");
   const p = new RowProgram(
     u,
-    `lora_fwd_${inDim}_${r}_${outs.join("_")}_${scale}`,
-    ["x", "y", ...A, ...B, "xas"],
-    [N, OUT],
+    `lora_fwd_${inDim}_${r}_${outs.join("_")}_${scale}${swiglu ? "_swiglu" : ""}`,
+    ["x", "y", ...A, ...B, "xas", ...(swiglu ? ["pre"] : [])],
+    swiglu ? [N, I] : [N, OUT],
     { rows: N, wg: WG },
     `
   var<workgroup> xs: array<f32, ${KR}>;
+  var<private> n: i32;
+  ${dots}
   fn main(index: i32) {
     let N = uniforms.xShape[0];
-    let n = min(${ROW}, N - 1);
+    n = min(${ROW}, N - 1);
     for (var m = i32(localIndex); m < ${KR}; m += ${WG}) {
       var s = 0.0;
       ${perMember(k, r, "m", (i) => `let t = m - ${i * r}; for (var c = 0; c < ${inDim}; c++) { s += x[n * ${inDim} + c] * a${i}[c * ${r} + t]; }`)}
@@ -52,41 +83,44 @@ function forwardProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
     workgroupBarrier();
     if (${ROW} < N) {
       for (var m = i32(localIndex); m < ${KR}; m += ${WG}) { xas[n * ${KR} + m] = xs[m]; }
-      ${outs
-        .map(
-          (o, i) => `for (var j = i32(localIndex); j < ${o}; j += ${WG}) {
-        var s = 0.0;
-        for (var t = 0; t < ${r}; t++) { s += xs[${i * r} + t] * b${i}[t * ${o} + j]; }
-        let at = n * ${OUT} + ${off[i]} + j;
-        result[at] = y[at] + s;
-      }`,
-        )
-        .join("\n      ")}
+      ${write}
     }
   }`,
   );
-  p.writes = ["xas"];
+  p.writes = ["xas", ...(swiglu ? ["pre"] : [])];
   return p;
 }
 
 /** Input gradient, one workgroup per row n: dxa[n] = s·dy[n]·blockdiag(B)ᵀ (workgroup memory and the
  *  output dxa), then result[n] = dxa[n]·[A₁|…]ᵀ. The first product is summed as the forward's second
  *  reads: each thread a stride of dy's columns (adjacent threads, adjacent columns of dy and B), its r
- *  partial sums per member then added across the workgroup. */
+ *  partial sums per member then added across the workgroup. With swiglu, dy is the activation's
+ *  gradient [N, I]: each column's gradient of gate and up (from pre, the forward's) is formed as it
+ *  is read, and written to the output dgu [N, 2I] for the base's and the factors' gradients. */
 function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
-  const { r, outs, scale } = a,
+  const { r, outs, scale, swiglu } = a,
     k = outs.length,
     KR = k * r,
     OUT = outs.reduce((x, y) => x + y, 0),
-    off = offsets(outs);
+    off = offsets(outs),
+    I = outs[0];
   // the partial sums [wg, r] in workgroup memory beside ds: at most 8 KB of them
   const wg = Math.max(1, Math.min(WG, 2 ** Math.floor(Math.log2(2048 / r))));
   const A = Array.from({ length: k }, (_, i) => `a${i}`),
     B = Array.from({ length: k }, (_, i) => `b${i}`);
+  // member i's dy at column j: read, or (swiglu) formed from gate, up and the activation's gradient
+  const dyAt = (i: number) =>
+    !swiglu
+      ? `let d = dy[n * ${OUT} + ${off[i]} + j];`
+      : `let g = pre[n * ${2 * I} + j];
+      let sg = 1.0 / (1.0 + exp(-g));
+      let da = dy[n * ${I} + j];
+      let d = ${i === 0 ? `da * pre[n * ${2 * I} + ${I} + j] * sg * (1.0 + g * (1.0 - sg))` : "da * g * sg"};
+      if (live) { dgu[n * ${2 * I} + ${i * I} + j] = d; }`;
   const p = new RowProgram(
     u,
-    `lora_dx_${inDim}_${r}_${outs.join("_")}_${scale}`,
-    ["dy", ...A, ...B, "dxa"],
+    `lora_dx_${inDim}_${r}_${outs.join("_")}_${scale}${swiglu ? "_swiglu" : ""}`,
+    ["dy", ...(swiglu ? ["pre"] : []), ...A, ...B, "dxa", ...(swiglu ? ["dgu"] : [])],
     [N, inDim],
     { rows: N, wg },
     `
@@ -95,13 +129,14 @@ function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
   fn main(index: i32) {
     let N = uniforms.dyShape[0];
     let n = min(${ROW}, N - 1);
+    let live = ${ROW} < N;
     let l = i32(localIndex);
     var acc: array<f32, ${r}>;
     ${outs
       .map(
         (o, i) => `for (var t = 0; t < ${r}; t++) { acc[t] = 0.0; }
     for (var j = l; j < ${o}; j += ${wg}) {
-      let d = dy[n * ${OUT} + ${off[i]} + j];
+      ${dyAt(i)}
       for (var t = 0; t < ${r}; t++) { acc[t] += d * b${i}[t * ${o} + j]; }
     }
     for (var t = 0; t < ${r}; t++) { part[l * ${r} + t] = acc[t]; }
@@ -114,7 +149,7 @@ function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
     workgroupBarrier();`,
       )
       .join("\n    ")}
-    if (${ROW} < N) {
+    if (live) {
       for (var m = l; m < ${KR}; m += ${wg}) { dxa[n * ${KR} + m] = ds[m]; }
       for (var c = l; c < ${inDim}; c += ${wg}) {
         var s = 0.0;
@@ -124,7 +159,7 @@ function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
     }
   }`,
   );
-  p.writes = ["dxa"];
+  p.writes = ["dxa", ...(swiglu ? ["dgu"] : [])];
   return p;
 }
 
@@ -225,7 +260,7 @@ export function registerWebgpuLora(mod: WebgpuModule): void {
           backend,
           forwardProgram(u, N, inDim, a),
           [ins.x, ins.y, ...members(ins, "a", k), ...members(ins, "b", k)],
-          [[N, k * a.r]],
+          [[N, k * a.r], ...(a.swiglu ? [[N, 2 * a.outs[0]]] : [])],
         );
       },
     on,
@@ -242,8 +277,8 @@ export function registerWebgpuLora(mod: WebgpuModule): void {
         return runMulti(
           backend,
           inputGradProgram(u, N, inDim, a),
-          [ins.dy, ...members(ins, "a", k), ...members(ins, "b", k)],
-          [[N, k * a.r]],
+          [ins.dy, ...(a.swiglu ? [ins.pre] : []), ...members(ins, "a", k), ...members(ins, "b", k)],
+          [[N, k * a.r], ...(a.swiglu ? [[N, 2 * a.outs[0]]] : [])],
         );
       },
     on,

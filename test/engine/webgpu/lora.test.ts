@@ -81,6 +81,8 @@ describe.skipIf(!gpu)("LoRA linear op on webgpu (lora-linear.ts)", () => {
     { name: "q/k/v-like, bias, f32 base", outs: [24, 8, 8], bias: true, addend: false, quantize: "none" as const },
     { name: "one member, residual, nf4 base", outs: [32], bias: false, addend: true, quantize: "nf4" as const },
     { name: "gate/up-like, both, int8 base", outs: [48, 48], bias: true, addend: true, quantize: "int8" as const },
+    { name: "gate/up through SwiGLU, nf4 base", outs: [48, 48], bias: false, addend: false, quantize: "nf4" as const, swiglu: true },
+    { name: "SwiGLU with a bias and an addend", outs: [40, 40], bias: true, addend: true, quantize: "none" as const, swiglu: true },
     {
       name: "rank 40 (more than a workgroup's threads sum each row)",
       outs: [24, 8, 8],
@@ -89,13 +91,16 @@ describe.skipIf(!gpu)("LoRA linear op on webgpu (lora-linear.ts)", () => {
       quantize: "none" as const,
       r: 40,
     },
-  ])("$name: value and every gradient equal a float64 reference", async ({ outs, bias, addend, quantize, r = 4 }) => {
+  ])("$name: value and every gradient equal a float64 reference", async ({ outs, bias, addend, quantize, r = 4, swiglu = false }) => {
     expect(await initBackend("webgpu")).toBe("webgpu");
     const N = 70, // more than one workgroup of rows' threads, not a multiple of 64
       IN = 32,
       s = 1.5,
       k = outs.length,
-      OUT = outs.reduce((a, b) => a + b, 0);
+      OUT = outs.reduce((a, b) => a + b, 0),
+      I = outs[0],
+      W = swiglu ? I : OUT; // the op's output width
+    const act = swiglu ? ("swiglu" as const) : undefined;
     const wData = (await randn([IN, OUT], 1).data()) as Float32Array;
     const base = BaseWeight.fromFloat32(wData, IN, OUT, quantize);
     const w = (await tf.tidy(() => base.value()).data()) as Float32Array; // what the base multiplies by
@@ -104,7 +109,7 @@ describe.skipIf(!gpu)("LoRA linear op on webgpu (lora-linear.ts)", () => {
       add = addend ? (randn([N, OUT], 4) as tf.Tensor2D) : undefined,
       as = outs.map((_, i) => randn([IN, r], 10 + i) as tf.Tensor2D),
       bs = outs.map((o, i) => randn([r, o], 20 + i) as tf.Tensor2D),
-      C = randn([N, OUT], 5);
+      C = randn([N, W], 5);
     expect(loraLinearRuns(as, bs)).toBe(true);
     const n0 = tf.memory().numTensors;
     const inputs = [x, ...(add ? [add] : []), ...as, ...bs];
@@ -113,7 +118,7 @@ describe.skipIf(!gpu)("LoRA linear op on webgpu (lora-linear.ts)", () => {
         const { value, grads } = tf.valueAndGrads((...ts: tf.Tensor[]) => {
           const [xx, ...rest] = ts as tf.Tensor2D[];
           const aa = add ? rest.shift() : undefined;
-          return tf.sum(tf.mul(loraLinear(xx, base.frozen(b1)!, aa, rest.slice(0, k), rest.slice(k), s), C));
+          return tf.sum(tf.mul(loraLinear(xx, base.frozen(b1)!, aa, rest.slice(0, k), rest.slice(k), s, act), C));
         })(inputs);
         return [value, ...grads];
       }),
@@ -121,10 +126,10 @@ describe.skipIf(!gpu)("LoRA linear op on webgpu (lora-linear.ts)", () => {
     const names = prof.kernels.map((kk) => kk.name);
     for (const kn of [LORA_FWD, LORA_DX, LORA_DW]) expect(names).toContain(kn);
     // (a bias and a residual together are summed first: no module of the model has both)
-    for (const gone of ["Concat", "MarlBlockDiag", "SplitV", "Slice", ...(bias && addend ? [] : ["Add"])])
+    for (const gone of ["Concat", "MarlBlockDiag", "SplitV", "Slice", "MarlSwiglu", "MarlSwigluGrad", ...(bias && addend ? [] : ["Add"])])
       expect(names).not.toContain(gone);
     const [, ...grads] = prof.result as tf.Tensor[];
-    // the reference, in float64
+    // the reference, in float64: the fused output y (before any activation), then the activation
     const xd = (await x.data()) as Float32Array,
       cd = (await C.data()) as Float32Array;
     const ad = await Promise.all(as.map(async (a) => (await a.data()) as Float32Array)),
@@ -135,26 +140,6 @@ describe.skipIf(!gpu)("LoRA linear op on webgpu (lora-linear.ts)", () => {
       for (let n = 0; n < N; n++) for (let j = 0; j < outs[i]; j++) out[n * outs[i] + j] = m[n * OUT + off[i] + j];
       return out;
     };
-    let dx = matmul64(cd, w, N, OUT, IN, true);
-    const dA: Float64Array[] = [],
-      dB: Float64Array[] = [];
-    for (let i = 0; i < k; i++) {
-      const xas = matmul64(xd, ad[i], N, IN, r).map((v) => v * s);
-      const Ci = block(cd, i);
-      const dxa = matmul64(Ci, bd[i], N, outs[i], r, true).map((v) => v * s);
-      const dxl = matmul64(dxa, ad[i], N, r, IN, true);
-      dx = dx.map((v, j) => v + dxl[j]);
-      dA.push(matmul64(transpose64(xd, N, IN), dxa, IN, N, r));
-      dB.push(matmul64(transpose64(xas, N, r), Ci, r, N, outs[i]));
-    }
-    const want = [dx, ...(add ? [Float64Array.from(cd)] : []), ...dA, ...dB];
-    expect(grads.length).toBe(want.length);
-    for (let i = 0; i < want.length; i++)
-      expect(relErr((await grads[i].data()) as Float32Array, want[i]), `gradient ${i}`).toBeLessThan(1e-5);
-    // the value
-    const value = tf.tidy(() => loraLinear(x, base.frozen(b1)!, add, as, bs, s));
-    const got = (await value.data()) as Float32Array;
-    value.dispose();
     const y = matmul64(xd, w, N, IN, OUT);
     const bv = b1 ? ((await b1.data()) as Float32Array) : null,
       av = add ? ((await add.data()) as Float32Array) : null;
@@ -169,10 +154,56 @@ describe.skipIf(!gpu)("LoRA linear op on webgpu (lora-linear.ts)", () => {
       for (let n = 0; n < N; n++) for (let j = 0; j < outs[i]; j++) y[n * OUT + off[i] + j] += t[n * outs[i] + j];
     }
     for (let n = 0; n < N; n++) for (let j = 0; j < OUT; j++) y[n * OUT + j] += (bv?.[j] ?? 0) + (av?.[n * OUT + j] ?? 0);
-    expect(relErr(got, y)).toBeLessThan(1e-5);
+    let value = y,
+      dOut: Float64Array = Float64Array.from(cd); // the gradient of y
+    if (swiglu) {
+      value = new Float64Array(N * I);
+      dOut = new Float64Array(N * OUT);
+      for (let n = 0; n < N; n++)
+        for (let j = 0; j < I; j++) {
+          const g = y[n * OUT + j],
+            up = y[n * OUT + I + j],
+            sg = 1 / (1 + Math.exp(-g)),
+            c = cd[n * I + j];
+          value[n * I + j] = g * sg * up;
+          dOut[n * OUT + j] = c * up * sg * (1 + g * (1 - sg));
+          dOut[n * OUT + I + j] = c * g * sg;
+        }
+    }
+    let dx = matmul64(dOut, w, N, OUT, IN, true);
+    const dA: Float64Array[] = [],
+      dB: Float64Array[] = [];
+    for (let i = 0; i < k; i++) {
+      const xas = matmul64(xd, ad[i], N, IN, r).map((v) => v * s);
+      const Ci = block(dOut, i);
+      const dxa = matmul64(Ci, bd[i], N, outs[i], r, true).map((v) => v * s);
+      const dxl = matmul64(dxa, ad[i], N, r, IN, true);
+      dx = dx.map((v, j) => v + dxl[j]);
+      dA.push(matmul64(transpose64(xd, N, IN), dxa, IN, N, r));
+      dB.push(matmul64(transpose64(xas, N, r), Ci, r, N, outs[i]));
+    }
+    const want = [dx, ...(add ? [dOut] : []), ...dA, ...dB];
+    expect(grads.length).toBe(want.length);
+    for (let i = 0; i < want.length; i++)
+      expect(relErr((await grads[i].data()) as Float32Array, want[i]), `gradient ${i}`).toBeLessThan(1e-5);
+    const v = tf.tidy(() => loraLinear(x, base.frozen(b1)!, add, as, bs, s, act));
+    expect(v.shape).toEqual([N, W]);
+    expect(relErr((await v.data()) as Float32Array, value)).toBeLessThan(1e-5);
+    v.dispose();
     tf.dispose(prof.result as tf.Tensor[]);
     expect(tf.memory().numTensors).toBe(n0);
     tf.dispose([x, C, ...as, ...bs, ...(b1 ? [b1] : []), ...(add ? [add] : [])]);
+    base.dispose();
+  });
+
+  it("refuses SwiGLU on members that are not gate and up of one width", async () => {
+    expect(await initBackend("webgpu")).toBe("webgpu");
+    const base = BaseWeight.fromFloat32(new Float32Array(8 * 12), 8, 12, "none");
+    const as = [0, 1].map(() => tf.zeros([8, 2]) as tf.Tensor2D),
+      bs = [4, 8].map((o) => tf.zeros([2, o]) as tf.Tensor2D),
+      x = tf.zeros([3, 8]) as tf.Tensor2D;
+    expect(() => loraLinear(x, base.frozen()!, undefined, as, bs, 2, "swiglu")).toThrow(/gate and up of one width, got widths 4, 8/);
+    tf.dispose([...as, ...bs, x]);
     base.dispose();
   });
 });
