@@ -291,3 +291,69 @@ const registerSeqHeadsGradient = once(() =>
     },
   }),
 );
+
+export const SHARED_HEADS = "MarlSharedHeads",
+  SHARED_HEADS_GRAD = "MarlSharedHeadsGrad";
+
+/** The sizes of a shared-prefix forward's heads: P prefix rows, B rows of T own tokens each. */
+export interface SharedHeadsAttrs {
+  P: number;
+  B: number;
+  T: number;
+  nH: number;
+  nKv: number;
+  hd: number;
+  scale: number;
+}
+
+/** The heads of a forward whose rows share a prefix (qwen2.ts sharePrefixes), differentiable in qkv
+ *  [P + B·T, (nH + 2·nKv)·hd] (the prefix's rows, then each row's own), rotated by the prefix's
+ *  cosP, sinP [1, P, 1, hd] and the rows' cosO, sinO [B, T, 1, hd]: the prefix's q [1, nH, P, hd], kᵀ
+ *  [1, nKv, hd, P] and v [1, nKv, P, hd] for its own attention, the rows' q [B, nH, T, hd], and the
+ *  keys [B, nKv, hd, P + T] and values [B, nKv, P + T, hd] each row attends over (the prefix's, then
+ *  its own). One dispatch each way on webgpu, where the op path is two slices, two heads kernels, two
+ *  tiles and two concatenations forward, and the tiles' gradients (a slice and an add per row) back;
+ *  null elsewhere. */
+export function sharedSeqHeads(
+  qkv: tf.Tensor2D,
+  cosP: tf.Tensor4D,
+  sinP: tf.Tensor4D,
+  cosO: tf.Tensor4D,
+  sinO: tf.Tensor4D,
+  a: SharedHeadsAttrs,
+): tf.Tensor4D[] | null {
+  if (!webgpuKernel(qkv, SHARED_HEADS)) return null;
+  registerSharedHeadsGradient();
+  return tf.engine().runKernel(SHARED_HEADS, { qkv, cosP, sinP, cosO, sinO }, a as never) as unknown as tf.Tensor4D[];
+}
+
+const registerSharedHeadsGradient = once(() =>
+  tf.registerGradient({
+    kernelName: SHARED_HEADS,
+    inputsToSave: ["cosP", "sinP", "cosO", "sinO"],
+    gradFunc: (dy, saved, attrs) => {
+      const { P, B, T, nH, nKv, hd } = attrs as unknown as SharedHeadsAttrs,
+        shapes = [
+          [1, nH, P, hd],
+          [1, nKv, hd, P],
+          [1, nKv, P, hd],
+          [B, nH, T, hd],
+          [B, nKv, hd, P + T],
+          [B, nKv, P + T, hd],
+        ];
+      const [cosP, sinP, cosO, sinO] = saved;
+      return {
+        qkv: () => {
+          const [dqP, dkTP, dvP, dqO, dkeys, dvals] = (dy as (tf.Tensor | null)[]).map((d, i) => d ?? tf.zeros(shapes[i]));
+          return tf
+            .engine()
+            .runKernel(SHARED_HEADS_GRAD, { dqP, dkTP, dvP, dqO, dkeys, dvals, cosP, sinP, cosO, sinO }, attrs) as tf.Tensor;
+        },
+        cosP: () => tf.zerosLike(cosP),
+        sinP: () => tf.zerosLike(sinP),
+        cosO: () => tf.zerosLike(cosO),
+        sinO: () => tf.zerosLike(sinO),
+      };
+    },
+  }),
+);

@@ -22,6 +22,7 @@ import * as generation from "./generation.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
 import { saveAdapter, savePretrained, stateDict } from "./save.ts";
 import { checkpoint } from "../engine/checkpoint.ts";
+import { sharedSeqHeads } from "../engine/heads.ts";
 import { swiglu } from "../engine/rope-swiglu.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { rmsNorm } from "../engine/rmsnorm.ts";
@@ -228,7 +229,32 @@ export class Qwen2ForCausalLM implements CausalLM {
     const h = this.rmsNorm(x, lw.inputNorm);
     const qkv = this.proj(l, "qkv_proj", h, opts); // [N, (nH + 2·nKv)·hd]
     let att: tf.Tensor2D, kT: tf.Tensor, v: tf.Tensor;
-    if (shared) {
+    const c = this.config,
+      sh = shared
+        ? sharedSeqHeads(qkv, shared.cos, shared.sin, cos, sin, {
+            P: shared.P,
+            B,
+            T,
+            nH: c.numAttentionHeads,
+            nKv: c.numKeyValueHeads,
+            hd: c.headDim,
+            scale: 1 / Math.sqrt(c.headDim),
+          })
+        : null;
+    if (shared && sh) {
+      // one kernel each way (webgpu): the prefix's heads, the rows' queries, and the keys and values
+      // each row attends over, the prefix's written into every row's
+      const [qP, kTP, vP, qO, keys, values] = sh,
+        g = c.numAttentionHeads / c.numKeyValueHeads;
+      [kT, v] = [keys, values];
+      att = tf.concat(
+        [
+          attend(c, tf.reshape(qP, [c.numKeyValueHeads, g * shared.P, c.headDim]), kTP, vP, shared.bias, 1, shared.P),
+          attend(c, tf.reshape(qO, [B * c.numKeyValueHeads, g * T, c.headDim]), keys, values, bias, B, T),
+        ],
+        0,
+      );
+    } else if (shared) {
       const P = shared.P,
         W = qkv.shape[1];
       const pre = attentionHeads(this.config, tf.slice(qkv, [0, 0], [P, W]), shared.cos, shared.sin, 1, P, false);

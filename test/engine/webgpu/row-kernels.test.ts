@@ -8,7 +8,7 @@ import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
 import { dLogits, logpEntropy } from "../../../src/engine/logprob.ts";
 import { rmsNorm } from "../../../src/engine/rmsnorm.ts";
-import { decodeHeads, seqHeads } from "../../../src/engine/heads.ts";
+import { decodeHeads, seqHeads, sharedSeqHeads } from "../../../src/engine/heads.ts";
 import { rope, swiglu } from "../../../src/engine/rope-swiglu.ts";
 import { softmax, softmaxBiased } from "../../../src/engine/softmax.ts";
 import { webgpuTraffic } from "../../../src/engine/webgpu/device.ts";
@@ -209,6 +209,39 @@ describe.skipIf(!gpu)("webgpu fused row kernels", () => {
     close(g.values[0], dx, "gradient", 1e-6);
     expect(() => gatherRows(x, Int32Array.from([R]))).toThrow(/index 7 outside \[-1, 7\)/);
     tf.dispose([x, dy]);
+  });
+
+  it("the heads of rows sharing a prefix and their gradient: one dispatch each way, as heads of the parts, tiles and concatenations", async () => {
+    await initBackend("webgpu");
+    const [P, B, T, nH, nKv, hd] = [5, 3, 4, 4, 2, 8],
+      width = (nH + 2 * nKv) * hd,
+      scale = 1 / Math.sqrt(hd);
+    const qkv = tf.tensor2d(randn((P + B * T) * width, 30), [P + B * T, width]),
+      cosP = tf.tensor4d(randn(P * hd, 31), [1, P, 1, hd]),
+      sinP = tf.tensor4d(randn(P * hd, 32), [1, P, 1, hd]),
+      cosO = tf.tensor4d(randn(B * T * hd, 33), [B, T, 1, hd]),
+      sinO = tf.tensor4d(randn(B * T * hd, 34), [B, T, 1, hd]);
+    const a = { P, B, T, nH, nKv, hd, scale };
+    // the op path the layer takes elsewhere: the parts' heads, the prefix's keys and values tiled per row
+    const reference = (x: tf.Tensor2D) => {
+      const [qp, kp, vp] = seqHeads(tf.slice(x, [0, 0], [P, width]), cosP, sinP, 1, P, nH, nKv, hd, scale)!;
+      const [qo, ko, vo] = seqHeads(tf.slice(x, [P, 0], [B * T, width]), cosO, sinO, B, T, nH, nKv, hd, scale)!;
+      return [qp, kp, vp, qo, tf.concat([tf.tile(kp, [B, 1, 1, 1]), ko], 3), tf.concat([tf.tile(vp, [B, 1, 1, 1]), vo], 2)];
+    };
+    const f = await dispatchesOf(() => sharedSeqHeads(qkv, cosP, sinP, cosO, sinO, a)!);
+    expect(f.n).toBe(1);
+    const want = tf.tidy(() => reference(qkv));
+    for (let i = 0; i < 6; i++) {
+      expect(f.values[i].length, `output ${i}`).toBe(want[i].size);
+      close(f.values[i], await want[i].data(), `output ${i}`, 0);
+    }
+    // a cotangent for every output: the gradient sums the prefix's key and value over its copies
+    const cts = want.map((w, i) => tf.tensor(randn(w.size, 40 + i), w.shape));
+    const loss = (outs: tf.Tensor[]) => tf.addN(outs.map((o, i) => tf.sum(tf.mul(o, cts[i]))));
+    const g = await dispatchesOf(() => tf.grad((x: tf.Tensor) => loss(sharedSeqHeads(x as tf.Tensor2D, cosP, sinP, cosO, sinO, a)!))(qkv));
+    const gw = tf.tidy(() => tf.grad((x: tf.Tensor) => loss(reference(x as tf.Tensor2D)))(qkv));
+    close(g.values[0], await gw.data(), "gradient", 1e-6);
+    tf.dispose([qkv, cosP, sinP, cosO, sinO, ...want, ...cts, gw]);
   });
 
   it("RoPE and its gradient (the adjoint rotation): one dispatch each way, float64 reference", async () => {
