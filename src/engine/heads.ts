@@ -9,7 +9,7 @@
  *  with the backward, where the op path took 4.4 and 13.3), else one JS pass over the tensors'
  *  memory. On webgpu WGSL programs (webgpu/heads.ts). Other backends keep the op path. */
 import * as tf from "@tensorflow/tfjs";
-import { heapOffset, once, registerKernel, type Backend } from "./kernels.ts";
+import { heapOffset, once, registerKernel, type Backend, type CustomGradFn } from "./kernels.ts";
 import { heapSeqHeads } from "./wasm/heap-ops.ts";
 import { ropeKernelRuns, webgpuKernel } from "./rope-swiglu.ts";
 import { inPlaceWritable } from "./slot-write.ts";
@@ -357,3 +357,28 @@ const registerSharedHeadsGradient = once(() =>
     },
   }),
 );
+
+export const HEADS_OUT = "MarlHeadsOut",
+  HEADS_OUT_GRAD = "MarlHeadsOutGrad";
+
+/** Attention outputs of parts of rows (a shared prefix's, then the rows' own), each [Bᵢ·nKv, g·Tᵢ, hd]
+ *  as attention's products leave them (heads h = kv·g + i), as the rows of one matrix [Σ Bᵢ·Tᵢ, nH·hd]
+ *  (part by part; within a part, row b's Tᵢ positions): one dispatch each way on webgpu (at most two
+ *  parts), where the op path is a transpose per part and a concatenation, and back the
+ *  concatenation's split and the transposes; null elsewhere. */
+export function headsOut(ctxs: tf.Tensor3D[], parts: { B: number; T: number }[], nH: number, hd: number): tf.Tensor2D | null {
+  if (ctxs.length > 2 || !ctxs.every((c) => webgpuKernel(c, HEADS_OUT))) return null;
+  const attrs = { Bs: parts.map((p) => p.B), Ts: parts.map((p) => p.T), nH, hd };
+  const named = (ts: tf.Tensor[]) => Object.fromEntries(ts.map((t, i) => [`c${i}`, t]));
+  const f = tf.customGrad(((...args: unknown[]) => {
+    args.pop(); // save: nothing to keep (the gradient is a layout change of dy)
+    return {
+      value: tf.engine().runKernel(HEADS_OUT, named(args as tf.Tensor[]), attrs as never) as tf.Tensor2D,
+      gradFunc: (dy: tf.Tensor2D) => {
+        const d = tf.engine().runKernel(HEADS_OUT_GRAD, { dy }, attrs as never) as tf.Tensor[];
+        return d.map((t, i) => tf.reshape(t, ctxs[i].shape));
+      },
+    };
+  }) as unknown as CustomGradFn);
+  return f(...(ctxs as [tf.Tensor])) as tf.Tensor2D;
+}

@@ -14,7 +14,7 @@
  *  Leaves out: sliding-window attention, rope scaling, dropout in attention (Qwen2 uses 0). */
 import * as tf from "@tensorflow/tfjs";
 import { attentionBias, checkBatch, positionIds, ropeInvFreq, ropeTables } from "./attention.ts";
-import { attend, attentionHeads } from "./self-attention.ts";
+import { attend, attendHeads, attentionHeads } from "./self-attention.ts";
 import { LoraAdapter, moduleDims } from "./lora.ts";
 import type { HostTensor } from "./safetensors.ts";
 import { tokenLogprobs } from "./head-logprobs.ts";
@@ -22,7 +22,7 @@ import * as generation from "./generation.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
 import { saveAdapter, savePretrained, stateDict } from "./save.ts";
 import { checkpoint } from "../engine/checkpoint.ts";
-import { sharedSeqHeads } from "../engine/heads.ts";
+import { headsOut, sharedSeqHeads } from "../engine/heads.ts";
 import { swiglu } from "../engine/rope-swiglu.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { rmsNorm } from "../engine/rmsnorm.ts";
@@ -247,13 +247,20 @@ export class Qwen2ForCausalLM implements CausalLM {
       const [qP, kTP, vP, qO, keys, values] = sh,
         g = c.numAttentionHeads / c.numKeyValueHeads;
       [kT, v] = [keys, values];
-      att = tf.concat(
+      const ctxs = [
+        attendHeads(c, tf.reshape(qP, [c.numKeyValueHeads, g * shared.P, c.headDim]), kTP, vP, shared.bias, 1, shared.P),
+        attendHeads(c, tf.reshape(qO, [B * c.numKeyValueHeads, g * T, c.headDim]), keys, values, bias, B, T),
+      ];
+      // both parts' rows laid out by one kernel (the op path: a transpose each and a concatenation)
+      att = headsOut(
+        ctxs,
         [
-          attend(c, tf.reshape(qP, [c.numKeyValueHeads, g * shared.P, c.headDim]), kTP, vP, shared.bias, 1, shared.P),
-          attend(c, tf.reshape(qO, [B * c.numKeyValueHeads, g * T, c.headDim]), keys, values, bias, B, T),
+          { B: 1, T: shared.P },
+          { B, T },
         ],
-        0,
-      );
+        c.numAttentionHeads,
+        c.headDim,
+      )!;
     } else if (shared) {
       const P = shared.P,
         W = qkv.shape[1];

@@ -67,6 +67,23 @@ export function attend(
   T: number,
   kvBias: tf.Tensor3D | null = null,
 ): tf.Tensor2D {
+  const ctxv = attendHeads(c, qg, kT, v, bias, B, T, kvBias),
+    nH = c.numAttentionHeads,
+    hd = c.headDim;
+  return tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [B * T, nH * hd]);
+}
+
+/** attend's outputs per head, (B·nKv, g·T, hd), before they are laid out as rows. */
+export function attendHeads(
+  c: Qwen2Config,
+  qg: tf.Tensor3D,
+  kT: tf.Tensor,
+  v: tf.Tensor,
+  bias: tf.Tensor4D,
+  B: number,
+  T: number,
+  kvBias: tf.Tensor3D | null = null,
+): tf.Tensor3D {
   const nH = c.numAttentionHeads,
     nKv = c.numKeyValueHeads,
     hd = c.headDim,
@@ -79,6 +96,5 @@ export function attend(
   // the mask added by the softmax kernel where the profile is dispatch-bound (webgpu), else an add
   const masked = kvBias ? softmax(scores) : backendProfile().dispatchBound ? softmaxBiased(scores, bias) : softmax(tf.add(scores, bias));
   const probs = tf.reshape<tf.Rank.R3>(masked, [B * nKv, g * T, S]);
-  const ctxv = bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
-  return tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [B * T, nH * hd]);
+  return bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
 }

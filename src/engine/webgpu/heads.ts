@@ -7,6 +7,8 @@ import * as tfjs from "@tensorflow/tfjs";
 import { BLOCK_DIAG } from "../block-diag.ts";
 import {
   DECODE_HEADS,
+  HEADS_OUT,
+  HEADS_OUT_GRAD,
   SEQ_HEADS,
   SEQ_HEADS_GRAD,
   SHARED_HEADS,
@@ -302,6 +304,53 @@ function sharedHeadsGradProgram(u: WebgpuModule["webgpu_util"], a: SharedHeadsAt
   );
 }
 
+interface HeadsOutAttrs {
+  Bs: number[];
+  Ts: number[];
+  nH: number;
+  hd: number;
+}
+
+/** The rows of attention's outputs per part i, ctxᵢ [Bᵢ, nH, Tᵢ, hd] (as [Bᵢ·nKv, g·Tᵢ, hd]), into one
+ *  [Σ Bᵢ·Tᵢ, nH·hd], or with `grad` the reverse (dy's rows into ctx₀ as the result and ctx₁ written
+ *  beside it). One thread per element of the rows. */
+function headsOutProgram(u: WebgpuModule["webgpu_util"], a: HeadsOutAttrs, grad: boolean) {
+  const { Bs, Ts, nH, hd } = a,
+    W = nH * hd,
+    rows = Bs.map((b, i) => b * Ts[i]),
+    total = rows.reduce((x, y) => x + y, 0) * W;
+  const part = (i: number) => {
+    const off = rows.slice(0, i).reduce((x, y) => x + y, 0),
+      T = Ts[i],
+      at = `((b * ${nH} + h) * ${T} + t) * ${hd} + j`,
+      ctx = grad ? (i === 0 ? "result" : `c${i}`) : `c${i}`;
+    return `let m = n - ${off};
+        let b = m / ${T};
+        let t = m - b * ${T};
+        ${grad ? `${ctx}[${at}] = dy[g];` : `result[g] = ${ctx}[${at}];`}`;
+  };
+  const p = new RowProgram(
+    u,
+    grad ? "heads_out_grad" : "heads_out",
+    grad ? ["dy", ...Bs.slice(1).map((_, i) => `c${i + 1}`)] : Bs.map((_, i) => `c${i}`),
+    grad ? [Bs[0] * nH * Ts[0] * hd] : [total / W, W],
+    { rows: Math.ceil(total / 64), wg: 64 },
+    `
+    fn main(index: i32) {
+      let g = i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x) * 64 + i32(localIndex);
+      if (g < ${total}) {
+        let n = g / ${W};
+        let c = g - n * ${W};
+        let h = c / ${hd};
+        let j = c - h * ${hd};
+        ${rows.map((_, i) => `${i ? "else " : ""}if (n < ${rows.slice(0, i + 1).reduce((x, y) => x + y, 0)}) { ${part(i)} }`).join(" ")}
+      }
+    }`,
+  );
+  if (grad) p.writes = Bs.slice(1).map((_, i) => `c${i + 1}`);
+  return p;
+}
+
 /** The block-diagonal [k·r, Σout] of k matrices [r, out_i] (LoRA's fused-module B): one dispatch in
  *  place of k pads and a concat. */
 function blockDiagProgram(u: WebgpuModule["webgpu_util"], r: number, outs: number[]) {
@@ -446,6 +495,34 @@ export function registerWebgpuHeads(mod: WebgpuModule): void {
           i.cosO,
           i.sinO,
         ]);
+      },
+    on,
+  );
+  registerKernel(
+    HEADS_OUT,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const a = attrs as unknown as HeadsOutAttrs;
+        return run(
+          backend,
+          headsOutProgram(u, a, false),
+          a.Bs.map((_, i) => (inputs as Record<string, tf.TensorInfo>)[`c${i}`]),
+        );
+      },
+    on,
+  );
+  registerKernel(
+    HEADS_OUT_GRAD,
+    () =>
+      ({ inputs, backend, attrs }) => {
+        const a = attrs as unknown as HeadsOutAttrs;
+        const size = (i: number) => a.Bs[i] * a.nH * a.Ts[i] * a.hd;
+        return runMulti(
+          backend,
+          headsOutProgram(u, a, true),
+          [(inputs as Record<string, tf.TensorInfo>).dy],
+          a.Bs.slice(1).map((_, i) => [size(i + 1)]),
+        );
       },
     on,
   );

@@ -8,7 +8,7 @@ import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
 import { dLogits, logpEntropy } from "../../../src/engine/logprob.ts";
 import { rmsNorm } from "../../../src/engine/rmsnorm.ts";
-import { decodeHeads, seqHeads, sharedSeqHeads } from "../../../src/engine/heads.ts";
+import { decodeHeads, headsOut, seqHeads, sharedSeqHeads } from "../../../src/engine/heads.ts";
 import { rope, swiglu } from "../../../src/engine/rope-swiglu.ts";
 import { softmax, softmaxBiased } from "../../../src/engine/softmax.ts";
 import { webgpuTraffic } from "../../../src/engine/webgpu/device.ts";
@@ -242,6 +242,38 @@ describe.skipIf(!gpu)("webgpu fused row kernels", () => {
     const gw = tf.tidy(() => tf.grad((x: tf.Tensor) => loss(reference(x as tf.Tensor2D)))(qkv));
     close(g.values[0], await gw.data(), "gradient", 1e-6);
     tf.dispose([qkv, cosP, sinP, cosO, sinO, ...want, ...cts, gw]);
+  });
+
+  it("attention outputs of two parts as the rows of one matrix, and back: one dispatch each way", async () => {
+    await initBackend("webgpu");
+    const [nH, nKv, hd] = [4, 2, 8],
+      g = nH / nKv,
+      parts = [
+        { B: 1, T: 5 },
+        { B: 3, T: 4 },
+      ];
+    const ctxs = parts.map(({ B, T }, i) => tf.tensor3d(randn(B * nH * T * hd, 50 + i), [B * nKv, g * T, hd]));
+    const reference = (cs: tf.Tensor[]) =>
+      tf.concat(
+        cs.map((c, i) =>
+          tf.reshape(tf.transpose(tf.reshape(c, [parts[i].B, nH, parts[i].T, hd]), [0, 2, 1, 3]), [parts[i].B * parts[i].T, nH * hd]),
+        ),
+        0,
+      );
+    const f = await dispatchesOf(() => headsOut(ctxs, parts, nH, hd)!);
+    expect(f.n).toBe(1);
+    const want = reference(ctxs);
+    close(f.values[0], await want.data(), "rows", 0);
+    const dy = tf.tensor2d(randn(want.size, 60), want.shape as [number, number]);
+    const got = tf.grads((a: tf.Tensor, b: tf.Tensor) =>
+      tf.sum(tf.mul(headsOut([a as tf.Tensor3D, b as tf.Tensor3D], parts, nH, hd)!, dy)),
+    )(ctxs);
+    const ref = tf.grads((a: tf.Tensor, b: tf.Tensor) => tf.sum(tf.mul(reference([a, b]), dy)))(ctxs);
+    for (let i = 0; i < 2; i++) {
+      expect(got[i].shape).toEqual(ctxs[i].shape);
+      close(await got[i].data(), await ref[i].data(), `gradient ${i}`, 0);
+    }
+    tf.dispose([...ctxs, want, dy, ...got, ...ref]);
   });
 
   it("RoPE and its gradient (the adjoint rotation): one dispatch each way, float64 reference", async () => {
