@@ -109,7 +109,7 @@ await runMain(async () => {
       );
       if (k.dispatches)
         process.stderr.write(
-          `${c}: webgpu dispatches per decode step ${k.dispatches.decode} (${k.dispatches.decodeTop}), ${k.dispatches.decodeLora} with LoRA, ${k.dispatches.draw} more for its draw (${k.dispatches.drawTop}); per training step ${k.dispatches.train} (${k.dispatches.trainTop}); bytes read back per decode step ${k.decodeReadbackBytes}\n` +
+          `${c}: webgpu dispatches per decode step ${k.dispatches.decode} (${k.dispatches.decodeTop}), ${k.dispatches.decodeLora} with LoRA, ${k.dispatches.draw} more for its draw (${k.dispatches.drawTop}); per training step ${k.dispatches.train} (${k.dispatches.trainTop}), ${k.dispatches.trainShared} with the rows' first 3/4 shared; bytes read back per decode step ${k.decodeReadbackBytes}\n` +
             `${c}: optimizer dispatches per step ${k.dispatches.optimizer} (AdamW with clipping over the LoRA variables)\n` +
             (k.hostUsPerDispatch
               ? `${c}: host µs per dispatch in the training step ${k.hostUsPerDispatch.run.toFixed(1)} (of which recordAndSubmit ${k.hostUsPerDispatch.record.toFixed(1)})\n`

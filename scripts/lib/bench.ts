@@ -332,6 +332,9 @@ export interface StepCounts {
     decodeLora: number;
     draw: number;
     train: number;
+    /** the training step with the rows' first 3/4 of tokens shared (as a GRPO group's prompt): the
+     *  shared-prefix forward (qwen2.ts sharePrefixes) */
+    trainShared: number;
     optimizer: number;
     decodeTop: string;
     drawTop: string;
@@ -411,10 +414,12 @@ export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number
   const model = await ctx.model(true);
   const decLora = await decodeCount(model);
   const tids = tokenBatch(2, trainLen, V),
-    mask = tids.map((r) => r.map(() => 1));
-  const trainStep = async () => {
+    mask = tids.map((r) => r.map(() => 1)),
+    shared = Math.floor((3 * trainLen) / 4),
+    sharedIds = tids.map((r) => [...tids[0].slice(0, shared), ...r.slice(shared)]);
+  const trainStep = async (ids = tids) => {
     const { value, grads } = tf.variableGrads(
-      () => tf.neg(tf.mean(model.tokenLogprobs(tids, mask, { training: true }).logprobs)) as tf.Scalar,
+      () => tf.neg(tf.mean(model.tokenLogprobs(ids, mask, { training: true }).logprobs)) as tf.Scalar,
       model.trainableVariables(),
     );
     await value.data();
@@ -433,6 +438,10 @@ export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number
     hostUs = { run: (1000 * (t1.hostMs - t0.hostMs)) / timed, record: (1000 * (t1.recordMs - t0.recordMs)) / timed };
   }
   let grads: tf.NamedTensorMap = {};
+  if (gpu) tf.dispose(await trainStep(sharedIds)); // compiles the shared-prefix programs
+  const trainShared = await count(async () => {
+    tf.dispose(await trainStep(sharedIds));
+  });
   const train = await count(async () => {
     grads = await trainStep();
   });
@@ -456,6 +465,7 @@ export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number
           decodeLora: decLora.dispatches,
           draw: dec.draw.dispatches,
           train: train.dispatches,
+          trainShared: trainShared.dispatches,
           optimizer: optimizer.dispatches,
           decodeTop: dec.programs,
           drawTop: dec.draw.programs,
@@ -499,6 +509,7 @@ export async function layerTracedCounts(
             decode: x(c1.dispatches.decode, c2.dispatches.decode),
             decodeLora: x(c1.dispatches.decodeLora, c2.dispatches.decodeLora),
             train: x(c1.dispatches.train, c2.dispatches.train), // the draw's count does not depend on the layers
+            trainShared: x(c1.dispatches.trainShared, c2.dispatches.trainShared),
             optimizer: x(c1.dispatches.optimizer, c2.dispatches.optimizer),
           }
         : undefined,
