@@ -111,7 +111,7 @@ export const SEQ_HEADS = "MarlSeqHeads",
   SEQ_HEADS_GRAD = "MarlSeqHeadsGrad",
   DECODE_HEADS = "MarlDecodeHeads";
 
-interface HeadsAttrs {
+export interface HeadsAttrs {
   B: number;
   T: number;
   nH: number;
@@ -265,30 +265,36 @@ export function seqHeads(
   ];
 }
 
-/** The kernel's gradient, registered with tfjs (a kernel of three outputs cannot be a customGrad). An
- *  output the loss does not reach has no gradient (null): zeros stand in. The tables' gradients are
- *  never asked for: the tape keeps only inputs reached from the variables. */
-const registerSeqHeadsGradient = once(() =>
+/** The gradient of a heads kernel with respect to qkv, registered with tfjs (a kernel of several
+ *  outputs cannot be a customGrad): `grad` takes the outputs' gradients, named `outs`, and the tables
+ *  (cos, sin). An output the loss does not reach has no gradient (null): zeros of `shapes` stand in.
+ *  The tables' gradients are never asked for: the tape keeps only inputs reached from the variables. */
+function registerHeadsGradient(kernelName: string, grad: string, outs: string[], tables: string[], shapes: (attrs: object) => number[][]) {
   tf.registerGradient({
-    kernelName: SEQ_HEADS,
-    inputsToSave: ["cos", "sin"],
+    kernelName,
+    inputsToSave: tables,
     gradFunc: (dy, saved, attrs) => {
-      const { B, T, nH, nKv, hd } = attrs as unknown as HeadsAttrs,
-        shapes = [
-          [B, nH, T, hd],
-          [B, nKv, hd, T],
-          [B, nKv, T, hd],
-        ];
-      const [cos, sin] = saved;
+      const gradients = () => {
+        const shape = shapes(attrs);
+        return Object.fromEntries(outs.map((o, i) => [o, (dy as (tf.Tensor | null)[])[i] ?? tf.zeros(shape[i])]));
+      };
       return {
-        qkv: () => {
-          const [dq, dkT, dv] = (dy as (tf.Tensor | null)[]).map((d, i) => d ?? tf.zeros(shapes[i]));
-          return tf.engine().runKernel(SEQ_HEADS_GRAD, { dq, dkT, dv, cos, sin }, attrs) as tf.Tensor;
-        },
-        cos: () => tf.zerosLike(cos),
-        sin: () => tf.zerosLike(sin),
+        qkv: () =>
+          tf.engine().runKernel(grad, { ...gradients(), ...Object.fromEntries(tables.map((t, i) => [t, saved[i]])) }, attrs) as tf.Tensor,
+        ...Object.fromEntries(tables.map((t, i) => [t, () => tf.zerosLike(saved[i])])),
       };
     },
+  });
+}
+
+const registerSeqHeadsGradient = once(() =>
+  registerHeadsGradient(SEQ_HEADS, SEQ_HEADS_GRAD, ["dq", "dkT", "dv"], ["cos", "sin"], (a) => {
+    const { B, T, nH, nKv, hd } = a as HeadsAttrs;
+    return [
+      [B, nH, T, hd],
+      [B, nKv, hd, T],
+      [B, nKv, T, hd],
+    ];
   }),
 );
 
@@ -296,14 +302,8 @@ export const SHARED_HEADS = "MarlSharedHeads",
   SHARED_HEADS_GRAD = "MarlSharedHeadsGrad";
 
 /** The sizes of a shared-prefix forward's heads: P prefix rows, B rows of T own tokens each. */
-export interface SharedHeadsAttrs {
+export interface SharedHeadsAttrs extends HeadsAttrs {
   P: number;
-  B: number;
-  T: number;
-  nH: number;
-  nKv: number;
-  hd: number;
-  scale: number;
 }
 
 /** The heads of a forward whose rows share a prefix (qwen2.ts sharePrefixes), differentiable in qkv
@@ -328,34 +328,23 @@ export function sharedSeqHeads(
 }
 
 const registerSharedHeadsGradient = once(() =>
-  tf.registerGradient({
-    kernelName: SHARED_HEADS,
-    inputsToSave: ["cosP", "sinP", "cosO", "sinO"],
-    gradFunc: (dy, saved, attrs) => {
-      const { P, B, T, nH, nKv, hd } = attrs as unknown as SharedHeadsAttrs,
-        shapes = [
-          [1, nH, P, hd],
-          [1, nKv, hd, P],
-          [1, nKv, P, hd],
-          [B, nH, T, hd],
-          [B, nKv, hd, P + T],
-          [B, nKv, P + T, hd],
-        ];
-      const [cosP, sinP, cosO, sinO] = saved;
-      return {
-        qkv: () => {
-          const [dqP, dkTP, dvP, dqO, dkeys, dvals] = (dy as (tf.Tensor | null)[]).map((d, i) => d ?? tf.zeros(shapes[i]));
-          return tf
-            .engine()
-            .runKernel(SHARED_HEADS_GRAD, { dqP, dkTP, dvP, dqO, dkeys, dvals, cosP, sinP, cosO, sinO }, attrs) as tf.Tensor;
-        },
-        cosP: () => tf.zerosLike(cosP),
-        sinP: () => tf.zerosLike(sinP),
-        cosO: () => tf.zerosLike(cosO),
-        sinO: () => tf.zerosLike(sinO),
-      };
+  registerHeadsGradient(
+    SHARED_HEADS,
+    SHARED_HEADS_GRAD,
+    ["dqP", "dkTP", "dvP", "dqO", "dkeys", "dvals"],
+    ["cosP", "sinP", "cosO", "sinO"],
+    (a) => {
+      const { P, B, T, nH, nKv, hd } = a as SharedHeadsAttrs;
+      return [
+        [1, nH, P, hd],
+        [1, nKv, hd, P],
+        [1, nKv, P, hd],
+        [B, nH, T, hd],
+        [B, nKv, hd, P + T],
+        [B, nKv, P + T, hd],
+      ];
     },
-  }),
+  ),
 );
 
 export const HEADS_OUT = "MarlHeadsOut",

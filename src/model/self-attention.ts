@@ -57,19 +57,11 @@ export function attentionHeads(
 
 /** Attention of stacked queries qg (B·nKv, g·T, hd) over keys kT (B, nKv, hd, S) and values
  *  (B, nKv, S, hd) with bias [B, 1, T, S] → [B·T, nH·hd]. */
-export function attend(
-  c: Qwen2Config,
-  qg: tf.Tensor3D,
-  kT: tf.Tensor,
-  v: tf.Tensor,
-  bias: tf.Tensor4D,
-  B: number,
-  T: number,
-  kvBias: tf.Tensor3D | null = null,
-): tf.Tensor2D {
-  const ctxv = attendHeads(c, qg, kT, v, bias, B, T, kvBias),
+export function attend(...args: Parameters<typeof attendHeads>): tf.Tensor2D {
+  const [c, , , , , B, T] = args,
     nH = c.numAttentionHeads,
-    hd = c.headDim;
+    hd = c.headDim,
+    ctxv = attendHeads(...args);
   return tf.reshape<tf.Rank.R2>(T === 1 ? ctxv : tf.transpose(tf.reshape(ctxv, [B, nH, T, hd]), [0, 2, 1, 3]), [B * T, nH * hd]);
 }
 

@@ -5,7 +5,7 @@
  *  path's order of operations. */
 import type * as tf from "@tensorflow/tfjs";
 import { setWebgpuAdamW, type AdamWConstants } from "../adamw.ts";
-import { cols, RowProgram, rowPrelude, run, runMulti, writeInto, type WebgpuModule } from "./program.ts";
+import { cols, RowProgram, rowPrelude, run, runMulti, writeInto, threadIndex, type WebgpuModule } from "./program.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 const WG = 256;
@@ -97,7 +97,7 @@ function updateProgram(u: Util, sizes: number[]) {
     { rows: Math.ceil(total / 64), wg: 64 },
     `
     fn main(index: i32) {
-      let g = i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x) * 64 + i32(localIndex);
+      let g = ${threadIndex(64)};
       ${sizes
         .map(
           (_, i) => `${i ? "else " : ""}if (g < ${off[i] + sizes[i]}) {

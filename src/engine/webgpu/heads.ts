@@ -19,7 +19,7 @@ import {
 import { registerKernel } from "../kernels.ts";
 import { ROPE } from "../rope-swiglu.ts";
 import { setWebgpuSlotWriter } from "../slot-write.ts";
-import { f32, RowProgram, run, runMulti, writeInto, type WebgpuModule } from "./program.ts";
+import { f32, RowProgram, run, runMulti, writeInto, threadIndex, type WebgpuModule } from "./program.ts";
 
 const K = { rope: ROPE, seqHeads: SEQ_HEADS, seqHeadsGrad: SEQ_HEADS_GRAD, decodeHeads: DECODE_HEADS };
 
@@ -98,6 +98,14 @@ function ropeProgram(u: WebgpuModule["webgpu_util"], rows: number, heads: number
   );
 }
 
+/** Thread g's element of qkv [rows, width]: its row n, head slot hs (q heads, then k, then v), column
+ *  j in the head, and the head's first element src. */
+const qkvElement = (width: number, hd: number) => `let n = g / ${width};
+        let col = g - n * ${width};
+        let hs = col / ${hd};
+        let j = col - hs * ${hd};
+        let src = n * ${width} + hs * ${hd};`;
+
 /** Any T (prefill, training): the heads of qkv [B·T, (nH + 2·nKv)·hd] in one dispatch, one thread per
  *  element of qkv: q (rope · scale, [B, nH, T, hd]) as the result, kT (rope, [B, nKv, hd, T]) and v
  *  ([B, nKv, T, hd]) as the outputs written beside it (program.ts runMulti); cos, sin [B·T, hd]. In
@@ -116,15 +124,11 @@ function seqHeadsProgram(u: WebgpuModule["webgpu_util"], B: number, T: number, n
     { rows: Math.ceil(total / 64), wg: 64 },
     `
     fn main(index: i32) {
-      let g = i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x) * 64 + i32(localIndex);
+      let g = ${threadIndex(64)};
       if (g < ${total}) {
-        let n = g / ${width};
-        let col = g - n * ${width};
-        let hs = col / ${hd};
-        let j = col - hs * ${hd};
+        ${qkvElement(width, hd)}
         let b = n / ${T};
         let t = n - b * ${T};
-        let src = n * ${width} + hs * ${hd};
         if (hs < ${nH}) {
           result[((b * ${nH} + hs) * ${T} + t) * ${hd} + j] = ${roped(` * ${f32(Math.fround(scale))}`)};
         } else if (hs < ${nH + nKv}) {
@@ -200,13 +204,9 @@ function sharedHeadsProgram(u: WebgpuModule["webgpu_util"], a: SharedHeadsAttrs)
     { rows: Math.ceil(total / 64), wg: 64 },
     `
     fn main(index: i32) {
-      let g = i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x) * 64 + i32(localIndex);
+      let g = ${threadIndex(64)};
       if (g < ${total}) {
-        let n = g / ${width};
-        let col = g - n * ${width};
-        let hs = col / ${hd};
-        let j = col - hs * ${hd};
-        let src = n * ${width} + hs * ${hd};
+        ${qkvElement(width, hd)}
         if (n < ${P}) {
           if (hs < ${nH}) {
             result[(hs * ${P} + n) * ${hd} + j] = ${roped("cosP", "sinP", "n")} * ${sc};
@@ -337,7 +337,7 @@ function headsOutProgram(u: WebgpuModule["webgpu_util"], a: HeadsOutAttrs, grad:
     { rows: Math.ceil(total / 64), wg: 64 },
     `
     fn main(index: i32) {
-      let g = i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x) * 64 + i32(localIndex);
+      let g = ${threadIndex(64)};
       if (g < ${total}) {
         let n = g / ${W};
         let c = g - n * ${W};

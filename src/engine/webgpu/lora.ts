@@ -8,7 +8,7 @@
 import type * as tf from "@tensorflow/tfjs";
 import { LORA_DW, LORA_DX, LORA_FWD, type LoraAttrs } from "../lora-linear.ts";
 import { registerKernel } from "../kernels.ts";
-import { f32, RowProgram, runMulti, type WebgpuModule } from "./program.ts";
+import { f32, RowProgram, runMulti, WORKGROUP, type WebgpuModule } from "./program.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 const WG = 64;
@@ -16,27 +16,33 @@ const WG = 64;
 /** Member i's columns [off, off + outᵢ) of the fused output. */
 const offsets = (outs: number[]) => outs.map((_, i) => outs.slice(0, i).reduce((a, b) => a + b, 0));
 
+/** The sizes the programs compile in: k members, KR = k·r rows of factors, OUT = Σ outᵢ columns at
+ *  offsets off, I the first member's width (SwiGLU's), and the members' factor bindings A and B. */
+function sizes(a: LoraAttrs) {
+  const k = a.outs.length;
+  return {
+    ...a,
+    k,
+    KR: k * a.r,
+    OUT: a.outs.reduce((x, y) => x + y, 0),
+    off: offsets(a.outs),
+    I: a.outs[0],
+    A: Array.from({ length: k }, (_, i) => `a${i}`),
+    B: Array.from({ length: k }, (_, i) => `b${i}`),
+  };
+}
+
 /** `body(i)` for the member i that row-of-factors index m (m = i·r + t) falls in: a chain of ifs, as
  *  each member's factor is its own binding. */
 const perMember = (k: number, r: number, m: string, body: (i: number) => string) =>
   Array.from({ length: k }, (_, i) => `${i ? "else " : ""}if (${m} < ${(i + 1) * r}) { ${body(i)} }`).join(" ");
-
-/** The row index of a "rows" dispatch (tfjs may spread the workgroups over y and z). */
-const ROW = `i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x)`;
 
 /** Forward, one workgroup per row n: xs = s·x[n]·[A₁|…] into workgroup memory (and the output xas),
  *  then result[n] = y[n] + xs·blockdiag(B). With swiglu (gate and up, I columns each) result[n] is
  *  silu(gate)·up [I] instead, and gate and up themselves go to the output pre [N, 2I] (the
  *  activation's backward reads them). */
 function forwardProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
-  const { r, outs, scale, swiglu } = a,
-    k = outs.length,
-    KR = k * r,
-    OUT = outs.reduce((x, y) => x + y, 0),
-    off = offsets(outs),
-    I = outs[0];
-  const A = Array.from({ length: k }, (_, i) => `a${i}`),
-    B = Array.from({ length: k }, (_, i) => `b${i}`);
+  const { r, outs, scale, swiglu, k, KR, OUT, off, I, A, B } = sizes(a);
   const term = (i: number, j: string) => `y[n * ${OUT} + ${off[i]} + ${j}] + dot${i}(${j})`;
   const dots = outs
     .map(
@@ -74,14 +80,14 @@ function forwardProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
   ${dots}
   fn main(index: i32) {
     let N = uniforms.xShape[0];
-    n = min(${ROW}, N - 1);
+    n = min(${WORKGROUP}, N - 1);
     for (var m = i32(localIndex); m < ${KR}; m += ${WG}) {
       var s = 0.0;
       ${perMember(k, r, "m", (i) => `let t = m - ${i * r}; for (var c = 0; c < ${inDim}; c++) { s += x[n * ${inDim} + c] * a${i}[c * ${r} + t]; }`)}
       xs[m] = s * ${f32(Math.fround(scale))};
     }
     workgroupBarrier();
-    if (${ROW} < N) {
+    if (${WORKGROUP} < N) {
       for (var m = i32(localIndex); m < ${KR}; m += ${WG}) { xas[n * ${KR} + m] = xs[m]; }
       ${write}
     }
@@ -98,16 +104,9 @@ function forwardProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
  *  gradient [N, I]: each column's gradient of gate and up (from pre, the forward's) is formed as it
  *  is read, and written to the output dgu [N, 2I] for the base's and the factors' gradients. */
 function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
-  const { r, outs, scale, swiglu } = a,
-    k = outs.length,
-    KR = k * r,
-    OUT = outs.reduce((x, y) => x + y, 0),
-    off = offsets(outs),
-    I = outs[0];
+  const { r, outs, scale, swiglu, k, KR, OUT, off, I, A, B } = sizes(a);
   // the partial sums [wg, r] in workgroup memory beside ds: at most 8 KB of them
   const wg = Math.max(1, Math.min(WG, 2 ** Math.floor(Math.log2(2048 / r))));
-  const A = Array.from({ length: k }, (_, i) => `a${i}`),
-    B = Array.from({ length: k }, (_, i) => `b${i}`);
   // member i's dy at column j: read, or (swiglu) formed from gate, up and the activation's gradient
   const dyAt = (i: number) =>
     !swiglu
@@ -128,8 +127,8 @@ function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
   var<workgroup> part: array<f32, ${wg * r}>;
   fn main(index: i32) {
     let N = uniforms.dyShape[0];
-    let n = min(${ROW}, N - 1);
-    let live = ${ROW} < N;
+    let n = min(${WORKGROUP}, N - 1);
+    let live = ${WORKGROUP} < N;
     let l = i32(localIndex);
     var acc: array<f32, ${r}>;
     ${outs
@@ -170,11 +169,7 @@ function inputGradProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
  *  a training micro-step) are shared by L threads and the columns spread over many workgroups. result
  *  is dA₀; the other members' dA and every dB are the outputs written beside it. */
 function factorGradProgram(u: Util, inDim: number, a: LoraAttrs) {
-  const { r, outs } = a,
-    k = outs.length,
-    KR = k * r,
-    OUT = outs.reduce((x, y) => x + y, 0),
-    off = offsets(outs);
+  const { r, outs, k, KR, OUT, off } = sizes(a);
   const dA = Array.from({ length: k }, (_, i) => (i === 0 ? "result" : `da${i}`)),
     dB = Array.from({ length: k }, (_, i) => `db${i}`);
   const columns = k * inDim + OUT,
@@ -192,7 +187,7 @@ function factorGradProgram(u: Util, inDim: number, a: LoraAttrs) {
   fn main(index: i32) {
     let N = uniforms.xShape[0];
     let l = i32(localIndex);
-    let g = ${ROW} * ${CW} + l % ${CW}; // the column
+    let g = ${WORKGROUP} * ${CW} + l % ${CW}; // the column
     let lane = l / ${CW};
     var acc: array<f32, ${r}>;
     for (var t = 0; t < ${r}; t++) { acc[t] = 0.0; }
@@ -244,59 +239,40 @@ function factorGradProgram(u: Util, inDim: number, a: LoraAttrs) {
 
 /** Registers the three kernels on webgpu (device.ts calls it once the backend's module is loaded). */
 export function registerWebgpuLora(mod: WebgpuModule): void {
-  const u = mod.webgpu_util,
-    on = ["webgpu"];
-  const members = (inputs: Record<string, tf.TensorInfo>, name: string, k: number) =>
-    Array.from({ length: k }, (_, i) => inputs[`${name}${i}`]);
-  registerKernel(
-    LORA_FWD,
-    () =>
-      ({ inputs, backend, attrs }) => {
-        const a = attrs as unknown as LoraAttrs,
-          ins = inputs as Record<string, tf.TensorInfo>,
-          k = a.outs.length,
-          [N, inDim] = ins.x.shape;
-        return runMulti(
-          backend,
-          forwardProgram(u, N, inDim, a),
-          [ins.x, ins.y, ...members(ins, "a", k), ...members(ins, "b", k)],
-          [[N, k * a.r], ...(a.swiglu ? [[N, 2 * a.outs[0]]] : [])],
-        );
-      },
-    on,
-  );
-  registerKernel(
-    LORA_DX,
-    () =>
-      ({ inputs, backend, attrs }) => {
-        const a = attrs as unknown as LoraAttrs,
-          ins = inputs as Record<string, tf.TensorInfo>,
-          k = a.outs.length,
-          N = ins.dy.shape[0],
-          inDim = ins.a0.shape[0];
-        return runMulti(
-          backend,
-          inputGradProgram(u, N, inDim, a),
-          [ins.dy, ...(a.swiglu ? [ins.pre] : []), ...members(ins, "a", k), ...members(ins, "b", k)],
-          [[N, k * a.r], ...(a.swiglu ? [[N, 2 * a.outs[0]]] : [])],
-        );
-      },
-    on,
-  );
-  registerKernel(
-    LORA_DW,
-    () =>
-      ({ inputs, backend, attrs }) => {
-        const a = attrs as unknown as LoraAttrs,
-          ins = inputs as Record<string, tf.TensorInfo>,
-          inDim = ins.x.shape[1];
-        return runMulti(
-          backend,
-          factorGradProgram(u, inDim, a),
-          [ins.x, ins.dxa, ins.xas, ins.dy],
-          [...a.outs.slice(1).map(() => [inDim, a.r]), ...a.outs.map((o) => [a.r, o])],
-        );
-      },
-    on,
-  );
+  const u = mod.webgpu_util;
+  /** A kernel whose body gets the attributes, the inputs by name and the members' factors in order. */
+  const kernel = (
+    name: string,
+    body: (a: LoraAttrs, ins: Record<string, tf.TensorInfo>, factors: tf.TensorInfo[], backend: unknown) => tf.TensorInfo[],
+  ) =>
+    registerKernel(
+      name,
+      () =>
+        ({ inputs, backend, attrs }) => {
+          const a = attrs as unknown as LoraAttrs,
+            ins = inputs as Record<string, tf.TensorInfo>;
+          const factors = ["a", "b"].flatMap((f) => a.outs.map((_, i) => ins[`${f}${i}`]).filter((t) => t !== undefined));
+          return body(a, ins, factors, backend);
+        },
+      ["webgpu"],
+    );
+  // the row outputs beside the result: s·x·A [N, k·r], and (SwiGLU) gate and up [N, 2I]
+  const rowOutputs = (a: LoraAttrs, N: number) => [[N, a.outs.length * a.r], ...(a.swiglu ? [[N, 2 * a.outs[0]]] : [])];
+  kernel(LORA_FWD, (a, ins, factors, b) => {
+    const [N, inDim] = ins.x.shape;
+    return runMulti(b, forwardProgram(u, N, inDim, a), [ins.x, ins.y, ...factors], rowOutputs(a, N));
+  });
+  kernel(LORA_DX, (a, ins, factors, b) => {
+    const N = ins.dy.shape[0];
+    return runMulti(b, inputGradProgram(u, N, ins.a0.shape[0], a), [ins.dy, ...(a.swiglu ? [ins.pre] : []), ...factors], rowOutputs(a, N));
+  });
+  kernel(LORA_DW, (a, ins, _factors, b) => {
+    const inDim = ins.x.shape[1];
+    return runMulti(
+      b,
+      factorGradProgram(u, inDim, a),
+      [ins.x, ins.dxa, ins.xas, ins.dy],
+      [...a.outs.slice(1).map(() => [inDim, a.r]), ...a.outs.map((o) => [a.r, o])],
+    );
+  });
 }

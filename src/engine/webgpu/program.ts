@@ -79,6 +79,11 @@ function hash(s: string): string {
   return (h >>> 0).toString(36);
 }
 
+/** The workgroup's index in its dispatch, as WGSL (tfjs spreads a long dispatch over y and z). */
+export const WORKGROUP = "i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x)";
+/** A thread's index in a dispatch of workgroups of `wg` threads, as WGSL. */
+export const threadIndex = (wg: number) => `${WORKGROUP} * ${wg} + i32(localIndex)`;
+
 /** Workgroup size for rows of `width`: 256 threads on wide rows, 64 on narrow ones. */
 export const wgFor = (width: number) => (width >= 2048 ? 256 : 64);
 
@@ -88,7 +93,7 @@ export const rowPrelude = (wg: number, rows: number | string) => `
   const WG = ${wg}u;
   var<workgroup> red: array<f32, ${wg}>;
   fn rowIndex() -> i32 {
-    return i32(workgroupId.z * numWorkgroups.x * numWorkgroups.y + workgroupId.y * numWorkgroups.x + workgroupId.x);
+    return ${WORKGROUP};
   }
   fn rowOk() -> bool { return rowIndex() < ${rows}; }
   fn row() -> i32 { return min(rowIndex(), ${rows} - 1); }

@@ -151,55 +151,30 @@ function swigluGradProgram(u: WebgpuModule["webgpu_util"], N: number, I: number)
 
 /** Softmax over rows of x [R, S]: masked scores (−1e9) get exactly 0. R and S are read from the
  *  output's shape uniform, not compiled in: a decode step's attention width grows by one each step,
- *  and a shader per width was a compile every step. */
-function softmaxProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
+ *  and a shader per width was a compile every step. With `bias`, softmax of x + bias for x [B, H, T,
+ *  S] as rows [B·H·T, S] and bias [B, 1, T, S] (attention's mask, added here rather than by a
+ *  dispatch of its own): row (b, h, t) adds bias row (b, t), the sizes from the shape uniforms too. */
+function softmaxProgram(u: WebgpuModule["webgpu_util"], R: number, S: number, bias = false) {
   const wg = wgFor(S);
+  const at = bias ? "(x[o + j] + bias[ob + j])" : "x[o + j]";
   return new RowProgram(
     u,
-    "softmax",
-    ["x"],
+    bias ? "softmax_bias" : "softmax",
+    bias ? ["x", "bias"] : ["x"],
     [R, S],
     { rows: R, wg },
     `${rowPrelude(wg, "uniforms.outShape[0]")}
     fn main(index: i32) {
       let S = uniforms.outShape[1];
       let o = row() * S;
+      ${bias ? `let ob = ((row() / (uniforms.outShape[0] / uniforms.biasShape[0])) * uniforms.biasShape[2] + row() % uniforms.biasShape[2]) * S;` : ""}
       var m = -3.402823e+38;
-      ${cols("S", wg, `m = max(m, x[o + j]);`)}
+      ${cols("S", wg, `m = max(m, ${at});`)}
       m = reduceMax(m);
       var s = 0.0;
-      ${cols("S", wg, `s += exp(x[o + j] - m);`)}
+      ${cols("S", wg, `s += exp(${at} - m);`)}
       let inv = 1.0 / reduceSum(s);
-      if (rowOk()) { ${cols("S", wg, `result[o + j] = exp(x[o + j] - m) * inv;`)} }
-    }`,
-  );
-}
-
-/** Softmax over rows of x + bias, x [B, H, T, S] as rows [B·H·T, S] and bias [B, 1, T, S] (attention's
- *  mask, added here rather than by a dispatch of its own): row (b, h, t) adds bias row (b, t). The
- *  sizes are read from the shape uniforms, as softmaxProgram's. */
-function softmaxBiasProgram(u: WebgpuModule["webgpu_util"], R: number, S: number) {
-  const wg = wgFor(S);
-  return new RowProgram(
-    u,
-    "softmax_bias",
-    ["x", "bias"],
-    [R, S],
-    { rows: R, wg },
-    `${rowPrelude(wg, "uniforms.outShape[0]")}
-    fn main(index: i32) {
-      let S = uniforms.outShape[1];
-      let T = uniforms.biasShape[2];
-      let perB = uniforms.outShape[0] / uniforms.biasShape[0];
-      let o = row() * S;
-      let ob = ((row() / perB) * T + row() % T) * S;
-      var m = -3.402823e+38;
-      ${cols("S", wg, `m = max(m, x[o + j] + bias[ob + j]);`)}
-      m = reduceMax(m);
-      var s = 0.0;
-      ${cols("S", wg, `s += exp(x[o + j] + bias[ob + j] - m);`)}
-      let inv = 1.0 / reduceSum(s);
-      if (rowOk()) { ${cols("S", wg, `result[o + j] = exp(x[o + j] + bias[ob + j] - m) * inv;`)} }
+      if (rowOk()) { ${cols("S", wg, `result[o + j] = exp(${at} - m) * inv;`)} }
     }`,
   );
 }
@@ -299,7 +274,7 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
       ({ inputs, backend }) => {
         const { x, bias } = inputs as { x: tf.TensorInfo; bias?: tf.TensorInfo };
         const out = bias
-          ? run(backend, softmaxBiasProgram(u, rowsOf(x), last(x)), [x, bias])
+          ? run(backend, softmaxProgram(u, rowsOf(x), last(x), true), [x, bias])
           : run(backend, softmaxProgram(u, rowsOf(x), last(x)), [x]);
         return { ...out, shape: x.shape };
       },
