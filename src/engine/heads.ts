@@ -13,6 +13,7 @@ import { heapOffset, once, registerKernel, type Backend, type CustomGradFn } fro
 import { heapSeqHeads } from "./wasm/heap-ops.ts";
 import { ropeKernelRuns, webgpuKernel } from "./rope-swiglu.ts";
 import { inPlaceWritable } from "./slot-write.ts";
+import { backendProfile } from "./profile.ts";
 
 /** q [B, nH, T, hd] = rope(q)·scale, kT [B, nKv, hd, T] = rope(k) and v [B, nKv, T, hd] from qkv
  *  [B·T, (nH + 2·nKv)·hd]; cos, sin [B·T·hd]. With `roundOnce` each rotated value is rounded to
@@ -322,7 +323,7 @@ export function sharedSeqHeads(
   sinO: tf.Tensor4D,
   a: SharedHeadsAttrs,
 ): tf.Tensor4D[] | null {
-  if (!webgpuKernel(qkv, SHARED_HEADS)) return null;
+  if (!webgpuKernel(qkv, SHARED_HEADS) || backendProfile().storageBindings < 11) return null; // 5 inputs, 6 outputs
   registerSharedHeadsGradient();
   return tf.engine().runKernel(SHARED_HEADS, { qkv, cosP, sinP, cosO, sinO }, a as never) as unknown as tf.Tensor4D[];
 }

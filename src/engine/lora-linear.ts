@@ -10,6 +10,7 @@
 import * as tf from "@tensorflow/tfjs";
 import type { CustomGradFn } from "./kernels.ts";
 import type { FrozenProduct } from "./matmul.ts";
+import { backendProfile } from "./profile.ts";
 
 export const LORA_FWD = "MarlLoraFwd";
 export const LORA_DX = "MarlLoraDx";
@@ -24,16 +25,14 @@ export interface LoraAttrs {
   swiglu: boolean;
 }
 
-/** At most this many members (a fused module has 2 or 3). */
-const MAX_MEMBERS = 8;
-
 /** Whether loraLinear runs for these factors: webgpu with the kernels registered, every member's A
- *  [in, r] and B [r, outᵢ] of one rank, float32. */
+ *  [in, r] and B [r, outᵢ] of one rank, float32, and the kernels' buffers (2 per member and up to 5
+ *  more) within the device's storage bindings per stage. */
 export function loraLinearRuns(as: tf.Tensor2D[], bs: tf.Tensor2D[]): boolean {
   if (tf.getBackend() !== "webgpu" || tf.getKernel(LORA_FWD, "webgpu") === undefined) return false;
   const r = as[0].shape[1];
   return (
-    as.length <= MAX_MEMBERS &&
+    2 * as.length + 5 <= backendProfile().storageBindings &&
     as.every((a, i) => a.shape[1] === r && a.shape[0] === as[0].shape[0] && bs[i].shape[0] === r) &&
     [...as, ...bs].every((t) => t.dtype === "float32")
   );

@@ -16,6 +16,9 @@ export interface BackendProfile {
   /** Largest tensor, in floats, one kernel may read or write; bigger weights are split (0.5B's
    *  embedding is 544 MB; a software adapter binds 128 MiB). Infinity where there is no such limit. */
   maxBindingFloats: number;
+  /** Storage buffers one kernel may bind (webgpu: the device's per shader stage, 8 to 16 or more);
+   *  kernels that bind more fall back to ops. */
+  storageBindings: number;
   /** Whether GatherV2 moves int32 values exactly (webgpu's moves them through f32 and rounds words of
    *  packed codes above 2^24), so packed columns can be gathered before unpacking. */
   exactIntGather: boolean;
@@ -67,6 +70,7 @@ const CPU: BackendProfile = {
   leftLayoutBytes: 2 ** 30,
   logitChunkFloats: 20 * 1024 * 1024,
   maxBindingFloats: Infinity,
+  storageBindings: Infinity,
   exactIntGather: true,
   matMulForm: "flags",
   deviceSampling: false,
@@ -87,6 +91,7 @@ export function backendProfile(): BackendProfile {
     leftLayoutBytes: Infinity,
     logitChunkFloats: Math.min(16 * 1024 * 1024, maxBindingFloats),
     maxBindingFloats,
+    storageBindings: limits?.maxStorageBuffersPerShaderStage ?? 8,
     exactIntGather: false,
     matMulForm: "batched",
     deviceSampling: true,

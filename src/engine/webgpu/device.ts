@@ -45,7 +45,12 @@ const WANTED_LIMITS = [
   "maxComputeWorkgroupsPerDimension",
 ];
 
-let limits: { maxStorageBufferBindingSize: number; maxBufferSize: number; memoryBytes?: number } | null = null;
+let limits: {
+  maxStorageBufferBindingSize: number;
+  maxBufferSize: number;
+  maxStorageBuffersPerShaderStage: number;
+  memoryBytes?: number;
+} | null = null;
 
 /** The device's limits once the webgpu backend is registered (null before). Model code splits any
  *  buffer larger than maxStorageBufferBindingSize (see profile.ts). */
@@ -164,6 +169,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   limits = {
     maxStorageBufferBindingSize: device.limits.maxStorageBufferBindingSize,
     maxBufferSize: device.limits.maxBufferSize,
+    maxStorageBuffersPerShaderStage: device.limits.maxStorageBuffersPerShaderStage,
     memoryBytes: adapterMemoryBytes(fallback),
   };
 
@@ -176,7 +182,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   (await import("./rows.ts")).registerWebgpuRows(mod);
   (await import("./heads.ts")).registerWebgpuHeads(mod);
   (await import("./vocab.ts")).registerWebgpuVocab(mod);
-  (await import("./adamw.ts")).registerWebgpuAdamW(mod, device.limits.maxStorageBuffersPerShaderStage);
+  (await import("./adamw.ts")).registerWebgpuAdamW(mod, limits.maxStorageBuffersPerShaderStage);
   (await import("./lora.ts")).registerWebgpuLora(mod);
   (await import("./gather-rows.ts")).registerWebgpuGatherRows(mod);
   Object.defineProperty(globalThis, "navigator", {
