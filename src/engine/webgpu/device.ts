@@ -14,6 +14,7 @@ import { existsSync, readdirSync, statSync } from "node:fs";
 import { totalmem } from "node:os";
 import { registerWebgpuDequantize } from "./dequant.ts";
 import { withWrites } from "./program.ts";
+import { batchUniforms } from "./uniforms.ts";
 
 /** What the adapter is, as printed once when the backend starts. */
 export interface WebgpuAdapterInfo {
@@ -194,7 +195,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   const shaderModule = device.createShaderModule.bind(device);
   device.createShaderModule = (d: GPUShaderModuleDescriptor) => shaderModule({ ...d, code: withWrites(d.code) });
   if (tf.findBackendFactory("webgpu")) tf.removeBackend("webgpu");
-  tf.registerBackend("webgpu", () => countTraffic(new mod.WebGPUBackend(device, ai)), 3);
+  tf.registerBackend("webgpu", () => countTraffic(batchUniforms(new mod.WebGPUBackend(device, ai))), 3);
   return {
     ok: true,
     info: {
