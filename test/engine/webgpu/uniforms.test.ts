@@ -1,6 +1,7 @@
 /** Dispatch uniforms written as one arena per submit (webgpu/uniforms.ts): tfjs' struct layout, and
  *  results right across more dispatches than the arena holds between two submits (it submits when
- *  full) and across reads (which submit). */
+ *  full) and across reads (which submit); a pipeline's bind group layout asked for once
+ *  (webgpu/device.ts). */
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../../src/engine/backend.ts";
@@ -47,5 +48,13 @@ describe.skipIf(!gpu)("uniforms in one arena per submit (webgpu)", () => {
     } finally {
       tf.env().set("WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE", before);
     }
+  });
+
+  it("answers every dispatch's request for a pipeline's bind group layout with one layout", async () => {
+    expect(await initBackend("webgpu")).toBe("webgpu");
+    tf.tidy(() => tf.add(tf.ones([4096]), 1)).dispose();
+    const pipelines = Object.values((tf.backend() as unknown as { pipelineCache: Record<string, GPUComputePipeline> }).pipelineCache);
+    expect(pipelines.length).toBeGreaterThan(0);
+    for (const p of pipelines) expect(p.getBindGroupLayout(0)).toBe(p.getBindGroupLayout(0));
   });
 });
