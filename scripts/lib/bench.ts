@@ -9,6 +9,7 @@ import { sampleTokens } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { AdamW } from "../../src/trainer/optimizer.ts";
 import { createModel, paramCount } from "../../src/model/load.ts";
+import { LoraAdapter } from "../../src/model/lora.ts";
 import { backendProfile } from "../../src/engine/profile.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { LORA_TARGETS, type Quantize, type Qwen2Config } from "../../src/model/types.ts";
@@ -477,9 +478,30 @@ export async function kernelCounts(ctx: BenchContext, opts: { promptLen?: number
   };
 }
 
+/** Dispatches of the optimizer step (AdamW with clipping, the second step: the first compiles) over
+ *  the LoRA variables (r 16, every module) of a whole config, without its model: the step groups its
+ *  variables, so its count is not linear in the layers. */
+async function optimizerDispatches(config: Qwen2Config): Promise<number> {
+  const ad = LoraAdapter.init(config, { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] });
+  const vars = ad.variables(),
+    grads = Object.fromEntries(vars.map((v) => [v.name, tf.onesLike(v)]));
+  const opt = new AdamW(vars, { lr: 0 });
+  try {
+    await opt.applyGradients(grads, { maxGradNorm: 1 });
+    const t0 = webgpuTraffic().dispatches;
+    await opt.applyGradients(grads, { maxGradNorm: 1 });
+    return webgpuTraffic().dispatches - t0;
+  } finally {
+    opt.dispose();
+    tf.dispose(Object.values(grads));
+    ad.dispose();
+  }
+}
+
 /** kernelCounts of a config without running all its layers: its layers are alike, so the counts of
- *  1- and 2-layer models give the whole one (c1 + (L − 1)·(c2 − c1)), exactly. For a model too slow to
- *  step whole (0.5B on a software adapter); the program lists are the 2-layer model's. */
+ *  1- and 2-layer models give the whole one (c1 + (L − 1)·(c2 − c1)), exactly; the optimizer's is
+ *  counted over the whole config's variables. For a model too slow to step whole (0.5B on a software
+ *  adapter); the program lists are the 2-layer model's. */
 export async function layerTracedCounts(
   configName: string,
   quantize: Quantize,
@@ -510,7 +532,7 @@ export async function layerTracedCounts(
             decodeLora: x(c1.dispatches.decodeLora, c2.dispatches.decodeLora),
             train: x(c1.dispatches.train, c2.dispatches.train), // the draw's count does not depend on the layers
             trainShared: x(c1.dispatches.trainShared, c2.dispatches.trainShared),
-            optimizer: x(c1.dispatches.optimizer, c2.dispatches.optimizer),
+            optimizer: await optimizerDispatches(BENCH_CONFIGS[configName]),
           }
         : undefined,
     decodeReadbackBytes: c2.decodeReadbackBytes, // the draw's reads do not depend on the layers
