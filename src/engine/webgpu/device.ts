@@ -182,6 +182,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   // registers the wasm backend, and profile.ts (which every model imports) imports this file.
   (await import("./rows.ts")).registerWebgpuRows(mod);
   (await import("./heads.ts")).registerWebgpuHeads(mod);
+  (await import("./shared-heads.ts")).registerWebgpuSharedHeads(mod);
   (await import("./vocab.ts")).registerWebgpuVocab(mod);
   (await import("./adamw.ts")).registerWebgpuAdamW(mod, limits.maxStorageBuffersPerShaderStage);
   (await import("./lora.ts")).registerWebgpuLora(mod);
