@@ -26,23 +26,15 @@ export function gatherRows(x: tf.Tensor2D, idx: Int32Array): tf.Tensor2D {
       ) as tf.Tensor2D;
     });
   }
-  // each source row's destinations, as a start per row and one list
-  const start = new Int32Array(R + 1);
-  for (const i of idx) if (i >= 0) start[i + 1]++;
-  for (let r = 0; r < R; r++) start[r + 1] += start[r];
-  const list = new Int32Array(Math.max(1, start[R])),
-    fill = start.slice(0, R);
-  idx.forEach((i, d) => {
-    if (i >= 0) list[fill[i]++] = d;
-  });
   const f = tf.customGrad(((xx: tf.Tensor2D) => {
     const at = tf.tensor1d(idx, "int32");
     const value = tf.engine().runKernel(GATHER_ROWS, { x: xx, idx: at }) as tf.Tensor2D;
     at.dispose();
     return {
       value,
-      gradFunc: (dy: tf.Tensor2D) =>
-        tf.tidy(
+      gradFunc: (dy: tf.Tensor2D) => {
+        const { start, list } = destinations(idx, R);
+        return tf.tidy(
           () =>
             tf
               .engine()
@@ -51,8 +43,23 @@ export function gatherRows(x: tf.Tensor2D, idx: Int32Array): tf.Tensor2D {
                 { dy, start: tf.tensor1d(start, "int32"), list: tf.tensor1d(list, "int32") },
                 { rows: R },
               ) as tf.Tensor2D,
-        ),
+        );
+      },
     };
   }) as unknown as CustomGradFn);
   return f(x) as tf.Tensor2D;
+}
+
+/** The gradient's map of idx into R source rows: each row's destinations list[start[r]] …
+ *  list[start[r + 1] − 1] (formed only when a gradient is asked for). */
+function destinations(idx: Int32Array, R: number): { start: Int32Array; list: Int32Array } {
+  const start = new Int32Array(R + 1);
+  for (const i of idx) if (i >= 0) start[i + 1]++;
+  for (let r = 0; r < R; r++) start[r + 1] += start[r];
+  const list = new Int32Array(Math.max(1, start[R])),
+    fill = start.slice(0, R);
+  idx.forEach((i, d) => {
+    if (i >= 0) list[fill[i]++] = d;
+  });
+  return { start, list };
 }

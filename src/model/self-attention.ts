@@ -7,7 +7,6 @@ import { decodeHeads, decodeHeadsInto, seqHeads } from "../engine/heads.ts";
 import { bmm } from "../engine/matmul.ts";
 import { rope } from "../engine/rope-swiglu.ts";
 import { softmax, softmaxBiased } from "../engine/softmax.ts";
-import { backendProfile } from "../engine/profile.ts";
 import type { Qwen2Config } from "./types.ts";
 
 /** Query, key and value heads of qkv [B·T, (nH + 2·nKv)·hd] with RoPE: queries stacked per kv head
@@ -85,8 +84,8 @@ export function attendHeads(
   const scores = kvBias
     ? tf.reshape<tf.Rank.R4>(tf.fused.matMul({ a: qg, b: kT3, bias: kvBias }), [B, nH, T, S]) // the mask in the product's epilogue
     : tf.reshape<tf.Rank.R4>(bmm(qg, kT3), [B, nH, T, S]); // (B, nH, T, S)
-  // the mask added by the softmax kernel where the profile is dispatch-bound (webgpu), else an add
-  const masked = kvBias ? softmax(scores) : backendProfile().dispatchBound ? softmaxBiased(scores, bias) : softmax(tf.add(scores, bias));
+  // the mask added by the softmax kernel on webgpu, else an add (softmaxBiased)
+  const masked = kvBias ? softmax(scores) : softmaxBiased(scores, bias);
   const probs = tf.reshape<tf.Rank.R3>(masked, [B * nKv, g * T, S]);
   return bmm(probs, tf.reshape(v, [B * nKv, S, hd])); // (B·nKv, g·T, hd)
 }

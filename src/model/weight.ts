@@ -101,14 +101,8 @@ export class BaseWeight {
    *  profile says so (mmFrozen), others add them after it. Frozen weights get no gradient; a
    *  quantized one is dequantized again in the backward pass instead of being kept on the tape. */
   matmul(x: tf.Tensor2D, extra: { bias?: tf.Tensor1D; addend?: tf.Tensor2D } = {}): tf.Tensor2D {
-    const f32 = this.f32,
-      u = this.unpacked,
-      q = this.quant;
-    if (!this.isVariable && !this.parts && !this.left) {
-      if (f32) return mmFrozen(x, () => f32, f32, extra);
-      if (u && !u.left) return mmFrozen(x, () => u.w, u.w, extra);
-      if (!u && q) return mmFrozen(x, () => q.dequantize(), undefined, extra);
-    }
+    const fw = this.frozenWeight();
+    if (fw) return mmFrozen(x, fw.w, fw.wForward, extra);
     const y = this.product(x);
     const b: tf.Tensor2D = extra.bias ? tf.add(y, extra.bias) : y;
     return extra.addend ? tf.add(extra.addend, b) : b;
@@ -118,13 +112,21 @@ export class BaseWeight {
    *  hold it inside their own gradient (lora-linear.ts); null for the matrices mmFrozen does not take
    *  (trained, in column blocks, or held [out, in]). */
   frozen(bias?: tf.Tensor1D): FrozenProduct | null {
+    const fw = this.frozenWeight();
+    return fw && frozenProduct(fw.w, fw.wForward, bias);
+  }
+
+  /** A frozen matrix held [in, out] as mmFrozen and frozenProduct take it: the weight, fetched again
+   *  for the backward pass (a quantized one dequantized then), and the one the forward uses where it
+   *  is held; null for a trained matrix, one in column blocks or one held [out, in]. */
+  private frozenWeight(): { w: () => tf.Tensor2D; wForward?: tf.Tensor2D } | null {
     if (this.isVariable || this.parts || this.left) return null;
     const f32 = this.f32,
       u = this.unpacked,
       q = this.quant;
-    if (f32) return frozenProduct(() => f32, f32, bias);
-    if (u && !u.left) return frozenProduct(() => u.w, u.w, bias);
-    if (!u && q) return frozenProduct(() => q.dequantize(), undefined, bias);
+    if (f32) return { w: () => f32, wForward: f32 };
+    if (u && !u.left) return { w: () => u.w, wForward: u.w };
+    if (!u && q) return { w: () => q.dequantize() };
     return null;
   }
 
