@@ -2,9 +2,11 @@
  *  gradient): the forward (y + s·(x·A)·blockdiag(B), and s·x·A kept for the backward pass), the input
  *  gradient (s·dy·blockdiag(B)ᵀ and its product with Aᵀ) and the factors' gradients (xᵀ·dxa and
  *  (s·x·A)ᵀ·dy, every member's in one dispatch). Gate/up can take SwiGLU in the first two (the
- *  activation as the forward's output, its gradient formed as the input gradient reads dy). Members (up to 8) share one rank r; each has its own A
- *  [in, r] and B [r, outᵢ] binding, so fused modules need no concatenated or padded factors. The row
- *  count is read from the shapes' uniforms, so one shader serves every batch. */
+ *  activation as the forward's output, its gradient formed as the input gradient reads dy). Members
+ *  share one rank r; each has its own A [in, r] and B [r, outᵢ] binding (as many members as the
+ *  device's storage bindings allow: lora-linear.ts loraLinearRuns), so fused modules need no
+ *  concatenated or padded factors. The row count is read from the shapes' uniforms, so one shader
+ *  serves every batch. */
 import type * as tf from "@tensorflow/tfjs";
 import { LORA_DW, LORA_DX, LORA_FWD, type LoraAttrs } from "../lora-linear.ts";
 import { registerKernel } from "../kernels.ts";
