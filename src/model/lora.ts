@@ -410,6 +410,11 @@ export class LoraAdapter {
     this.fusedCache.clear();
   }
 
+  /** Module m's factors of layer `layer` (Aᵀ [in, r], Bᵀ [r, out]), or null when it has no adapter. */
+  pair(layer: number, m: LoraTarget): { a: tf.Variable; b: tf.Variable } | null {
+    return this.pairs.get(`${layer}.${m}`) ?? null;
+  }
+
   variables(): tf.Variable[] {
     return [...this.pairs.values()].flatMap((p) => [p.a, p.b]);
   }

@@ -115,6 +115,12 @@ export class QuantizedMatrix {
     throw new Error(`unknown quantization "${kind}"; accepted: int8, nf4`);
   }
 
+  /** The tensors as held, for kernels that read them packed (engine/webgpu/decode/): codes int32
+   *  [rowsPad/per, out] in the slab layout, scales (int8: [1, out]; nf4: [rowsPad/64, out]). */
+  get held(): { packed: tf.Tensor2D; scales: tf.Tensor2D; rowsPad: number } {
+    return { packed: this.packed, scales: this.scales, rowsPad: this.rowsPad };
+  }
+
   /** Bytes of the tensors held (packed codes + scales). */
   get bytes(): number {
     return 4 * (this.packed.size + this.scales.size);

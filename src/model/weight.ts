@@ -50,6 +50,19 @@ export class BaseWeight {
     return new BaseWeight(inDim, outDim, null, QuantizedMatrix.fromFloat32(quantize, data, inDim, outDim));
   }
 
+  /** How the matrix is held, for kernels that read it as it is (engine/webgpu/decode/): f32 [in,
+   *  out] (frozen or a variable), column blocks [in, outᵢ], quantized codes and scales, or [out, in]. */
+  get layout():
+    | { kind: "f32"; w: tf.Tensor2D }
+    | { kind: "blocks"; parts: tf.Tensor2D[] }
+    | { kind: "int8" | "nf4"; packed: tf.Tensor2D; scales: tf.Tensor2D; rowsPad: number }
+    | { kind: "left" } {
+    if (this.f32) return { kind: "f32", w: this.f32 };
+    if (this.parts) return { kind: "blocks", parts: this.parts };
+    if (this.quant) return { kind: this.quant.kind, ...this.quant.held };
+    return { kind: "left" };
+  }
+
   get bytes(): number {
     if (this.parts) return 4 * this.inDim * this.outDim;
     return this.f32 ? 4 * this.f32.size : this.left ? 4 * this.left.size : this.quant!.bytes;

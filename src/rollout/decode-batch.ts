@@ -26,7 +26,21 @@ export interface DecodeBatchOptions {
   compactFraction?: number; // drop finished rows once they are this share of the cache rows; default 0.25
 }
 
-export class DecodeBatch {
+/** What the turn loop (rollout.ts) and the server's batcher drive: this file's DecodeBatch over the
+ *  model's tfjs forward, or the compiled decoder's batch (engine/webgpu/decode/batch.ts). */
+export interface DecodeRows {
+  /** Cache position → row (its index in the prompts). */
+  rows: number[];
+  sample(positions: number[], params: SamplingParams, rng: Rng, opts?: SampleOptions): Promise<SampleResult>;
+  read(): Promise<Float32Array>;
+  step(feed: number[], done: (row: number) => boolean, hold?: boolean[]): void;
+  dispose(): void;
+}
+
+/** Opens a decode batch on prompts (each row's ids; the rows' own budget of new tokens beside). */
+export type OpenDecodeBatch = (prompts: number[][], o: DecodeBatchOptions & { maxNewTokens: number }) => DecodeRows;
+
+export class DecodeBatch implements DecodeRows {
   /** Cache position → row (its index in the prompts). */
   rows: number[];
   private logits: tf.Tensor2D | null; // [rows.length, V]: this step's, until sampled or read

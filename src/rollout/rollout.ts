@@ -77,7 +77,8 @@ export async function rolloutGroups(
 ): Promise<Trajectory[]> {
   checkConfig(prompts, cfg);
   // a decode step then runs no LoRA products: the adapter's deltas are added into the held f32 base
-  const release = model.unpackBase?.({ mergeAdapter: cfg.adapters ?? true });
+  // (not for a batch of another decoder's, which reads the base as the trainer holds it)
+  const release = cfg.openBatch ? undefined : model.unpackBase?.({ mergeAdapter: cfg.adapters ?? true });
   try {
     return await generate(model, tokenizer, prompts, cfg);
   } finally {
@@ -196,7 +197,8 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     ? new Promise<void>((resolve) => signal.addEventListener("abort", (onAbort = () => resolve()), { once: true }))
     : null;
 
-  const batch = new DecodeBatch(model, inputs, { pad, adapters, compactFraction }); // left-padded prefill
+  const opts = { pad, adapters, compactFraction, maxNewTokens: cfg.maxNewTokens };
+  const batch = cfg.openBatch ? cfg.openBatch(inputs, opts) : new DecodeBatch(model, inputs, opts); // prefilled
   try {
     for (let step = 0; ; step++) {
       // Let I/O events in: an abort (Ctrl-C), an environment's reply (its row then reads on at once,

@@ -3,6 +3,7 @@
 import type { Tool } from "../agents/types.ts";
 import type { Environment } from "../envs/types.ts";
 import type { Rng } from "../util/rng.ts";
+import type { OpenDecodeBatch } from "./decode-batch.ts";
 
 export interface RolloutConfig {
   /** G: samples per prompt (the GRPO group size). */
@@ -31,6 +32,9 @@ export interface RolloutConfig {
   /** Sample from candidates computed on the device (rollout/sampler.ts); same draws either way.
    *  Default: the backend profile's choice (webgpu yes, wasm/cpu no). */
   deviceSampling?: boolean;
+  /** What runs the decode batch: default the model's tfjs forward (decode-batch.ts DecodeBatch, with
+   *  the base unpacked for generation); the compiled decoder's engine passes its own. */
+  openBatch?: OpenDecodeBatch;
   /** Drop finished rows from the KV cache once this fraction of its rows has finished. Default 0.25. */
   compactFraction?: number;
   onStep?: (info: RolloutStepInfo) => void;

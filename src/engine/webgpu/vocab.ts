@@ -80,18 +80,24 @@ function dLogitsProgram(u: WebgpuModule["webgpu_util"], n: number, V: number) {
  *  host's float64 walk does: float32 alone resolves a cumulative sum to ~1e-7 of it, about a token's
  *  share of a flat 152k-token row, and drew a neighbour in ~1 of 200 such draws. The one thread
  *  owning the chunk the target falls in walks its ids. us holds per row u as two
- *  float32 (u = hi + lo). Output [B, 2]: the token (−1 where the row has no finite largest logit)
- *  and its log-prob (x − max)/T − log Σ, in float32. */
-function drawProgram(u: WebgpuModule["webgpu_util"], B: number, V: number, T: number) {
+ *  float32 (u = hi + lo). The WGSL after the row prelude (program.ts rowPrelude, 256 threads): row o = row()·V of the
+ *  logits read through x(index), its uniform u (hi, lo), and write(token, logprob) storing the token
+ *  (−1 where the row has no finite largest logit) and its log-prob (x − max)/T − log Σ, in float32.
+ *  The compiled decoder (decode/) draws with the same code. */
+export interface DrawIo {
+  /** The logits' element at a WGSL index expression. */
+  x: (index: string) => string;
+  /** The row's uniform as two float32 WGSL expressions (u = hi + lo); draws only. */
+  u: [string, string];
+  /** WGSL statements storing the row's token and log-prob (float32 expressions). */
+  write: (token: string, logprob: string) => string;
+}
+
+export function drawWgsl(V: number, T: number, io: DrawIo): string {
   const wg = 256,
-    C = Math.ceil(V / wg);
-  return new RowProgram(
-    u,
-    "draw",
-    ["x", "us"],
-    [B, 2],
-    { rows: B, wg },
-    `${rowPrelude(wg, B)}
+    C = Math.ceil(V / wg),
+    x = io.x;
+  return `
   var<workgroup> sums: array<vec2<f32>, ${wg}>;
   var<workgroup> pre: array<vec2<f32>, ${wg + 1}>;
   var<workgroup> pick: i32;
@@ -122,20 +128,20 @@ function drawProgram(u: WebgpuModule["webgpu_util"], B: number, V: number, T: nu
   fn main(index: i32) {
     let o = row() * ${V};
     var m = -3.4028234663852886e38;
-    ${cols(V, wg, `let v = x[o + j]; if (v > m) { m = v; }`)}
+    ${cols(V, wg, `let v = ${x("o + j")}; if (v > m) { m = v; }`)}
     m = reduceMax(m);
     let j0 = i32(localIndex) * ${C};
     let j1 = min(${V}, j0 + ${C});
     var s = vec2<f32>(0.0, 0.0);
-    for (var j = j0; j < j1; j++) { s = ddAdd(s, wt(x[o + j], m)); }
+    for (var j = j0; j < j1; j++) { s = ddAdd(s, wt(${x("o + j")}, m)); }
     sums[localIndex] = s;
     workgroupBarrier();
     if (localIndex == 0u) {
       var acc = vec2<f32>(0.0, 0.0);
       for (var t = 0; t < ${wg}; t++) { pre[t] = acc; acc = ddAdd2(acc, sums[t]); }
       pre[${wg}] = acc;
-      let uh = us[row() * 2];
-      let ul = us[row() * 2 + 1];
+      let uh = ${io.u[0]};
+      let ul = ${io.u[1]};
       let p = uh * acc.x;
       let tgt = norm(p, fma(uh, acc.x, -p) + (uh * acc.y + ul * acc.x));
       var c = 0;
@@ -154,7 +160,7 @@ function drawProgram(u: WebgpuModule["webgpu_util"], B: number, V: number, T: nu
       var walked = vec2<f32>(0.0, 0.0);
       var tok = j0;
       for (var j = j0; j < j1; j++) {
-        let w = wt(x[o + j], m);
+        let w = wt(${x("o + j")}, m);
         if (w > 0.0) {
           walked = ddAdd(walked, w);
           tok = j;
@@ -163,24 +169,28 @@ function drawProgram(u: WebgpuModule["webgpu_util"], B: number, V: number, T: nu
       }
       let total = pre[${wg}].x + pre[${wg}].y;
       let finite = m > -3.4028234663852886e38 && m < 3.4028234663852886e38;
-      result[row() * 2] = select(-1.0, f32(tok), finite);
-      result[row() * 2 + 1] = (x[o + tok] - m) / ${f32(T)} - log(total);
+      ${io.write("select(-1.0, f32(tok), finite)", `(${x("o + tok")} - m) / ${f32(T)} - log(total)`)}
     }
-  }`,
-  );
+  }`;
 }
 
+function drawProgram(u: WebgpuModule["webgpu_util"], B: number, V: number, T: number) {
+  return new RowProgram(u, "draw", ["x", "us"], [B, 2], { rows: B, wg: 256 }, `${rowPrelude(256, B)}${drawWgsl(V, T, resultIo)}`);
+}
+
+/** The standalone kernels' io: logits `x`, uniforms `us` [B, 2], output `result` [B, 2]. */
+const resultIo: DrawIo = {
+  x: (i) => `x[${i}]`,
+  u: ["us[row() * 2]", "us[row() * 2 + 1]"],
+  write: (tok, lp) => `result[row() * 2] = ${tok};\n      result[row() * 2 + 1] = ${lp};`,
+};
+
 /** Greedy per row (draw.ts at temperature 0): the largest logit's lowest id (NaN passed over, as the
- *  host's argmax), log-prob 0; token −1 where the row has no finite largest logit. Output [B, 2]. */
-function greedyProgram(u: WebgpuModule["webgpu_util"], B: number, V: number) {
-  const wg = 256;
-  return new RowProgram(
-    u,
-    "greedy",
-    ["x"],
-    [B, 2],
-    { rows: B, wg },
-    `${rowPrelude(wg, B)}
+ *  host's argmax), log-prob 0; token −1 where the row has no finite largest logit. The WGSL after the row prelude (256 threads), io as drawWgsl's (no uniform). */
+export function greedyWgsl(V: number, io: Pick<DrawIo, "x" | "write">): string {
+  const wg = 256,
+    x = io.x;
+  return `
   var<workgroup> at: array<i32, ${wg}>;
   fn main(index: i32) {
     let o = row() * ${V};
@@ -189,7 +199,7 @@ function greedyProgram(u: WebgpuModule["webgpu_util"], B: number, V: number) {
     ${cols(
       V,
       wg,
-      `let v = x[o + j];
+      `let v = ${x("o + j")};
       if (v > m) { m = v; best = j; }`,
     )}
     let top = reduceMax(m);
@@ -201,11 +211,13 @@ function greedyProgram(u: WebgpuModule["webgpu_util"], B: number, V: number) {
     }
     if (rowOk() && localIndex == 0u) {
       let finite = top > -3.4028234663852886e38 && top < 3.4028234663852886e38 && at[0] < ${V};
-      result[row() * 2] = select(-1.0, f32(at[0]), finite);
-      result[row() * 2 + 1] = 0.0;
+      ${io.write("select(-1.0, f32(at[0]), finite)", "0.0")}
     }
-  }`,
-  );
+  }`;
+}
+
+function greedyProgram(u: WebgpuModule["webgpu_util"], B: number, V: number) {
+  return new RowProgram(u, "greedy", ["x"], [B, 2], { rows: B, wg: 256 }, `${rowPrelude(256, B)}${greedyWgsl(V, resultIo)}`);
 }
 
 /** Register the vocabulary kernels for the webgpu backend (once the package is loaded). */

@@ -4,9 +4,11 @@ import { UsageError } from "../../util/errors.ts";
 import { llamaEngine } from "./llama.ts";
 import { localEngine } from "./local.ts";
 import { openaiEngine } from "./openai.ts";
+import { autoEngine, webgpuEngine } from "./webgpu.ts";
 import type { EngineContext, EngineFlags, RolloutEngine } from "./types.ts";
 
-export const ROLLOUT_ENGINES = { local: localEngine, openai: openaiEngine, llama: llamaEngine };
+export const ROLLOUT_ENGINES = { auto: autoEngine, local: localEngine, webgpu: webgpuEngine, openai: openaiEngine, llama: llamaEngine };
+export { resolveEngineName } from "./webgpu.ts";
 export type RolloutEngineName = keyof typeof ROLLOUT_ENGINES;
 export const ROLLOUT_ENGINE_NAMES = Object.keys(ROLLOUT_ENGINES) as RolloutEngineName[];
 

@@ -17,7 +17,7 @@ export const localEngine: EngineEntry = {
   },
 };
 
-class LocalEngine implements RolloutEngine {
+export class LocalEngine implements RolloutEngine {
   readonly name = "local";
   readonly behaviourLogprobs = false;
   readonly offPolicy = false;

@@ -1,0 +1,547 @@
+/** The compiled decoder: Qwen2 passes as this project's own WGSL programs (programs.ts) on the
+ *  GPUDevice tfjs holds, with the recipe of efficient WebGPU engines:
+ *  - pipelines compiled once per shape and capacity; a KV cache of fixed per-layer buffers (slots ×
+ *    positions), one scratch buffer for the activations, one small `meta` buffer for a pass's rows;
+ *  - bind groups made once per capacity and per set of weight buffers, reused by every pass;
+ *  - a pass is one `queue.writeBuffer` of its rows, one command encoder, one compute pass, one submit,
+ *    and (when rows sample) one read of 8 bytes a sampling row: the token and its log-prob, drawn on
+ *    the device from the host's uniform (sampler.ts' stream and draw: the same tokens as tfjs' webgpu
+ *    path up to float rounding of the logits);
+ *  - the frozen base is read from the buffers tfjs holds for the model, as it holds them (f32 or
+ *    int8/NF4 codes, dequantized inside the products; the embedding's column blocks, if split);
+ *    the adapter's factors and the norms and biases (small, and variables in a full fine-tune) are
+ *    copied once per prepare() into buffers the decoder owns, so the trainer may assign its
+ *    variables freely between generations.
+ *  No tfjs op runs in a pass. tfjs' pending commands are submitted before the decoder's (one queue, in
+ *  order). Leaves out: top-k/top-p on the device (the logits of those rows are read back and drawn by
+ *  the host's rank walk), f16 math, multiple devices. */
+import * as tf from "@tensorflow/tfjs";
+import { ropeInvFreq, ropeTables } from "../../../model/attention.ts";
+import { moduleDims } from "../../../model/lora.ts";
+import type { Qwen2ForCausalLM } from "../../../model/qwen2.ts";
+import { FUSED, FUSED_MODULES, type FusedModule, type LoraTarget } from "../../../model/types.ts";
+import type { BaseWeight } from "../../../model/weight.ts";
+import type { Backend } from "../../kernels.ts";
+import {
+  attnKernel,
+  embedKernel,
+  mmKernel,
+  paramsLayout,
+  prepKernel,
+  ROW_INTS,
+  SAMPLE_INTS,
+  sampleKernel,
+  scratchLayout,
+  TM,
+  type DecodeShape,
+  type Kernel,
+  type MmKind,
+  type WeightFormat,
+} from "./programs.ts";
+
+/** One row of a pass: the token it reads at `pos` of its KV slot; positions below `srcLen` are read
+ *  from slot `src` (a prompt prefilled once for its group). */
+export interface PassRow {
+  token: number;
+  slot: number;
+  pos: number;
+  src?: number;
+  srcLen?: number;
+}
+
+/** What the decoder has done since it opened (bench and tests read differences around a step). */
+export interface DecoderStats {
+  passes: number;
+  submits: number;
+  dispatches: number;
+  buffersCreated: number;
+  bindGroupsCreated: number;
+  pipelinesCreated: number;
+  readbackBytes: number;
+  /** Host milliseconds writing the rows and encoding the pass, and in queue.submit (which a software
+   *  adapter may spend running earlier work). Neither counts the wait for the read. */
+  encodeMs: number;
+  submitMs: number;
+}
+
+export interface PassResult {
+  tokens: Int32Array;
+  logprobs: Float32Array;
+  logits?: Float32Array;
+}
+
+const MM_KIND: Record<FusedModule, MmKind> = { qkv_proj: "qkv", o_proj: "o", gate_up_proj: "gateup", down_proj: "down" };
+const STORAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+
+/** Why the decoder cannot run this model on this backend, or null when it can. */
+export function decoderUnsupported(model: object): string | null {
+  if (tf.getBackend() !== "webgpu") return `the compiled decoder runs on --backend webgpu (this run's backend is ${tf.getBackend()})`;
+  const m = model as Partial<Qwen2ForCausalLM>;
+  if (!m.weights || !m.config) return "the compiled decoder runs Qwen2ForCausalLM models";
+  const heads = [m.weights.embedT, ...(m.weights.lmHeadT ? [m.weights.lmHeadT] : [])];
+  for (const w of heads) if (!["f32", "blocks"].includes(w.layout.kind)) return `an embedding held as ${w.layout.kind}`;
+  for (const l of m.weights.layers)
+    for (const f of FUSED_MODULES) {
+      const k = l.proj[f].layout.kind;
+      if (k === "left" || k === "blocks") return `a linear matrix held as ${k === "left" ? "[out, in]" : "column blocks"}`;
+    }
+  if (m.config.headDim % 2 !== 0) return `head_dim ${m.config.headDim} is odd`;
+  return null;
+}
+
+export class Decoder {
+  readonly stats: DecoderStats = {
+    passes: 0,
+    submits: 0,
+    dispatches: 0,
+    buffersCreated: 0,
+    bindGroupsCreated: 0,
+    pipelinesCreated: 0,
+    readbackBytes: 0,
+    encodeMs: 0,
+    submitMs: 0,
+  };
+  private readonly device: GPUDevice;
+  private readonly backend: Backend;
+  private shape: DecodeShape | null = null;
+  private bufs: {
+    scratch: GPUBuffer;
+    meta: GPUBuffer;
+    params: GPUBuffer;
+    lora: GPUBuffer;
+    logits: GPUBuffer;
+    uniforms: GPUBuffer;
+    staging: GPUBuffer;
+    kc: GPUBuffer[];
+    vc: GPUBuffer[];
+  } | null = null;
+  private readonly pipelines = new Map<string, { pipeline: GPUComputePipeline; layout: GPUBindGroupLayout }>();
+  /** The pass's dispatches for the bound weights: layer stack (every pass) and head (sampling passes). */
+  private plan: { rows: Dispatch[]; head: Dispatch[]; sample: Map<number, Dispatch> } | null = null;
+  private boundBuffers: GPUBuffer[] = [];
+  private metaHost = new Int32Array(0);
+  private slots = 0; // KV slots allocated
+  private logitsStaging: GPUBuffer | null = null;
+
+  constructor(private readonly model: Qwen2ForCausalLM) {
+    const reason = decoderUnsupported(model);
+    if (reason) throw new Error(reason);
+    this.backend = tf.backend() as unknown as Backend;
+    this.device = this.backend.device as GPUDevice;
+  }
+
+  /** Capacity for `slots` rows of `ctx` positions and passes of `rows` rows, and the adapter's
+   *  current factors (none with adapters false): buffers grow (never shrink) and pipelines are
+   *  compiled when capacity or the adapter's shape changes; bind groups are made again only then or
+   *  when a weight buffer changed. Copies the norms, biases and factors (one submit). */
+  prepare(slots: number, ctx: number, rows: number, adapters: boolean): void {
+    const c = this.model.config;
+    const ad = adapters ? this.model.loraAdapter : null;
+    const rank = ad ? ad.config.r : 0;
+    const lora = {} as DecodeShape["lora"];
+    let loraLayer = 0;
+    const loraSrc: { t: tf.Tensor; at: number }[][] = c.numHiddenLayers ? Array.from({ length: c.numHiddenLayers }, () => []) : [];
+    for (const f of FUSED_MODULES)
+      lora[MM_KIND[f]] = FUSED[f].map((m: LoraTarget) => {
+        if (!ad || !ad.pair(0, m)) return null;
+        const [inD, outD] = moduleDims(c, m);
+        const slot = { a: loraLayer, b: loraLayer + inD * rank };
+        loraLayer += (inD + outD) * rank;
+        for (let l = 0; l < c.numHiddenLayers; l++) {
+          const p = ad.pair(l, m);
+          if (!p) throw new Error(`the adapter has ${m} on layer 0 but not on layer ${l}`);
+          loraSrc[l].push({ t: p.a, at: slot.a }, { t: p.b, at: slot.b });
+        }
+        return slot;
+      });
+    lora.head = [];
+    const old = this.shape;
+    // capacities grow (rounded up) and never shrink, so later generations reuse what is made
+    const grow = (have: number | undefined, want: number, round: number, cap = Infinity) =>
+      have !== undefined && have >= want ? have : Math.max(want, Math.min(Math.ceil(want / round) * round, cap));
+    const shape: DecodeShape = {
+      H: c.hiddenSize,
+      I: c.intermediateSize,
+      nH: c.numAttentionHeads,
+      nKv: c.numKeyValueHeads,
+      hd: c.headDim,
+      V: c.vocabSize,
+      eps: c.rmsNormEps,
+      rowsCap: grow(old?.rowsCap, rows, 64),
+      samplesCap: grow(old?.samplesCap, slots, 16),
+      ctx: grow(old?.ctx, ctx, 256, c.maxPositionEmbeddings),
+      rank,
+      scaling: ad ? ad.scaling : 1,
+      lora,
+      loraLayer,
+    };
+    const sameShape = old !== null && JSON.stringify(old) === JSON.stringify(shape);
+    if (!sameShape || slots > this.slots) {
+      this.slots = Math.max(this.slots, slots);
+      this.allocate(shape, this.slots);
+    }
+    this.shape = shape;
+
+    this.flushTfjs();
+    const enc = this.device.createCommandEncoder();
+    const b = this.bufs!;
+    const p = paramsLayout(shape);
+    const copy = (t: tf.Tensor, dst: GPUBuffer, at: number) => enc.copyBufferToBuffer(this.buffer(t), 0, dst, 4 * at, 4 * t.size);
+    this.model.weights.layers.forEach((lw, l) => {
+      const base = p.LAYERS + l * p.perLayer;
+      copy(lw.inputNorm, b.params, base + p.inNorm);
+      copy(lw.postNorm, b.params, base + p.postNorm);
+      copy(lw.qkvBias, b.params, base + p.bias);
+      for (const { t, at } of loraSrc[l]) copy(t, b.lora, l * loraLayer + at);
+    });
+    copy(this.model.weights.norm, b.params, p.final(c.numHiddenLayers));
+    this.flushTfjs(); // uploads the copies' sources may have queued on tfjs' encoder
+    this.device.queue.submit([enc.finish()]);
+    this.stats.submits++;
+
+    const weights = this.weightBuffers();
+    if (!this.plan || !sameShape || weights.some((w, i) => w !== this.boundBuffers[i])) this.buildPlan(weights);
+  }
+
+  /** One pass over `rows` (at most the prepared rows): the layer stack, then, for `samples` (pass row
+   *  indices), the final norm, the head and a draw with uniform `us[k]` at temperature T (0: greedy).
+   *  Returns per sampling row the token and its log-prob (sampler.ts' meanings; −1: no finite
+   *  largest logit), or, with `logits` true, the sampling rows' logits [samples, V] instead. */
+  async pass(rows: PassRow[], samples: number[] = [], us: number[] = [], T = 0, logits = false): Promise<PassResult> {
+    const read = this.submit(rows, samples, us, T, logits);
+    if (!read) return { tokens: new Int32Array(0), logprobs: new Float32Array(0) };
+    const { staging, bytes } = read;
+    await staging.mapAsync(GPUMapMode.READ, 0, bytes);
+    const data = new Float32Array(staging.getMappedRange(0, bytes).slice(0));
+    staging.unmap();
+    this.stats.readbackBytes += bytes;
+    if (logits) return { tokens: new Int32Array(0), logprobs: new Float32Array(0), logits: data };
+    const S = samples.length;
+    const tokens = new Int32Array(S),
+      logprobs = new Float32Array(S);
+    for (let k = 0; k < S; k++) {
+      tokens[k] = data[2 * k];
+      logprobs[k] = data[2 * k + 1];
+    }
+    return { tokens, logprobs };
+  }
+
+  /** pass()'s encoding and submit, returning what to read (null: nothing samples). Synchronous: a
+   *  pass that samples nothing (prompt chunks, forced tokens) is submitted and not waited for. */
+  submit(rows: PassRow[], samples: number[] = [], us: number[] = [], T = 0, logits = false): { staging: GPUBuffer; bytes: number } | null {
+    const s = this.shape!,
+      b = this.bufs!,
+      plan = this.plan!;
+    const M = rows.length,
+      S = samples.length;
+    if (M === 0 || M > s.rowsCap) throw new Error(`a pass of ${M} rows; the decoder was prepared for 1..${s.rowsCap}`);
+    if (S > s.samplesCap) throw new Error(`${S} sampling rows; the decoder was prepared for ${s.samplesCap}`);
+    const t0 = performance.now();
+    const meta = this.metaHost;
+    meta[0] = M;
+    meta[1] = S;
+    rows.forEach((r, m) => {
+      const o = 4 + m * ROW_INTS;
+      if (!(r.pos >= 0 && r.pos < s.ctx)) throw new Error(`position ${r.pos} is outside the decoder's ${s.ctx} positions`);
+      if (!(r.slot >= 0 && r.slot < this.slots)) throw new Error(`slot ${r.slot} is outside the decoder's ${this.slots} slots`);
+      meta[o] = r.token;
+      meta[o + 1] = r.slot;
+      meta[o + 2] = r.pos;
+      meta[o + 3] = r.src ?? r.slot;
+      meta[o + 4] = r.srcLen ?? 0;
+    });
+    const sb = 4 + s.rowsCap * ROW_INTS;
+    const f = new Float32Array(1),
+      bits = new Int32Array(f.buffer);
+    samples.forEach((row, k) => {
+      const u = us[k] ?? 0; // as float32 hi + lo
+      meta[sb + k * SAMPLE_INTS] = row;
+      f[0] = u;
+      meta[sb + k * SAMPLE_INTS + 1] = bits[0];
+      f[0] = u - f[0];
+      meta[sb + k * SAMPLE_INTS + 2] = bits[0];
+    });
+    this.flushTfjs();
+    this.device.queue.writeBuffer(b.meta, 0, meta.buffer, 0, 4 * (S > 0 ? sb + S * SAMPLE_INTS : 4 + M * ROW_INTS));
+    const enc = this.device.createCommandEncoder();
+    const cp = enc.beginComputePass();
+    const run = (d: Dispatch) => {
+      const [x, y] = d.grid(M, S);
+      cp.setPipeline(d.pipeline);
+      cp.setBindGroup(0, d.group);
+      cp.dispatchWorkgroups(x, y);
+      this.stats.dispatches++;
+    };
+    for (const d of plan.rows) run(d);
+    let read: { staging: GPUBuffer; bytes: number } | null = null;
+    if (S > 0) {
+      for (const d of plan.head) run(d);
+      if (!logits) run(this.samplePipeline(T));
+      read = logits ? { staging: this.logitsStagingFor(4 * S * s.V), bytes: 4 * S * s.V } : { staging: b.staging, bytes: 8 * S };
+    }
+    cp.end();
+    if (read) enc.copyBufferToBuffer(logits ? b.logits : b.scratch, logits ? 0 : 4 * scratchLayout(s).OUT, read.staging, 0, read.bytes);
+    const commands = enc.finish();
+    const t1 = performance.now();
+    this.device.queue.submit([commands]);
+    this.stats.submits++;
+    this.stats.passes++;
+    this.stats.encodeMs += t1 - t0;
+    this.stats.submitMs += performance.now() - t1;
+    return read;
+  }
+
+  /** Dispatches per layer of a sampling pass's layer stack (bench and tests). */
+  get dispatchesPerLayer(): number {
+    return (this.plan!.rows.length - this.embedDispatches) / this.model.config.numHiddenLayers;
+  }
+  private embedDispatches = 0;
+
+  /** Device bytes the decoder owns (KV cache, scratch, params, factors, logits, staging). */
+  get bytes(): number {
+    const b = this.bufs;
+    if (!b) return 0;
+    return [
+      b.scratch,
+      b.meta,
+      b.params,
+      b.lora,
+      b.logits,
+      b.uniforms,
+      b.staging,
+      ...b.kc,
+      ...b.vc,
+      ...(this.logitsStaging ? [this.logitsStaging] : []),
+    ].reduce((n, x) => n + x.size, 0);
+  }
+
+  dispose(): void {
+    this.release();
+    this.plan = null;
+    this.shape = null;
+  }
+
+  private release(): void {
+    const b = this.bufs;
+    if (b) for (const x of [b.scratch, b.meta, b.params, b.lora, b.logits, b.uniforms, b.staging, ...b.kc, ...b.vc]) x.destroy();
+    this.logitsStaging?.destroy();
+    this.logitsStaging = null;
+    this.bufs = null;
+  }
+
+  private allocate(s: DecodeShape, slots: number): void {
+    this.release();
+    this.plan = null;
+    const c = this.model.config;
+    const L = c.numHiddenLayers;
+    const make = (floats: number, usage = STORAGE()) => {
+      this.stats.buffersCreated++;
+      return this.device.createBuffer({ size: Math.max(16, Math.ceil((4 * floats) / 16) * 16), usage });
+    };
+    const kv = slots * s.ctx * s.nKv * s.hd;
+    const p = paramsLayout(s);
+    this.bufs = {
+      scratch: make(scratchLayout(s).size),
+      meta: make(4 + s.rowsCap * ROW_INTS + s.samplesCap * SAMPLE_INTS),
+      params: make(p.final(L) + s.H),
+      lora: make(Math.max(1, L * s.loraLayer)),
+      logits: make(s.samplesCap * s.V),
+      uniforms: make(64 * L, GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST), // one 256-byte slot a layer
+      staging: make(2 * s.samplesCap, GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST),
+      kc: Array.from({ length: L }, () => make(kv)),
+      vc: Array.from({ length: L }, () => make(kv)),
+    };
+    this.metaHost = new Int32Array(4 + s.rowsCap * ROW_INTS + s.samplesCap * SAMPLE_INTS);
+    // RoPE tables for every position (float64 trigonometry, as the tfjs forward's), and each layer's index
+    const { cos, sin } = ropeTables(
+      Array.from({ length: s.ctx }, (_, i) => i),
+      ropeInvFreq(c.ropeTheta, c.headDim),
+    );
+    this.device.queue.writeBuffer(this.bufs.params, 4 * p.COS, cos);
+    this.device.queue.writeBuffer(this.bufs.params, 4 * p.SIN, sin);
+    const layers = new Int32Array(64 * L);
+    for (let l = 0; l < L; l++) layers[64 * l] = l;
+    this.device.queue.writeBuffer(this.bufs.uniforms, 0, layers);
+  }
+
+  private logitsStagingFor(bytes: number): GPUBuffer {
+    if (!this.logitsStaging || this.logitsStaging.size < bytes) {
+      this.logitsStaging?.destroy();
+      this.stats.buffersCreated++;
+      this.logitsStaging = this.device.createBuffer({
+        size: Math.ceil(bytes / 16) * 16,
+        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      });
+    }
+    return this.logitsStaging;
+  }
+
+  /** A tensor's GPU buffer as tfjs holds it (uploaded first if it is still on the host). */
+  private buffer(t: tf.Tensor): GPUBuffer {
+    this.backend.uploadToGPU(t.dataId);
+    return this.backend.tensorMap.get(t.dataId).resource as GPUBuffer;
+  }
+
+  /** Submit what tfjs has recorded and not submitted: the decoder's work reads what it wrote. */
+  private flushTfjs(): void {
+    const b = this.backend as Backend & { commandEncoder: GPUCommandEncoder | null };
+    if (b.commandEncoder) {
+      b.endComputePassEncoder();
+      b.submitQueue();
+    }
+  }
+
+  /** The base's buffers as bound (their identity decides whether bind groups are made again). */
+  private weightBuffers(): GPUBuffer[] {
+    const w = this.model.weights;
+    const out: GPUBuffer[] = [];
+    const add = (bw: BaseWeight) => {
+      const l = bw.layout;
+      if (l.kind === "f32") out.push(this.buffer(l.w));
+      else if (l.kind === "blocks") out.push(...l.parts.map((p) => this.buffer(p)));
+      else if (l.kind === "int8" || l.kind === "nf4") out.push(this.buffer(l.packed), this.buffer(l.scales));
+    };
+    add(w.embedT);
+    if (w.lmHeadT) add(w.lmHeadT);
+    for (const lw of w.layers) for (const f of FUSED_MODULES) add(lw.proj[f]);
+    this.flushTfjs();
+    return out;
+  }
+
+  private pipelineFor(k: Kernel): { pipeline: GPUComputePipeline; layout: GPUBindGroupLayout } {
+    let p = this.pipelines.get(k.key + "|" + this.shapeKey());
+    if (p) return p;
+    const layout = this.device.createBindGroupLayout({
+      entries: k.bindings.map(([, kind], i) => ({
+        binding: i,
+        visibility: GPUShaderStage.COMPUTE,
+        buffer: { type: kind as GPUBufferBindingType },
+      })),
+    });
+    const pipeline = this.device.createComputePipeline({
+      layout: this.device.createPipelineLayout({ bindGroupLayouts: [layout] }),
+      compute: { module: this.device.createShaderModule({ code: k.code }), entryPoint: "entry" },
+    });
+    this.stats.pipelinesCreated++;
+    p = { pipeline, layout };
+    this.pipelines.set(k.key + "|" + this.shapeKey(), p);
+    return p;
+  }
+
+  private shapeKey(): string {
+    return JSON.stringify(this.shape);
+  }
+
+  private dispatch(
+    k: Kernel,
+    buffers: Record<string, GPUBuffer | { buffer: GPUBuffer; offset: number; size: number }>,
+    grid: Dispatch["grid"],
+  ): Dispatch {
+    const { pipeline, layout } = this.pipelineFor(k);
+    const group = this.device.createBindGroup({
+      layout,
+      entries: k.bindings.map(([name], i) => {
+        const r = buffers[name];
+        if (!r) throw new Error(`decoder: kernel ${k.key} binds ${name}, which was not given`);
+        return { binding: i, resource: "offset" in r ? r : { buffer: r } };
+      }),
+    });
+    this.stats.bindGroupsCreated++;
+    return { pipeline, group, grid };
+  }
+
+  private samplePipeline(T: number): Dispatch {
+    let d = this.plan!.sample.get(T);
+    if (!d) {
+      const b = this.bufs!;
+      d = this.dispatch(sampleKernel(this.shape!, T), { drawn: b.scratch, rin: b.meta, logits: b.logits }, (_, S) => [S, 1]);
+      this.plan!.sample.set(T, d);
+    }
+    return d;
+  }
+
+  private buildPlan(weights: GPUBuffer[]): void {
+    const s = this.shape!,
+      b = this.bufs!,
+      w = this.model.weights,
+      L = this.model.config.numHiddenLayers;
+    const rows: Dispatch[] = [],
+      head: Dispatch[] = [];
+    const common = { s: b.scratch, rin: b.meta, params: b.params, lora: b.lora };
+    const flat =
+      (threads: (M: number) => number) =>
+      (M: number): [number, number] => {
+        const n = Math.ceil(threads(M) / 64);
+        return n <= 65535 ? [n, 1] : [65535, Math.ceil(n / 65535)];
+      };
+    // the embedding (and the head): Eᵀ's column blocks, each a dispatch
+    const blocks = (bw: BaseWeight) => {
+      const l = bw.layout;
+      return l.kind === "f32" ? [l.w] : l.kind === "blocks" ? l.parts : [];
+    };
+    let off = 0;
+    for (const part of blocks(w.embedT)) {
+      const n = part.shape[1];
+      rows.push(
+        this.dispatch(
+          embedKernel(s, off, n),
+          { s: b.scratch, rin: b.meta, w: this.buffer(part) },
+          flat((M) => M * s.H),
+        ),
+      );
+      off += n;
+    }
+    this.embedDispatches = rows.length;
+    const mm = (kind: MmKind, bw: BaseWeight, l: number, units: number, extra: Record<string, GPUBuffer> = {}) => {
+      const lay = bw.layout;
+      const fmt = lay.kind as WeightFormat;
+      const per = fmt === "f32" ? 1 : fmt === "int8" ? 4 : 8;
+      const PR = lay.kind === "int8" || lay.kind === "nf4" ? lay.rowsPad / per : bw.inDim;
+      const bufs: Record<string, GPUBuffer | { buffer: GPUBuffer; offset: number; size: number }> = {
+        ...common,
+        ...extra,
+        u: { buffer: b.uniforms, offset: 256 * l, size: 16 },
+        w: this.buffer(lay.kind === "f32" ? lay.w : (lay as { packed: tf.Tensor }).packed),
+      };
+      if (lay.kind === "int8" || lay.kind === "nf4") bufs.sc = this.buffer(lay.scales);
+      return this.dispatch(mmKernel(s, kind, fmt, bw.inDim, bw.outDim, PR), bufs, (M) => [Math.ceil(units / 64), Math.ceil(M / TM)]);
+    };
+    const prep = (kind: "qkv" | "o" | "gateup" | "down" | "final", l: number) =>
+      this.dispatch(prepKernel(s, kind, L), { ...common, u: { buffer: b.uniforms, offset: 256 * l, size: 16 } }, (M) => [M, 1]);
+    const hasLora = (k: MmKind) => s.rank > 0 && s.lora[k].some((x) => x);
+    for (let l = 0; l < L; l++) {
+      const lw = w.layers[l];
+      rows.push(prep("qkv", l));
+      rows.push(mm("qkv", lw.proj.qkv_proj, l, (s.nH + 2 * s.nKv) * (s.hd / 2), { kc: b.kc[l], vc: b.vc[l] }));
+      rows.push(this.dispatch(attnKernel(s), { s: b.scratch, rin: b.meta, kc: b.kc[l], vc: b.vc[l] }, (M) => [M * s.nH, 1]));
+      if (hasLora("o")) rows.push(prep("o", l));
+      rows.push(mm("o", lw.proj.o_proj, l, s.H));
+      rows.push(prep("gateup", l));
+      rows.push(mm("gateup", lw.proj.gate_up_proj, l, s.I));
+      if (hasLora("down")) rows.push(prep("down", l));
+      rows.push(mm("down", lw.proj.down_proj, l, s.H));
+    }
+    head.push(prep("final", 0));
+    off = 0;
+    for (const part of blocks(w.lmHeadT ?? w.embedT)) {
+      const n = part.shape[1];
+      head.push(
+        this.dispatch(
+          mmKernel(s, "head", "f32", s.H, n, s.H, off),
+          { s: b.scratch, rin: b.meta, w: this.buffer(part), logits: b.logits },
+          (_, S) => [Math.ceil(n / 64), Math.ceil(S / TM)],
+        ),
+      );
+      off += n;
+    }
+    this.plan = { rows, head, sample: new Map() };
+    this.boundBuffers = weights;
+  }
+}
+
+interface Dispatch {
+  pipeline: GPUComputePipeline;
+  group: GPUBindGroup;
+  /** Workgroups (x, y) for a pass of M rows of which S sample. */
+  grid: (M: number, S: number) => [number, number];
+}

@@ -1,0 +1,99 @@
+/** --rollout_engine webgpu: rollouts from the compiled decoder (engine/webgpu/decode/), this
+ *  project's own WGSL programs over the trainer's weight buffers on the device tfjs holds: the
+ *  frozen base as it is held (f32 or int8/NF4 codes), the adapter's factors copied from its
+ *  variables at each generation, so it samples the policy the trainer has now. The turn loop is
+ *  rollout.ts' (the local engine's), with the compiled batch in place of tfjs' forward. Its
+ *  log-probs come from its own kernels, so at temperature 1 they are behaviour log-probs
+ *  (engine_logprob_gap shows how far they are from the trainer's; TIS corrects for it).
+ *  "auto" (the default) is this engine on --backend webgpu and the local engine elsewhere. */
+import * as tf from "@tensorflow/tfjs";
+import { Decoder, decoderUnsupported } from "../../engine/webgpu/decode/decoder.ts";
+import { CompiledBatch } from "../../engine/webgpu/decode/batch.ts";
+import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
+import { UsageError } from "../../util/errors.ts";
+import { Rng } from "../../util/rng.ts";
+import { rolloutGroups } from "../rollout.ts";
+import { rawDistribution } from "./llama.ts";
+import { LocalEngine } from "./local.ts";
+import type { EngineContext, EngineEntry, EngineFlags, RolloutEngine, StepRequest } from "./types.ts";
+
+function checkFlags(f: EngineFlags, name: string): void {
+  if (f.async_rollouts > 0)
+    throw new UsageError(
+      `--async_rollouts ${f.async_rollouts} needs --rollout_engine openai: the ${name} engine generates in the training process`,
+    );
+  if (f.rollout_url) throw new UsageError("--rollout_url is only used with --rollout_engine openai");
+}
+
+export const webgpuEngine: EngineEntry = {
+  help: "webgpu (the compiled WebGPU decoder over the trainer's own weights; --backend webgpu)",
+  async prepare(f) {
+    checkFlags(f, "webgpu");
+    return async (ctx) => {
+      const reason = decoderUnsupported(ctx.model);
+      if (reason) throw new UsageError(`--rollout_engine webgpu: ${reason}; use --rollout_engine local`);
+      return new WebgpuEngine(ctx, f);
+    };
+  },
+};
+
+/** The compiled decoder where it runs (webgpu, a Qwen2 model it reads), the local engine elsewhere. */
+export const autoEngine: EngineEntry = {
+  help: "auto (webgpu on --backend webgpu, else local)",
+  async prepare(f) {
+    checkFlags(f, "local");
+    return async (ctx) => (decoderUnsupported(ctx.model) === null ? new WebgpuEngine(ctx, f) : new LocalEngine(ctx));
+  },
+};
+
+/** The engine "auto" stands for on the current backend (eval and chat, which generate in place when
+ *  it is the local one). */
+export const resolveEngineName = (name: string): string => (name !== "auto" ? name : tf.getBackend() === "webgpu" ? "webgpu" : "local");
+
+export class WebgpuEngine implements RolloutEngine {
+  readonly name = "webgpu";
+  readonly behaviourLogprobs: boolean;
+  readonly offPolicy = false;
+  private readonly decoder: Decoder;
+
+  constructor(
+    private readonly ctx: EngineContext,
+    f: EngineFlags,
+  ) {
+    this.decoder = new Decoder(ctx.model as Qwen2ForCausalLM);
+    // its own kernels' log-probs of the sampled tokens, read where the update uses them (T = 1)
+    this.behaviourLogprobs = rawDistribution(ctx.sampling) && (f.tis_cap ?? 2) > 0;
+  }
+
+  /** The decoder's running figures (bench, tests). */
+  get stats() {
+    return this.decoder.stats;
+  }
+
+  async rollouts(req: StepRequest) {
+    const s = this.ctx.sampling;
+    const trajs = await this.generate(req.prompts(req.step), {
+      samplesPerPrompt: s.samplesPerPrompt,
+      maxNewTokens: s.maxNewTokens,
+      maxTurns: s.maxTurns,
+      temperature: s.temperature,
+      topP: s.topP,
+      topK: s.topK,
+      rng: new Rng(req.seedOf(req.step)),
+      tools: this.ctx.tools,
+      toolsInPrompt: s.toolsInPrompt,
+      envs: req.envs,
+    });
+    return { trajs, metrics: {} };
+  }
+
+  generate: RolloutEngine["generate"] = (prompts, cfg) =>
+    rolloutGroups(this.ctx.model, this.ctx.tokenizer, prompts, {
+      ...cfg,
+      openBatch: (p, o) => new CompiledBatch(this.decoder, p, o),
+    });
+
+  async close() {
+    this.decoder.dispose();
+  }
+}
