@@ -21,6 +21,7 @@ import { parseFlags, samplingSettings, turnSettings } from "./flags.ts";
 import { engineOptions, toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy, type Policy } from "./policy.ts";
 import { openGenerationEngine } from "./rollout-engine.ts";
+import { resolveEngineName } from "../rollout/engines/index.ts";
 import type { RolloutEngine } from "../rollout/engines/types.ts";
 
 export { CHAT_HELP, chatCommand };
@@ -296,7 +297,8 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[], open: Ope
   let engine: RolloutEngine | null = null;
   try {
     checkToolsFit(policy.tokenizer, policy.model.config.maxPositionEmbeddings, tools, cfg.max_new_tokens, cfg.tools_in_prompt);
-    if (cfg.rollout_engine !== "local") engine = await openGenerationEngine(policy as Policy, engineOptions(cfg), { tools, log: note });
+    if (resolveEngineName(cfg.rollout_engine) !== "local")
+      engine = await openGenerationEngine(policy as Policy, engineOptions(cfg), { tools, log: note });
   } catch (err) {
     policy.model.dispose();
     throw err;

@@ -66,7 +66,7 @@ export const EVAL_FLAGS = {
   ),
   overwrite: toggle("--overwrite", "replace an earlier evaluation in --output_dir", false),
   ...engineFlags(
-    "what generates the rollouts: local (this process's tfjs model) or llama (llama.cpp in this process through node-llama-cpp, each checkpoint converted to GGUF once; a run trained with --rollout_engine llama is evaluated as it was trained)",
+    "what generates the rollouts: auto (the default: webgpu on --backend webgpu, else local), webgpu (the compiled WebGPU decoder), local (this process's tfjs model) or llama (llama.cpp in this process through node-llama-cpp, each checkpoint converted to GGUF once; a run trained with --rollout_engine llama is evaluated as it was trained)",
   ),
 } satisfies FlagTable;
 

@@ -32,6 +32,7 @@ import { defaultsOf, parseFlags, turnSettings } from "./flags.ts";
 import { engineOptions, toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
 import { openGenerationEngine } from "./rollout-engine.ts";
+import { resolveEngineName } from "../rollout/engines/index.ts";
 
 export { evalCommand, TINY_EVAL_PRESET };
 
@@ -237,11 +238,12 @@ export async function evaluateModel(
       unpackBase: p.unpack_base,
     });
     const tools = run.tools ?? own?.tools ?? [];
+    const engineName = resolveEngineName(p.rollout_engine ?? "auto");
     const engine =
-      p.rollout_engine && p.rollout_engine !== "local"
+      engineName !== "local"
         ? await openGenerationEngine(
             policy,
-            engineOptions({ engine_weights: "f16", engine_gpu: "auto", ...p, rollout_engine: p.rollout_engine }),
+            engineOptions({ engine_weights: "f16", engine_gpu: "auto", ...p, rollout_engine: p.rollout_engine ?? "auto" }),
             { tools },
           )
         : null;

@@ -141,7 +141,7 @@ export const GRPO_FLAGS = {
     { free: true },
   ),
   ...engineFlags(
-    "where rollouts are generated: local (this process's tfjs model), llama (llama.cpp in this process through node-llama-cpp: the base as GGUF, the adapter hot-swapped as a GGUF LoRA every step; CPU, CUDA, Vulkan or Metal) or openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with --enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)",
+    "where rollouts are generated: auto (the default: webgpu on --backend webgpu, else local), webgpu (the compiled WebGPU decoder over the trainer's own weights: fused kernels, one submit a token, sampling on the device), local (this process's tfjs model, op by op), llama (llama.cpp in this process through node-llama-cpp: the base as GGUF, the adapter hot-swapped as a GGUF LoRA every step; CPU, CUDA, Vulkan or Metal) or openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with --enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)",
   ),
   tis_cap: flag(
     "--tis_cap <c>",

@@ -30,7 +30,7 @@ export function engineFlags(help: string) {
       "--rollout_engine <kind>",
       help,
       parseChoice("rollout_engine", ROLLOUT_ENGINE_NAMES),
-      "local" as RolloutEngineName,
+      "auto" as RolloutEngineName,
       { free: true },
     ),
     engine_weights: flag(

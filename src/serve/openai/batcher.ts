@@ -16,7 +16,9 @@
 import { LoraAdapter } from "../../model/lora.ts";
 import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
 import type { Tokenizer } from "../../model/types.ts";
-import { DecodeBatch } from "../../rollout/decode-batch.ts";
+import { DecodeBatch, type DecodeRows } from "../../rollout/decode-batch.ts";
+import { CompiledBatch } from "../../engine/webgpu/decode/batch.ts";
+import { Decoder, decoderUnsupported } from "../../engine/webgpu/decode/decoder.ts";
 import { sampleRow, Scratch, topIndices, uniformFor } from "../../rollout/sample-row.ts";
 import { Rng } from "../../util/rng.ts";
 import { ApiError } from "./errors.ts";
@@ -98,6 +100,8 @@ export class Batcher {
   readonly stopIds: Set<number>; // tokens that end a row: eos (<|im_end|>) and <|endoftext|>
   /** Batches run and rows decoded so far (tests and /health read them). */
   readonly stats = { batches: 0, rows: 0, maxRowsInBatch: 0 };
+  /** The compiled decoder (engine/webgpu/decode/) on webgpu; null: tfjs' forward (DecodeBatch). */
+  readonly decoder: Decoder | null;
 
   constructor(
     readonly model: Qwen2ForCausalLM,
@@ -106,7 +110,10 @@ export class Batcher {
   ) {
     this.startAdapter = model.loraAdapter;
     this.stopIds = new Set([tokenizer.eosTokenId, tokenizer.tokenToId("<|endoftext|>") ?? tokenizer.padTokenId]);
-    // The server never trains: a quantized base is unpacked once, for good (adapter factors are held per batch).
+    // On webgpu the compiled decoder runs the batches, reading the base as it is held; elsewhere the
+    // server never trains: a quantized base is unpacked once, for good (adapter factors are held per batch).
+    this.decoder = decoderUnsupported(model) === null ? new Decoder(model) : null;
+    if (this.decoder) return;
     model.swapAdapter(null);
     model.unpackBase();
     model.swapAdapter(this.startAdapter);
@@ -255,7 +262,7 @@ export class Batcher {
     this.stats.rows += rows.length;
     this.stats.maxRowsInBatch = Math.max(this.stats.maxRowsInBatch, rows.length);
     this.model.swapAdapter(held ? held.adapter : this.startAdapter);
-    const release = this.model.unpackBase(); // holds this adapter's fused factors for the batch
+    const release = this.decoder ? () => {} : this.model.unpackBase(); // holds this adapter's fused factors for the batch
     try {
       await this.decode(rows);
       for (const p of batch) {
@@ -282,11 +289,11 @@ export class Batcher {
     const pad = this.tokenizer.padTokenId;
     const scratch = new Scratch(V);
     const masked = { vocab: null as Vocab | null, allowed: new Uint8Array(V), logits: new Float32Array(V) };
-    const batch = new DecodeBatch(
-      this.model,
-      rows.map((r) => r.prompt),
-      { pad },
-    );
+    const prompts = rows.map((r) => r.prompt);
+    const budget = Math.max(...rows.map((r) => r.p.req.params.maxTokens));
+    const batch: DecodeRows = this.decoder
+      ? new CompiledBatch(this.decoder, prompts, { maxNewTokens: Math.min(budget, this.contextLength) })
+      : new DecodeBatch(this.model, prompts, { pad });
     try {
       for (;;) {
         const data = await batch.read(); // [cache rows × V]

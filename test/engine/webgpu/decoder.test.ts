@@ -1,0 +1,192 @@
+/** The compiled decoder (src/engine/webgpu/decode/) against tfjs' forward and the local engine:
+ *  - a pass's logits are the model's forward's (f32, int8 and NF4 bases, with LoRA and without);
+ *  - --rollout_engine webgpu rolls out what the local engine rolls out on the tiny preset (32 rows ×
+ *    64 tokens, tool calls and results included): greedy, at temperature 1 from the same uniforms,
+ *    and with top-k (the host's rank walk, as the local engine's candidates);
+ *  - its sampled tokens' log-probs are the trainer's tokenLogprobs to 1e-4;
+ *  - its structure: ≤ 10 dispatches a layer, one submit a pass, no buffer or bind group made after
+ *    warm-up, 8 bytes read back a sampling row, no tfjs dispatch while it generates.
+ *  Fails under CI=true without a WebGPU adapter (helpers/adapter.ts). */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import * as tf from "@tensorflow/tfjs";
+import { calculatorTool, shutdownCalculator } from "../../../src/agents/calculator.ts";
+import { toPrompt } from "../../../src/agents/prompts.ts";
+import { generateSynthetic } from "../../../src/datasets/synthetic.ts";
+import { initBackend } from "../../../src/engine/backend.ts";
+import { Decoder } from "../../../src/engine/webgpu/decode/decoder.ts";
+import { webgpuTraffic } from "../../../src/engine/webgpu/device.ts";
+import { loadModel } from "../../../src/model/load.ts";
+import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
+import type { Quantize } from "../../../src/model/types.ts";
+import { TINY_BASE_DIR, TINY_PROBLEMS } from "../../../src/presets/tiny.ts";
+import { prepareEngine, type RolloutEngine } from "../../../src/rollout/engines/index.ts";
+import type { WebgpuEngine } from "../../../src/rollout/engines/webgpu.ts";
+import { rolloutGroups } from "../../../src/rollout/rollout.ts";
+import type { RolloutConfig, Trajectory } from "../../../src/rollout/types.ts";
+import { openPolicy, type Policy } from "../../../src/run/policy.ts";
+import { Rng } from "../../../src/util/rng.ts";
+import { webgpuForTests } from "./helpers/adapter.ts";
+
+const gpu = await webgpuForTests();
+const FIX = "test/fixtures/qwen2-tiny";
+
+describe.skipIf(!gpu)("the compiled decoder's passes", () => {
+  beforeAll(async () => {
+    expect(await initBackend("webgpu")).toBe("webgpu");
+  });
+
+  for (const quantize of ["none", "int8", "nf4"] as Quantize[])
+    it(`a pass's logits are the forward's (${quantize} base, adapter on and off)`, async () => {
+      const model = await loadModel(FIX, { adapter: `${FIX}/lora`, quantize });
+      const V = model.config.vocabSize;
+      const prompts = [
+        [3, 4, 5, 6, 7, 8, 9],
+        [9, 10, 11],
+      ];
+      const dec = new Decoder(model);
+      for (const adapters of [true, false]) {
+        dec.prepare(2, 16, 16, adapters);
+        // both prompts as rows of one pass (each row attends to its slot's positions up to its own)
+        const rows = prompts.flatMap((p, slot) => p.map((token, pos) => ({ token, slot, pos })));
+        const last = [prompts[0].length - 1, rows.length - 1];
+        const { logits } = await dec.pass(rows, last, [], 0, true);
+        for (let s = 0; s < 2; s++) {
+          const ref = tf.tidy(() =>
+            tf.slice(model.forward([prompts[s]], undefined, { adapters }), [0, prompts[s].length - 1, 0], [1, 1, V]),
+          );
+          const want = await ref.data();
+          ref.dispose();
+          let worst = 0;
+          for (let j = 0; j < V; j++) worst = Math.max(worst, Math.abs(want[j] - logits![s * V + j]));
+          expect(worst).toBeLessThan(1e-4);
+        }
+      }
+      dec.dispose();
+      model.dispose();
+    });
+});
+
+const prompts = generateSynthetic({ ...TINY_PROBLEMS, n: 8, seed: 5 }).map((e) => toPrompt(e.question));
+const config = (o: Partial<RolloutConfig>): RolloutConfig => ({
+  samplesPerPrompt: 4,
+  maxNewTokens: 64,
+  maxTurns: 4,
+  temperature: 0,
+  topP: 1,
+  topK: 0,
+  rng: new Rng(3),
+  tools: [calculatorTool],
+  toolsInPrompt: false,
+  ...o,
+});
+const view = (ts: Trajectory[]) => ts.map((t) => ({ ids: t.completionIds, mask: t.lossMask, finish: t.finishReason }));
+
+describe.skipIf(!gpu)("--rollout_engine webgpu on the tiny preset (NF4 base, LoRA on every module)", () => {
+  let policy: Policy, engine: RolloutEngine;
+  beforeAll(async () => {
+    policy = await openPolicy({
+      modelPath: TINY_BASE_DIR,
+      quantize: "nf4",
+      lora: { r: 4, alpha: 8, dropout: 0, targetModules: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] },
+      trainable: "lora",
+      seed: 1,
+      backend: "webgpu",
+    });
+    // a fresh adapter is the base itself: move every B away from zero
+    let seed = 11;
+    tf.tidy(() => {
+      for (const v of policy.model.trainableVariables())
+        if (v.name.includes(".lora_B#")) v.assign(tf.randomNormal(v.shape, 0, 0.08, "float32", seed++));
+    });
+    const open = await prepareEngine(
+      { rollout_engine: "webgpu", engine_weights: "f32", engine_gpu: "off", rollout_timeout: 60, async_rollouts: 0 },
+      () => {},
+    );
+    const sampling = { samplesPerPrompt: 4, maxNewTokens: 64, maxTurns: 4, temperature: 1, topP: 1, topK: 0, toolsInPrompt: false };
+    engine = await open({
+      model: policy.model,
+      tokenizer: policy.tokenizer,
+      modelDir: policy.base,
+      workDir: "/tmp",
+      tools: [calculatorTool],
+      sampling,
+      log: () => {},
+    });
+    expect(engine.name).toBe("webgpu");
+  });
+  afterAll(async () => {
+    await engine?.close();
+    policy?.model.dispose();
+    await shutdownCalculator();
+  });
+
+  it("rolls out greedily what the local engine rolls out, tool calls and results included (32 rows × 64 tokens)", async () => {
+    const local = await rolloutGroups(policy.model, policy.tokenizer, prompts, config({}));
+    const tfjs0 = webgpuTraffic().dispatches;
+    const mine = await engine.generate(prompts, config({}));
+    expect(webgpuTraffic().dispatches - tfjs0).toBe(0); // no tfjs op ran while it generated
+    expect(local.filter((t) => t.numToolCalls > 0).length).toBeGreaterThan(8);
+    expect(view(mine)).toEqual(view(local));
+    expect(mine.map((t) => t.turns.map((x) => x.toolCalls.map((c) => c.result)))).toEqual(
+      local.map((t) => t.turns.map((x) => x.toolCalls.map((c) => c.result))),
+    );
+    // warm now: a second generation makes nothing, and each pass is one submit
+    const before = { ...(engine as WebgpuEngine).stats };
+    await engine.generate(prompts, config({}));
+    const after = (engine as WebgpuEngine).stats;
+    expect(after.buffersCreated - before.buffersCreated).toBe(0);
+    expect(after.bindGroupsCreated - before.bindGroupsCreated).toBe(0);
+    expect(after.pipelinesCreated - before.pipelinesCreated).toBe(0);
+    expect(after.submits - before.submits).toBe(after.passes - before.passes + 1); // + prepare's copy of the factors
+    expect(after.passes - before.passes).toBeGreaterThan(64);
+  });
+
+  it("draws at temperature 1 the local engine's tokens from the same uniforms, with the trainer's log-probs", async () => {
+    const local = await rolloutGroups(policy.model, policy.tokenizer, prompts, config({ temperature: 1 }));
+    const s0 = { ...(engine as WebgpuEngine).stats };
+    const mine = (await engine.rollouts({ step: 0, steps: 1, prompts: () => prompts, seedOf: () => 3 })).trajs;
+    const s1 = (engine as WebgpuEngine).stats;
+    expect(view(mine)).toEqual(view(local));
+    // 8 bytes a sampling row read back (token and log-prob), nothing else
+    const sampled = mine.reduce((n, t) => n + t.lossMask.filter((m) => m === 1).length, 0);
+    expect(s1.readbackBytes - s0.readbackBytes).toBe(8 * sampled);
+    let worst = 0;
+    for (const t of mine) {
+      const ids = [...t.promptIds, ...t.completionIds];
+      const out = policy.model.tokenLogprobs([ids], [ids.map(() => 1)]).logprobs;
+      const lp = ((await out.array()) as number[][])[0];
+      out.dispose();
+      t.lossMask.forEach((m, k) => {
+        if (m === 1) worst = Math.max(worst, Math.abs(t.sampleLogprobs[k] - lp[t.promptIds.length + k]));
+      });
+    }
+    expect(worst).toBeLessThan(1e-4);
+  });
+
+  it("draws top-k like the local engine (the rank walk over the rows' logits)", async () => {
+    const c = { temperature: 0.8, topK: 5 };
+    const local = await rolloutGroups(policy.model, policy.tokenizer, prompts.slice(0, 2), config({ ...c, samplesPerPrompt: 2 }));
+    const mine = await engine.generate(prompts.slice(0, 2), config({ ...c, samplesPerPrompt: 2 }));
+    expect(view(mine)).toEqual(view(local));
+  });
+
+  it("runs at most 10 dispatches a layer, one pass a step, on the trainer's current adapter", async () => {
+    const dec = new Decoder(policy.model as Qwen2ForCausalLM);
+    dec.prepare(1, 8, 8, true);
+    expect(dec.dispatchesPerLayer).toBe(9); // norm + LoRA A, q/k/v, attention, o's A, o, norm + A, gate/up, down's A, down
+    dec.prepare(1, 8, 8, false);
+    expect(dec.dispatchesPerLayer).toBe(7); // without the adapter: no LoRA A products of o and down (the norms stay)
+    // an update to the adapter is what the next generation samples
+    const before = await engine.generate(prompts.slice(0, 1), config({ samplesPerPrompt: 1 }));
+    const vars = policy.model.trainableVariables().filter((v) => v.name.includes(".lora_B#"));
+    const saved = vars.map((v) => tf.clone(v));
+    tf.tidy(() => vars.forEach((v, i) => v.assign(tf.randomNormal(v.shape, 0, 0.3, "float32", 100 + i))));
+    const local = await rolloutGroups(policy.model, policy.tokenizer, prompts.slice(0, 1), config({ samplesPerPrompt: 1 }));
+    const after = await engine.generate(prompts.slice(0, 1), config({ samplesPerPrompt: 1 }));
+    vars.forEach((v, i) => v.assign(saved[i]));
+    tf.dispose(saved);
+    expect(view(after)).toEqual(view(local));
+    expect(view(after)).not.toEqual(view(before));
+    dec.dispose();
+  });
+});
