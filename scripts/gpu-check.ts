@@ -2,8 +2,10 @@
  *  WebGPU adapter and its limits, the golden parity subset on webgpu (vitest, CI=true), the small
  *  bench, and one GRPO step of the 0.5B's shape (random weights, NF4 base, LoRA r16 on all modules,
  *  4 questions × 8 rollouts × 256 new tokens after prompts of 220 tokens; advantages ±1, as random
- *  weights earn no reward), rollouts and update timed apart, then greedy decode steps at the step's
- *  batch and four times it (what more rollouts per step cost); one JSON record in --out.
+ *  weights earn no reward), rollouts (on the compiled decoder, as runs on webgpu take them, and on
+ *  tfjs' op-by-op path beside it) and update timed apart, then greedy decode steps of both decoders
+ *  at the step's batch, 2× and 8× it (what more rollouts per step cost); the adapter's features and
+ *  limits; one JSON record in --out.
  *  The update's micro-batches are sized by `--micro_batch_size auto`; the record has the update by part
  *  (forward, recomputation, backward, optimizer), the micro-batch chosen and the device memory's peak.
  *  `--config 1.5b | 3b | 7b` (Qwen2.5's shapes) runs only the step's update, on random completions of
@@ -22,8 +24,10 @@ import { LORA_TARGETS } from "../src/model/types.ts";
 import { runMain } from "../src/run/cli.ts";
 import { UsageError } from "../src/util/errors.ts";
 import { writeFileAtomic } from "../src/util/fs.ts";
-import { benchContext, BENCH_CONFIGS, SIZE_CONFIGS, WORKLOADS, type Measurement } from "./lib/bench.ts";
+import { benchContext, BENCH_CONFIGS, SIZE_CONFIGS, tokenBatch, WORKLOADS, type Measurement } from "./lib/bench.ts";
 import { decodeScaling, GRPO_SHAPES, grpoShape } from "./lib/grpo-shape.ts";
+import { compiledDecodeScaling } from "./lib/bench-decoder.ts";
+import { Decoder } from "../src/engine/webgpu/decode/decoder.ts";
 
 const defaults = { config: "0.5b", out: "outputs/gpu-check.json", allowSoftware: false, llama: true };
 const opts = new Command("gpu-check")
@@ -58,6 +62,7 @@ await runMain(async () => {
   await initBackend("webgpu");
   console.log(`adapter: ${info.description}${info.fallback ? " (software)" : ""}`);
   console.log(`limits: ${JSON.stringify(info.limits)}`);
+  console.log(`features: ${info.features.join(", ") || "none"} (shader-f16 ${info.features.includes("shader-f16") ? "yes" : "no"}, subgroups ${info.features.includes("subgroups") ? "yes" : "no"})`);
 
   if (sizeOnly) {
     await sizeCheck(info);
@@ -84,10 +89,25 @@ await runMain(async () => {
     quantize: "nf4",
     lora: { r: 16, alpha: 32, dropout: 0, targetModules: [...LORA_TARGETS] },
   });
-  const grpo = { config: opts.config, ...(await grpoShape(model, GRPO_SHAPES[opts.config])), peakDeviceBytes: webgpuMemory().peakBytes };
-  // 4. decode steps at the step's batch and four times it
-  const rows = GRPO_SHAPES[opts.config].questions * GRPO_SHAPES[opts.config].samples;
-  const scaling = await decodeScaling(model, GRPO_SHAPES[opts.config], [rows, 4 * rows], opts.config === "small" ? 3 : 8);
+  // the rollouts on the compiled decoder (the engine runs use on webgpu), then the update; tfjs' path's
+  // rollouts beside it. The memory peak is tfjs' buffers' plus the decoder's own (KV cache, scratch).
+  const decoder = new Decoder(model);
+  const grpo = {
+    config: opts.config,
+    decoder: "compiled",
+    ...(await grpoShape(model, GRPO_SHAPES[opts.config], { compiled: decoder })),
+    peakDeviceBytes: webgpuMemory().peakBytes + decoder.bytes,
+    decoderBytes: decoder.bytes,
+  };
+  const grpoTfjs = { config: opts.config, decoder: "tfjs", ...(await grpoShape(model, GRPO_SHAPES[opts.config], { update: false })) };
+  // 4. decode steps at the step's batch, 2× and 8× it, on both decoders
+  const shape = GRPO_SHAPES[opts.config];
+  const rows = shape.questions * shape.samples;
+  const batches = [rows, 2 * rows, 8 * rows],
+    steps = opts.config === "small" ? 3 : 8;
+  const scaling = await decodeScaling(model, shape, batches, steps);
+  const compiledScaling = await compiledDecodeScaling(decoder, batches, steps, (n) => tokenBatch(n, shape.promptLen, model.config.vocabSize, 5));
+  decoder.dispose();
   // 5. the step's rollouts on llama.cpp (its CUDA, Vulkan or Metal build where node-llama-cpp finds
   // one; on a software adapter its CPU build), f16 weights, the adapter swapped in: batch 32 and 256
   const llama = [];
@@ -105,9 +125,16 @@ await runMain(async () => {
     }
   model.dispose();
   console.log(
-    `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}; decode ${grpo.decodeSeconds} s, of which ${grpo.stepCallSeconds} s the host encoding the steps and ${grpo.sampleSeconds} s the draws), update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)}; micro-batches ${JSON.stringify(grpo.microBatch)}), device memory peak ${gib(grpo.peakDeviceBytes)} GiB`,
+    `grpo ${opts.config} (compiled decoder): step ${round(grpo.rolloutSeconds + grpo.updateSeconds)} s = rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}: prefill and first draw ${grpo.prefillSeconds} s, decode ${grpo.decodeSeconds} s; the host's writing, encoding and submits ${grpo.stepCallSeconds} s of these) + update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)}; micro-batches ${JSON.stringify(grpo.microBatch)}); device memory peak ${gib(grpo.peakDeviceBytes)} GiB (${gib(grpo.decoderBytes)} GiB of it the decoder's KV cache and scratch)`,
   );
-  for (const d of scaling) console.log(`decode ${opts.config} batch ${d.rows}: ${d.msPerStep} ms a step, ${d.tokensPerS} tokens/s`);
+  console.log(
+    `grpo ${opts.config} (tfjs path): rollouts ${grpoTfjs.rolloutSeconds} s (${grpoTfjs.sampledTokensPerS} sampled tokens/s; prefill and first draw ${grpoTfjs.prefillSeconds} s, decode ${grpoTfjs.decodeSeconds} s: the host encoding the steps ${grpoTfjs.stepCallSeconds} s and the draws ${grpoTfjs.sampleSeconds} s, the rest waiting for the GPU)`,
+  );
+  for (const [name, list] of [
+    ["tfjs", scaling],
+    ["compiled", compiledScaling],
+  ] as const)
+    for (const d of list) console.log(`decode ${opts.config} ${name} batch ${d.rows}: ${d.msPerStep} ms a step, ${d.tokensPerS} tokens/s`);
 
   const record = {
     adapter: info.description,
@@ -115,8 +142,11 @@ await runMain(async () => {
     limits: info.limits,
     parity,
     bench,
+    features: info.features,
     grpo,
+    grpoTfjs,
     decodeScaling: scaling,
+    compiledDecodeScaling: compiledScaling,
     llama,
     seconds: round(now() - t0),
   };

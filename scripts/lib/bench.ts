@@ -12,6 +12,7 @@ import { createModel, paramCount } from "../../src/model/load.ts";
 import { LoraAdapter } from "../../src/model/lora.ts";
 import { backendProfile } from "../../src/engine/profile.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
+import { compiledDecodeFigures, decodeTable, tfjsDecodeFigures, type DecodeStepFigures } from "./bench-decoder.ts";
 import { LORA_TARGETS, type Quantize, type Qwen2Config } from "../../src/model/types.ts";
 
 export interface Measurement {
@@ -34,6 +35,8 @@ export interface Measurement {
   /** Seconds of the run's parts, by name (a workload that times phases apart, e.g. grpo_step). */
   parts?: Record<string, number>;
   note?: string;
+  /** decode on webgpu: the decoder's structure per step (bench-decoder.ts). */
+  decoder?: DecodeStepFigures;
 }
 export interface BenchContext {
   configName: string;
@@ -243,7 +246,9 @@ registerWorkload({
     const { batch: B, promptLen, newTokens } = DECODE_SHAPES[ctx.configName] ?? DECODE_SHAPES.small;
     const model = await ctx.model(false);
     const tUnpack = now();
-    const release = model.unpackBase?.() ?? (() => {});
+    const unpacked = model.unpackBase?.() ?? (() => {});
+    let packed = false;
+    const release = () => void (packed || ((packed = true), unpacked()));
     const unpackSeconds = now() - tUnpack;
     const once = async (b: number) => {
       const ids = tokenBatch(b, promptLen, ctx.config.vocabSize, 7);
@@ -270,11 +275,29 @@ registerWorkload({
       if (ctx.configName === "small") await once(B);
       const r = await timed(ctx.repeat, () => once(B));
       const note = model.quantize === "none" ? undefined : `base unpacked for generation in ${unpackSeconds.toFixed(2)} s`;
-      return [
+      const out = [
         ctx.measure({ workload: "prefill", batch: B, tokens: B * promptLen, ...r.prefill, note }),
         // newTokens − 1 decode steps after the token that prefill produced: newTokens per row in all
         ctx.measure({ workload: "decode", batch: B, tokens: B * (newTokens - 1), ...r.decode, note }),
       ];
+      if (tf.getBackend() !== "webgpu") return out;
+      // on webgpu, the compiled decoder beside tfjs' path at the same shape, each step's structure counted
+      const ids = tokenBatch(B, promptLen, ctx.config.vocabSize, 7);
+      const figs = [await tfjsDecodeFigures(model, ids, newTokens - 1)];
+      release();
+      figs.push(await compiledDecodeFigures(model, ids, newTokens - 1));
+      figs.push({ ...(await compiledDecodeFigures(await ctx.model(true), ids, newTokens - 1, true)), decoder: "compiled" });
+      process.stderr.write(decodeTable(`${ctx.label} (${ctx.quantize}; compiled rows: without, then with LoRA r16 on all modules)`, B, figs));
+      for (const [f, lora] of [
+        [figs[1], false],
+        [figs[2], true],
+      ] as const)
+        out.push({
+          ...ctx.measure({ workload: lora ? "decode_compiled_lora" : "decode_compiled", batch: B, tokens: B * f.steps, seconds: f.seconds }),
+          decoder: f,
+        } as Measurement);
+      out[1] = { ...out[1], decoder: figs[0] } as Measurement;
+      return out;
     } finally {
       release();
     }

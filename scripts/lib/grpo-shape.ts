@@ -13,6 +13,8 @@ import { AdamW } from "../../src/trainer/optimizer.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { registerWorkload, tokenBatch } from "./bench.ts";
 import { llamaShapeRollouts, type LlamaShapeOptions } from "./grpo-shape-llama.ts";
+import { compiledShapeRollouts } from "./bench-decoder.ts";
+import type { Decoder } from "../../src/engine/webgpu/decode/decoder.ts";
 
 export interface GrpoShape {
   questions: number;
@@ -42,7 +44,8 @@ export interface GrpoShapeResult {
   decodeSeconds: number; // newTokens − 1 decode steps and every draw
   sampleSeconds: number; // the draws alone (part of prefill's and decode's seconds)
   /** Time inside the decode steps' calls (part of decodeSeconds): on a GPU backend the host encoding
-   *  the steps' dispatches, which returns before the GPU is done; on wasm the steps themselves. */
+   *  the steps' dispatches, which returns before the GPU is done; on wasm the steps themselves; on
+   *  the compiled decoder its passes' writing, encoding and submits. */
   stepCallSeconds: number;
   rolloutSeconds: number;
   sampledTokensPerS: number; // rows × newTokens ÷ rolloutSeconds
@@ -64,7 +67,7 @@ const round = (x: number) => Math.round(x * 100) / 100;
 export async function grpoShape(
   model: Qwen2ForCausalLM,
   shape: GrpoShape,
-  opts: { beta?: number; llama?: LlamaShapeOptions; update?: boolean; rollouts?: boolean } = {},
+  opts: { beta?: number; llama?: LlamaShapeOptions; update?: boolean; rollouts?: boolean; compiled?: Decoder } = {},
 ): Promise<GrpoShapeResult & { llama?: Record<string, unknown> }> {
   const s = shape,
     beta = opts.beta ?? 0;
@@ -89,6 +92,24 @@ export async function grpoShape(
       ...update,
       backend: tf.getBackend(),
       llama: r.info,
+    };
+  }
+  if (opts.compiled) {
+    // The rollouts on the compiled decoder (its log-probs kept as behaviour log-probs), the update as below.
+    const r = await compiledShapeRollouts(opts.compiled, prompts, s.newTokens);
+    const update = opts.update === false ? noUpdate(beta) : await updateOf(model, prompts, r.generated, s, beta, r.logprobs);
+    return {
+      rows,
+      promptTokens: s.promptLen,
+      newTokens: s.newTokens,
+      prefillSeconds: round(r.prefillSeconds),
+      decodeSeconds: round(r.rolloutSeconds - r.prefillSeconds),
+      sampleSeconds: 0, // drawn inside each pass
+      stepCallSeconds: round(r.hostSeconds),
+      rolloutSeconds: round(r.rolloutSeconds),
+      sampledTokensPerS: round((rows * s.newTokens) / r.rolloutSeconds),
+      ...update,
+      backend: tf.getBackend(),
     };
   }
   if (opts.rollouts === false) {

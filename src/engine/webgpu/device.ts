@@ -25,6 +25,8 @@ export interface WebgpuAdapterInfo {
   maxBufferSize: number;
   /** The device's limits this module asks for (the adapter's maxima), by WebGPU's names. */
   limits: Record<string, number>;
+  /** The adapter's optional features (shader-f16, subgroups, timestamp-query, …), sorted. */
+  features: string[];
 }
 
 /** The outcome of trying to start the backend: the adapter, or why there is none (one line). */
@@ -205,6 +207,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
       maxStorageBufferBindingSize: limits.maxStorageBufferBindingSize,
       maxBufferSize: limits.maxBufferSize,
       limits: Object.fromEntries(WANTED_LIMITS.map((k) => [k, (device.limits as unknown as Record<string, number>)[k]])),
+      features: [...adapter.features].map(String).sort(),
     },
   };
 }

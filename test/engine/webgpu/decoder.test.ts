@@ -9,13 +9,19 @@
  *  Fails under CI=true without a WebGPU adapter (helpers/adapter.ts). */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
+import { promises as fs } from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
 import { calculatorTool, shutdownCalculator } from "../../../src/agents/calculator.ts";
 import { toPrompt } from "../../../src/agents/prompts.ts";
 import { generateSynthetic } from "../../../src/datasets/synthetic.ts";
 import { initBackend } from "../../../src/engine/backend.ts";
 import { Decoder } from "../../../src/engine/webgpu/decode/decoder.ts";
 import { webgpuTraffic } from "../../../src/engine/webgpu/device.ts";
-import { loadModel } from "../../../src/model/load.ts";
+import { createModel, loadModel } from "../../../src/model/load.ts";
+import { CompiledBatch } from "../../../src/engine/webgpu/decode/batch.ts";
+import { DecodeBatch, type DecodeRows } from "../../../src/rollout/decode-batch.ts";
+import { BENCH_CONFIGS, tokenBatch } from "../../../scripts/lib/bench.ts";
 import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
 import type { Quantize } from "../../../src/model/types.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS } from "../../../src/presets/tiny.ts";
@@ -24,6 +30,9 @@ import type { WebgpuEngine } from "../../../src/rollout/engines/webgpu.ts";
 import { rolloutGroups } from "../../../src/rollout/rollout.ts";
 import type { RolloutConfig, Trajectory } from "../../../src/rollout/types.ts";
 import { openPolicy, type Policy } from "../../../src/run/policy.ts";
+import { defaultsOf } from "../../../src/run/flags.ts";
+import { GRPO_FLAGS } from "../../../src/run/grpo-flags.ts";
+import { runGrpo } from "../../../src/run/grpo-run.ts";
 import { Rng } from "../../../src/util/rng.ts";
 import { webgpuForTests } from "./helpers/adapter.ts";
 
@@ -188,5 +197,99 @@ describe.skipIf(!gpu)("--rollout_engine webgpu on the tiny preset (NF4 base, LoR
     expect(view(after)).toEqual(view(local));
     expect(view(after)).not.toEqual(view(before));
     dec.dispose();
+  });
+});
+
+/** Drives a decode batch with a fixed schedule, as the turn loop would: greedy draws, and rows that
+ *  read forced tokens for a while (a tool result) and end at different lengths. Returns each row's
+ *  tokens, sampled and forced. The same schedule on two batches reads the same inputs as long as
+ *  their draws agree. */
+async function scheduled(batch: DecodeRows, V: number, steps: number): Promise<number[][]> {
+  const N = batch.rows.length;
+  const out: number[][] = Array.from({ length: N }, () => []);
+  const forced: number[][] = Array.from({ length: N }, () => []);
+  const done = (r: number) => out[r].length >= steps - (r % 24);
+  for (let step = 0; ; step++) {
+    const samplers = batch.rows.filter((r) => !done(r) && forced[r].length === 0);
+    const drawn = samplers.length > 0 ? await batch.sample(samplers, { temperature: 0 }, new Rng(0)) : null;
+    const feed = batch.rows.map(() => 0);
+    for (const r of batch.rows) {
+      if (done(r)) continue;
+      const k = samplers.indexOf(r);
+      const tok = k >= 0 ? drawn!.tokens[k] : forced[r].shift()!;
+      out[r].push(tok);
+      feed[r] = tok;
+      // a "tool result" of 4 tokens now and then
+      if (k >= 0 && (step + r) % 13 === 0) forced[r] = [1, 2, 3, 4].map((j) => (tok * 7 + j) % V);
+    }
+    if (batch.rows.every(done)) break;
+    batch.step(feed, done);
+  }
+  batch.dispose();
+  return out;
+}
+
+describe.skipIf(!gpu)("the compiled decoder on a random 0.5B-shaped model (f32, 2 layers)", () => {
+  it("draws greedily what tfjs' forward draws: 32 rows × 64 tokens, groups sharing prompts, forced reads, rows ending apart", async () => {
+    expect(await initBackend("webgpu")).toBe("webgpu");
+    const model = await createModel({ ...BENCH_CONFIGS["0.5b"], numHiddenLayers: 2 }, { seed: 3, quantize: "none" });
+    const V = model.config.vocabSize;
+    const prompts = tokenBatch(8, 16, V, 9).flatMap((p) => [p, p, p, p]); // 8 groups of 4
+    const local = await scheduled(new DecodeBatch(model, prompts, { pad: 0 }), V, 64);
+    const dec = new Decoder(model);
+    const mine = await scheduled(new CompiledBatch(dec, prompts, { maxNewTokens: 64 }), V, 64);
+    expect(mine).toEqual(local);
+    expect(dec.dispatchesPerLayer).toBe(7);
+    dec.dispose();
+    model.dispose();
+  });
+});
+
+describe.skipIf(!gpu)("GRPO on --backend webgpu (the compiled decoder by default)", () => {
+  it("trains, its sampled log-probs within 1e-4 of the trainer's at every step (engine_logprob_gap)", async () => {
+    const out = await fs.mkdtemp(path.join(os.tmpdir(), "webgpu-grpo-"));
+    try {
+      const r = await runGrpo(
+        {
+          ...defaultsOf(GRPO_FLAGS),
+          model_path: TINY_BASE_DIR,
+          dataset: "synthetic",
+          synthetic: TINY_PROBLEMS,
+          max_steps: 2,
+          prompts_per_step: 2,
+          samples_per_prompt: 4,
+          max_new_tokens: 48,
+          max_turns: 3,
+          temperature: 1,
+          learning_rate: 5e-3,
+          lora_r: 4,
+          lora_alpha: 8,
+          quantize: "nf4",
+          tools_in_prompt: false,
+          eval_samples: 0,
+          backend: "webgpu",
+          output_dir: out,
+          quiet: true,
+        },
+        // a reward every group varies in (the base rarely solves a problem): the share of even ids sampled
+        (t) => {
+          const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
+          const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
+          return { reward: even, components: { even } };
+        },
+      );
+      expect(r.steps).toBe(2);
+      const m = (await fs.readFile(path.join(out, "metrics.jsonl"), "utf8"))
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l));
+      for (const x of m) {
+        expect(x.engine_logprob_gap).toBeLessThan(1e-4); // logged only by an engine with its own log-probs: the decoder
+        expect(x.tis_clipped_fraction).toBe(0);
+      }
+      expect(m[1].grad_norm).toBeGreaterThan(0);
+    } finally {
+      await fs.rm(out, { recursive: true, force: true });
+    }
   });
 });
