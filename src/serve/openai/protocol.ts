@@ -7,7 +7,7 @@ import type { ChatMessage, ChatToolCall, ToolSchema } from "../../model/types.ts
 import type { GenParams } from "./batcher.ts";
 import { badField } from "./errors.ts";
 import { toolCallNode, type Node } from "./json-grammar.ts";
-import { compileSchema, type GrammarLimits } from "./json-schema.ts";
+import { checkSchemaDepth, compileSchema, type GrammarLimits } from "./json-schema.ts";
 
 type Body = Record<string, unknown>;
 
@@ -199,6 +199,7 @@ export function chatRequestOf(b: Body, limits: GrammarLimits): ChatRequest {
         throw badField(`tools[${i}]`, `expected {"type": "function", "function": {"name", "description", "parameters"}}`);
       if (f.parameters !== undefined && !isObj(f.parameters))
         throw badField(`tools[${i}].function.parameters`, "expected a JSON schema object");
+      checkSchemaDepth(f.parameters, `tools[${i}].function.parameters`); // the chat template renders it recursively
       if (f.description !== undefined && typeof f.description !== "string")
         throw badField(`tools[${i}].function.description`, "expected a string");
       return {

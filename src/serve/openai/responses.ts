@@ -17,7 +17,7 @@ import type { Batcher } from "./batcher.ts";
 import { assistantMessage, chatPromptIds, ContentDeltas } from "./chat.ts";
 import { badField } from "./errors.ts";
 import type { Node } from "./json-grammar.ts";
-import type { GrammarLimits } from "./json-schema.ts";
+import { checkSchemaDepth, type GrammarLimits } from "./json-schema.ts";
 import { forcedToolGrammar, formatGrammar, modelOf, samplingOf, type Sampling } from "./protocol.ts";
 
 type Body = Record<string, unknown>;
@@ -113,6 +113,7 @@ function toolsOf(v: unknown): ToolSchema[] {
     if (typeof t.name !== "string" || t.name === "") throw badField(`tools[${i}].name`, "expected a non-empty string");
     if (t.parameters !== undefined && t.parameters !== null && !isObj(t.parameters))
       throw badField(`tools[${i}].parameters`, "expected a JSON schema object");
+    checkSchemaDepth(t.parameters, `tools[${i}].parameters`); // the chat template renders it recursively
     return {
       type: "function",
       function: {
