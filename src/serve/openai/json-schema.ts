@@ -6,10 +6,11 @@
  *  character picks one: a string or null, an object or an array; not an integer or a number); allOf
  *  of one schema; $ref to #/$defs/... or #/definitions/... (not recursive). Annotations are read and
  *  not enforced (title, description, default, examples, ...). Refused besides: a schema nested more than
- *  MAX_SCHEMA_DEPTH levels deep (its JSON, or the levels its $refs expand to), and one that expands to
- *  more than MAX_SUBSCHEMAS subschemas. */
+ *  MAX_SCHEMA_DEPTH levels deep (its JSON, or the levels its $refs expand to), one that expands to more
+ *  than MAX_SUBSCHEMAS subschemas, and bounds no value meets (minLength > maxLength, an empty type
+ *  list, a number range with nothing writable in it): every schema accepted can be completed. */
 import { badField } from "./errors.ts";
-import { firstChars, type Node } from "./json-grammar.ts";
+import { firstChars, numFeasible, NUMBER_MAX_CHARS, type Node } from "./json-grammar.ts";
 
 /** Past this depth a request's recursion (ours, the chat template's) could overflow the stack. */
 export const MAX_SCHEMA_DEPTH = 64;
@@ -103,6 +104,7 @@ class Compiler {
     }
     let type = schema.type;
     if (Array.isArray(type)) {
+      if (type.length === 0) throw this.refuse(`"type" must be a non-empty list of types`, at);
       // A list of types: one schema per type, each with the keywords that apply to it.
       const known = new Set(type.flatMap((t) => SUPPORTED[t as string] ?? []));
       const bad = Object.keys(schema).find((k) => k !== "type" && !ANNOTATIONS.has(k) && !known.has(k));
@@ -134,8 +136,13 @@ class Compiler {
     switch (type) {
       case undefined:
         return ANY;
-      case "string":
-        return { kind: "string", min: int("minLength", 0), max: int("maxLength", this.limits.maxString) };
+      case "string": {
+        // Without maxLength, at most GrammarLimits.maxString characters, or minLength if that is more.
+        const min = int("minLength", 0);
+        const max = schema.maxLength === undefined ? Math.max(min, this.limits.maxString) : int("maxLength", 0);
+        if (min > max) throw this.refuse(`minLength ${min} > maxLength ${max}`, at);
+        return { kind: "string", min, max };
+      }
       case "boolean":
         return { kind: "lit", options: ["true", "false"] };
       case "null":
@@ -229,12 +236,23 @@ class Compiler {
     if (xmin !== undefined && xmin >= lo) [lo, loOpen] = [xmin, true];
     if (xmax !== undefined && xmax <= hi) [hi, hiOpen] = [xmax, true];
     if (integer) {
-      // Integers: the bounds as the nearest integers inside them.
-      lo = loOpen ? Math.floor(lo) + 1 : Math.ceil(lo);
-      hi = hiOpen ? Math.ceil(hi) - 1 : Math.floor(hi);
-      loOpen = hiOpen = false;
+      // Integers: the bounds as the nearest integers inside them; past 2^53, where a double cannot
+      // step by 1, an exclusive bound stays exclusive.
+      const [ilo, ihi] = [loOpen ? Math.floor(lo) + 1 : Math.ceil(lo), hiOpen ? Math.ceil(hi) - 1 : Math.floor(hi)];
+      [lo, loOpen] = ilo > lo || !loOpen ? [ilo, false] : [lo, true];
+      [hi, hiOpen] = ihi < hi || !hiOpen ? [ihi, false] : [hi, true];
     }
-    if (lo > hi || (lo === hi && (loOpen || hiOpen))) throw this.refuse(`no ${integer ? "integer" : "number"} lies within the bounds`, at);
-    return { kind: "number", integer, lo, hi, loOpen, hiOpen };
+    const what = integer ? "integer" : "number";
+    const given = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]
+      .filter((k) => s[k] !== undefined)
+      .map((k) => `${k} ${s[k]}`);
+    if (lo > hi || (lo === hi && (loOpen || hiOpen))) throw this.refuse(`no ${what} lies within the bounds (${given.join(", ")})`, at);
+    const node: Node = { kind: "number", integer, lo, hi, loOpen, hiOpen };
+    if (!numFeasible(node, ""))
+      throw this.refuse(
+        `no ${what} within the bounds (${given.join(", ")}) can be written in ${NUMBER_MAX_CHARS} characters without an exponent; accepted: bounds with one that can`,
+        at,
+      );
+    return node;
   }
 }

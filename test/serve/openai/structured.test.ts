@@ -183,6 +183,32 @@ describe("schemas it cannot honour get a 400 naming the limit, on every route th
     expect(r.status).toBe(400);
     expect(await error(r)).toMatch(/nests more than 64 levels deep; accepted: at most 64$/);
   });
+
+  it("contradictory bounds of every kind: 400 naming both", async () => {
+    for (const [schema, message] of [
+      [{ type: "string", minLength: 5, maxLength: 2 }, /minLength 5 > maxLength 2/],
+      [{ type: "array", minItems: 3, maxItems: 1 }, /minItems 3 > maxItems 1/],
+      [{ type: "integer", minimum: 5, maximum: 2 }, /no integer .*lies within the bounds/],
+      [{ type: "number", exclusiveMinimum: 1, maximum: 1 }, /no number .*lies within the bounds/],
+      [{ type: "integer", minimum: 1e40 }, /can be written in 32 characters without an exponent/],
+      [{ type: [] }, /"type" must be a non-empty list/],
+    ] as const)
+      for (const [route, body] of routes(JSON.stringify({ type: "object", properties: { v: schema }, required: ["v"] })).slice(0, 3)) {
+        const r = await post(route, body);
+        expect(r.status, `${route} ${JSON.stringify(schema)}`).toBe(400);
+        expect(await error(r)).toMatch(message);
+      }
+    // A minLength beyond --max_json_string (32 here) is honoured: the string is written that long.
+    const long = await client.chat.completions.create({
+      model: "tiny",
+      messages: ask,
+      max_tokens: 120,
+      temperature: 0,
+      response_format: { type: "json_schema", json_schema: { name: "s", schema: { type: "string", minLength: 40 } } },
+    });
+    expect(long.choices[0].finish_reason).toBe("stop");
+    expect(JSON.parse(long.choices[0].message.content!).length).toBeGreaterThanOrEqual(40);
+  });
 });
 
 const weather = {
