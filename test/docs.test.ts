@@ -68,6 +68,27 @@ describe("README and docs/", () => {
     expect(broken).toEqual([]);
   });
 
+  it("the README's serving paragraph and docs/serving.md name every route of the OpenAI server, forced tool calls and structured output", () => {
+    const server = readFileSync(path.join(root, "src/serve/openai/server.ts"), "utf8");
+    const routes = [...server.matchAll(/^ {4}"(\/v1\/[a-z_/]+)": \{/gm)].map((m) => m[1]);
+    expect(routes).toContain("/v1/responses");
+    const section = (file: string, heading: string) => {
+      const text = readFileSync(path.join(root, file), "utf8");
+      const start = text.indexOf(`\n## ${heading}\n`);
+      expect(start, `${file}: ## ${heading}`).toBeGreaterThan(-1);
+      const end = text.indexOf("\n## ", start + 1);
+      return text.slice(start, end === -1 ? undefined : end);
+    };
+    // The README names vLLM's two LoRA routes together ("vLLM's runtime LoRA endpoints").
+    for (const [file, heading, named] of [
+      ["README.md", "Serving (OpenAI-compatible API)", routes.filter((r) => !r.includes("lora"))],
+      ["docs/serving.md", "The OpenAI-compatible server", routes],
+    ] as const) {
+      const text = section(file, heading);
+      for (const word of [...named, "required", "response_format", "text.format"]) expect(text, `${file}: ${word}`).toContain(word);
+    }
+  });
+
   it("finds a broken link, a missing heading, and ignores code and URLs", () => {
     const md = [
       "# Top",

@@ -414,7 +414,9 @@ export class Grader {
   private record(s: Scenario, key: string | null, fields: Record<string, unknown>): Promise<Record<string, unknown>> {
     return this.withHistory(s, async (history) => {
       const earlier = key === null ? undefined : history.find((e) => e.key === key && e.error === undefined);
-      if (earlier) return { ...earlier, cached: true, best: bestOf(history), total_submissions: history.length };
+      // The entry as recorded, but scored against the baseline in force now (as /evaluate answers).
+      if (earlier)
+        return { ...earlier, ...pick(fields, AGAINST_BASELINE), cached: true, best: bestOf(history), total_submissions: history.length };
       const { cached, ...rest } = fields;
       const entry: SubmissionEntry = {
         submission_id: history.length + 1,
@@ -444,6 +446,10 @@ export class Grader {
     this.closing = true;
   }
 }
+
+/** The fields of an answer that depend on the baseline: an earlier /submit entry reports them anew. */
+const AGAINST_BASELINE = ["baseline_score", "baseline", "baseline_source", "improvement", "improvement_ci", "improvement_pct"];
+const pick = (o: Record<string, unknown>, keys: string[]) => Object.fromEntries(keys.filter((k) => k in o).map((k) => [k, o[k]]));
 
 /** A fraction as percent, rounded to 4 decimals (0.345 -> 34.5, not 34.49999999999999). */
 export const pct = (x: number): number => Math.round(x * 100 * 1e4) / 1e4;

@@ -272,6 +272,10 @@ describe("current dialect (/submit, /set_baseline, /health, /time)", () => {
     expect(r.json).toMatchObject({ baseline_score: 50, baseline_source: "set", improvement_ci: null });
     expect(r.json.improvement).toBeCloseTo(r.json.score - 50, 6);
     expect((await call("GET", "/scenarios/tiny")).json.baseline_score).toBe(50);
+    // output/v1 was submitted before the baseline was set: its earlier entry is reported against 50 too.
+    const again = await call("POST", "/submit", { model_path: "output/v1" });
+    expect(again.json).toMatchObject({ submission_id: 1, cached: true, baseline_score: 50, baseline: 50, baseline_source: "set" });
+    for (const f of ["improvement", "improvement_ci", "improvement_pct"]) expect(again.json[f]).toEqual(r.json[f]);
   });
 });
 

@@ -14,7 +14,8 @@
  *  - tokens that are not whole characters (a partial UTF-8 sequence) or are control tokens
  *    (`<|...|>`) are never taken inside a constrained value; the stop tokens only once it is complete.
  *  - strings never hold the chat format's markers (<tool_call>, <|im_end|>, ...): they would end a
- *    tool call early; a string without maxLength stops at GrammarLimits.maxString characters.
+ *    tool call early; a string without maxLength stops at GrammarLimits.maxString characters (or
+ *    at its minLength, if that is more).
  *  Every path of the grammar can be completed, so a mask is never empty.
  *  Leaves out: alternatives that start alike (a union is told apart by its first character), pattern,
  *  format, multipleOf, tuples, uniqueItems: json-schema.ts refuses them by name (a 400). */
@@ -33,7 +34,7 @@ export type Node =
   | { kind: "union"; options: Node[] };
 
 const WS_MAX = 1;
-const NUMBER_MAX_CHARS = 32;
+export const NUMBER_MAX_CHARS = 32;
 
 /** A tool call in Qwen2.5's (Hermes) format, forced: `<tool_call>\n{"name": "<name>", "arguments": `,
  *  the arguments by their schema, then `}\n</tool_call>` — for one of `tools` (name → parameters grammar). */
@@ -239,31 +240,35 @@ function strStep(f: Extract<Frame, { t: "str" }>, ch: string): Next {
 const NUMBER_PREFIX = /^-?(?:0|[1-9]\d*)?(?:(?<=\d)\.\d*)?(?:(?<=\d)[eE][+-]?\d*)?$/;
 const NUMBER_WHOLE = /^-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?$/;
 
-/** Whether some number that starts with `text` lies within the node's bounds (checked on the
- *  interval of values its completions can take; bounded numbers are written without exponents). */
-function numFeasible(node: Extract<Node, { kind: "number" }>, text: string): boolean {
-  if (!Number.isFinite(node.lo) && !Number.isFinite(node.hi)) return true;
-  if (/[eE]/.test(text)) return false;
-  const neg = text.startsWith("-");
-  const body = neg ? text.slice(1) : text;
-  // Magnitudes in [a, b) (integers: a .. b - 1) → values, then whether one of them is within the bounds.
-  const { lo, hi, loOpen, hiOpen } = node;
-  const hit = (a: number, b: number) => {
-    if (node.integer) return neg ? -(b - 1) <= hi && -a >= lo : a <= hi && b - 1 >= lo;
-    if (neg) return -b < hi && (loOpen ? -a > lo : -a >= lo); // values in (-b, -a]
-    return (hiOpen ? a < hi : a <= hi) && b > lo; // values in [a, b)
-  };
-  if (body === "") return neg ? node.lo < 0 : true;
-  const dot = body.indexOf(".");
-  if (dot !== -1) {
-    const f = body.length - dot - 1;
-    const v = Number(body.slice(0, dot) + "." + (body.slice(dot + 1) || "0"));
-    return hit(v, v + 10 ** -f);
+/** Whether some number that starts with `text` can still be written that `numComplete` takes:
+ *  within NUMBER_MAX_CHARS characters, inside the bounds as the double JSON.parse reads, and for a
+ *  bounded node without an exponent. Tried on a few completions: `text` followed by zeros (then
+ *  perhaps a 1), and the plain decimals of the bounds and their midpoint. That family keeps a
+ *  completion for each longer prefix of it, so a number the recognizer takes can always be finished;
+ *  it may refuse a prefix whose only completions are elsewhere (e.g. 0.0999… rounding up to 0.1). */
+export function numFeasible(node: Extract<Node, { kind: "number" }>, text: string): boolean {
+  const bounded = Number.isFinite(node.lo) || Number.isFinite(node.hi);
+  if (bounded && /[eE]/.test(text)) return false;
+  if (text.startsWith("-") && node.lo >= 0) return false; // -0 is 0, but not what a non-negative bound asks for
+  for (let j = 0; text.length + j <= NUMBER_MAX_CHARS; j++) {
+    const zeros = text + "0".repeat(j);
+    if (numWhole(node, zeros) || numWhole(node, zeros + "1")) return true;
+    if (!bounded) return false; // a prefix of JSON's number grammar is whole as it is, or with a 0 or a 1 more
   }
-  const v = Number(body);
-  if (v === 0) return hit(0, 1);
-  for (let k = 0; k < 24; k++) if (hit(v * 10 ** k, (v + 1) * 10 ** k)) return true;
-  return false;
+  const mid = node.integer ? Math.round((node.lo + node.hi) / 2) : node.lo + (node.hi - node.lo) / 2;
+  return [node.lo, node.hi, mid].some((b) => Number.isFinite(b) && plainDecimal(b).startsWith(text) && numWhole(node, plainDecimal(b)));
+}
+
+/** A double as JSON's number grammar writes it without an exponent (1e30 -> 1000000000000000019884624838656). */
+function plainDecimal(x: number): string {
+  const s = String(x);
+  if (!/e/.test(s)) return s;
+  return Math.abs(x) >= 1 ? BigInt(x).toString() : x.toFixed(100).replace(/0+$/, "");
+}
+
+/** `text` is a whole number of the node, short enough, inside its bounds. */
+function numWhole(node: Extract<Node, { kind: "number" }>, text: string): boolean {
+  return text.length <= NUMBER_MAX_CHARS && numComplete({ t: "num", node, text, up: null });
 }
 
 function numComplete(f: Extract<Frame, { t: "num" }>): boolean {

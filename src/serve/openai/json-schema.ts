@@ -5,9 +5,17 @@
  *  anyOf / oneOf / type lists whose alternatives start with different characters (so the first
  *  character picks one: a string or null, an object or an array; not an integer or a number); allOf
  *  of one schema; $ref to #/$defs/... or #/definitions/... (not recursive). Annotations are read and
- *  not enforced (title, description, default, examples, ...). */
+ *  not enforced (title, description, default, examples, ...). Refused besides: a schema nested more than
+ *  MAX_SCHEMA_DEPTH levels deep (its JSON, or the levels its $refs expand to), one that expands to more
+ *  than MAX_SUBSCHEMAS subschemas, and bounds no value meets (minLength > maxLength, an empty type
+ *  list, a number range with nothing writable in it): every schema accepted can be completed. */
 import { badField } from "./errors.ts";
-import { firstChars, type Node } from "./json-grammar.ts";
+import { firstChars, numFeasible, NUMBER_MAX_CHARS, type Node } from "./json-grammar.ts";
+
+/** Past this depth a request's recursion (ours, the chat template's) could overflow the stack. */
+export const MAX_SCHEMA_DEPTH = 64;
+/** $refs may share a definition many times over: the grammar they expand to is bounded too. */
+export const MAX_SUBSCHEMAS = 10_000;
 
 export interface GrammarLimits {
   /** The longest string a schema without maxLength gets (a weak model may never close one). */
@@ -39,10 +47,28 @@ const isObj = (v: unknown): v is Schema => typeof v === "object" && v !== null &
 
 /** `param` names the request field the schema came in, for the 400s. */
 export function compileSchema(schema: unknown, param: string, limits: GrammarLimits): Node {
-  return new Compiler(param, limits, schema).compile(schema, "", []);
+  checkSchemaDepth(schema, param);
+  return new Compiler(param, limits, schema).compile(schema, "", [], 1);
+}
+
+const tooDeep = (param: string) =>
+  badField(param, `the schema nests more than ${MAX_SCHEMA_DEPTH} levels deep; accepted: at most ${MAX_SCHEMA_DEPTH}`);
+
+/** Refuses a value whose objects and arrays nest more than MAX_SCHEMA_DEPTH levels, without
+ *  recursing (a 125 KB body can nest 5,000 deep). For every schema a request carries, compiled or not. */
+export function checkSchemaDepth(schema: unknown, param: string): void {
+  const stack: [unknown, number][] = [[schema, 1]];
+  while (stack.length > 0) {
+    const [v, depth] = stack.pop()!;
+    if (typeof v !== "object" || v === null) continue;
+    if (depth > MAX_SCHEMA_DEPTH) throw tooDeep(param);
+    for (const child of Object.values(v)) stack.push([child, depth + 1]);
+  }
 }
 
 class Compiler {
+  private subschemas = 0;
+
   constructor(
     readonly param: string,
     readonly limits: GrammarLimits,
@@ -53,8 +79,15 @@ class Compiler {
     return badField(this.param, `${what}${at ? ` (at ${at})` : ""}`);
   }
 
-  /** `refs`: the $refs being expanded on the way here (a repeat is recursion). */
-  compile(schema: unknown, at: string, refs: string[]): Node {
+  /** `refs`: the $refs being expanded on the way here (a repeat is recursion); `depth`: this schema's
+   *  level, counting the levels $refs expand to. */
+  compile(schema: unknown, at: string, refs: string[], depth: number): Node {
+    if (depth > MAX_SCHEMA_DEPTH) throw tooDeep(this.param);
+    if (++this.subschemas > MAX_SUBSCHEMAS)
+      throw this.refuse(
+        `the schema expands to more than ${MAX_SUBSCHEMAS} subschemas through its $refs; accepted: at most ${MAX_SUBSCHEMAS}`,
+        "",
+      );
     const ANY: Node = { kind: "any", maxString: this.limits.maxString };
     if (schema === true) return ANY;
     if (!isObj(schema)) throw this.refuse(`expected a JSON schema object, got ${JSON.stringify(schema)}`, at);
@@ -62,7 +95,7 @@ class Compiler {
     if (combinator) {
       const extra = Object.keys(schema).find((k) => k !== combinator && !ANNOTATIONS.has(k));
       if (extra) throw this.refuse(`"${extra}" beside "${combinator}" is not supported by constrained decoding here`, at);
-      return this.combine(combinator, schema[combinator], at, refs);
+      return this.combine(combinator, schema[combinator], at, refs, depth);
     }
     if ("enum" in schema || "const" in schema) {
       const values = "const" in schema ? [schema.const] : schema.enum;
@@ -71,13 +104,14 @@ class Compiler {
     }
     let type = schema.type;
     if (Array.isArray(type)) {
+      if (type.length === 0) throw this.refuse(`"type" must be a non-empty list of types`, at);
       // A list of types: one schema per type, each with the keywords that apply to it.
       const known = new Set(type.flatMap((t) => SUPPORTED[t as string] ?? []));
       const bad = Object.keys(schema).find((k) => k !== "type" && !ANNOTATIONS.has(k) && !known.has(k));
       if (bad) throw this.refuse(`the keyword "${bad}" is not supported by constrained decoding here for types ${type.join(", ")}`, at);
       const pick = (t: string) => Object.fromEntries(Object.entries(schema).filter(([k]) => SUPPORTED[t]?.includes(k)));
       return this.union(
-        type.map((t, i) => this.compile({ ...pick(t as string), type: t }, `${at}/type/${i}`, refs)),
+        type.map((t, i) => this.compile({ ...pick(t as string), type: t }, `${at}/type/${i}`, refs, depth)),
         "type",
         at,
       );
@@ -102,8 +136,13 @@ class Compiler {
     switch (type) {
       case undefined:
         return ANY;
-      case "string":
-        return { kind: "string", min: int("minLength", 0), max: int("maxLength", this.limits.maxString) };
+      case "string": {
+        // Without maxLength, at most GrammarLimits.maxString characters, or minLength if that is more.
+        const min = int("minLength", 0);
+        const max = schema.maxLength === undefined ? Math.max(min, this.limits.maxString) : int("maxLength", 0);
+        if (min > max) throw this.refuse(`minLength ${min} > maxLength ${max}`, at);
+        return { kind: "string", min, max };
+      }
       case "boolean":
         return { kind: "lit", options: ["true", "false"] };
       case "null":
@@ -112,19 +151,20 @@ class Compiler {
       case "integer":
         return this.number(schema, type === "integer", at);
       case "array": {
-        const items = schema.items === undefined ? ANY : this.compile(schema.items, `${at}/items`, refs);
+        const items = schema.items === undefined ? ANY : this.compile(schema.items, `${at}/items`, refs, depth + 1);
         const node: Node = { kind: "array", items, min: int("minItems", 0), max: int("maxItems", Infinity) };
         if (node.min > node.max) throw this.refuse(`minItems ${node.min} > maxItems ${node.max}`, at);
         return node;
       }
       default:
-        return this.object(schema, at, refs, ANY);
+        return this.object(schema, at, refs, ANY, depth);
     }
   }
 
-  object(schema: Schema, at: string, refs: string[], ANY: Node): Node {
+  object(schema: Schema, at: string, refs: string[], ANY: Node, depth: number): Node {
     const extra = schema.additionalProperties;
-    const values = extra === undefined || extra === true || extra === false ? ANY : this.compile(extra, `${at}/additionalProperties`, refs);
+    const values =
+      extra === undefined || extra === true || extra === false ? ANY : this.compile(extra, `${at}/additionalProperties`, refs, depth + 1);
     const required = schema.required ?? [];
     if (!Array.isArray(required) || required.some((r) => typeof r !== "string"))
       throw this.refuse(`"required" must be a list of names`, at);
@@ -135,7 +175,7 @@ class Compiler {
     if (!isObj(schema.properties)) throw this.refuse(`"properties" must be an object`, at);
     const props = Object.entries(schema.properties).map(([key, s]) => ({
       key,
-      node: this.compile(s, `${at}/properties/${key}`, refs),
+      node: this.compile(s, `${at}/properties/${key}`, refs, depth + 1),
       required: required.includes(key),
     }));
     const missing = required.find((r) => !props.some((p) => p.key === r));
@@ -143,7 +183,7 @@ class Compiler {
     return { kind: "object", props, values };
   }
 
-  combine(k: string, v: unknown, at: string, refs: string[]): Node {
+  combine(k: string, v: unknown, at: string, refs: string[], depth: number): Node {
     if (k === "$ref") {
       const m = typeof v === "string" ? /^#\/(\$defs|definitions)\/([^/]+)$/.exec(v) : null;
       if (!m) throw this.refuse(`"$ref" ${JSON.stringify(v)} is not supported; only #/$defs/<name> and #/definitions/<name>`, at);
@@ -152,15 +192,15 @@ class Compiler {
       const defs = isObj(this.root) ? this.root[m[1]] : undefined;
       const target = isObj(defs) ? defs[m[2]] : undefined;
       if (target === undefined) throw this.refuse(`"$ref" ${v} names nothing in the schema`, at);
-      return this.compile(target, v as string, [...refs, v as string]);
+      return this.compile(target, v as string, [...refs, v as string], depth + 1);
     }
     if (!Array.isArray(v) || v.length === 0) throw this.refuse(`"${k}" must be a non-empty list of schemas`, at);
     if (k === "allOf") {
       if (v.length > 1) throw this.refuse(`"allOf" of more than one schema is not supported by constrained decoding here`, at);
-      return this.compile(v[0], `${at}/allOf/0`, refs);
+      return this.compile(v[0], `${at}/allOf/0`, refs, depth + 1);
     }
     return this.union(
-      v.map((s, i) => this.compile(s, `${at}/${k}/${i}`, refs)),
+      v.map((s, i) => this.compile(s, `${at}/${k}/${i}`, refs, depth + 1)),
       k,
       at,
     );
@@ -196,12 +236,23 @@ class Compiler {
     if (xmin !== undefined && xmin >= lo) [lo, loOpen] = [xmin, true];
     if (xmax !== undefined && xmax <= hi) [hi, hiOpen] = [xmax, true];
     if (integer) {
-      // Integers: the bounds as the nearest integers inside them.
-      lo = loOpen ? Math.floor(lo) + 1 : Math.ceil(lo);
-      hi = hiOpen ? Math.ceil(hi) - 1 : Math.floor(hi);
-      loOpen = hiOpen = false;
+      // Integers: the bounds as the nearest integers inside them; past 2^53, where a double cannot
+      // step by 1, an exclusive bound stays exclusive.
+      const [ilo, ihi] = [loOpen ? Math.floor(lo) + 1 : Math.ceil(lo), hiOpen ? Math.ceil(hi) - 1 : Math.floor(hi)];
+      [lo, loOpen] = ilo > lo || !loOpen ? [ilo, false] : [lo, true];
+      [hi, hiOpen] = ihi < hi || !hiOpen ? [ihi, false] : [hi, true];
     }
-    if (lo > hi || (lo === hi && (loOpen || hiOpen))) throw this.refuse(`no ${integer ? "integer" : "number"} lies within the bounds`, at);
-    return { kind: "number", integer, lo, hi, loOpen, hiOpen };
+    const what = integer ? "integer" : "number";
+    const given = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]
+      .filter((k) => s[k] !== undefined)
+      .map((k) => `${k} ${s[k]}`);
+    if (lo > hi || (lo === hi && (loOpen || hiOpen))) throw this.refuse(`no ${what} lies within the bounds (${given.join(", ")})`, at);
+    const node: Node = { kind: "number", integer, lo, hi, loOpen, hiOpen };
+    if (!numFeasible(node, ""))
+      throw this.refuse(
+        `no ${what} within the bounds (${given.join(", ")}) can be written in ${NUMBER_MAX_CHARS} characters without an exponent; accepted: bounds with one that can`,
+        at,
+      );
+    return node;
   }
 }

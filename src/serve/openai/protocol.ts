@@ -7,7 +7,7 @@ import type { ChatMessage, ChatToolCall, ToolSchema } from "../../model/types.ts
 import type { GenParams } from "./batcher.ts";
 import { badField } from "./errors.ts";
 import { toolCallNode, type Node } from "./json-grammar.ts";
-import { compileSchema, type GrammarLimits } from "./json-schema.ts";
+import { checkSchemaDepth, compileSchema, type GrammarLimits } from "./json-schema.ts";
 
 type Body = Record<string, unknown>;
 
@@ -164,6 +164,18 @@ function toolCallOf(v: unknown, param: string): ChatToolCall {
   return { type: "function", function: { name: v.function.name, arguments: args } };
 }
 
+/** A tool message answers a call of the assistant message before it (tool messages between): by its
+ *  tool_call_id, where the calls have ids. */
+function answersCall(calls: { at: number; ids: string[] } | null, id: unknown, p: string): void {
+  if (calls === null)
+    throw badField(p, 'a "tool" message must answer a tool call; accepted: tool messages right after an assistant message with tool_calls');
+  if (calls.ids.length > 0 && !(typeof id === "string" && calls.ids.includes(id)))
+    throw badField(
+      `${p}.tool_call_id`,
+      `${JSON.stringify(id)} names no tool call of messages[${calls.at}]; accepted: ${calls.ids.map((x) => JSON.stringify(x)).join(", ")}`,
+    );
+}
+
 const ROLES = new Map<string, ChatMessage["role"]>([
   ["system", "system"],
   ["developer", "system"],
@@ -176,6 +188,8 @@ export function chatRequestOf(b: Body, limits: GrammarLimits): ChatRequest {
   const model = modelOf(b);
   if (!Array.isArray(b.messages) || b.messages.length === 0)
     throw badField("messages", `expected a non-empty list of messages, got ${kind(b.messages)}`);
+  // The assistant message whose tool calls the tool messages after it answer (OpenAI refuses an orphan).
+  let calls: { at: number; ids: string[] } | null = null;
   const messages = b.messages.map((m, i): ChatMessage => {
     const p = `messages[${i}]`;
     if (!isObj(m)) throw badField(p, `expected an object, got ${kind(m)}`);
@@ -187,6 +201,8 @@ export function chatRequestOf(b: Body, limits: GrammarLimits): ChatRequest {
         throw badField(`${p}.tool_calls`, "expected a list, on an assistant message");
       if (m.tool_calls.length > 0) out.tool_calls = m.tool_calls.map((c, j) => toolCallOf(c, `${p}.tool_calls[${j}]`));
     }
+    if (role === "tool") answersCall(calls, m.tool_call_id, p);
+    else calls = out.tool_calls ? { at: i, ids: (m.tool_calls as Body[]).flatMap((c) => (typeof c.id === "string" ? [c.id] : [])) } : null;
     return out;
   });
   let tools: ToolSchema[] = [];
@@ -199,6 +215,7 @@ export function chatRequestOf(b: Body, limits: GrammarLimits): ChatRequest {
         throw badField(`tools[${i}]`, `expected {"type": "function", "function": {"name", "description", "parameters"}}`);
       if (f.parameters !== undefined && !isObj(f.parameters))
         throw badField(`tools[${i}].function.parameters`, "expected a JSON schema object");
+      checkSchemaDepth(f.parameters, `tools[${i}].function.parameters`); // the chat template renders it recursively
       if (f.description !== undefined && typeof f.description !== "string")
         throw badField(`tools[${i}].function.description`, "expected a string");
       return {

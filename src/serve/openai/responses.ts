@@ -17,7 +17,7 @@ import type { Batcher } from "./batcher.ts";
 import { assistantMessage, chatPromptIds, ContentDeltas } from "./chat.ts";
 import { badField } from "./errors.ts";
 import type { Node } from "./json-grammar.ts";
-import type { GrammarLimits } from "./json-schema.ts";
+import { checkSchemaDepth, type GrammarLimits } from "./json-schema.ts";
 import { forcedToolGrammar, formatGrammar, modelOf, samplingOf, type Sampling } from "./protocol.ts";
 
 type Body = Record<string, unknown>;
@@ -71,6 +71,7 @@ function messagesOf(b: Body, items: ItemStore): ChatMessage[] {
   if (typeof b.input === "string") return [...out, { role: "user", content: b.input }];
   if (!Array.isArray(b.input) || b.input.length === 0)
     throw badField("input", `expected a string or a non-empty list of input items, got ${kind(b.input)}`);
+  const callIds = new Set<string>(); // of the function_call items so far: each output answers one
   b.input.forEach((given, i) => {
     const p = `input[${i}]`;
     if (!isObj(given)) throw badField(p, `expected an object, got ${kind(given)}`);
@@ -90,15 +91,24 @@ function messagesOf(b: Body, items: ItemStore): ChatMessage[] {
         throw badField(`${p}.arguments`, "expected a JSON-encoded object");
       }
       if (!isObj(args)) throw badField(`${p}.arguments`, `expected a JSON object, got ${kind(args)}`);
+      if (typeof item.call_id === "string") callIds.add(item.call_id);
       const call: ChatToolCall = { type: "function", function: { name: item.name, arguments: args } };
       const last = out.at(-1);
       if (last?.role === "assistant")
         (last.tool_calls ??= []).push(call); // the turn's text, then its calls
       else out.push({ role: "assistant", content: "", tool_calls: [call] });
     } else if (type === "function_call_output") {
+      if (typeof item.call_id !== "string" || !callIds.has(item.call_id))
+        throw badField(
+          `${p}.call_id`,
+          `no function_call before it has call_id ${JSON.stringify(item.call_id)}; accepted: ${callIds.size > 0 ? [...callIds].map((x) => JSON.stringify(x)).join(", ") : "the call_id of an earlier function_call item (none given)"}`,
+        );
       out.push({ role: "tool", content: textOf(item.output, `${p}.output`) });
     } else if (type !== "reasoning") {
-      throw badField(`${p}.type`, `${JSON.stringify(type)} is not supported; accepted: message, function_call, function_call_output`);
+      throw badField(
+        `${p}.type`,
+        `${JSON.stringify(type)} is not supported; accepted: message, function_call, function_call_output, item_reference, reasoning`,
+      );
     }
   });
   return out;
@@ -113,6 +123,7 @@ function toolsOf(v: unknown): ToolSchema[] {
     if (typeof t.name !== "string" || t.name === "") throw badField(`tools[${i}].name`, "expected a non-empty string");
     if (t.parameters !== undefined && t.parameters !== null && !isObj(t.parameters))
       throw badField(`tools[${i}].parameters`, "expected a JSON schema object");
+    checkSchemaDepth(t.parameters, `tools[${i}].parameters`); // the chat template renders it recursively
     return {
       type: "function",
       function: {

@@ -118,6 +118,13 @@ describe("JSON recognizer", () => {
     expect(refused({ type: "string", format: "email" }).message).toContain('"format"');
     expect(refused({ type: "date" }).message).toContain('"type"');
     expect(refused({ type: "object", required: ["x"] }).message).toContain('"x"');
+    // $refs that share a definition expand it each time: 2^24 subschemas here, refused before they are built.
+    const defs: Record<string, unknown> = { d0: { type: "integer" } };
+    for (let i = 1; i <= 24; i++)
+      defs[`d${i}`] = { type: "object", properties: { x: { $ref: `#/$defs/d${i - 1}` }, y: { $ref: `#/$defs/d${i - 1}` } } };
+    expect(refused({ $defs: defs, $ref: "#/$defs/d24" }).message).toMatch(
+      /expands to more than 10000 subschemas through its \$refs; accepted: at most 10000$/,
+    );
   });
 
   it("takes unions the first character tells apart, and local $refs", () => {

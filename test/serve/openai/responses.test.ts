@@ -190,5 +190,30 @@ describe("POST /v1/responses", () => {
       status: 400,
       param: "max_output_tokens",
     });
+    // A function_call_output answers an earlier function_call of the same call_id, as OpenAI requires.
+    const user = { role: "user" as const, content: "hi" };
+    const output = { type: "function_call_output" as const, call_id: "call_b", output: "90" };
+    await expect(client.responses.create({ model: "tiny", input: [user, output] })).rejects.toMatchObject({
+      status: 400,
+      param: "input[1].call_id",
+      message: expect.stringMatching(/no function_call before it has call_id "call_b"/),
+    });
+    const callA = { type: "function_call" as const, call_id: "call_a", name: "calculator", arguments: '{"expression": "6*15"}' };
+    await expect(client.responses.create({ model: "tiny", input: [user, callA, output] })).rejects.toMatchObject({
+      status: 400,
+      param: "input[2].call_id",
+      message: expect.stringMatching(/accepted: "call_a"$/),
+    });
+    await expect(client.responses.create({ model: "tiny", input: [{ type: "image_generation_call" } as never] })).rejects.toMatchObject({
+      status: 400,
+      param: "input[0].type",
+      message: expect.stringMatching(/accepted: message, function_call, function_call_output, item_reference, reasoning$/),
+    });
+    const ok = await client.responses.create({
+      model: "tiny",
+      input: [user, callA, { ...output, call_id: "call_a" }],
+      max_output_tokens: 2,
+    });
+    expect(ok.object).toBe("response");
   });
 });

@@ -217,6 +217,29 @@ describe("OpenAI-compatible server", () => {
     await expect(
       client.chat.completions.create({ model: "tiny", messages: [{ role: "wizard", content: "x" }] as never }),
     ).rejects.toMatchObject({ status: 400, param: "messages[0].role" });
+    // A tool message answers a tool call of the assistant message before it, by id, as OpenAI requires.
+    const toolMsg = { role: "tool" as const, tool_call_id: "call_b", content: "90" };
+    await expect(client.chat.completions.create({ model: "tiny", messages: [...msg, toolMsg] })).rejects.toMatchObject({
+      status: 400,
+      param: "messages[1]",
+      message: expect.stringMatching(/accepted: tool messages right after an assistant message with tool_calls$/),
+    });
+    const called = {
+      role: "assistant" as const,
+      content: null,
+      tool_calls: [{ id: "call_a", type: "function" as const, function: { name: "calculator", arguments: '{"expression": "6*15"}' } }],
+    };
+    await expect(client.chat.completions.create({ model: "tiny", messages: [...msg, called, toolMsg] })).rejects.toMatchObject({
+      status: 400,
+      param: "messages[2].tool_call_id",
+      message: expect.stringMatching(/"call_b" names no tool call of messages\[1\]; accepted: "call_a"$/),
+    });
+    await expect(
+      client.chat.completions.create({ model: "tiny", messages: [...msg, called, { ...toolMsg, tool_call_id: "call_a" }, toolMsg] }),
+    ).rejects.toMatchObject({ status: 400, param: "messages[3].tool_call_id" });
+    await expect(
+      client.chat.completions.create({ model: "tiny", messages: [...msg, called, { role: "user", content: "and?" }, toolMsg] }),
+    ).rejects.toMatchObject({ status: 400, param: "messages[3]" });
     await expect(client.chat.completions.create({ model: "tiny", messages: msg, max_tokens: 5000 })).rejects.toMatchObject({
       status: 400,
       param: "max_tokens",

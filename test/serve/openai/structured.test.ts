@@ -122,6 +122,95 @@ describe("response_format", () => {
   });
 });
 
+describe("schemas it cannot honour get a 400 naming the limit, on every route that takes one", () => {
+  const post = (route: string, body: string) =>
+    fetch(`${server.url}/v1/${route}`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Authorization: `Bearer ${API_KEY}` },
+      body,
+    });
+  /** The places a schema comes in (chat response_format, responses text.format, a forced tool's
+   *  parameters, tools offered to either API), as body texts: a 5,000-deep schema overflows JSON.stringify. */
+  const routes = (schema: string): [string, string][] =>
+    (
+      [
+        [
+          "chat/completions",
+          { model: "tiny", messages: ask, max_tokens: 4, response_format: { type: "json_schema", json_schema: { name: "x", schema: 0 } } },
+        ],
+        [
+          "responses",
+          { model: "tiny", input: "hi", max_output_tokens: 4, text: { format: { type: "json_schema", name: "x", schema: 0 } } },
+        ],
+        [
+          "chat/completions",
+          {
+            model: "tiny",
+            messages: ask,
+            max_tokens: 4,
+            tools: [{ type: "function", function: { name: "f", parameters: 0 } }],
+            tool_choice: { type: "function", function: { name: "f" } },
+          },
+        ],
+        [
+          "chat/completions",
+          { model: "tiny", messages: ask, max_tokens: 4, tools: [{ type: "function", function: { name: "f", parameters: 0 } }] },
+        ],
+        ["responses", { model: "tiny", input: "hi", max_output_tokens: 4, tools: [{ type: "function", name: "f", parameters: 0 }] }],
+      ] as const
+    ).map(([route, body]) => [route, JSON.stringify(body).replace(/"(schema|parameters)":0/, `"$1":${schema}`)]);
+  const nested = (levels: number, wrap: (inner: string) => string, inner: string) => {
+    let text = inner;
+    for (let i = 0; i < levels; i++) text = wrap(text);
+    return text;
+  };
+  const error = async (r: Response) => ((await r.json()) as { error: { message: string } }).error.message;
+
+  it("a schema nested 5,000 deep (125 KB): 400 naming the depth limit (64), not a 500", async () => {
+    const deep = nested(5000, (s) => `{"type":"object","properties":{"a":${s}}}`, `{"type":"string"}`);
+    for (const [route, body] of routes(deep)) {
+      const r = await post(route, body);
+      expect(r.status, route).toBe(400);
+      expect(await error(r)).toMatch(/nests more than 64 levels deep; accepted: at most 64$/);
+    }
+    // 64 levels of objects and arrays are taken; 65 are not. $refs count as the levels they expand to.
+    const items = (levels: number) => nested(levels - 1, (s) => `{"type":"array","maxItems":0,"items":${s}}`, `{"type":"integer"}`);
+    for (const [route, body] of routes(items(64))) expect((await post(route, body)).status, route).toBe(200);
+    for (const [route, body] of routes(items(65))) expect((await post(route, body)).status, route).toBe(400);
+    const defs = Array.from({ length: 100 }, (_, i) => `"d${i}":{"type":"array","maxItems":0,"items":{"$ref":"#/$defs/d${i + 1}"}}`);
+    const chain = `{"$defs":{${defs.join(",")},"d100":{"type":"integer"}},"$ref":"#/$defs/d0"}`;
+    const r = await post(...routes(chain)[0]);
+    expect(r.status).toBe(400);
+    expect(await error(r)).toMatch(/nests more than 64 levels deep; accepted: at most 64$/);
+  });
+
+  it("contradictory bounds of every kind: 400 naming both", async () => {
+    for (const [schema, message] of [
+      [{ type: "string", minLength: 5, maxLength: 2 }, /minLength 5 > maxLength 2/],
+      [{ type: "array", minItems: 3, maxItems: 1 }, /minItems 3 > maxItems 1/],
+      [{ type: "integer", minimum: 5, maximum: 2 }, /no integer .*lies within the bounds/],
+      [{ type: "number", exclusiveMinimum: 1, maximum: 1 }, /no number .*lies within the bounds/],
+      [{ type: "integer", minimum: 1e40 }, /can be written in 32 characters without an exponent/],
+      [{ type: [] }, /"type" must be a non-empty list/],
+    ] as const)
+      for (const [route, body] of routes(JSON.stringify({ type: "object", properties: { v: schema }, required: ["v"] })).slice(0, 3)) {
+        const r = await post(route, body);
+        expect(r.status, `${route} ${JSON.stringify(schema)}`).toBe(400);
+        expect(await error(r)).toMatch(message);
+      }
+    // A minLength beyond --max_json_string (32 here) is honoured: the string is written that long.
+    const long = await client.chat.completions.create({
+      model: "tiny",
+      messages: ask,
+      max_tokens: 120,
+      temperature: 0,
+      response_format: { type: "json_schema", json_schema: { name: "s", schema: { type: "string", minLength: 40 } } },
+    });
+    expect(long.choices[0].finish_reason).toBe("stop");
+    expect(JSON.parse(long.choices[0].message.content!).length).toBeGreaterThanOrEqual(40);
+  });
+});
+
 const weather = {
   type: "function" as const,
   function: {
