@@ -62,7 +62,9 @@ await runMain(async () => {
   await initBackend("webgpu");
   console.log(`adapter: ${info.description}${info.fallback ? " (software)" : ""}`);
   console.log(`limits: ${JSON.stringify(info.limits)}`);
-  console.log(`features: ${info.features.join(", ") || "none"} (shader-f16 ${info.features.includes("shader-f16") ? "yes" : "no"}, subgroups ${info.features.includes("subgroups") ? "yes" : "no"})`);
+  console.log(
+    `features: ${info.features.join(", ") || "none"} (shader-f16 ${info.features.includes("shader-f16") ? "yes" : "no"}, subgroups ${info.features.includes("subgroups") ? "yes" : "no"})`,
+  );
 
   if (sizeOnly) {
     await sizeCheck(info);
@@ -106,7 +108,9 @@ await runMain(async () => {
   const batches = [rows, 2 * rows, 8 * rows],
     steps = opts.config === "small" ? 3 : 8;
   const scaling = await decodeScaling(model, shape, batches, steps);
-  const compiledScaling = await compiledDecodeScaling(decoder, batches, steps, (n) => tokenBatch(n, shape.promptLen, model.config.vocabSize, 5));
+  const compiledScaling = await compiledDecodeScaling(decoder, batches, steps, (n) =>
+    tokenBatch(n, shape.promptLen, model.config.vocabSize, 5),
+  );
   decoder.dispose();
   // 5. the step's rollouts on llama.cpp (its CUDA, Vulkan or Metal build where node-llama-cpp finds
   // one; on a software adapter its CPU build), f16 weights, the adapter swapped in: batch 32 and 256

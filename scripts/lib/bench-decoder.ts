@@ -90,7 +90,12 @@ export async function tfjsDecodeFigures(model: Qwen2ForCausalLM, ids: number[][]
 /** The compiled decoder's loop, as rollouts drive it (CompiledBatch: a greedy draw on the device,
  *  every token read back and fed), counted the same way. The decoder is made (pipelines compiled,
  *  buffers and bind groups made) before the counted steps, by a first batch. */
-export async function compiledDecodeFigures(model: Qwen2ForCausalLM, ids: number[][], steps: number, adapters = false): Promise<DecodeStepFigures> {
+export async function compiledDecodeFigures(
+  model: Qwen2ForCausalLM,
+  ids: number[][],
+  steps: number,
+  adapters = false,
+): Promise<DecodeStepFigures> {
   const B = ids.length;
   const dec = new Decoder(model);
   const greedy = { temperature: 0 },

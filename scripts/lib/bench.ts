@@ -287,13 +287,20 @@ registerWorkload({
       release();
       figs.push(await compiledDecodeFigures(model, ids, newTokens - 1));
       figs.push({ ...(await compiledDecodeFigures(await ctx.model(true), ids, newTokens - 1, true)), decoder: "compiled" });
-      process.stderr.write(decodeTable(`${ctx.label} (${ctx.quantize}; compiled rows: without, then with LoRA r16 on all modules)`, B, figs));
+      process.stderr.write(
+        decodeTable(`${ctx.label} (${ctx.quantize}; compiled rows: without, then with LoRA r16 on all modules)`, B, figs),
+      );
       for (const [f, lora] of [
         [figs[1], false],
         [figs[2], true],
       ] as const)
         out.push({
-          ...ctx.measure({ workload: lora ? "decode_compiled_lora" : "decode_compiled", batch: B, tokens: B * f.steps, seconds: f.seconds }),
+          ...ctx.measure({
+            workload: lora ? "decode_compiled_lora" : "decode_compiled",
+            batch: B,
+            tokens: B * f.steps,
+            seconds: f.seconds,
+          }),
           decoder: f,
         } as Measurement);
       out[1] = { ...out[1], decoder: figs[0] } as Measurement;

@@ -33,8 +33,11 @@ export interface DecodeRows {
   rows: number[];
   sample(positions: number[], params: SamplingParams, rng: Rng, opts?: SampleOptions): Promise<SampleResult>;
   read(): Promise<Float32Array>;
-  step(feed: number[], done: (row: number) => boolean, hold?: boolean[]): void;
+  /** feed[pos]: the token the row at that cache position reads; with readsMany, several in order. */
+  step(feed: (number | number[])[], done: (row: number) => boolean, hold?: boolean[]): void;
   dispose(): void;
+  /** The batch takes several tokens of a row in one step (a tool result read at once). */
+  readonly readsMany?: boolean;
 }
 
 /** Opens a decode batch on prompts (each row's ids; the rows' own budget of new tokens beside). */

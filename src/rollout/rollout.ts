@@ -16,7 +16,7 @@
  *  Leaves out: rewards (rewards.ts), the JSONL log (trajectories.ts), speculative or paged decoding. */
 import { toolSchema, type Tool } from "../agents/types.ts";
 import type { CausalLM, ChatMessage, Tokenizer } from "../model/types.ts";
-import { DecodeBatch } from "./decode-batch.ts";
+import { DecodeBatch, type DecodeRows } from "./decode-batch.ts";
 import { checkSamplingParams, type SampleResult } from "./sampler.ts";
 import { ToolResponseRenderer, toolTurn } from "./tool-messages.ts";
 import { Rng } from "../util/rng.ts";
@@ -198,7 +198,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
     : null;
 
   const opts = { pad, adapters, compactFraction, maxNewTokens: cfg.maxNewTokens };
-  const batch = cfg.openBatch ? cfg.openBatch(inputs, opts) : new DecodeBatch(model, inputs, opts); // prefilled
+  const batch: DecodeRows = cfg.openBatch ? cfg.openBatch(inputs, opts) : new DecodeBatch(model, inputs, opts); // prefilled
   try {
     for (let step = 0; ; step++) {
       // Let I/O events in: an abort (Ctrl-C), an environment's reply (its row then reads on at once,
@@ -228,7 +228,7 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
         drawn = await batch.sample(samplers, sampling, rng, { onDevice: cfg.deviceSampling });
       }
 
-      const feed: number[] = [];
+      const feed: (number | number[])[] = [];
       const hold: boolean[] = new Array<boolean>(cacheRows.length).fill(false);
       const closing: Row[] = [];
       let nSampled = 0,
@@ -240,12 +240,22 @@ async function generate(model: CausalLM, tokenizer: Tokenizer, prompts: ChatMess
         const t = row.traj;
         let tok: number;
         if (row.forced.length > 0) {
-          tok = row.forced.shift()!;
-          t.completionIds.push(tok);
-          t.lossMask.push(0);
-          t.sampleLogprobs.push(0); // the tool or template wrote it
-          nForced++;
-          cfg.onToken?.(r, tok, true);
+          // one forced token a step, or (a batch that reads many) all of them the budget allows at once
+          const n = batch.readsMany ? Math.min(row.forced.length, cfg.maxNewTokens - t.completionIds.length) : 1;
+          const toks = row.forced.splice(0, n);
+          for (const f of toks) {
+            t.completionIds.push(f);
+            t.lossMask.push(0);
+            t.sampleLogprobs.push(0); // the tool or template wrote it
+            nForced++;
+            cfg.onToken?.(r, f, true);
+          }
+          if (n > 1) {
+            feed.push(toks);
+            if (t.completionIds.length >= cfg.maxNewTokens) finish(row, "length");
+            return;
+          }
+          tok = toks[0];
         } else {
           const k = drawIndex[pos];
           tok = drawn!.tokens[k];

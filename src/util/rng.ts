@@ -54,3 +54,23 @@ export class Rng {
     this.state = state >>> 0;
   }
 }
+
+/** lowbias32 (Chris Wellons' integer hash): a 32-bit avalanche of x. */
+function mix32(x: number): number {
+  x ^= x >>> 16;
+  x = Math.imul(x, 0x7feb352d);
+  x ^= x >>> 15;
+  x = Math.imul(x, 0x846ca68b);
+  x ^= x >>> 16;
+  return x >>> 0;
+}
+
+/** A counter-based uniform in [0, 1) with 53 random bits, keyed on (seed, row, position): the draw
+ *  of a row's token at a position is the same whatever else the batch holds and whichever step
+ *  reaches it (the compiled decoder's draws; Philox-style keyed streams in vLLM and JAX). */
+export function keyedUniform(seed: number, row: number, position: number): number {
+  const h = mix32(mix32(mix32(seed >>> 0) ^ (row >>> 0)) ^ Math.imul(position >>> 0, 0x9e3779b9));
+  const a = h >>> 5, // 27 bits
+    b = mix32(h ^ 0x85ebca6b) >>> 6; // 26 bits
+  return (a * 67108864 + b) / 9007199254740992;
+}

@@ -147,18 +147,19 @@ describe.skipIf(!gpu)("--rollout_engine webgpu on the tiny preset (NF4 base, LoR
     expect(after.bindGroupsCreated - before.bindGroupsCreated).toBe(0);
     expect(after.pipelinesCreated - before.pipelinesCreated).toBe(0);
     expect(after.submits - before.submits).toBe(after.passes - before.passes + 1); // + prepare's copy of the factors
-    expect(after.passes - before.passes).toBeGreaterThan(64);
+    expect(after.passes - before.passes).toBeGreaterThan(32); // a tool result is read in one pass
   });
 
-  it("draws at temperature 1 the local engine's tokens from the same uniforms, with the trainer's log-probs", async () => {
-    const local = await rolloutGroups(policy.model, policy.tokenizer, prompts, config({ temperature: 1 }));
+  it("samples at temperature 1 with the trainer's log-probs, each row's draws keyed on its row and position", async () => {
     const s0 = { ...(engine as WebgpuEngine).stats };
     const mine = (await engine.rollouts({ step: 0, steps: 1, prompts: () => prompts, seedOf: () => 3 })).trajs;
     const s1 = (engine as WebgpuEngine).stats;
-    expect(view(mine)).toEqual(view(local));
-    // 8 bytes a sampling row read back (token and log-prob), nothing else
-    const sampled = mine.reduce((n, t) => n + t.lossMask.filter((m) => m === 1).length, 0);
-    expect(s1.readbackBytes - s0.readbackBytes).toBe(8 * sampled);
+    expect(mine.filter((t) => t.numToolCalls > 0).length).toBeGreaterThan(4);
+    // a pass reads back 8 bytes a row of the batch (token and log-prob), nothing else
+    expect(s1.readbackBytes - s0.readbackBytes).toBeLessThanOrEqual(8 * mine.length * (s1.passes - s0.passes));
+    // the first prompt's rows alone draw what they drew beside the other 28 (tool turns included)
+    const alone = (await engine.rollouts({ step: 0, steps: 1, prompts: () => prompts.slice(0, 1), seedOf: () => 3 })).trajs;
+    expect(view(alone)).toEqual(view(mine.slice(0, 4)));
     let worst = 0;
     for (const t of mine) {
       const ids = [...t.promptIds, ...t.completionIds];
@@ -172,11 +173,14 @@ describe.skipIf(!gpu)("--rollout_engine webgpu on the tiny preset (NF4 base, LoR
     expect(worst).toBeLessThan(1e-4);
   });
 
-  it("draws top-k like the local engine (the rank walk over the rows' logits)", async () => {
-    const c = { temperature: 0.8, topK: 5 };
-    const local = await rolloutGroups(policy.model, policy.tokenizer, prompts.slice(0, 2), config({ ...c, samplesPerPrompt: 2 }));
-    const mine = await engine.generate(prompts.slice(0, 2), config({ ...c, samplesPerPrompt: 2 }));
-    expect(view(mine)).toEqual(view(local));
+  it("draws top-k and top-p from the rows' logits (the host's rank walk): k 1 and a tiny nucleus are greedy", async () => {
+    const greedy = view(await engine.generate(prompts.slice(0, 2), config({ samplesPerPrompt: 2 })));
+    for (const c of [{ topK: 1 }, { topP: 1e-6 }]) {
+      const mine = await engine.generate(prompts.slice(0, 2), config({ ...c, temperature: 0.8, samplesPerPrompt: 2 }));
+      expect(view(mine)).toEqual(greedy);
+    }
+    const wide = await engine.generate(prompts.slice(0, 2), config({ topK: 20, topP: 0.9, temperature: 1.2, samplesPerPrompt: 2 }));
+    for (const t of wide) for (const [k, m] of t.lossMask.entries()) if (m === 1) expect(t.sampleLogprobs[k]).toBeLessThanOrEqual(0);
   });
 
   it("runs at most 10 dispatches a layer, one pass a step, on the trainer's current adapter", async () => {

@@ -4,28 +4,48 @@
  *    held simply leave the pass (continuous batching: no cache compaction, no padding).
  *  - Rows whose prompts are equal (a GRPO group) share one prefill: the first such row's slot holds
  *    the prompt, the others read its positions from there (PassRow.src) and write only their own.
- *  - step() records the rows' tokens; sample() runs them, then the head and the draw, in one pass
- *    (one submit, 8 bytes read back a sampling row). A step nothing samples after is submitted at
- *    the next step() unread.
- *  Draws take sampler.ts' uniforms from the same rng in the same order: temperature 0 is the argmax,
- *  a temperature without top-k/top-p the whole-vocabulary id walk (vocab.ts' kernel); top-k/top-p
- *  read the sampling rows' logits and draw with the host's rank walk (sample-row.ts). */
+ *  - Reads many: a row may take several forced tokens in one step (a tool result, the next turn's
+ *    header), all in one pass, causal by position.
+ *  - One step ahead: when rows draw on the device, the pass that feeds each of them its drawn token
+ *    (read from the slot's draw on the device, not from the host) and draws again is submitted before
+ *    the host reads this draw. step() then finds those rows already run; a row that finished or waits
+ *    for its environment had one extra token computed, which nothing reads (its next token, if any,
+ *    overwrites that position). In a steady decode a step is one submit, and the GPU never waits for
+ *    the host's turn loop.
+ *  - Draws are keyed: the uniform of row r's token at position q is keyedUniform(seed, r, q), the seed
+ *    taken once from the caller's rng, so a row draws the same tokens whatever else the batch holds
+ *    and whichever pass computes them. Temperature 0 is the argmax, a temperature without top-k/top-p
+ *    the whole-vocabulary id walk on the device (vocab.ts' kernel); top-k/top-p read the sampling
+ *    rows' logits and draw with the host's rank walk (sample-row.ts), one step at a time. */
 import { NonFiniteError } from "../../../util/errors.ts";
-import type { Rng } from "../../../util/rng.ts";
+import { keyedUniform, type Rng } from "../../../util/rng.ts";
 import type { DecodeRows } from "../../../rollout/decode-batch.ts";
-import { sampleRow, Scratch, uniformFor, type SamplingParams } from "../../../rollout/sample-row.ts";
+import { sampleRow, Scratch, type SamplingParams } from "../../../rollout/sample-row.ts";
 import type { SampleResult } from "../../../rollout/sampler.ts";
-import type { Decoder, PassRow } from "./decoder.ts";
+import { drawsOf, type Decoder, type PassRow } from "./decoder.ts";
 
 /** Prompt tokens a prefill pass takes at most (with the decode rows, the decoder's pass capacity). */
 export const PREFILL_ROWS = 256;
 
+/** A pass in flight whose rows' hidden states the next draw reads. */
+interface Ahead {
+  slots: number[]; // its sampling rows, by slot
+  read: Promise<Float32Array>;
+  params: SamplingParams;
+}
+
 export class CompiledBatch implements DecodeRows {
   rows: number[];
+  readonly readsMany = true;
   private readonly next: number[]; // each row's next position
   private readonly src: { slot: number; len: number }[]; // where a row reads its shared prompt
   private pending: PassRow[] = [];
   private hidden: number[]; // row → its pass row in `pending` whose output it samples from, −1: none
+  private ahead: Ahead | null = null; // the pass submitted one step ahead
+  private fedAhead: Ahead | null = null; // the same, until the next step() has matched its rows' feeds
+  private fromAhead: boolean[]; // row → its hidden state is in `ahead` (fed its drawn token)
+  private drawnAhead: Int32Array | null = null; // what `ahead`'s rows drew at the last sample (by slot)
+  private seed: number | null = null;
 
   constructor(
     private readonly dec: Decoder,
@@ -35,7 +55,7 @@ export class CompiledBatch implements DecodeRows {
     const N = prompts.length;
     this.rows = prompts.map((_, i) => i);
     const maxPrompt = Math.max(...prompts.map((p) => p.length));
-    dec.prepare(N, maxPrompt + o.maxNewTokens, Math.max(N, PREFILL_ROWS), o.adapters ?? true);
+    dec.prepare(N, maxPrompt + o.maxNewTokens + 1, Math.max(N, PREFILL_ROWS), o.adapters ?? true); // + 1: the token ahead
     const owner = new Map<string, number>();
     const ownerOf = prompts.map((p, i) => {
       const key = p.join(",");
@@ -44,6 +64,7 @@ export class CompiledBatch implements DecodeRows {
     });
     this.src = prompts.map((p, i) => ({ slot: ownerOf[i], len: ownerOf[i] === i ? 0 : p.length }));
     this.next = prompts.map((p) => p.length);
+    this.fromAhead = prompts.map(() => false);
     // every owner's prompt but its last token, in passes of at most PREFILL_ROWS rows
     let chunk: PassRow[] = [];
     for (const i of owner.values())
@@ -65,30 +86,87 @@ export class CompiledBatch implements DecodeRows {
   }
 
   async sample(positions: number[], params: SamplingParams, rng: Rng): Promise<SampleResult> {
-    const us = positions.map(() => uniformFor(params, rng)); // row order, as sampler.ts
-    const rows = positions.map((p) => {
+    const T = params.temperature;
+    if (T > 0) this.seed ??= Math.floor(rng.next() * 2 ** 32);
+    const onDevice = T === 0 || (!(params.topK ?? 0) && (params.topP ?? 1) === 1);
+    const u = (p: number, q: number) => (T === 0 ? 0 : keyedUniform(this.seed!, p, q));
+    const ahead = this.ahead;
+    this.ahead = null;
+    // rows whose hidden state the pass ahead holds, and whose draw there used these settings
+    const early = positions.filter((p) => this.fromAhead[p]);
+    if (early.length > 0 && (!ahead || !onDevice || !sameParams(ahead.params, params)))
+      throw new Error("CompiledBatch: a row fed ahead is drawn with other settings than the pass ahead drew it with");
+    const late = positions.filter((p) => !this.fromAhead[p]);
+    const rows = late.map((p) => {
       const m = this.hidden[p];
       if (m === undefined || m < 0) throw new Error(`CompiledBatch: row ${p} read no token since its last draw; call step() first`);
       return m;
     });
     const pending = this.take();
-    const T = params.temperature;
-    const onDevice = T === 0 || (!(params.topK ?? 0) && (params.topP ?? 1) === 1);
-    if (onDevice) {
-      const r = await this.dec.pass(pending, rows, us, T);
-      const bad = r.tokens.findIndex((t) => t < 0);
-      if (bad >= 0) throw new NonFiniteError("the largest logit of a sampled row", NaN);
-      return { tokens: Array.from(r.tokens), logprobs: Array.from(r.logprobs), readFloats: 2 * rows.length };
-    }
+    if (!onDevice) return this.onHost(pending, positions, rows, params, u);
+    // this step's pass (rows that read forced tokens or start: their draws), then the pass ahead
+    const read =
+      pending.length > 0
+        ? this.dec.submit(
+            pending,
+            rows,
+            late.map((p, k) => u(p, pending[rows[k]].pos + 1)),
+            T,
+            false,
+            late,
+            this.rows.length,
+          )
+        : null;
+    const nextRows = positions.map((p) => ({ token: -1, slot: p, pos: this.next[p], ...this.srcOf(p) }));
+    this.ahead = {
+      slots: positions,
+      read: this.dec.submit(
+        nextRows,
+        positions.map((_, k) => k),
+        positions.map((p) => u(p, this.next[p] + 1)),
+        T,
+        false,
+        positions,
+        this.rows.length,
+      )!,
+      params,
+    };
+    this.fedAhead = this.ahead;
+    // the draws: the rows fed ahead from the earlier pass ahead's read, the others from this step's
+    const byRow = new Map<number, { token: number; logprob: number }>();
+    const take = (data: Float32Array, slots: number[]) => {
+      const d = drawsOf(data, slots);
+      slots.forEach((p, k) => byRow.set(p, { token: d.tokens[k], logprob: d.logprobs[k] }));
+    };
+    if (early.length > 0) take(await ahead!.read, early);
+    else ahead?.read.catch(() => {}); // its draws were not needed (rows that went on to read forced tokens)
+    if (read) take(await read, late);
+    const tokens = positions.map((p) => byRow.get(p)!.token);
+    if (tokens.some((t) => t < 0)) throw new NonFiniteError("the largest logit of a sampled row", NaN);
+    this.drawnAhead = Int32Array.from(tokens);
+    return { tokens, logprobs: positions.map((p) => byRow.get(p)!.logprob), readFloats: 2 * this.rows.length * (read ? 2 : 1) };
+  }
+
+  /** top-k/top-p: the sampling rows' logits read back and drawn by the host's rank walk. */
+  private async onHost(
+    pending: PassRow[],
+    positions: number[],
+    rows: number[],
+    params: SamplingParams,
+    u: (p: number, q: number) => number,
+  ): Promise<SampleResult> {
     const { logits } = await this.dec.pass(pending, rows, [], 0, true);
     const V = logits!.length / rows.length;
     const scratch = new Scratch(V);
-    const draws = rows.map((_, k) => sampleRow(logits!.subarray(k * V, (k + 1) * V), params, us[k], scratch, "rank"));
+    const draws = rows.map((m, k) =>
+      sampleRow(logits!.subarray(k * V, (k + 1) * V), params, u(positions[k], pending[m].pos + 1), scratch, "rank"),
+    );
     return { tokens: draws.map((d) => d.token), logprobs: draws.map((d) => d.logprob), readFloats: logits!.length };
   }
 
   /** The logits of every row that read a token since the last draw, [rows × V] (zeros elsewhere). */
   async read(): Promise<Float32Array> {
+    if (this.ahead) throw new Error("CompiledBatch: read() after an on-device draw; a batch either draws or reads");
     const rows = this.rows.filter((p) => this.hidden[p] >= 0);
     const { logits } = await this.dec.pass(
       this.take(),
@@ -103,19 +181,48 @@ export class CompiledBatch implements DecodeRows {
     return out;
   }
 
-  step(feed: number[], done: (row: number) => boolean, hold?: boolean[]): void {
+  /** feed[p]: the token row p reads, or (readsMany) the tokens it reads in order. */
+  step(feed: (number | number[])[], done: (row: number) => boolean, hold?: boolean[]): void {
     const unread = this.take();
     if (unread.length > 0) this.dec.submit(unread); // nothing sampled from it: its keys and values still count
+    // the rows the last draw's pass ahead fed (a step nothing drew in has none)
+    const fed = this.fedAhead;
+    this.fedAhead = null;
+    const ahead = new Set(fed?.slots ?? []);
     for (const p of this.rows) {
+      this.fromAhead[p] = false;
       if (done(p) || hold?.[p]) continue;
-      this.hidden[p] = this.pending.length;
-      const s = this.src[p];
-      this.pending.push({ token: feed[p], slot: p, pos: this.next[p]++, src: s.slot, srcLen: s.len });
+      let toks = typeof feed[p] === "number" ? [feed[p] as number] : (feed[p] as number[]);
+      if (ahead.has(p)) {
+        // the pass ahead fed this row the token it drew: that is its first token here
+        const k = fed!.slots.indexOf(p);
+        if (toks[0] !== this.drawnAhead![k])
+          throw new Error(
+            `CompiledBatch: row ${p} was fed ${toks[0]} where it drew ${this.drawnAhead![k]}; a drawing row reads its draw first`,
+          );
+        this.next[p]++;
+        toks = toks.slice(1);
+        if (toks.length === 0) {
+          this.fromAhead[p] = true;
+          continue;
+        }
+      }
+      const s = this.srcOf(p);
+      for (const token of toks) {
+        this.hidden[p] = this.pending.length;
+        this.pending.push({ token, slot: p, pos: this.next[p]++, ...s });
+      }
     }
   }
 
   dispose(): void {
     this.pending = [];
+    this.ahead?.read.catch(() => {}); // its read frees its buffer when it lands
+    this.ahead = this.fedAhead = null;
+  }
+
+  private srcOf(p: number): { src: number; srcLen: number } {
+    return { src: this.src[p].slot, srcLen: this.src[p].len };
   }
 
   private take(): PassRow[] {
@@ -125,3 +232,6 @@ export class CompiledBatch implements DecodeRows {
     return p;
   }
 }
+
+const sameParams = (a: SamplingParams, b: SamplingParams) =>
+  a.temperature === b.temperature && (a.topP ?? 1) === (b.topP ?? 1) && (a.topK ?? 0) === (b.topK ?? 0);

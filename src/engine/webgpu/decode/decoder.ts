@@ -70,6 +70,17 @@ export interface PassResult {
   logits?: Float32Array;
 }
 
+/** A pass's draws from its read (per slot: token, log-prob), in the order of the sampling rows' slots. */
+export function drawsOf(data: Float32Array, slots: number[]): PassResult {
+  const tokens = new Int32Array(slots.length),
+    logprobs = new Float32Array(slots.length);
+  slots.forEach((slot, k) => {
+    tokens[k] = data[2 * slot];
+    logprobs[k] = data[2 * slot + 1];
+  });
+  return { tokens, logprobs };
+}
+
 const MM_KIND: Record<FusedModule, MmKind> = { qkv_proj: "qkv", o_proj: "o", gate_up_proj: "gateup", down_proj: "down" };
 const STORAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
 
@@ -111,7 +122,6 @@ export class Decoder {
     lora: GPUBuffer;
     logits: GPUBuffer;
     uniforms: GPUBuffer;
-    staging: GPUBuffer;
     kc: GPUBuffer[];
     vc: GPUBuffer[];
   } | null = null;
@@ -121,7 +131,8 @@ export class Decoder {
   private boundBuffers: GPUBuffer[] = [];
   private metaHost = new Int32Array(0);
   private slots = 0; // KV slots allocated
-  private logitsStaging: GPUBuffer | null = null;
+  /** Read-back buffers not in use (a pass takes one until its read is done). */
+  private staging: GPUBuffer[] = [];
 
   constructor(private readonly model: Qwen2ForCausalLM) {
     const reason = decoderUnsupported(model);
@@ -208,27 +219,28 @@ export class Decoder {
    *  Returns per sampling row the token and its log-prob (sampler.ts' meanings; −1: no finite
    *  largest logit), or, with `logits` true, the sampling rows' logits [samples, V] instead. */
   async pass(rows: PassRow[], samples: number[] = [], us: number[] = [], T = 0, logits = false): Promise<PassResult> {
-    const read = this.submit(rows, samples, us, T, logits);
+    const slots = samples.map((m) => rows[m].slot);
+    const read = this.submit(rows, samples, us, T, logits, slots);
     if (!read) return { tokens: new Int32Array(0), logprobs: new Float32Array(0) };
-    const { staging, bytes } = read;
-    await staging.mapAsync(GPUMapMode.READ, 0, bytes);
-    const data = new Float32Array(staging.getMappedRange(0, bytes).slice(0));
-    staging.unmap();
-    this.stats.readbackBytes += bytes;
+    const data = await read;
     if (logits) return { tokens: new Int32Array(0), logprobs: new Float32Array(0), logits: data };
-    const S = samples.length;
-    const tokens = new Int32Array(S),
-      logprobs = new Float32Array(S);
-    for (let k = 0; k < S; k++) {
-      tokens[k] = data[2 * k];
-      logprobs[k] = data[2 * k + 1];
-    }
-    return { tokens, logprobs };
+    return drawsOf(data, slots);
   }
 
-  /** pass()'s encoding and submit, returning what to read (null: nothing samples). Synchronous: a
-   *  pass that samples nothing (prompt chunks, forced tokens) is submitted and not waited for. */
-  submit(rows: PassRow[], samples: number[] = [], us: number[] = [], T = 0, logits = false): { staging: GPUBuffer; bytes: number } | null {
+  /** pass()'s encoding and submit; the read of what the pass drew (per slot below `readSlots`, or the
+   *  logits) starts at once and is returned, null when nothing samples. `slots`: the slot each draw
+   *  is written to (default: its pass row's). Synchronous up to the read, so
+   *  a caller may submit the next pass before awaiting this one's (the GPU never waits for the host):
+   *  a row of the next pass with token −1 reads its slot's draw on the device. */
+  submit(
+    rows: PassRow[],
+    samples: number[] = [],
+    us: number[] = [],
+    T = 0,
+    logits = false,
+    slots = samples.map((m) => rows[m].slot),
+    readSlots = this.slots,
+  ): Promise<Float32Array> | null {
     const s = this.shape!,
       b = this.bufs!,
       plan = this.plan!;
@@ -256,10 +268,11 @@ export class Decoder {
     samples.forEach((row, k) => {
       const u = us[k] ?? 0; // as float32 hi + lo
       meta[sb + k * SAMPLE_INTS] = row;
+      meta[sb + k * SAMPLE_INTS + 1] = slots[k];
       f[0] = u;
-      meta[sb + k * SAMPLE_INTS + 1] = bits[0];
-      f[0] = u - f[0];
       meta[sb + k * SAMPLE_INTS + 2] = bits[0];
+      f[0] = u - f[0];
+      meta[sb + k * SAMPLE_INTS + 3] = bits[0];
     });
     this.flushTfjs();
     this.device.queue.writeBuffer(b.meta, 0, meta.buffer, 0, 4 * (S > 0 ? sb + S * SAMPLE_INTS : 4 + M * ROW_INTS));
@@ -273,14 +286,15 @@ export class Decoder {
       this.stats.dispatches++;
     };
     for (const d of plan.rows) run(d);
-    let read: { staging: GPUBuffer; bytes: number } | null = null;
+    let staging: GPUBuffer | null = null;
+    const bytes = logits ? 4 * S * s.V : 8 * readSlots;
     if (S > 0) {
       for (const d of plan.head) run(d);
       if (!logits) run(this.samplePipeline(T));
-      read = logits ? { staging: this.logitsStagingFor(4 * S * s.V), bytes: 4 * S * s.V } : { staging: b.staging, bytes: 8 * S };
+      staging = this.stagingFor(bytes);
     }
     cp.end();
-    if (read) enc.copyBufferToBuffer(logits ? b.logits : b.scratch, logits ? 0 : 4 * scratchLayout(s).OUT, read.staging, 0, read.bytes);
+    if (staging) enc.copyBufferToBuffer(logits ? b.logits : b.scratch, logits ? 0 : 4 * scratchLayout(s).OUT, staging, 0, bytes);
     const commands = enc.finish();
     const t1 = performance.now();
     this.device.queue.submit([commands]);
@@ -288,7 +302,17 @@ export class Decoder {
     this.stats.passes++;
     this.stats.encodeMs += t1 - t0;
     this.stats.submitMs += performance.now() - t1;
-    return read;
+    if (!staging) return null;
+    const buf = staging;
+    return buf.mapAsync(GPUMapMode.READ, 0, bytes).then(() => {
+      const data = new Float32Array(buf.getMappedRange(0, bytes).slice(0));
+      buf.unmap();
+      if (this.bufs)
+        this.staging.push(buf); // free again
+      else buf.destroy(); // disposed meanwhile
+      this.stats.readbackBytes += bytes;
+      return data;
+    });
   }
 
   /** Dispatches per layer of a sampling pass's layer stack (bench and tests). */
@@ -301,18 +325,7 @@ export class Decoder {
   get bytes(): number {
     const b = this.bufs;
     if (!b) return 0;
-    return [
-      b.scratch,
-      b.meta,
-      b.params,
-      b.lora,
-      b.logits,
-      b.uniforms,
-      b.staging,
-      ...b.kc,
-      ...b.vc,
-      ...(this.logitsStaging ? [this.logitsStaging] : []),
-    ].reduce((n, x) => n + x.size, 0);
+    return [b.scratch, b.meta, b.params, b.lora, b.logits, b.uniforms, ...b.kc, ...b.vc, ...this.staging].reduce((n, x) => n + x.size, 0);
   }
 
   dispose(): void {
@@ -323,9 +336,9 @@ export class Decoder {
 
   private release(): void {
     const b = this.bufs;
-    if (b) for (const x of [b.scratch, b.meta, b.params, b.lora, b.logits, b.uniforms, b.staging, ...b.kc, ...b.vc]) x.destroy();
-    this.logitsStaging?.destroy();
-    this.logitsStaging = null;
+    if (b) for (const x of [b.scratch, b.meta, b.params, b.lora, b.logits, b.uniforms, ...b.kc, ...b.vc]) x.destroy();
+    for (const x of this.staging) x.destroy();
+    this.staging = [];
     this.bufs = null;
   }
 
@@ -347,7 +360,6 @@ export class Decoder {
       lora: make(Math.max(1, L * s.loraLayer)),
       logits: make(s.samplesCap * s.V),
       uniforms: make(64 * L, GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST), // one 256-byte slot a layer
-      staging: make(2 * s.samplesCap, GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST),
       kc: Array.from({ length: L }, () => make(kv)),
       vc: Array.from({ length: L }, () => make(kv)),
     };
@@ -364,16 +376,12 @@ export class Decoder {
     this.device.queue.writeBuffer(this.bufs.uniforms, 0, layers);
   }
 
-  private logitsStagingFor(bytes: number): GPUBuffer {
-    if (!this.logitsStaging || this.logitsStaging.size < bytes) {
-      this.logitsStaging?.destroy();
-      this.stats.buffersCreated++;
-      this.logitsStaging = this.device.createBuffer({
-        size: Math.ceil(bytes / 16) * 16,
-        usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
-      });
-    }
-    return this.logitsStaging;
+  /** A free read-back buffer of at least `bytes` (made when none is: a warm decoder makes none). */
+  private stagingFor(bytes: number): GPUBuffer {
+    const i = this.staging.findIndex((x) => x.size >= bytes);
+    if (i >= 0) return this.staging.splice(i, 1)[0];
+    this.stats.buffersCreated++;
+    return this.device.createBuffer({ size: Math.ceil(bytes / 16) * 16, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
   }
 
   /** A tensor's GPU buffer as tfjs holds it (uploaded first if it is still on the host). */

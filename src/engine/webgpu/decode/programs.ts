@@ -22,8 +22,9 @@ import { drawWgsl, greedyWgsl } from "../vocab.ts";
 /** Ints per row in meta, after a 4-int header [M, S, 0, 0]: token, slot, position, prefix slot,
  *  prefix length (positions below it are read from the prefix slot). */
 export const ROW_INTS = 5;
-/** Ints per sampling row: its pass row, and its uniform as two float32 bit patterns (hi, lo). */
-export const SAMPLE_INTS = 3;
+/** Ints per sampling row: its pass row (whose output it draws from), the slot whose draw it is (a
+ *  group's rows draw from their prompt's one row), and its uniform as two float32 bit patterns. */
+export const SAMPLE_INTS = 4;
 /** Rows a matmul workgroup computes together (each weight read serves them). */
 export const TM = 8;
 const MM_WG = 64;
@@ -58,7 +59,7 @@ export interface DecodeShape {
 }
 
 /** Scratch regions (floats): the residual x, the normed xn, q (then the attention output), the LoRA
- *  t, the MLP activation h, and the sampled rows' [token, log-prob]. */
+ *  t, the MLP activation h, and per slot the [token, log-prob] its last draw wrote. */
 export function scratchLayout(s: DecodeShape) {
   const q = s.nH * s.hd;
   const X = 0,
@@ -127,7 +128,7 @@ const sampleBase = (s: DecodeShape) => ROWS + s.rowsCap * ROW_INTS;
 
 /** Token embeddings of the pass's rows whose ids fall in [off, off + n) of Eᵀ's columns. */
 export function embedKernel(s: DecodeShape, off: number, n: number): Kernel {
-  const { X } = scratchLayout(s);
+  const { X, OUT } = scratchLayout(s);
   return kernel(
     `embed_${off}_${n}`,
     64,
@@ -141,7 +142,10 @@ export function embedKernel(s: DecodeShape, off: number, n: number): Kernel {
   let m = i / ${s.H};
   let h = i - m * ${s.H};
   if (m >= rin[0]) { return; }
-  let tok = rin[${ROWS} + m * ${ROW_INTS}] - ${off};
+  var id = rin[${ROWS} + m * ${ROW_INTS}];
+  // −1: the token the last draw of the row's slot wrote (fed on the device, not read back first)
+  if (id < 0) { id = max(i32(s[${OUT} + rin[${ROWS} + m * ${ROW_INTS} + 1] * 2]), 0); }
+  let tok = id - ${off};
   if (tok >= 0 && tok < ${n}) { s[${X} + i] = w[h * ${n} + tok]; }
 }`,
   );
@@ -449,17 +453,20 @@ fn main(index: i32) {
 }
 
 /** One sampling row per workgroup: greedy (T = 0) or the whole-vocabulary draw at temperature T
- *  (vocab.ts' code), the token and log-prob written to the scratch's OUT region. */
+ *  (vocab.ts' code), the token and log-prob written to the scratch's OUT region at the row's slot
+ *  (where the next pass's embedding reads a token fed on the device). */
 export function sampleKernel(s: DecodeShape, T: number): Kernel {
   const { OUT } = scratchLayout(s);
   const SB = sampleBase(s);
   const io = {
     x: (i: string) => `logits[${i}]`,
-    u: [`bitcast<f32>(rin[${SB} + row() * ${SAMPLE_INTS} + 1])`, `bitcast<f32>(rin[${SB} + row() * ${SAMPLE_INTS} + 2])`] as [
+    u: [`bitcast<f32>(rin[${SB} + row() * ${SAMPLE_INTS} + 2])`, `bitcast<f32>(rin[${SB} + row() * ${SAMPLE_INTS} + 3])`] as [
       string,
       string,
     ],
-    write: (tok: string, lp: string) => `drawn[${OUT} + row() * 2] = ${tok};\n      drawn[${OUT} + row() * 2 + 1] = ${lp};`,
+    write: (tok: string, lp: string) => `let slot = rin[${SB} + row() * ${SAMPLE_INTS} + 1];
+      drawn[${OUT} + slot * 2] = ${tok};
+      drawn[${OUT} + slot * 2 + 1] = ${lp};`,
   };
   return kernel(
     `sample_${T}`,
