@@ -30,6 +30,7 @@ import { encodePrompts } from "../rollout.ts";
 import { turnRollouts, type TurnCompleter, type TurnCompletion, type TurnSampling } from "../turns.ts";
 import type { RolloutConfig, Trajectory } from "../types.ts";
 import { LlamaBatch } from "./llama-batch.ts";
+import { importLlama } from "./llama-package.ts";
 import type { EngineContext, EngineEntry, EngineFlags, RolloutEngine, StepRequest } from "./types.ts";
 
 export const llamaEngine: EngineEntry = {
@@ -46,14 +47,7 @@ export const llamaEngine: EngineEntry = {
 
 /** node-llama-cpp loaded once, to learn what it runs on; one line naming what is missing otherwise. */
 async function loadLlama(gpu: EngineFlags["engine_gpu"]): Promise<string> {
-  let mod: typeof import("node-llama-cpp");
-  try {
-    mod = await import("node-llama-cpp");
-  } catch (err) {
-    throw new UsageError(
-      `--rollout_engine llama needs the npm package node-llama-cpp, which did not load (${(err as Error).message.split("\n")[0]}); run npm install`,
-    );
-  }
+  const mod = await importLlama();
   try {
     const llama = await mod.getLlama({ gpu: llamaGpu(gpu), build: "never", logLevel: mod.LlamaLogLevel.error });
     const name = llama.gpu || "cpu";
