@@ -104,7 +104,12 @@ class LlamaEngine implements RolloutEngine {
     const t0 = performance.now();
     const cacheDir = ggufCacheDir();
     await fs.mkdir(cacheDir, { recursive: true });
-    const { file, cached } = await cachedModelGguf(ctx.model as Qwen2ForCausalLM, ctx.modelDir, { type: f.engine_weights, cacheDir });
+    const { file, cached, replaced, removedTemps } = await cachedModelGguf(ctx.model as Qwen2ForCausalLM, ctx.modelDir, {
+      type: f.engine_weights,
+      cacheDir,
+    });
+    if (removedTemps > 0) ctx.log(`llama engine: removed ${removedTemps} unfinished GGUF file(s) of killed runs from ${cacheDir}`);
+    if (replaced) ctx.log(`llama engine: the cached base ${file} was damaged (${replaced}); removed, and written again`);
     ctx.log(`llama engine: base ${cached ? "reused" : "written"} as ${file} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     return new LlamaEngine(ctx, f, gpu, file);
   }
