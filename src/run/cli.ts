@@ -277,6 +277,14 @@ export async function writeRunConfig(dir: string, config: unknown, runKind?: str
   return file;
 }
 
+/** Add entries to run.json beside its config (atomic): what the run settles only once it runs. The
+ *  config, which a resumed run compares, is left as it is. */
+export async function annotateRunConfig(dir: string, entries: Record<string, unknown>): Promise<void> {
+  const file = path.join(dir, RUN_CONFIG_FILE);
+  const body = JSON.parse(await fs.readFile(file, "utf8")) as Record<string, unknown>;
+  await writeFileAtomic(file, JSON.stringify({ ...body, ...entries }, null, 2) + "\n");
+}
+
 /** Read back what writeRunConfig wrote. */
 export async function readRunConfig(dir: string): Promise<{ runKind?: string; createdAt?: string; config: unknown }> {
   const file = path.join(dir, RUN_CONFIG_FILE);
