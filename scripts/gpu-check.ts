@@ -20,9 +20,11 @@ import { registerWebgpu, resetWebgpuPeak, webgpuMemory } from "../src/engine/web
 import { createModel } from "../src/model/load.ts";
 import { LORA_TARGETS } from "../src/model/types.ts";
 import { runMain } from "../src/run/cli.ts";
+import type { GrpoSeconds } from "../src/trainer/grpo.ts";
 import { UsageError } from "../src/util/errors.ts";
 import { writeFileAtomic } from "../src/util/fs.ts";
 import { benchContext, BENCH_CONFIGS, SIZE_CONFIGS, WORKLOADS, type Measurement } from "./lib/bench.ts";
+import { formatBreakdown } from "./lib/breakdown.ts";
 import { decodeScaling, GRPO_SHAPES, grpoShape } from "./lib/grpo-shape.ts";
 
 const defaults = { config: "0.5b", out: "outputs/gpu-check.json", allowSoftware: false, llama: true };
@@ -105,7 +107,13 @@ await runMain(async () => {
     }
   model.dispose();
   console.log(
-    `grpo ${opts.config}: rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}; decode ${grpo.decodeSeconds} s, of which ${grpo.stepCallSeconds} s the host encoding the steps and ${grpo.sampleSeconds} s the draws), update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)}; micro-batches ${JSON.stringify(grpo.microBatch)}), device memory peak ${gib(grpo.peakDeviceBytes)} GiB`,
+    `grpo ${opts.config}: rollouts ${formatBreakdown(grpo.rolloutSeconds, [
+      ["prefill", grpo.prefillSeconds],
+      ["decode", grpo.decodeSeconds],
+    ])} (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}); decode ${formatBreakdown(grpo.decodeSeconds, [
+      ["the host encoding the steps", grpo.stepCallSeconds],
+      ["the draws (each waits for its step on the GPU)", grpo.sampleSeconds],
+    ])}; update ${updateBreakdown(grpo)} (micro-batches ${JSON.stringify(grpo.microBatch)}); device memory peak ${gib(grpo.peakDeviceBytes)} GiB`,
   );
   for (const d of scaling) console.log(`decode ${opts.config} batch ${d.rows}: ${d.msPerStep} ms a step, ${d.tokensPerS} tokens/s`);
 
@@ -126,6 +134,12 @@ await runMain(async () => {
   if (!parity.passed) throw new Error("gpu-check: the parity subset failed on this adapter (output above)");
 });
 
+/** The update's seconds by part (the passes' parts, summed over micro-batches; on webgpu a part's time
+ *  is the time to queue its work, except where a read waits for it). */
+function updateBreakdown(g: { updateSeconds: number; update: GrpoSeconds }): string {
+  return formatBreakdown(g.updateSeconds, Object.entries(g.update));
+}
+
 /** --config 1.5b | 3b | 7b: the model (random weights, NF4 base, LoRA r16) and one step's update on
  *  random completions of the 0.5b step's shape; its time by part, micro-batches and memory peak. */
 async function sizeCheck(info: { description: string; fallback: boolean; limits: Record<string, number> }): Promise<void> {
@@ -142,7 +156,7 @@ async function sizeCheck(info: { description: string; fallback: boolean; limits:
   const peakDeviceBytes = webgpuMemory().peakBytes;
   model.dispose();
   console.log(
-    `update ${opts.config}: ${grpo.updateSeconds} s for ${grpo.rows} rollouts × ${grpo.promptTokens + grpo.newTokens} tokens (${JSON.stringify(grpo.update)}; micro-batches ${JSON.stringify(grpo.microBatch)}); device memory: weights ${gib(weightsBytes)} GiB, peak ${gib(peakDeviceBytes)} GiB`,
+    `update ${opts.config} for ${grpo.rows} rollouts × ${grpo.promptTokens + grpo.newTokens} tokens: ${updateBreakdown(grpo)} (micro-batches ${JSON.stringify(grpo.microBatch)}); device memory: weights ${gib(weightsBytes)} GiB, peak ${gib(peakDeviceBytes)} GiB`,
   );
   const record = {
     adapter: info.description,
