@@ -115,7 +115,8 @@ export class LlamaBatch {
       throw new UsageError(`sequences ${o.sequences} is invalid; accepted: an integer in 1..256`);
     if (!(Number.isInteger(o.contextSize) && o.contextSize >= 2)) throw new UsageError(`contextSize ${o.contextSize} is invalid`);
     const { getLlama, LlamaLogLevel } = await importLlama();
-    const llama = await getLlama({ gpu: o.gpu ?? false, build: "never", logLevel: LlamaLogLevel.warn });
+    // progressLogs off: the note that a GPU build does not load here (the engine says it once)
+    const llama = await getLlama({ gpu: o.gpu ?? false, build: "never", logLevel: LlamaLogLevel.warn, progressLogs: false });
     try {
       const model = await llama.loadModel({ modelPath: o.modelPath });
       const ctx = await model.createContext({

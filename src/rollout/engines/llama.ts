@@ -40,7 +40,11 @@ export const llamaEngine: EngineEntry = {
     if (f.rollout_url) throw new UsageError("--rollout_url is only used with --rollout_engine openai");
     // The binaries are loaded now, so a platform without them is a usage error before anything is written.
     const gpu = await loadLlama(f.engine_gpu);
-    log(`rollout engine: llama.cpp (node-llama-cpp) on ${gpu}, ${f.engine_weights} weights`);
+    // node-llama-cpp's own note on a GPU build that does not load is silenced (it came once per
+    // load, twice a run); this line says it once.
+    const fellBack =
+      f.engine_gpu === "auto" && gpu === "cpu" ? " (--engine_gpu auto: no CUDA, Vulkan or Metal build of llama.cpp loads here)" : "";
+    log(`rollout engine: llama.cpp (node-llama-cpp) on ${gpu}${fellBack}, ${f.engine_weights} weights`);
     return (ctx) => LlamaEngine.open(ctx, f, gpu);
   },
 };
@@ -49,7 +53,7 @@ export const llamaEngine: EngineEntry = {
 async function loadLlama(gpu: EngineFlags["engine_gpu"]): Promise<string> {
   const mod = await importLlama();
   try {
-    const llama = await mod.getLlama({ gpu: llamaGpu(gpu), build: "never", logLevel: mod.LlamaLogLevel.error });
+    const llama = await mod.getLlama({ gpu: llamaGpu(gpu), build: "never", logLevel: mod.LlamaLogLevel.error, progressLogs: false });
     const name = llama.gpu || "cpu";
     await llama.dispose();
     return name;
