@@ -6,11 +6,10 @@
  *  with --merge merged-<type>.gguf (the adapter added into the base), then prints the Ollama Modelfile
  *  lines. --model_path takes what the other scripts take: a hub id, a model folder, a PEFT adapter
  *  folder (its base from adapter_config.json) or a training run's folder. */
-import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { mergeLora, WEIGHT_TYPES, writeLoraGguf, writeModelGguf, type WeightType } from "../src/model/gguf.ts";
 import { stateDict } from "../src/model/save.ts";
-import { parseChoice, runMain } from "../src/run/cli.ts";
+import { checkWritableFolder, folderWriteError, parseChoice, runMain } from "../src/run/cli.ts";
 import { commandOf, flag, optional, parseFlags, toggle, type FlagTable } from "../src/run/flags.ts";
 import { defaultOutputDir, modelFlags } from "../src/run/options.ts";
 import { checkModelSource, openPolicy } from "../src/run/policy.ts";
@@ -37,8 +36,7 @@ await runMain(async () => {
   const { o } = parseFlags(commandOf("export-gguf", "Write a checkpoint (and its LoRA adapter) as GGUF files", FLAGS), FLAGS, process.argv);
   await checkModelSource(o.model_path, "--model_path", o.adapter);
   const out = o.output_dir ?? defaultOutputDir(o.model_path, "gguf");
-  const stat = await fs.stat(out).catch(() => undefined);
-  if (stat && !stat.isDirectory()) throw new UsageError(`--output_dir ${out} is a file: expected a folder path`);
+  await checkWritableFolder(out, "--output_dir"); // before the model loads
 
   const policy = await openPolicy({
     modelPath: o.model_path,
@@ -54,7 +52,9 @@ await runMain(async () => {
   const log = (line: string) => process.stderr.write(line + "\n");
   const write = async (file: string, fn: () => Promise<number>) => {
     const t0 = Date.now();
-    const bytes = await fn();
+    const bytes = await fn().catch((err: unknown) => {
+      throw folderWriteError(err, out, "--output_dir");
+    });
     log(`wrote ${path.join(out, file)} (${(bytes / 2 ** 20).toFixed(1)} MiB, ${((Date.now() - t0) / 1000).toFixed(1)} s)`);
   };
 

@@ -22,9 +22,11 @@ import { registerWebgpu, resetWebgpuPeak, webgpuMemory } from "../src/engine/web
 import { createModel } from "../src/model/load.ts";
 import { LORA_TARGETS } from "../src/model/types.ts";
 import { runMain } from "../src/run/cli.ts";
+import type { GrpoSeconds } from "../src/trainer/grpo.ts";
 import { UsageError } from "../src/util/errors.ts";
 import { writeFileAtomic } from "../src/util/fs.ts";
 import { benchContext, BENCH_CONFIGS, SIZE_CONFIGS, tokenBatch, WORKLOADS, type Measurement } from "./lib/bench.ts";
+import { formatBreakdown } from "./lib/breakdown.ts";
 import { decodeScaling, GRPO_SHAPES, grpoShape } from "./lib/grpo-shape.ts";
 import { compiledDecodeScaling } from "./lib/bench-decoder.ts";
 import { Decoder } from "../src/engine/webgpu/decode/decoder.ts";
@@ -129,10 +131,22 @@ await runMain(async () => {
     }
   model.dispose();
   console.log(
-    `grpo ${opts.config} (compiled decoder): step ${round(grpo.rolloutSeconds + grpo.updateSeconds)} s = rollouts ${grpo.rolloutSeconds} s (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}: prefill and first draw ${grpo.prefillSeconds} s, decode ${grpo.decodeSeconds} s; the host's writing, encoding and submits ${grpo.stepCallSeconds} s of these) + update ${grpo.updateSeconds} s (${JSON.stringify(grpo.update)}; micro-batches ${JSON.stringify(grpo.microBatch)}); device memory peak ${gib(grpo.peakDeviceBytes)} GiB (${gib(grpo.decoderBytes)} GiB of it the decoder's KV cache and scratch)`,
+    `grpo ${opts.config} (compiled decoder): step ${round(grpo.rolloutSeconds + grpo.updateSeconds)} s; rollouts ${formatBreakdown(
+      grpo.rolloutSeconds,
+      [
+        ["prefill and the first draw", grpo.prefillSeconds],
+        ["decode", grpo.decodeSeconds],
+      ],
+    )} (${grpo.sampledTokensPerS} sampled tokens/s at batch ${grpo.rows}; the host's writing, encoding and submits ${grpo.stepCallSeconds} s, overlapping the GPU's work); update ${updateBreakdown(grpo)} (micro-batches ${JSON.stringify(grpo.microBatch)}); device memory peak ${gib(grpo.peakDeviceBytes)} GiB (${gib(grpo.decoderBytes)} GiB of it the decoder's KV cache and scratch)`,
   );
   console.log(
-    `grpo ${opts.config} (tfjs path): rollouts ${grpoTfjs.rolloutSeconds} s (${grpoTfjs.sampledTokensPerS} sampled tokens/s; prefill and first draw ${grpoTfjs.prefillSeconds} s, decode ${grpoTfjs.decodeSeconds} s: the host encoding the steps ${grpoTfjs.stepCallSeconds} s and the draws ${grpoTfjs.sampleSeconds} s, the rest waiting for the GPU)`,
+    `grpo ${opts.config} (tfjs path): rollouts ${formatBreakdown(grpoTfjs.rolloutSeconds, [
+      ["prefill and the first draw", grpoTfjs.prefillSeconds],
+      ["decode", grpoTfjs.decodeSeconds],
+    ])} (${grpoTfjs.sampledTokensPerS} sampled tokens/s); decode ${formatBreakdown(grpoTfjs.decodeSeconds, [
+      ["the host encoding the steps", grpoTfjs.stepCallSeconds],
+      ["the draws (each waits for its step on the GPU)", grpoTfjs.sampleSeconds],
+    ])}`,
   );
   for (const [name, list] of [
     ["tfjs", scaling],
@@ -160,6 +174,12 @@ await runMain(async () => {
   if (!parity.passed) throw new Error("gpu-check: the parity subset failed on this adapter (output above)");
 });
 
+/** The update's seconds by part (the passes' parts, summed over micro-batches; on webgpu a part's time
+ *  is the time to queue its work, except where a read waits for it). */
+function updateBreakdown(g: { updateSeconds: number; update: GrpoSeconds }): string {
+  return formatBreakdown(g.updateSeconds, Object.entries(g.update));
+}
+
 /** --config 1.5b | 3b | 7b: the model (random weights, NF4 base, LoRA r16) and one step's update on
  *  random completions of the 0.5b step's shape; its time by part, micro-batches and memory peak. */
 async function sizeCheck(info: { description: string; fallback: boolean; limits: Record<string, number> }): Promise<void> {
@@ -176,7 +196,7 @@ async function sizeCheck(info: { description: string; fallback: boolean; limits:
   const peakDeviceBytes = webgpuMemory().peakBytes;
   model.dispose();
   console.log(
-    `update ${opts.config}: ${grpo.updateSeconds} s for ${grpo.rows} rollouts × ${grpo.promptTokens + grpo.newTokens} tokens (${JSON.stringify(grpo.update)}; micro-batches ${JSON.stringify(grpo.microBatch)}); device memory: weights ${gib(weightsBytes)} GiB, peak ${gib(peakDeviceBytes)} GiB`,
+    `update ${opts.config} for ${grpo.rows} rollouts × ${grpo.promptTokens + grpo.newTokens} tokens: ${updateBreakdown(grpo)} (micro-batches ${JSON.stringify(grpo.microBatch)}); device memory: weights ${gib(weightsBytes)} GiB, peak ${gib(peakDeviceBytes)} GiB`,
   );
   const record = {
     adapter: info.description,

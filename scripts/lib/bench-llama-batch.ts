@@ -16,6 +16,7 @@ import type { HostTensor } from "../../src/model/safetensors.ts";
 import { LORA_TARGETS, type Qwen2Config } from "../../src/model/types.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { LlamaBatch, type StepInput } from "../../src/rollout/engines/llama-batch.ts";
+import { importLlama } from "../../src/rollout/engines/llama-package.ts";
 import { parseIntArg, parseList, runMain } from "../../src/run/cli.ts";
 import { commandOf, flag, optional, parseFlags, type FlagTable } from "../../src/run/flags.ts";
 import { UsageError } from "../../src/util/errors.ts";
@@ -37,7 +38,7 @@ const FLAGS = {
 
 /** The GGUF's shape as a Qwen2Config (what moduleDims needs). */
 async function ggufConfig(file: string): Promise<Qwen2Config> {
-  const { readGgufFileInfo } = await import("node-llama-cpp");
+  const { readGgufFileInfo } = await importLlama();
   const m = (await readGgufFileInfo(file)).metadata as unknown as { qwen2?: Record<string, any> };
   const q = m.qwen2;
   if (!q) throw new UsageError(`${file}: not a qwen2 GGUF`);

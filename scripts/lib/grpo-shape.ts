@@ -42,7 +42,9 @@ export interface GrpoShapeResult {
   newTokens: number;
   prefillSeconds: number;
   decodeSeconds: number; // newTokens − 1 decode steps and every draw
-  sampleSeconds: number; // the draws alone (part of prefill's and decode's seconds)
+  /** The decode steps' draws (part of decodeSeconds; the prefill's draw is part of prefillSeconds):
+   *  on a GPU backend each draw's read of the logits waits for the GPU to finish its step. */
+  sampleSeconds: number;
   /** Time inside the decode steps' calls (part of decodeSeconds): on a GPU backend the host encoding
    *  the steps' dispatches, which returns before the GPU is done; on wasm the steps themselves; on
    *  the compiled decoder its passes' writing, encoding and submits. */
@@ -121,12 +123,13 @@ export async function grpoShape(
   }
   const rng = new Rng(1);
   const generated: number[][] = prompts.map(() => []);
-  let sampleSeconds = 0;
+  let sampleSeconds = 0; // the decode steps' draws
   let stepCallSeconds = 0; // inside decodeStep: on webgpu the host encoding its dispatches, on wasm the step
+  let decoding = false;
   const draw = async (lg: tf.Tensor2D) => {
     const t0 = now();
     const { tokens } = await sampleTokens(lg, { temperature: 1 }, rng);
-    sampleSeconds += now() - t0;
+    if (decoding) sampleSeconds += now() - t0;
     tokens.forEach((tok, i) => generated[i].push(tok));
     return tokens;
   };
@@ -141,6 +144,7 @@ export async function grpoShape(
     let tokens = await draw(logits);
     logits.dispose();
     prefillSeconds = now() - tr;
+    decoding = true;
     for (let t = 1; t < s.newTokens; t++) {
       const t0 = now();
       const lg = model.decodeStep(tokens, cache);

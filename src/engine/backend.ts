@@ -20,7 +20,7 @@
 import * as tf from "@tensorflow/tfjs";
 import "@tensorflow/tfjs-backend-wasm";
 import { UsageError } from "../util/errors.ts";
-import { registerWebgpu } from "./webgpu/device.ts";
+import { registerWebgpu, takeWebgpuLimitNote } from "./webgpu/device.ts";
 import { registerWasmConcat } from "./wasm/concat.ts";
 import { useHeapDequantize } from "./dequant.ts";
 import { registerWasmDraw } from "./wasm/draw.ts";
@@ -108,6 +108,8 @@ async function done(): Promise<string> {
   const b = tf.getBackend();
   const n = wasmThreads();
   process.stderr.write(`tfjs backend: ${b}${b === "wasm" ? ` (${n} thread${n > 1 ? "s" : ""})` : ""}\n`);
+  const note = b === "webgpu" ? takeWebgpuLimitNote() : null;
+  if (note) process.stderr.write(note + "\n");
   return b;
 }
 

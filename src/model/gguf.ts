@@ -9,6 +9,8 @@ import { createHash } from "node:crypto";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
+import { exists } from "../util/fs.ts";
+import { checkGguf } from "./gguf-check.ts";
 import type { Qwen2ForCausalLM } from "./qwen2.ts";
 import type { HostTensor } from "./safetensors.ts";
 import { stateDict } from "./save.ts";
@@ -164,6 +166,7 @@ export async function writeGguf(file: string, kv: Record<string, GgufValue>, ten
       }
       await out.write(new Uint8Array((ALIGNMENT - (written % ALIGNMENT)) % ALIGNMENT));
     }
+    await out.sync(); // on disk before the name is: a crash leaves the old file or the whole new one
     await out.close();
     await fs.rename(tmp, file);
   } catch (err) {
@@ -460,12 +463,16 @@ export function mergeLora(sd: Record<string, HostTensor>, peft: Record<string, H
 }
 
 /** The model's base as a GGUF in cacheDir, named by a sha256 of what goes into it (weights as the
- *  trainer holds them, config, tokenizer files, type): an unchanged model is written once. */
+ *  trainer holds them, config, tokenizer files, type): an unchanged model is written once. A cached
+ *  file is checked before it is reused (checkGguf: header and size); a damaged one is removed and
+ *  written again, and `replaced` says what was wrong with it. The temp files of writes that were
+ *  killed (their process gone) are removed; `removedTemps` counts them. */
 export async function cachedModelGguf(
   model: Qwen2ForCausalLM,
   modelDir: string,
   opts: { type: WeightType; cacheDir: string },
-): Promise<{ file: string; cached: boolean }> {
+): Promise<{ file: string; cached: boolean; replaced?: string; removedTemps: number }> {
+  const removedTemps = await removeDeadTemps(opts.cacheDir);
   const sd = await stateDict(model);
   const hash = createHash("sha256").update(`gguf-qwen2-v1 ${opts.type} ${JSON.stringify(model.config)}\n`);
   for (const f of ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]) {
@@ -478,14 +485,32 @@ export async function cachedModelGguf(
     hash.update(`${name} [${t.shape}]\n`).update(new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength));
   }
   const file = path.join(opts.cacheDir, `${hash.digest("hex").slice(0, 32)}.gguf`);
-  if (
-    await fs.stat(file).then(
-      () => true,
-      () => false,
-    )
-  )
-    return { file, cached: true };
+  const damaged = (await exists(file)) ? await checkGguf(file) : undefined;
+  if (damaged === null) return { file, cached: true, removedTemps };
+  if (damaged) await fs.rm(file, { force: true });
   const name = path.basename(model.baseModelName || modelDir);
   await writeModelGguf({ file, config: model.config, tensors: sd, tokenizerDir: modelDir, type: opts.type, name });
-  return { file, cached: false };
+  return { file, cached: false, removedTemps, ...(damaged ? { replaced: damaged } : {}) };
+}
+
+/** Removes writeGguf's temp files (`<name>.<pid>.<ms>.tmp`) whose process is no longer running: a
+ *  write that was killed. Another run's write in progress is left alone. */
+async function removeDeadTemps(dir: string): Promise<number> {
+  let n = 0;
+  for (const name of await fs.readdir(dir).catch(() => [] as string[])) {
+    const m = /\.gguf\.(\d+)\.\d+\.tmp$/.exec(name);
+    if (!m || alive(Number(m[1]))) continue;
+    await fs.rm(path.join(dir, name), { force: true });
+    n++;
+  }
+  return n;
+}
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM"; // running, as another user
+  }
 }

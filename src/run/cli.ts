@@ -205,6 +205,37 @@ function lock(dir: string, flag: string): boolean {
 
 /** mkdir -p, one level at a time (Node's recursive mkdir never returns for a path under /proc), with
  *  a one-line usage error for a place where no folder can be made. */
+/** A folder a script will write files into, checked before the work that comes first: it, or the
+ *  nearest folder above it that exists, must take a new file. Checked by writing (and removing) an
+ *  empty temp file there, since permission bits do not tell for root or a read-only mount. Nothing is
+ *  created or left behind. */
+export async function checkWritableFolder(dir: string, flag: string): Promise<void> {
+  let at = path.resolve(dir);
+  for (;;) {
+    const stat = await fs.stat(at).catch(() => undefined);
+    if (stat?.isDirectory()) break;
+    if (stat && at === path.resolve(dir)) throw new UsageError(`${flag} ${dir} is a file: expected a folder path`);
+    if (stat) throw new UsageError(`${flag} ${dir}: ${at} is a file, so no folder can be made in it; expected a folder path`);
+    if (path.dirname(at) === at) break;
+    at = path.dirname(at);
+  }
+  const probe = path.join(at, `.write-check.${process.pid}.${Date.now()}.tmp`);
+  try {
+    await fs.writeFile(probe, "");
+  } catch (err) {
+    throw folderWriteError(err, dir, flag);
+  }
+  await fs.rm(probe, { force: true });
+}
+
+/** A write into `dir` that the system refused (permissions, a read-only mount, a file where a folder
+ *  must be) as a usage error naming the folder; any other error as it is. */
+export function folderWriteError(err: unknown, dir: string, flag: string): unknown {
+  const code = (err as NodeJS.ErrnoException)?.code;
+  if (!code || !["EACCES", "EPERM", "EROFS", "ENOTDIR"].includes(code)) return err;
+  return new UsageError(`${flag} ${dir}: cannot write in this folder (${code}); pick a writable folder path`);
+}
+
 async function mkdirChecked(dir: string, flag: string): Promise<void> {
   const missing: string[] = [];
   for (
@@ -244,6 +275,14 @@ export async function writeRunConfig(dir: string, config: unknown, runKind?: str
   const body = { runKind, createdAt: new Date().toISOString(), config };
   await writeFileAtomic(file, JSON.stringify(body, null, 2) + "\n");
   return file;
+}
+
+/** Add entries to run.json beside its config (atomic): what the run settles only once it runs. The
+ *  config, which a resumed run compares, is left as it is. */
+export async function annotateRunConfig(dir: string, entries: Record<string, unknown>): Promise<void> {
+  const file = path.join(dir, RUN_CONFIG_FILE);
+  const body = JSON.parse(await fs.readFile(file, "utf8")) as Record<string, unknown>;
+  await writeFileAtomic(file, JSON.stringify({ ...body, ...entries }, null, 2) + "\n");
 }
 
 /** Read back what writeRunConfig wrote. */

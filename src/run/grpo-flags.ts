@@ -97,7 +97,7 @@ export const GRPO_FLAGS = {
   ),
   micro_batch_size: flag(
     "--micro_batch_size <n|auto>",
-    "rollouts per forward/backward, at most (memory knob; results do not change up to float rounding). On wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 tokens). auto: on a GPU as many as fit half its memory beside the weights (estimated from shapes; an out-of-memory error in the step's first micro-step halves it), on wasm the 1 GiB rule alone",
+    "rollouts per forward/backward, at most (memory knob; results do not change up to float rounding). On wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 tokens). auto: on a GPU as many as fit half its memory beside the weights (estimated from shapes; an out-of-memory error in the step's first micro-step halves it), on wasm the 1 GiB rule alone; the split it chose is printed at the first update and after an out-of-memory halving, and kept in run.json (micro_batch_auto) and metrics.jsonl (micro_batches, micro_batch_rows)",
     (v: string): number | "auto" => {
       if (v.trim() === "auto") return "auto";
       try {

@@ -27,7 +27,7 @@ import { writeReport } from "../report/report.ts";
 import { lrAt } from "../trainer/schedule.ts";
 import { collectGarbage } from "../util/gc.ts";
 import { NonFiniteError, UsageError } from "../util/errors.ts";
-import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
+import { annotateRunConfig, discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
 import { closingEvaluation, Interrupted, watchInterrupts } from "./shutdown.ts";
 import { dataStream, environmentSplit, heldOutCutsTraining, loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";
@@ -35,7 +35,7 @@ import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir, t
 import { runIdentity, turnSettings } from "./flags.ts";
 import { GRPO_FLAGS, settleGrpoConfig, TINY_GRPO, type GrpoRunConfig } from "./grpo-flags.ts";
 import { describeLoss, engineMetrics, engineSampling, ENV_LINE, EnvFailures, grpoConfig, grpoRollouts, lossFields } from "./grpo-step.ts";
-import { rolloutsOf, scoreStep, stepMetrics, type RolloutScorer } from "./grpo-step.ts";
+import { autoMicroBatchFields, autoMicroBatchNote, rolloutsOf, scoreStep, stepMetrics, type RolloutScorer } from "./grpo-step.ts";
 import { loraTargets, toolConfig } from "./options.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
 
@@ -203,6 +203,7 @@ async function train(
     // The loss and its settings, on every metrics line (constants, not charted) and in the report.
     const loss = lossFields(cfg);
     let step = start;
+    let autoNoted = false; // --micro_batch_size auto's choice printed (and kept in run.json)
     const envFailures = new EnvFailures(cfg.env_max_failed_steps);
     // The last step whose checkpoint is on disk: an interrupt never rewrites a complete checkpoint.
     let savedStep = ckpt ? start : -1;
@@ -260,13 +261,20 @@ async function train(
         await trajectoryLog.append(step + 1, trajs, tokenizer, version !== undefined ? { policyVersion: version } : undefined);
         collectGarbage(); // the step's dead objects go now, not in a sawtooth over many steps (util/gc.ts)
         const seconds = { lr, rolloutSeconds, trainSeconds, stepSeconds: (Date.now() - tStep) / 1000 };
-        const m = { ...stepMetrics(trajs, scored.rewards, s, seconds), ...loss, ...engineMetrics(rolled.metrics, s, engine) };
+        const auto = cfg.micro_batch_size === "auto" ? autoMicroBatchFields(s) : {};
+        const m = { ...stepMetrics(trajs, scored.rewards, s, seconds), ...auto, ...loss, ...engineMetrics(rolled.metrics, s, engine) };
         metrics.log(step + 1, m);
         history.push({ step: step + 1, ...m });
         progress.update(step + 1, m);
         if (!cfg.quiet) progress.log(formatStepLine(step + 1, total, m, c.envs ? ENV_LINE : GRPO_LINE));
         const env = envFailures.see(trajs); // a note when rollouts failed on the environment; stop after too many steps of it
         if (env.note && !cfg.quiet) progress.log(`step ${step + 1}: ${env.note}`);
+        const mbNote = cfg.micro_batch_size === "auto" ? autoMicroBatchNote(s, !autoNoted) : null;
+        if (mbNote) {
+          if (!cfg.quiet) progress.log(`step ${step + 1}: ${mbNote}`);
+          if (!autoNoted) await annotateRunConfig(cfg.output_dir, { micro_batch_auto: { step: step + 1, ...auto } });
+          autoNoted = true;
+        }
         if (env.stop) {
           if (savedStep !== step + 1) await saveAt(step + 1);
           const wrote = await reportOnTheWayOut();

@@ -216,6 +216,24 @@ export function stepMetrics(
   };
 }
 
+/** --micro_batch_size auto: what the step's update chose, as metrics.jsonl holds it (0 where the step
+ *  updated nothing). */
+export function autoMicroBatchFields(s: GrpoStats): Record<string, number> {
+  const mb = s.microBatch;
+  return { micro_batches: mb?.count ?? 0, micro_batch_rows: mb?.rows ?? 0, micro_batch_out_of_memory: mb?.outOfMemory ?? 0 };
+}
+
+/** The line --micro_batch_size auto prints: what it chose at the run's first update, and again at a
+ *  step whose split ran out of device memory and was halved (smaller from then on). null otherwise. */
+export function autoMicroBatchNote(s: GrpoStats, first: boolean): string | null {
+  const mb = s.microBatch;
+  if (!mb || (!first && mb.outOfMemory === 0)) return null;
+  const chose = `${mb.count} micro-batch${mb.count === 1 ? "" : "es"} of up to ${mb.rows} rollout${mb.rows === 1 ? "" : "s"}`;
+  if (mb.outOfMemory === 0) return `--micro_batch_size auto: ${chose}`;
+  const times = mb.outOfMemory === 1 ? "once" : `${mb.outOfMemory} times`;
+  return `--micro_batch_size auto: out of device memory ${times}, halved; now ${chose}`;
+}
+
 /** The engine's own figures, and where its log-probs are not the trainer's, their gap to the
  *  trainer's and the share of tokens whose TIS weight was capped. */
 export function engineMetrics(own: Record<string, number>, s: GrpoStats, e: RolloutEngine): Record<string, number> {

@@ -124,6 +124,19 @@ export async function adapterBaseOf(adapterDir: string): Promise<string> {
   return path.isAbsolute(named) || !(await exists(path.resolve(adapterDir, named))) ? named : path.resolve(adapterDir, named);
 }
 
+/** An adapter opened through --model_path whose base is not found: say that the name is the adapter's
+ *  base, where a relative one was looked for, and how to give the base instead. */
+async function missingAdapterBase(adapterDir: string, reason: string): Promise<string> {
+  const file = path.join(adapterDir, "adapter_config.json");
+  const named = await readAdapterBase(adapterDir);
+  const how = "copy the base there, or pass the base with --model_path and this folder with --adapter";
+  if (path.isAbsolute(named)) return `${file}: the adapter's base ${named} is not there; ${how}`;
+  const relative = `${path.resolve(adapterDir, named)}, relative to the adapter folder`;
+  if (!isHubId(named)) return `${file}: the adapter's base "${named}" is not there (looked for ${relative}); ${how}`;
+  const rest = reason.replace(/^model "[^"]*" not found: /, "");
+  return `${file}: the adapter's base "${named}" was not found (looked for ${relative}, then by hub id: ${rest}); or pass the base with --model_path and this folder with --adapter`;
+}
+
 export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
   let base = await localOrId(o.modelPath, "--model_path");
   let adapterDir: string | null = null;
@@ -138,7 +151,8 @@ export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {
   try {
     baseDir = await resolveModelDir(base);
   } catch (err) {
-    throw new UsageError((err as Error).message);
+    const message = (err as Error).message;
+    throw new UsageError(adapterDir && !o.adapter ? await missingAdapterBase(adapterDir, message) : message);
   }
   await initBackend(o.backend, { threads: o.threads }); // the run starts the backend; the model only uses it
   let model: Qwen2ForCausalLM;

@@ -76,8 +76,9 @@ export interface GrpoStats {
   behaviourDelta: number; // mean (log π_trainer − log π_behaviour), the same tokens
   tisClipped: number; // share of those tokens whose TIS weight was cut to tisCap (NaN: no TIS)
   /** The micro-batches the update ran in: how many, and the rows of the largest (absent when nothing
-   *  was updated). */
-  microBatch?: { count: number; rows: number };
+   *  was updated); `outOfMemory`: how many times an "auto" split ran out of device memory in this
+   *  step's trial and was halved before this one fit. */
+  microBatch?: { count: number; rows: number; outOfMemory: number };
   /** Wall seconds of the step's parts, summed over micro-batches and iterations (absent when nothing
    *  was updated). On an asynchronous backend (webgpu) a part's time is the time to queue its work,
    *  except where a read waits for it. */
@@ -131,9 +132,11 @@ const autoTokenCap = new WeakMap<CausalLM, number>();
 export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRollout[], cfg: GrpoConfig): Promise<GrpoStats> {
   checkConfig(cfg);
   checkBatch(batch);
-  for (;;) {
+  for (let outOfMemory = 0; ; outOfMemory++) {
     try {
-      return await grpoStepOnce(model, optimizer, batch, cfg);
+      const stats = await grpoStepOnce(model, optimizer, batch, cfg);
+      if (stats.microBatch) stats.microBatch.outOfMemory = outOfMemory;
+      return stats;
     } catch (err) {
       if (!(err instanceof TrialOutOfMemory)) throw err;
       const { rows, length } = err;
@@ -308,7 +311,7 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
     behaviourDelta: totals.gapTokens > 0 ? totals.delta / totals.gapTokens : NaN,
     tisClipped: tis && totals.gapTokens > 0 ? totals.tisClipped / totals.gapTokens : NaN,
     seconds,
-    microBatch: { count: mbs.length, rows: Math.max(...mbs.map((m) => m.ids.length)) },
+    microBatch: { count: mbs.length, rows: Math.max(...mbs.map((m) => m.ids.length)), outOfMemory: 0 },
   };
 }
 

@@ -9,14 +9,6 @@ import * as tf from "@tensorflow/tfjs";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import {
-  getLlama,
-  LlamaLogLevel,
-  readGgufFileInfo,
-  type ControlledEvaluateInputItem,
-  type LlamaContextSequence,
-  type Token,
-} from "node-llama-cpp";
 import { initBackend } from "../../src/engine/backend.ts";
 import {
   cachedModelGguf,
@@ -38,17 +30,35 @@ import { stateDict } from "../../src/model/save.ts";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import { LORA_TARGETS, type ChatMessage, type Tokenizer, type ToolSchema } from "../../src/model/types.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
+import { importLlama, type NodeLlamaCpp } from "../../src/rollout/engines/llama-package.ts";
 import { rolloutGroups, stopTokenIds } from "../../src/rollout/rollout.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { runScript } from "../run/helpers/run-script.ts";
 
+type ControlledEvaluateInputItem = NodeLlamaCpp.ControlledEvaluateInputItem;
+type LlamaContextSequence = NodeLlamaCpp.LlamaContextSequence;
+type Token = NodeLlamaCpp.Token;
+type GgufTensorInfo = NodeLlamaCpp.GgufTensorInfo;
+
+// node-llama-cpp is an optional package (llama-package.ts): its tests need it installed and its
+// binaries loading.
 let loadError: unknown;
-const llama = await getLlama({ gpu: false, build: "never", logLevel: LlamaLogLevel.error }).catch((err) => {
+const nl = await importLlama().catch((err) => {
   loadError = err;
   return null;
 });
-/** Tests that run llama.cpp: skipped where it cannot load, failed under CI. */
+const llama = await nl?.getLlama({ gpu: false, build: "never", logLevel: nl.LlamaLogLevel.error }).catch((err: unknown) => {
+  loadError = err;
+  return null;
+});
+/** Tests that read GGUF with node-llama-cpp's parser, and those that run llama.cpp: skipped where it
+ *  is not installed or cannot load, failed under CI. */
+const withParser = nl || process.env.CI ? describe : describe.skip;
 const withLlama = llama || process.env.CI ? describe : describe.skip;
+const needParser = () => {
+  if (!nl) throw new Error(`node-llama-cpp did not load: ${(loadError as Error)?.message}`);
+  return nl;
+};
 const needLlama = () => {
   if (!llama) throw new Error(`node-llama-cpp did not load: ${(loadError as Error)?.message}`);
   return llama;
@@ -101,7 +111,7 @@ describe("encoders", () => {
   });
 });
 
-describe("writeGguf read back by node-llama-cpp's GGUF parser", () => {
+withParser("writeGguf read back by node-llama-cpp's GGUF parser", () => {
   it("keeps metadata, tensor infos and data as written", async () => {
     const file = path.join(tmp, "roundtrip.gguf");
     const a = Float32Array.of(1, 2, 3),
@@ -127,7 +137,7 @@ describe("writeGguf read back by node-llama-cpp's GGUF parser", () => {
         { name: "c", shape: [2, 32], type: GGML_TYPE.Q8_0, data: c },
       ],
     );
-    const info = await readGgufFileInfo(file, { logWarnings: false });
+    const info = await needParser().readGgufFileInfo(file, { logWarnings: false });
     expect(info.version).toBe(3);
     expect(Number(info.tensorCount)).toBe(3);
     const m = info.metadata as any;
@@ -143,7 +153,12 @@ describe("writeGguf read back by node-llama-cpp's GGUF parser", () => {
       u32s: [4, 5],
       f32s: [0.25, -2],
     });
-    const t = info.tensorInfo!.map((x) => ({ name: x.name, dims: x.dimensions.map(Number), type: x.ggmlType, offset: Number(x.offset) }));
+    const t = info.tensorInfo!.map((x: GgufTensorInfo) => ({
+      name: x.name,
+      dims: x.dimensions.map(Number),
+      type: x.ggmlType,
+      offset: Number(x.offset),
+    }));
     expect(t).toEqual([
       { name: "a", dims: [3], type: 0, offset: 0 }, // 12 bytes, padded to 32
       { name: "b", dims: [3, 2], type: 1, offset: 32 }, // GGML order: innermost first
@@ -268,7 +283,7 @@ withLlama("the tiny preset in llama.cpp", () => {
   });
 
   it("writes the Qwen2 metadata and tokenizer as convert_hf_to_gguf.py does", async () => {
-    const info = await readGgufFileInfo(files.q8_0, { logWarnings: false });
+    const info = await needParser().readGgufFileInfo(files.q8_0, { logWarnings: false });
     const m = info.metadata as any;
     expect(m.general).toMatchObject({ architecture: "qwen2", type: "model", name: "tiny", file_type: 7, alignment: 32 });
     expect(m.qwen2).toMatchObject({
@@ -294,17 +309,17 @@ withLlama("the tiny preset in llama.cpp", () => {
     expect(tk.merges).toHaveLength(249);
     const config = JSON.parse(await fs.readFile(path.join(TINY_BASE_DIR, "tokenizer_config.json"), "utf8"));
     expect(m.tokenizer.chat_template).toBe(config.chat_template);
-    const types = Object.fromEntries(info.tensorInfo!.map((t) => [t.name, t.ggmlType]));
+    const types = Object.fromEntries(info.tensorInfo!.map((t: GgufTensorInfo) => [t.name, t.ggmlType]));
     expect(types).toMatchObject({ "token_embd.weight": 8, "blk.0.attn_q.weight": 8, "blk.0.attn_q.bias": 0, "blk.3.ffn_norm.weight": 0 });
     expect(types["output.weight"]).toBeUndefined(); // tied: llama.cpp reads token_embd
     expect(info.tensorInfo).toHaveLength(2 + 4 * 12);
 
-    const lora = await readGgufFileInfo(files.adapter, { logWarnings: false });
+    const lora = await needParser().readGgufFileInfo(files.adapter, { logWarnings: false });
     expect(lora.metadata).toMatchObject({
       general: { architecture: "qwen2", type: "adapter" },
       adapter: { type: "lora", lora: { alpha: 8 } },
     });
-    const dims = Object.fromEntries(lora.tensorInfo!.map((t) => [t.name, [t.dimensions.map(Number), t.ggmlType]]));
+    const dims = Object.fromEntries(lora.tensorInfo!.map((t: GgufTensorInfo) => [t.name, [t.dimensions.map(Number), t.ggmlType]]));
     expect(dims["blk.0.attn_q.weight.lora_a"]).toEqual([[128, 4], 0]); // A [r, in] in GGML order
     expect(dims["blk.3.ffn_down.weight.lora_b"]).toEqual([[4, 128], 0]); // B [out, r]
     expect(lora.tensorInfo).toHaveLength(4 * 7 * 2);

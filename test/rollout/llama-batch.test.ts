@@ -16,10 +16,11 @@ import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import type { Tokenizer } from "../../src/model/types.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { LlamaBatch, mixSeed, type SampleParams } from "../../src/rollout/engines/llama-batch.ts";
+import { importLlama } from "../../src/rollout/engines/llama-package.ts";
 import { rolloutGroups, stopTokenIds } from "../../src/rollout/rollout.ts";
 import { Rng } from "../../src/util/rng.ts";
 
-const loadError: unknown = await import("node-llama-cpp")
+const loadError: unknown = await importLlama()
   .then(async ({ getLlama }) => (await getLlama({ gpu: false, build: "never" })).dispose())
   .then(() => null)
   .catch((e: unknown) => e ?? new Error("node-llama-cpp failed to load"));

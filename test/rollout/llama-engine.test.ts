@@ -17,6 +17,7 @@ import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { prepareEngine } from "../../src/rollout/engines/index.ts";
 import { LlamaBatch } from "../../src/rollout/engines/llama-batch.ts";
+import { importLlama } from "../../src/rollout/engines/llama-package.ts";
 import { LlamaTurns } from "../../src/rollout/engines/llama.ts";
 import type { EngineFlags, RolloutEngine } from "../../src/rollout/engines/types.ts";
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
@@ -30,7 +31,7 @@ import { UsageError } from "../../src/util/errors.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { guessEpisodes, tinyEnvRunConfig } from "../envs/helpers/tiny-env-run.ts";
 
-const loadError: unknown = await import("node-llama-cpp")
+const loadError: unknown = await importLlama()
   .then(async ({ getLlama }) => (await getLlama({ gpu: false, build: "never" })).dispose())
   .then(() => null)
   .catch((e: unknown) => e ?? new Error("node-llama-cpp failed to load"));

@@ -9,6 +9,7 @@ import { adapterBaseName } from "../../src/model/lora.ts";
 import { adapterBaseOf, openPolicy, savePolicy } from "../../src/run/policy.ts";
 import { inspectModelFolder } from "../../src/serve/workspace.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
+import { UsageError } from "../../src/util/errors.ts";
 import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 const dirs: string[] = [];
@@ -55,6 +56,35 @@ describe("an adapter's base_model_name_or_path", () => {
       maxBytes: 2 ** 30,
     });
     expect([folder.kind, folder.base]).toEqual(["adapter", path.join(ws, "models", "base")]);
+  });
+
+  it("copied without its base: says the name is the adapter's base, where it was looked for, and how to give it", async () => {
+    const root = await fs.mkdtemp(path.join(os.tmpdir(), "marl-nobase-"));
+    dirs.push(root);
+    await fs.cp(TINY_BASE_DIR, path.join(root, "sft", "final"), { recursive: true });
+    const policy = await openPolicy({
+      modelPath: path.join(root, "sft", "final"),
+      quantize: "none",
+      lora: { r: 2, alpha: 4, dropout: 0, targetModules: ["q_proj", "v_proj"] },
+      trainable: "lora",
+      backend: "wasm",
+    });
+    await savePolicy(policy, path.join(root, "grpo", "final"), false);
+    policy.model.dispose();
+    // Only the adapter is copied elsewhere; its base_model_name_or_path is "../../sft/final".
+    const copy = path.join(root, "elsewhere", "a", "b", "final");
+    await fs.cp(path.join(root, "grpo", "final"), copy, { recursive: true });
+    const file = path.join(copy, "adapter_config.json");
+    expect(JSON.parse(await fs.readFile(file, "utf8")).base_model_name_or_path).toBe(path.join("..", "..", "sft", "final"));
+    const err = await openPolicy({ modelPath: copy, quantize: "none", backend: "wasm" }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(UsageError);
+    expect((err as Error).message).toBe(
+      `${file}: the adapter's base "../../sft/final" is not there (looked for ${path.join(root, "elsewhere", "a", "sft", "final")}, relative to the adapter folder); copy the base there, or pass the base with --model_path and this folder with --adapter`,
+    );
+    // The way out it names works.
+    const given = await openPolicy({ modelPath: path.join(root, "sft", "final"), adapter: copy, quantize: "none", backend: "wasm" });
+    expect(given.adapterDir).toBe(copy);
+    given.model.dispose();
   });
 
   it("keeps a hub id (no such local folder) as given", () => {

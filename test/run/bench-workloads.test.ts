@@ -19,7 +19,8 @@ describe("bench workload grpo_step", () => {
     expect(tf.memory().numTensors).toBe(n0);
     expect(rollouts).toMatchObject({ workload: "grpo_rollouts", config: "small-1l", quantize: "nf4", batch: 4, tokens: 4 * 8 });
     expect(Object.keys(rollouts.parts!)).toEqual(["prefill", "decode", "sample", "stepCall"]);
-    expect(rollouts.parts!.stepCall).toBeLessThanOrEqual(rollouts.parts!.decode); // the step calls are part of the decode
+    // The step calls and the decode steps' draws are disjoint parts of the decode (each rounded to 0.01 s).
+    expect(rollouts.parts!.stepCall + rollouts.parts!.sample).toBeLessThanOrEqual(rollouts.parts!.decode + 0.01);
     expect(update).toMatchObject({ workload: "grpo_update", batch: 4, tokens: 4 * 8 });
     expect(Object.keys(update.parts!).sort()).toEqual(["backward", "forward", "old", "optimizer", "recompute", "reference"]);
     for (const m of [rollouts, update]) {

@@ -76,7 +76,7 @@ const CHANGED: Record<string, Record<string, string>> = {
       '--reward_weights <spec> weights of the reward components, e.g. correctness=1,format=0.1,tool_use=0 (with --env: env=1) (default: "correctness=1,format=0.1")',
     // Micro-batches split by memory on wasm, and sized to a GPU's memory by auto.
     "--micro_batch_size <n>":
-      "--micro_batch_size <n|auto> rollouts per forward/backward, at most (memory knob; results do not change up to float rounding). On wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 tokens). auto: on a GPU as many as fit half its memory beside the weights (estimated from shapes; an out-of-memory error in the step's first micro-step halves it), on wasm the 1 GiB rule alone (default: 8)",
+      "--micro_batch_size <n|auto> rollouts per forward/backward, at most (memory knob; results do not change up to float rounding). On wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 tokens). auto: on a GPU as many as fit half its memory beside the weights (estimated from shapes; an out-of-memory error in the step's first micro-step halves it), on wasm the 1 GiB rule alone; the split it chose is printed at the first update and after an out-of-memory halving, and kept in run.json (micro_batch_auto) and metrics.jsonl (micro_batches, micro_batch_rows) (default: 8)",
   },
 };
 

@@ -179,9 +179,9 @@ describe("grpoStep on a stand-in model", () => {
     const sb = await grpoStep(b, ob, rollouts, { ...cfg, microBatchSize: "auto" });
     const sc = await grpoStep(c, oc, rollouts, { ...cfg, microBatchSize: "auto" });
     expect(rows).toEqual([2, 2, 2]); // all six are one chunk, its longest row 7 tokens: 2 rows at a time
-    expect(sa.microBatch).toEqual({ count: 6, rows: 1 });
-    expect(sb.microBatch).toEqual({ count: 3, rows: 2 });
-    expect(sc.microBatch).toEqual({ count: 1, rows: 6 });
+    expect(sa.microBatch).toEqual({ count: 6, rows: 1, outOfMemory: 0 });
+    expect(sb.microBatch).toEqual({ count: 3, rows: 2, outOfMemory: 0 });
+    expect(sc.microBatch).toEqual({ count: 1, rows: 6, outOfMemory: 0 });
     for (const s of [sb, sc])
       for (const k of ["loss", "gradNorm", "ratio", "entropy", "tokens"] as const) expect(s[k]).toBeCloseTo(sa[k], 5);
     const wa = a.delta.dataSync();

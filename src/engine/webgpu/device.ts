@@ -61,6 +61,32 @@ export function webgpuLimits() {
   return limits;
 }
 
+/** Dawn caps the dynamic buffers of a pipeline layout at 16 and, when the driver allows more (Mesa's
+ *  lavapipe and RADV do), prints "Warning: maxDynamic{Uniform,Storage}BuffersPerPipelineLayout
+ *  artificially reduced from N to 16 …" on stderr from its native code, where this process cannot
+ *  catch it. Neither tfjs' kernels nor this project's use dynamic buffer offsets, so the cap changes
+ *  nothing: one line says so, where an adapter's limits sit at the cap. null elsewhere. */
+export const DAWN_DYNAMIC_BUFFER_CAP = 16;
+export function dawnLimitNote(l: {
+  maxDynamicUniformBuffersPerPipelineLayout: number;
+  maxDynamicStorageBuffersPerPipelineLayout: number;
+}): string | null {
+  const capped = [l.maxDynamicUniformBuffersPerPipelineLayout, l.maxDynamicStorageBuffersPerPipelineLayout].includes(
+    DAWN_DYNAMIC_BUFFER_CAP,
+  );
+  return capped
+    ? `note: Dawn's "artificially reduced … to fit dynamic offset allocation limit" warnings, where printed above, are expected: it caps dynamic buffers per pipeline layout at ${DAWN_DYNAMIC_BUFFER_CAP}, and no kernel here uses them`
+    : null;
+}
+
+let limitNote: string | null = null;
+/** dawnLimitNote for the registered adapter, once: null after the first call. */
+export function takeWebgpuLimitNote(): string | null {
+  const n = limitNote;
+  limitNote = null;
+  return n;
+}
+
 /** Whether libvulkan.so.1 is where the dynamic loader will look (Linux only; a hint for the error). */
 function vulkanLoaderFound(): boolean {
   if (process.platform !== "linux") return true;
@@ -154,6 +180,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
     const v = (adapter.limits as unknown as Record<string, unknown>)[key];
     if (typeof v === "number") requiredLimits[key] = v;
   }
+  limitNote = dawnLimitNote(adapter.limits);
   const requiredFeatures = (["shader-f16", "timestamp-query"] as GPUFeatureName[]).filter((f) => adapter.features.has(f));
   let device: GPUDevice;
   try {

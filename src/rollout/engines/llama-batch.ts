@@ -20,13 +20,19 @@
  *
  *  Leaves out: the turn loop, tool calls and stopping (turns.ts's job), tokenization, penalties,
  *  grammars, context shift (a row that would overflow `contextSize` throws). node-llama-cpp is imported
- *  lazily, so nothing else in the project needs its binaries. Hot-swapping a LoRA uses internals of
+ *  lazily (llama-package.ts), so nothing else in the project needs it. Hot-swapping a LoRA uses internals of
  *  node-llama-cpp 3.21 (LlamaContext._setLoras, its addon's setLoras, the model's adapter cache). */
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import type { Llama, LlamaContext, LlamaContextSequence, LlamaModel, Token } from "node-llama-cpp";
 import { UsageError } from "../../util/errors.ts";
+import { importLlama, type NodeLlamaCpp } from "./llama-package.ts";
+
+type Llama = NodeLlamaCpp.Llama;
+type LlamaContext = NodeLlamaCpp.LlamaContext;
+type LlamaContextSequence = NodeLlamaCpp.LlamaContextSequence;
+type LlamaModel = NodeLlamaCpp.LlamaModel;
+type Token = NodeLlamaCpp.Token;
 
 export interface LlamaBatchOptions {
   modelPath: string;
@@ -108,8 +114,9 @@ export class LlamaBatch {
     if (!(Number.isInteger(o.sequences) && o.sequences >= 1 && o.sequences <= 256))
       throw new UsageError(`sequences ${o.sequences} is invalid; accepted: an integer in 1..256`);
     if (!(Number.isInteger(o.contextSize) && o.contextSize >= 2)) throw new UsageError(`contextSize ${o.contextSize} is invalid`);
-    const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
-    const llama = await getLlama({ gpu: o.gpu ?? false, build: "never", logLevel: LlamaLogLevel.warn });
+    const { getLlama, LlamaLogLevel } = await importLlama();
+    // progressLogs off: the note that a GPU build does not load here (the engine says it once)
+    const llama = await getLlama({ gpu: o.gpu ?? false, build: "never", logLevel: LlamaLogLevel.warn, progressLogs: false });
     try {
       const model = await llama.loadModel({ modelPath: o.modelPath });
       const ctx = await model.createContext({
@@ -208,7 +215,8 @@ export class LlamaBatch {
         const input = sample
           ? [[t, { generateNext: { token: true, confidence: this.logprobs, options: this.options(sample, seq.nextTokenIndex) } }] as const]
           : [t];
-        return seq.controlledEvaluate(input as Parameters<LlamaContextSequence["controlledEvaluate"]>[0]).then((res) => {
+        type Evaluated = Awaited<ReturnType<LlamaContextSequence["controlledEvaluate"]>>;
+        return seq.controlledEvaluate(input as Parameters<LlamaContextSequence["controlledEvaluate"]>[0]).then((res: Evaluated) => {
           if (!sample) return;
           const next = res[0]?.next;
           if (next?.token == null) throw new Error(`row ${row}: llama.cpp drew no token`);

@@ -30,6 +30,7 @@ import { encodePrompts } from "../rollout.ts";
 import { turnRollouts, type TurnCompleter, type TurnCompletion, type TurnSampling } from "../turns.ts";
 import type { RolloutConfig, Trajectory } from "../types.ts";
 import { LlamaBatch } from "./llama-batch.ts";
+import { importLlama } from "./llama-package.ts";
 import type { EngineContext, EngineEntry, EngineFlags, RolloutEngine, StepRequest } from "./types.ts";
 
 export const llamaEngine: EngineEntry = {
@@ -39,23 +40,20 @@ export const llamaEngine: EngineEntry = {
     if (f.rollout_url) throw new UsageError("--rollout_url is only used with --rollout_engine openai");
     // The binaries are loaded now, so a platform without them is a usage error before anything is written.
     const gpu = await loadLlama(f.engine_gpu);
-    log(`rollout engine: llama.cpp (node-llama-cpp) on ${gpu}, ${f.engine_weights} weights`);
+    // node-llama-cpp's own note on a GPU build that does not load is silenced (it came once per
+    // load, twice a run); this line says it once.
+    const fellBack =
+      f.engine_gpu === "auto" && gpu === "cpu" ? " (--engine_gpu auto: no CUDA, Vulkan or Metal build of llama.cpp loads here)" : "";
+    log(`rollout engine: llama.cpp (node-llama-cpp) on ${gpu}${fellBack}, ${f.engine_weights} weights`);
     return (ctx) => LlamaEngine.open(ctx, f, gpu);
   },
 };
 
 /** node-llama-cpp loaded once, to learn what it runs on; one line naming what is missing otherwise. */
 async function loadLlama(gpu: EngineFlags["engine_gpu"]): Promise<string> {
-  let mod: typeof import("node-llama-cpp");
+  const mod = await importLlama();
   try {
-    mod = await import("node-llama-cpp");
-  } catch (err) {
-    throw new UsageError(
-      `--rollout_engine llama needs the npm package node-llama-cpp, which did not load (${(err as Error).message.split("\n")[0]}); run npm install`,
-    );
-  }
-  try {
-    const llama = await mod.getLlama({ gpu: llamaGpu(gpu), build: "never", logLevel: mod.LlamaLogLevel.error });
+    const llama = await mod.getLlama({ gpu: llamaGpu(gpu), build: "never", logLevel: mod.LlamaLogLevel.error, progressLogs: false });
     const name = llama.gpu || "cpu";
     await llama.dispose();
     return name;
@@ -110,7 +108,12 @@ class LlamaEngine implements RolloutEngine {
     const t0 = performance.now();
     const cacheDir = ggufCacheDir();
     await fs.mkdir(cacheDir, { recursive: true });
-    const { file, cached } = await cachedModelGguf(ctx.model as Qwen2ForCausalLM, ctx.modelDir, { type: f.engine_weights, cacheDir });
+    const { file, cached, replaced, removedTemps } = await cachedModelGguf(ctx.model as Qwen2ForCausalLM, ctx.modelDir, {
+      type: f.engine_weights,
+      cacheDir,
+    });
+    if (removedTemps > 0) ctx.log(`llama engine: removed ${removedTemps} unfinished GGUF file(s) of killed runs from ${cacheDir}`);
+    if (replaced) ctx.log(`llama engine: the cached base ${file} was damaged (${replaced}); removed, and written again`);
     ctx.log(`llama engine: base ${cached ? "reused" : "written"} as ${file} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
     return new LlamaEngine(ctx, f, gpu, file);
   }

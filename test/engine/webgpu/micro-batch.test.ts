@@ -77,8 +77,8 @@ describe.skipIf(!gpu)("--micro_batch_size auto on webgpu", () => {
   it("takes the whole batch where it fits, with the update of one rollout at a time", async () => {
     const one = await step(1);
     const auto = await step("auto");
-    expect(one.stats.microBatch).toEqual({ count: 6, rows: 1 });
-    expect(auto.stats.microBatch).toEqual({ count: 1, rows: 6 });
+    expect(one.stats.microBatch).toEqual({ count: 6, rows: 1, outOfMemory: 0 });
+    expect(auto.stats.microBatch).toEqual({ count: 1, rows: 6, outOfMemory: 0 });
     expect(auto.training).toEqual([6]);
     expect(Math.abs(auto.stats.loss - one.stats.loss)).toBeLessThan(1e-5);
     expect(Math.abs(auto.stats.gradNorm - one.stats.gradNorm) / one.stats.gradNorm).toBeLessThan(1e-4);
@@ -91,7 +91,7 @@ describe.skipIf(!gpu)("--micro_batch_size auto on webgpu", () => {
     const auto = await step("auto", 2);
     // 6 rows failed, then 3, then 1 row at a time fit (a cap of ⌊rows/2⌋ × the longest row's tokens)
     expect(auto.training).toEqual([6, 3, 1, 1, 1, 1, 1, 1]);
-    expect(auto.stats.microBatch).toEqual({ count: 6, rows: 1 });
+    expect(auto.stats.microBatch).toEqual({ count: 6, rows: 1, outOfMemory: 0 });
     expect(maxDiff(auto.after, one.after)).toBeLessThan(1e-5);
     expect(auto.leaked).toBe(0);
   });

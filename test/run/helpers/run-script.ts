@@ -6,12 +6,16 @@ import * as path from "node:path";
 export const ROOT = path.join(import.meta.dirname, "..", "..", "..");
 export const TSX = path.join(ROOT, "node_modules", ".bin", "tsx");
 
-export function runScript(script: string, args: string[]): Promise<{ code: number | null; stderr: string; stdout: string }> {
+export function runScript(
+  script: string,
+  args: string[],
+  env: Record<string, string> = {},
+): Promise<{ code: number | null; stderr: string; stdout: string }> {
   return new Promise((resolve) => {
     const p = spawn(TSX, [path.join("scripts", script), ...args], {
       cwd: ROOT,
       stdio: ["ignore", "pipe", "pipe"],
-      env: { ...process.env, CI: "true" },
+      env: { ...process.env, CI: "true", ...env },
     });
     let stderr = "",
       stdout = "";
