@@ -97,12 +97,14 @@ export class CompiledBatch implements DecodeRows {
     if (early.length > 0 && (!ahead || !onDevice || !sameParams(ahead.params, params)))
       throw new Error("CompiledBatch: a row fed ahead is drawn with other settings than the pass ahead drew it with");
     const late = positions.filter((p) => !this.fromAhead[p]);
-    const rows = late.map((p) => {
-      const m = this.hidden[p];
-      if (m === undefined || m < 0) throw new Error(`CompiledBatch: row ${p} read no token since its last draw; call step() first`);
-      return m;
+    let rows: number[] = [];
+    const pending = this.take((hidden) => {
+      rows = late.map((p) => {
+        const m = hidden[p];
+        if (m === undefined || m < 0) throw new Error(`CompiledBatch: row ${p} read no token since its last draw; call step() first`);
+        return m;
+      });
     });
-    const pending = this.take();
     if (!onDevice) return this.onHost(pending, positions, rows, params, u);
     // this step's pass (rows that read forced tokens or start: their draws), then the pass ahead
     const read =
@@ -168,13 +170,9 @@ export class CompiledBatch implements DecodeRows {
   async read(): Promise<Float32Array> {
     if (this.ahead) throw new Error("CompiledBatch: read() after an on-device draw; a batch either draws or reads");
     const rows = this.rows.filter((p) => this.hidden[p] >= 0);
-    const { logits } = await this.dec.pass(
-      this.take(),
-      rows.map((p) => this.hidden[p]),
-      [],
-      0,
-      true,
-    );
+    let at: number[] = [];
+    const pending = this.take((hidden) => (at = rows.map((p) => hidden[p])));
+    const { logits } = await this.dec.pass(pending, at, [], 0, true);
     const V = rows.length > 0 ? logits!.length / rows.length : 0;
     const out = new Float32Array(this.rows.length * V);
     rows.forEach((p, k) => out.set(logits!.subarray(k * V, (k + 1) * V), p * V));
@@ -225,11 +223,26 @@ export class CompiledBatch implements DecodeRows {
     return { src: this.src[p].slot, srcLen: this.src[p].len };
   }
 
-  private take(): PassRow[] {
-    const p = this.pending;
+  /** The rows read since the last draw, for one pass; `hidden` is cleared. Where they are more than a
+   *  pass holds (tool results read at once), the rows nothing is drawn from go first in passes of
+   *  their own (a slot's tokens keep their order: its last token is the one drawn from), and `hidden`
+   *  is renumbered into what is returned first, so a caller maps its rows before it takes. */
+  private take(map?: (hidden: number[]) => void): PassRow[] {
+    let rows = this.pending;
     this.pending = [];
+    const cap = this.dec.rowsCapacity;
+    if (rows.length > cap) {
+      const drawn = new Set(this.hidden.filter((m) => m >= 0));
+      const early = rows.filter((_, m) => !drawn.has(m));
+      for (let i = 0; i < early.length; i += cap) this.dec.submit(early.slice(i, i + cap));
+      const kept = rows.flatMap((_, m) => (drawn.has(m) ? [m] : []));
+      const at = new Map(kept.map((m, i) => [m, i]));
+      this.hidden = this.hidden.map((m) => (m >= 0 ? at.get(m)! : -1));
+      rows = kept.map((m) => rows[m]);
+    }
+    map?.(this.hidden);
     this.hidden.fill(-1);
-    return p;
+    return rows;
   }
 }
 

@@ -315,6 +315,11 @@ export class Decoder {
     });
   }
 
+  /** Rows a pass takes at most (as prepared). */
+  get rowsCapacity(): number {
+    return this.shape!.rowsCap;
+  }
+
   /** Dispatches per layer of a sampling pass's layer stack (bench and tests). */
   get dispatchesPerLayer(): number {
     return (this.plan!.rows.length - this.embedDispatches) / this.model.config.numHiddenLayers;
