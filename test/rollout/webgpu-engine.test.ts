@@ -27,7 +27,8 @@ import type { Quantize } from "../../src/model/types.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { prepareEngine, type RolloutEngine } from "../../src/rollout/engines/index.ts";
 import type { WebgpuEngine } from "../../src/rollout/engines/webgpu.ts";
-import { rolloutGroups } from "../../src/rollout/rollout.ts";
+import { encodePrompts, rolloutGroups, stopTokenIds } from "../../src/rollout/rollout.ts";
+import { Batcher } from "../../src/serve/openai/batcher.ts";
 import type { RolloutConfig, Trajectory } from "../../src/rollout/types.ts";
 import { openPolicy, type Policy } from "../../src/run/policy.ts";
 import { defaultsOf } from "../../src/run/flags.ts";
@@ -181,6 +182,37 @@ describe.skipIf(!gpu)("--rollout_engine webgpu on the tiny preset (NF4 base, LoR
     }
     const wide = await engine.generate(prompts.slice(0, 2), config({ topK: 20, topP: 0.9, temperature: 1.2, samplesPerPrompt: 2 }));
     for (const t of wide) for (const [k, m] of t.lossMask.entries()) if (m === 1) expect(t.sampleLogprobs[k]).toBeLessThanOrEqual(0);
+  });
+
+  it("serves the OpenAI server's batches: its greedy tokens are tfjs' forward's", async () => {
+    const batcher = new Batcher(policy.model as Qwen2ForCausalLM, policy.tokenizer, { maxQueue: 4, maxBatchRows: 8, batchWaitMs: 0 });
+    expect(batcher.decoder).not.toBeNull();
+    const ids = encodePrompts(policy.tokenizer, prompts.slice(0, 3), { tools: [], toolsInPrompt: false });
+    const params = { temperature: 0, topP: 1, topK: 0, maxTokens: 24, stop: [], stopTokenIds: [], topLogprobs: 0 };
+    const got = await batcher.generate({ adapter: null, prompts: ids, n: 1, params });
+    // tfjs' forward, greedy, each row until a stop token or 24 tokens
+    const stops = stopTokenIds(policy.tokenizer);
+    const want: number[][] = ids.map(() => []);
+    const ref = new DecodeBatch(policy.model, ids, { pad: policy.tokenizer.padTokenId });
+    const live = (r: number) => want[r].length < 24 && !stops.has(want[r][want[r].length - 1]);
+    for (;;) {
+      const samplers = ref.rows.filter(live);
+      if (samplers.length === 0) break;
+      const d = await ref.sample(
+        ref.rows.flatMap((r, pos) => (live(r) ? [pos] : [])),
+        { temperature: 0 },
+        new Rng(0),
+      );
+      samplers.forEach((r, k) => want[r].push(d.tokens[k]));
+      if (!ref.rows.some(live)) break;
+      ref.step(
+        ref.rows.map((r) => want[r][want[r].length - 1]),
+        (r) => !live(r),
+      );
+    }
+    ref.dispose();
+    expect(got.map((c) => c.tokens.map((t) => t.id))).toEqual(want);
+    batcher.decoder!.dispose();
   });
 
   it("runs at most 10 dispatches a layer, one pass a step, on the trainer's current adapter", async () => {

@@ -167,6 +167,7 @@ export class Batcher {
   dispose(): void {
     for (const p of this.queue.splice(0)) p.reject(new ApiError(503, "the server is shutting down"));
     for (const [name, h] of this.adapters) this.free(name, h);
+    this.decoder?.dispose();
     this.model.dispose(); // with the adapter it was started with
   }
 
