@@ -26,6 +26,7 @@ import {
   attnKernel,
   embedKernel,
   mmKernel,
+  MM_COLS,
   paramsLayout,
   prepKernel,
   ROW_INTS,
@@ -517,7 +518,7 @@ export class Decoder {
         w: this.buffer(lay.kind === "f32" ? lay.w : (lay as { packed: tf.Tensor }).packed),
       };
       if (lay.kind === "int8" || lay.kind === "nf4") bufs.sc = this.buffer(lay.scales);
-      return this.dispatch(mmKernel(s, kind, fmt, bw.inDim, bw.outDim, PR), bufs, (M) => [Math.ceil(units / 64), Math.ceil(M / TM)]);
+      return this.dispatch(mmKernel(s, kind, fmt, bw.inDim, bw.outDim, PR), bufs, (M) => [Math.ceil(units / MM_COLS), Math.ceil(M / TM)]);
     };
     const prep = (kind: "qkv" | "o" | "gateup" | "down" | "final", l: number) =>
       this.dispatch(prepKernel(s, kind, L), { ...common, u: { buffer: b.uniforms, offset: 256 * l, size: 16 } }, (M) => [M, 1]);
@@ -542,7 +543,7 @@ export class Decoder {
         this.dispatch(
           mmKernel(s, "head", "f32", s.H, n, s.H, off),
           { s: b.scratch, rin: b.meta, w: this.buffer(part), logits: b.logits },
-          (_, S) => [Math.ceil(n / 64), Math.ceil(S / TM)],
+          (_, S) => [Math.ceil(n / MM_COLS), Math.ceil(S / TM)],
         ),
       );
       off += n;

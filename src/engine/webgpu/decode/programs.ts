@@ -27,7 +27,12 @@ export const ROW_INTS = 5;
 export const SAMPLE_INTS = 4;
 /** Rows a matmul workgroup computes together (each weight read serves them). */
 export const TM = 8;
-const MM_WG = 64;
+/** A product's workgroup: MM_COLS adjacent output columns (adjacent threads, adjacent weights) ×
+ *  MM_SLICES slices of the input dimension, whose partial sums are added in workgroup memory: a
+ *  decode step's narrow products (q/k/v: 1,152 columns for 0.5B) still fill a GPU. */
+export const MM_COLS = 32;
+const MM_SLICES = 8;
+const MM_WG = MM_COLS * MM_SLICES;
 export const ATTN_WG = 64;
 /** Positions an attention workgroup scores at a time (workgroup memory). */
 const ATTN_CHUNK = 256;
@@ -171,17 +176,28 @@ export function prepKernel(s: DecodeShape, kind: PrepKind, L: number): Kernel {
   const { XN, T } = scratchLayout(s);
   const { src, width, norm } = prepSpec(s, kind, L);
   const members = kind === "final" ? [] : s.lora[kind];
-  const wg = width >= 1024 ? 256 : 64;
+  const wg = 256,
+    SL = wg / 32; // a rank's 32 outputs a round, each over SL slices of the input added in workgroup memory
   const value = (i: string) =>
     norm ? `s[${src} + m * ${width} + ${i}] * inv * params[${norm} + ${i}]` : `s[${src} + m * ${width} + ${i}]`;
   let t = "";
   members.forEach((mb, c) => {
     if (!mb) return;
     t += `
-  for (var k = i32(localIndex); k < ${s.rank}; k += ${wg}) {
+  for (var g0 = 0; g0 < ${s.rank}; g0 += 32) {
+    let k = g0 + lane;
     var acc = 0.0;
-    for (var i = 0; i < ${width}; i++) { acc += ${value("i")} * lora[lb + ${mb.a} + i * ${s.rank} + k]; }
-    s[${T} + m * ${tWidth(s)} + ${c * s.rank} + k] = acc * ${f32(s.scaling)};
+    if (k < ${s.rank}) {
+      for (var i = slc; i < ${width}; i += ${SL}) { acc += ${value("i")} * lora[lb + ${mb.a} + i * ${s.rank} + k]; }
+    }
+    lred[slc * 32 + lane] = acc;
+    workgroupBarrier();
+    if (slc == 0 && k < ${s.rank}) {
+      var sum = 0.0;
+      for (var q = 0; q < ${SL}; q++) { sum += lred[q * 32 + lane]; }
+      s[${T} + m * ${tWidth(s)} + ${c * s.rank} + k] = sum * ${f32(s.scaling)};
+    }
+    workgroupBarrier();
   }`;
   });
   const bindings: [string, BindingKind][] = [
@@ -195,9 +211,12 @@ export function prepKernel(s: DecodeShape, kind: PrepKind, L: number): Kernel {
     wg,
     bindings,
     `${rowPrelude(wg, 1 << 30)}
+var<workgroup> lred: array<f32, ${wg}>;
 fn layer() -> i32 { return u.layer; }
 fn main(index: i32) {
   let m = row();
+  let lane = i32(localIndex) % 32;
+  let slc = i32(localIndex) / 32;
   let lb = layer() * ${s.loraLayer};
   var inv = 1.0;
   ${
@@ -330,7 +349,9 @@ fn loraB(m: i32, toff: i32, boff: i32, width: i32, col: i32) -> f32 {
   }
 }
 fn main(index: i32) {
-  let unit0 = i32(workgroupId.x) * ${MM_WG} + i32(localIndex);
+  let lane = i32(localIndex) % ${MM_COLS};
+  let slice = i32(localIndex) / ${MM_COLS};
+  let unit0 = i32(workgroupId.x) * ${MM_COLS} + lane;
   let r0 = i32(workgroupId.y) * ${TM};
   let nrows = ${rows};
   let unit = min(unit0, ${units - 1});
@@ -351,14 +372,29 @@ fn main(index: i32) {
     }
     workgroupBarrier();
     let cn = min(${KC}, ${PR} - c0);
-    for (var ii = 0; ii < cn; ii++) {
+    for (var ii = slice; ii < cn; ii += ${MM_SLICES}) {
       let i = c0 + ii;
       ${weightLoop(fmt, N, PR, "a0", "ja", KC)}
       ${pair ? weightLoop(fmt, N, PR, "a1", "jb", KC) : ""}
     }
     workgroupBarrier();
   }
-  if (unit0 >= ${units}) { return; }
+  // the slices' partial sums added (xs reused), into slice 0's accumulators
+  ${["a0", ...(pair ? ["a1"] : [])]
+    .map(
+      (a) => `for (var r = 0; r < ${TM}; r++) { xs[(r * ${MM_SLICES} + slice) * ${MM_COLS} + lane] = ${a}[r]; }
+  workgroupBarrier();
+  if (slice == 0) {
+    for (var r = 0; r < ${TM}; r++) {
+      var t = 0.0;
+      for (var q = 0; q < ${MM_SLICES}; q++) { t += xs[(r * ${MM_SLICES} + q) * ${MM_COLS} + lane]; }
+      ${a}[r] = t;
+    }
+  }
+  workgroupBarrier();`,
+    )
+    .join("\n  ")}
+  if (slice != 0 || unit0 >= ${units}) { return; }
   for (var r = 0; r < ${TM}; r++) {
     let rr = r0 + r;
     if (rr < nrows) {
