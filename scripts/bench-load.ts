@@ -1,7 +1,7 @@
 /** The OpenAI-compatible server under load: a bounded mixed workload on 127.0.0.1 (plain, streamed,
  *  tools, n = 2, json_schema and bad bodies, in turn), each concurrency level in turn, every answer
  *  checked (scripts/lib/load-checks.ts). Prints, per level: answers by status, unexpected answers,
- *  p50/p99 latency, requests/s, completion tokens/s, and the server's RSS before and after.
+ *  p50/p99 latency, requests/s (all, and 200s only), completion tokens/s, and the server's RSS before and after.
  *  npx tsx scripts/bench-load.ts                          (starts serve-openai.ts on the tiny SFT model)
  *  npx tsx scripts/bench-load.ts --requests 2000 --concurrency 16,64 --max_tokens 16
  *  npx tsx scripts/bench-load.ts --url http://127.0.0.1:8001 --model tiny   (a server already running)
@@ -53,7 +53,7 @@ await runMain(async () => {
     // One request of each kind first, so the first level does not time the model's warm-up.
     for (let i = 0; i < 6; i++) await send(url, requestOf(i, model, o.max_tokens), o.timeout_s);
     process.stdout.write(`server ${url} | max_tokens ${o.max_tokens} | ${o.requests} requests per level\n`);
-    process.stdout.write("conc  requests  200   4xx  429  unexpected  p50_ms  p99_ms  req/s  tok/s  rss_before_MB  rss_after_MB\n");
+    process.stdout.write("conc  requests  200   4xx  429  unexpected  p50_ms  p99_ms  req/s  200/s  tok/s  rss_before_MB  rss_after_MB\n");
     let total = 0;
     for (const conc of levels) {
       const before = rssMb();
@@ -76,6 +76,7 @@ await runMain(async () => {
           quantile(ms, 0.5).toFixed(0).padStart(6),
           quantile(ms, 0.99).toFixed(0).padStart(6),
           (results.length / seconds).toFixed(1).padStart(5),
+          (count((r) => r.status === 200) / seconds).toFixed(1).padStart(5),
           (results.reduce((a, r) => a + r.tokens, 0) / seconds).toFixed(0).padStart(5),
           before.padStart(13),
           after.padStart(12),
