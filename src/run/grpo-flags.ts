@@ -177,7 +177,12 @@ export const GRPO_FLAGS = {
   ),
   output_dir: optional("--output_dir <dir>", "run folder (default outputs/<model>/grpo)", undefined, { free: true }),
   overwrite: toggle("--overwrite", "replace a run already in --output_dir", false, { free: true }),
-  resume: toggle("--resume", "continue the run in --output_dir from its latest checkpoint", false, { free: true }),
+  resume: toggle(
+    "--resume",
+    "continue the run in --output_dir from its latest checkpoint (from step 0 if it stopped before its first)",
+    false,
+    { free: true },
+  ),
 } satisfies FlagTable;
 
 export type GrpoFlags = OptionsOf<typeof GRPO_FLAGS>;

@@ -18,7 +18,7 @@ import type { LoraConfig } from "../model/types.ts";
 import { prepareEngine, type RolloutEngine, type EngineContext } from "../rollout/engines/index.ts";
 import { EngineError } from "../rollout/engines/openai-client.ts";
 import { TrajectoryLog } from "../rollout/trajectories.ts";
-import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
+import { CheckpointSchedule, checkResumable, configHash, holdsCheckpoint, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { grpoStep, noUpdateStats } from "../trainer/grpo.ts";
 import { formatStepLine, GRPO_LINE, MetricsLogger } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
@@ -75,7 +75,10 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   await checkPresetModel(cfg);
   await checkModelSource(cfg.model_path, "--model_path", cfg.init_adapter, "--init_adapter");
   if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "grpo" });
-  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir, { checkModel: true }) : null;
+  // A run killed before its first checkpoint left nothing to continue: --resume runs it from step 0.
+  const restart = cfg.resume && !(await holdsCheckpoint(cfg.output_dir));
+  if (restart) log(`--resume: ${cfg.output_dir} holds no checkpoint yet (stopped before its first save); running it from step 0`);
+  const ckpt = cfg.resume && !restart ? await loadCheckpoint(cfg.output_dir, { checkModel: true }) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
   const start = ckpt?.state.global_step ?? 0;
   const total = cfg.max_steps;
@@ -101,7 +104,7 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   const openEngine = await prepareEngine(cfg, log);
   const toolSet = envs ? noTools() : await openRunTools(toolConfig(cfg), log);
   try {
-    return await train(cfg, { t0, log, ckpt, start, examples, heldOut, split, toolSet, envs, rewardWeights, openEngine, score });
+    return await train(cfg, { t0, log, ckpt, restart, start, examples, heldOut, split, toolSet, envs, rewardWeights, openEngine, score });
   } finally {
     await toolSet.close();
   }
@@ -129,6 +132,7 @@ async function train(
     t0: number;
     log: (line: string) => void;
     ckpt: Awaited<ReturnType<typeof loadCheckpoint>> | null;
+    restart: boolean; // --resume of a folder without a checkpoint: its files are replaced
     start: number;
     examples: Task[];
     heldOut: Task[];
@@ -162,7 +166,9 @@ async function train(
       threads: cfg.threads,
       unpackBase: cfg.unpack_base,
     });
-  const policy: Policy = ckpt ? await open() : await withOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "grpo" }, open);
+  const policy: Policy = ckpt
+    ? await open()
+    : await withOutputDir(cfg.output_dir, { overwrite: cfg.overwrite || c.restart, runKind: "grpo" }, open);
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learning_rate, weightDecay: cfg.weight_decay });
   let engine: RolloutEngine | null = null;

@@ -65,7 +65,12 @@ export const SFT_FLAGS = {
   save_steps: flag("--save_steps <n>", "checkpoint every N steps (0: final model only)", parseIntArg("save_steps", 0), 0, { free: true }),
   output_dir: optional("--output_dir <dir>", "run folder (default outputs/<model>/sft)", undefined, { free: true }),
   overwrite: toggle("--overwrite", "replace a run already in --output_dir", false, { free: true }),
-  resume: toggle("--resume", "continue (or finish) the run in --output_dir from its latest checkpoint", false, { free: true }),
+  resume: toggle(
+    "--resume",
+    "continue (or finish) the run in --output_dir from its latest checkpoint (from step 0 if it stopped before its first)",
+    false,
+    { free: true },
+  ),
 } satisfies FlagTable;
 
 export type SftFlags = OptionsOf<typeof SFT_FLAGS>;

@@ -16,7 +16,7 @@ import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } 
 import { UsageError } from "../util/errors.ts";
 import { closingEvaluation, Interrupted, watchInterrupts } from "./shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";
-import { CheckpointSchedule, checkResumable, configHash, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
+import { CheckpointSchedule, checkResumable, configHash, holdsCheckpoint, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { collectGarbage } from "../util/gc.ts";
 import { formatStepLine, memoryFields, MetricsLogger, readMetrics, SFT_LINE } from "../trainer/metrics.ts";
 import { AdamW } from "../trainer/optimizer.ts";
@@ -68,7 +68,10 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
   // Everything the user named is checked before the run folder is touched.
   await checkModelSource(cfg.model_path, "--model_path");
   if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "sft" });
-  const ckpt = cfg.resume ? await loadCheckpoint(cfg.output_dir, { checkModel: true }) : null;
+  // A run killed before its first checkpoint left nothing to continue: --resume runs it from step 0.
+  const restart = cfg.resume && !(await holdsCheckpoint(cfg.output_dir));
+  if (restart) log(`--resume: ${cfg.output_dir} holds no checkpoint yet (stopped before its first save); running it from step 0`);
+  const ckpt = cfg.resume && !restart ? await loadCheckpoint(cfg.output_dir, { checkModel: true }) : null;
   if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
   const lora: LoraConfig | undefined = cfg.full
     ? undefined
@@ -97,7 +100,7 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
       threads: cfg.threads,
       unpackBase: cfg.unpack_base,
     });
-  const policy = ckpt ? await open() : await withOutputDir(cfg.output_dir, { overwrite: cfg.overwrite, runKind: "sft" }, open);
+  const policy = ckpt ? await open() : await withOutputDir(cfg.output_dir, { overwrite: cfg.overwrite || restart, runKind: "sft" }, open);
   if (ckpt) policy.base = base;
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learning_rate, weightDecay: cfg.weight_decay });

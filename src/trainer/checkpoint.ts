@@ -103,6 +103,13 @@ export async function pruneCheckpoints(runDir: string, keep: number, protect?: s
   return removed;
 }
 
+/** Whether a run folder holds a checkpoint to resume from (a `latest` pointer, a checkpoint-<step>
+ *  folder, or it is one). False for a run killed before its first save: it left run.json and logs, nothing to load. */
+export async function holdsCheckpoint(runDir: string): Promise<boolean> {
+  if ((await exists(path.join(runDir, LATEST_FILE))) || (await exists(path.join(runDir, TRAINER_STATE_FILE)))) return true;
+  return (await listCheckpoints(runDir)).length > 0;
+}
+
 /** A checkpoint folder, or a run folder (then its `latest`, else its newest checkpoint). */
 export async function resolveCheckpoint(p: string): Promise<string> {
   if (!(await isDir(p))) throw new Error(`checkpoint ${p} not found: expected a run folder or a checkpoint-<step> folder`);

@@ -57,6 +57,9 @@ const CHANGED: Record<string, Record<string, string>> = {
     // Micro-batches split by memory on wasm.
     "--batch_size <n>":
       "--batch_size <n> conversations per micro-batch (on wasm, fewer where one layer of it would hold over 1 GiB; results do not change) (default: 8)",
+    // A run killed before its first checkpoint is run again from step 0.
+    "--resume":
+      "--resume continue (or finish) the run in --output_dir from its latest checkpoint (from step 0 if it stopped before its first) (default: false)",
   },
   eval: {
     "--dataset <name>":
@@ -68,6 +71,8 @@ const CHANGED: Record<string, Record<string, string>> = {
     // The loss table's names with each one's help, and minirl's own upper clip default.
     "--loss_type <kind>":
       '--loss_type <kind> grpo: clipped ratio, mean per sequence then over sequences; bnpo: clipped ratio, mean over all tokens; dapo: clipped ratio, mean over all tokens; dr_grpo: clipped ratio, sum ÷ (sequences × max_new_tokens); gspo: grpo with one importance ratio per sequence (GSPO); minirl: AgentRL\'s −sg(ρ)·A·logp, out-of-window tokens dropped, sum per sequence (default: "grpo")',
+    "--resume":
+      "--resume continue the run in --output_dir from its latest checkpoint (from step 0 if it stopped before its first) (default: false)",
     "--epsilon_high <x>": "--epsilon_high <x> upper clip range (default: --epsilon; minirl: --epsilon + 0.1, AgentRL's window)",
     // Task files next to GSM8K's format, and the environment's reward.
     "--dataset <name|path>":

@@ -167,6 +167,35 @@ describe("a run killed after its last step", () => {
   }, 120_000);
 });
 
+describe("a run killed before its first checkpoint", () => {
+  it("is run from step 0 by --resume (GRPO and SFT), to the uninterrupted run's adapter", async () => {
+    const sftWhole = path.join(root, "sft-first-whole");
+    await runSft(sftCfg(sftWhole, { num_epochs: 1 }));
+    const grpoWhole = path.join(root, "grpo-first-whole");
+    await runGrpo(grpoCfg(path.join(sftWhole, "final"), grpoWhole), evenCount);
+    for (const [kind, whole] of [
+      ["sft", sftWhole],
+      ["grpo", grpoWhole],
+    ] as const) {
+      // As a SIGKILL during step 2 leaves it (checkpoints every 10 steps): run.json, a logged step, a dead lock.
+      const cut = path.join(root, `${kind}-first-cut`);
+      await fs.mkdir(cut);
+      await fs.copyFile(path.join(whole, "run.json"), path.join(cut, "run.json"));
+      await fs.writeFile(
+        path.join(cut, "metrics.jsonl"),
+        (await fs.readFile(path.join(whole, "metrics.jsonl"), "utf8")).split("\n")[0] + "\n",
+      );
+      await fs.writeFile(path.join(cut, ".lock"), "999999999\n");
+      if (kind === "sft") await runSft(sftCfg(cut, { num_epochs: 1, resume: true }));
+      else await runGrpo(grpoCfg(path.join(sftWhole, "final"), cut, { resume: true }), evenCount);
+      const final = "final/adapter_model.safetensors";
+      expect(Buffer.compare(await read(cut, final), await read(whole, final)), kind).toBe(0);
+      const steps = (await fs.readFile(path.join(cut, "metrics.jsonl"), "utf8")).trim().split("\n");
+      expect(steps.map((l) => JSON.parse(l).step)).toEqual(kind === "sft" ? [1, 2, 3, 4] : [1, 2]);
+    }
+  }, 120_000);
+});
+
 describe("held-out evaluation with a .jsonl dataset", () => {
   it("never sees a training row; the split is printed and kept in run.json", async () => {
     const rows = generateSynthetic({ n: 12, seed: 7, ...TINY_PROBLEMS });
