@@ -135,7 +135,10 @@ export async function compiledDecodeFigures(
   for (let i = 0; i < 10; i++) {
     await device.queue.onSubmittedWorkDone();
     const e0 = dec.stats.encodeMs;
-    const read = dec.submit(rows, rows.map((_, k) => k));
+    const read = dec.submit(
+      rows,
+      rows.map((_, k) => k),
+    );
     idle.push((dec.stats.encodeMs - e0) * 1000);
     await read;
   }

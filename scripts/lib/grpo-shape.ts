@@ -77,9 +77,14 @@ export async function grpoShape(
   const prompts = tokenBatch(s.questions, s.promptLen, model.config.vocabSize, 3).flatMap((p) =>
     Array.from({ length: s.samples }, () => p),
   );
-  if (opts.llama) {
-    // The rollouts on llama.cpp (its behaviour log-probs kept for TIS), the update as below.
-    const r = await llamaShapeRollouts(model, prompts, s.newTokens, opts.llama);
+  // Rollouts by another engine than tfjs' path (their behaviour log-probs kept for TIS), the update as below.
+  const engineRollouts = opts.llama
+    ? await llamaShapeRollouts(model, prompts, s.newTokens, opts.llama)
+    : opts.compiled
+      ? await compiledShapeRollouts(opts.compiled, prompts, s.newTokens) // drawn inside each pass: no draws apart
+      : null;
+  if (engineRollouts) {
+    const r = engineRollouts;
     const update = opts.update === false ? noUpdate(beta) : await updateOf(model, prompts, r.generated, s, beta, r.logprobs);
     return {
       rows,
@@ -88,30 +93,12 @@ export async function grpoShape(
       prefillSeconds: round(r.prefillSeconds),
       decodeSeconds: round(r.rolloutSeconds - r.prefillSeconds),
       sampleSeconds: 0,
-      stepCallSeconds: 0,
+      stepCallSeconds: "hostSeconds" in r ? round(r.hostSeconds) : 0,
       rolloutSeconds: round(r.rolloutSeconds),
       sampledTokensPerS: round((rows * s.newTokens) / r.rolloutSeconds),
       ...update,
       backend: tf.getBackend(),
-      llama: r.info,
-    };
-  }
-  if (opts.compiled) {
-    // The rollouts on the compiled decoder (its log-probs kept as behaviour log-probs), the update as below.
-    const r = await compiledShapeRollouts(opts.compiled, prompts, s.newTokens);
-    const update = opts.update === false ? noUpdate(beta) : await updateOf(model, prompts, r.generated, s, beta, r.logprobs);
-    return {
-      rows,
-      promptTokens: s.promptLen,
-      newTokens: s.newTokens,
-      prefillSeconds: round(r.prefillSeconds),
-      decodeSeconds: round(r.rolloutSeconds - r.prefillSeconds),
-      sampleSeconds: 0, // drawn inside each pass
-      stepCallSeconds: round(r.hostSeconds),
-      rolloutSeconds: round(r.rolloutSeconds),
-      sampledTokensPerS: round((rows * s.newTokens) / r.rolloutSeconds),
-      ...update,
-      backend: tf.getBackend(),
+      ...("info" in r ? { llama: r.info } : {}),
     };
   }
   if (opts.rollouts === false) {

@@ -3,6 +3,7 @@
 import { UsageError } from "../../util/errors.ts";
 import { Rng } from "../../util/rng.ts";
 import { rolloutGroups } from "../rollout.ts";
+import type { RolloutConfig } from "../types.ts";
 import type { EngineContext, EngineEntry, RolloutEngine, StepRequest } from "./types.ts";
 
 export const localEngine: EngineEntry = {
@@ -17,6 +18,24 @@ export const localEngine: EngineEntry = {
   },
 };
 
+/** A step's rollout settings for the engines that generate in this process (GRPO's flags, the
+ *  step's seed, its tools or environments). */
+export function stepConfig(ctx: EngineContext, req: StepRequest): RolloutConfig {
+  const s = ctx.sampling;
+  return {
+    samplesPerPrompt: s.samplesPerPrompt,
+    maxNewTokens: s.maxNewTokens,
+    maxTurns: s.maxTurns,
+    temperature: s.temperature,
+    topP: s.topP,
+    topK: s.topK,
+    rng: new Rng(req.seedOf(req.step)),
+    tools: ctx.tools,
+    toolsInPrompt: s.toolsInPrompt,
+    envs: req.envs,
+  };
+}
+
 export class LocalEngine implements RolloutEngine {
   readonly name = "local";
   readonly behaviourLogprobs = false;
@@ -24,20 +43,7 @@ export class LocalEngine implements RolloutEngine {
   constructor(private readonly ctx: EngineContext) {}
 
   async rollouts(req: StepRequest) {
-    const s = this.ctx.sampling;
-    const trajs = await this.generate(req.prompts(req.step), {
-      samplesPerPrompt: s.samplesPerPrompt,
-      maxNewTokens: s.maxNewTokens,
-      maxTurns: s.maxTurns,
-      temperature: s.temperature,
-      topP: s.topP,
-      topK: s.topK,
-      rng: new Rng(req.seedOf(req.step)),
-      tools: this.ctx.tools,
-      toolsInPrompt: s.toolsInPrompt,
-      envs: req.envs,
-    });
-    return { trajs, metrics: {} };
+    return { trajs: await this.generate(req.prompts(req.step), stepConfig(this.ctx, req)), metrics: {} };
   }
 
   generate: RolloutEngine["generate"] = (prompts, cfg) => rolloutGroups(this.ctx.model, this.ctx.tokenizer, prompts, cfg);

@@ -11,10 +11,9 @@ import { Decoder, decoderUnsupported } from "../../engine/webgpu/decode/decoder.
 import { CompiledBatch } from "../../engine/webgpu/decode/batch.ts";
 import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
 import { UsageError } from "../../util/errors.ts";
-import { Rng } from "../../util/rng.ts";
 import { rolloutGroups } from "../rollout.ts";
 import { rawDistribution } from "./llama.ts";
-import { LocalEngine } from "./local.ts";
+import { LocalEngine, stepConfig } from "./local.ts";
 import type { EngineContext, EngineEntry, EngineFlags, RolloutEngine, StepRequest } from "./types.ts";
 
 function checkFlags(f: EngineFlags, name: string): void {
@@ -71,20 +70,7 @@ export class WebgpuEngine implements RolloutEngine {
   }
 
   async rollouts(req: StepRequest) {
-    const s = this.ctx.sampling;
-    const trajs = await this.generate(req.prompts(req.step), {
-      samplesPerPrompt: s.samplesPerPrompt,
-      maxNewTokens: s.maxNewTokens,
-      maxTurns: s.maxTurns,
-      temperature: s.temperature,
-      topP: s.topP,
-      topK: s.topK,
-      rng: new Rng(req.seedOf(req.step)),
-      tools: this.ctx.tools,
-      toolsInPrompt: s.toolsInPrompt,
-      envs: req.envs,
-    });
-    return { trajs, metrics: {} };
+    return { trajs: await this.generate(req.prompts(req.step), stepConfig(this.ctx, req)), metrics: {} };
   }
 
   generate: RolloutEngine["generate"] = (prompts, cfg) =>
