@@ -122,11 +122,8 @@ async function fromCandidates(
   us: number[],
 ): Promise<{ draws: (RowDraw | null)[]; floats: number }> {
   const [B, V] = logits.shape;
-  const greedy = params.temperature === 0;
-  const T = greedy ? 1 : params.temperature;
-  const topP = params.topP ?? 1;
-  const topK = Math.min(params.topK ?? 0, V);
-  const K = Math.min(V, greedy ? 2 : Math.max(CANDIDATES, topK + 1)); // greedy: is the max unique?
+  const T = params.temperature === 0 ? 1 : params.temperature;
+  const K = candidatesFor(params, V);
   const packed = tf.tidy(() => {
     const x = logits.dtype === "float32" ? logits : tf.cast(logits, "float32");
     const { values, indices } = tf.topk(x, K); // [B, K], value descending (ties in any order)
@@ -153,6 +150,25 @@ async function fromCandidates(
   const data = (await packed.data()) as Float32Array;
   packed.dispose();
 
+  return { draws: drawCandidates(data, K, V, params, us), floats: B * (2 + 2 * K) };
+}
+
+/** Candidate count per row for these settings: the top CANDIDATES (topK + 1 when more, so the k-th
+ *  is known to be above the rest), 2 for greedy (is the max unique?). */
+export function candidatesFor(params: SamplingParams, V: number): number {
+  const topK = Math.min(params.topK ?? 0, V);
+  return Math.min(V, params.temperature === 0 ? 2 : Math.max(CANDIDATES, topK + 1));
+}
+
+/** Per row of packed candidates [below, atKth, values K, ids K] (any order of the K; `below` the
+ *  normaliser's part under the K-th value, `atKth` the count of tokens tied at it), the draw with
+ *  uniform us[b] in rank order, or null where the candidates cannot decide it (the caller reads that
+ *  row). The device path of sampleTokens and the compiled decoder's (engine/webgpu/decode/) share it. */
+export function drawCandidates(data: Float32Array, K: number, V: number, params: SamplingParams, us: number[]): (RowDraw | null)[] {
+  const greedy = params.temperature === 0;
+  const T = greedy ? 1 : params.temperature;
+  const topP = params.topP ?? 1;
+  const topK = Math.min(params.topK ?? 0, V);
   const W = 2 + 2 * K;
   const draws = us.map((u, b): RowDraw | null => {
     const row = data.subarray(b * W, (b + 1) * W);
@@ -184,5 +200,5 @@ async function fromCandidates(
     if (d === null) return null;
     return drawn(d.index, (raw) => (topK === 0 && topP === 1 ? raw : Math.log(w[d.index] / d.mass)));
   });
-  return { draws, floats: B * W };
+  return draws;
 }

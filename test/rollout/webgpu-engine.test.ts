@@ -35,6 +35,9 @@ import { defaultsOf } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { runGrpo } from "../../src/run/grpo-run.ts";
 import { Rng } from "../../src/util/rng.ts";
+import { candidatesFor, drawCandidates } from "../../src/rollout/sampler.ts";
+import { sampleRow } from "../../src/rollout/sample-row.ts";
+import { CAND_K } from "../../src/engine/webgpu/decode/programs.ts";
 import { webgpuForTests } from "../engine/webgpu/helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
@@ -74,6 +77,43 @@ describe.skipIf(!gpu)("the compiled decoder's passes", () => {
       dec.dispose();
       model.dispose();
     });
+});
+
+describe.skipIf(!gpu)("the compiled decoder's top-k/top-p candidates", () => {
+  it("are a row's 64 most likely tokens with the normaliser below them: the draws are the rank walk's over the whole row, 520 bytes read a row", async () => {
+    expect(await initBackend("webgpu")).toBe("webgpu");
+    const model = await loadModel(FIX, { adapter: `${FIX}/lora`, quantize: "nf4" });
+    const V = model.config.vocabSize;
+    const dec = new Decoder(model);
+    dec.prepare(3, 16, 16, true);
+    const rows = [3, 9, 27].map((token, slot) => ({ token, slot, pos: 0 }));
+    const k = [0, 1, 2];
+    for (const params of [
+      { temperature: 1, topK: 20 },
+      { temperature: 0.02, topP: 0.9 }, // this fixture's rows are flat: a nucleus within 64 tokens needs a low temperature
+      { temperature: 1.3, topK: 40, topP: 0.8 },
+    ]) {
+      const K = candidatesFor(params, V);
+      const read0 = dec.stats.readbackBytes;
+      const data = (await dec.submit(rows, k, [], params.temperature, false, undefined, undefined, K))!;
+      expect(dec.stats.readbackBytes - read0).toBeLessThanOrEqual(1024 * rows.length);
+      const W = 2 + 2 * CAND_K,
+        packed = new Float32Array(3 * (2 + 2 * K));
+      k.forEach((i) => packed.set(data.subarray(i * W, i * W + 2 + 2 * K), i * (2 + 2 * K)));
+      const logits = await dec.readLogits(k);
+      for (const u of [0.05, 0.5, 0.95]) {
+        const got = drawCandidates(packed, K, V, params, [u, u, u]);
+        k.forEach((i) => {
+          const want = sampleRow(logits.subarray(i * V, (i + 1) * V), params, u, undefined, "rank");
+          expect(got[i]).not.toBeNull(); // decided by the 64 candidates (a flatter row is read whole)
+          expect(got[i]!.token).toBe(want.token);
+          expect(Math.abs(got[i]!.logprob - want.logprob)).toBeLessThan(1e-5);
+        });
+      }
+    }
+    dec.dispose();
+    model.dispose();
+  });
 });
 
 const prompts = generateSynthetic({ ...TINY_PROBLEMS, n: 8, seed: 5 }).map((e) => toPrompt(e.question));

@@ -15,13 +15,15 @@
  *  - Draws are keyed: the uniform of row r's token at position q is keyedUniform(seed, r, q), the seed
  *    taken once from the caller's rng, so a row draws the same tokens whatever else the batch holds
  *    and whichever pass computes them. Temperature 0 is the argmax, a temperature without top-k/top-p
- *    the whole-vocabulary id walk on the device (vocab.ts' kernel); top-k/top-p read the sampling
- *    rows' logits and draw with the host's rank walk (sample-row.ts), one step at a time. */
+ *    the whole-vocabulary id walk on the device (vocab.ts' kernel); top-k/top-p read each sampling
+ *    row's 64 most likely tokens, found on the device, and draw them in rank order on the host
+ *    (sampler.ts), one step at a time. */
 import { NonFiniteError } from "../../../util/errors.ts";
 import { keyedUniform, type Rng } from "../../../util/rng.ts";
 import type { DecodeRows } from "../../../rollout/decode-batch.ts";
-import { sampleRow, Scratch, type SamplingParams } from "../../../rollout/sample-row.ts";
-import type { SampleResult } from "../../../rollout/sampler.ts";
+import { sampleRow, Scratch, type RowDraw, type SamplingParams } from "../../../rollout/sample-row.ts";
+import { candidatesFor, drawCandidates, type SampleResult } from "../../../rollout/sampler.ts";
+import { CAND_K } from "./programs.ts";
 import { drawsOf, type Decoder, type PassRow } from "./decoder.ts";
 
 /** Prompt tokens a prefill pass takes at most (with the decode rows, the decoder's pass capacity). */
@@ -149,7 +151,10 @@ export class CompiledBatch implements DecodeRows {
     return { tokens, logprobs: positions.map((p) => byRow.get(p)!.logprob), readFloats: 2 * this.rows.length * (read ? 2 : 1) };
   }
 
-  /** top-k/top-p: the sampling rows' logits read back and drawn by the host's rank walk. */
+  /** top-k/top-p: each row's K most likely tokens found on the device and read back (at most 520
+   *  bytes a row), drawn by the host in rank order (sampler.ts drawCandidates); a row they cannot
+   *  decide (a flat row, ties at the K-th value) has its logits read and drawn by the rank walk
+   *  (sample-row.ts), as sampler.ts' candidate path does. */
   private async onHost(
     pending: PassRow[],
     positions: number[],
@@ -157,13 +162,28 @@ export class CompiledBatch implements DecodeRows {
     params: SamplingParams,
     u: (p: number, q: number) => number,
   ): Promise<SampleResult> {
-    const { logits } = await this.dec.pass(pending, rows, [], 0, true);
-    const V = logits!.length / rows.length;
-    const scratch = new Scratch(V);
-    const draws = rows.map((m, k) =>
-      sampleRow(logits!.subarray(k * V, (k + 1) * V), params, u(positions[k], pending[m].pos + 1), scratch, "rank"),
-    );
-    return { tokens: draws.map((d) => d.token), logprobs: draws.map((d) => d.logprob), readFloats: logits!.length };
+    const V = this.dec.vocabSize;
+    const us = rows.map((m, k) => u(positions[k], pending[m].pos + 1));
+    const K = candidatesFor(params, V);
+    let draws: (RowDraw | null)[] = rows.map(() => null);
+    let floats = 0;
+    if (K <= CAND_K) {
+      const data = (await this.dec.submit(pending, rows, [], params.temperature, false, undefined, undefined, K))!;
+      const W = 2 + 2 * CAND_K,
+        packed = new Float32Array(rows.length * (2 + 2 * K));
+      rows.forEach((_, k) => packed.set(data.subarray(k * W, k * W + 2 + 2 * K), k * (2 + 2 * K)));
+      draws = drawCandidates(packed, K, V, params, us);
+      floats = data.length;
+    } else await this.dec.pass(pending, rows, [], 0, true); // more candidates than a row reads back: whole rows
+    const rest = draws.flatMap((d, k) => (d === null ? [k] : []));
+    if (rest.length > 0) {
+      const logits = await this.dec.readLogits(rest);
+      const scratch = new Scratch(V);
+      rest.forEach((k, i) => (draws[k] = sampleRow(logits.subarray(i * V, (i + 1) * V), params, us[k], scratch, "rank")));
+      floats += logits.length;
+    }
+    const done = draws as RowDraw[];
+    return { tokens: done.map((d) => d.token), logprobs: done.map((d) => d.logprob), readFloats: floats };
   }
 
   /** The logits of every row that read a token since the last draw, [rows × V] (zeros elsewhere). */

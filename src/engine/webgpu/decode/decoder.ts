@@ -13,8 +13,8 @@
  *    copied once per prepare() into buffers the decoder owns, so the trainer may assign its
  *    variables freely between generations.
  *  No tfjs op runs in a pass. tfjs' pending commands are submitted before the decoder's (one queue, in
- *  order). Leaves out: top-k/top-p on the device (the logits of those rows are read back and drawn by
- *  the host's rank walk), f16 math, multiple devices. */
+ *  order). A top-k/top-p draw reads each row's K most likely tokens (found on the device) and draws
+ *  on the host. Leaves out: f16 math, subgroups, multiple devices. */
 import * as tf from "@tensorflow/tfjs";
 import { ropeInvFreq, ropeTables } from "../../../model/attention.ts";
 import { moduleDims } from "../../../model/lora.ts";
@@ -24,6 +24,8 @@ import type { BaseWeight } from "../../../model/weight.ts";
 import type { Backend } from "../../kernels.ts";
 import {
   attnKernel,
+  CAND_K,
+  candidatesKernel,
   embedKernel,
   mmKernel,
   MM_COLS,
@@ -128,7 +130,7 @@ export class Decoder {
   } | null = null;
   private readonly pipelines = new Map<string, { pipeline: GPUComputePipeline; layout: GPUBindGroupLayout }>();
   /** The pass's dispatches for the bound weights: layer stack (every pass) and head (sampling passes). */
-  private plan: { rows: Dispatch[]; head: Dispatch[]; sample: Map<number, Dispatch> } | null = null;
+  private plan: { rows: Dispatch[]; head: Dispatch[]; sample: Map<number | string, Dispatch> } | null = null;
   private boundBuffers: GPUBuffer[] = [];
   private metaHost = new Int32Array(0);
   private slots = 0; // KV slots allocated
@@ -241,6 +243,7 @@ export class Decoder {
     logits = false,
     slots = samples.map((m) => rows[m].slot),
     readSlots = this.slots,
+    candidates = 0,
   ): Promise<Float32Array> | null {
     const s = this.shape!,
       b = this.bufs!,
@@ -288,14 +291,17 @@ export class Decoder {
     };
     for (const d of plan.rows) run(d);
     let staging: GPUBuffer | null = null;
-    const bytes = logits ? 4 * S * s.V : 8 * readSlots;
+    const W = 2 + 2 * CAND_K;
+    const bytes = logits ? 4 * S * s.V : candidates > 0 ? 4 * S * W : 8 * readSlots;
     if (S > 0) {
       for (const d of plan.head) run(d);
-      if (!logits) run(this.samplePipeline(T));
+      if (candidates > 0) run(this.candidatesPipeline(candidates, T));
+      else if (!logits) run(this.samplePipeline(T));
       staging = this.stagingFor(bytes);
     }
     cp.end();
-    if (staging) enc.copyBufferToBuffer(logits ? b.logits : b.scratch, logits ? 0 : 4 * scratchLayout(s).OUT, staging, 0, bytes);
+    const from = logits ? 0 : 4 * (candidates > 0 ? scratchLayout(s).CAND : scratchLayout(s).OUT);
+    if (staging) enc.copyBufferToBuffer(logits ? b.logits : b.scratch, from, staging, 0, bytes);
     const commands = enc.finish();
     const t1 = performance.now();
     this.device.queue.submit([commands]);
@@ -314,6 +320,10 @@ export class Decoder {
       this.stats.readbackBytes += bytes;
       return data;
     });
+  }
+
+  get vocabSize(): number {
+    return this.model.config.vocabSize;
   }
 
   /** Rows a pass takes at most (as prepared). */
@@ -462,6 +472,36 @@ export class Decoder {
     });
     this.stats.bindGroupsCreated++;
     return { pipeline, group, grid };
+  }
+
+  /** The logits of the last pass's sampling rows `ks` (their index among its samples), [ks × V]. */
+  readLogits(ks: number[]): Promise<Float32Array> {
+    const V = this.shape!.V,
+      bytes = 4 * V * ks.length;
+    const staging = this.stagingFor(bytes);
+    const enc = this.device.createCommandEncoder();
+    ks.forEach((k, i) => enc.copyBufferToBuffer(this.bufs!.logits, 4 * V * k, staging, 4 * V * i, 4 * V));
+    this.device.queue.submit([enc.finish()]);
+    this.stats.submits++;
+    return staging.mapAsync(GPUMapMode.READ, 0, bytes).then(() => {
+      const data = new Float32Array(staging.getMappedRange(0, bytes).slice(0));
+      staging.unmap();
+      if (this.bufs) this.staging.push(staging);
+      else staging.destroy();
+      this.stats.readbackBytes += bytes;
+      return data;
+    });
+  }
+
+  private candidatesPipeline(K: number, T: number): Dispatch {
+    const key = `candidates ${K} ${T}`;
+    let d = this.plan!.sample.get(key);
+    if (!d) {
+      const b = this.bufs!;
+      d = this.dispatch(candidatesKernel(this.shape!, K, T), { drawn: b.scratch, rin: b.meta, logits: b.logits }, (_, S) => [S, 1]);
+      this.plan!.sample.set(key, d);
+    }
+    return d;
   }
 
   private samplePipeline(T: number): Dispatch {

@@ -16,7 +16,7 @@
  *  slot in one pass are causal by construction. Sizes are compiled into the shaders (a model has one
  *  shape; capacity changes recompile). Leaves out: f16 math, subgroups, paged KV. */
 import { NF4_BLOCK, NF4_CODE } from "../../../model/quant.ts";
-import { f32, rowPrelude } from "../program.ts";
+import { cols, f32, rowPrelude } from "../program.ts";
 import { drawWgsl, greedyWgsl } from "../vocab.ts";
 
 /** Ints per row in meta, after a 4-int header [M, S, 0, 0]: token, slot, position, prefix slot,
@@ -25,6 +25,8 @@ export const ROW_INTS = 5;
 /** Ints per sampling row: its pass row (whose output it draws from), the slot whose draw it is (a
  *  group's rows draw from their prompt's one row), and its uniform as two float32 bit patterns. */
 export const SAMPLE_INTS = 4;
+/** Candidates a top-k/top-p row reads back at most: [below, tied, values, ids] is 520 bytes. */
+export const CAND_K = 64;
 /** Rows a matmul workgroup computes together (each weight read serves them). */
 export const TM = 8;
 /** A product's workgroup: MM_COLS adjacent output columns (adjacent threads, adjacent weights) ×
@@ -64,7 +66,8 @@ export interface DecodeShape {
 }
 
 /** Scratch regions (floats): the residual x, the normed xn, q (then the attention output), the LoRA
- *  t, the MLP activation h, and per slot the [token, log-prob] its last draw wrote. */
+ *  t, the MLP activation h, per slot the [token, log-prob] its last draw wrote, and per sampling row
+ *  its top-k/top-p candidates. */
 export function scratchLayout(s: DecodeShape) {
   const q = s.nH * s.hd;
   const X = 0,
@@ -73,8 +76,9 @@ export function scratchLayout(s: DecodeShape) {
     T = Q + s.rowsCap * q,
     HB = T + s.rowsCap * tWidth(s),
     OUT = HB + s.rowsCap * s.I,
-    size = OUT + 2 * s.samplesCap;
-  return { X, XN, Q, T, HB, OUT, size };
+    CAND = OUT + 2 * s.samplesCap,
+    size = CAND + s.samplesCap * (2 + 2 * CAND_K);
+  return { X, XN, Q, T, HB, OUT, CAND, size };
 }
 /** LoRA t columns per row: the widest module's members × r (q/k/v: 3). */
 const tWidth = (s: DecodeShape) => 3 * Math.max(1, s.rank);
@@ -513,5 +517,84 @@ export function sampleKernel(s: DecodeShape, T: number): Kernel {
       ["logits", "read-only-storage"],
     ],
     `${rowPrelude(256, "rin[1]")}${T === 0 ? greedyWgsl(s.V, io) : drawWgsl(s.V, T, io)}`,
+  );
+}
+
+/** A top-k/top-p row's candidates, what sampler.ts drawCandidates reads: [below, tied, values K, ids K]
+ *  with the K largest logits (any order; of the ties at the K-th value, any that fit), `below` the
+ *  normaliser's part under the K-th value (Σ exp((x − max)/T)), `tied` the count at it. The K-th
+ *  value is found exactly by bisecting on the float's order-preserving bit pattern (32 counts of
+ *  the row), so no sort of the vocabulary. One workgroup per sampling row; written to the scratch's
+ *  CAND region (K ≤ CAND_K). */
+export function candidatesKernel(s: DecodeShape, K: number, T: number): Kernel {
+  const { CAND } = scratchLayout(s);
+  const V = s.V,
+    W = 2 + 2 * CAND_K;
+  return kernel(
+    `cand_${K}_${T}`,
+    256,
+    [
+      ["drawn", "storage"],
+      ["rin", "read-only-storage"],
+      ["logits", "read-only-storage"],
+    ],
+    `${rowPrelude(256, "rin[1]")}
+var<workgroup> filled: atomic<u32>;
+fn key(v: f32) -> u32 {
+  let b = bitcast<u32>(v);
+  return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+fn unkey(k: u32) -> f32 { return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u)); }
+fn main(index: i32) {
+  let o = row() * ${V};
+  var m = -3.4028234663852886e38;
+  ${cols(V, 256, `m = max(m, logits[o + j]);`)}
+  m = reduceMax(m);
+  // the largest key t with at least K logits at or above it: the K-th value
+  var lo = 0u;
+  var hi = 0xffffffffu;
+  for (var it = 0; it < 32; it++) {
+    let mid = lo + (hi - lo) / 2u + ((hi - lo) & 1u); // the upper middle, without overflowing at the full range
+    var c = 0.0;
+    ${cols(V, 256, `if (key(logits[o + j]) >= mid) { c += 1.0; }`)}
+    let n = reduceSum(c);
+    let up = n >= ${f32(K)};
+    lo = select(lo, mid, up);
+    hi = select(mid - 1u, hi, up);
+  }
+  let kth = unkey(lo);
+  if (localIndex == 0u) { atomicStore(&filled, 0u); }
+  workgroupBarrier();
+  let out = ${CAND} + row() * ${W};
+  var below = 0.0;
+  var tied = 0.0;
+  ${cols(
+    V,
+    256,
+    `let v = logits[o + j];
+    if (v > kth) {
+      let at = atomicAdd(&filled, 1u);
+      if (rowOk()) { drawn[out + 2 + i32(at)] = v; drawn[out + 2 + ${K} + i32(at)] = f32(j); }
+    } else if (v < kth) {
+      let z = (v - m) / ${f32(T)};
+      if (z > -40.0) { below += exp(z); }
+    } else { tied += 1.0; }`,
+  )}
+  workgroupBarrier();
+  ${cols(
+    V,
+    256,
+    `if (logits[o + j] == kth) {
+      let at = atomicAdd(&filled, 1u);
+      if (at < ${K}u && rowOk()) { drawn[out + 2 + i32(at)] = kth; drawn[out + 2 + ${K} + i32(at)] = f32(j); }
+    }`,
+  )}
+  let b = reduceSum(below);
+  let t = reduceSum(tied);
+  if (rowOk() && localIndex == 0u) {
+    drawn[out] = b;
+    drawn[out + 1] = t;
+  }
+}`,
   );
 }
