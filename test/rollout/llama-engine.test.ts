@@ -23,9 +23,8 @@ import type { EngineFlags, RolloutEngine } from "../../src/rollout/engines/types
 import { rolloutGroups } from "../../src/rollout/rollout.ts";
 import { turnRollouts } from "../../src/rollout/turns.ts";
 import type { RolloutConfig, Trajectory } from "../../src/rollout/types.ts";
-import { defaultsOf } from "../../src/run/flags.ts";
-import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { runGrpo } from "../../src/run/grpo-run.ts";
+import { engineGrpoRun } from "./helpers/engine-grpo.ts";
 import { openPolicy, type Policy } from "../../src/run/policy.ts";
 import { UsageError } from "../../src/util/errors.ts";
 import { Rng } from "../../src/util/rng.ts";
@@ -200,41 +199,8 @@ describe.skipIf(loadError !== null && !process.env.CI)("the llama rollout engine
 
   it("trains with GRPO, logging the engine's log-prob gap, the TIS cut and the adapter swap", async () => {
     const out = path.join(dir, "grpo");
-    const r = await runGrpo(
-      {
-        ...defaultsOf(GRPO_FLAGS),
-        ...flags,
-        rollout_engine: "llama",
-        model_path: TINY_BASE_DIR,
-        dataset: "synthetic",
-        synthetic: TINY_PROBLEMS,
-        max_steps: 2,
-        prompts_per_step: 2,
-        samples_per_prompt: 4,
-        max_new_tokens: 64,
-        max_turns: 3,
-        temperature: 1,
-        learning_rate: 5e-3,
-        lora_r: 4,
-        lora_alpha: 8,
-        quantize: "nf4",
-        tools_in_prompt: false,
-        eval_samples: 0,
-        backend: "wasm",
-        output_dir: out,
-        quiet: true,
-      },
-      (t) => {
-        const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
-        const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
-        return { reward: even, components: { even } };
-      },
-    );
-    expect(r.steps).toBe(2);
-    const m = (await fs.readFile(path.join(out, "metrics.jsonl"), "utf8"))
-      .trim()
-      .split("\n")
-      .map((l) => JSON.parse(l));
+    const { steps, metrics: m } = await engineGrpoRun(out, { ...flags, rollout_engine: "llama", backend: "wasm" });
+    expect(steps).toBe(2);
     for (const x of m) {
       expect(x.adapter_swap_time).toBeGreaterThan(0);
       expect(x.engine_logprob_gap).toBeLessThan(1e-3); // the NF4 base dequantized, as the trainer holds it

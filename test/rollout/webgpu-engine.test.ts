@@ -31,9 +31,7 @@ import { encodePrompts, rolloutGroups, stopTokenIds } from "../../src/rollout/ro
 import { Batcher } from "../../src/serve/openai/batcher.ts";
 import type { RolloutConfig, Trajectory } from "../../src/rollout/types.ts";
 import { openPolicy, type Policy } from "../../src/run/policy.ts";
-import { defaultsOf } from "../../src/run/flags.ts";
-import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
-import { runGrpo } from "../../src/run/grpo-run.ts";
+import { engineGrpoRun } from "./helpers/engine-grpo.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { candidatesFor, drawCandidates } from "../../src/rollout/sampler.ts";
 import { sampleRow } from "../../src/rollout/sample-row.ts";
@@ -333,40 +331,8 @@ describe.skipIf(!gpu)("GRPO on --backend webgpu (the compiled decoder by default
   it("trains, its sampled log-probs within 1e-4 of the trainer's at every step (engine_logprob_gap)", async () => {
     const out = await fs.mkdtemp(path.join(os.tmpdir(), "webgpu-grpo-"));
     try {
-      const r = await runGrpo(
-        {
-          ...defaultsOf(GRPO_FLAGS),
-          model_path: TINY_BASE_DIR,
-          dataset: "synthetic",
-          synthetic: TINY_PROBLEMS,
-          max_steps: 2,
-          prompts_per_step: 2,
-          samples_per_prompt: 4,
-          max_new_tokens: 48,
-          max_turns: 3,
-          temperature: 1,
-          learning_rate: 5e-3,
-          lora_r: 4,
-          lora_alpha: 8,
-          quantize: "nf4",
-          tools_in_prompt: false,
-          eval_samples: 0,
-          backend: "webgpu",
-          output_dir: out,
-          quiet: true,
-        },
-        // a reward every group varies in (the base rarely solves a problem): the share of even ids sampled
-        (t) => {
-          const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
-          const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
-          return { reward: even, components: { even } };
-        },
-      );
-      expect(r.steps).toBe(2);
-      const m = (await fs.readFile(path.join(out, "metrics.jsonl"), "utf8"))
-        .trim()
-        .split("\n")
-        .map((l) => JSON.parse(l));
+      const { steps, metrics: m } = await engineGrpoRun(out, { backend: "webgpu", max_new_tokens: 48 });
+      expect(steps).toBe(2);
       for (const x of m) {
         expect(x.engine_logprob_gap).toBeLessThan(1e-4); // logged only by an engine with its own log-probs: the decoder
         expect(x.tis_clipped_fraction).toBe(0);
