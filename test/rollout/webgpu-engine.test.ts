@@ -35,7 +35,7 @@ import { engineGrpoRun } from "./helpers/engine-grpo.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { candidatesFor, drawCandidates } from "../../src/rollout/sampler.ts";
 import { sampleRow } from "../../src/rollout/sample-row.ts";
-import { CAND_K } from "../../src/engine/webgpu/decode/programs.ts";
+import { CAND_K } from "../../src/engine/webgpu/decode/layout.ts";
 import { webgpuForTests } from "../engine/webgpu/helpers/adapter.ts";
 
 const gpu = await webgpuForTests();

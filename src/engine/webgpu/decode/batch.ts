@@ -23,7 +23,7 @@ import { keyedUniform, type Rng } from "../../../util/rng.ts";
 import type { DecodeRows } from "../../../rollout/decode-batch.ts";
 import { sampleRow, Scratch, type RowDraw, type SamplingParams } from "../../../rollout/sample-row.ts";
 import { candidatesFor, drawCandidates, type SampleResult } from "../../../rollout/sampler.ts";
-import { CAND_K } from "./programs.ts";
+import { CAND_K } from "./layout.ts";
 import { drawsOf, type Decoder, type PassRow } from "./decoder.ts";
 
 /** Prompt tokens a prefill pass takes at most (with the decode rows, the decoder's pass capacity). */
@@ -44,9 +44,9 @@ export class CompiledBatch implements DecodeRows {
   private pending: PassRow[] = [];
   private hidden: number[]; // row → its pass row in `pending` whose output it samples from, −1: none
   private ahead: Ahead | null = null; // the pass submitted one step ahead
-  private fedAhead: Ahead | null = null; // the same, until the next step() has matched its rows' feeds
+  private fedAhead = false; // the last draw submitted a pass ahead that the next step() has not matched yet
   private fromAhead: boolean[]; // row → its hidden state is in `ahead` (fed its drawn token)
-  private drawnAhead: Int32Array | null = null; // what `ahead`'s rows drew at the last sample (by slot)
+  private drawnAhead = new Map<number, number>(); // row → the token it drew at the last sample
   private seed: number | null = null;
 
   constructor(
@@ -135,7 +135,7 @@ export class CompiledBatch implements DecodeRows {
       )!,
       params,
     };
-    this.fedAhead = this.ahead;
+    this.fedAhead = true;
     // the draws: the rows fed ahead from the earlier pass ahead's read, the others from this step's
     const byRow = new Map<number, { token: number; logprob: number }>();
     const take = (data: Float32Array, slots: number[]) => {
@@ -147,7 +147,7 @@ export class CompiledBatch implements DecodeRows {
     if (read) take(await read, late);
     const tokens = positions.map((p) => byRow.get(p)!.token);
     if (tokens.some((t) => t < 0)) throw new NonFiniteError("the largest logit of a sampled row", NaN);
-    this.drawnAhead = Int32Array.from(tokens);
+    this.drawnAhead = new Map(positions.map((p, k) => [p, tokens[k]]));
     return { tokens, logprobs: positions.map((p) => byRow.get(p)!.logprob), readFloats: 2 * this.rows.length * (read ? 2 : 1) };
   }
 
@@ -205,19 +205,16 @@ export class CompiledBatch implements DecodeRows {
     if (unread.length > 0) this.dec.submit(unread); // nothing sampled from it: its keys and values still count
     // the rows the last draw's pass ahead fed (a step nothing drew in has none)
     const fed = this.fedAhead;
-    this.fedAhead = null;
-    const ahead = new Set(fed?.slots ?? []);
+    this.fedAhead = false;
     for (const p of this.rows) {
       this.fromAhead[p] = false;
       if (done(p) || hold?.[p]) continue;
       let toks = typeof feed[p] === "number" ? [feed[p] as number] : (feed[p] as number[]);
-      if (ahead.has(p)) {
+      const drew = fed ? this.drawnAhead.get(p) : undefined;
+      if (drew !== undefined) {
         // the pass ahead fed this row the token it drew: that is its first token here
-        const k = fed!.slots.indexOf(p);
-        if (toks[0] !== this.drawnAhead![k])
-          throw new Error(
-            `CompiledBatch: row ${p} was fed ${toks[0]} where it drew ${this.drawnAhead![k]}; a drawing row reads its draw first`,
-          );
+        if (toks[0] !== drew)
+          throw new Error(`CompiledBatch: row ${p} was fed ${toks[0]} where it drew ${drew}; a drawing row reads its draw first`);
         this.next[p]++;
         toks = toks.slice(1);
         if (toks.length === 0) {
@@ -236,7 +233,8 @@ export class CompiledBatch implements DecodeRows {
   dispose(): void {
     this.pending = [];
     this.ahead?.read.catch(() => {}); // its read frees its buffer when it lands
-    this.ahead = this.fedAhead = null;
+    this.ahead = null;
+    this.fedAhead = false;
   }
 
   private srcOf(p: number): { src: number; srcLen: number } {

@@ -1,4 +1,4 @@
-/** The compiled decoder: Qwen2 passes as this project's own WGSL programs (programs.ts) on the
+/** The compiled decoder: Qwen2 passes as this project's own WGSL programs (layer-programs.ts, vocab-programs.ts; plan.ts) on the
  *  GPUDevice tfjs holds, with the recipe of efficient WebGPU engines:
  *  - pipelines compiled once per shape and capacity; a KV cache of fixed per-layer buffers (slots ×
  *    positions), one scratch buffer for the activations, one small `meta` buffer for a pass's rows;
@@ -22,25 +22,8 @@ import type { Qwen2ForCausalLM } from "../../../model/qwen2.ts";
 import { FUSED, FUSED_MODULES, type FusedModule, type LoraTarget } from "../../../model/types.ts";
 import type { BaseWeight } from "../../../model/weight.ts";
 import type { Backend } from "../../kernels.ts";
-import {
-  attnKernel,
-  CAND_K,
-  candidatesKernel,
-  embedKernel,
-  mmKernel,
-  MM_COLS,
-  paramsLayout,
-  prepKernel,
-  ROW_INTS,
-  SAMPLE_INTS,
-  sampleKernel,
-  scratchLayout,
-  TM,
-  type DecodeShape,
-  type Kernel,
-  type MmKind,
-  type WeightFormat,
-} from "./programs.ts";
+import { CAND_K, paramsLayout, ROW_INTS, SAMPLE_INTS, scratchLayout, type DecodeShape, type MmKind } from "./layout.ts";
+import { PipelineCache, Plan, type DecoderBuffers, type Dispatch } from "./plan.ts";
 
 /** One row of a pass: the token it reads at `pos` of its KV slot; positions below `srcLen` are read
  *  from slot `src` (a prompt prefilled once for its group). */
@@ -118,19 +101,10 @@ export class Decoder {
   private readonly device: GPUDevice;
   private readonly backend: Backend;
   private shape: DecodeShape | null = null;
-  private bufs: {
-    scratch: GPUBuffer;
-    meta: GPUBuffer;
-    params: GPUBuffer;
-    lora: GPUBuffer;
-    logits: GPUBuffer;
-    uniforms: GPUBuffer;
-    kc: GPUBuffer[];
-    vc: GPUBuffer[];
-  } | null = null;
-  private readonly pipelines = new Map<string, { pipeline: GPUComputePipeline; layout: GPUBindGroupLayout }>();
-  /** The pass's dispatches for the bound weights: layer stack (every pass) and head (sampling passes). */
-  private plan: { rows: Dispatch[]; head: Dispatch[]; sample: Map<number | string, Dispatch> } | null = null;
+  private bufs: DecoderBuffers | null = null;
+  private readonly pipelines: PipelineCache;
+  /** The passes' dispatches over the bound weights and buffers (plan.ts). */
+  private plan: Plan | null = null;
   private boundBuffers: GPUBuffer[] = [];
   private metaHost = new Int32Array(0);
   private slots = 0; // KV slots allocated
@@ -142,6 +116,7 @@ export class Decoder {
     if (reason) throw new Error(reason);
     this.backend = tf.backend() as unknown as Backend;
     this.device = this.backend.device as GPUDevice;
+    this.pipelines = new PipelineCache(this.device, this.stats);
   }
 
   /** Capacity for `slots` rows of `ctx` positions and passes of `rows` rows, and the adapter's
@@ -214,7 +189,18 @@ export class Decoder {
     this.stats.submits++;
 
     const weights = this.weightBuffers();
-    if (!this.plan || !sameShape || weights.some((w, i) => w !== this.boundBuffers[i])) this.buildPlan(weights);
+    if (!this.plan || !sameShape || weights.some((w, i) => w !== this.boundBuffers[i])) {
+      this.plan = new Plan({
+        device: this.device,
+        pipelines: this.pipelines,
+        stats: this.stats,
+        model: this.model,
+        shape,
+        bufs: this.bufs!,
+        buffer: (t) => this.buffer(t),
+      });
+      this.boundBuffers = weights;
+    }
   }
 
   /** One pass over `rows` (at most the prepared rows): the layer stack, then, for `samples` (pass row
@@ -295,8 +281,8 @@ export class Decoder {
     const bytes = logits ? 4 * S * s.V : candidates > 0 ? 4 * S * W : 8 * readSlots;
     if (S > 0) {
       for (const d of plan.head) run(d);
-      if (candidates > 0) run(this.candidatesPipeline(candidates, T));
-      else if (!logits) run(this.samplePipeline(T));
+      if (candidates > 0) run(plan.candidates(candidates, T));
+      else if (!logits) run(plan.draw(T));
       staging = this.stagingFor(bytes);
     }
     cp.end();
@@ -333,9 +319,8 @@ export class Decoder {
 
   /** Dispatches per layer of a sampling pass's layer stack (bench and tests). */
   get dispatchesPerLayer(): number {
-    return (this.plan!.rows.length - this.embedDispatches) / this.model.config.numHiddenLayers;
+    return (this.plan!.rows.length - this.plan!.embedDispatches) / this.model.config.numHiddenLayers;
   }
-  private embedDispatches = 0;
 
   /** Device bytes the decoder owns (KV cache, scratch, params, factors, logits, staging). */
   get bytes(): number {
@@ -432,48 +417,6 @@ export class Decoder {
     return out;
   }
 
-  private pipelineFor(k: Kernel): { pipeline: GPUComputePipeline; layout: GPUBindGroupLayout } {
-    let p = this.pipelines.get(k.key + "|" + this.shapeKey());
-    if (p) return p;
-    const layout = this.device.createBindGroupLayout({
-      entries: k.bindings.map(([, kind], i) => ({
-        binding: i,
-        visibility: GPUShaderStage.COMPUTE,
-        buffer: { type: kind as GPUBufferBindingType },
-      })),
-    });
-    const pipeline = this.device.createComputePipeline({
-      layout: this.device.createPipelineLayout({ bindGroupLayouts: [layout] }),
-      compute: { module: this.device.createShaderModule({ code: k.code }), entryPoint: "entry" },
-    });
-    this.stats.pipelinesCreated++;
-    p = { pipeline, layout };
-    this.pipelines.set(k.key + "|" + this.shapeKey(), p);
-    return p;
-  }
-
-  private shapeKey(): string {
-    return JSON.stringify(this.shape);
-  }
-
-  private dispatch(
-    k: Kernel,
-    buffers: Record<string, GPUBuffer | { buffer: GPUBuffer; offset: number; size: number }>,
-    grid: Dispatch["grid"],
-  ): Dispatch {
-    const { pipeline, layout } = this.pipelineFor(k);
-    const group = this.device.createBindGroup({
-      layout,
-      entries: k.bindings.map(([name], i) => {
-        const r = buffers[name];
-        if (!r) throw new Error(`decoder: kernel ${k.key} binds ${name}, which was not given`);
-        return { binding: i, resource: "offset" in r ? r : { buffer: r } };
-      }),
-    });
-    this.stats.bindGroupsCreated++;
-    return { pipeline, group, grid };
-  }
-
   /** The logits of the last pass's sampling rows `ks` (their index among its samples), [ks × V]. */
   readLogits(ks: number[]): Promise<Float32Array> {
     const V = this.shape!.V,
@@ -492,110 +435,4 @@ export class Decoder {
       return data;
     });
   }
-
-  private candidatesPipeline(K: number, T: number): Dispatch {
-    const key = `candidates ${K} ${T}`;
-    let d = this.plan!.sample.get(key);
-    if (!d) {
-      const b = this.bufs!;
-      d = this.dispatch(candidatesKernel(this.shape!, K, T), { drawn: b.scratch, rin: b.meta, logits: b.logits }, (_, S) => [S, 1]);
-      this.plan!.sample.set(key, d);
-    }
-    return d;
-  }
-
-  private samplePipeline(T: number): Dispatch {
-    let d = this.plan!.sample.get(T);
-    if (!d) {
-      const b = this.bufs!;
-      d = this.dispatch(sampleKernel(this.shape!, T), { drawn: b.scratch, rin: b.meta, logits: b.logits }, (_, S) => [S, 1]);
-      this.plan!.sample.set(T, d);
-    }
-    return d;
-  }
-
-  private buildPlan(weights: GPUBuffer[]): void {
-    const s = this.shape!,
-      b = this.bufs!,
-      w = this.model.weights,
-      L = this.model.config.numHiddenLayers;
-    const rows: Dispatch[] = [],
-      head: Dispatch[] = [];
-    const common = { s: b.scratch, rin: b.meta, params: b.params, lora: b.lora };
-    const flat =
-      (threads: (M: number) => number) =>
-      (M: number): [number, number] => {
-        const n = Math.ceil(threads(M) / 64);
-        return n <= 65535 ? [n, 1] : [65535, Math.ceil(n / 65535)];
-      };
-    // the embedding (and the head): Eᵀ's column blocks, each a dispatch
-    const blocks = (bw: BaseWeight) => {
-      const l = bw.layout;
-      return l.kind === "f32" ? [l.w] : l.kind === "blocks" ? l.parts : [];
-    };
-    let off = 0;
-    for (const part of blocks(w.embedT)) {
-      const n = part.shape[1];
-      rows.push(
-        this.dispatch(
-          embedKernel(s, off, n),
-          { s: b.scratch, rin: b.meta, w: this.buffer(part) },
-          flat((M) => M * s.H),
-        ),
-      );
-      off += n;
-    }
-    this.embedDispatches = rows.length;
-    const mm = (kind: MmKind, bw: BaseWeight, l: number, units: number, extra: Record<string, GPUBuffer> = {}) => {
-      const lay = bw.layout;
-      const fmt = lay.kind as WeightFormat;
-      const per = fmt === "f32" ? 1 : fmt === "int8" ? 4 : 8;
-      const PR = lay.kind === "int8" || lay.kind === "nf4" ? lay.rowsPad / per : bw.inDim;
-      const bufs: Record<string, GPUBuffer | { buffer: GPUBuffer; offset: number; size: number }> = {
-        ...common,
-        ...extra,
-        u: { buffer: b.uniforms, offset: 256 * l, size: 16 },
-        w: this.buffer(lay.kind === "f32" ? lay.w : (lay as { packed: tf.Tensor }).packed),
-      };
-      if (lay.kind === "int8" || lay.kind === "nf4") bufs.sc = this.buffer(lay.scales);
-      return this.dispatch(mmKernel(s, kind, fmt, bw.inDim, bw.outDim, PR), bufs, (M) => [Math.ceil(units / MM_COLS), Math.ceil(M / TM)]);
-    };
-    const prep = (kind: "qkv" | "o" | "gateup" | "down" | "final", l: number) =>
-      this.dispatch(prepKernel(s, kind, L), { ...common, u: { buffer: b.uniforms, offset: 256 * l, size: 16 } }, (M) => [M, 1]);
-    const hasLora = (k: MmKind) => s.rank > 0 && s.lora[k].some((x) => x);
-    for (let l = 0; l < L; l++) {
-      const lw = w.layers[l];
-      rows.push(prep("qkv", l));
-      rows.push(mm("qkv", lw.proj.qkv_proj, l, (s.nH + 2 * s.nKv) * (s.hd / 2), { kc: b.kc[l], vc: b.vc[l] }));
-      rows.push(this.dispatch(attnKernel(s), { s: b.scratch, rin: b.meta, kc: b.kc[l], vc: b.vc[l] }, (M) => [M * s.nH, 1]));
-      if (hasLora("o")) rows.push(prep("o", l));
-      rows.push(mm("o", lw.proj.o_proj, l, s.H));
-      rows.push(prep("gateup", l));
-      rows.push(mm("gateup", lw.proj.gate_up_proj, l, s.I));
-      if (hasLora("down")) rows.push(prep("down", l));
-      rows.push(mm("down", lw.proj.down_proj, l, s.H));
-    }
-    head.push(prep("final", 0));
-    off = 0;
-    for (const part of blocks(w.lmHeadT ?? w.embedT)) {
-      const n = part.shape[1];
-      head.push(
-        this.dispatch(
-          mmKernel(s, "head", "f32", s.H, n, s.H, off),
-          { s: b.scratch, rin: b.meta, w: this.buffer(part), logits: b.logits },
-          (_, S) => [Math.ceil(n / MM_COLS), Math.ceil(S / TM)],
-        ),
-      );
-      off += n;
-    }
-    this.plan = { rows, head, sample: new Map() };
-    this.boundBuffers = weights;
-  }
-}
-
-interface Dispatch {
-  pipeline: GPUComputePipeline;
-  group: GPUBindGroup;
-  /** Workgroups (x, y) for a pass of M rows of which S sample. */
-  grid: (M: number, S: number) => [number, number];
 }

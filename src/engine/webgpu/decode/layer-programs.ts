@@ -1,4 +1,4 @@
-/** The compiled decoder's WGSL programs (decoder.ts runs them): a Qwen2 layer as at most 9
+/** The compiled decoder's layer programs (decoder.ts runs them; the head's draws are vocab-programs.ts): a Qwen2 layer as at most 9
  *  dispatches over buffers the decoder owns, reading the trainer's own weight buffers.
  *  - embed: rows' token embeddings from Eᵀ [H, V] (one dispatch per column block of a split head);
  *  - prep: a row's RMSNorm (written as xn) and its LoRA factors' first products t = s·x·A for every
@@ -10,130 +10,34 @@
  *  - attn: one workgroup per (row, head) over the row's cached keys (grouped-query), softmax online
  *    over chunks of positions; a row whose prompt it shares with another reads those positions from
  *    that row's slot (the group's prefix is prefilled once);
- *  - sample: the whole-vocabulary draw or greedy pick of vocab.ts, per sampling row.
  *  A pass's rows are (token, slot, position) entries in `meta`: a decode step's live rows, a chunk of
  *  prompt tokens, or a mix; a row attends to its slot's positions up to its own, so tokens of one
  *  slot in one pass are causal by construction. Sizes are compiled into the shaders (a model has one
  *  shape; capacity changes recompile). Leaves out: f16 math, subgroups, paged KV. */
 import { NF4_BLOCK, NF4_CODE } from "../../../model/quant.ts";
-import { cols, f32, rowPrelude } from "../program.ts";
-import { drawWgsl, greedyWgsl } from "../vocab.ts";
-
-/** Ints per row in meta, after a 4-int header [M, S, 0, 0]: token, slot, position, prefix slot,
- *  prefix length (positions below it are read from the prefix slot). */
-export const ROW_INTS = 5;
-/** Ints per sampling row: its pass row (whose output it draws from), the slot whose draw it is (a
- *  group's rows draw from their prompt's one row), and its uniform as two float32 bit patterns. */
-export const SAMPLE_INTS = 4;
-/** Candidates a top-k/top-p row reads back at most: [below, tied, values, ids] is 520 bytes. */
-export const CAND_K = 64;
-/** Rows a matmul workgroup computes together (each weight read serves them). */
-export const TM = 8;
-/** A product's workgroup: MM_COLS adjacent output columns (adjacent threads, adjacent weights) ×
- *  MM_SLICES slices of the input dimension, whose partial sums are added in workgroup memory: a
- *  decode step's narrow products (q/k/v: 1,152 columns for 0.5B) still fill a GPU. */
-export const MM_COLS = 32;
-const MM_SLICES = 8;
-const MM_WG = MM_COLS * MM_SLICES;
-export const ATTN_WG = 64;
-/** Positions an attention workgroup scores at a time (workgroup memory). */
-const ATTN_CHUNK = 256;
-
-export type WeightFormat = "f32" | "int8" | "nf4";
-export type MmKind = "qkv" | "o" | "gateup" | "down" | "head";
-export type PrepKind = "qkv" | "o" | "gateup" | "down" | "final";
-
-/** What the shaders are compiled for: the model's shape, the decoder's capacities, the layout of its
- *  buffers (float offsets) and the adapter's members. */
-export interface DecodeShape {
-  H: number;
-  I: number;
-  nH: number;
-  nKv: number;
-  hd: number;
-  V: number;
-  eps: number;
-  /** Rows per pass, sampling rows per pass, positions per slot. */
-  rowsCap: number;
-  samplesCap: number;
-  ctx: number;
-  /** LoRA: rank (0: none), scaling, and per fused module the offsets (floats, within a layer's block
-   *  of the lora buffer) of each member's A [in, r] and B [r, out], null for a member without one. */
-  rank: number;
-  scaling: number;
-  lora: Record<MmKind, ({ a: number; b: number } | null)[]>;
-  loraLayer: number; // floats of one layer's block
-}
-
-/** Scratch regions (floats): the residual x, the normed xn, q (then the attention output), the LoRA
- *  t, the MLP activation h, per slot the [token, log-prob] its last draw wrote, and per sampling row
- *  its top-k/top-p candidates. */
-export function scratchLayout(s: DecodeShape) {
-  const q = s.nH * s.hd;
-  const X = 0,
-    XN = X + s.rowsCap * s.H,
-    Q = XN + s.rowsCap * s.H,
-    T = Q + s.rowsCap * q,
-    HB = T + s.rowsCap * tWidth(s),
-    OUT = HB + s.rowsCap * s.I,
-    CAND = OUT + 2 * s.samplesCap,
-    size = CAND + s.samplesCap * (2 + 2 * CAND_K);
-  return { X, XN, Q, T, HB, OUT, CAND, size };
-}
-/** LoRA t columns per row: the widest module's members × r (q/k/v: 3). */
-const tWidth = (s: DecodeShape) => 3 * Math.max(1, s.rank);
-
-/** Params (floats): RoPE's cos and signed-sin tables [ctx, hd] (attention.ts ropeTables), each
- *  layer's input norm, post norm and q/k/v bias, then the final norm. */
-export function paramsLayout(s: DecodeShape) {
-  const kv = s.nKv * s.hd,
-    q = s.nH * s.hd;
-  const COS = 0,
-    SIN = s.ctx * s.hd,
-    LAYERS = 2 * s.ctx * s.hd,
-    perLayer = 2 * s.H + q + 2 * kv;
-  return { COS, SIN, LAYERS, perLayer, inNorm: 0, postNorm: s.H, bias: 2 * s.H, final: (L: number) => LAYERS + L * perLayer };
-}
-
-export type BindingKind = "storage" | "read-only-storage" | "uniform";
-export interface Kernel {
-  key: string;
-  code: string;
-  /** Binding names in binding order, with their kinds. */
-  bindings: [string, BindingKind][];
-  wg: number;
-}
-
-const decl = (bindings: [string, BindingKind][], types: Record<string, string>) =>
-  bindings
-    .map(([n, k], i) =>
-      k === "uniform"
-        ? `@group(0) @binding(${i}) var<uniform> ${n}: Layer;`
-        : `@group(0) @binding(${i}) var<storage, ${k === "storage" ? "read_write" : "read"}> ${n}: array<${types[n] ?? "f32"}>;`,
-    )
-    .join("\n");
-
-/** The module's bindings, builtins as tfjs' programs name them (so program.ts' preludes serve), and
- *  the entry point calling the body's main. */
-function kernel(key: string, wg: number, bindings: [string, BindingKind][], body: string, types: Record<string, string> = {}): Kernel {
-  const code = `
-struct Layer { layer: i32, pad0: i32, pad1: i32, pad2: i32 }
-${decl(bindings, { rin: "i32", ...types })}
-var<private> localIndex: u32;
-var<private> workgroupId: vec3<u32>;
-var<private> numWorkgroups: vec3<u32>;
-${body}
-@compute @workgroup_size(${wg}) fn entry(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>) {
-  localIndex = li;
-  workgroupId = w;
-  numWorkgroups = n;
-  main(0);
-}`;
-  return { key, code, bindings, wg };
-}
-
-const ROWS = 4; // meta's header
-const sampleBase = (s: DecodeShape) => ROWS + s.rowsCap * ROW_INTS;
+import { f32, rowPrelude } from "../program.ts";
+import {
+  ATTN_CHUNK,
+  ATTN_WG,
+  kernel,
+  MM_COLS,
+  MM_SLICES,
+  MM_WG,
+  paramsLayout,
+  ROW_INTS,
+  ROWS,
+  SAMPLE_INTS,
+  sampleBase,
+  scratchLayout,
+  TM,
+  tWidth,
+  type BindingKind,
+  type DecodeShape,
+  type Kernel,
+  type MmKind,
+  type PrepKind,
+  type WeightFormat,
+} from "./layout.ts";
 
 /** Token embeddings of the pass's rows whose ids fall in [off, off + n) of Eᵀ's columns. */
 export function embedKernel(s: DecodeShape, off: number, n: number): Kernel {
@@ -487,113 +391,6 @@ fn main(index: i32) {
   for (var e = 0; e < ${E}; e++) {
     let d = i32(localIndex) + e * ${wg};
     if (d < ${s.hd}) { s[qo + d] = acc[e] / runSum; }
-  }
-}`,
-  );
-}
-
-/** One sampling row per workgroup: greedy (T = 0) or the whole-vocabulary draw at temperature T
- *  (vocab.ts' code), the token and log-prob written to the scratch's OUT region at the row's slot
- *  (where the next pass's embedding reads a token fed on the device). */
-export function sampleKernel(s: DecodeShape, T: number): Kernel {
-  const { OUT } = scratchLayout(s);
-  const SB = sampleBase(s);
-  const io = {
-    x: (i: string) => `logits[${i}]`,
-    u: [`bitcast<f32>(rin[${SB} + row() * ${SAMPLE_INTS} + 2])`, `bitcast<f32>(rin[${SB} + row() * ${SAMPLE_INTS} + 3])`] as [
-      string,
-      string,
-    ],
-    write: (tok: string, lp: string) => `let slot = rin[${SB} + row() * ${SAMPLE_INTS} + 1];
-      drawn[${OUT} + slot * 2] = ${tok};
-      drawn[${OUT} + slot * 2 + 1] = ${lp};`,
-  };
-  return kernel(
-    `sample_${T}`,
-    256,
-    [
-      ["drawn", "storage"], // the scratch (the draw's code has an `s` of its own)
-      ["rin", "read-only-storage"],
-      ["logits", "read-only-storage"],
-    ],
-    `${rowPrelude(256, "rin[1]")}${T === 0 ? greedyWgsl(s.V, io) : drawWgsl(s.V, T, io)}`,
-  );
-}
-
-/** A top-k/top-p row's candidates, what sampler.ts drawCandidates reads: [below, tied, values K, ids K]
- *  with the K largest logits (any order; of the ties at the K-th value, any that fit), `below` the
- *  normaliser's part under the K-th value (Σ exp((x − max)/T)), `tied` the count at it. The K-th
- *  value is found exactly by bisecting on the float's order-preserving bit pattern (32 counts of
- *  the row), so no sort of the vocabulary. One workgroup per sampling row; written to the scratch's
- *  CAND region (K ≤ CAND_K). */
-export function candidatesKernel(s: DecodeShape, K: number, T: number): Kernel {
-  const { CAND } = scratchLayout(s);
-  const V = s.V,
-    W = 2 + 2 * CAND_K;
-  return kernel(
-    `cand_${K}_${T}`,
-    256,
-    [
-      ["drawn", "storage"],
-      ["rin", "read-only-storage"],
-      ["logits", "read-only-storage"],
-    ],
-    `${rowPrelude(256, "rin[1]")}
-var<workgroup> filled: atomic<u32>;
-fn key(v: f32) -> u32 {
-  let b = bitcast<u32>(v);
-  return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
-}
-fn unkey(k: u32) -> f32 { return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u)); }
-fn main(index: i32) {
-  let o = row() * ${V};
-  var m = -3.4028234663852886e38;
-  ${cols(V, 256, `m = max(m, logits[o + j]);`)}
-  m = reduceMax(m);
-  // the largest key t with at least K logits at or above it: the K-th value
-  var lo = 0u;
-  var hi = 0xffffffffu;
-  for (var it = 0; it < 32; it++) {
-    let mid = lo + (hi - lo) / 2u + ((hi - lo) & 1u); // the upper middle, without overflowing at the full range
-    var c = 0.0;
-    ${cols(V, 256, `if (key(logits[o + j]) >= mid) { c += 1.0; }`)}
-    let n = reduceSum(c);
-    let up = n >= ${f32(K)};
-    lo = select(lo, mid, up);
-    hi = select(mid - 1u, hi, up);
-  }
-  let kth = unkey(lo);
-  if (localIndex == 0u) { atomicStore(&filled, 0u); }
-  workgroupBarrier();
-  let out = ${CAND} + row() * ${W};
-  var below = 0.0;
-  var tied = 0.0;
-  ${cols(
-    V,
-    256,
-    `let v = logits[o + j];
-    if (v > kth) {
-      let at = atomicAdd(&filled, 1u);
-      if (rowOk()) { drawn[out + 2 + i32(at)] = v; drawn[out + 2 + ${K} + i32(at)] = f32(j); }
-    } else if (v < kth) {
-      let z = (v - m) / ${f32(T)};
-      if (z > -40.0) { below += exp(z); }
-    } else { tied += 1.0; }`,
-  )}
-  workgroupBarrier();
-  ${cols(
-    V,
-    256,
-    `if (logits[o + j] == kth) {
-      let at = atomicAdd(&filled, 1u);
-      if (at < ${K}u && rowOk()) { drawn[out + 2 + i32(at)] = kth; drawn[out + 2 + ${K} + i32(at)] = f32(j); }
-    }`,
-  )}
-  let b = reduceSum(below);
-  let t = reduceSum(tied);
-  if (rowOk() && localIndex == 0u) {
-    drawn[out] = b;
-    drawn[out + 1] = t;
   }
 }`,
   );
