@@ -4,7 +4,7 @@
  *  Init as PEFT: A kaiming-uniform(a=√5) (bound 1/√in, like torch nn.Linear), B zeros.
  *  Leaves out: DoRA, rsLoRA, per-module rank/alpha patterns (rejected on load with a clear error). */
 import * as tf from "@tensorflow/tfjs";
-import { existsSync, promises as fs } from "node:fs";
+import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
 import { BadFileError } from "../util/errors.ts";
@@ -13,16 +13,11 @@ import { loraLinear, loraLinearRuns } from "../engine/lora-linear.ts";
 import { backendProfile } from "../engine/profile.ts";
 import { blockDiagonal } from "../engine/block-diag.ts";
 import { writeFileAtomic } from "../util/fs.ts";
+import { adapterBaseName, adapterConfigJson, peftKey } from "./peft-config.ts";
 import { readSafetensorsAll, writeSafetensors, type HostTensor } from "./safetensors.ts";
 import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Qwen2Config } from "./types.ts";
 
-export function moduleGroup(m: LoraTarget): "self_attn" | "mlp" {
-  return m.endsWith("_proj") && ["gate_proj", "up_proj", "down_proj"].includes(m) ? "mlp" : "self_attn";
-}
-/** `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` */
-export function peftKey(layer: number, m: LoraTarget, which: "A" | "B"): string {
-  return `base_model.model.model.layers.${layer}.${moduleGroup(m)}.${m}.lora_${which}.weight`;
-}
+export { moduleGroup, peftKey } from "./peft-config.ts";
 
 /** [in, out] of each linear module of a Qwen2 layer. */
 export function moduleDims(cfg: Qwen2Config, m: LoraTarget): [number, number] {
@@ -448,43 +443,4 @@ export class LoraAdapter {
     for (const p of this.pairs.values()) tf.dispose([p.a, p.b]);
     this.pairs.clear();
   }
-}
-
-/** What an adapter saved in `adapterDir` records as base_model_name_or_path: a local base folder as a
- *  path relative to the adapter folder (so the two move or are shared together; run/policy.ts
- *  adapterBaseOf resolves it from there), anything else (a hub id) as given. */
-export function adapterBaseName(adapterDir: string, baseModel: string): string {
-  if (baseModel === "" || !existsSync(path.resolve(baseModel))) return baseModel;
-  return path.relative(path.resolve(adapterDir), path.resolve(baseModel)) || ".";
-}
-
-/** The adapter_config.json PEFT writes for a LoRA on a causal LM (keys sorted, as PEFT dumps them). */
-export function adapterConfigJson(c: LoraConfig, baseModel: string): Record<string, unknown> {
-  return {
-    alpha_pattern: {},
-    auto_mapping: null,
-    base_model_name_or_path: baseModel,
-    bias: "none",
-    fan_in_fan_out: false,
-    inference_mode: true,
-    init_lora_weights: true,
-    layer_replication: null,
-    layers_pattern: null,
-    layers_to_transform: null,
-    loftq_config: {},
-    lora_alpha: c.alpha,
-    lora_bias: false,
-    lora_dropout: c.dropout,
-    megatron_config: null,
-    megatron_core: "megatron.core",
-    modules_to_save: null,
-    peft_type: "LORA",
-    r: c.r,
-    rank_pattern: {},
-    revision: null,
-    target_modules: [...c.targetModules],
-    task_type: "CAUSAL_LM",
-    use_dora: false,
-    use_rslora: false,
-  };
 }
