@@ -23,7 +23,7 @@ import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.t
 import { writeEvalReport, type EvalRow } from "../report/report.ts";
 import type { ModelQuestions } from "../report/eval-questions.ts";
 import { createProgress } from "../trainer/progress.ts";
-import { meanCI, type Interval } from "../trainer/stats.ts";
+import type { Interval } from "../trainer/stats.ts";
 import { writeFileAtomic, exists } from "../util/fs.ts";
 import { checkDataset, loadExamples, type Purpose } from "./data.ts";
 import { EVAL_FLAGS, evalCommand, TINY_EVAL_PRESET, type EvalFlags } from "./eval-flags.ts";
@@ -32,6 +32,8 @@ import { defaultsOf, parseFlags, turnSettings } from "./flags.ts";
 import { engineOptions, toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
 import { openGenerationEngine } from "./rollout-engine.ts";
+import { f3, formatEvalTable, formatImprovement, pairedImprovement } from "./eval-table.ts";
+export { formatEvalTable, formatImprovement, pairedImprovement } from "./eval-table.ts";
 import { resolveEngineName } from "../rollout/engines/index.ts";
 
 export { evalCommand, TINY_EVAL_PRESET };
@@ -141,58 +143,6 @@ export async function settleEvalConfig(
     skipped,
     synthetic: o.preset === "tiny" ? TINY_PROBLEMS : undefined,
   };
-}
-
-/** Paired difference in strict accuracy, model − baseline, over the same questions: per question
- *  (correct_model − correct_baseline) / k, mean with a 95% normal interval clamped to [-1, 1].
- *  Pairing removes the between-question variance, so the interval is narrower than two separate ones. */
-export function pairedImprovement(model: EvalResult, baseline: EvalResult): Interval & { n: number } {
-  if (model.questions.length !== baseline.questions.length)
-    throw new Error(`paired improvement needs the same questions: ${model.questions.length} vs ${baseline.questions.length}`);
-  const acc = (q: EvalResult["questions"][number]) => q.samples.filter((s) => s.strict).length / q.samples.length;
-  const diffs = model.questions.map((q, i) => {
-    const b = baseline.questions[i];
-    if (q.id !== b.id) throw new Error(`paired improvement: question ${i} is ${q.id} in one result and ${b.id} in the other`);
-    return acc(q) - acc(b);
-  });
-  const ci = meanCI(diffs, 1.96, [-1, 1]);
-  return { value: ci.value, lo: ci.lo, hi: ci.hi, n: ci.n };
-}
-
-const f3 = (x: number) => x.toFixed(3);
-const signed = (x: number) => (x >= 0 ? "+" : "") + x.toFixed(3);
-
-export function formatImprovement(model: string, baseline: string, d: Interval & { n: number }): string {
-  return `improvement ${model} vs ${baseline}: strict ${signed(d.value)} [${signed(d.lo)}, ${signed(d.hi)}] (paired over ${d.n} questions, 95% CI)`;
-}
-
-/** The comparison table, one row per model, columns padded to line up. */
-export function formatEvalTable(results: Array<{ name: string; result: EvalResult }>): string {
-  const k = Math.max(1, ...results.map((r) => r.result.k));
-  const env = results.some((r) => r.result.envReward !== undefined); // episodes: success and mean reward
-  const head = [
-    "model",
-    "strict acc [95% CI]",
-    "lenient acc",
-    `pass@${k}`,
-    "format",
-    ...(env ? ["env reward", "env errors"] : ["tools/rollout"]),
-  ];
-  const rows = results.map(({ name, result: r }) => [
-    name,
-    `${f3(r.strict.value)} [${f3(r.strict.lo)}, ${f3(r.strict.hi)}]`,
-    f3(r.lenient.value),
-    f3(r.passAtK),
-    f3(r.formatValid),
-    ...(env ? [f3(r.envReward ?? 0), f3(r.envErrorRate ?? 0)] : [r.toolCallsPerRollout.toFixed(2)]),
-  ]);
-  const widths = head.map((h, c) => Math.max(h.length, ...rows.map((r) => r[c].length)));
-  const line = (cells: string[]) =>
-    cells
-      .map((c, i) => c.padEnd(widths[i]))
-      .join(" | ")
-      .trimEnd();
-  return [line(head), widths.map((w) => "-".repeat(w)).join("-|-"), ...rows.map(line)].join("\n");
 }
 
 type EvalSummaryOnly = Omit<EvalResult, "questions">;
