@@ -3,12 +3,14 @@
  *  baseline (the scenario's base model under the same protocol) computed once, improvements paired
  *  over the same questions, /submit history with the best score, and the time budget. The running
  *  evaluation is abandoned at its next batch when the server closes; nothing is written for it.
- *  Over 400 lines on purpose: the queue, cache, baseline and history rules AutoRL-Bench's clients
- *  rely on are one state machine; split, each half would need the other's invariants. */
+ *  The queue is eval-queue.ts; the cache, baseline and history rules AutoRL-Bench's clients rely on
+ *  stay together here: they are one state machine, and split, each half would need the other's
+ *  invariants. */
 import { createHash } from "node:crypto";
 import { resolveModelDir } from "../model/model-dir.ts";
 import { evaluateModel, pairedImprovement } from "../run/eval-run.ts";
 import type { EvalResult } from "../run/evaluate.ts";
+import { EvalQueue } from "./eval-queue.ts";
 import { HttpError } from "./errors.ts";
 import { describeProtocol, localModelDir, type Scenario } from "./scenarios.ts";
 import { GradingStore, type BaselineRecord, type RunMeta, type StoredEvaluation, type SubmissionEntry } from "./store.ts";
@@ -22,49 +24,6 @@ export interface GraderOptions {
   maxModelBytes: number;
   timeBudget: number | null; // seconds from the first start; null: none
   log: (line: string) => void;
-}
-
-/** FIFO, one job at a time. */
-class EvalQueue {
-  private tail: Promise<unknown> = Promise.resolve();
-  running = 0;
-  waiting = 0;
-  private seconds: number[] = [];
-
-  constructor(private maxWaiting: number) {}
-
-  run<T>(job: () => Promise<T>): Promise<T> {
-    // Jobs ahead of this one: the running one and those waiting; at most maxWaiting may wait.
-    if (this.running + this.waiting > this.maxWaiting) {
-      const retry = Math.max(1, Math.ceil(this.meanSeconds() * (this.waiting + this.running)));
-      return Promise.reject(
-        new HttpError(
-          429,
-          `evaluation queue is full (${this.running} running, ${this.waiting} waiting); retry in about ${retry} s`,
-          { retry_after_seconds: retry },
-          { "Retry-After": String(retry) },
-        ),
-      );
-    }
-    this.waiting++;
-    const p = this.tail.then(async () => {
-      this.waiting--;
-      this.running = 1;
-      const t0 = Date.now();
-      try {
-        return await job();
-      } finally {
-        this.running = 0;
-        this.seconds = [...this.seconds.slice(-9), (Date.now() - t0) / 1000];
-      }
-    });
-    this.tail = p.catch(() => undefined);
-    return p;
-  }
-
-  private meanSeconds(): number {
-    return this.seconds.length ? this.seconds.reduce((a, b) => a + b, 0) / this.seconds.length : 30;
-  }
 }
 
 const SHUTDOWN = () => new HttpError(503, "the server is shutting down: evaluation abandoned; nothing was recorded");
