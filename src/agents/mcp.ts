@@ -236,7 +236,8 @@ function pick(listed: ListedTool[], spec: McpServerSpec, label: string, log: ((l
     const missing = spec.includeTools.filter((n) => !byName.has(n));
     if (missing.length)
       throw new UsageError(
-        `--tools ${spec.source}: the server lists no tool ${missing.map((n) => `"${n}"`).join(", ")}; it lists ${listed.map((t) => t.name).join(", ") || "none"}`,
+        `--tools ${spec.source}: the server lists no tool ${missing.map((n) => `"${n}"`).join(", ")}; it ` +
+          `lists ${listed.map((t) => t.name).join(", ") || "none"}`,
       );
   }
   const out = new Map<string, ListedTool>();

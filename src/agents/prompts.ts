@@ -59,6 +59,8 @@ export function checkToolsFit(
   const n = tokenizer.encode(text).length;
   if (n + reserve > contextLength)
     throw new UsageError(
-      `the system prompt with ${tools.length} tool${tools.length === 1 ? "" : "s"} is ${n} tokens; with ${reserve} new tokens it does not fit the model's context of ${contextLength}; offer fewer tools (mcp[tools=a+b]:…) or lower --max_new_tokens`,
+      `the system prompt with ${tools.length} tool${tools.length === 1 ? "" : "s"} is ${n} tokens; with ` +
+        `${reserve} new tokens it does not fit the model's context of ${contextLength}; offer fewer tools ` +
+        `(mcp[tools=a+b]:…) or lower --max_new_tokens`,
     );
 }

@@ -47,7 +47,8 @@ export function splitToolSpecs(list: string): string[] {
   const bad = specs.find((s) => !MCP_ITEM.test(s) && !CONFIG_ITEM.test(s) && !/^[A-Za-z_][\w-]*$/.test(s));
   if (bad !== undefined)
     throw new UsageError(
-      `--tools ${JSON.stringify(list)}: ${JSON.stringify(bad)} is not a tool name, mcp:<command line|URL> or an mcpServers .json file; expected e.g. calculator,mcp:npx -y some-mcp-server`,
+      `--tools ${JSON.stringify(list)}: ${JSON.stringify(bad)} is not a tool name, mcp:<command line|URL> ` +
+        `or an mcpServers .json file; expected e.g. calculator,mcp:npx -y some-mcp-server`,
     );
   return specs;
 }
@@ -90,7 +91,8 @@ export async function openTools(specs: string[], options: ToolSetOptions = {}): 
       const taken = clash(t.name) ?? (seen.has(t.name) ? source : undefined);
       if (taken !== undefined)
         throw new UsageError(
-          `--tools: tool "${t.name}" from ${source} clashes with the one from ${taken}; each tool name may come from one item only (an MCP server can take a prefix: mcp[prefix=x_]:…)`,
+          `--tools: tool "${t.name}" from ${source} clashes with the one from ${taken}; each tool name may ` +
+            `come from one item only (an MCP server can take a prefix: mcp[prefix=x_]:…)`,
         );
       seen.add(t.name);
     }

@@ -66,7 +66,8 @@ export function generateSynthetic(opts: SyntheticOptions): Gsm8kExample[] {
     for (let attempt = 0; attempt < 100 && !ex; attempt++) ex = oneProblem(r, o);
     if (!ex)
       throw new Error(
-        `synthetic: cannot make ${o.minSteps} steps with ops [${o.ops.join(" ")}] under maxValue ${o.maxValue}; widen maxValue or allow + and -`,
+        `synthetic: cannot make ${o.minSteps} steps with ops [${o.ops.join(" ")}] under maxValue ` +
+          `${o.maxValue}; widen maxValue or allow + and -`,
       );
     out.push({ id: `synthetic-${o.seed}-${i}`, ...ex });
   }

@@ -140,7 +140,9 @@ function guardWasmMalloc(): void {
       const p = malloc(n);
       if (p === 0 && n > 0)
         throw new Error(
-          `wasm heap out of memory: ${(n / 2 ** 20).toFixed(1)} MB more did not fit (heap ${(wasm.HEAPU8.length / 2 ** 30).toFixed(2)} GiB, limit 4 GiB); use a smaller --micro_batch_size, fewer or shorter rollouts, or a GPU backend`,
+          `wasm heap out of memory: ${(n / 2 ** 20).toFixed(1)} MB more did not fit (heap ` +
+            `${(wasm.HEAPU8.length / 2 ** 30).toFixed(2)} GiB, limit 4 GiB); use a smaller --micro_batch_size, ` +
+            `fewer or shorter rollouts, or a GPU backend`,
         );
       return p;
     },

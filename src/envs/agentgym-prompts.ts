@@ -13,7 +13,16 @@ export const AGENTGYM_INSTRUCTIONS: Record<string, { instruction: string; ack: s
   babyai: {
     ack: "OK. I'll follow your instructions and try my best to solve the task.",
     instruction:
-      "You are an exploration master that wants to finish every goal you are given. Every round I will give you an observation, and you have to respond an action and your thought based on the observation to finish the given task. You are placed in a room and you need to accomplish the given goal with actions.\n\nYou can use the following actions: \n\n- turn right \n\n- turn left \n\n- move forward \n\n- go to <obj> <id> \n\n- pick up <obj> <id> \n\n- go through <door> <id>: <door> must be an open door. \n\n- toggle and go through <door> <id>: <door> can be a closed door or a locked door. If you want to open a locked door, you need to carry a key that is of the same color as the locked door. \n\n- toggle: there is a closed or locked door right in front of you and you can toggle it.\nYour response should use the following format:\nThought:\n<Your Thought>\n\nAction:\n<Your Action>",
+      "You are an exploration master that wants to finish every goal you are given. Every round I will " +
+      "give you an observation, and you have to respond an action and your thought based on the " +
+      "observation to finish the given task. You are placed in a room and you need to accomplish the given " +
+      "goal with actions.\n\nYou can use the following actions: \n\n- turn right \n\n- turn left \n\n- " +
+      "move forward \n\n- go to <obj> <id> \n\n- pick up <obj> <id> \n\n- go through <door> <id>: <door> " +
+      "must be an open door. \n\n- toggle and go through <door> <id>: <door> can be a closed door or a " +
+      "locked door. If you want to open a locked door, you need to carry a key that is of the same color " +
+      "as the locked door. \n\n- toggle: there is a closed or locked door right in front of you and you " +
+      "can toggle it.\nYour response should use the following format:\nThought:\n<Your " +
+      "Thought>\n\nAction:\n<Your Action>",
   },
   sciworld: {
     ack: "OK. I'll follow your instructions and try my best to solve the task.",
@@ -28,11 +37,24 @@ export const AGENTGYM_INSTRUCTIONS: Record<string, { instruction: string; ack: s
   webshop: {
     ack: "Ok.",
     instruction:
-      "You are web shopping.\nI will give you instructions about what to do.\nYou have to follow the instructions.\nEvery round I will give you an observation and a list of available actions, you have to respond an action based on the state and instruction.\nYou can use search action if search is available.\nYou can click one of the buttons in clickables.\nAn action should be of the following structure:\nsearch[keywords]\nclick[value]\nIf the action is not valid, perform nothing.\nKeywords in search are up to you, but the value in click must be a value in the list of available actions.\nRemember that your keywords in search should be carefully designed.\nYour response should use the following format:\n\nThought:\nI think ... \n\nAction: \nclick[something]",
+      "You are web shopping.\nI will give you instructions about what to do.\nYou have to follow the " +
+      "instructions.\nEvery round I will give you an observation and a list of available actions, you have " +
+      "to respond an action based on the state and instruction.\nYou can use search action if search is " +
+      "available.\nYou can click one of the buttons in clickables.\nAn action should be of the following " +
+      "structure:\nsearch[keywords]\nclick[value]\nIf the action is not valid, perform nothing.\nKeywords " +
+      "in search are up to you, but the value in click must be a value in the list of available " +
+      "actions.\nRemember that your keywords in search should be carefully designed.\nYour response should " +
+      "use the following format:\n\nThought:\nI think ... \n\nAction: \nclick[something]",
   },
   sqlgym: {
     ack: "Ok.",
     instruction:
-      "Given you a description of a SQlite database system, I will ask you a question, then you should help me operate the SQLite database with SQL to answer the question.\n\nYou have to explain the problem and your solution to me and write down your thoughts.\nAfter thinking and explaining thoroughly, you should give a SQL statement to solve the question.\n\nyour response should be like this:\nThought: Your thought here.\n\nAction: ```sql\nSELECT * FROM table WHERE condition;\n```\n\nYou MUST put SQL in markdown format without any other comments. Your SQL should be in one line. Every time you can only execute one SQL statement.",
+      "Given you a description of a SQlite database system, I will ask you a question, then you should " +
+      "help me operate the SQLite database with SQL to answer the question.\n\nYou have to explain the " +
+      "problem and your solution to me and write down your thoughts.\nAfter thinking and explaining " +
+      "thoroughly, you should give a SQL statement to solve the question.\n\nyour response should be like " +
+      "this:\nThought: Your thought here.\n\nAction: ```sql\nSELECT * FROM table WHERE " +
+      "condition;\n```\n\nYou MUST put SQL in markdown format without any other comments. Your SQL should " +
+      "be in one line. Every time you can only execute one SQL statement.",
   },
 };

@@ -66,7 +66,8 @@ export function checkTaskRange(family: Family | undefined, flag: string, spec: s
   const past = expandRanges(spec).filter((i) => i >= family.size!);
   if (past.length > 0)
     throw new UsageError(
-      `${flag} ${spec}: the ${family.name} server has ${family.size} tasks (data_idx 0-${family.size - 1}); data_idx ${formatRanges(past)} ${family.wraps ? `would repeat tasks ${past[0] % family.size}… (it wraps them modulo ${family.size})` : "are past its last"}`,
+      `${flag} ${spec}: the ${family.name} server has ${family.size} tasks (data_idx ` +
+        `0-${family.size - 1}); data_idx ${formatRanges(past)} ${family.wraps ? `would repeat tasks ${past[0] % family.size}… (it wraps them modulo ${family.size})` : "are past its last"}`,
     );
 }
 const MAX_TASKS = 1_000_000;
@@ -186,7 +187,8 @@ export async function openEnvironmentServer(
     await env.reset(o.probeIdx ?? 0);
   } catch (err) {
     throw new UsageError(
-      `--env ${url}: ${(err as Error).message} (is the server running, and is --env_dialect ${family.name}${o.dialect === "auto" ? ", picked from its banner," : ""} its family?)`,
+      `--env ${url}: ${(err as Error).message} (is the server running, and is --env_dialect ` +
+        `${family.name}${o.dialect === "auto" ? ", picked from its banner," : ""} its family?)`,
     );
   } finally {
     await env?.close();

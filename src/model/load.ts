@@ -203,7 +203,9 @@ export async function loadModel(pathOrId: string, opts: LoadOptions = {}): Promi
       if (opts.lora && (opts.lora.r !== ad.config.r || opts.lora.targetModules.join() !== ad.config.targetModules.join())) {
         ad.dispose();
         throw new Error(
-          `${path.join(opts.adapter, "adapter_config.json")}: adapter has r ${ad.config.r} on ${ad.config.targetModules.join(",")}, but r ${opts.lora.r} on ${opts.lora.targetModules.join(",")} was asked for`,
+          `${path.join(opts.adapter, "adapter_config.json")}: adapter has r ${ad.config.r} on ` +
+            `${ad.config.targetModules.join(",")}, but r ${opts.lora.r} on ${opts.lora.targetModules.join(",")} ` +
+            `was asked for`,
         );
       }
       model.setAdapter(ad);

@@ -116,7 +116,8 @@ export class LoraAdapter {
     }
     if (typeof raw !== "object" || raw === null || Array.isArray(raw))
       throw new BadFileError(
-        `${cfgFile}: holds ${raw === null ? "null" : Array.isArray(raw) ? "an array" : typeof raw}; expected a JSON object (a PEFT adapter config)`,
+        `${cfgFile}: holds ${raw === null ? "null" : Array.isArray(raw) ? "an array" : typeof raw}; expected ` +
+          `a JSON object (a PEFT adapter config)`,
       );
     if (raw.peft_type !== undefined && raw.peft_type !== "LORA")
       throw new BadFileError(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
@@ -127,7 +128,8 @@ export class LoraAdapter {
         throw new BadFileError(`${cfgFile}: ${k} is not supported (one rank and alpha for every module)`);
     if (!Array.isArray(raw.target_modules))
       throw new BadFileError(
-        `${cfgFile}: target_modules must be a list of module names, got ${JSON.stringify(raw.target_modules)}; accepted: ${LORA_TARGETS.join(", ")}`,
+        `${cfgFile}: target_modules must be a list of module names, got ` +
+          `${JSON.stringify(raw.target_modules)}; accepted: ${LORA_TARGETS.join(", ")}`,
       );
     let targets: LoraTarget[];
     try {

@@ -152,7 +152,8 @@ export class Qwen2ForCausalLM implements CausalLM {
       R = T - P; // each row's own tokens after the prefix
     if (this.merged && (opts.adapters === false || opts.training || tf.engine().state.gradientDepth > 0))
       throw new Error(
-        `a forward ${opts.adapters === false ? "with adapters off" : "that trains"} while the adapter is merged into the unpacked base (unpackBase mergeAdapter): call its release first`,
+        `a forward ${opts.adapters === false ? "with adapters off" : "that trains"} while the adapter is ` +
+          `merged into the unpacked base (unpackBase mergeAdapter): call its release first`,
       );
     const keyMask = cache ? mask.map((r, b) => cache.mask[b].concat(r)) : mask;
     const S = cache ? cache.width(T) : keyMask[0].length; // keys attended over: the cache's room included

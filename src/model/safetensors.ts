@@ -118,7 +118,8 @@ async function parseHeader(file: string, handle: fs.FileHandle) {
     const want = shape.reduce((p: number, d: number) => p * d, 1) * DTYPE_BYTES[dtype];
     if (offs[1] - offs[0] !== want)
       throw new BadFileError(
-        `${file}: corrupted safetensors header (tensor ${name}: shape ${JSON.stringify(shape)} × ${dtype} is ${want} bytes, data_offsets span ${offs[1] - offs[0]})`,
+        `${file}: corrupted safetensors header (tensor ${name}: shape ${JSON.stringify(shape)} × ${dtype} is ` +
+          `${want} bytes, data_offsets span ${offs[1] - offs[0]})`,
       );
     if (dataStart + offs[1] > size)
       throw new BadFileError(`${file}: truncated safetensors file (tensor ${name} ends at byte ${dataStart + offs[1]}, file has ${size})`);

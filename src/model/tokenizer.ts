@@ -135,7 +135,8 @@ function encodeChat(
     const upto = render(messages.slice(0, i + 1), { tools: opts.tools, addGenerationPrompt: false });
     if (!upto.startsWith(before) || !full.startsWith(upto) || before.length < cuts[cuts.length - 1])
       throw new Error(
-        `encodeChat: the chat template renders messages[0..${i}] differently from the full conversation, so the assistant turn at index ${i} cannot be located`,
+        `encodeChat: the chat template renders messages[0..${i}] differently from the full conversation, so ` +
+          `the assistant turn at index ${i} cannot be located`,
       );
     cuts.push(before.length, before.length + upto.slice(before.length).trimEnd().length);
   });

@@ -2,7 +2,8 @@
  *  f32 (a constant, or a tf.Variable when the whole model trains) or quantized (int8/nf4, dequantized
  *  on the fly). Quantized matmuls use a custom gradient that dequantizes again in the backward pass,
  *  so the tape never keeps a layer's f32 weights alive.
- *  Large frozen f32 models (over 1 GiB on wasm: backendProfile().leftLayoutBytes) hold their matrices as torch's [out, in] instead and multiply
+ * Large frozen f32 models (over 1 GiB on wasm: backendProfile().leftLayoutBytes) hold their matrices as
+ * torch's [out, in] instead and multiply
  *  with the weight as the left operand: the fast path packs and caches a copy of every right-hand
  *  weight, which a 2 GB model cannot afford inside the 4 GiB wasm heap.
  *  A frozen f32 matrix larger than the backend's largest storage binding (webgpu:

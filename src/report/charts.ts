@@ -195,7 +195,8 @@ export function metricCharts(records: MetricsRecord[], keys = chartedKeys(record
     }
     if (hi - lo <= 1e-12 * Math.max(1, Math.abs(hi)) && !bandMoves) {
       flat.push(
-        `<li><b>${escapeHtml(key)}</b>: ${escapeHtml(formatWithUnit(vals[0], unit))} throughout (${vals.length} steps, ${steps[0]}–${steps[steps.length - 1]})</li>`,
+        `<li><b>${escapeHtml(key)}</b>: ${escapeHtml(formatWithUnit(vals[0], unit))} throughout ` +
+          `(${vals.length} steps, ${steps[0]}–${steps[steps.length - 1]})</li>`,
       );
       continue;
     }

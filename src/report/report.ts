@@ -180,7 +180,8 @@ function accuracyBarsSvg(rows: EvalRow[]): string {
   const out = [`<svg class="chart" viewBox="0 0 ${width} ${height}" width="${width}" height="${height}" role="img" aria-label="accuracy">`];
   for (const t of [0, 0.25, 0.5, 0.75, 1]) {
     out.push(
-      `<line x1="${px(t)}" x2="${px(t)}" y1="${top}" y2="${height - 22}" class="g"/><text x="${px(t)}" y="${height - 8}" class="xl">${t * 100}%</text>`,
+      `<line x1="${px(t)}" x2="${px(t)}" y1="${top}" y2="${height - 22}" class="g"/><text x="${px(t)}" ` +
+        `y="${height - 8}" class="xl">${t * 100}%</text>`,
     );
   }
   rows.forEach((r, i) => {

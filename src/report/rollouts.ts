@@ -226,7 +226,8 @@ export function renderRolloutBrowser(sample: RolloutSample): string {
   const g = Math.min(limits.maxGroups, sample.groupsPerStep);
   const intro =
     `Steps ${steps.map((s) => s.step).join(", ")} of ${allSteps.length} logged; questions 1–${g} of ${sample.groupsPerStep} per step; ` +
-    `up to ${limits.maxRollouts} rollouts per question (best and worst always) and ${limits.maxChars} characters per rollout. Everything is in trajectories.jsonl.`;
+    `up to ${limits.maxRollouts} rollouts per question (best and worst always) and ${limits.maxChars} ` +
+    `characters per rollout. Everything is in trajectories.jsonl.`;
   const sections = steps.map(({ step, groups }) => {
     const rs = groups
       .flat()

@@ -41,7 +41,8 @@ export function renderTurns(turns: readonly TurnRecord[], opts: { maxChars?: num
     for (const c of turn.toolCalls ?? []) {
       const result = budget.take(String(c.result ?? ""));
       out.push(
-        `<span class="res${c.error ? " err" : ""}" title="forced tokens: the tool's answer, not sampled">${escapeHtml(String(c.name ?? "?"))} → ${escapeHtml(result)}</span>`,
+        `<span class="res${c.error ? " err" : ""}" title="forced tokens: the tool's answer, not ` +
+          `sampled">${escapeHtml(String(c.name ?? "?"))} → ${escapeHtml(result)}</span>`,
       );
     }
     for (const e of turn.parseErrors ?? [])
@@ -51,7 +52,8 @@ export function renderTurns(turns: readonly TurnRecord[], opts: { maxChars?: num
     if (typeof env.observation === "string") {
       const r = typeof env.reward === "number" ? ` (reward ${env.reward})` : "";
       out.push(
-        `<span class="res" title="forced tokens: what the environment answered, not sampled">observation${escapeHtml(r)} → ${escapeHtml(budget.take(env.observation))}</span>`,
+        `<span class="res" title="forced tokens: what the environment answered, not ` +
+          `sampled">observation${escapeHtml(r)} → ${escapeHtml(budget.take(env.observation))}</span>`,
       );
     }
   }

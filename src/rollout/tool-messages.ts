@@ -71,7 +71,8 @@ export class ToolResponseRenderer {
     const cut = before.lastIndexOf(stop);
     if (cut < 0 || !full.startsWith(before.slice(0, cut + stop.length)))
       throw new Error(
-        `chat template does not close an assistant tool-call turn with the eos token ${JSON.stringify(stop)}; cannot derive the tool-response text`,
+        `chat template does not close an assistant tool-call turn with the eos token ` +
+          `${JSON.stringify(stop)}; cannot derive the tool-response text`,
       );
     let rest = full.slice(cut + stop.length);
     const pieces: string[] = [];

@@ -83,7 +83,8 @@ export async function turnRollouts(
   const longest = Math.max(0, ...rows.filter((r) => !r.done).map((r) => r.traj.promptIds.length));
   if (longest + cfg.maxNewTokens > cfg.maxPositions)
     throw new Error(
-      `longest prompt (${longest} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's max_position_embeddings ${cfg.maxPositions}`,
+      `longest prompt (${longest} tokens) + maxNewTokens ${cfg.maxNewTokens} exceeds the model's ` +
+        `max_position_embeddings ${cfg.maxPositions}`,
     );
 
   const finish = (row: Row, reason: FinishReason, unfinished?: number[]) => {

@@ -20,7 +20,9 @@ export const CHAT_FLAGS = {
   ),
   max_turns: flag("--max_turns <n>", "assistant turns per reply (each tool call starts a new one)", parseIntArg("max_turns", 1), 8),
   ...engineFlags(
-    "what generates the replies: auto (the default: webgpu on --backend webgpu, else local), webgpu (the compiled WebGPU decoder), local (this process's tfjs model) or llama (llama.cpp in this process through node-llama-cpp, the checkpoint converted to GGUF once)",
+    "what generates the replies: auto (the default: webgpu on --backend webgpu, else local), webgpu (the " +
+      "compiled WebGPU decoder), local (this process's tfjs model) or llama (llama.cpp in this process " +
+      "through node-llama-cpp, the checkpoint converted to GGUF once)",
   ),
 } satisfies FlagTable;
 

@@ -220,7 +220,9 @@ export class ChatSession {
     const positions = this.model.config.maxPositionEmbeddings;
     if (ids.length + this.o.max_new_tokens > positions)
       throw new Error(
-        `this message makes the prompt ${ids.length} tokens; with --max_new_tokens ${this.o.max_new_tokens} that passes the model's ${positions} positions: send a shorter message, /reset to start a new conversation, or restart with a lower --max_new_tokens`,
+        `this message makes the prompt ${ids.length} tokens; with --max_new_tokens ${this.o.max_new_tokens} ` +
+          `that passes the model's ${positions} positions: send a shorter message, /reset to start a new ` +
+          `conversation, or restart with a lower --max_new_tokens`,
       );
   }
 }

@@ -34,7 +34,8 @@ export async function checkDataset(dataset: string): Promise<void> {
     ))
   )
     throw new UsageError(
-      `--dataset ${dataset}: no such file or folder; expected gsm8k, synthetic, a GSM8K .jsonl/.parquet path, or a task .jsonl ({"id", "query", "answer"} per line)`,
+      `--dataset ${dataset}: no such file or folder; expected gsm8k, synthetic, a GSM8K .jsonl/.parquet ` +
+        `path, or a task .jsonl ({"id", "query", "answer"} per line)`,
     );
 }
 
@@ -113,7 +114,8 @@ export async function loadTrainingData(
   const rows = await loadExamples({ ...spec, maxSamples: undefined });
   if (heldOutN >= rows.length)
     throw new UsageError(
-      `--eval_samples ${heldOutN}: ${spec.dataset} has ${rows.length} rows, and held-out rows are taken from its end; lower --eval_samples or pass a folder with a test split`,
+      `--eval_samples ${heldOutN}: ${spec.dataset} has ${rows.length} rows, and held-out rows are taken ` +
+        `from its end; lower --eval_samples or pass a folder with a test split`,
     );
   const cut = rows.length - heldOutN;
   const train = rows.slice(0, spec.maxSamples === undefined ? cut : Math.min(cut, spec.maxSamples));
@@ -135,7 +137,8 @@ export function environmentSplit(env: string, trainSpec: string, heldOutSpec: st
   const shared = heldOut.filter((i) => trainSet.has(i));
   if (shared.length > 0)
     throw new UsageError(
-      `--env_tasks ${trainSpec} and --env_eval_tasks ${heldOutSpec} share data_idx ${formatRanges(shared)}; held-out tasks must not be trained on`,
+      `--env_tasks ${trainSpec} and --env_eval_tasks ${heldOutSpec} share data_idx ` +
+        `${formatRanges(shared)}; held-out tasks must not be trained on`,
     );
   const evaluated = heldOut.slice(0, evalSamples);
   return {

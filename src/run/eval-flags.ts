@@ -57,7 +57,10 @@ export const EVAL_FLAGS = {
   ),
   env_tasks: optional(
     "--env_tasks <ranges>",
-    `with --env: the data_idx to evaluate, as ranges like 0-99,200-249 (default: ${HELD_OUT_START} to ${HELD_OUT_START} + --max_samples - 1, held out from GRPO's default training tasks 0 to --max_samples - 1; on a server with fewer tasks, from the start of its upper half: TextCraft 272; ranges past its size are refused)`,
+    `with --env: the data_idx to evaluate, as ranges like 0-99,200-249 (default: ${HELD_OUT_START} to ` +
+      `${HELD_OUT_START} + --max_samples - 1, held out from GRPO's default training tasks 0 to ` +
+      `--max_samples - 1; on a server with fewer tasks, from the start of its upper half: TextCraft 272; ` +
+      `ranges past its size are refused)`,
     parseTaskRanges("env_tasks"),
   ),
   output_dir: optional(
@@ -66,7 +69,10 @@ export const EVAL_FLAGS = {
   ),
   overwrite: toggle("--overwrite", "replace an earlier evaluation in --output_dir", false),
   ...engineFlags(
-    "what generates the rollouts: auto (the default: webgpu on --backend webgpu, else local), webgpu (the compiled WebGPU decoder), local (this process's tfjs model) or llama (llama.cpp in this process through node-llama-cpp, each checkpoint converted to GGUF once; a run trained with --rollout_engine llama is evaluated as it was trained)",
+    "what generates the rollouts: auto (the default: webgpu on --backend webgpu, else local), webgpu (the " +
+      "compiled WebGPU decoder), local (this process's tfjs model) or llama (llama.cpp in this process " +
+      "through node-llama-cpp, each checkpoint converted to GGUF once; a run trained with --rollout_engine " +
+      "llama is evaluated as it was trained)",
   ),
 } satisfies FlagTable;
 

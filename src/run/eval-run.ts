@@ -97,7 +97,8 @@ export async function settleEvalConfig(
   if (tiny) {
     if (o.adapter || o.baseline)
       throw new UsageError(
-        `--preset tiny without --model_path evaluates its own base, sft and rl checkpoints; name the model with --model_path to use --adapter/--baseline`,
+        `--preset tiny without --model_path evaluates its own base, sft and rl checkpoints; name the model ` +
+          `with --model_path to use --adapter/--baseline`,
       );
     for (const m of TINY_EVAL_MODELS) {
       if (!(await exists(m.modelPath))) skipped.push({ name: m.name, path: m.modelPath });
@@ -105,7 +106,8 @@ export async function settleEvalConfig(
     }
     if (models.length === 0)
       throw new UsageError(
-        `--preset tiny: none of ${TINY_EVAL_MODELS.map((m) => m.modelPath).join(", ")} exists; run make-tiny-base, train-sft or train-gsm8k-agent first`,
+        `--preset tiny: none of ${TINY_EVAL_MODELS.map((m) => m.modelPath).join(", ")} exists; run ` +
+          `make-tiny-base, train-sft or train-gsm8k-agent first`,
       );
     for (let i = 1; i < models.length; i++) compare.push([models[i].name, models[i - 1].name]);
     const sft = models.find((m) => m.name === "sft"),
@@ -305,7 +307,8 @@ async function evaluateModels(
     const what = run.envs ? `${examples.length} episodes of ${cfg.env}` : `${examples.length} questions`;
     for (const spec of cfg.models) {
       io.out(
-        `${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ${spec.quantize}, ${what} × ${cfg.samples_per_prompt}`,
+        `${spec.name}: ${spec.modelPath}${spec.adapter ? ` + adapter ${spec.adapter}` : ""}, quantize ` +
+          `${spec.quantize}, ${what} × ${cfg.samples_per_prompt}`,
       );
       const bar = io.progress === false ? null : createProgress(examples.length, `eval ${spec.name}`);
       let result: EvalResult;

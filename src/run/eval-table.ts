@@ -23,7 +23,8 @@ export const f3 = (x: number) => x.toFixed(3);
 const signed = (x: number) => (x >= 0 ? "+" : "") + x.toFixed(3);
 
 export function formatImprovement(model: string, baseline: string, d: Interval & { n: number }): string {
-  return `improvement ${model} vs ${baseline}: strict ${signed(d.value)} [${signed(d.lo)}, ${signed(d.hi)}] (paired over ${d.n} questions, 95% CI)`;
+  const ci = `[${signed(d.lo)}, ${signed(d.hi)}]`;
+  return `improvement ${model} vs ${baseline}: strict ${signed(d.value)} ${ci} (paired over ${d.n} questions, 95% CI)`;
 }
 
 /** The comparison table, one row per model, columns padded to line up. */

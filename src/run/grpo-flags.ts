@@ -28,7 +28,8 @@ export const GRPO_FLAGS = {
   ),
   dataset: flag(
     "--dataset <name|path>",
-    "gsm8k (local HF cache or hub), synthetic, a GSM8K-format .jsonl/.parquet path, or a task .jsonl ({id, query, answer, scorer?, answer_schema?})",
+    "gsm8k (local HF cache or hub), synthetic, a GSM8K-format .jsonl/.parquet path, or a task .jsonl " +
+      "({id, query, answer, scorer?, answer_schema?})",
     undefined,
     "gsm8k",
   ),
@@ -97,7 +98,12 @@ export const GRPO_FLAGS = {
   ),
   micro_batch_size: flag(
     "--micro_batch_size <n|auto>",
-    "rollouts per forward/backward, at most (memory knob; results do not change up to float rounding). On wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 tokens). auto: on a GPU as many as fit half its memory beside the weights (estimated from shapes; an out-of-memory error in the step's first micro-step halves it), on wasm the 1 GiB rule alone; the split it chose is printed at the first update and after an out-of-memory halving, and kept in run.json (micro_batch_auto) and metrics.jsonl (micro_batches, micro_batch_rows)",
+    "rollouts per forward/backward, at most (memory knob; results do not change up to float rounding). On " +
+      "wasm, fewer where one layer of the micro-batch would hold over 1 GiB (0.5B: 4 rollouts of ~500 " +
+      "tokens). auto: on a GPU as many as fit half its memory beside the weights (estimated from shapes; an " +
+      "out-of-memory error in the step's first micro-step halves it), on wasm the 1 GiB rule alone; the " +
+      "split it chose is printed at the first update and after an out-of-memory halving, and kept in " +
+      "run.json (micro_batch_auto) and metrics.jsonl (micro_batches, micro_batch_rows)",
     (v: string): number | "auto" => {
       if (v.trim() === "auto") return "auto";
       try {
@@ -130,28 +136,38 @@ export const GRPO_FLAGS = {
   ),
   env_eval_tasks: optional(
     "--env_eval_tasks <ranges>",
-    `with --env: held-out data_idx; the first --eval_samples of them are evaluated at the end; must not overlap --env_tasks (default: ${HELD_OUT_START} on, the range eval.ts --env uses; on a server with fewer tasks its upper half: TextCraft 272-543; ranges past its size are refused)`,
+    `with --env: held-out data_idx; the first --eval_samples of them are evaluated at the end; must not ` +
+      `overlap --env_tasks (default: ${HELD_OUT_START} on, the range eval.ts --env uses; on a server with ` +
+      `fewer tasks its upper half: TextCraft 272-543; ranges past its size are refused)`,
     parseTaskRanges("env_eval_tasks"),
   ),
   env_max_failed_steps: flag(
     "--env_max_failed_steps <n>",
-    "with --env: stop (checkpoint saved, continue with --resume) when every rollout failed on the environment in this many steps in a row (0: never)",
+    "with --env: stop (checkpoint saved, continue with --resume) when every rollout failed on the " +
+      "environment in this many steps in a row (0: never)",
     parseIntArg("env_max_failed_steps", 0),
     3,
     { free: true },
   ),
   ...engineFlags(
-    "where rollouts are generated: auto (the default: webgpu on --backend webgpu, else local), webgpu (the compiled WebGPU decoder over the trainer's own weights: fused kernels, one submit a token, sampling on the device), local (this process's tfjs model, op by op), llama (llama.cpp in this process through node-llama-cpp: the base as GGUF, the adapter hot-swapped as a GGUF LoRA every step; CPU, CUDA, Vulkan or Metal) or openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with --enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)",
+    "where rollouts are generated: auto (the default: webgpu on --backend webgpu, else local), webgpu " +
+      "(the compiled WebGPU decoder over the trainer's own weights: fused kernels, one submit a token, " +
+      "sampling on the device), local (this process's tfjs model, op by op), llama (llama.cpp in this " +
+      "process through node-llama-cpp: the base as GGUF, the adapter hot-swapped as a GGUF LoRA every step; " +
+      "CPU, CUDA, Vulkan or Metal) or openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with " +
+      "--enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)",
   ),
   tis_cap: flag(
     "--tis_cap <c>",
-    "with an engine whose log-probs are not the trainer's (llama, openai): each token's policy loss is weighted by min(π_trainer / π_engine, c), truncated importance sampling (verl, TRL); 0: off",
+    "with an engine whose log-probs are not the trainer's (llama, openai): each token's policy loss is " +
+      "weighted by min(π_trainer / π_engine, c), truncated importance sampling (verl, TRL); 0: off",
     parseFloatArg("tis_cap", 0),
     2,
   ),
   rollout_url: optional(
     "--rollout_url <url>",
-    "with --rollout_engine openai: the engine's base URL, e.g. http://127.0.0.1:8001/v1 (an API key, if it needs one, from ROLLOUT_API_KEY)",
+    "with --rollout_engine openai: the engine's base URL, e.g. http://127.0.0.1:8001/v1 (an API key, if " +
+      "it needs one, from ROLLOUT_API_KEY)",
     undefined,
     { free: true },
   ),
@@ -170,7 +186,8 @@ export const GRPO_FLAGS = {
   ),
   async_rollouts: flag(
     "--async_rollouts <k>",
-    "with --rollout_engine openai: the next k steps' rollouts are generated while this step trains (at most k versions old; the loss corrects with the ratio to their behaviour log-probs); 0: none",
+    "with --rollout_engine openai: the next k steps' rollouts are generated while this step trains (at " +
+      "most k versions old; the loss corrects with the ratio to their behaviour log-probs); 0: none",
     parseIntArg("async_rollouts", 0),
     0,
     { free: true },

@@ -122,7 +122,8 @@ async function checkPresetModel(cfg: GrpoRunConfig): Promise<void> {
   )
     return;
   throw new UsageError(
-    `--preset tiny: GRPO starts from the tiny SFT model, ${cfg.model_path}, which is not there yet; run quickstart step 1 first: npx tsx scripts/train-sft.ts --preset tiny`,
+    `--preset tiny: GRPO starts from the tiny SFT model, ${cfg.model_path}, which is not there yet; run ` +
+      `quickstart step 1 first: npx tsx scripts/train-sft.ts --preset tiny`,
   );
 }
 
@@ -285,7 +286,8 @@ async function train(
           if (savedStep !== step + 1) await saveAt(step + 1);
           const wrote = await reportOnTheWayOut();
           throw new Error(
-            `environment ${cfg.env}: ${env.stop}; stopped after step ${step + 1} and saved checkpoint-${step + 1}${wrote} in ${cfg.output_dir}; continue with --resume once the server answers`,
+            `environment ${cfg.env}: ${env.stop}; stopped after step ${step + 1} and saved ` +
+              `checkpoint-${step + 1}${wrote} in ${cfg.output_dir}; continue with --resume once the server answers`,
           );
         }
         if (saves.due(step + 1) && step + 1 < total) await saveAt(step + 1);
@@ -300,12 +302,14 @@ async function train(
         if (savedStep !== step) await saveAt(step);
         const wrote = await reportOnTheWayOut();
         throw new Error(
-          `${err.message}; stopped before step ${step + 1} and saved checkpoint-${step}${wrote} in ${cfg.output_dir}; continue with --resume once the engine answers`,
+          `${err.message}; stopped before step ${step + 1} and saved checkpoint-${step}${wrote} in ` +
+            `${cfg.output_dir}; continue with --resume once the engine answers`,
         );
       }
       if (err instanceof NonFiniteError)
         throw new Error(
-          `${err.message} at step ${step + 1}: stopped; the last good checkpoint is kept in ${cfg.output_dir} (lower --learning_rate or check the data)`,
+          `${err.message} at step ${step + 1}: stopped; the last good checkpoint is kept in ${cfg.output_dir} ` +
+            `(lower --learning_rate or check the data)`,
         );
       throw err;
     } finally {

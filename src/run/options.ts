@@ -35,7 +35,9 @@ export function engineFlags(help: string) {
     ),
     engine_weights: flag(
       "--engine_weights <type>",
-      `with --rollout_engine llama: the GGUF weight type of the engine's copy of the (dequantized) base: ${ENGINE_WEIGHTS.join(", ")} (f32 samples the trainer's very policy; f16 and q8_0 are faster and differ slightly, which engine_logprob_gap shows and --tis_cap corrects)`,
+      `with --rollout_engine llama: the GGUF weight type of the engine's copy of the (dequantized) base: ` +
+        `${ENGINE_WEIGHTS.join(", ")} (f32 samples the trainer's very policy; f16 and q8_0 are faster and ` +
+        `differ slightly, which engine_logprob_gap shows and --tis_cap corrects)`,
       parseChoice("engine_weights", ENGINE_WEIGHTS),
       "f16" as EngineFlags["engine_weights"],
       { free: true },
@@ -154,7 +156,9 @@ export function toolFlags() {
 }
 
 const ENV_HELP =
-  "roll out against an AgentGym HTTP environment server instead of a dataset: each assistant turn is an action, read as the environment's AgentGym client reads it; the episode's score by the environment's own rule is the reward component env";
+  "roll out against an AgentGym HTTP environment server instead of a dataset: each assistant turn is " +
+  "an action, read as the environment's AgentGym client reads it; the episode's score by the " +
+  "environment's own rule is the reward component env";
 
 /** --env URL and --env_dialect: roll out against an AgentGym environment server (GRPO, eval; `help`
  *  says what the script does with it). */
@@ -163,7 +167,10 @@ export function envFlags(help = ENV_HELP) {
     env: optional("--env <url>", help),
     env_dialect: flag(
       "--env_dialect <kind>",
-      "the server's family, which fixes its request shapes, action format, scoring and instruction: textcraft, babyai, sciworld, alfworld, webshop, sqlgym (AgentGym's servers), id or env_idx (generic: the shipped guess-number server), auto (from the server's GET / banner; generic id when it names no family)",
+      "the server's family, which fixes its request shapes, action format, scoring and instruction: " +
+        "textcraft, babyai, sciworld, alfworld, webshop, sqlgym (AgentGym's servers), id or env_idx " +
+        "(generic: the shipped guess-number server), auto (from the server's GET / banner; generic id when " +
+        "it names no family)",
       parseChoice("env_dialect", DIALECTS),
       "auto" as Dialect,
     ),

@@ -84,13 +84,15 @@ export async function runFolderModel(p: string, flag: string, note: (line: strin
   const pick = n === maxSteps && (await isModelFolder(final)) ? final : (await isModelFolder(ckpt)) ? ckpt : null;
   if (pick !== null) {
     note(
-      `${flag} ${p}: this project's runs write checkpoint-<step>/ and final/ instead of epoch_N/ (--total_epochs counts RL steps); using ${pick}`,
+      `${flag} ${p}: this project's runs write checkpoint-<step>/ and final/ instead of epoch_N/ ` +
+        `(--total_epochs counts RL steps); using ${pick}`,
     );
     return pick;
   }
   const held = (await fs.readdir(run)).filter((d) => d === "final" || /^checkpoint-\d+$/.test(d)).sort();
   throw new UsageError(
-    `${flag} ${p}: no such folder; this project's runs write checkpoint-<step>/ and final/ instead of epoch_N/ (--total_epochs counts RL steps), and ${run} holds ${held.length ? held.map((d) => d + "/").join(", ") : "neither"}`,
+    `${flag} ${p}: no such folder; this project's runs write checkpoint-<step>/ and final/ instead of ` +
+      `epoch_N/ (--total_epochs counts RL steps), and ${run} holds ${held.length ? held.map((d) => d + "/").join(", ") : "neither"}`,
   );
 }
 
@@ -134,7 +136,10 @@ async function missingAdapterBase(adapterDir: string, reason: string): Promise<s
   const relative = `${path.resolve(adapterDir, named)}, relative to the adapter folder`;
   if (!isHubId(named)) return `${file}: the adapter's base "${named}" is not there (looked for ${relative}); ${how}`;
   const rest = reason.replace(/^model "[^"]*" not found: /, "");
-  return `${file}: the adapter's base "${named}" was not found (looked for ${relative}, then by hub id: ${rest}); or pass the base with --model_path and this folder with --adapter`;
+  return (
+    `${file}: the adapter's base "${named}" was not found (looked for ${relative}, then by hub id: ${rest}); ` +
+    "or pass the base with --model_path and this folder with --adapter"
+  );
 }
 
 export async function openPolicy(o: OpenPolicyOptions): Promise<Policy> {

@@ -13,7 +13,8 @@ export function serveCommand(): Command {
   return new Command()
     .name("serve")
     .description(
-      "AutoRL-Bench-compatible grading server: agents train models in --workspace and submit them over HTTP to be scored against the base model",
+      "AutoRL-Bench-compatible grading server: agents train models in --workspace and submit them over " +
+        "HTTP to be scored against the base model",
     )
     .exitOverride()
     .configureOutput({ outputError: () => {} })
@@ -22,12 +23,14 @@ export function serveCommand(): Command {
     .option("--host <addr>", "address to bind; the default answers this machine only", "127.0.0.1")
     .option(
       "--scenarios <list>",
-      `scenarios to serve, comma-separated (${SCENARIO_IDS.join(", ")}); the first is the default of /submit (default: tiny, and gsm8k where its model and data are on this machine)`,
+      `scenarios to serve, comma-separated (${SCENARIO_IDS.join(", ")}); the first is the default of ` +
+        `/submit (default: tiny, and gsm8k where its model and data are on this machine)`,
       parseList("scenarios", SCENARIO_IDS),
     )
     .option(
       "--time_budget <seconds>",
-      "agents' time budget, written into <workspace>/run_meta.json only where that file (AutoRL-Bench's harness writes it first) sets none; evaluations are refused once it is spent (default: none)",
+      "agents' time budget, written into <workspace>/run_meta.json only where that file (AutoRL-Bench's " +
+        "harness writes it first) sets none; evaluations are refused once it is spent (default: none)",
       parseIntArg("time_budget", 1),
     )
     .option("--state_dir <dir>", "where baselines, the submission history and cached evaluations go (default <workspace>/grading)")

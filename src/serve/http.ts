@@ -220,7 +220,8 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
         const s = grader.scenario(parseBody("/interact", raw, o.log).scenario_id);
         throw new HttpError(
           400,
-          `scenario ${s.id} is offline: /interact is not supported for offline scenarios; train on its train_data and POST /evaluate or /submit`,
+          `scenario ${s.id} is offline: /interact is not supported for offline scenarios; train on its ` +
+            `train_data and POST /evaluate or /submit`,
         );
       },
     },

@@ -143,7 +143,8 @@ export async function inspectModelFolder(dir: string, o: InspectOptions): Promis
   if (bytes > o.maxBytes)
     throw new HttpError(
       413,
-      `model_path ${dir}: ${(bytes / 2 ** 30).toFixed(2)} GiB of weights and configs is more than this server's cap of ${(o.maxBytes / 2 ** 30).toFixed(2)} GiB`,
+      `model_path ${dir}: ${(bytes / 2 ** 30).toFixed(2)} GiB of weights and configs is more than this ` +
+        `server's cap of ${(o.maxBytes / 2 ** 30).toFixed(2)} GiB`,
     );
   const fingerprint = createHash("sha256").update(JSON.stringify({ dir, files, base, baseFiles })).digest("hex");
   return { dir, kind, base, bytes, fingerprint };
@@ -171,7 +172,8 @@ async function checkAdapterBase(named: string, adapterDir: string, o: InspectOpt
   }
   throw new HttpError(
     403,
-    `adapter ${adapterDir} names base ${JSON.stringify(named)}, which is neither this scenario's base model (${o.scenarioBase}) nor a model folder inside the workspace`,
+    `adapter ${adapterDir} names base ${JSON.stringify(named)}, which is neither this scenario's base ` +
+      `model (${o.scenarioBase}) nor a model folder inside the workspace`,
   );
 }
 

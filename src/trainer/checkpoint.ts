@@ -232,12 +232,15 @@ export function checkResumable(ckpt: LoadedCheckpoint, identity: Record<string, 
   if (ckpt.state.config_hash !== configHash(identity)) {
     const differ = configDiff(ckpt.state.config ?? {}, identity);
     throw new UsageError(
-      `--resume: ${runDir} was run with other settings (${differ.length ? differ.join(", ") : "config differs"}); resume with the same flags or start a new --output_dir`,
+      `--resume: ${runDir} was run with other settings ` +
+        `(${differ.length ? differ.join(", ") : "config differs"}); resume with the same flags or start a ` +
+        `new --output_dir`,
     );
   }
   if (!ckpt.optimizerState)
     throw new Error(
-      `--resume: ${ckpt.dir} has no ${OPTIMIZER_FILE}, so the optimizer cannot continue where it stopped; resume from another checkpoint or start a new run`,
+      `--resume: ${ckpt.dir} has no ${OPTIMIZER_FILE}, so the optimizer cannot continue where it stopped; ` +
+        `resume from another checkpoint or start a new run`,
     );
 }
 

@@ -142,7 +142,8 @@ export async function grpoStep(model: CausalLM, optimizer: AdamW, batch: GrpoRol
       const { rows, length } = err;
       if (rows <= 1)
         throw new Error(
-          `one rollout of ${length} tokens does not fit the GPU's memory for a training step; use shorter rollouts (--max_new_tokens) or a GPU with more memory`,
+          `one rollout of ${length} tokens does not fit the GPU's memory for a training step; use shorter ` +
+            `rollouts (--max_new_tokens) or a GPU with more memory`,
         );
       autoTokenCap.set(model, Math.floor(rows / 2) * length);
     }

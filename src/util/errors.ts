@@ -1,5 +1,6 @@
 /** The errors thrown on purpose, by type: a usage error the user fixes on the command line (runMain
- *  exits 2), a file of theirs that is corrupt (a usage error too), and a non-finite step the trainers refuse to apply, so a training loop can tell "this
+ * exits 2), a file of theirs that is corrupt (a usage error too), and a non-finite step the trainers refuse
+ * to apply, so a training loop can tell "this
  *  step blew up, nothing was applied" from a bug. */
 
 /** A bad flag or argument: the user can fix it by changing the command line. Exits with code 2. */

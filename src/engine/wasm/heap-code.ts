@@ -56,7 +56,8 @@
  *  result does not depend on which thread computes it.
  *  Each output is the sum over k in order 0..K−1, so a result does not depend on how a caller splits
  *  M or N.
- *  The module is assembled here from the kernel bodies in heap-gemm-code.ts, heap-row-code.ts, heap-norm-code.ts, heap-elementwise-code.ts, heap-heads-code.ts and heap-dequant-code.ts
+ * The module is assembled here from the kernel bodies in heap-gemm-code.ts, heap-row-code.ts,
+ * heap-norm-code.ts, heap-elementwise-code.ts, heap-heads-code.ts and heap-dequant-code.ts
  *  (instructions through wasm/asm.ts). */
 
 import { I32, uleb, str, section, vec, op, F32 } from "./asm.ts";

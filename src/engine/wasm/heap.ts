@@ -340,7 +340,8 @@ function scratchFor(e: HeapModule, bytes: number): number {
 }
 
 /** C [batch, M, N] = op(A) · op(B) at byte offsets of the heap, dense; A is [M, K] or, with t & 1,
- *  [K, M]; B is [K, N] or, with t & 2, [N, K]; C (each slice) is stored [N, M] with t & 8. A batch's slices of A and B are sa and sb bytes apart
+ * [K, M]; B is [K, N] or, with t & 2, [N, K]; C (each slice) is stored [N, M] with t & 8. A batch's slices of
+ * A and B are sa and sb bytes apart
  *  (0: the same operand for every slice). A batch is split by whole slices over the threads when its
  *  slices share out evenly (or nearly: at least 4 per thread) or are too small to split on their own,
  *  else each slice is split as one product. */

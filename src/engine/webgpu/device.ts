@@ -33,7 +33,10 @@ export interface WebgpuAdapterInfo {
 export type WebgpuProbe = { ok: true; info: WebgpuAdapterInfo } | { ok: false; reason: string };
 
 const HOW_TO =
-  "install the Vulkan loader and the GPU's Vulkan driver (Debian/Ubuntu: apt install libvulkan1, plus the vendor's driver; an NVIDIA driver also needs libglvnd's libGLX/libEGL, and in a container VK_DRIVER_FILES naming its nvidia_icd.json), or on a GPU-less Debian 12 machine run scripts/setup-webgpu-adapter.sh and source the env.sh it prints";
+  "install the Vulkan loader and the GPU's Vulkan driver (Debian/Ubuntu: apt install libvulkan1, plus " +
+  "the vendor's driver; an NVIDIA driver also needs libglvnd's libGLX/libEGL, and in a container " +
+  "VK_DRIVER_FILES naming its nvidia_icd.json), or on a GPU-less Debian 12 machine run " +
+  "scripts/setup-webgpu-adapter.sh and source the env.sh it prints";
 
 const WANTED_LIMITS = [
   "maxBufferSize",
@@ -75,7 +78,8 @@ export function dawnLimitNote(l: {
     DAWN_DYNAMIC_BUFFER_CAP,
   );
   return capped
-    ? `note: Dawn's "artificially reduced … to fit dynamic offset allocation limit" warnings, where printed above, are expected: it caps dynamic buffers per pipeline layout at ${DAWN_DYNAMIC_BUFFER_CAP}, and no kernel here uses them`
+    ? `note: Dawn's "artificially reduced … to fit dynamic offset allocation limit" warnings, where printed above, are expected: ` +
+        `it caps dynamic buffers per pipeline layout at ${DAWN_DYNAMIC_BUFFER_CAP}, and no kernel here uses them`
     : null;
 }
 

@@ -186,7 +186,8 @@ const resultIo: DrawIo = {
 };
 
 /** Greedy per row (draw.ts at temperature 0): the largest logit's lowest id (NaN passed over, as the
- *  host's argmax), log-prob 0; token −1 where the row has no finite largest logit. The WGSL after the row prelude (256 threads), io as drawWgsl's (no uniform). */
+ *  host's argmax), log-prob 0; token −1 where the row has no finite largest logit. The WGSL after the
+ *  row prelude (256 threads), io as drawWgsl's (no uniform). */
 export function greedyWgsl(V: number, io: Pick<DrawIo, "x" | "write">): string {
   const wg = 256,
     x = io.x;

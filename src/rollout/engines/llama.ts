@@ -59,7 +59,8 @@ async function loadLlama(gpu: EngineFlags["engine_gpu"]): Promise<string> {
     return name;
   } catch (err) {
     throw new UsageError(
-      `--rollout_engine llama --engine_gpu ${gpu}: node-llama-cpp has no prebuilt binary that loads here (${(err as Error).message.split("\n")[0]}); try --engine_gpu off`,
+      `--rollout_engine llama --engine_gpu ${gpu}: node-llama-cpp has no prebuilt binary that loads here ` +
+        `(${(err as Error).message.split("\n")[0]}); try --engine_gpu off`,
     );
   }
 }

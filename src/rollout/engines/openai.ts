@@ -93,7 +93,8 @@ class OpenAiEngine implements RolloutEngine {
     const staleness = step - job.version;
     if (staleness > this.ahead)
       throw new Error(
-        `step ${step + 1}: rollouts of version ${job.version} are ${staleness} versions old; --async_rollouts ${this.ahead} allows ${this.ahead}`,
+        `step ${step + 1}: rollouts of version ${job.version} are ${staleness} versions old; ` +
+          `--async_rollouts ${this.ahead} allows ${this.ahead}`,
       );
     const metrics = { policy_version: job.version, staleness, trainer_wait: (Date.now() - t0) / 1000, engine_wait: this.engineWait };
     this.engineWait = 0;

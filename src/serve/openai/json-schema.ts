@@ -214,7 +214,8 @@ class Compiler {
       for (const c of firstChars(o)) {
         if (seen.has(c))
           throw this.refuse(
-            `the alternatives of "${k}" can start with the same character (${JSON.stringify(c)}); constrained decoding here tells them apart by it`,
+            `the alternatives of "${k}" can start with the same character (${JSON.stringify(c)}); constrained ` +
+              `decoding here tells them apart by it`,
             at,
           );
         seen.add(c);
@@ -250,7 +251,8 @@ class Compiler {
     const node: Node = { kind: "number", integer, lo, hi, loOpen, hiOpen };
     if (!numFeasible(node, ""))
       throw this.refuse(
-        `no ${what} within the bounds (${given.join(", ")}) can be written in ${NUMBER_MAX_CHARS} characters without an exponent; accepted: bounds with one that can`,
+        `no ${what} within the bounds (${given.join(", ")}) can be written in ${NUMBER_MAX_CHARS} characters without an exponent; ` +
+          "accepted: bounds with one that can",
         at,
       );
     return node;

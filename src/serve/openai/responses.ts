@@ -101,7 +101,10 @@ function messagesOf(b: Body, items: ItemStore): ChatMessage[] {
       if (typeof item.call_id !== "string" || !callIds.has(item.call_id))
         throw badField(
           `${p}.call_id`,
-          `no function_call before it has call_id ${JSON.stringify(item.call_id)}; accepted: ${callIds.size > 0 ? [...callIds].map((x) => JSON.stringify(x)).join(", ") : "the call_id of an earlier function_call item (none given)"}`,
+          `no function_call before it has call_id ${JSON.stringify(item.call_id)}; accepted: ` +
+            (callIds.size > 0
+              ? [...callIds].map((x) => JSON.stringify(x)).join(", ")
+              : "the call_id of an earlier function_call item (none given)"),
         );
       out.push({ role: "tool", content: textOf(item.output, `${p}.output`) });
     } else if (type !== "reasoning") {

@@ -119,7 +119,8 @@ export async function startOpenAiServer(batcher: Batcher, o: OpenAiServerOptions
     if (prompts * s.n > batcher.o.maxBatchRows)
       throw badField(
         prompts > 1 ? "prompt" : "n",
-        `${prompts} prompt(s) × n ${s.n} = ${prompts * s.n} rows; this server decodes at most ${batcher.o.maxBatchRows} (--max_batch_rows) per request`,
+        `${prompts} prompt(s) × n ${s.n} = ${prompts * s.n} rows; this server decodes at most ` +
+          `${batcher.o.maxBatchRows} (--max_batch_rows) per request`,
       );
   };
 

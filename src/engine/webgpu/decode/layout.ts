@@ -113,7 +113,9 @@ var<private> localIndex: u32;
 var<private> workgroupId: vec3<u32>;
 var<private> numWorkgroups: vec3<u32>;
 ${body}
-@compute @workgroup_size(${wg}) fn entry(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>) {
+@compute @workgroup_size(${wg})
+fn entry(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) w: vec3<u32>,
+         @builtin(num_workgroups) n: vec3<u32>) {
   localIndex = li;
   workgroupId = w;
   numWorkgroups = n;
