@@ -17,20 +17,20 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
-import { BACKEND_NAMES, initBackend } from "../src/engine/backend.ts";
+import { BACKEND_NAMES, initBackend } from "../src/kernels/backend.ts";
 import { parseIntArg } from "../src/run/cli.ts";
 import { calculatorTool, shutdownCalculator } from "../src/agents/calculator.ts";
 import { DelegatingLM, RowStateCache } from "./lib/delegate.ts";
 import { BENCH_CONFIGS } from "./lib/bench.ts";
 import { createModel } from "../src/model/load.ts";
-import { backendProfile } from "../src/engine/profile.ts";
+import { backendProfile } from "../src/kernels/profile.ts";
 import { buildTinyTokenizer, saveTinyTokenizer } from "./lib/tiny-tokenizer.ts";
 import { loadTokenizerFromDir } from "../src/model/tokenizer.ts";
 import type { CausalLM, ChatMessage, ForwardOptions, KVCache, Quantize, Tokenizer } from "../src/model/types.ts";
 import { rolloutGroups, type RolloutConfig } from "../src/rollout/rollout.ts";
 import { Rng } from "../src/util/rng.ts";
 import { threadsOption } from "../src/run/options.ts";
-import { wasmThreads, type ThreadsSpec } from "../src/engine/wasm/threads.ts";
+import { wasmThreads, type ThreadsSpec } from "../src/kernels/wasm/threads.ts";
 
 const defaults = {
   config: "tiny,0.5b",

@@ -2,16 +2,16 @@
  *  Flags choose configs, quantization, workloads and backend; the workloads live in scripts/lib/bench.ts
  *  (import another workload file here to register it). */
 import { Command } from "commander";
-import { BACKEND_NAMES, initBackend } from "../src/engine/backend.ts";
+import { BACKEND_NAMES, initBackend } from "../src/kernels/backend.ts";
 import { runMain } from "../src/run/cli.ts";
 import { UsageError } from "../src/util/errors.ts";
 import * as tf from "@tensorflow/tfjs";
 import { benchContext, BENCH_CONFIGS, kernelCounts, layerTracedCounts, profileTop, WORKLOADS } from "./lib/bench.ts";
 import { grpoStepOptions } from "./lib/grpo-shape.ts"; // registers grpo_step
-import { webgpuIsSoftware } from "../src/engine/webgpu/device.ts";
+import { webgpuIsSoftware } from "../src/kernels/webgpu/device.ts";
 import type { Quantize } from "../src/model/types.ts";
 import { threadsOption } from "../src/run/options.ts";
-import type { ThreadsSpec } from "../src/engine/wasm/threads.ts";
+import type { ThreadsSpec } from "../src/kernels/wasm/threads.ts";
 
 const defaults = { config: "small", quantize: "none", workloads: "forward,fwd_bwd,decode", backend: "wasm", profile: false };
 const opts = new Command()

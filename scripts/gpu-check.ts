@@ -17,8 +17,8 @@ import { Command } from "commander";
 import { spawnSync } from "node:child_process";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { initBackend } from "../src/engine/backend.ts";
-import { registerWebgpu, resetWebgpuPeak, webgpuMemory } from "../src/engine/webgpu/device.ts";
+import { initBackend } from "../src/kernels/backend.ts";
+import { registerWebgpu, resetWebgpuPeak, webgpuMemory } from "../src/kernels/webgpu/device.ts";
 import { createModel } from "../src/model/load.ts";
 import { LORA_TARGETS } from "../src/model/types.ts";
 import { runMain } from "../src/run/cli.ts";
@@ -29,7 +29,7 @@ import { benchContext, BENCH_CONFIGS, SIZE_CONFIGS, tokenBatch, WORKLOADS, type 
 import { formatBreakdown } from "./lib/breakdown.ts";
 import { decodeScaling, GRPO_SHAPES, grpoShape } from "./lib/grpo-shape.ts";
 import { compiledDecodeScaling } from "./lib/bench-decoder.ts";
-import { Decoder } from "../src/engine/webgpu/decode/decoder.ts";
+import { Decoder } from "../src/kernels/webgpu/decode/decoder.ts";
 
 const defaults = { config: "0.5b", out: "outputs/gpu-check.json", allowSoftware: false, llama: true };
 const opts = new Command("gpu-check")
@@ -46,7 +46,7 @@ const opts = new Command("gpu-check")
   .opts<typeof defaults>();
 
 /** The parity subset: the golden suite and the held-out Qwen2 variant against PyTorch, on webgpu. */
-const PARITY = ["test/engine/webgpu/parity.test.ts", "test/engine/webgpu/variant.test.ts"];
+const PARITY = ["test/kernels/webgpu/parity.test.ts", "test/kernels/webgpu/variant.test.ts"];
 const now = () => performance.now() / 1000;
 
 await runMain(async () => {

@@ -1,7 +1,7 @@
 /** Pretrains the tiny preset's base model (src/presets/tiny/): tokenizer + a small Qwen2 trained as a
  *  plain language model on synthetic GSM8K-format text. The shipped files were made with the defaults. */
 import { Command } from "commander";
-import { initBackend } from "../src/engine/backend.ts";
+import { initBackend } from "../src/kernels/backend.ts";
 import { parseChoice, parseFloatArg, parseIntArg, runMain } from "../src/run/cli.ts";
 import { BACKENDS, threadsOption } from "../src/run/options.ts";
 import { makeTinyBase } from "./lib/make-tiny-base.ts";

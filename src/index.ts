@@ -3,7 +3,7 @@ import { resolveModelDir } from "./model/model-dir.ts";
 import { loadTokenizerFromDir } from "./model/tokenizer.ts";
 import type { Tokenizer } from "./model/types.ts";
 
-export { initBackend } from "./engine/backend.ts";
+export { initBackend } from "./kernels/backend.ts";
 export { loadModel, createModel } from "./model/load.ts";
 export { resolveModelDir } from "./model/model-dir.ts";
 export { Qwen2ForCausalLM } from "./model/qwen2.ts";

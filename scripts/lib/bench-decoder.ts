@@ -1,14 +1,14 @@
 /** The decode workload on webgpu, both decoders side by side: tfjs' forward op by op (the local
- *  engine's) and the compiled decoder (src/engine/webgpu/decode/), at the same shape, each drawing
+ *  engine's) and the compiled decoder (src/kernels/webgpu/decode/), at the same shape, each drawing
  *  greedily and reading every token back as rollouts do. Per decode step: dispatches (and per
  *  layer), host µs writing and encoding, and in queue.submit (the GPU's work and the read's wait left out),
  *  GPU buffers and bind groups created after warm-up, submits, bytes read back; and sampled tokens/s.
  *  Counts come from the GPUDevice itself (its createBuffer, createBindGroup and queue.submit
  *  wrapped while a loop runs), so both decoders are counted alike. */
 import * as tf from "@tensorflow/tfjs";
-import { CompiledBatch } from "../../src/engine/webgpu/decode/batch.ts";
-import { Decoder } from "../../src/engine/webgpu/decode/decoder.ts";
-import { webgpuTraffic } from "../../src/engine/webgpu/device.ts";
+import { CompiledBatch } from "../../src/kernels/webgpu/decode/batch.ts";
+import { Decoder } from "../../src/kernels/webgpu/decode/decoder.ts";
+import { webgpuTraffic } from "../../src/kernels/webgpu/device.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { Rng } from "../../src/util/rng.ts";
 

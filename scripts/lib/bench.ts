@@ -2,15 +2,15 @@
  *  another workload (say, a rollout benchmark) lives in its own file and calls registerWorkload().
  *  Each run returns measurements; speed is measured here, never asserted in tests. */
 import * as tf from "@tensorflow/tfjs";
-import { wasmThreads } from "../../src/engine/wasm/threads.ts";
-import { wasmSimd, type WasmSimd } from "../../src/engine/wasm/heap.ts";
-import { webgpuTraffic } from "../../src/engine/webgpu/device.ts";
+import { wasmThreads } from "../../src/kernels/wasm/threads.ts";
+import { wasmSimd, type WasmSimd } from "../../src/kernels/wasm/heap.ts";
+import { webgpuTraffic } from "../../src/kernels/webgpu/device.ts";
 import { sampleTokens } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { AdamW } from "../../src/trainer/optimizer.ts";
 import { createModel, paramCount } from "../../src/model/load.ts";
 import { LoraAdapter } from "../../src/model/lora.ts";
-import { backendProfile } from "../../src/engine/profile.ts";
+import { backendProfile } from "../../src/kernels/profile.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { compiledDecodeFigures, decodeTable, tfjsDecodeFigures, type DecodeStepFigures } from "./bench-decoder.ts";
 import { LORA_TARGETS, type Quantize, type Qwen2Config } from "../../src/model/types.ts";
@@ -231,7 +231,7 @@ registerWorkload({
   },
 });
 
-/** The decode workload's shape per config: small as docs/engine.md's table; 0.5b at a GRPO step's batch
+/** The decode workload's shape per config: small as docs/kernels.md's table; 0.5b at a GRPO step's batch
  *  and prompt length (4 × 8 rollouts after ~220 tokens), with fewer new tokens so a run takes minutes. */
 const DECODE_SHAPES: Record<string, { batch: number; promptLen: number; newTokens: number }> = {
   small: { batch: 8, promptLen: 128, newTokens: 64 },

@@ -10,7 +10,7 @@
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { resolveThreads } from "../../src/engine/wasm/threads.ts";
+import { resolveThreads } from "../../src/kernels/wasm/threads.ts";
 import { writeLoraGguf, writeModelGguf } from "../../src/model/gguf.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { stateDict } from "../../src/model/save.ts";

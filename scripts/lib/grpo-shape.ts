@@ -14,7 +14,7 @@ import { Rng } from "../../src/util/rng.ts";
 import { registerWorkload, tokenBatch } from "./bench.ts";
 import { llamaShapeRollouts, type LlamaShapeOptions } from "./grpo-shape-llama.ts";
 import { compiledShapeRollouts } from "./bench-decoder.ts";
-import type { Decoder } from "../../src/engine/webgpu/decode/decoder.ts";
+import type { Decoder } from "../../src/kernels/webgpu/decode/decoder.ts";
 
 export interface GrpoShape {
   questions: number;

@@ -3,7 +3,7 @@
  *  unpacked, with the adapter merged into it or its factors held, while generating; and adapter
  *  swaps (a server switching adapters per decode batch). */
 import * as tf from "@tensorflow/tfjs";
-import { backendProfile } from "../engine/profile.ts";
+import { backendProfile } from "../kernels/profile.ts";
 import { checkBatch } from "./attention.ts";
 import { layerTapeBytes } from "./config.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";

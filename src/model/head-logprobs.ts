@@ -12,12 +12,12 @@
  *  Entropy carries no gradient (logprob.ts dLogits).
  *  Leaves out: the logits themselves (forward() computes those whole). */
 import * as tf from "@tensorflow/tfjs";
-import { isRecording } from "../engine/checkpoint.ts";
-import type { CustomGradFn } from "../engine/kernels.ts";
-import { dLogits, logpEntropy } from "../engine/logprob.ts";
-import { matMulAT, matMulBT, matMulXWT } from "../engine/matmul.ts";
-import { backendProfile } from "../engine/profile.ts";
-import { gatherRows } from "../engine/gather-rows.ts";
+import { isRecording } from "../kernels/checkpoint.ts";
+import type { CustomGradFn } from "../kernels/kernels.ts";
+import { dLogits, logpEntropy } from "../kernels/logprob.ts";
+import { matMulAT, matMulBT, matMulXWT } from "../kernels/matmul.ts";
+import { backendProfile } from "../kernels/profile.ts";
+import { gatherRows } from "../kernels/gather-rows.ts";
 import type { BaseWeight } from "./weight.ts";
 import { checkBatch } from "./attention.ts";
 import type { ForwardOptions, Qwen2Config } from "./types.ts";

@@ -9,7 +9,7 @@
  *  each step concatenates.
  *  Leaves out: paged or sliding-window caches. */
 import * as tf from "@tensorflow/tfjs";
-import { inPlaceWritable, slotWrites, writeSlot } from "../engine/slot-write.ts";
+import { inPlaceWritable, slotWrites, writeSlot } from "../kernels/slot-write.ts";
 import type { KVCache } from "./types.ts";
 
 /** Positions of room a full cache grows by (one copy of it per ~CHUNK decode steps, against one per

@@ -12,7 +12,7 @@ import { LoraAdapter, moduleDims, moduleGroup } from "./lora.ts";
 import { Qwen2ForCausalLM } from "./qwen2.ts";
 import { type LayerWeights } from "./weight.ts";
 import { Checkpoint } from "./safetensors.ts";
-import { backendProfile } from "../engine/profile.ts";
+import { backendProfile } from "../kernels/profile.ts";
 import { BaseWeight } from "./weight.ts";
 import { FUSED, FUSED_MODULES, LORA_TARGETS, type FusedModule, type LoraConfig, type Quantize, type Qwen2Config } from "./types.ts";
 

@@ -7,8 +7,8 @@
  *  the `in` axis in slabs: byte/nibble k of packed[i, j] is the code of row k·(inPad/per) + i, so the
  *  unpacked slabs simply concatenate back. Leaves out: double quantization of the absmax values. */
 import * as tf from "@tensorflow/tfjs";
-import { DEQUANTIZE, hasDequantizeKernel, type DequantizeAttrs } from "../engine/dequant.ts";
-import { backendProfile } from "../engine/profile.ts";
+import { DEQUANTIZE, hasDequantizeKernel, type DequantizeAttrs } from "../kernels/dequant.ts";
+import { backendProfile } from "../kernels/profile.ts";
 
 /** bitsandbytes' NF4 code book (bitsandbytes/functional.py, get_4bit_type "nf4"). */
 export const NF4_CODE = new Float32Array([
@@ -115,7 +115,7 @@ export class QuantizedMatrix {
     throw new Error(`unknown quantization "${kind}"; accepted: int8, nf4`);
   }
 
-  /** The tensors as held, for kernels that read them packed (engine/webgpu/decode/): codes int32
+  /** The tensors as held, for kernels that read them packed (kernels/webgpu/decode/): codes int32
    *  [rowsPad/per, out] in the slab layout, scales (int8: [1, out]; nf4: [rowsPad/64, out]). */
   get held(): { packed: tf.Tensor2D; scales: tf.Tensor2D; rowsPad: number } {
     return { packed: this.packed, scales: this.scales, rowsPad: this.rowsPad };

@@ -1,12 +1,12 @@
 /** Qwen2's grouped-query attention on tensors: the query, key and value heads of the fused q/k/v
- *  projection with RoPE (engine/heads.ts' kernels where the backend has them), and the attention of
+ *  projection with RoPE (kernels/heads.ts' kernels where the backend has them), and the attention of
  *  stacked queries over keys and values with the additive bias. Without repeating K/V: the g query
  *  heads sharing a kv head are stacked along the rows. The host-side tables are in attention.ts. */
 import * as tf from "@tensorflow/tfjs";
-import { decodeHeads, decodeHeadsInto, seqHeads } from "../engine/heads.ts";
-import { bmm } from "../engine/matmul.ts";
-import { rope } from "../engine/rope-swiglu.ts";
-import { softmax, softmaxBiased } from "../engine/softmax.ts";
+import { decodeHeads, decodeHeadsInto, seqHeads } from "../kernels/heads.ts";
+import { bmm } from "../kernels/matmul.ts";
+import { rope } from "../kernels/rope-swiglu.ts";
+import { softmax, softmaxBiased } from "../kernels/softmax.ts";
 import type { Qwen2Config } from "./types.ts";
 
 /** Query, key and value heads of qkv [B·T, (nH + 2·nKv)·hd] with RoPE: queries stacked per kv head

@@ -11,11 +11,11 @@
  *  held as column blocks [in, outᵢ]: products are computed per block and concatenated, lookups
  *  gather from every block and keep the block that holds each id. Nothing ever binds the whole. */
 import * as tf from "@tensorflow/tfjs";
-import { frozenProduct, matMulBT, mm, mmFrozen, mmFrozenLeft, type FrozenProduct } from "../engine/matmul.ts";
-import { backendProfile } from "../engine/profile.ts";
+import { frozenProduct, matMulBT, mm, mmFrozen, mmFrozenLeft, type FrozenProduct } from "../kernels/matmul.ts";
+import { backendProfile } from "../kernels/profile.ts";
 import { QuantizedMatrix } from "./quant.ts";
 import { FUSED_MODULES, type FusedModule, type Quantize } from "./types.ts";
-import type { CustomGradFn } from "../engine/kernels.ts";
+import type { CustomGradFn } from "../kernels/kernels.ts";
 
 export class BaseWeight {
   /** A quantized matrix's f32 values while unpacked (see unpack): [in, out], or [out, in] when left. */
@@ -51,7 +51,7 @@ export class BaseWeight {
     return new BaseWeight(inDim, outDim, null, QuantizedMatrix.fromFloat32(quantize, data, inDim, outDim));
   }
 
-  /** How the matrix is held, for kernels that read it as it is (engine/webgpu/decode/): f32 [in,
+  /** How the matrix is held, for kernels that read it as it is (kernels/webgpu/decode/): f32 [in,
    *  out] (frozen or a variable), column blocks [in, outᵢ], quantized codes and scales, or [out, in]. */
   get layout():
     | { kind: "f32"; w: tf.Tensor2D }

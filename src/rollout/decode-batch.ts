@@ -27,7 +27,7 @@ export interface DecodeBatchOptions {
 }
 
 /** What the turn loop (rollout.ts) and the server's batcher drive: this file's DecodeBatch over the
- *  model's tfjs forward, or the compiled decoder's batch (engine/webgpu/decode/batch.ts). */
+ *  model's tfjs forward, or the compiled decoder's batch (kernels/webgpu/decode/batch.ts). */
 export interface DecodeRows {
   /** Cache position → row (its index in the prompts). */
   rows: number[];

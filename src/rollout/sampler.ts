@@ -15,7 +15,7 @@
  *    ~130 ms).
  *  - a draw over the whole vocabulary (a temperature, no top-k or top-p: the rollouts' default) and
  *    greedy (the argmax, lowest id on ties: evaluation's default) where the logits lie, on wasm and
- *    webgpu (engine/draw.ts): the id walk again, nothing or B·2 floats read. On wasm the host walk's
+ *    webgpu (kernels/draw.ts): the id walk again, nothing or B·2 floats read. On wasm the host walk's
  *    float64 arithmetic, rows split over the heap module's threads (32 rows of 151,936 took ~150 ms
  *    a step on one thread): the host path's tokens and log-probs. On webgpu one workgroup per row in
  *    float32 with double-float32 running sums: the host's tokens unless a draw lands within float32
@@ -34,8 +34,8 @@
  *    GRPO recomputes its old log-probs with the trainer's forward (trainer/grpo.ts); these are the
  *    logged sampling log-probs. */
 import * as tf from "@tensorflow/tfjs";
-import { drawWholeRows } from "../engine/draw.ts";
-import { backendProfile } from "../engine/profile.ts";
+import { drawWholeRows } from "../kernels/draw.ts";
+import { backendProfile } from "../kernels/profile.ts";
 import type { Rng } from "../util/rng.ts";
 import {
   checkSamplingParams,
@@ -163,7 +163,7 @@ export function candidatesFor(params: SamplingParams, V: number): number {
 /** Per row of packed candidates [below, atKth, values K, ids K] (any order of the K; `below` the
  *  normaliser's part under the K-th value, `atKth` the count of tokens tied at it), the draw with
  *  uniform us[b] in rank order, or null where the candidates cannot decide it (the caller reads that
- *  row). The device path of sampleTokens and the compiled decoder's (engine/webgpu/decode/) share it. */
+ *  row). The device path of sampleTokens and the compiled decoder's (kernels/webgpu/decode/) share it. */
 export function drawCandidates(data: Float32Array, K: number, V: number, params: SamplingParams, us: number[]): (RowDraw | null)[] {
   const greedy = params.temperature === 0;
   const T = greedy ? 1 : params.temperature;

@@ -3,14 +3,14 @@
  *  the user did not give on the command line, so explicit flags always win. */
 import { BUILTIN_TOOLS, DEFAULT_TOOLS } from "../agents/builtin.ts";
 import { Option, type Command } from "commander";
-import { AUTO_ORDER, BACKEND_NAMES } from "../engine/backend.ts";
+import { AUTO_ORDER, BACKEND_NAMES } from "../kernels/backend.ts";
 import { parseChoice, parseFloatArg, parseIntArg, parseList } from "./cli.ts";
 import { UsageError } from "../util/errors.ts";
 import { splitToolSpecs } from "../agents/toolset.ts";
 import { DIALECTS, type Dialect } from "../envs/families.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
-import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../engine/wasm/threads.ts";
+import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../kernels/wasm/threads.ts";
 import { addFlags, flag, optional, parseFlags, toggle, type FlagTable } from "./flags.ts";
 import { ROLLOUT_ENGINE_NAMES, type RolloutEngineName } from "../rollout/engines/index.ts";
 import type { EngineFlags } from "../rollout/engines/types.ts";

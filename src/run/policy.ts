@@ -12,8 +12,8 @@ import type { Qwen2ForCausalLM } from "../model/qwen2.ts";
 import type { LoraConfig, Quantize, Tokenizer } from "../model/types.ts";
 import { writeDirAtomic, exists } from "../util/fs.ts";
 import { isHubId } from "../util/hub.ts";
-import type { ThreadsSpec } from "../engine/wasm/threads.ts";
-import { initBackend } from "../engine/backend.ts";
+import type { ThreadsSpec } from "../kernels/wasm/threads.ts";
+import { initBackend } from "../kernels/backend.ts";
 
 export interface OpenPolicyOptions {
   modelPath: string; // hub id, HF folder, full SFT output, or a PEFT adapter folder

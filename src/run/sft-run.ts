@@ -32,7 +32,7 @@ import { runIdentity, turnSettings } from "./flags.ts";
 import { defaultOutputDir, loraTargets } from "./options.ts";
 import { SFT_FLAGS, type SftFlags } from "./sft-flags.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
-import type { ThreadsSpec } from "../engine/wasm/threads.ts";
+import type { ThreadsSpec } from "../kernels/wasm/threads.ts";
 
 /** The run's configuration: the script's flags as parsed (sft-flags.ts), plus what only a program
  *  passes. run.json holds it; a resumed run must match its `runIdentity`. */

@@ -11,8 +11,8 @@ import type { CausalLM } from "../model/types.ts";
 import { microBatchRows, rightPad, type PaddedBatch } from "./batch.ts";
 import { NonFiniteError } from "../util/errors.ts";
 import { accumulateGrads, stopGradient } from "./grads.ts";
-import { recomputeSeconds } from "../engine/checkpoint.ts";
-import { deviceOutOfMemory } from "../engine/webgpu/device.ts";
+import { recomputeSeconds } from "../kernels/checkpoint.ts";
+import { deviceOutOfMemory } from "../kernels/webgpu/device.ts";
 import type { AdamW } from "./optimizer.ts";
 import {
   checkPolicyLossConfig,

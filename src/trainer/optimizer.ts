@@ -1,11 +1,11 @@
 /** AdamW as torch.optim.AdamW computes it (decoupled weight decay, bias correction, no amsgrad), global
  *  gradient-norm clipping as torch.nn.utils.clip_grad_norm_, and the optimizer state as named
- *  Float32Arrays for checkpoints. On webgpu the step is the engine's device programs (engine/adamw.ts:
+ *  Float32Arrays for checkpoints. On webgpu the step is the engine's device programs (kernels/adamw.ts:
  *  one dispatch per group of variables for the update and one per group for the norm, the norm read
  *  once at the end); on other backends tfjs ops, with the norm read before the update. Leaves out
  *  param groups, amsgrad. */
 import * as tf from "@tensorflow/tfjs";
-import { deviceAdamW, deviceGradNorm, hasDeviceAdamW, type AdamWConstants } from "../engine/adamw.ts";
+import { deviceAdamW, deviceGradNorm, hasDeviceAdamW, type AdamWConstants } from "../kernels/adamw.ts";
 import { NonFiniteError } from "../util/errors.ts";
 
 export interface AdamWConfig {

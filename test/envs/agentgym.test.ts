@@ -376,7 +376,7 @@ describe("evaluation against the environment", () => {
   });
 
   it("eval --env: eval.json, samples and report from episodes on the tiny base; a server that does not answer writes nothing", async () => {
-    const { initBackend } = await import("../../src/engine/backend.ts");
+    const { initBackend } = await import("../../src/kernels/backend.ts");
     const { parseEvalArgs, runEval } = await import("../../src/run/eval-run.ts");
     const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
     await initBackend("wasm");

@@ -201,7 +201,7 @@ describe("create and reset failures are per rollout", () => {
   });
 
   it("eval.ts --env: the error rate on screen and in eval.json; every episode failing is an error, nothing written", async () => {
-    const { initBackend } = await import("../../src/engine/backend.ts");
+    const { initBackend } = await import("../../src/kernels/backend.ts");
     const { parseEvalArgs, runEval } = await import("../../src/run/eval-run.ts");
     const { TINY_BASE_DIR } = await import("../../src/presets/tiny.ts");
     await initBackend("wasm");

@@ -6,7 +6,7 @@ import { spawnSync } from "node:child_process";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { checkGguf } from "../../src/model/gguf-check.ts";
 import { cachedModelGguf, GGML_TYPE, u32, writeGguf } from "../../src/model/gguf.ts";
 import { loadModel } from "../../src/model/load.ts";

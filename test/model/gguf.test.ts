@@ -9,7 +9,7 @@ import * as tf from "@tensorflow/tfjs";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import {
   cachedModelGguf,
   encodeF16,

@@ -5,8 +5,8 @@
  *  that the backward pass scales it by each row's dy. */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
-import { logpEntropyOps } from "../../src/engine/logprob.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
+import { logpEntropyOps } from "../../src/kernels/logprob.ts";
 import { headLogprobs } from "../../src/model/head-logprobs.ts";
 import { BaseWeight } from "../../src/model/weight.ts";
 import { stopGradient } from "../../src/trainer/grads.ts";

@@ -5,7 +5,7 @@ import * as tf from "@tensorflow/tfjs";
 import { promises as fs, readFileSync } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { parseConfig, readConfig } from "../../src/model/config.ts";
 import { resolveModelDir } from "../../src/model/model-dir.ts";
 import { cacheAsHubWrites, startFakeHub } from "../fixtures/hub/fake-hub.ts";

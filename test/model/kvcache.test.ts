@@ -1,7 +1,7 @@
 /** KV-cache decoding equals full recomputation, rows can be dropped, and nothing leaks. */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { loadModel } from "../../src/model/load.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
 import { distinctRows } from "../../src/model/generation.ts";

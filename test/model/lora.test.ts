@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { LoraAdapter, moduleDims } from "../../src/model/lora.ts";
 import { FUSED, type LoraTarget } from "../../src/model/types.ts";
 import { cfg, randn } from "./helpers/lora-setup.ts";

@@ -2,7 +2,7 @@
  *  bytes held, and the logits error of a quantized qwen2-tiny against f32. */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { loadModel } from "../../src/model/load.ts";
 import {
   dequantizeInt8,

@@ -3,7 +3,7 @@
  *  release. */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { FUSED_MODULES } from "../../src/model/types.ts";
 import { DelegatingLM } from "../../scripts/lib/delegate.ts";
 import { loadModel } from "../../src/model/load.ts";

@@ -2,9 +2,9 @@
  *  tape, and the uncached product for large frozen weights equals tf.matMul without leaking tensors. */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { createModel } from "../../src/model/load.ts";
-import { mmFrozenLeft } from "../../src/engine/matmul.ts";
+import { mmFrozenLeft } from "../../src/kernels/matmul.ts";
 import { BaseWeight } from "../../src/model/weight.ts";
 import { Rng } from "../../src/util/rng.ts";
 

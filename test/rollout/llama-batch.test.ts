@@ -6,7 +6,7 @@ import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { writeLoraGguf, writeModelGguf } from "../../src/model/gguf.ts";
 import { loadModel } from "../../src/model/load.ts";
 import { LoraAdapter } from "../../src/model/lora.ts";

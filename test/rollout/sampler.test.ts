@@ -1,8 +1,8 @@
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
-import { heapHelpersReady, splitJobCount } from "../../src/engine/wasm/heap.ts";
-import { wasmThreads } from "../../src/engine/wasm/threads.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
+import { heapHelpersReady, splitJobCount } from "../../src/kernels/wasm/heap.ts";
+import { wasmThreads } from "../../src/kernels/wasm/threads.ts";
 import { sampleRow, sampleTokens, topIndices, type SampleOptions } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { drawSteps, expectCandidateReads, expectSameDraws, PARAM_SETS, RANK_REFERENCE, structuredLogits } from "./helpers/sampler-suite.ts";

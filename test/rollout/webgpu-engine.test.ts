@@ -1,4 +1,4 @@
-/** The compiled decoder (src/engine/webgpu/decode/) against tfjs' forward and the local engine:
+/** The compiled decoder (src/kernels/webgpu/decode/) against tfjs' forward and the local engine:
  *  - a pass's logits are the model's forward's (f32, int8 and NF4 bases, with LoRA and without);
  *  - --rollout_engine webgpu rolls out what the local engine rolls out on the tiny preset (32 rows ×
  *    64 tokens, tool calls and results included): greedy, at temperature 1 from the same uniforms,
@@ -15,11 +15,11 @@ import * as path from "node:path";
 import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.ts";
 import { toPrompt } from "../../src/agents/prompts.ts";
 import { generateSynthetic } from "../../src/datasets/synthetic.ts";
-import { initBackend } from "../../src/engine/backend.ts";
-import { Decoder } from "../../src/engine/webgpu/decode/decoder.ts";
-import { webgpuTraffic } from "../../src/engine/webgpu/device.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
+import { Decoder } from "../../src/kernels/webgpu/decode/decoder.ts";
+import { webgpuTraffic } from "../../src/kernels/webgpu/device.ts";
 import { createModel, loadModel } from "../../src/model/load.ts";
-import { CompiledBatch } from "../../src/engine/webgpu/decode/batch.ts";
+import { CompiledBatch } from "../../src/kernels/webgpu/decode/batch.ts";
 import { DecodeBatch, type DecodeRows } from "../../src/rollout/decode-batch.ts";
 import { BENCH_CONFIGS, tokenBatch } from "../../scripts/lib/bench.ts";
 import type { Qwen2ForCausalLM } from "../../src/model/qwen2.ts";
@@ -35,8 +35,8 @@ import { engineGrpoRun } from "./helpers/engine-grpo.ts";
 import { Rng } from "../../src/util/rng.ts";
 import { candidatesFor, drawCandidates } from "../../src/rollout/sampler.ts";
 import { sampleRow } from "../../src/rollout/sample-row.ts";
-import { CAND_K } from "../../src/engine/webgpu/decode/layout.ts";
-import { webgpuForTests } from "../engine/webgpu/helpers/adapter.ts";
+import { CAND_K } from "../../src/kernels/webgpu/decode/layout.ts";
+import { webgpuForTests } from "../kernels/webgpu/helpers/adapter.ts";
 
 const gpu = await webgpuForTests();
 const FIX = "test/fixtures/qwen2-tiny";

@@ -16,8 +16,8 @@ import { readMetrics } from "../../src/trainer/metrics.ts";
 import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 const device = vi.hoisted(() => ({ outOfMemoryNext: false }));
-vi.mock("../../src/engine/webgpu/device.ts", async (original) => ({
-  ...(await original<typeof import("../../src/engine/webgpu/device.ts")>()),
+vi.mock("../../src/kernels/webgpu/device.ts", async (original) => ({
+  ...(await original<typeof import("../../src/kernels/webgpu/device.ts")>()),
   deviceOutOfMemory: async (f: () => Promise<void>) => {
     if (device.outOfMemoryNext) return !(device.outOfMemoryNext = false);
     await f();

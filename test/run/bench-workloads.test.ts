@@ -2,7 +2,7 @@
  *  its config with the layer count, and reports rollouts and the update by part. Speed is never asserted. */
 import { beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { benchContext, WORKLOADS } from "../../scripts/lib/bench.ts";
 import "../../scripts/lib/grpo-shape.ts";
 

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { SYSTEM_PROMPT } from "../../src/agents/prompts.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS } from "../../src/presets/tiny.ts";

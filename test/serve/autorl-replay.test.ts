@@ -7,7 +7,7 @@
  *  base — and each answer must have the status and the shape the real one had: every field the real
  *  server returns, with the same JSON type. Where this server differs on purpose, the table below
  *  names the difference and the reason (docs/grading-server.md's table says the same). Evaluations use 4 questions. */
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as http from "node:http";
 import { promises as fs, readFileSync } from "node:fs";

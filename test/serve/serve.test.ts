@@ -6,7 +6,7 @@
  *  time changes, and the tensor count across evaluations served in-process. Evaluations use 4
  *  questions so the file stays fast.
  *  Over 400 lines: every case shares one started server, its workspace and its computed baseline. */
-import { initBackend } from "../../src/engine/backend.ts";
+import { initBackend } from "../../src/kernels/backend.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { execFileSync, spawn } from "node:child_process";
 import * as http from "node:http";

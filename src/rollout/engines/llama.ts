@@ -24,7 +24,7 @@ import { cachedModelGguf, writeLoraGguf } from "../../model/gguf.ts";
 import { paramCount } from "../../model/load.ts";
 import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
 import type { ChatMessage, Qwen2Config } from "../../model/types.ts";
-import { resolveThreads } from "../../engine/wasm/threads.ts";
+import { resolveThreads } from "../../kernels/wasm/threads.ts";
 import { UsageError } from "../../util/errors.ts";
 import { encodePrompts } from "../rollout.ts";
 import { turnRollouts, type TurnCompleter, type TurnCompletion, type TurnSampling } from "../turns.ts";

@@ -1,4 +1,4 @@
-/** --rollout_engine webgpu: rollouts from the compiled decoder (engine/webgpu/decode/), this
+/** --rollout_engine webgpu: rollouts from the compiled decoder (kernels/webgpu/decode/), this
  *  project's own WGSL programs over the trainer's weight buffers on the device tfjs holds: the
  *  frozen base as it is held (f32 or int8/NF4 codes), the adapter's factors copied from its
  *  variables at each generation, so it samples the policy the trainer has now. The turn loop is
@@ -7,8 +7,8 @@
  *  (engine_logprob_gap shows how far they are from the trainer's; TIS corrects for it).
  *  "auto" (the default) is this engine on --backend webgpu and the local engine elsewhere. */
 import * as tf from "@tensorflow/tfjs";
-import { Decoder, decoderUnsupported } from "../../engine/webgpu/decode/decoder.ts";
-import { CompiledBatch } from "../../engine/webgpu/decode/batch.ts";
+import { Decoder, decoderUnsupported } from "../../kernels/webgpu/decode/decoder.ts";
+import { CompiledBatch } from "../../kernels/webgpu/decode/batch.ts";
 import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
 import { UsageError } from "../../util/errors.ts";
 import { rolloutGroups } from "../rollout.ts";

@@ -17,8 +17,8 @@ import { LoraAdapter } from "../../model/lora.ts";
 import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
 import type { Tokenizer } from "../../model/types.ts";
 import { DecodeBatch, type DecodeRows } from "../../rollout/decode-batch.ts";
-import { CompiledBatch } from "../../engine/webgpu/decode/batch.ts";
-import { Decoder, decoderUnsupported } from "../../engine/webgpu/decode/decoder.ts";
+import { CompiledBatch } from "../../kernels/webgpu/decode/batch.ts";
+import { Decoder, decoderUnsupported } from "../../kernels/webgpu/decode/decoder.ts";
 import { sampleRow, Scratch, topIndices, uniformFor } from "../../rollout/sample-row.ts";
 import { Rng } from "../../util/rng.ts";
 import { ApiError } from "./errors.ts";
@@ -100,7 +100,7 @@ export class Batcher {
   readonly stopIds: Set<number>; // tokens that end a row: eos (<|im_end|>) and <|endoftext|>
   /** Batches run and rows decoded so far (tests and /health read them). */
   readonly stats = { batches: 0, rows: 0, maxRowsInBatch: 0 };
-  /** The compiled decoder (engine/webgpu/decode/) on webgpu; null: tfjs' forward (DecodeBatch). */
+  /** The compiled decoder (kernels/webgpu/decode/) on webgpu; null: tfjs' forward (DecodeBatch). */
   readonly decoder: Decoder | null;
 
   constructor(

@@ -9,7 +9,7 @@ import type { Dialect } from "../../../src/envs/families.ts";
 import type { GrpoRunConfig } from "../../../src/run/grpo-run.ts";
 
 export async function tinyEnvRunConfig(env: string, dialect: Dialect, overrides: Partial<GrpoRunConfig> = {}) {
-  const { initBackend } = await import("../../../src/engine/backend.ts");
+  const { initBackend } = await import("../../../src/kernels/backend.ts");
   const { TINY_BASE_DIR } = await import("../../../src/presets/tiny.ts");
   const { defaultsOf } = await import("../../../src/run/flags.ts");
   const { GRPO_FLAGS } = await import("../../../src/run/grpo-flags.ts");

@@ -1,9 +1,9 @@
 /** Golden parity with test/fixtures/qwen2-tiny (an independent float32 PyTorch Qwen2 + PEFT LoRA), as
- *  one suite every backend runs with the same thresholds (parity.test.ts: wasm; test/engine/webgpu/). */
+ *  one suite every backend runs with the same thresholds (parity.test.ts: wasm; test/kernels/webgpu/). */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { readFileSync } from "node:fs";
-import { initBackend } from "../../../src/engine/backend.ts";
+import { initBackend } from "../../../src/kernels/backend.ts";
 import { loadModel } from "../../../src/model/load.ts";
 import { peftKey } from "../../../src/model/lora.ts";
 import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";

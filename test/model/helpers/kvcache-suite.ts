@@ -1,10 +1,10 @@
-/** The KV cache's in-place writes (engine/slot-write.ts), run on each backend that has them: wasm by
- *  test/model/kvcache.test.ts, webgpu by test/engine/webgpu/kvcache.test.ts. Decoding across the
+/** The KV cache's in-place writes (kernels/slot-write.ts), run on each backend that has them: wasm by
+ *  test/model/kvcache.test.ts, webgpu by test/kernels/webgpu/kvcache.test.ts. Decoding across the
  *  cache's growth gives the full-recompute logits, a shared cache is copied before it is written,
  *  and writeSlot puts a key column and a value row where they belong. */
 import { expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
-import { inPlaceWritable, writeSlot } from "../../../src/engine/slot-write.ts";
+import { inPlaceWritable, writeSlot } from "../../../src/kernels/slot-write.ts";
 import { Qwen2KVCache } from "../../../src/model/kv-cache.ts";
 import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
 

@@ -1,5 +1,5 @@
 /** A small model shape for LoRA tests and seeded normal tensors (test/model/lora.test.ts,
- *  test/engine/webgpu/lora.test.ts). */
+ *  test/kernels/webgpu/lora.test.ts). */
 import * as tf from "@tensorflow/tfjs";
 import type { Qwen2Config } from "../../../src/model/types.ts";
 import { Rng } from "../../../src/util/rng.ts";

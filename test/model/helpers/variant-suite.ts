@@ -4,7 +4,7 @@
 import { describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { readFileSync } from "node:fs";
-import { initBackend } from "../../../src/engine/backend.ts";
+import { initBackend } from "../../../src/kernels/backend.ts";
 import { loadModel } from "../../../src/model/load.ts";
 
 const DIR = "test/fixtures/qwen2-variant";

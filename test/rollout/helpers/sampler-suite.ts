@@ -1,7 +1,7 @@
 /** Shared checks of the two sampling paths (rollout/sampler.ts): the candidate path (statistics on the
  *  device) draws the tokens of the host path's rank walk (`walk: "rank"`; the host sampler's default
  *  walks ids, so its tokens differ) for the same seed, and reads back what it says it reads. Run
- *  on wasm by test/rollout/sampler.test.ts and on webgpu by test/engine/webgpu/sampler.test.ts. */
+ *  on wasm by test/rollout/sampler.test.ts and on webgpu by test/kernels/webgpu/sampler.test.ts. */
 import { expect, vi } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { CANDIDATES, sampleTokens, type SampleOptions, type SampleResult, type SamplingParams } from "../../../src/rollout/sampler.ts";

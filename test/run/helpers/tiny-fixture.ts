@@ -3,7 +3,7 @@
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { initBackend } from "../../../src/engine/backend.ts";
+import { initBackend } from "../../../src/kernels/backend.ts";
 import { createModel } from "../../../src/model/load.ts";
 import { buildTinyTokenizer, saveTinyTokenizer } from "../../../scripts/lib/tiny-tokenizer.ts";
 import { tokenizerCorpus } from "../../../scripts/lib/make-tiny-base.ts";

@@ -3,7 +3,7 @@
  *  `tool` message, streaming, n, log-probs, completions from token ids, LoRA adapters loaded,
  *  selected per request and unloaded, bad requests answered in OpenAI's error shape, concurrent
  *  requests batched, and no tensors left behind. */
-import { initBackend } from "../../../src/engine/backend.ts";
+import { initBackend } from "../../../src/kernels/backend.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";

@@ -1,5 +1,5 @@
 /** The tiny preset served over real HTTP on 127.0.0.1, as scripts/serve-openai.ts serves it. */
-import { initBackend } from "../../../../src/engine/backend.ts";
+import { initBackend } from "../../../../src/kernels/backend.ts";
 import { TINY_BASE_DIR } from "../../../../src/presets/tiny.ts";
 import { defaultsOf } from "../../../../src/run/flags.ts";
 import { SERVE_OPENAI_FLAGS, serveOpenAi, type ServeOpenAiFlags, type ServingOpenAi } from "../../../../src/serve/openai/run.ts";
