@@ -188,6 +188,7 @@ async function updateOf(
   const batch: GrpoRollout[] = prompts.map((p, i) => ({
     ids: [...p, ...generated[i]],
     lossMask: [...p.map(() => 0), ...generated[i].map(() => 1)],
+    group: Math.floor(i / s.samples),
     advantage: i % 2 ? 1 : -1,
     behaviourLogprobs: behaviour ? [...p.map(() => NaN), ...behaviour[i]] : undefined,
   }));

@@ -1,5 +1,6 @@
 /** What a rollout is configured with and what it produces: one Trajectory per (prompt, sample).
- *  Types only; the loop is in rollout.ts, the JSONL log in trajectories.ts. */
+ *  Types only; the rules of a turn are in episode.ts, the loops in rollout.ts and turns.ts, the JSONL
+ *  log in trajectories.ts. */
 import type { Tool } from "../agents/types.ts";
 import type { Environment } from "../envs/types.ts";
 import type { Rng } from "../util/rng.ts";
@@ -86,6 +87,8 @@ export interface TurnRecord {
 }
 
 export interface Trajectory {
+  /** The row's group, from the engine to the update: the task (its prompt's index in the call) and
+   *  the sample within the task's group. Scoring and the update read these, not the rows' order. */
   promptIndex: number;
   sampleIndex: number;
   promptIds: number[];

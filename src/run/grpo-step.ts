@@ -88,11 +88,13 @@ export function scoreStep(
   batch: Task[],
   o: { rewardWeights: Record<string, number>; scale: "group" | "none"; score?: RolloutScorer },
 ): ScoredStep {
-  const trajs = rolled.map((t) => {
-    const s = o.score ? o.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], o.rewardWeights);
-    return { ...t, reward: envFailed(t) ? 0 : s.reward, rewardComponents: s.components };
-  });
-  const groups = batch.map((_, p) => trajs.filter((t) => t.promptIndex === p));
+  const groups = byGroup(rolled, batch.length).map((g, p) =>
+    g.map((t) => {
+      const s = o.score ? o.score(t, batch[p].gold) : scoreRollout(t, batch[p], o.rewardWeights);
+      return { ...t, reward: envFailed(t) ? 0 : s.reward, rewardComponents: s.components };
+    }),
+  );
+  const trajs = rolled.map((t) => groups[t.promptIndex][t.sampleIndex]); // in the engine's order, for the log
   const counted = groups.map((g) => g.map((t) => !envFailed(t)));
   const all = groups.map((g) => g.map((t) => t.reward));
   const advantages = countedGroupAdvantages(all, counted, o.scale);
@@ -100,28 +102,35 @@ export function scoreStep(
   return { trajs, rewards, counted, advantages };
 }
 
+/** The rows by the group they carry: groups[p][g] is task p's sample g, whatever order they came in. */
+function byGroup(trajs: Trajectory[], tasks: number): Trajectory[][] {
+  const groups: Trajectory[][] = Array.from({ length: tasks }, () => []);
+  for (const t of trajs) {
+    const g = groups[t.promptIndex];
+    if (g === undefined || !Number.isInteger(t.sampleIndex) || t.sampleIndex < 0 || g[t.sampleIndex] !== undefined)
+      throw new Error(`the rollout of task ${t.promptIndex}, sample ${t.sampleIndex} has no place of its own among ${tasks} tasks`);
+    g[t.sampleIndex] = t;
+  }
+  const gap = groups.findIndex((g) => g.length === 0 || Object.keys(g).length !== g.length);
+  if (gap >= 0)
+    throw new Error(`task ${gap} has ${Object.keys(groups[gap]).length} rollouts; expected samples 0..${groups[gap].length - 1}`);
+  return groups;
+}
+
 /** The update's rollouts: prompt + completion ids, the loss mask over both, the advantage, and, from
  *  an engine whose log-probs are not the trainer's, the behaviour log-probs of its sampled tokens. */
 export function grpoRollouts(s: ScoredStep, behaviour: boolean): GrpoRollout[] {
-  return s.advantages.flatMap((adv, p) =>
-    s.trajs
-      .filter((t) => t.promptIndex === p)
-      .flatMap((t, i) =>
-        !s.counted[p][i]
-          ? []
-          : [
-              {
-                ids: [...t.promptIds, ...t.completionIds],
-                lossMask: [...t.promptIds.map(() => 0), ...t.lossMask],
-                advantage: adv[i],
-                truncated: t.finishReason === "length" || t.finishReason === "max_turns",
-                behaviourLogprobs: behaviour
-                  ? [...t.promptIds.map(() => NaN), ...t.sampleLogprobs.map((x, k) => (t.lossMask[k] ? x : NaN))]
-                  : undefined,
-              },
-            ],
-      ),
-  );
+  return s.trajs.flatMap((t) => {
+    const [p, g] = [t.promptIndex, t.sampleIndex];
+    if (!s.counted[p][g]) return [];
+    const ids = [...t.promptIds, ...t.completionIds];
+    const lossMask = [...t.promptIds.map(() => 0), ...t.lossMask];
+    const truncated = t.finishReason === "length" || t.finishReason === "max_turns";
+    const behaviourLogprobs = behaviour
+      ? [...t.promptIds.map(() => NaN), ...t.sampleLogprobs.map((x, k) => (t.lossMask[k] ? x : NaN))]
+      : undefined;
+    return [{ ids, lossMask, group: p, advantage: s.advantages[p][g], truncated, behaviourLogprobs }];
+  });
 }
 
 /** The loss a run trains with and its hyper-parameters, as metrics.jsonl holds them. */

@@ -25,10 +25,12 @@ import {
 } from "./policy-loss.ts";
 
 /** One sampled rollout: prompt + completion ids, the loss mask aligned to ids (1 on tokens the policy
- *  sampled, 0 on prompt, tool output and template tokens) and its group-relative advantage. */
+ *  sampled, 0 on prompt, tool output and template tokens), its group and its group-relative advantage. */
 export interface GrpoRollout {
   ids: number[];
   lossMask: number[];
+  /** The task it answers (Trajectory.promptIndex): rollouts of one group share their prompt. */
+  group: number;
   advantage: number;
   truncated?: boolean; // stopped by the token or turn limit: weight 0 with maskTruncatedCompletions
   /** Log-probs of the tokens under the policy that sampled them (an inference engine's), aligned to
@@ -167,17 +169,10 @@ async function grpoStepOnce(model: CausalLM, optimizer: AdamW, batch: GrpoRollou
   const empty: GrpoStats = { ...noUpdateStats(batch.length), skipped: batch.length - kept.length, maskedTruncated };
   if (kept.length === 0 || norm.numTokens === 0) return empty; // no signal: no update, optimizer step not counted
 
-  // Rollouts of similar length together (of one prompt together, where the model runs a shared
+  // Rollouts of similar length together (of one group together, where the model runs a shared
   // prompt once), and fewer rows per micro-batch where the backend's memory needs it (the losses are
   // normalised over the whole batch, so how it is split changes no gradient).
-  const prompts = new Map<string, number>();
-  const groups = model.sharePrefixes
-    ? kept.map((i) => {
-        const key = batch[i].ids.slice(0, masks[i].indexOf(1)).join(",");
-        if (!prompts.has(key)) prompts.set(key, prompts.size);
-        return prompts.get(key)!;
-      })
-    : undefined;
+  const groups = model.sharePrefixes ? kept.map((i) => batch[i].group) : undefined;
   const auto = cfg.microBatchSize === "auto";
   const cap = autoTokenCap.get(model);
   const autoRows = (length: number) =>
@@ -431,5 +426,6 @@ function checkBatch(batch: GrpoRollout[]): void {
     if (r.ids.length === 0) throw new Error(`rollout ${i} has no tokens`);
     if (r.lossMask.length !== r.ids.length) throw new Error(`rollout ${i} has ${r.ids.length} ids but a loss mask of ${r.lossMask.length}`);
     if (!Number.isFinite(r.advantage)) throw new Error(`rollout ${i} advantage is ${r.advantage}; must be finite`);
+    if (!(Number.isInteger(r.group) && r.group >= 0)) throw new Error(`rollout ${i} group is ${r.group}; must be an integer >= 0`);
   });
 }

@@ -39,7 +39,7 @@ function batch(rewards: number[][]): GrpoRollout[] {
     ],
   ];
   const adv = groupAdvantages(rewards, "group");
-  return shapes.flatMap((g, q) => g.map((r, i) => ({ ...r, advantage: adv[q][i] })));
+  return shapes.flatMap((g, q) => g.map((r, i) => ({ ...r, group: q, advantage: adv[q][i] })));
 }
 
 describe("grpoStep on a stand-in model", () => {
@@ -48,10 +48,10 @@ describe("grpoStep on a stand-in model", () => {
     const m = new BigramLM(V, undefined, init());
     const opt = new AdamW(m.trainableVariables(), { lr: 0.05, weightDecay: 0 });
     const rollouts: GrpoRollout[] = [
-      { ids: [0, 1, 2], lossMask: [0, 1, 1], advantage: 0 },
-      { ids: [0, 3, 4], lossMask: [0, 1, 1], advantage: 0 },
-      { ids: [5, 6], lossMask: [0, 1], advantage: 0 },
-      { ids: [5, 7], lossMask: [0, 1], advantage: 0 },
+      { ids: [0, 1, 2], lossMask: [0, 1, 1], group: 0, advantage: 0 },
+      { ids: [0, 3, 4], lossMask: [0, 1, 1], group: 0, advantage: 0 },
+      { ids: [5, 6], lossMask: [0, 1], group: 1, advantage: 0 },
+      { ids: [5, 7], lossMask: [0, 1], group: 1, advantage: 0 },
     ];
     const adv = groupAdvantages(
       [
@@ -268,10 +268,10 @@ describe("grpoStep on a stand-in model", () => {
     ]);
     await expect(grpoStep(m, opt, r, { ...cfg, lossType: "ppo" as "grpo" })).rejects.toThrow(/lossType "ppo" is not one of/);
     await expect(grpoStep(m, opt, r, { ...cfg, numIterations: 0 })).rejects.toThrow(/numIterations 0/);
-    await expect(grpoStep(m, opt, [{ ids: [1, 2], lossMask: [1], advantage: 1 }], cfg)).rejects.toThrow(
+    await expect(grpoStep(m, opt, [{ ids: [1, 2], lossMask: [1], group: 0, advantage: 1 }], cfg)).rejects.toThrow(
       /rollout 0 has 2 ids but a loss mask of 1/,
     );
-    await expect(grpoStep(m, opt, [{ ids: [1, 2], lossMask: [0, 1], advantage: NaN }], cfg)).rejects.toThrow(/advantage is NaN/);
+    await expect(grpoStep(m, opt, [{ ids: [1, 2], lossMask: [0, 1], group: 0, advantage: NaN }], cfg)).rejects.toThrow(/advantage is NaN/);
     opt.dispose();
     m.dispose();
   });

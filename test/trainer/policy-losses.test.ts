@@ -331,8 +331,8 @@ describe("log-ratio clamp", () => {
     const m = new BigramLM(V, undefined, delta);
     const opt = new AdamW(m.trainableVariables(), { lr: 0.01, weightDecay: 0 });
     const batch: GrpoRollout[] = [
-      { ids: [0, 2, 3, 1], lossMask: [0, 1, 1, 1], advantage: 1 },
-      { ids: [0, 1, 4], lossMask: [0, 1, 1], advantage: -1 },
+      { ids: [0, 2, 3, 1], lossMask: [0, 1, 1, 1], group: 0, advantage: 1 },
+      { ids: [0, 1, 4], lossMask: [0, 1, 1], group: 0, advantage: -1 },
     ];
     const step: GrpoConfig = { ...base, beta: 0.04, numIterations: 1, maxGradNorm: 1, lr: 0.01, microBatchSize: 2 };
     const s = await grpoStep(m, opt, batch, step);
@@ -348,10 +348,10 @@ describe("one GRPO step per loss type on a stand-in model", () => {
   const V = 8;
   const init = () => Array.from({ length: V }, (_, i) => Array.from({ length: V }, (_, j) => 0.3 * Math.cos(i * 5 + j * 2)));
   const rollouts = (): GrpoRollout[] => [
-    { ids: [0, 1, 2, 3], lossMask: [0, 1, 1, 1], advantage: 1 },
-    { ids: [0, 4, 5], lossMask: [0, 1, 1], advantage: -1 },
-    { ids: [6, 7, 1], lossMask: [0, 1, 1], advantage: 0.5, truncated: true },
-    { ids: [6, 2], lossMask: [0, 1], advantage: -0.5 },
+    { ids: [0, 1, 2, 3], lossMask: [0, 1, 1, 1], group: 0, advantage: 1 },
+    { ids: [0, 4, 5], lossMask: [0, 1, 1], group: 0, advantage: -1 },
+    { ids: [6, 7, 1], lossMask: [0, 1, 1], group: 1, advantage: 0.5, truncated: true },
+    { ids: [6, 2], lossMask: [0, 1], group: 1, advantage: -0.5 },
   ];
   const step = (lossType: LossType): GrpoConfig => ({
     epsilon: 0.2,

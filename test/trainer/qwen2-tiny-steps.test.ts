@@ -130,7 +130,7 @@ describe("trainer steps on qwen2-tiny (wasm)", () => {
       { ids: [8, 9, 140], lossMask: [0, 0, 1] },
       { ids: [8, 9, 150, 151, 152, 153, 154, 155], lossMask: [0, 0, 1, 1, 1, 1, 1, 1] },
     ];
-    const rollouts: GrpoRollout[] = shapes.map((s, i) => ({ ...s, advantage: adv[Math.floor(i / 3)][i % 3] }));
+    const rollouts: GrpoRollout[] = shapes.map((s, i) => ({ ...s, group: Math.floor(i / 3), advantage: adv[Math.floor(i / 3)][i % 3] }));
     const cfg: GrpoConfig = {
       beta: 0.04,
       epsilon: 0.2,
@@ -231,9 +231,9 @@ describe("trainer steps on qwen2-tiny (wasm)", () => {
     const m = await loadModel(FIX, { lora: fresh, quantize: "nf4", seed: 5 });
     const vars = m.trainableVariables();
     const rollouts: GrpoRollout[] = [
-      { ids: [5, 6, 7, 100, 101, 102], lossMask: [0, 0, 0, 1, 1, 1], advantage: 1 },
-      { ids: [5, 6, 7, 120, 121, 9, 9, 122], lossMask: [0, 0, 0, 1, 1, 0, 0, 1], advantage: -1 },
-      { ids: [8, 9, 130, 131], lossMask: [0, 0, 1, 1], advantage: 0.5 },
+      { ids: [5, 6, 7, 100, 101, 102], lossMask: [0, 0, 0, 1, 1, 1], group: 0, advantage: 1 },
+      { ids: [5, 6, 7, 120, 121, 9, 9, 122], lossMask: [0, 0, 0, 1, 1, 0, 0, 1], group: 0, advantage: -1 },
+      { ids: [8, 9, 130, 131], lossMask: [0, 0, 1, 1], group: 1, advantage: 0.5 },
     ];
     const cfg: GrpoConfig = {
       beta: 0.04,

@@ -18,12 +18,12 @@ const FIX = "test/fixtures/qwen2-tiny";
 const lora: LoraConfig = { r: 4, alpha: 8, dropout: 0, targetModules: [...LORA_TARGETS] };
 
 const rollouts: GrpoRollout[] = [
-  { ids: [5, 6, 7, 100, 101, 102, 103], lossMask: [0, 0, 0, 1, 1, 1, 1], advantage: 1 },
-  { ids: [5, 6, 7, 110, 111], lossMask: [0, 0, 0, 1, 1], advantage: -0.5 },
-  { ids: [5, 6, 7, 120, 9, 121], lossMask: [0, 0, 0, 1, 0, 1], advantage: 0.7 },
-  { ids: [8, 9, 130, 131], lossMask: [0, 0, 1, 1], advantage: -1.2 },
-  { ids: [8, 9, 140], lossMask: [0, 0, 1], advantage: 0.3 },
-  { ids: [8, 9, 150, 151, 152], lossMask: [0, 0, 1, 1, 1], advantage: -0.3 },
+  { ids: [5, 6, 7, 100, 101, 102, 103], lossMask: [0, 0, 0, 1, 1, 1, 1], group: 0, advantage: 1 },
+  { ids: [5, 6, 7, 110, 111], lossMask: [0, 0, 0, 1, 1], group: 0, advantage: -0.5 },
+  { ids: [5, 6, 7, 120, 9, 121], lossMask: [0, 0, 0, 1, 0, 1], group: 0, advantage: 0.7 },
+  { ids: [8, 9, 130, 131], lossMask: [0, 0, 1, 1], group: 1, advantage: -1.2 },
+  { ids: [8, 9, 140], lossMask: [0, 0, 1], group: 1, advantage: 0.3 },
+  { ids: [8, 9, 150, 151, 152], lossMask: [0, 0, 1, 1, 1], group: 1, advantage: -0.3 },
 ];
 const cfg: GrpoConfig = {
   beta: 0.04,

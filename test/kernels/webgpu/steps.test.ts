@@ -77,7 +77,7 @@ async function trainSteps(quantize: Quantize) {
     { ids: [5, 6, 7, 100, 101, 102], lossMask: [0, 0, 0, 1, 1, 1] },
     { ids: [5, 6, 7, 110, 111], lossMask: [0, 0, 0, 1, 1] },
     { ids: [5, 6, 7, 120, 9, 121], lossMask: [0, 0, 0, 1, 0, 1] },
-  ].map((r, i) => ({ ...r, advantage: adv[0][i] }));
+  ].map((r, i) => ({ ...r, group: 0, advantage: adv[0][i] }));
   const cfg: GrpoConfig = {
     beta: 0.04,
     epsilon: 0.2,
