@@ -112,8 +112,7 @@ function byGroup(trajs: Trajectory[], tasks: number): Trajectory[][] {
     g[t.sampleIndex] = t;
   }
   const gap = groups.findIndex((g) => g.length === 0 || Object.keys(g).length !== g.length);
-  if (gap >= 0)
-    throw new Error(`task ${gap} has ${Object.keys(groups[gap]).length} rollouts; expected samples 0..${groups[gap].length - 1}`);
+  if (gap >= 0) throw new Error(`task ${gap} is missing rollouts: it has samples [${Object.keys(groups[gap]).join(", ")}]`);
   return groups;
 }
 
