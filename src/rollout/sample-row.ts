@@ -94,7 +94,8 @@ export function sampleRow(
       max = row[j];
       argmax = j;
     } // strict >: lowest id on ties
-  if (!Number.isFinite(max)) throw new NonFiniteError("the largest logit of a sampled row", max); // weights blew up (learning rate) or bad input
+  // weights that blew up (learning rate) or bad input
+  if (!Number.isFinite(max)) throw new NonFiniteError("the largest logit of a sampled row", max);
   const topP = params.topP ?? 1;
   const topK = Math.min(params.topK ?? 0, V);
   const e = scratch.e;

@@ -92,7 +92,7 @@ export class ToolResponseRenderer {
  *  tool calls, run them, record the turn and count calls, errors and unknown tools in the trajectory.
  *  Returns the texts to send back (results, then parse errors), or null when the turn called nothing:
  *  the final answer. Calls run even when the rollout ends after this turn, so the record shows what
- *  the model asked for. Shared by the local batched rollout and the engine-backed one. */
+ *  the model asked for. Called by episode.ts, for every loop. */
 export async function toolTurn(traj: Trajectory, text: string, tools: ReadonlyMap<string, Tool>): Promise<string[] | null> {
   const parsed = parseToolCalls(text);
   const turn: TurnRecord = { text, content: parsed.content, toolCalls: [], parseErrors: parsed.errors, ended: true };

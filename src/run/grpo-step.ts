@@ -146,7 +146,9 @@ export function lossFields(cfg: GrpoFlags & { epsilon_high: number }): Record<st
 
 /** "minirl (ε 0.2, ε_high 0.3, β 0, token-level ratios, truncated rollouts trained)": the report's line. */
 export function describeLoss(f: ReturnType<typeof lossFields>): string {
-  return `${f.loss_type} (ε ${f.epsilon}, ε_high ${f.epsilon_high}, β ${f.beta}, ${f.importance_sampling_level}-level ratios, truncated rollouts ${f.mask_truncated_completions ? "masked" : "trained"})`;
+  const truncated = f.mask_truncated_completions ? "masked" : "trained";
+  const ratios = `${f.importance_sampling_level}-level ratios`;
+  return `${f.loss_type} (ε ${f.epsilon}, ε_high ${f.epsilon_high}, β ${f.beta}, ${ratios}, truncated rollouts ${truncated})`;
 }
 
 /** The step line of a run against an environment: the GRPO line with the share of rollouts the
