@@ -67,7 +67,7 @@ export function registerRolloutEngine(def: RolloutEngineDef<any>): void {
 /** Checks the engine's flags, and that what it needs answers or loads, before anything is written;
  *  the function returned opens it on the trainer's model. Its flags absent from `f` take their
  *  defaults; another engine's flags given where they do nothing are refused. */
-export function prepareEngine(f: EngineFlags, log: (line: string) => void): Promise<(ctx: EngineContext) => Promise<RolloutEngine>> {
+export async function prepareEngine(f: EngineFlags, log: (line: string) => void): Promise<(ctx: EngineContext) => Promise<RolloutEngine>> {
   const def = ROLLOUT_ENGINES.get(f.rollout_engine);
   if (!def) throw new UsageError(`--rollout_engine ${f.rollout_engine}: expected one of ${ROLLOUT_ENGINE_NAMES.join(", ")}`);
   const withDefaults = (e: RolloutEngineDef<any>) => {
