@@ -17,8 +17,7 @@ import { defineRolloutEngine, type EngineContext, type RolloutEngine, type RunFl
 
 export const webgpuEngine = defineRolloutEngine({
   name: "webgpu",
-  help:
-    "webgpu (the compiled WebGPU decoder over the trainer's own weights: fused kernels, one submit a token, " + "sampling on the device)",
+  help: "webgpu (the compiled WebGPU decoder over the trainer's own weights: fused kernels, one submit a token, sampling on the device)",
   flags: {},
   async prepare(f) {
     return async (ctx) => {
