@@ -24,7 +24,17 @@ export { generateSynthetic } from "./datasets/synthetic.ts";
 export { toConversation, buildSftConversations } from "./agents/sft.ts";
 export { extractAnswer, lastNumber, answersMatch, parseGold, ANSWER_SCHEMAS, type AnswerSchema } from "./datasets/answer.ts";
 export { rolloutGroups, type Trajectory, type RolloutConfig } from "./rollout/rollout.ts";
-export { prepareEngine, ROLLOUT_ENGINES, type RolloutEngine, type EngineContext, type EngineFlags } from "./rollout/engines/index.ts";
+export {
+  defineRolloutEngine,
+  EngineError,
+  prepareEngine,
+  registerRolloutEngine,
+  ROLLOUT_ENGINES,
+  type RolloutEngine,
+  type RolloutEngineDef,
+  type EngineContext,
+  type EngineFlags,
+} from "./rollout/engines/index.ts";
 export { turnRollouts, type TurnCompleter } from "./rollout/turns.ts";
 export { scoreRollout, parseRewardWeights, REWARD_COMPONENTS } from "./rollout/rewards.ts";
 export { sampleTokens } from "./rollout/sampler.ts";

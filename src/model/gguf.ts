@@ -10,10 +10,8 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { exists } from "../util/fs.ts";
 import { checkGguf } from "./gguf-check.ts";
-import type { Qwen2ForCausalLM } from "./qwen2.ts";
 import type { HostTensor } from "./safetensors.ts";
-import { stateDict } from "./save.ts";
-import type { Qwen2Config } from "./types.ts";
+import type { Qwen2Config, WeightsOnHost } from "./types.ts";
 import { GGML_TYPE, f32, i32, Q8_BLOCK, u32, writeGguf, type GgmlType, type GgufValue } from "./gguf-write.ts";
 export {
   GGML_TYPE,
@@ -252,12 +250,12 @@ export function mergeLora(sd: Record<string, HostTensor>, peft: Record<string, H
  *  written again, and `replaced` says what was wrong with it. The temp files of writes that were
  *  killed (their process gone) are removed; `removedTemps` counts them. */
 export async function cachedModelGguf(
-  model: Qwen2ForCausalLM,
+  model: Pick<WeightsOnHost, "config" | "baseModelName" | "stateDict">,
   modelDir: string,
   opts: { type: WeightType; cacheDir: string },
 ): Promise<{ file: string; cached: boolean; replaced?: string; removedTemps: number }> {
   const removedTemps = await removeDeadTemps(opts.cacheDir);
-  const sd = await stateDict(model);
+  const sd = await model.stateDict();
   const hash = createHash("sha256").update(`gguf-qwen2-v1 ${opts.type} ${JSON.stringify(model.config)}\n`);
   for (const f of ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]) {
     const text = await fs.readFile(path.join(modelDir, f)).catch(() => null);

@@ -1,6 +1,8 @@
 /** Contracts between the model, the tokenizer and everything that drives them (rollouts, trainers,
- *  scripts). Types only: implementations live beside this file. Names follow Hugging Face. */
+ *  scripts): types, and the constants and guards that go with them; implementations live beside this
+ *  file. Names follow Hugging Face. */
 import type * as tf from "@tensorflow/tfjs";
+import type { HostTensor } from "./safetensors.ts";
 
 /** Qwen2 config as read from config.json (camelCase of the HF snake_case keys). */
 export interface Qwen2Config {
@@ -114,6 +116,10 @@ export interface CausalLM {
    *  trainRowsFor's. */
   autoTrainRows?(length: number): number;
 
+  /** Optional (WeightsOnHost): the weights on the host, for an engine that runs them elsewhere. */
+  stateDict?(): Promise<Record<string, HostTensor>>;
+  readonly loraAdapter?: AdapterOnHost | null;
+
   /** LoRA A/B variables when an adapter is attached (base frozen); every weight when trained in full. */
   trainableVariables(): tf.Variable[];
 
@@ -123,6 +129,24 @@ export interface CausalLM {
   savePretrained(dir: string): Promise<void>;
   dispose(): void;
 }
+
+/** The attached adapter as an engine exports it: its config and its factors under PEFT's names
+ *  (lora_A [r, in], lora_B [out, r], f32). */
+export interface AdapterOnHost {
+  readonly config: LoraConfig;
+  toPeft(): Promise<Record<string, HostTensor>>;
+}
+
+/** A model whose weights an engine in another runtime can load (llama.cpp's GGUF): the base as
+ *  Hugging Face names → torch-layout f32 (a quantized base dequantized, the tied head once), and the
+ *  attached adapter. Qwen2ForCausalLM has it. */
+export interface WeightsOnHost extends CausalLM {
+  readonly baseModelName: string;
+  stateDict(): Promise<Record<string, HostTensor>>;
+  readonly loraAdapter: AdapterOnHost | null;
+}
+
+export const hasWeightsOnHost = (m: CausalLM): m is WeightsOnHost => typeof m.stateDict === "function" && m.loraAdapter !== undefined;
 
 export interface ChatToolCall {
   type: "function";

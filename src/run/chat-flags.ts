@@ -2,11 +2,12 @@
  *  under these names. */
 import { parseFloatArg, parseIntArg } from "./cli.ts";
 import { commandOf, flag, optional, type FlagTable, type OptionsOf } from "./flags.ts";
-import { engineFlags, modelFlags, toolFlags } from "./options.ts";
+import { modelFlags, toolFlags } from "./options.ts";
+import { rolloutEngineFlag, withEngineFlags } from "../rollout/engines/index.ts";
 
 export const CHAT_HELP = "commands: /reset (new conversation), /temp T (0 = greedy), /tools on|off, /exit";
 
-export const CHAT_FLAGS = {
+const OWN_FLAGS = {
   ...modelFlags({ modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" }),
   ...toolFlags(),
   adapter: optional("--adapter <dir>", "PEFT adapter folder to attach to --model_path"),
@@ -19,12 +20,11 @@ export const CHAT_FLAGS = {
     512,
   ),
   max_turns: flag("--max_turns <n>", "assistant turns per reply (each tool call starts a new one)", parseIntArg("max_turns", 1), 8),
-  ...engineFlags(
-    "what generates the replies: auto (the default: webgpu on --backend webgpu, else local), webgpu (the " +
-      "compiled WebGPU decoder), local (this process's tfjs model) or llama (llama.cpp in this process " +
-      "through node-llama-cpp, the checkpoint converted to GGUF once)",
-  ),
+  rollout_engine: rolloutEngineFlag("what generates the replies"),
 } satisfies FlagTable;
+
+/** The script's own flags, then every rollout engine's (rollout/engines/: each engine declares its own). */
+export const CHAT_FLAGS = withEngineFlags(OWN_FLAGS, { training: false });
 
 export type ChatFlags = OptionsOf<typeof CHAT_FLAGS>;
 

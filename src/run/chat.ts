@@ -13,15 +13,15 @@ import type { Tool } from "../agents/types.ts";
 import { UsageError } from "../util/errors.ts";
 import type { CausalLM, ChatMessage, Tokenizer } from "../model/types.ts";
 import { TINY_BASE_DIR } from "../presets/tiny.ts";
-import { encodePrompts, rolloutGroups, stopTokenIds, type Trajectory } from "../rollout/rollout.ts";
+import { encodePrompts, stopTokenIds, type Trajectory } from "../rollout/rollout.ts";
 import { Rng } from "../util/rng.ts";
 import { CHAT_FLAGS, CHAT_HELP, chatCommand, TINY_CHAT_PRESET, type ChatFlags } from "./chat-flags.ts";
 import { TINY_EVAL_MODELS } from "./eval-run.ts";
 import { parseFlags, samplingSettings, turnSettings } from "./flags.ts";
-import { engineOptions, toolConfig } from "./options.ts";
-import { checkModelSource, openPolicy, type Policy } from "./policy.ts";
+import { toolConfig } from "./options.ts";
+import { checkModelSource, openPolicy } from "./policy.ts";
 import { openGenerationEngine } from "./rollout-engine.ts";
-import { resolveEngineName } from "../rollout/engines/index.ts";
+import { localGenerate } from "../rollout/engines/local.ts";
 import type { RolloutEngine } from "../rollout/engines/types.ts";
 
 export { CHAT_HELP, chatCommand };
@@ -142,7 +142,7 @@ export class TokenStreamer {
 export type ChatOptions = Pick<ChatFlags, "temperature" | "top_p" | "max_new_tokens" | "max_turns" | "tools_in_prompt" | "seed"> & {
   systemPrompt?: string;
   tools?: Tool[];
-  /** The rollout engine's generate (rollout/engines/); default: this process's model. */
+  /** The rollout engine's generate (rollout/engines/); default: the local engine's, on the session's model. */
   generate?: RolloutEngine["generate"];
 };
 
@@ -195,7 +195,7 @@ export class ChatSession {
       : [];
     const conversation: ChatMessage[] = [...this.messages, { role: "user", content: text }];
     this.checkFits(conversation, tools);
-    const generate = this.o.generate ?? ((p, c) => rolloutGroups(this.model, this.tokenizer, p, c));
+    const generate = this.o.generate ?? localGenerate(this.model, this.tokenizer);
     const [traj] = await generate([conversation], {
       ...samplingSettings({ samples_per_prompt: 1, temperature: this.temperature, top_p: this.o.top_p, top_k: 0 }),
       ...turnSettings({
@@ -267,7 +267,7 @@ export interface ChatIo {
 }
 
 /** Opens the model a chat talks to (openPolicy; tests pass a scripted stand-in). */
-export type OpenChatModel = (o: Parameters<typeof openPolicy>[0]) => Promise<{ model: CausalLM; tokenizer: Tokenizer }>;
+export type OpenChatModel = (o: Parameters<typeof openPolicy>[0]) => Promise<{ model: CausalLM; tokenizer: Tokenizer; base?: string }>;
 
 /** The REPL. Resolves when the user exits (/exit, Ctrl-C twice at the prompt, or end of input). */
 export async function runChat(cfg: ChatRunConfig, io: ChatIo, open: OpenChatModel = openPolicy): Promise<void> {
@@ -296,17 +296,15 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[], open: Ope
     threads: cfg.threads,
     unpackBase: cfg.unpack_base,
   });
-  let engine: RolloutEngine | null = null;
+  let engine: RolloutEngine;
   try {
     checkToolsFit(policy.tokenizer, policy.model.config.maxPositionEmbeddings, tools, cfg.max_new_tokens, cfg.tools_in_prompt);
-    if (resolveEngineName(cfg.rollout_engine) !== "local")
-      engine = await openGenerationEngine(policy as Policy, engineOptions(cfg), { tools, log: note });
+    engine = await openGenerationEngine(policy, cfg, { tools, log: note });
   } catch (err) {
     policy.model.dispose();
     throw err;
   }
-  const generate = engine ? engine.generate.bind(engine) : undefined;
-  const session = new ChatSession(policy.model, policy.tokenizer, { ...cfg, tools, generate });
+  const session = new ChatSession(policy.model, policy.tokenizer, { ...cfg, tools, generate: engine.generate.bind(engine) });
   const rl = readline.createInterface({
     input: io.input,
     output: interactive ? io.output : undefined,
@@ -366,7 +364,7 @@ async function chatLoop(cfg: ChatRunConfig, io: ChatIo, tools: Tool[], open: Ope
     }
   } finally {
     rl.close();
-    await engine?.close();
+    await engine.close();
     policy.model.dispose();
   }
 }

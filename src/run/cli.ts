@@ -1,5 +1,5 @@
-/** Command-line plumbing shared by the scripts: flag parsers for commander that reject bad values
- *  with one clear line, `runMain` (exit codes 0 / 1 error / 2 usage / 130 interrupted; the Ctrl-C
+/** Command-line plumbing shared by the scripts: the flag parsers (util/flag.ts, re-exported for the
+ *  scripts), `runMain` (exit codes 0 / 1 error / 2 usage / 130 interrupted; the Ctrl-C
  *  path itself is in shutdown.ts), and the run-folder rules (never mix two runs in
  *  one folder). The flag tables themselves are in flags.ts and each run's *-flags.ts. */
 import { promises as fs } from "node:fs";
@@ -9,59 +9,9 @@ import { UsageError } from "../util/errors.ts";
 import { cleanTempFiles, writeFileAtomic } from "../util/fs.ts";
 import { LOCK_FILE, lockFolder, unlockFolder } from "../util/lock.ts";
 
-// ---------------------------------------------------------------- flag parsers (commander argParser)
+// ---------------------------------------------------------------- flag parsers (util/flag.ts)
 
-function rangeText(min?: number, max?: number): string {
-  if (min !== undefined && max !== undefined) return `between ${min} and ${max}`;
-  if (min !== undefined) return `>= ${min}`;
-  if (max !== undefined) return `<= ${max}`;
-  return "any value";
-}
-
-/** `--name` as a whole number in [min, max]. Accepts plain decimal integers only ("1e3", "12abc" fail). */
-export function parseIntArg(name: string, min?: number, max?: number): (value: string) => number {
-  return (value: string) => {
-    const v = value.trim();
-    const n = /^[+-]?\d+$/.test(v) ? Number(v) : NaN;
-    if (!Number.isSafeInteger(n) || (min !== undefined && n < min) || (max !== undefined && n > max))
-      throw new UsageError(`--${name} ${JSON.stringify(value)}: expected a whole number ${rangeText(min, max)}`);
-    return n;
-  };
-}
-
-/** `--name` as a finite number in [min, max] ("3e-5", "0.1", "-2" are fine). */
-export function parseFloatArg(name: string, min?: number, max?: number): (value: string) => number {
-  return (value: string) => {
-    const v = value.trim();
-    const n = v === "" ? NaN : Number(v);
-    if (!Number.isFinite(n) || (min !== undefined && n < min) || (max !== undefined && n > max))
-      throw new UsageError(`--${name} ${JSON.stringify(value)}: expected a number ${rangeText(min, max)}`);
-    return n;
-  };
-}
-
-/** `--name` as one of a fixed set of words. */
-export function parseChoice<T extends string>(name: string, choices: readonly T[]): (value: string) => T {
-  return (value: string) => {
-    if (!(choices as readonly string[]).includes(value))
-      throw new UsageError(`--${name} ${JSON.stringify(value)}: expected one of ${choices.join(", ")}`);
-    return value as T;
-  };
-}
-
-/** `--name a,b,c` as a list of non-empty items, each one of `allowed` when given. */
-export function parseList(name: string, allowed?: readonly string[]): (value: string) => string[] {
-  return (value: string) => {
-    const items = value.split(",").map((s) => s.trim());
-    const what = allowed ? `a comma-separated list of ${allowed.join(", ")}` : "a comma-separated list of non-empty items";
-    if (items.some((s) => s === "")) throw new UsageError(`--${name} ${JSON.stringify(value)}: expected ${what}`);
-    if (allowed) {
-      const bad = items.filter((s) => !allowed.includes(s));
-      if (bad.length > 0) throw new UsageError(`--${name} ${JSON.stringify(value)}: unknown ${bad.join(", ")}; expected ${what}`);
-    }
-    return items;
-  };
-}
+export { parseChoice, parseFloatArg, parseIntArg, parseList } from "../util/flag.ts";
 
 // ---------------------------------------------------------------- main and exit codes
 

@@ -5,9 +5,10 @@ import { UsageError } from "../util/errors.ts";
 import type { Quantize } from "../model/types.ts";
 import { commandOf, flag, optional, toggle, type FlagTable, type OptionsOf } from "./flags.ts";
 import { HELD_OUT_START, parseTaskRanges } from "../envs/episodes.ts";
-import { engineFlags, envFlags, modelFlags, QUANTIZE_CHOICES, toolFlags } from "./options.ts";
+import { envFlags, modelFlags, QUANTIZE_CHOICES, toolFlags } from "./options.ts";
+import { rolloutEngineFlag, withEngineFlags } from "../rollout/engines/index.ts";
 
-export const EVAL_FLAGS = {
+const OWN_FLAGS = {
   ...modelFlags({ modelPath: "Qwen/Qwen2.5-0.5B", quantize: "none" }),
   ...toolFlags(),
   adapter: optional("--adapter <dir>", "PEFT adapter folder to attach to --model_path"),
@@ -68,13 +69,11 @@ export const EVAL_FLAGS = {
     "where eval.json, samples-*.jsonl and report.html go (default outputs/<model name>/eval; tiny: outputs/tiny/eval)",
   ),
   overwrite: toggle("--overwrite", "replace an earlier evaluation in --output_dir", false),
-  ...engineFlags(
-    "what generates the rollouts: auto (the default: webgpu on --backend webgpu, else local), webgpu (the " +
-      "compiled WebGPU decoder), local (this process's tfjs model) or llama (llama.cpp in this process " +
-      "through node-llama-cpp, each checkpoint converted to GGUF once; a run trained with --rollout_engine " +
-      "llama is evaluated as it was trained)",
-  ),
+  rollout_engine: rolloutEngineFlag("what generates the rollouts"),
 } satisfies FlagTable;
+
+/** The script's own flags, then every rollout engine's (rollout/engines/: each engine declares its own). */
+export const EVAL_FLAGS = withEngineFlags(OWN_FLAGS, { training: false });
 
 export type EvalFlags = OptionsOf<typeof EVAL_FLAGS>;
 

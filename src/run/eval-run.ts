@@ -29,12 +29,12 @@ import { checkDataset, loadExamples, type Purpose } from "./data.ts";
 import { EVAL_FLAGS, evalCommand, TINY_EVAL_PRESET, type EvalFlags } from "./eval-flags.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
 import { defaultsOf, parseFlags, turnSettings } from "./flags.ts";
-import { engineOptions, toolConfig } from "./options.ts";
+import { toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
 import { openGenerationEngine } from "./rollout-engine.ts";
 import { f3, formatEvalTable, formatImprovement, pairedImprovement } from "./eval-table.ts";
 export { formatEvalTable, formatImprovement, pairedImprovement } from "./eval-table.ts";
-import { resolveEngineName } from "../rollout/engines/index.ts";
+import type { RolloutEngine } from "../rollout/engines/index.ts";
 
 export { evalCommand, TINY_EVAL_PRESET };
 
@@ -155,17 +155,14 @@ function summaryOf(r: EvalResult): EvalSummaryOnly {
 }
 
 /** How questions are asked and answers sampled: everything of an evaluation but the models and data,
- *  under the flags' names (a grading server fixes it per scenario). */
+ *  under the flags' names (a grading server fixes it per scenario). The rollout engine's flags are
+ *  its own (absent ones take their defaults). */
 export type EvalProtocol = Pick<
   EvalFlags,
   "samples_per_prompt" | "temperature" | "batch_size" | "max_new_tokens" | "max_turns" | "tools_in_prompt" | "seed" | "backend"
 > &
-  Partial<
-    Pick<
-      EvalFlags,
-      "tools" | "tool_timeout" | "tool_max_chars" | "threads" | "unpack_base" | "rollout_engine" | "engine_weights" | "engine_gpu"
-    >
-  >;
+  Partial<Pick<EvalFlags, "tools" | "tool_timeout" | "tool_max_chars" | "threads" | "unpack_base" | "rollout_engine">> &
+  Record<string, unknown>;
 
 /** One model opened, evaluated on `examples` and disposed again, so only one is in memory at a time.
  *  `onProgress` runs after each batch; an error it throws abandons the evaluation at that point.
@@ -190,19 +187,12 @@ export async function evaluateModel(
       unpackBase: p.unpack_base,
     });
     const tools = run.tools ?? own?.tools ?? [];
-    const engineName = resolveEngineName(p.rollout_engine ?? "auto");
-    const engine =
-      engineName !== "local"
-        ? await openGenerationEngine(
-            policy,
-            engineOptions({ engine_weights: "f16", engine_gpu: "auto", ...p, rollout_engine: p.rollout_engine ?? "auto" }),
-            { tools },
-          )
-        : null;
+    let engine: RolloutEngine | null = null;
     try {
+      engine = await openGenerationEngine(policy, { ...p, rollout_engine: p.rollout_engine ?? "auto" }, { tools });
       checkToolsFit(policy.tokenizer, policy.model.config.maxPositionEmbeddings, tools, p.max_new_tokens, p.tools_in_prompt);
       return await evaluate(policy.model, policy.tokenizer, examples, {
-        generate: engine ? (prompts, c) => engine.generate(prompts, c) : undefined,
+        generate: engine.generate.bind(engine),
         samplesPerPrompt: p.samples_per_prompt,
         temperature: p.temperature,
         batchSize: p.batch_size,

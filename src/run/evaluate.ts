@@ -14,7 +14,8 @@ import type { Task } from "../datasets/tasks.ts";
 import { episodePrompt, openEpisodes } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
-import { rolloutGroups, type Trajectory } from "../rollout/rollout.ts";
+import type { Trajectory } from "../rollout/rollout.ts";
+import { localGenerate } from "../rollout/engines/local.ts";
 import type { TurnRecord } from "../rollout/types.ts";
 import type { RolloutEngine } from "../rollout/engines/types.ts";
 import { judgeRollout } from "../datasets/scorers.ts";
@@ -38,7 +39,7 @@ export interface EvalOptions {
   /** Roll out against this environment instead: each task's id is its data_idx. */
   envs?: EnvironmentFactory;
   onProgress?: (done: number, total: number) => void;
-  /** The rollout engine's generate (rollout/engines/); default: this process's model. */
+  /** The rollout engine's generate (rollout/engines/); default: the local engine's, on `model`. */
   generate?: RolloutEngine["generate"];
   /** Stops the evaluation at its next decode step (what is summarized then is partial). */
   signal?: AbortSignal;
@@ -149,7 +150,7 @@ export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: 
       const prompts = episodes
         ? episodes.observations.map((obs) => episodePrompt(o.envs!, obs))
         : batch.map((ex) => toPrompt(ex.question, systemPromptFor(o.tools, ex.answerSchema ?? schema)));
-      const generate = o.generate ?? ((p, c) => rolloutGroups(model, tokenizer, p, c));
+      const generate = o.generate ?? localGenerate(model, tokenizer);
       trajs = await generate(prompts, {
         samplesPerPrompt: o.samplesPerPrompt,
         maxNewTokens: o.maxNewTokens,

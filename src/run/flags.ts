@@ -2,39 +2,12 @@
  *  line, its parser and its default. The same table builds the commander command (so `--help` lists it)
  *  and types the parsed options (`OptionsOf`), and those options are the run's configuration as they
  *  are: run.json holds them under the flag names, and a resumed run compares them (less the entries
- *  marked `free`). Adding a flag is one entry. Leaves out the value parsers themselves (cli.ts). */
+ *  marked `free`). Adding a flag is one entry. The entry's shape and the value parsers are util/flag.ts. */
 import { Command, CommanderError, Option } from "commander";
 import { UsageError } from "../util/errors.ts";
+import type { FlagTable, OptionsOf } from "../util/flag.ts";
 
-export interface Flag<T> {
-  spec: string; // "--max_steps <n>", "--overwrite", "--no-tools_in_prompt"
-  help: string;
-  parse?: (value: string) => T;
-  default?: T; // shown by --help as "(default: …)"
-  alias?: string; // an older name still accepted, hidden from --help, e.g. "--total_epochs <n>"
-  free?: boolean; // may differ when a run is resumed (step count, saving, output, speed knobs)
-  readonly type?: T; // carries T for OptionsOf; never set
-}
-
-export type FlagTable = Record<string, Flag<any>>;
-export type OptionsOf<F extends FlagTable> = { [K in keyof F]: F[K] extends Flag<infer T> ? T : never };
-
-type Extra = { alias?: string; free?: boolean };
-
-/** A flag with a value and a default. */
-export function flag<T>(spec: string, help: string, parse: ((value: string) => T) | undefined, def: T, extra: Extra = {}): Flag<T> {
-  return { spec, help, parse, default: def, ...extra };
-}
-
-/** A flag with a value and no default: undefined when not given. */
-export function optional<T = string>(spec: string, help: string, parse?: (value: string) => T, extra: Extra = {}): Flag<T | undefined> {
-  return { spec, help, parse, ...extra };
-}
-
-/** A switch: `--x` (false unless given; `def` shown in --help when passed) or `--no-x` (true unless given). */
-export function toggle(spec: string, help: string, def?: boolean, extra: Extra = {}): Flag<boolean> {
-  return { spec, help, default: def, ...extra };
-}
+export { flag, optional, toggle, type Flag, type FlagTable, type OptionsOf } from "../util/flag.ts";
 
 /** Add a table's flags to a command, in table order. Each key must be the name commander stores the
  *  flag under (--model_path → model_path, --no-tools_in_prompt → tools_in_prompt). */

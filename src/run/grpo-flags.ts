@@ -16,11 +16,12 @@ import { parseRewardWeights } from "../rollout/rewards.ts";
 import { UsageError } from "../util/errors.ts";
 import { defaultEpsilonHigh, importanceLevel } from "../trainer/policy-loss.ts";
 import { TINY_PROBLEMS } from "../presets/tiny.ts";
-import { defaultOutputDir, engineFlags, envFlags, toolFlags, trainingFlags } from "./options.ts";
+import { defaultOutputDir, envFlags, toolFlags, trainingFlags } from "./options.ts";
+import { rolloutEngineFlag, withEngineFlags } from "../rollout/engines/index.ts";
 import * as path from "node:path";
 import { TINY_OUTPUT_DIR } from "../presets/tiny.ts";
 
-export const GRPO_FLAGS = {
+const OWN_FLAGS = {
   ...trainingFlags({ quantize: "nf4", lr: 1e-5, scheduler: "constant", warmupRatio: 0 }),
   init_adapter: optional(
     "--init_adapter <dir>",
@@ -149,48 +150,13 @@ export const GRPO_FLAGS = {
     3,
     { free: true },
   ),
-  ...engineFlags(
-    "where rollouts are generated: auto (the default: webgpu on --backend webgpu, else local), webgpu " +
-      "(the compiled WebGPU decoder over the trainer's own weights: fused kernels, one submit a token, " +
-      "sampling on the device), local (this process's tfjs model, op by op), llama (llama.cpp in this " +
-      "process through node-llama-cpp: the base as GGUF, the adapter hot-swapped as a GGUF LoRA every step; " +
-      "CPU, CUDA, Vulkan or Metal) or openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with " +
-      "--enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)",
-  ),
+  rollout_engine: rolloutEngineFlag("where rollouts are generated"),
   tis_cap: flag(
     "--tis_cap <c>",
     "with an engine whose log-probs are not the trainer's (llama, openai): each token's policy loss is " +
       "weighted by min(π_trainer / π_engine, c), truncated importance sampling (verl, TRL); 0: off",
     parseFloatArg("tis_cap", 0),
     2,
-  ),
-  rollout_url: optional(
-    "--rollout_url <url>",
-    "with --rollout_engine openai: the engine's base URL, e.g. http://127.0.0.1:8001/v1 (an API key, if " +
-      "it needs one, from ROLLOUT_API_KEY)",
-    undefined,
-    { free: true },
-  ),
-  rollout_model: optional(
-    "--rollout_model <name>",
-    "the engine's name for the base model this run trains on (default: the first of its GET /v1/models)",
-    undefined,
-    { free: true },
-  ),
-  rollout_timeout: flag(
-    "--rollout_timeout <s>",
-    "seconds one engine request may take; a slower or cut-off answer stops the run with a checkpoint",
-    parseFloatArg("rollout_timeout", 0.001),
-    600,
-    { free: true },
-  ),
-  async_rollouts: flag(
-    "--async_rollouts <k>",
-    "with --rollout_engine openai: the next k steps' rollouts are generated while this step trains (at " +
-      "most k versions old; the loss corrects with the ratio to their behaviour log-probs); 0: none",
-    parseIntArg("async_rollouts", 0),
-    0,
-    { free: true },
   ),
   output_dir: optional("--output_dir <dir>", "run folder (default outputs/<model>/grpo)", undefined, { free: true }),
   overwrite: toggle("--overwrite", "replace a run already in --output_dir", false, { free: true }),
@@ -201,6 +167,9 @@ export const GRPO_FLAGS = {
     { free: true },
   ),
 } satisfies FlagTable;
+
+/** The script's own flags, then every rollout engine's (rollout/engines/: each engine declares its own). */
+export const GRPO_FLAGS = withEngineFlags(OWN_FLAGS, { training: true });
 
 export type GrpoFlags = OptionsOf<typeof GRPO_FLAGS>;
 

@@ -1,6 +1,7 @@
-/** Flags shared by the scripts, as flag tables (flags.ts): model and engine flags (all four scripts),
- *  LoRA and optimizer flags (the two training scripts), and `--preset`, which fills in every flag
- *  the user did not give on the command line, so explicit flags always win. */
+/** Flags shared by the scripts, as flag tables (flags.ts): model flags (all four scripts; each rollout
+ *  engine's flags are its own, rollout/engines/), LoRA and optimizer flags (the two training scripts),
+ *  and `--preset`, which fills in every flag the user did not give on the command line, so explicit
+ *  flags always win. */
 import { BUILTIN_TOOLS, DEFAULT_TOOLS } from "../agents/builtin.ts";
 import { Option, type Command } from "commander";
 import { AUTO_ORDER, BACKEND_NAMES } from "../kernels/backend.ts";
@@ -12,62 +13,13 @@ import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts"
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
 import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../kernels/wasm/threads.ts";
 import { addFlags, flag, optional, parseFlags, toggle, type FlagTable } from "./flags.ts";
-import { ROLLOUT_ENGINE_NAMES, type RolloutEngineName } from "../rollout/engines/index.ts";
-import type { EngineFlags } from "../rollout/engines/types.ts";
 
 export const PRESETS = ["tiny"] as const;
 export type PresetName = (typeof PRESETS)[number];
 export const QUANTIZE_CHOICES: readonly Quantize[] = ["none", "int8", "nf4"];
 export const BACKENDS = BACKEND_NAMES;
 
-export const ENGINE_WEIGHTS = ["f32", "f16", "q8_0"] as const;
-export const ENGINE_GPUS = ["auto", "cuda", "vulkan", "metal", "off"] as const;
-
-/** The rollout engine's flags (GRPO, eval and chat): where tokens are generated. */
-export function engineFlags(help: string) {
-  return {
-    rollout_engine: flag(
-      "--rollout_engine <kind>",
-      help,
-      parseChoice("rollout_engine", ROLLOUT_ENGINE_NAMES),
-      "auto" as RolloutEngineName,
-      { free: true },
-    ),
-    engine_weights: flag(
-      "--engine_weights <type>",
-      `with --rollout_engine llama: the GGUF weight type of the engine's copy of the (dequantized) base: ` +
-        `${ENGINE_WEIGHTS.join(", ")} (f32 samples the trainer's very policy; f16 and q8_0 are faster and ` +
-        `differ slightly, which engine_logprob_gap shows and --tis_cap corrects)`,
-      parseChoice("engine_weights", ENGINE_WEIGHTS),
-      "f16" as EngineFlags["engine_weights"],
-      { free: true },
-    ),
-    engine_gpu: flag(
-      "--engine_gpu <kind>",
-      `with --rollout_engine llama: ${ENGINE_GPUS.join(", ")} (auto: what node-llama-cpp finds, printed once)`,
-      parseChoice("engine_gpu", ENGINE_GPUS),
-      "auto" as EngineFlags["engine_gpu"],
-      { free: true },
-    ),
-  } satisfies FlagTable;
-}
-
-/** The engine flags a script without the server ones hands to prepareEngine. */
-export const engineOptions = (o: {
-  rollout_engine: string;
-  engine_weights: EngineFlags["engine_weights"];
-  engine_gpu: EngineFlags["engine_gpu"];
-  threads?: ThreadsSpec;
-}): EngineFlags => ({
-  rollout_engine: o.rollout_engine,
-  threads: o.threads,
-  engine_weights: o.engine_weights,
-  engine_gpu: o.engine_gpu,
-  rollout_timeout: 600,
-  async_rollouts: 0,
-});
-
-/** Model, engine and seed flags of every script. */
+/** Model, backend and seed flags of every script. */
 export function modelFlags(d: { modelPath: string; quantize: Quantize }) {
   return {
     preset: optional(

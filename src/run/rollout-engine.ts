@@ -1,16 +1,16 @@
 /** A policy's rollout engine for the scripts that only generate (eval, chat): the engine named by
- *  --rollout_engine opened on the policy's model, with a scratch folder for what it keeps on disk,
- *  removed at close. The local engine needs none of this and is the model itself. */
+ *  --rollout_engine, from the table as GRPO opens it, on the policy's model, with a scratch folder for
+ *  what it keeps on disk, removed at close. */
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 import type { Tool } from "../agents/types.ts";
 import { prepareEngine } from "../rollout/engines/index.ts";
 import type { EngineFlags, RolloutEngine } from "../rollout/engines/types.ts";
-import type { Policy } from "./policy.ts";
+import type { CausalLM, Tokenizer } from "../model/types.ts";
 
 export async function openGenerationEngine(
-  policy: Policy,
+  policy: { model: CausalLM; tokenizer: Tokenizer; base?: string },
   f: EngineFlags,
   o: { tools: Tool[]; log?: (line: string) => void },
 ): Promise<RolloutEngine> {
@@ -21,7 +21,7 @@ export async function openGenerationEngine(
     const engine = await open({
       model: policy.model,
       tokenizer: policy.tokenizer,
-      modelDir: policy.base,
+      modelDir: policy.base ?? "", // a stand-in model (tests) has no folder: only the local engine runs it
       workDir,
       tools: o.tools,
       // Per call (generate's config); these only serve GRPO's rollouts().

@@ -24,7 +24,15 @@ const ROLLOUT_FLAGS = [
   "--rollout_timeout <s>",
   "--async_rollouts <k>",
 ];
-const ENGINE_FLAGS = ["--rollout_engine <kind>", "--engine_weights <type>", "--engine_gpu <kind>"];
+/** Every engine's flags but the training ones (--async_rollouts): eval and chat take them too. */
+const ENGINE_FLAGS = [
+  "--rollout_engine <kind>",
+  "--engine_weights <type>",
+  "--engine_gpu <kind>",
+  "--rollout_url <url>",
+  "--rollout_model <name>",
+  "--rollout_timeout <s>",
+];
 const ADDED: Record<string, string[]> = {
   "train-sft": [],
   "train-gsm8k-agent": [

@@ -14,7 +14,8 @@ import { calculatorTool, shutdownCalculator } from "../../src/agents/calculator.
 import { toPrompt } from "../../src/agents/prompts.ts";
 import { UsageError } from "../../src/util/errors.ts";
 import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
-import { EngineClient, EngineError, parseCompletion } from "../../src/rollout/engines/openai-client.ts";
+import { EngineClient, parseCompletion } from "../../src/rollout/engines/openai-client.ts";
+import { EngineError } from "../../src/rollout/engines/types.ts";
 import { turnRollouts } from "../../src/rollout/turns.ts";
 import { serverTurns } from "../../src/rollout/engines/openai.ts";
 import { defaultsOf } from "../../src/run/flags.ts";

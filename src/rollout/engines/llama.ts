@@ -22,22 +22,47 @@ import * as os from "node:os";
 import * as path from "node:path";
 import { cachedModelGguf, writeLoraGguf } from "../../model/gguf.ts";
 import { paramCount } from "../../model/load.ts";
-import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
-import type { ChatMessage, Qwen2Config } from "../../model/types.ts";
+import { hasWeightsOnHost, type ChatMessage, type Qwen2Config, type WeightsOnHost } from "../../model/types.ts";
 import { resolveThreads } from "../../kernels/wasm/threads.ts";
 import { UsageError } from "../../util/errors.ts";
+import { flag, parseChoice, type OptionsOf } from "../../util/flag.ts";
 import { encodePrompts } from "../rollout.ts";
 import { turnRollouts, type TurnCompleter, type TurnCompletion, type TurnSampling } from "../turns.ts";
 import type { RolloutConfig, Trajectory } from "../types.ts";
 import { LlamaBatch } from "./llama-batch.ts";
 import { importLlama } from "./llama-package.ts";
-import type { EngineContext, EngineEntry, EngineFlags, RolloutEngine, StepRequest } from "./types.ts";
+import { defineRolloutEngine, EngineError, type EngineContext, type RolloutEngine, type RunFlags, type StepRequest } from "./types.ts";
 
-export const llamaEngine: EngineEntry = {
-  help: "llama (llama.cpp in this process through node-llama-cpp)",
+export const ENGINE_WEIGHTS = ["f32", "f16", "q8_0"] as const;
+export const ENGINE_GPUS = ["auto", "cuda", "vulkan", "metal", "off"] as const;
+
+const FLAGS = {
+  engine_weights: flag(
+    "--engine_weights <type>",
+    `with --rollout_engine llama: the GGUF weight type of the engine's copy of the (dequantized) base: ` +
+      `${ENGINE_WEIGHTS.join(", ")} (f32 samples the trainer's very policy; f16 and q8_0 are faster and ` +
+      `differ slightly, which engine_logprob_gap shows and --tis_cap corrects)`,
+    parseChoice("engine_weights", ENGINE_WEIGHTS),
+    "f16" as (typeof ENGINE_WEIGHTS)[number],
+    { free: true },
+  ),
+  engine_gpu: flag(
+    "--engine_gpu <kind>",
+    `with --rollout_engine llama: ${ENGINE_GPUS.join(", ")} (auto: what node-llama-cpp finds, printed once)`,
+    parseChoice("engine_gpu", ENGINE_GPUS),
+    "auto" as (typeof ENGINE_GPUS)[number],
+    { free: true },
+  ),
+};
+type LlamaFlags = RunFlags & OptionsOf<typeof FLAGS>;
+
+export const llamaEngine = defineRolloutEngine({
+  name: "llama",
+  help:
+    "llama (llama.cpp in this process through node-llama-cpp: the base as GGUF, once per checkpoint, the " +
+    "adapter hot-swapped as a GGUF LoRA; CPU, CUDA, Vulkan or Metal)",
+  flags: FLAGS,
   async prepare(f, log) {
-    if (f.async_rollouts > 0) throw new UsageError(`--async_rollouts ${f.async_rollouts} needs --rollout_engine openai`);
-    if (f.rollout_url) throw new UsageError("--rollout_url is only used with --rollout_engine openai");
     // The binaries are loaded now, so a platform without them is a usage error before anything is written.
     const gpu = await loadLlama(f.engine_gpu);
     // node-llama-cpp's own note on a GPU build that does not load is silenced (it came once per
@@ -47,10 +72,10 @@ export const llamaEngine: EngineEntry = {
     log(`rollout engine: llama.cpp (node-llama-cpp) on ${gpu}${fellBack}, ${f.engine_weights} weights`);
     return (ctx) => LlamaEngine.open(ctx, f, gpu);
   },
-};
+});
 
 /** node-llama-cpp loaded once, to learn what it runs on; one line naming what is missing otherwise. */
-async function loadLlama(gpu: EngineFlags["engine_gpu"]): Promise<string> {
+async function loadLlama(gpu: LlamaFlags["engine_gpu"]): Promise<string> {
   const mod = await importLlama();
   try {
     const llama = await mod.getLlama({ gpu: llamaGpu(gpu), build: "never", logLevel: mod.LlamaLogLevel.error, progressLogs: false });
@@ -65,13 +90,13 @@ async function loadLlama(gpu: EngineFlags["engine_gpu"]): Promise<string> {
   }
 }
 
-const llamaGpu = (g: EngineFlags["engine_gpu"]) => (g === "off" ? false : g);
+const llamaGpu = (g: LlamaFlags["engine_gpu"]) => (g === "off" ? false : g);
 
 /** llama.cpp's threads meet at a barrier after every op and spin there: for a model whose ops take
  *  microseconds (under 100 M parameters, e.g. the tiny preset) one thread decodes as fast as two and
  *  cannot stall on a core this process's JavaScript needs (on 2 cores a tiny GRPO step's rollouts took
  *  4× longer with two). Larger models use the --threads count. */
-export function llamaThreads(c: Qwen2Config, threads: EngineFlags["threads"]): number {
+export function llamaThreads(c: Qwen2Config, threads: RunFlags["threads"]): number {
   return paramCount(c) < 100e6 ? 1 : resolveThreads(threads ?? "auto");
 }
 
@@ -95,7 +120,8 @@ class LlamaEngine implements RolloutEngine {
 
   private constructor(
     private readonly ctx: EngineContext,
-    private readonly f: EngineFlags,
+    private readonly model: WeightsOnHost,
+    private readonly f: LlamaFlags,
     private readonly gpu: string,
     private readonly modelFile: string,
   ) {
@@ -105,18 +131,20 @@ class LlamaEngine implements RolloutEngine {
     this.adapterFile = path.join(ctx.workDir, "engine-adapter.gguf");
   }
 
-  static async open(ctx: EngineContext, f: EngineFlags, gpu: string): Promise<LlamaEngine> {
+  static async open(ctx: EngineContext, f: LlamaFlags, gpu: string): Promise<LlamaEngine> {
+    const model = ctx.model;
+    if (!hasWeightsOnHost(model)) throw new UsageError("--rollout_engine llama: this model cannot hand its weights to llama.cpp");
     const t0 = performance.now();
     const cacheDir = ggufCacheDir();
     await fs.mkdir(cacheDir, { recursive: true });
-    const { file, cached, replaced, removedTemps } = await cachedModelGguf(ctx.model as Qwen2ForCausalLM, ctx.modelDir, {
+    const { file, cached, replaced, removedTemps } = await cachedModelGguf(model, ctx.modelDir, {
       type: f.engine_weights,
       cacheDir,
     });
     if (removedTemps > 0) ctx.log(`llama engine: removed ${removedTemps} unfinished GGUF file(s) of killed runs from ${cacheDir}`);
     if (replaced) ctx.log(`llama engine: the cached base ${file} was damaged (${replaced}); removed, and written again`);
     ctx.log(`llama engine: base ${cached ? "reused" : "written"} as ${file} (${((performance.now() - t0) / 1000).toFixed(1)} s)`);
-    return new LlamaEngine(ctx, f, gpu, file);
+    return new LlamaEngine(ctx, model, f, gpu, file);
   }
 
   async rollouts(req: StepRequest) {
@@ -136,12 +164,11 @@ class LlamaEngine implements RolloutEngine {
    *  Returns the seconds it took. */
   private async publish(): Promise<number> {
     const t0 = performance.now();
-    const model = this.ctx.model as Qwen2ForCausalLM;
-    const ad = model.loraAdapter;
+    const ad = this.model.loraAdapter;
     if (!ad) return 0;
     await writeLoraGguf({ file: this.adapterFile, tensors: await ad.toPeft(), alpha: ad.config.alpha });
     const batch = this.batch;
-    if (batch) await batch.setAdapter(this.adapterFile);
+    if (batch) await died("the adapter swap", () => batch.setAdapter(this.adapterFile));
     return (performance.now() - t0) / 1000;
   }
 
@@ -164,16 +191,18 @@ class LlamaEngine implements RolloutEngine {
     }
     if (!this.batch) {
       const sequences = Math.min(256, rows); // more rows than that wait for a slot (LlamaTurns)
-      this.batch = await LlamaBatch.open({
-        modelPath: this.modelFile,
-        loraPath: (this.ctx.model as Qwen2ForCausalLM).loraAdapter ? this.adapterFile : null,
-        sequences,
-        contextSize: room,
-        gpu: llamaGpu(this.f.engine_gpu),
-        threads: llamaThreads(this.ctx.model.config, this.f.threads),
-        kvF32: this.f.engine_weights === "f32", // f32 weights: the trainer's policy as exactly as llama.cpp computes it
-        logprobs,
-      });
+      this.batch = await died("opening a context", () =>
+        LlamaBatch.open({
+          modelPath: this.modelFile,
+          loraPath: this.model.loraAdapter ? this.adapterFile : null,
+          sequences,
+          contextSize: room,
+          gpu: llamaGpu(this.f.engine_gpu),
+          threads: llamaThreads(this.ctx.model.config, this.f.threads),
+          kvF32: this.f.engine_weights === "f32", // f32 weights: the trainer's policy as exactly as llama.cpp computes it
+          logprobs,
+        }),
+      );
       this.contextSize = room;
       this.logprobs = logprobs;
     }
@@ -189,6 +218,21 @@ class LlamaEngine implements RolloutEngine {
     await this.batch?.close();
     this.batch = null;
     await fs.rm(this.adapterFile, { force: true });
+  }
+}
+
+/** llama.cpp failing under a run (a decode, a context that does not open, an adapter swap): an
+ *  EngineError, so GRPO saves its checkpoint and says to continue with --resume. */
+const diedOf = (what: string, err: unknown): EngineError =>
+  err instanceof EngineError
+    ? err
+    : new EngineError(`llama engine: ${what} failed: ${String((err as Error)?.message ?? err).split("\n")[0]}`, "died");
+
+async function died<T>(what: string, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (err) {
+    throw diedOf(what, err);
   }
 }
 
@@ -276,7 +320,7 @@ export class LlamaTurns implements TurnCompleter {
         } catch (err) {
           for (const [s, t] of slots.map((s, i) => [s, turns[i]] as const)) {
             this.active.delete(s);
-            t.fail(err);
+            t.fail(diedOf("a decode", err));
           }
           continue;
         }

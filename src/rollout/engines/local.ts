@@ -1,22 +1,17 @@
 /** --rollout_engine local: rollouts from this process's tfjs model (rollout.ts rolloutGroups), the
  *  trainer's own weights, so there is nothing to publish and the sampled log-probs are the trainer's. */
-import { UsageError } from "../../util/errors.ts";
 import { Rng } from "../../util/rng.ts";
+import type { CausalLM, Tokenizer } from "../../model/types.ts";
 import { rolloutGroups } from "../rollout.ts";
 import type { RolloutConfig } from "../types.ts";
-import type { EngineContext, EngineEntry, RolloutEngine, StepRequest } from "./types.ts";
+import { defineRolloutEngine, type EngineContext, type RolloutEngine, type StepRequest } from "./types.ts";
 
-export const localEngine: EngineEntry = {
-  help: "local (this process's model)",
-  async prepare(f) {
-    if (f.async_rollouts > 0)
-      throw new UsageError(
-        `--async_rollouts ${f.async_rollouts} needs --rollout_engine openai: the local engine generates in the training process`,
-      );
-    if (f.rollout_url) throw new UsageError("--rollout_url is only used with --rollout_engine openai");
-    return async (ctx) => new LocalEngine(ctx);
-  },
-};
+export const localEngine = defineRolloutEngine({
+  name: "local",
+  help: "local (this process's tfjs model, op by op)",
+  flags: {},
+  prepare: async () => async (ctx) => new LocalEngine(ctx),
+});
 
 /** A step's rollout settings for the engines that generate in this process (GRPO's flags, the
  *  step's seed, its tools or environments). */
@@ -36,17 +31,24 @@ export function stepConfig(ctx: EngineContext, req: StepRequest): RolloutConfig 
   };
 }
 
+/** The local engine's generate on a model of this process (what evaluate and chat default to). */
+export const localGenerate =
+  (model: CausalLM, tokenizer: Tokenizer): RolloutEngine["generate"] =>
+  (prompts, cfg) =>
+    rolloutGroups(model, tokenizer, prompts, cfg);
+
 export class LocalEngine implements RolloutEngine {
   readonly name = "local";
   readonly behaviourLogprobs = false;
   readonly offPolicy = false;
-  constructor(private readonly ctx: EngineContext) {}
+  readonly generate: RolloutEngine["generate"];
+  constructor(private readonly ctx: EngineContext) {
+    this.generate = localGenerate(ctx.model, ctx.tokenizer);
+  }
 
   async rollouts(req: StepRequest) {
     return { trajs: await this.generate(req.prompts(req.step), stepConfig(this.ctx, req)), metrics: {} };
   }
-
-  generate: RolloutEngine["generate"] = (prompts, cfg) => rolloutGroups(this.ctx.model, this.ctx.tokenizer, prompts, cfg);
 
   async close() {}
 }

@@ -5,16 +5,8 @@
  *  Every request is bounded by a timeout; an engine that cannot be reached, answers with an HTTP error
  *  or with a body that lacks what was asked is an EngineError whose message names the URL and the
  *  field. Leaves out: the turn loop and tools (turns.ts). */
-
-export class EngineError extends Error {
-  constructor(
-    message: string,
-    readonly kind: "unreachable" | "http" | "malformed" | "timeout",
-  ) {
-    super(message);
-    this.name = "EngineError";
-  }
-}
+import type { TurnCompletion, TurnSampling } from "../turns.ts";
+import { EngineError } from "./types.ts";
 
 export interface EngineClientOptions {
   url: string; // base URL, with or without /v1
@@ -25,8 +17,6 @@ export interface EngineClientOptions {
 /** A request's sampling and what comes back: a turn of turns.ts's loop. */
 export type CompletionParams = Omit<TurnSampling, "signal">;
 export type EngineCompletion = TurnCompletion;
-
-import type { TurnCompletion, TurnSampling } from "../turns.ts";
 
 type Json = Record<string, unknown>;
 /** Socket errors of a pooled connection the other side had closed (undici's names and the OS's). */

@@ -16,22 +16,75 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import type { ChatMessage } from "../../model/types.ts";
 import { UsageError } from "../../util/errors.ts";
+import { flag, optional, parseFloatArg, parseIntArg, type OptionsOf } from "../../util/flag.ts";
 import { turnRollouts, type TurnCompleter } from "../turns.ts";
 import type { RolloutConfig, Trajectory } from "../types.ts";
 import { EngineClient } from "./openai-client.ts";
-import type { EngineContext, EngineEntry, EngineFlags, RolloutEngine, StepRequest, StepRollouts } from "./types.ts";
+import {
+  defineRolloutEngine,
+  type EngineContext,
+  type RolloutEngine,
+  type RunFlags,
+  type StepRequest,
+  type StepRollouts,
+} from "./types.ts";
 
-export const openaiEngine: EngineEntry = {
-  help: "openai (an OpenAI-compatible server at --rollout_url, e.g. vLLM with --enable-lora or scripts/serve-openai.ts; the adapter is hot-loaded into it every step)",
+const FLAGS = {
+  rollout_url: optional(
+    "--rollout_url <url>",
+    "with --rollout_engine openai: the engine's base URL, e.g. http://127.0.0.1:8001/v1 (an API key, if " +
+      "it needs one, from ROLLOUT_API_KEY)",
+    undefined,
+    { free: true },
+  ),
+  rollout_model: optional(
+    "--rollout_model <name>",
+    "the engine's name for the base model this run trains on (default: the first of its GET /v1/models)",
+    undefined,
+    { free: true },
+  ),
+  rollout_timeout: flag(
+    "--rollout_timeout <s>",
+    "seconds one engine request may take; a slower or cut-off answer stops the run with a checkpoint",
+    parseFloatArg("rollout_timeout", 0.001),
+    600,
+    { free: true },
+  ),
+  async_rollouts: {
+    ...flag(
+      "--async_rollouts <k>",
+      "with --rollout_engine openai: the next k steps' rollouts are generated while this step trains (at " +
+        "most k versions old; the loss corrects with the ratio to their behaviour log-probs); 0: none",
+      parseIntArg("async_rollouts", 0),
+      0,
+      { free: true },
+    ),
+    training: true,
+  },
+};
+type OpenAiFlags = RunFlags & OptionsOf<typeof FLAGS>;
+
+export const openaiEngine = defineRolloutEngine({
+  name: "openai",
+  help:
+    "openai (an OpenAI-compatible engine at --rollout_url, e.g. vLLM with --enable-lora or " +
+    "scripts/serve-openai.ts; the adapter is hot-loaded into it every step)",
+  flags: FLAGS,
+  // Given to an engine that generates here, these would do nothing.
+  refuseElsewhere(f, engine) {
+    if (f.async_rollouts > 0)
+      return `--async_rollouts ${f.async_rollouts} needs --rollout_engine openai: the ${engine} engine generates in the training process`;
+    return f.rollout_url ? "--rollout_url is only used with --rollout_engine openai" : null;
+  },
   async prepare(f, log) {
     const { client, base } = await connect(f, log);
     return async (ctx) => new OpenAiEngine(client, base, f.async_rollouts, ctx);
   },
-};
+});
 
 /** Checks the flags and that the server answers, before the run folder is touched: a usage error
  *  (one line, exit 2) otherwise. */
-export async function connect(f: EngineFlags, log: (line: string) => void): Promise<{ client: EngineClient; base: string }> {
+export async function connect(f: OpenAiFlags, log: (line: string) => void): Promise<{ client: EngineClient; base: string }> {
   if (!f.rollout_url) throw new UsageError("--rollout_engine openai needs --rollout_url, e.g. http://127.0.0.1:8001/v1");
   if (f.env) throw new UsageError("--rollout_engine openai rolls out tool-using tasks; --env runs on the local or llama engine");
   if (!/^https?:\/\//.test(f.rollout_url)) throw new UsageError(`--rollout_url ${f.rollout_url}: expected an http(s) URL`);
@@ -146,11 +199,13 @@ class OpenAiEngine implements RolloutEngine {
     });
   }
 
-  /** With the adapter as it is now: published first as the next version if it changed. */
+  /** With the adapter as it is now, published first as the next version. */
   async generate(prompts: ChatMessage[][], cfg: RolloutConfig): Promise<Trajectory[]> {
     if (cfg.envs) throw new UsageError("--rollout_engine openai rolls out tool-using tasks; --env runs on the local or llama engine");
-    await this.publish(this.current + 1); // a version of its own: the weights may have moved since the last step's
-    return this.turns(prompts, this.versions.get(this.current)!.name, { ...cfg, seed: Math.floor(cfg.rng.next() * 2 ** 31) });
+    if (this.ctx.model.lora) await this.publish(this.current + 1); // a version of its own: the weights may have moved since
+    // A model without an adapter (eval or chat of a base) is the server's base model.
+    const model = this.ctx.model.lora ? this.versions.get(this.current)!.name : this.baseModel;
+    return this.turns(prompts, model, { ...cfg, seed: Math.floor(cfg.rng.next() * 2 ** 31) });
   }
 
   /** Unload what this run loaded (best effort: the engine may be gone) and remove the folders. */

@@ -2,8 +2,11 @@
  *  rollout engine — this process's tfjs model, an OpenAI-compatible server, llama.cpp in this
  *  process — takes the trainer's current adapter and turns a step's prompts into trajectories, with
  *  the tools or environments run inside. The trainer never asks which engine it has; the table of
- *  engines is index.ts. Types only. */
+ *  engines is index.ts. An engine's file holds its whole contract (`RolloutEngineDef`): its flags and
+ *  their help, the checks of its flags, its capabilities, and its failures as EngineError. */
 import type { Tool } from "../../agents/types.ts";
+import type { ThreadsSpec } from "../../kernels/wasm/threads.ts";
+import type { Flag, OptionsOf } from "../../util/flag.ts";
 import type { Environment } from "../../envs/types.ts";
 import type { CausalLM, ChatMessage, Tokenizer } from "../../model/types.ts";
 import type { RolloutConfig, Trajectory } from "../types.ts";
@@ -61,25 +64,52 @@ export interface RolloutEngine {
   close(): Promise<void>;
 }
 
-/** An engine's flags (the GRPO, eval, chat and serve scripts share them). */
-export interface EngineFlags {
+/** The engine died, stalled or answered nonsense: GRPO saves the checkpoint of the step it stopped
+ *  before and says to continue with --resume once the engine answers. Every engine throws its
+ *  failures (not its usage errors) as this; the message names the engine and what failed. */
+export class EngineError extends Error {
+  constructor(
+    message: string,
+    readonly kind: "unreachable" | "http" | "malformed" | "timeout" | "died",
+  ) {
+    super(message);
+    this.name = "EngineError";
+  }
+}
+
+/** One of an engine's flags: merged into every script that takes --rollout_engine (GRPO, eval, chat),
+ *  or into GRPO's alone when `training` (it acts on training steps only). */
+export type EngineFlag<T> = Flag<T> & { training?: boolean };
+export type EngineFlagTable = Record<string, EngineFlag<any>>;
+
+/** The run's flags an engine may read besides its own: GRPO's --tis_cap (0: the update uses no
+ *  behaviour log-probs, so an engine may skip reading them), the scripts' --threads (the cores the
+ *  tfjs backend uses, one pool at a time) and --env. */
+export interface RunFlags {
   rollout_engine: string;
-  rollout_url?: string;
-  rollout_model?: string;
-  rollout_timeout: number; // seconds per request
-  async_rollouts: number;
-  engine_weights: "f32" | "f16" | "q8_0";
-  engine_gpu: "auto" | "cuda" | "vulkan" | "metal" | "off";
-  /** GRPO's TIS cap (0: off); an engine may skip reading log-probs nothing uses. */
   tis_cap?: number;
-  /** CPU threads (the scripts' --threads: the same cores the tfjs backend uses, one pool at a time). */
-  threads?: number | "auto";
+  threads?: ThreadsSpec;
   env?: string;
 }
 
-/** One row of the engine table: checks its flags (and that what it needs answers or loads) before
- *  anything is written, then opens on the trainer's model. */
-export interface EngineEntry {
-  help: string;
-  prepare(flags: EngineFlags, log: (line: string) => void): Promise<(ctx: EngineContext) => Promise<RolloutEngine>>;
+/** What prepareEngine takes: a run's options; the engine's flags that are absent take their defaults. */
+export type EngineFlags = RunFlags & { [flag: string]: unknown };
+
+/** An engine's contract, in its own file; the table (index.ts) holds one row per engine. */
+export interface RolloutEngineDef<F extends EngineFlagTable = EngineFlagTable> {
+  /** The value of --rollout_engine. */
+  readonly name: string;
+  /** Its words in --rollout_engine's help, after its name: "local (this process's tfjs model, op by op)". */
+  readonly help: string;
+  /** Its own flags (names no other engine or script uses), declared once. */
+  readonly flags: F;
+  /** Optional: why a run on another engine (`engine`) refuses this engine's flags as given (they would
+   *  do nothing there), or null. */
+  refuseElsewhere?(f: OptionsOf<F>, engine: string): string | null;
+  /** Checks its flags, and that what it needs answers or loads, before anything is written (a
+   *  UsageError otherwise); the function returned opens it on the trainer's model. */
+  prepare(f: RunFlags & OptionsOf<F>, log: (line: string) => void): Promise<(ctx: EngineContext) => Promise<RolloutEngine>>;
 }
+
+/** An engine's row, with its flags' types carried into prepare (`defineRolloutEngine({ name, … })`). */
+export const defineRolloutEngine = <F extends EngineFlagTable>(def: RolloutEngineDef<F>): RolloutEngineDef<F> => def;

@@ -6,7 +6,6 @@
  *  log-probs come from its own kernels, so at temperature 1 they are behaviour log-probs
  *  (engine_logprob_gap shows how far they are from the trainer's; TIS corrects for it).
  *  "auto" (the default) is this engine on --backend webgpu and the local engine elsewhere. */
-import * as tf from "@tensorflow/tfjs";
 import { Decoder, decoderUnsupported } from "../../kernels/webgpu/decode/decoder.ts";
 import { CompiledBatch } from "../../kernels/webgpu/decode/batch.ts";
 import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
@@ -14,40 +13,30 @@ import { UsageError } from "../../util/errors.ts";
 import { rolloutGroups } from "../rollout.ts";
 import { rawDistribution } from "./llama.ts";
 import { LocalEngine, stepConfig } from "./local.ts";
-import type { EngineContext, EngineEntry, EngineFlags, RolloutEngine, StepRequest } from "./types.ts";
+import { defineRolloutEngine, type EngineContext, type RolloutEngine, type RunFlags, type StepRequest } from "./types.ts";
 
-function checkFlags(f: EngineFlags, name: string): void {
-  if (f.async_rollouts > 0)
-    throw new UsageError(
-      `--async_rollouts ${f.async_rollouts} needs --rollout_engine openai: the ${name} engine generates in the training process`,
-    );
-  if (f.rollout_url) throw new UsageError("--rollout_url is only used with --rollout_engine openai");
-}
-
-export const webgpuEngine: EngineEntry = {
-  help: "webgpu (the compiled WebGPU decoder over the trainer's own weights; --backend webgpu)",
+export const webgpuEngine = defineRolloutEngine({
+  name: "webgpu",
+  help: "webgpu (the compiled WebGPU decoder over the trainer's own weights: fused kernels, one submit a token, sampling on the device)",
+  flags: {},
   async prepare(f) {
-    checkFlags(f, "webgpu");
     return async (ctx) => {
       const reason = decoderUnsupported(ctx.model);
       if (reason) throw new UsageError(`--rollout_engine webgpu: ${reason}; use --rollout_engine local`);
       return new WebgpuEngine(ctx, f);
     };
   },
-};
+});
 
 /** The compiled decoder where it runs (webgpu, a Qwen2 model it reads), the local engine elsewhere. */
-export const autoEngine: EngineEntry = {
-  help: "auto (webgpu on --backend webgpu, else local)",
+export const autoEngine = defineRolloutEngine({
+  name: "auto",
+  help: "auto (the default: webgpu on --backend webgpu, else local)",
+  flags: {},
   async prepare(f) {
-    checkFlags(f, "local");
     return async (ctx) => (decoderUnsupported(ctx.model) === null ? new WebgpuEngine(ctx, f) : new LocalEngine(ctx));
   },
-};
-
-/** The engine "auto" stands for on the current backend (eval and chat, which generate in place when
- *  it is the local one). */
-export const resolveEngineName = (name: string): string => (name !== "auto" ? name : tf.getBackend() === "webgpu" ? "webgpu" : "local");
+});
 
 export class WebgpuEngine implements RolloutEngine {
   readonly name = "webgpu";
@@ -57,7 +46,7 @@ export class WebgpuEngine implements RolloutEngine {
 
   constructor(
     private readonly ctx: EngineContext,
-    f: EngineFlags,
+    f: RunFlags,
   ) {
     this.decoder = new Decoder(ctx.model as Qwen2ForCausalLM);
     // its own kernels' log-probs of the sampled tokens, read where the update uses them (T = 1)
