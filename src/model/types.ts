@@ -2,7 +2,9 @@
  *  scripts): types, and the constants and guards that go with them; implementations live beside this
  *  file. Names follow Hugging Face. */
 import type * as tf from "@tensorflow/tfjs";
+import type { LoraAdapter } from "./lora.ts";
 import type { HostTensor } from "./safetensors.ts";
+import type { Qwen2Weights } from "./weight.ts";
 
 /** Qwen2 config as read from config.json (camelCase of the HF snake_case keys). */
 export interface Qwen2Config {
@@ -147,6 +149,15 @@ export interface WeightsOnHost extends CausalLM {
 }
 
 export const hasWeightsOnHost = (m: CausalLM): m is WeightsOnHost => typeof m.stateDict === "function" && m.loraAdapter !== undefined;
+
+/** A model whose weights a program reads where the backend holds them (the compiled WebGPU decoder):
+ *  the frozen base as held (f32, or int8/NF4 codes), and the adapter's variables. */
+export interface WeightsOnDevice extends CausalLM {
+  readonly weights: Qwen2Weights;
+  readonly loraAdapter: LoraAdapter | null;
+}
+
+export const hasWeightsOnDevice = (m: CausalLM): m is WeightsOnDevice => "weights" in m && m.loraAdapter !== undefined;
 
 export interface ChatToolCall {
   type: "function";

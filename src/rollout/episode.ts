@@ -218,3 +218,17 @@ function checkConfig(prompts: ChatMessage[][], cfg: EpisodeConfig): void {
   const dup = names.find((n, i) => names.indexOf(n) !== i);
   if (dup !== undefined) throw new Error(`tool name "${dup}" appears twice; accepted: unique tool names`);
 }
+
+/** The rows by the group they carry: groups[p][g] is task p's sample g, whatever order they came in. */
+export function byGroup(trajs: Trajectory[], tasks: number): Trajectory[][] {
+  const groups: Trajectory[][] = Array.from({ length: tasks }, () => []);
+  for (const t of trajs) {
+    const g = groups[t.promptIndex];
+    if (g === undefined || !Number.isInteger(t.sampleIndex) || t.sampleIndex < 0 || g[t.sampleIndex] !== undefined)
+      throw new Error(`the rollout of task ${t.promptIndex}, sample ${t.sampleIndex} has no place of its own among ${tasks} tasks`);
+    g[t.sampleIndex] = t;
+  }
+  const gap = groups.findIndex((g) => g.length === 0 || Object.keys(g).length !== g.length);
+  if (gap >= 0) throw new Error(`task ${gap} is missing rollouts: it has samples [${Object.keys(groups[gap]).join(", ")}]`);
+  return groups;
+}

@@ -16,6 +16,7 @@ import type { EnvironmentFactory } from "../envs/types.ts";
 import type { CausalLM, Tokenizer } from "../model/types.ts";
 import type { Trajectory } from "../rollout/rollout.ts";
 import { localGenerate } from "../rollout/engines/local.ts";
+import { byGroup } from "../rollout/episode.ts";
 import type { TurnRecord } from "../rollout/types.ts";
 import type { RolloutEngine } from "../rollout/engines/types.ts";
 import { judgeRollout } from "../datasets/scorers.ts";
@@ -167,8 +168,9 @@ export async function evaluate(model: CausalLM, tokenizer: Tokenizer, examples: 
     } finally {
       await episodes?.close();
     }
+    const groups = byGroup(trajs, batch.length);
     batch.forEach((ex, b) => {
-      const samples = trajs.filter((t) => t.promptIndex === b).map((t) => (episodes ? judgeEpisode(t) : judge(t, ex, schema)));
+      const samples = groups[b].map((t) => (episodes ? judgeEpisode(t) : judge(t, ex, schema)));
       const question = episodes ? episodes.observations[b] : ex.question;
       questions.push({ id: ex.id, question, gold: ex.gold, samples });
     });

@@ -7,6 +7,7 @@ import { episodePrompt, openEpisodes } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { EngineSampling, RolloutEngine, StepRollouts } from "../rollout/engines/types.ts";
 import { scoreRollout } from "../rollout/rewards.ts";
+import { byGroup } from "../rollout/episode.ts";
 import type { Trajectory } from "../rollout/types.ts";
 import { countedGroupAdvantages, groupHasSignal } from "../trainer/advantages.ts";
 import type { GrpoConfig, GrpoRollout, GrpoStats } from "../trainer/grpo.ts";
@@ -100,20 +101,6 @@ export function scoreStep(
   const advantages = countedGroupAdvantages(all, counted, o.scale);
   const rewards = all.map((g, p) => g.filter((_, i) => counted[p][i]));
   return { trajs, rewards, counted, advantages };
-}
-
-/** The rows by the group they carry: groups[p][g] is task p's sample g, whatever order they came in. */
-function byGroup(trajs: Trajectory[], tasks: number): Trajectory[][] {
-  const groups: Trajectory[][] = Array.from({ length: tasks }, () => []);
-  for (const t of trajs) {
-    const g = groups[t.promptIndex];
-    if (g === undefined || !Number.isInteger(t.sampleIndex) || t.sampleIndex < 0 || g[t.sampleIndex] !== undefined)
-      throw new Error(`the rollout of task ${t.promptIndex}, sample ${t.sampleIndex} has no place of its own among ${tasks} tasks`);
-    g[t.sampleIndex] = t;
-  }
-  const gap = groups.findIndex((g) => g.length === 0 || Object.keys(g).length !== g.length);
-  if (gap >= 0) throw new Error(`task ${gap} is missing rollouts: it has samples [${Object.keys(groups[gap]).join(", ")}]`);
-  return groups;
 }
 
 /** The update's rollouts: prompt + completion ids, the loss mask over both, the advantage, and, from

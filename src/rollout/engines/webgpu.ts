@@ -8,7 +8,6 @@
  *  "auto" (the default) is this engine on --backend webgpu and the local engine elsewhere. */
 import { Decoder, decoderUnsupported } from "../../kernels/webgpu/decode/decoder.ts";
 import { CompiledBatch } from "../../kernels/webgpu/decode/batch.ts";
-import type { Qwen2ForCausalLM } from "../../model/qwen2.ts";
 import { UsageError } from "../../util/errors.ts";
 import { rolloutGroups } from "../rollout.ts";
 import { rawDistribution } from "./llama.ts";
@@ -48,7 +47,7 @@ export class WebgpuEngine implements RolloutEngine {
     private readonly ctx: EngineContext,
     f: RunFlags,
   ) {
-    this.decoder = new Decoder(ctx.model as Qwen2ForCausalLM);
+    this.decoder = new Decoder(ctx.model);
     // its own kernels' log-probs of the sampled tokens, read where the update uses them (T = 1)
     this.behaviourLogprobs = rawDistribution(ctx.sampling) && (f.tis_cap ?? 2) > 0;
   }

@@ -18,8 +18,8 @@
 import * as tf from "@tensorflow/tfjs";
 import { ropeInvFreq, ropeTables } from "../../../model/attention.ts";
 import { moduleDims } from "../../../model/lora.ts";
-import type { Qwen2ForCausalLM } from "../../../model/qwen2.ts";
-import { FUSED, FUSED_MODULES, type FusedModule, type LoraTarget } from "../../../model/types.ts";
+import { FUSED, FUSED_MODULES, hasWeightsOnDevice, type CausalLM, type FusedModule, type LoraTarget } from "../../../model/types.ts";
+import type { WeightsOnDevice } from "../../../model/types.ts";
 import type { BaseWeight } from "../../../model/weight.ts";
 import type { Backend } from "../../kernels.ts";
 import { CAND_K, paramsLayout, ROW_INTS, SAMPLE_INTS, scratchLayout, type DecodeShape, type MmKind } from "./layout.ts";
@@ -73,8 +73,8 @@ const STORAGE = () => GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBuff
 /** Why the decoder cannot run this model on this backend, or null when it can. */
 export function decoderUnsupported(model: object): string | null {
   if (tf.getBackend() !== "webgpu") return `the compiled decoder runs on --backend webgpu (this run's backend is ${tf.getBackend()})`;
-  const m = model as Partial<Qwen2ForCausalLM>;
-  if (!m.weights || !m.config) return "the compiled decoder runs Qwen2ForCausalLM models";
+  const m = model as Partial<WeightsOnDevice>;
+  if (!m.weights || !m.config) return "the compiled decoder runs WeightsOnDevice models";
   const heads = [m.weights.embedT, ...(m.weights.lmHeadT ? [m.weights.lmHeadT] : [])];
   for (const w of heads) if (!["f32", "blocks"].includes(w.layout.kind)) return `an embedding held as ${w.layout.kind}`;
   for (const l of m.weights.layers)
@@ -111,9 +111,12 @@ export class Decoder {
   /** Read-back buffers not in use (a pass takes one until its read is done). */
   private staging: GPUBuffer[] = [];
 
-  constructor(private readonly model: Qwen2ForCausalLM) {
+  private readonly model: WeightsOnDevice;
+
+  constructor(model: CausalLM) {
     const reason = decoderUnsupported(model);
-    if (reason) throw new Error(reason);
+    if (reason || !hasWeightsOnDevice(model)) throw new Error(reason ?? "no weights on the device");
+    this.model = model;
     this.backend = tf.backend() as unknown as Backend;
     this.device = this.backend.device as GPUDevice;
     this.pipelines = new PipelineCache(this.device, this.stats);

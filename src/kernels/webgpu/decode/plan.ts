@@ -7,7 +7,7 @@
  *  - head (passes that sample): the final norm and the head's product per column block;
  *  - the draw or the top-k/top-p candidates, made on first use per temperature (and K). */
 import type * as tf from "@tensorflow/tfjs";
-import type { Qwen2ForCausalLM } from "../../../model/qwen2.ts";
+import type { WeightsOnDevice } from "../../../model/types.ts";
 import type { BaseWeight } from "../../../model/weight.ts";
 import type { DecoderStats } from "./decoder.ts";
 import { attnKernel, embedKernel, mmKernel, prepKernel } from "./layer-programs.ts";
@@ -76,7 +76,7 @@ export class Plan {
       device: GPUDevice;
       pipelines: PipelineCache;
       stats: DecoderStats;
-      model: Qwen2ForCausalLM;
+      model: WeightsOnDevice;
       shape: DecodeShape;
       bufs: DecoderBuffers;
       /** A tensor's GPU buffer as tfjs holds it. */
