@@ -3,7 +3,7 @@
  *  kernels known to be slow or inexact there. Model code reads `backendProfile()`; nothing else in
  *  model/ or trainer/ asks which backend is current. */
 import * as tf from "@tensorflow/tfjs";
-import { webgpuLimits } from "./webgpu/device.ts";
+import { webgpuLimits } from "./webgpu/families.ts";
 
 export interface BackendProfile {
   /** f32 bytes of frozen weights above which they are held [out, in] and multiplied as the left
