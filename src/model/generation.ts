@@ -8,16 +8,8 @@ import { checkBatch } from "./attention.ts";
 import { layerTapeBytes } from "./config.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
 import { moduleDims, type LoraAdapter } from "./lora.ts";
-import {
-  FUSED,
-  FUSED_MODULES,
-  type ForwardOptions,
-  type KVCache,
-  type LoraTarget,
-  type Quantize,
-  type Qwen2Config,
-  type UnpackOptions,
-} from "./types.ts";
+import { FUSED, FUSED_MODULES } from "./types.ts";
+import type { ForwardOptions, KVCache, LoraTarget, Quantize, Qwen2Config, UnpackOptions } from "./types.ts";
 import { unpackLinear, type BaseWeight, type Qwen2Weights } from "./weight.ts";
 
 /** What generation reads and sets of a model (Qwen2ForCausalLM has it; this file does not import the class). */
