@@ -6,16 +6,21 @@
  *  kernels in place (registerWasmExtras) and runs on `threads` threads (default: every core this
  *  process may use; see wasm/threads.ts). The run layer calls initBackend; model code never does.
  *
- *  kernels/ is the floor of the project: it imports nothing above util/. Its files: backends
- *  (backend.ts, webgpu/device.ts, wasm/threads.ts, profile.ts); the wasm heap module (heap.ts: the kernels on
- *  tfjs' heap, helper threads and jobs; heap-code.ts assembles the module from heap-gemm-code.ts,
- *  heap-row-code.ts, heap-norm-code.ts, heap-elementwise-code.ts and heap-heads-code.ts through
- *  wasm/asm.ts); the kernels, each with its gradient (gemm.ts, rmsnorm.ts, rope-swiglu.ts, heads.ts,
- *  softmax.ts, logprob.ts, dequant.ts, webgpu/dequant.ts, concat.ts, gather.ts, slices.ts,
- *  elementwise.ts, draw.ts with wasm/draw.ts); matmul.ts and checkpoint.ts (activation checkpointing).
- *  Every kernel is registered by one call of kernels.ts. Adding a heap kernel: its body as
- *  instructions in a heap-*-code.ts file (exported by heap-code.ts), a heap<Name>() wrapper in
- *  heap.ts that runs it as a job, and one registerKernel() call in the op's file.
+ *  kernels/ is the floor of the project: it imports nothing above util/, except webgpu/decode/ (the
+ *  compiled decoder reads the model's weights and draws with rollout/'s sampler). Its files:
+ *  - backends: backend.ts, profile.ts (what model code may assume of the current one), wasm/threads.ts,
+ *    webgpu/device.ts (Dawn; the WebGPU families register themselves in webgpu/families.ts);
+ *  - kernels.ts: how a kernel is registered, and how a heap kernel is added;
+ *  - the op files, one family each with its gradient: rmsnorm.ts, rope-swiglu.ts, heads.ts, softmax.ts,
+ *    logprob.ts, draw.ts, dequant.ts, gather-rows.ts, lora-linear.ts, block-diag.ts, slot-write.ts,
+ *    adamw.ts; matmul.ts (products, transposes as flags) and checkpoint.ts (activation checkpointing);
+ *  - wasm/: tfjs-backend-wasm's kernels replaced (gemm.ts, concat.ts, gather.ts, slices.ts,
+ *    elementwise.ts, draw.ts) and the heap module they run on (heap.ts: the module on tfjs' heap, its
+ *    helper threads running heap-jobs.ts; heap-ops.ts: the op files' kernels; heap-code.ts assembles
+ *    the module from the heap-*-code.ts files through asm.ts);
+ *  - webgpu/: the WGSL programs of each family (rows.ts, heads.ts, shared-heads.ts, vocab.ts, lora.ts,
+ *    adamw.ts, gather-rows.ts, dequant.ts) on program.ts' scaffolding, uniforms.ts (a submit's uniforms
+ *    in one buffer), and decode/ (the compiled decoder's programs).
  *  Leaves out: WebGL (this is a Node trainer). */
 import * as tf from "@tensorflow/tfjs";
 import "@tensorflow/tfjs-backend-wasm";

@@ -6,9 +6,11 @@
  *  lazily on first use. Gradients are defined beside the op with tf.customGrad (CustomGradFn).
  *
  *  Adding a heap kernel (one that runs on the wasm heap, split over the helper threads):
- *    1. its body as instructions in heap-code.ts (an exported function of the module),
- *    2. a `heap<Name>(backend, …offsets)` wrapper in heap.ts that runs it as a job,
+ *    1. its body as instructions in a wasm/heap-*-code.ts file (wasm/heap-code.ts exports it from the module),
+ *    2. a `heap<Name>(backend, …offsets)` wrapper in wasm/heap-ops.ts that runs it as a job (wasm/heap.ts),
  *    3. one registerKernel call in the op's file, whose body calls that wrapper.
+ *  A WebGPU kernel is one registerKernel(name, body, ["webgpu"]) call in its family's file under webgpu/,
+ *  which registers itself (webgpu/families.ts).
  *  Leaves out: kernels for the tensorflow (tfjs-node) backend, which has its own. */
 import * as tf from "@tensorflow/tfjs";
 

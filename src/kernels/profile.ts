@@ -1,9 +1,10 @@
 /** What the model code needs to know about the backend it runs on, in one place: memory and layout
  *  choices made for one backend's limits (the 4 GiB wasm heap, a GPU's largest storage binding) and
  *  kernels known to be slow or inexact there. Model code reads `backendProfile()`; nothing else in
- *  model/ or trainer/ asks which backend is current. */
+ *  model/ or trainer/ asks which backend is current. A GPU's limits come from webgpu/families.ts, where
+ *  webgpu/device.ts leaves them when the device starts. */
 import * as tf from "@tensorflow/tfjs";
-import { webgpuLimits } from "./webgpu/device.ts";
+import { webgpuLimits } from "./webgpu/families.ts";
 
 export interface BackendProfile {
   /** f32 bytes of frozen weights above which they are held [out, in] and multiplied as the left

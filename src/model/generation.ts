@@ -8,13 +8,35 @@ import { checkBatch } from "./attention.ts";
 import { layerTapeBytes } from "./config.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
 import { moduleDims, type LoraAdapter } from "./lora.ts";
-import type { Qwen2ForCausalLM } from "./qwen2.ts";
-import { FUSED, FUSED_MODULES, type ForwardOptions, type KVCache, type LoraTarget, type UnpackOptions } from "./types.ts";
-import { unpackLinear } from "./weight.ts";
+import { FUSED, FUSED_MODULES } from "./types.ts";
+import type { ForwardOptions, KVCache, LoraTarget, Quantize, Qwen2Config, UnpackOptions } from "./types.ts";
+import { unpackLinear, type BaseWeight, type Qwen2Weights } from "./weight.ts";
+
+/** What generation reads and sets of a model (Qwen2ForCausalLM has it; this file does not import the class). */
+export interface GeneratingModel {
+  readonly config: Qwen2Config;
+  readonly quantize: Quantize;
+  readonly weights: Qwen2Weights;
+  readonly head: BaseWeight;
+  readonly loraAdapter: LoraAdapter | null;
+  prefillBytes: number | undefined;
+  unpackForGeneration: boolean;
+  unpackLeft: boolean | undefined;
+  unpacked: boolean;
+  merged: LoraAdapter | null;
+  /** The decoder stack after `cache`: final-normed hidden [B·T, hidden] and each layer's keys and values. */
+  run(
+    ids: number[][],
+    mask: number[][],
+    opts: ForwardOptions,
+    cache: Qwen2KVCache | null,
+  ): { hidden: tf.Tensor2D; newK: tf.Tensor4D[]; newV: tf.Tensor4D[] };
+  attach(adapter: LoraAdapter | null): void;
+}
 
 /** CausalLM.prefill. */
 export function prefill(
-  m: Qwen2ForCausalLM,
+  m: GeneratingModel,
   inputIds: number[][],
   attentionMask: number[][],
   opts: ForwardOptions = {},
@@ -56,7 +78,7 @@ export function prefill(
 }
 
 /** CausalLM.decodeStep. */
-export function decodeStep(m: Qwen2ForCausalLM, tokens: number[], cache: KVCache, opts: ForwardOptions = {}): tf.Tensor2D {
+export function decodeStep(m: GeneratingModel, tokens: number[], cache: KVCache, opts: ForwardOptions = {}): tf.Tensor2D {
   if (!(cache instanceof Qwen2KVCache)) throw new Error("decodeStep needs the cache returned by prefill()");
   if (tokens.length !== cache.batchSize) throw new Error(`decodeStep got ${tokens.length} tokens for a cache of ${cache.batchSize} rows`);
   const ids = tokens.map((t) => [t]);
@@ -67,7 +89,7 @@ export function decodeStep(m: Qwen2ForCausalLM, tokens: number[], cache: KVCache
 
 /** New tokens through the model after `cache`: the last position's logits [B, vocab]; the cache
  *  takes their keys, values and mask. */
-function step(m: Qwen2ForCausalLM, ids: number[][], mask: number[][], cache: Qwen2KVCache, opts: ForwardOptions): tf.Tensor2D {
+function step(m: GeneratingModel, ids: number[][], mask: number[][], cache: Qwen2KVCache, opts: ForwardOptions): tf.Tensor2D {
   const B = ids.length,
     T = ids[0].length,
     H = m.config.hiddenSize;
@@ -87,7 +109,7 @@ function step(m: Qwen2ForCausalLM, ids: number[][], mask: number[][], cache: Qwe
 
 /** Qwen2ForCausalLM.swapAdapter: attach `adapter` (or none), handing back the one before (not
  *  disposed); refused while an adapter is merged into the unpacked base, unless it is that one. */
-export function swapAdapter(m: Qwen2ForCausalLM, adapter: LoraAdapter | null): LoraAdapter | null {
+export function swapAdapter(m: GeneratingModel, adapter: LoraAdapter | null): LoraAdapter | null {
   if (m.merged && adapter !== m.merged)
     throw new Error("swapAdapter: the adapter is merged into the unpacked base (unpackBase mergeAdapter); release it first");
   const before = m.loraAdapter;
@@ -96,7 +118,7 @@ export function swapAdapter(m: Qwen2ForCausalLM, adapter: LoraAdapter | null): L
 }
 
 /** Qwen2ForCausalLM.unpackBase (its doc there). */
-export function unpackBase(m: Qwen2ForCausalLM, opts: UnpackOptions = {}): () => void {
+export function unpackBase(m: GeneratingModel, opts: UnpackOptions = {}): () => void {
   const unpacks = m.quantize !== "none" && !m.unpacked && m.unpackForGeneration;
   const ad = unpacks && opts.mergeAdapter ? m.loraAdapter : null; // the adapter to merge
   const outDim = (t: LoraTarget) => moduleDims(m.config, t)[1];

@@ -1,23 +1,17 @@
-/** LoRA adapters in PEFT's format: y = x Wᵀ + b + dropout(x) Aᵀ Bᵀ · (alpha / r) on any of the 7
- *  linear modules of each layer. A and B are held transposed ([in, r] and [r, out]) so both products
- *  are plain 2-D matMuls; they are transposed back to torch's A [r, in], B [out, r] on save.
- *  Init as PEFT: A kaiming-uniform(a=√5) (bound 1/√in, like torch nn.Linear), B zeros.
- *  Leaves out: DoRA, rsLoRA, per-module rank/alpha patterns (rejected on load with a clear error). */
+/** LoRA adapters as PEFT's: y = x Wᵀ + b + dropout(x) Aᵀ Bᵀ · (alpha / r) on any of the 7 linear
+ *  modules of each layer. A and B are held transposed ([in, r] and [r, out]) so both products are
+ *  plain 2-D matMuls; they are transposed back to torch's A [r, in], B [out, r] for PEFT's files
+ *  (peft.ts reads and writes them). Init as PEFT: A kaiming-uniform(a=√5) (bound 1/√in, like torch
+ *  nn.Linear), B zeros. Leaves out: DoRA, rsLoRA, per-module rank/alpha patterns (peft.ts refuses them). */
 import * as tf from "@tensorflow/tfjs";
-import { promises as fs } from "node:fs";
-import * as path from "node:path";
 import { Rng } from "../util/rng.ts";
-import { BadFileError } from "../util/errors.ts";
 import { mm, mmAdd, type FrozenProduct } from "../kernels/matmul.ts";
 import { loraLinear, loraLinearRuns } from "../kernels/lora-linear.ts";
 import { backendProfile } from "../kernels/profile.ts";
 import { blockDiagonal } from "../kernels/block-diag.ts";
-import { writeFileAtomic } from "../util/fs.ts";
-import { adapterBaseName, adapterConfigJson, peftKey } from "./peft-config.ts";
-import { readSafetensorsAll, writeSafetensors, type HostTensor } from "./safetensors.ts";
-import { LORA_TARGETS, type LoraConfig, type LoraTarget, type Qwen2Config } from "./types.ts";
-
-export { moduleGroup, peftKey } from "./peft-config.ts";
+import { checkLoraConfig, peftKey, readAdapterConfig, readPeftFactors } from "./peft.ts";
+import type { HostTensor } from "./safetensors.ts";
+import type { LoraConfig, LoraTarget, Qwen2Config } from "./types.ts";
 
 /** [in, out] of each linear module of a Qwen2 layer. */
 export function moduleDims(cfg: Qwen2Config, m: LoraTarget): [number, number] {
@@ -35,29 +29,6 @@ export function moduleDims(cfg: Qwen2Config, m: LoraTarget): [number, number] {
     down_proj: [I, H],
   };
   return dims[m];
-}
-
-/** "q_proj,v_proj" or "all" → validated target list. */
-export function parseLoraTargets(spec: string | string[]): LoraTarget[] {
-  const list = Array.isArray(spec)
-    ? spec
-    : spec
-        .split(",")
-        .map((s) => s.trim())
-        .filter(Boolean);
-  if (list.length === 1 && list[0] === "all") return [...LORA_TARGETS];
-  for (const m of list)
-    if (!(LORA_TARGETS as readonly string[]).includes(m))
-      throw new Error(`unknown LoRA target module "${m}"; accepted: ${LORA_TARGETS.join(", ")} or all`);
-  if (list.length === 0) throw new Error(`LoRA target modules are empty; accepted: ${LORA_TARGETS.join(", ")} or all`);
-  return list as LoraTarget[];
-}
-
-function checkConfig(c: LoraConfig): void {
-  if (!Number.isInteger(c.r) || c.r <= 0) throw new Error(`LoRA r must be a positive integer, got ${c.r}`);
-  if (!(c.alpha > 0)) throw new Error(`LoRA alpha must be positive, got ${c.alpha}`);
-  if (!(c.dropout >= 0 && c.dropout < 1)) throw new Error(`LoRA dropout must be in [0, 1), got ${c.dropout}`);
-  parseLoraTargets(c.targetModules);
 }
 
 let adapterCount = 0;
@@ -84,7 +55,7 @@ export class LoraAdapter {
     readonly numLayers: number,
     seed: number,
   ) {
-    checkConfig(config);
+    checkLoraConfig(config);
     this.scaling = config.alpha / config.r;
     this.dropoutRng = new Rng(seed ^ 0x5eed);
   }
@@ -104,87 +75,19 @@ export class LoraAdapter {
     return ad;
   }
 
-  /** PEFT folder → adapter, checked against the model's shapes. Errors name the file. */
+  /** PEFT folder → adapter, checked against the model's shapes (peft.ts). Errors name the file. */
   static async load(dir: string, model: Qwen2Config, seed = 0): Promise<LoraAdapter> {
-    const cfgFile = path.join(dir, "adapter_config.json");
-    const wFile = path.join(dir, "adapter_model.safetensors");
-    let raw: Record<string, unknown>;
-    try {
-      raw = JSON.parse(await fs.readFile(cfgFile, "utf8"));
-    } catch (err) {
-      throw new BadFileError(`${cfgFile}: cannot read adapter config (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
-    }
-    if (typeof raw !== "object" || raw === null || Array.isArray(raw))
-      throw new BadFileError(
-        `${cfgFile}: holds ${raw === null ? "null" : Array.isArray(raw) ? "an array" : typeof raw}; expected ` +
-          `a JSON object (a PEFT adapter config)`,
-      );
-    if (raw.peft_type !== undefined && raw.peft_type !== "LORA")
-      throw new BadFileError(`${cfgFile}: peft_type ${JSON.stringify(raw.peft_type)} is not supported; accepted: "LORA"`);
-    if (raw.use_dora === true) throw new BadFileError(`${cfgFile}: use_dora is true; only plain LoRA is supported`);
-    if (raw.use_rslora === true) throw new BadFileError(`${cfgFile}: use_rslora is true; only alpha/r scaling is supported`);
-    for (const k of ["rank_pattern", "alpha_pattern"])
-      if (raw[k] && Object.keys(raw[k] as object).length)
-        throw new BadFileError(`${cfgFile}: ${k} is not supported (one rank and alpha for every module)`);
-    if (!Array.isArray(raw.target_modules))
-      throw new BadFileError(
-        `${cfgFile}: target_modules must be a list of module names, got ` +
-          `${JSON.stringify(raw.target_modules)}; accepted: ${LORA_TARGETS.join(", ")}`,
-      );
-    let targets: LoraTarget[];
-    try {
-      targets = parseLoraTargets(raw.target_modules as string[]);
-    } catch (err) {
-      throw new BadFileError(`${cfgFile}: ${(err as Error).message}`);
-    }
-    const config: LoraConfig = {
-      r: Number(raw.r),
-      alpha: Number(raw.lora_alpha),
-      dropout: Number(raw.lora_dropout ?? 0),
-      targetModules: targets,
-    };
-    try {
-      checkConfig(config);
-    } catch (err) {
-      throw new BadFileError(`${cfgFile}: ${(err as Error).message}`);
-    }
-    const tensors = await readSafetensorsAll(wFile);
+    const config = await readAdapterConfig(dir);
+    const factors = await readPeftFactors(dir, config, model.numHiddenLayers, (m) => moduleDims(model, m));
     const ad = new LoraAdapter(config, model.numHiddenLayers, seed);
-    const expected = new Set<string>();
-    try {
-      for (let l = 0; l < model.numHiddenLayers; l++)
-        for (const m of targets) {
-          const [inD, outD] = moduleDims(model, m);
-          const ka = peftKey(l, m, "A"),
-            kb = peftKey(l, m, "B");
-          expected.add(ka).add(kb);
-          const A = tensors[ka],
-            B = tensors[kb];
-          if (!A || !B)
-            throw new BadFileError(`${wFile}: tensor ${A ? kb : ka} missing (adapter_config.json targets ${targets.join(", ")})`);
-          if (A.shape.join() !== `${config.r},${inD}`)
-            throw new BadFileError(
-              `${wFile}: ${ka} has shape [${A.shape}], expected [${config.r}, ${inD}] (r ${config.r} × ${m} in_features)`,
-            );
-          if (B.shape.join() !== `${outD},${config.r}`)
-            throw new BadFileError(
-              `${wFile}: ${kb} has shape [${B.shape}], expected [${outD}, ${config.r}] (${m} out_features × r ${config.r})`,
-            );
-          // torch layout → ours; tidy frees the untransposed copies (24 tensors a load for the tiny preset's adapter otherwise)
-          ad.set(
-            l,
-            m,
-            tf.tidy(() => tf.transpose(tf.tensor2d(A.data, [config.r, inD]))),
-            tf.tidy(() => tf.transpose(tf.tensor2d(B.data, [outD, config.r]))),
-          );
-        }
-      const extra = Object.keys(tensors).filter((k) => !expected.has(k));
-      if (extra.length)
-        throw new Error(`${wFile}: tensor ${extra[0]} does not match the model or the target modules ${targets.join(", ")}`);
-    } catch (err) {
-      ad.dispose();
-      throw err;
-    }
+    // torch layout → ours; tidy frees the untransposed copies (24 tensors a load for the tiny preset's adapter otherwise)
+    for (const { layer, module: m, A, B } of factors)
+      ad.set(
+        layer,
+        m,
+        tf.tidy(() => tf.transpose(tf.tensor2d(A.data, A.shape as [number, number]))),
+        tf.tidy(() => tf.transpose(tf.tensor2d(B.data, B.shape as [number, number]))),
+      );
     return ad;
   }
 
@@ -431,13 +334,6 @@ export class LoraAdapter {
       }
     }
     return out;
-  }
-
-  /** Writes adapter_config.json + adapter_model.safetensors into dir (each file atomically). */
-  async save(dir: string, baseModel = ""): Promise<void> {
-    await writeSafetensors(path.join(dir, "adapter_model.safetensors"), await this.toPeft(), { format: "pt" });
-    const base = adapterBaseName(dir, baseModel);
-    await writeFileAtomic(path.join(dir, "adapter_config.json"), JSON.stringify(adapterConfigJson(this.config, base), null, 2) + "\n");
   }
 
   dispose(): void {

@@ -7,14 +7,14 @@
  *  head transposes are reshapes (one position). The tied head keeps only Eᵀ [hidden, vocab] and
  *  embeds by gathering its columns.
  *  Training forwards whose tape would be large checkpoint each decoder layer (only its input stays on
- *  the gradient tape; activationCheckpointing). This file is the forward pass; the attention heads and
- *  attention are in self-attention.ts, the token log-probs and the head's chunks in head-logprobs.ts,
+ *  the gradient tape; activationCheckpointing). This file is the forward pass; the attention heads,
+ *  attention and a layer's three attention paths are in self-attention.ts, the token log-probs and the head's chunks in head-logprobs.ts,
  *  prefill, decode steps and the unpacked base in generation.ts, the KV cache in kv-cache.ts, saving
  *  in save.ts.
  *  Leaves out: sliding-window attention, rope scaling, dropout in attention (Qwen2 uses 0). */
 import * as tf from "@tensorflow/tfjs";
 import { attentionBias, checkBatch, positionIds, ropeInvFreq, ropeTables } from "./attention.ts";
-import { attend, attendHeads, attentionHeads } from "./self-attention.ts";
+import { layerAttention, type AttentionInputs } from "./self-attention.ts";
 import { LoraAdapter, moduleDims } from "./lora.ts";
 import type { HostTensor } from "./safetensors.ts";
 import { tokenLogprobs } from "./head-logprobs.ts";
@@ -22,7 +22,6 @@ import * as generation from "./generation.ts";
 import { Qwen2KVCache } from "./kv-cache.ts";
 import { saveAdapter, savePretrained, stateDict } from "./save.ts";
 import { checkpoint } from "../kernels/checkpoint.ts";
-import { headsOut, sharedSeqHeads } from "../kernels/heads.ts";
 import { swiglu } from "../kernels/rope-swiglu.ts";
 import { backendProfile } from "../kernels/profile.ts";
 import { rmsNorm } from "../kernels/rmsnorm.ts";
@@ -32,23 +31,9 @@ import { AUTO_MEMORY_SHARE, layerTapeBytes, trainRowsWithin } from "./config.ts"
 import { FUSED, FUSED_MODULES } from "./types.ts";
 import type { CausalLM, ForwardOptions, FusedModule, KVCache, LoraConfig, Quantize, Qwen2Config, UnpackOptions } from "./types.ts";
 
-/** What every layer of one forward shares: shapes, RoPE tables [B, T, 1, hd], the attention bias
- *  [B, 1, T, S] and the cache (null in training forwards). */
-interface LayerInputs {
-  B: number;
-  T: number;
-  cos: tf.Tensor4D;
-  sin: tf.Tensor4D;
-  bias: tf.Tensor4D;
+/** What every layer of one forward shares: its attention's inputs (self-attention.ts) and the options. */
+interface LayerInputs extends AttentionInputs {
   opts: ForwardOptions;
-  cache: Qwen2KVCache | null;
-  /** A shared prefix (see Qwen2ForCausalLM.sharePrefixes): the layer's rows are the prefix's P tokens,
-   *  then each of the B rows' T − P tokens after it; cos, sin and bias are the prefix's ([1, P, 1, hd],
-   *  [1, 1, P, P]) and these the rest's ([B, T − P, 1, hd], [B, 1, T − P, T]). */
-  shared: { P: number; cos: tf.Tensor4D; sin: tf.Tensor4D; bias: tf.Tensor4D } | null;
-  /** A decode step on webgpu: the bias laid out per kv head [B·nKv, 1, S], added by the scores'
-   *  product itself (its epilogue, one dispatch fewer per layer, the same bits); null elsewhere. */
-  kvBias: tf.Tensor3D | null;
 }
 
 export class Qwen2ForCausalLM implements CausalLM {
@@ -219,75 +204,18 @@ export class Qwen2ForCausalLM implements CausalLM {
   }
 
   /** One decoder layer: x [N, hidden] → x [N, hidden], with this layer's keys (B, nKv, hd, S) and
-   *  values (B, nKv, S, hd) after the cache (if any). With a shared prefix (ctx.shared) x holds the
-   *  prefix's rows, then every row's rest: the prefix attends over itself, each row's rest over the
-   *  prefix's keys and values followed by its own (the keys it would see unshared, in the same order);
-   *  the keys and values returned are then the rest's own. */
+   *  values (B, nKv, S, hd) after the cache (if any; self-attention.ts layerAttention). */
   private layer(l: number, x: tf.Tensor2D, ctx: LayerInputs): { x: tf.Tensor2D; kT: tf.Tensor4D; v: tf.Tensor4D } {
-    const { B, T, cos, sin, bias, opts, cache, shared } = ctx;
-    const lw = this.weights.layers[l];
-    const S = bias.shape[3];
+    const opts = ctx.opts,
+      lw = this.weights.layers[l];
     const h = this.rmsNorm(x, lw.inputNorm);
     const qkv = this.proj(l, "qkv_proj", h, opts); // [N, (nH + 2·nKv)·hd]
-    let att: tf.Tensor2D, kT: tf.Tensor, v: tf.Tensor;
-    const c = this.config,
-      sh = shared
-        ? sharedSeqHeads(qkv, shared.cos, shared.sin, cos, sin, {
-            P: shared.P,
-            B,
-            T,
-            nH: c.numAttentionHeads,
-            nKv: c.numKeyValueHeads,
-            hd: c.headDim,
-            scale: 1 / Math.sqrt(c.headDim),
-          })
-        : null;
-    if (shared && sh) {
-      // one kernel each way (webgpu): the prefix's heads, the rows' queries, and the keys and values
-      // each row attends over, the prefix's written into every row's
-      const [qP, kTP, vP, qO, keys, values] = sh,
-        g = c.numAttentionHeads / c.numKeyValueHeads;
-      [kT, v] = [keys, values];
-      const ctxs = [
-        attendHeads(c, tf.reshape(qP, [c.numKeyValueHeads, g * shared.P, c.headDim]), kTP, vP, shared.bias, 1, shared.P),
-        attendHeads(c, tf.reshape(qO, [B * c.numKeyValueHeads, g * T, c.headDim]), keys, values, bias, B, T),
-      ];
-      // both parts' rows laid out by one kernel (the op path: a transpose each and a concatenation)
-      att = headsOut(
-        ctxs,
-        [
-          { B: 1, T: shared.P },
-          { B, T },
-        ],
-        c.numAttentionHeads,
-        c.headDim,
-      )!;
-    } else if (shared) {
-      const P = shared.P,
-        W = qkv.shape[1];
-      const pre = attentionHeads(this.config, tf.slice(qkv, [0, 0], [P, W]), shared.cos, shared.sin, 1, P, false);
-      const own = attentionHeads(this.config, tf.slice(qkv, [P, 0], [B * T, W]), cos, sin, B, T, false);
-      ({ kT, v } = own);
-      const keys = tf.concat([tf.tile(pre.kT, [B, 1, 1, 1]), own.kT], 3), // (B, nKv, hd, P + T)
-        values = tf.concat([tf.tile(pre.v, [B, 1, 1, 1]), own.v], 2); // (B, nKv, P + T, hd)
-      att = tf.concat(
-        [attend(this.config, pre.qg, pre.kT, pre.v, shared.bias, 1, P), attend(this.config, own.qg, keys, values, bias, B, T)],
-        0,
-      );
-    } else {
-      // a decode step into a cache with room: its new key and value may go straight into the slot
-      const slot =
-        T === 1 && cache && cache.length && cache.writesInPlace(l, S) ? { k: cache.k[l], v: cache.v[l], pos: cache.length } : null;
-      const h = attentionHeads(this.config, qkv, cos, sin, B, T, T === 1 && cache !== null, slot);
-      ({ kT, v } = h);
-      if (cache && cache.length && !h.inSlot) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
-      att = attend(this.config, h.qg, kT, v, bias, B, T, ctx.kvBias);
-    }
+    const { att, kT, v } = layerAttention(this.config, l, qkv, ctx);
     x = this.proj(l, "o_proj", att, opts, x);
     const n = this.rmsNorm(x, lw.postNorm);
     const act = this.proj(l, "gate_up_proj", n, opts, undefined, "swiglu"); // silu(gate)·up, [N, I]
     x = this.proj(l, "down_proj", act, opts, x);
-    return { x, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };
+    return { x, kT, v };
   }
 
   /** The trainable variables layer l reads: its LoRA pairs (when adapters are on) and, in full mode,

@@ -7,8 +7,8 @@ import { promises as fs } from "node:fs";
 import * as path from "node:path";
 import { writeDirAtomic, writeFileAtomic } from "../util/fs.ts";
 import { configToJson } from "./config.ts";
-import { moduleDims, moduleGroup, type LoraAdapter } from "./lora.ts";
-import { adapterBaseName, adapterConfigJson } from "./peft-config.ts";
+import { moduleDims, type LoraAdapter } from "./lora.ts";
+import { moduleGroup, writePeftAdapter } from "./peft.ts";
 import { encodeSafetensors, type HostTensor } from "./safetensors.ts";
 import { FUSED, FUSED_MODULES, type Qwen2Config } from "./types.ts";
 import type { BaseWeight, Qwen2Weights } from "./weight.ts";
@@ -24,15 +24,7 @@ export interface SavableModel {
 export async function saveAdapter(model: SavableModel, dir: string): Promise<void> {
   const ad = model.loraAdapter;
   if (!ad) throw new Error(`saveAdapter(${dir}): the model has no LoRA adapter attached`);
-  const tensors = await ad.toPeft();
-  await writeDirAtomic(dir, async (tmp) => {
-    await fs.writeFile(path.join(tmp, "adapter_model.safetensors"), encodeSafetensors(tensors, { format: "pt" }));
-    await fs.writeFile(
-      path.join(tmp, "adapter_config.json"),
-      // Relative to `dir`: the temp folder is its sibling, so the same path holds once renamed.
-      JSON.stringify(adapterConfigJson(ad.config, adapterBaseName(dir, model.baseModelName)), null, 2) + "\n",
-    );
-  });
+  await writePeftAdapter(dir, await ad.toPeft(), ad.config, model.baseModelName);
 }
 
 /** HF names → torch-layout f32 tensors (W [out, in]); the tied head is written once (as embed_tokens). */

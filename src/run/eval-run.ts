@@ -4,10 +4,7 @@
  *  paired improvements. `--preset tiny` compares the tiny base, its SFT output and its GRPO adapter,
  *  each quantized the way it runs in training; with `--model_path` it evaluates that model on the
  *  preset's questions instead. Leaves out: the accuracy math (evaluate.ts, stats.ts) and model loading
- *  (policy.ts).
- *  Over 400 lines on purpose: the evaluation run in one file, from flags to the model list, the
- *  batches and the tables, so its order reads top to bottom. */
-import { promises as fs } from "node:fs";
+ *  (policy.ts), the table and report.html (report/eval-table.ts, report/eval-report.ts). */
 import * as path from "node:path";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
 import { UsageError } from "../util/errors.ts";
@@ -20,8 +17,8 @@ import { checkTaskRange, defaultTaskRanges, environmentTasks, expandRanges, open
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
-import { writeEvalReport, type EvalRow } from "../report/report.ts";
-import type { ModelQuestions } from "../report/eval-questions.ts";
+import { writeEvalRunReport } from "../report/eval-report.ts";
+import { formatEvalTable, formatImprovement, pairedImprovement } from "../report/eval-table.ts";
 import { createProgress } from "../trainer/progress.ts";
 import type { Interval } from "../trainer/stats.ts";
 import { writeFileAtomic, exists } from "../util/fs.ts";
@@ -32,8 +29,6 @@ import { defaultsOf, parseFlags, turnSettings } from "./flags.ts";
 import { toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
 import { openGenerationEngine } from "./rollout-engine.ts";
-import { f3, formatEvalTable, formatImprovement, pairedImprovement } from "./eval-table.ts";
-export { formatEvalTable, formatImprovement, pairedImprovement } from "./eval-table.ts";
 import type { RolloutEngine } from "../rollout/engines/index.ts";
 
 export { evalCommand, TINY_EVAL_PRESET };
@@ -339,59 +334,4 @@ async function evaluateModels(
   } finally {
     releaseOutputDir(cfg.output_dir);
   }
-}
-
-/** report.html of an evaluation: the accuracy table and chart, and every model's transcripts per
- *  question with a filter for each compared pair. */
-async function writeEvalRunReport(
-  cfg: Pick<EvalRunConfig, "dataset" | "split" | "env" | "models" | "compare" | "output_dir">,
-  results: Array<{ spec: EvalModelSpec; summary: EvalSummaryOnly; questions: ModelQuestions["questions"] }>,
-  improvements: EvalRunOutput["improvements"],
-): Promise<string> {
-  const rows: EvalRow[] = results.map(({ spec, summary: r }) => ({
-    name: spec.name,
-    n: r.strict.total,
-    correct: r.strict.correct,
-    interval: r.strict,
-    passAtK: { [r.k]: r.passAtK },
-    extra: {
-      lenient: Number(f3(r.lenient.value)),
-      format: Number(f3(r.formatValid)),
-      "tools/rollout": Number(r.toolCallsPerRollout.toFixed(2)),
-      ...(r.envReward !== undefined ? { "env reward": Number(f3(r.envReward)), "env errors": Number(f3(r.envErrorRate ?? 0)) } : {}),
-      quantize: spec.quantize,
-    },
-  }));
-  return writeEvalReport(path.join(cfg.output_dir, "report.html"), {
-    title: cfg.env ? `Evaluation on the environment ${cfg.env}` : `Evaluation on ${cfg.dataset} (${cfg.split})`,
-    rows,
-    questions: results.map(({ spec, questions }) => ({ name: spec.name, questions })),
-    compare: cfg.compare,
-    config: {
-      ...cfg,
-      models: cfg.models.map((m) => `${m.name}: ${m.modelPath}${m.adapter ? " + " + m.adapter : ""} (${m.quantize})`).join("; "),
-      compare: improvements.map((d) => formatImprovement(d.model, d.baseline, d)).join("; "),
-    } as unknown as Record<string, unknown>,
-  });
-}
-
-/** Write report.html again from an evaluation folder's eval.json and samples-<model>.jsonl. */
-export async function rewriteEvalReport(dir: string): Promise<string> {
-  const file = path.join(dir, "eval.json");
-  const text = await fs.readFile(file, "utf8").catch(() => {
-    throw new UsageError(`${file} not found: expected a folder written by scripts/eval.ts`);
-  });
-  const saved = JSON.parse(text) as {
-    config: EvalRunConfig;
-    models: Array<EvalModelSpec & EvalSummaryOnly>;
-    improvements: EvalRunOutput["improvements"];
-  };
-  const results = [];
-  for (const m of saved.models) {
-    const lines = (await fs.readFile(path.join(dir, `samples-${m.name}.jsonl`), "utf8").catch(() => ""))
-      .split("\n")
-      .filter((l) => l.trim());
-    results.push({ spec: m, summary: m, questions: lines.map((l) => JSON.parse(l) as ModelQuestions["questions"][number]) });
-  }
-  return writeEvalRunReport({ ...saved.config, output_dir: dir }, results, saved.improvements);
 }

@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { RUN_CONFIG_FILE } from "./cli.ts";
 import { UsageError } from "../util/errors.ts";
 import { writeReport } from "../report/report.ts";
-import { rewriteEvalReport } from "./eval-run.ts";
+import { rewriteEvalReport } from "../report/eval-report.ts";
 
 export async function rewriteRunReport(dir: string): Promise<string> {
   const file = path.join(dir, RUN_CONFIG_FILE);

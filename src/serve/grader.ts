@@ -8,7 +8,8 @@
  *  invariants. */
 import { createHash } from "node:crypto";
 import { resolveModelDir } from "../model/model-dir.ts";
-import { evaluateModel, pairedImprovement } from "../run/eval-run.ts";
+import { pairedImprovement } from "../report/eval-table.ts";
+import { evaluateModel } from "../run/eval-run.ts";
 import type { EvalResult } from "../run/evaluate.ts";
 import { EvalQueue } from "./eval-queue.ts";
 import { HttpError } from "./errors.ts";

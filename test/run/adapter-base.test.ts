@@ -5,7 +5,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { adapterBaseName } from "../../src/model/peft-config.ts";
+import { adapterBaseName } from "../../src/model/peft.ts";
 import { adapterBaseOf, openPolicy, savePolicy } from "../../src/run/policy.ts";
 import { inspectModelFolder } from "../../src/serve/workspace.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";

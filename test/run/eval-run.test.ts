@@ -8,7 +8,9 @@ import * as path from "node:path";
 import * as tf from "@tensorflow/tfjs";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { summarize, type EvalQuestion, type EvalResult, type EvalSample } from "../../src/run/evaluate.ts";
-import { formatEvalTable, pairedImprovement, parseEvalArgs, rewriteEvalReport, runEval } from "../../src/run/eval-run.ts";
+import { rewriteEvalReport } from "../../src/report/eval-report.ts";
+import { formatEvalTable, pairedImprovement } from "../../src/report/eval-table.ts";
+import { parseEvalArgs, runEval } from "../../src/run/eval-run.ts";
 import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { makeSmallModelDir } from "./helpers/tiny-fixture.ts";
 

@@ -6,6 +6,7 @@
 import type * as tf from "@tensorflow/tfjs";
 import { setWebgpuAdamW, type AdamWConstants } from "../adamw.ts";
 import { cols, RowProgram, rowPrelude, run, runMulti, writeInto, threadIndex, type WebgpuModule } from "./program.ts";
+import { webgpuFamily } from "./families.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 const WG = 256;
@@ -112,10 +113,10 @@ function updateProgram(u: Util, sizes: number[]) {
   return p;
 }
 
-/** Register the programs with adamw.ts (once the package is loaded), grouped as the device's storage
+/** Register the programs with adamw.ts (when the backend starts), grouped as the device's storage
  *  bindings per shader stage allow: a sum of squares binds its gradients and the sums, an update four
  *  buffers per variable (weights, gradient, moments, new weights) and the norm. */
-export function registerWebgpuAdamW(mod: WebgpuModule, storageBindings: number): void {
+function registerWebgpuAdamW(mod: WebgpuModule, storageBindings: number): void {
   const u = mod.webgpu_util;
   const size = (t: tf.TensorInfo) => t.shape.reduce((a, b) => a * b, 1);
   setWebgpuAdamW({
@@ -134,3 +135,5 @@ export function registerWebgpuAdamW(mod: WebgpuModule, storageBindings: number):
       ),
   });
 }
+
+webgpuFamily((mod, limits) => registerWebgpuAdamW(mod, limits.maxStorageBuffersPerShaderStage));

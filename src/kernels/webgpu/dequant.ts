@@ -5,6 +5,7 @@
 import * as tf from "@tensorflow/tfjs";
 import { DEQUANTIZE, type DequantizeAttrs } from "../dequant.ts";
 import { registerKernel } from "../kernels.ts";
+import { webgpuFamily } from "./families.ts";
 
 type WebgpuModule = typeof import("@tensorflow/tfjs-backend-webgpu");
 
@@ -55,8 +56,8 @@ class DequantizeProgram {
   }
 }
 
-/** Register the kernel for the webgpu backend (once the package is loaded). */
-export function registerWebgpuDequantize(mod: WebgpuModule): void {
+/** Register the kernel for the webgpu backend (when the backend starts). */
+function registerWebgpuDequantize(mod: WebgpuModule): void {
   registerKernel(
     DEQUANTIZE,
     () =>
@@ -68,3 +69,5 @@ export function registerWebgpuDequantize(mod: WebgpuModule): void {
     ["webgpu"],
   );
 }
+
+webgpuFamily(registerWebgpuDequantize);

@@ -12,9 +12,18 @@ import * as tf from "@tensorflow/tfjs";
 import { execFileSync } from "node:child_process";
 import { existsSync, readdirSync, statSync } from "node:fs";
 import { totalmem } from "node:os";
-import { registerWebgpuDequantize } from "./dequant.ts";
+import { startWebgpuFamilies, type WebgpuLimits } from "./families.ts";
 import { withWrites } from "./program.ts";
 import { batchUniforms } from "./uniforms.ts";
+// The kernel families: each registers itself (families.ts) and goes on the backend when it starts.
+import "./adamw.ts";
+import "./dequant.ts";
+import "./gather-rows.ts";
+import "./heads.ts";
+import "./lora.ts";
+import "./rows.ts";
+import "./shared-heads.ts";
+import "./vocab.ts";
 
 /** What the adapter is, as printed once when the backend starts. */
 export interface WebgpuAdapterInfo {
@@ -50,19 +59,6 @@ const WANTED_LIMITS = [
   "maxComputeWorkgroupSizeZ",
   "maxComputeWorkgroupsPerDimension",
 ];
-
-let limits: {
-  maxStorageBufferBindingSize: number;
-  maxBufferSize: number;
-  maxStorageBuffersPerShaderStage: number;
-  memoryBytes?: number;
-} | null = null;
-
-/** The device's limits once the webgpu backend is registered (null before). Model code splits any
- *  buffer larger than maxStorageBufferBindingSize (see profile.ts). */
-export function webgpuLimits() {
-  return limits;
-}
 
 /** Dawn caps the dynamic buffers of a pipeline layout at 16 and, when the driver allows more (Mesa's
  *  lavapipe and RADV do), prints "Warning: maxDynamic{Uniform,Storage}BuffersPerPipelineLayout
@@ -200,7 +196,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
       throw new Error(`WebGPU error (results would be wrong, stopping): ${msg}`);
     });
   });
-  limits = {
+  const limits: WebgpuLimits = {
     maxStorageBufferBindingSize: device.limits.maxStorageBufferBindingSize,
     maxBufferSize: device.limits.maxBufferSize,
     maxStorageBuffersPerShaderStage: device.limits.maxStorageBuffersPerShaderStage,
@@ -210,16 +206,7 @@ async function start(hardwareOnly: boolean): Promise<WebgpuProbe> {
   // The package registers its kernels on import, and registers its own backend factory only when it
   // sees navigator.gpu, which is not set yet; ours is registered instead.
   const mod = await import("@tensorflow/tfjs-backend-webgpu");
-  registerWebgpuDequantize(mod);
-  // Imported here, not at the top: the row kernels' op files load the wasm heap module, whose import
-  // registers the wasm backend, and profile.ts (which every model imports) imports this file.
-  (await import("./rows.ts")).registerWebgpuRows(mod);
-  (await import("./heads.ts")).registerWebgpuHeads(mod);
-  (await import("./shared-heads.ts")).registerWebgpuSharedHeads(mod);
-  (await import("./vocab.ts")).registerWebgpuVocab(mod);
-  (await import("./adamw.ts")).registerWebgpuAdamW(mod, limits.maxStorageBuffersPerShaderStage);
-  (await import("./lora.ts")).registerWebgpuLora(mod);
-  (await import("./gather-rows.ts")).registerWebgpuGatherRows(mod);
+  startWebgpuFamilies(mod, limits);
   Object.defineProperty(globalThis, "navigator", {
     value: { ...((globalThis as { navigator?: object }).navigator ?? {}), gpu },
     configurable: true,

@@ -1,10 +1,11 @@
 /** gather-rows.ts' two WGSL programs: rows picked by index (−1: zeros), and the gradient's sums of
  *  dy's rows into their source rows through a host-built map. One thread per output element.
- *  Registered by device.ts. */
+ *  Registers itself (families.ts). */
 import type * as tf from "@tensorflow/tfjs";
 import { GATHER_ROWS, SCATTER_ROWS } from "../gather-rows.ts";
 import { registerKernel } from "../kernels.ts";
 import { RowProgram, run, type WebgpuModule } from "./program.ts";
+import { webgpuFamily } from "./families.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 
@@ -47,7 +48,7 @@ function scatterProgram(u: Util, R: number, C: number) {
   );
 }
 
-export function registerWebgpuGatherRows(mod: WebgpuModule): void {
+function registerWebgpuGatherRows(mod: WebgpuModule): void {
   const u = mod.webgpu_util,
     on = ["webgpu"];
   registerKernel(
@@ -69,3 +70,5 @@ export function registerWebgpuGatherRows(mod: WebgpuModule): void {
     on,
   );
 }
+
+webgpuFamily(registerWebgpuGatherRows);

@@ -1,7 +1,7 @@
 /** The attention heads' WGSL programs: a decode step's q/k/v heads with RoPE (written into the KV
  *  cache's slot where it has room), a prefill or training step's heads and their gradient, RoPE,
  *  a KV cache slot write, and LoRA's fused-module block-diagonal B; a shared prefix's heads are in
- *  shared-heads.ts. Registered by device.ts; the op files (heads.ts, rope-swiglu.ts, slot-write.ts,
+ *  shared-heads.ts. Registers itself (families.ts); the op files (heads.ts, rope-swiglu.ts, slot-write.ts,
  *  block-diag.ts) hold the names and the gradients. */
 import type * as tf from "@tensorflow/tfjs";
 import * as tfjs from "@tensorflow/tfjs";
@@ -11,6 +11,7 @@ import { registerKernel } from "../kernels.ts";
 import { ROPE } from "../rope-swiglu.ts";
 import { setWebgpuSlotWriter } from "../slot-write.ts";
 import { f32, RowProgram, run, runMulti, writeInto, threadIndex, type WebgpuModule } from "./program.ts";
+import { webgpuFamily } from "./families.ts";
 
 const K = { rope: ROPE, seqHeads: SEQ_HEADS, seqHeadsGrad: SEQ_HEADS_GRAD, decodeHeads: DECODE_HEADS };
 
@@ -223,8 +224,8 @@ function slotProgram(u: WebgpuModule["webgpu_util"], dstShape: number[], n: numb
   return p;
 }
 
-/** Register the heads' kernels for the webgpu backend (once the package is loaded). */
-export function registerWebgpuHeads(mod: WebgpuModule): void {
+/** Register the heads' kernels for the webgpu backend (when the backend starts). */
+function registerWebgpuHeads(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
   const on = ["webgpu"];
   const pos_ = (p: number) => [{ type: "int32", data: [p] }];
@@ -324,3 +325,5 @@ export function registerWebgpuHeads(mod: WebgpuModule): void {
     on,
   );
 }
+
+webgpuFamily(registerWebgpuHeads);

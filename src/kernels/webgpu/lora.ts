@@ -11,6 +11,7 @@ import type * as tf from "@tensorflow/tfjs";
 import { LORA_DW, LORA_DX, LORA_FWD, type LoraAttrs } from "../lora-linear.ts";
 import { registerKernel } from "../kernels.ts";
 import { f32, RowProgram, runMulti, WORKGROUP, type WebgpuModule } from "./program.ts";
+import { webgpuFamily } from "./families.ts";
 
 type Util = WebgpuModule["webgpu_util"];
 const WG = 64;
@@ -239,8 +240,8 @@ function factorGradProgram(u: Util, inDim: number, a: LoraAttrs) {
   return p;
 }
 
-/** Registers the three kernels on webgpu (device.ts calls it once the backend's module is loaded). */
-export function registerWebgpuLora(mod: WebgpuModule): void {
+/** Registers the three kernels on webgpu (when the backend starts). */
+function registerWebgpuLora(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
   /** A kernel whose body gets the attributes, the inputs by name and the members' factors in order. */
   const kernel = (
@@ -278,3 +279,5 @@ export function registerWebgpuLora(mod: WebgpuModule): void {
     );
   });
 }
+
+webgpuFamily(registerWebgpuLora);

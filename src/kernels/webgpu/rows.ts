@@ -3,8 +3,8 @@
  *  softmax and its gradient; the attention heads' kernels are in heads.ts, the vocabulary's in
  *  vocab.ts. Through tfjs ops each was 4–15 dispatches and as many passes over its tensor; here each
  *  is one. A row reduction runs one workgroup per row (a tree sum in workgroup memory, float32);
- *  element-wise kernels one thread per output. Registered by device.ts through kernels.ts'
- *  registerKernel; the op files (rmsnorm.ts, rope-swiglu.ts, softmax.ts) hold the kernel names, the
+ *  element-wise kernels one thread per output. Registers itself (families.ts) through
+ *  kernels.ts' registerKernel; the op files (rmsnorm.ts, rope-swiglu.ts, softmax.ts) hold the kernel names, the
  *  gradients and the choice of path. Inputs are 2-D views [rows, width] (a reshape is free).
  *  Leaves out: float16, and vector (vec4) loads. */
 import type * as tf from "@tensorflow/tfjs";
@@ -13,6 +13,7 @@ import { RMS_NORM, RMS_NORM_DW, RMS_NORM_DX, RMS_NORM_GRAD } from "../rmsnorm.ts
 import { SWIGLU, SWIGLU_GRAD } from "../rope-swiglu.ts";
 import { SOFTMAX, SOFTMAX_GRAD } from "../softmax.ts";
 import { cols, f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule } from "./program.ts";
+import { webgpuFamily } from "./families.ts";
 
 const K = {
   rmsNorm: RMS_NORM,
@@ -199,8 +200,8 @@ function softmaxGradProgram(u: WebgpuModule["webgpu_util"], R: number, S: number
   );
 }
 
-/** Register the row kernels for the webgpu backend (once the package is loaded). */
-export function registerWebgpuRows(mod: WebgpuModule): void {
+/** Register the row kernels for the webgpu backend (when the backend starts). */
+function registerWebgpuRows(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
   const on = ["webgpu"];
   const rowsOf = (t: tf.TensorInfo) => t.shape.slice(0, -1).reduce((a, d) => a * d, 1);
@@ -291,3 +292,5 @@ export function registerWebgpuRows(mod: WebgpuModule): void {
     on,
   );
 }
+
+webgpuFamily(registerWebgpuRows);

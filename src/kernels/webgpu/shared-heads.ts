@@ -1,12 +1,13 @@
 /** The WGSL programs of a forward whose rows share a prefix (qwen2.ts sharePrefixes): its heads from
  *  qkv (the prefix's, the rows' queries, and the keys and values each row attends over) and their
- *  gradient, and both attention parts' outputs laid out as rows and back. Registered by device.ts;
+ *  gradient, and both attention parts' outputs laid out as rows and back. Registers itself (families.ts);
  *  kernels/heads.ts holds the names and the gradients. */
 import type * as tf from "@tensorflow/tfjs";
 import { HEADS_OUT, HEADS_OUT_GRAD, SHARED_HEADS, SHARED_HEADS_GRAD, type SharedHeadsAttrs } from "../heads.ts";
 import { registerKernel } from "../kernels.ts";
 import { qkvElement } from "./heads.ts";
 import { f32, RowProgram, run, runMulti, threadIndex, type WebgpuModule } from "./program.ts";
+import { webgpuFamily } from "./families.ts";
 
 /** The heads of a forward whose rows share a prefix (qwen2.ts sharePrefixes) from qkv [P + B·T, width]
  *  (the prefix's P rows, then each row's T): in one dispatch, one thread per element of qkv, the
@@ -178,8 +179,8 @@ function headsOutProgram(u: WebgpuModule["webgpu_util"], a: HeadsOutAttrs, grad:
   return p;
 }
 
-/** Register the shared-prefix heads' kernels for the webgpu backend (once the package is loaded). */
-export function registerWebgpuSharedHeads(mod: WebgpuModule): void {
+/** Register the shared-prefix heads' kernels for the webgpu backend (when the backend starts). */
+function registerWebgpuSharedHeads(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
   const on = ["webgpu"];
   registerKernel(
@@ -253,3 +254,5 @@ export function registerWebgpuSharedHeads(mod: WebgpuModule): void {
     on,
   );
 }
+
+webgpuFamily(registerWebgpuSharedHeads);

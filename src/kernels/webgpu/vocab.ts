@@ -1,12 +1,13 @@
 /** The vocabulary's WGSL programs: a row's log p(target) and entropy, the logits' gradient, and a
  *  whole-vocabulary draw (and the greedy pick), one workgroup per row, on chunks of rows no larger
- *  than the device's largest storage binding (profile.ts logitChunkFloats). Registered by
- *  device.ts; logprob.ts and draw.ts hold the names and the choice of path. */
+ *  than the device's largest storage binding (profile.ts logitChunkFloats). Registers itself
+ *  (families.ts); logprob.ts and draw.ts hold the names and the choice of path. */
 import type * as tf from "@tensorflow/tfjs";
 import { DRAW_ROWS, drawCall } from "../draw.ts";
 import { registerKernel, type Backend } from "../kernels.ts";
 import { DLOGITS, LOGP } from "../logprob.ts";
 import { cols, f32, RowProgram, rowPrelude, run, wgFor, type WebgpuModule } from "./program.ts";
+import { webgpuFamily } from "./families.ts";
 
 const K = { logp: LOGP, dLogits: DLOGITS };
 
@@ -221,8 +222,8 @@ function greedyProgram(u: WebgpuModule["webgpu_util"], B: number, V: number) {
   return new RowProgram(u, "greedy", ["x"], [B, 2], { rows: B, wg: 256 }, `${rowPrelude(256, B)}${greedyWgsl(V, resultIo)}`);
 }
 
-/** Register the vocabulary kernels for the webgpu backend (once the package is loaded). */
-export function registerWebgpuVocab(mod: WebgpuModule): void {
+/** Register the vocabulary kernels for the webgpu backend (when the backend starts). */
+function registerWebgpuVocab(mod: WebgpuModule): void {
   const u = mod.webgpu_util;
   const on = ["webgpu"];
   registerKernel(
@@ -263,3 +264,5 @@ export function registerWebgpuVocab(mod: WebgpuModule): void {
     on,
   );
 }
+
+webgpuFamily(registerWebgpuVocab);

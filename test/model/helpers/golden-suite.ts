@@ -5,7 +5,7 @@ import * as tf from "@tensorflow/tfjs";
 import { readFileSync } from "node:fs";
 import { initBackend } from "../../../src/kernels/backend.ts";
 import { loadModel } from "../../../src/model/load.ts";
-import { peftKey } from "../../../src/model/lora.ts";
+import { peftKey } from "../../../src/model/peft.ts";
 import type { Qwen2ForCausalLM } from "../../../src/model/qwen2.ts";
 import { LORA_TARGETS } from "../../../src/model/types.ts";
 

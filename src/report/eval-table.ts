@@ -1,15 +1,35 @@
 /** How an evaluation is compared and shown: the paired improvement of one model over another on the
- *  same questions, its line, and the table of every model's figures (eval.ts prints and reports them). */
+ *  same questions, its line, and the table of every model's figures (eval.ts prints and reports them).
+ *  Reads an evaluation's result through the types below (run/evaluate.ts EvalResult has them). */
 import { meanCI, type Interval } from "../trainer/stats.ts";
-import type { EvalResult } from "./evaluate.ts";
+
+/** One model's figures over an evaluation's samples (k per question). */
+export interface EvalFigures {
+  k: number;
+  strict: Interval & { correct: number; total: number };
+  lenient: Interval;
+  passAtK: number;
+  formatValid: number;
+  toolCallsPerRollout: number;
+  envReward?: number;
+  envErrorRate?: number;
+}
+
+/** An evaluation's questions as pairing reads them: each one's id and its samples' strict verdicts. */
+export interface JudgedQuestions {
+  questions: ReadonlyArray<{ id: string; samples: ReadonlyArray<{ strict: boolean }> }>;
+}
+
+/** A compared pair's paired improvement, as eval.json keeps it. */
+export type Improvement = { model: string; baseline: string } & Interval & { n: number };
 
 /** Paired difference in strict accuracy, model − baseline, over the same questions: per question
  *  (correct_model − correct_baseline) / k, mean with a 95% normal interval clamped to [-1, 1].
  *  Pairing removes the between-question variance, so the interval is narrower than two separate ones. */
-export function pairedImprovement(model: EvalResult, baseline: EvalResult): Interval & { n: number } {
+export function pairedImprovement(model: JudgedQuestions, baseline: JudgedQuestions): Interval & { n: number } {
   if (model.questions.length !== baseline.questions.length)
     throw new Error(`paired improvement needs the same questions: ${model.questions.length} vs ${baseline.questions.length}`);
-  const acc = (q: EvalResult["questions"][number]) => q.samples.filter((s) => s.strict).length / q.samples.length;
+  const acc = (q: JudgedQuestions["questions"][number]) => q.samples.filter((s) => s.strict).length / q.samples.length;
   const diffs = model.questions.map((q, i) => {
     const b = baseline.questions[i];
     if (q.id !== b.id) throw new Error(`paired improvement: question ${i} is ${q.id} in one result and ${b.id} in the other`);
@@ -28,7 +48,7 @@ export function formatImprovement(model: string, baseline: string, d: Interval &
 }
 
 /** The comparison table, one row per model, columns padded to line up. */
-export function formatEvalTable(results: Array<{ name: string; result: EvalResult }>): string {
+export function formatEvalTable(results: Array<{ name: string; result: EvalFigures }>): string {
   const k = Math.max(1, ...results.map((r) => r.result.k));
   const env = results.some((r) => r.result.envReward !== undefined); // episodes: success and mean reward
   const head = [
