@@ -40,8 +40,10 @@ export async function calculate(args: unknown): Promise<string> {
     if (!Object.hasOwn(args, "expression")) return `Error: missing "expression"; call like {"expression": "2+2"}`;
     const expression = (args as { expression: unknown }).expression;
     if (typeof expression === "number" && Number.isFinite(expression)) return await evaluate(String(expression));
-    if (typeof expression !== "string")
-      return `Error: "expression" must be a string, got ${expression === null ? "null" : Array.isArray(expression) ? "array" : typeof expression}`;
+    if (typeof expression !== "string") {
+      const got = expression === null ? "null" : Array.isArray(expression) ? "array" : typeof expression;
+      return `Error: "expression" must be a string, got ${got}`;
+    }
     if (expression.length > MAX_EXPRESSION_LENGTH)
       return `Error: expression is ${expression.length} characters; at most ${MAX_EXPRESSION_LENGTH} accepted`;
     return await evaluate(expression);

@@ -111,7 +111,8 @@ export async function openMcpServer(target: McpServerSpec | string, o: McpOption
     try {
       const listed = await listAllTools(c, startupMs);
       const fresh = pick(listed, spec, label, null);
-      if (client !== c || JSON.stringify([...fresh.values()]) === JSON.stringify([...offered.values()])) return; // e.g. announced right after initialize
+      // unchanged, e.g. announced right after initialize
+      if (client !== c || JSON.stringify([...fresh.values()]) === JSON.stringify([...offered.values()])) return;
       offered = fresh;
       handle.tools = [...offered.values()].map(wrap);
       log(`mcp: server ${label} changed its tools; now ${handle.tools.map((t) => t.name).join(", ") || "(none)"}`);
@@ -125,7 +126,8 @@ export async function openMcpServer(target: McpServerSpec | string, o: McpOption
     client = await connect();
   } catch (err) {
     throw new UsageError(
-      `--tools ${shown}: server did not start (${reason(err)}${stderrTail.length ? `; stderr: ${stderrTail.slice(-1)[0].slice(0, 200)}` : ""})`,
+      `--tools ${shown}: server did not start ` +
+        `(${reason(err)}${stderrTail.length ? `; stderr: ${stderrTail.slice(-1)[0].slice(0, 200)}` : ""})`,
     );
   }
   let listed: ListedTool[];
@@ -163,7 +165,8 @@ export async function openMcpServer(target: McpServerSpec | string, o: McpOption
         return c;
       } catch (err) {
         log(
-          `mcp: server ${label} could not be ${free ? "reached for a new session" : "started again"} (${reason(err)})${!free && restartsLeft <= 0 ? "; its tools now answer with an error" : ""}`,
+          `mcp: server ${label} could not be ${free ? "reached for a new session" : "started again"} (${reason(err)})` +
+            (!free && restartsLeft <= 0 ? "; its tools now answer with an error" : ""),
         );
         return null;
       } finally {

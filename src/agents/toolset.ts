@@ -98,7 +98,8 @@ export async function openTools(specs: string[], options: ToolSetOptions = {}): 
     }
     // Tools get ready in the background once every item checked out; a call waits for that before its
     // time limit starts, so a slow worker start-up never turns a first call into a time-out.
-    const ready = (t: Tool) => (t.start ? allOpened.then(() => t.start!()).catch(() => {}) : undefined); // a failed start shows up as the calls' errors
+    // a failed start shows up as the calls' errors
+    const ready = (t: Tool) => (t.start ? allOpened.then(() => t.start!()).catch(() => {}) : undefined);
     groups.push({ source, tools: fromSpec.map((t) => limitTool(t, timeoutMs, maxChars, ready(t))) });
   };
   try {

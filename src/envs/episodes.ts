@@ -67,7 +67,8 @@ export function checkTaskRange(family: Family | undefined, flag: string, spec: s
   if (past.length > 0)
     throw new UsageError(
       `${flag} ${spec}: the ${family.name} server has ${family.size} tasks (data_idx ` +
-        `0-${family.size - 1}); data_idx ${formatRanges(past)} ${family.wraps ? `would repeat tasks ${past[0] % family.size}… (it wraps them modulo ${family.size})` : "are past its last"}`,
+        `0-${family.size - 1}); data_idx ${formatRanges(past)} ` +
+        (family.wraps ? `would repeat tasks ${past[0] % family.size}… (it wraps them modulo ${family.size})` : "are past its last"),
     );
 }
 const MAX_TASKS = 1_000_000;

@@ -50,6 +50,7 @@ export async function drawWholeRows(
   out.dispose();
   // float32 [B, 2] from a device (a transfer); int32 [B, 4] of float64 words from the heap (a copy)
   const [f, readFloats] =
-    data instanceof Float32Array ? [data, data.length] : [new Float64Array(Int32Array.from(data as Int32Array).buffer), 0]; // a copy at offset 0: aligned for float64
+    // int bits: a copy at offset 0, aligned for float64
+    data instanceof Float32Array ? [data, data.length] : [new Float64Array(Int32Array.from(data as Int32Array).buffer), 0];
   return { draws: us.map((_, b) => ({ token: f[2 * b], logprob: f[2 * b + 1] })), readFloats };
 }

@@ -165,7 +165,8 @@ export function tokenLogprobs(
     const pieces = spans.flatMap(([lo, hi], b) =>
       hi > lo ? runsOf(b, lo - 1, hi - 1).flatMap(([r, n]) => (n > 0 ? [tf.slice(hidden, [r, 0], [n, H])] : [])) : [],
     );
-    const both = headLogprobs(m.head, pieces.length === 1 ? pieces[0] : (tf.concat(pieces, 0) as tf.Tensor2D), targets, m.config.vocabSize); // [Σ spans, 2]
+    const rows = pieces.length === 1 ? pieces[0] : (tf.concat(pieces, 0) as tf.Tensor2D);
+    const both = headLogprobs(m.head, rows, targets, m.config.vocabSize); // [Σ spans, 2]
     const keep = opts.logprobMask ? tf.tensor2d(opts.logprobMask.flat(), [B, T], "float32") : null;
     const rowsOf = (col: number) => {
       let k = 0;

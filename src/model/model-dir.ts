@@ -24,7 +24,9 @@ export async function resolveModelDir(pathOrId: string, env: NodeJS.ProcessEnv =
     return path.resolve(pathOrId);
   }
   const isId = isHubId(pathOrId);
-  const how = `download it with \`huggingface-cli download ${isId ? pathOrId : "ORG/NAME"}\` or pass a local folder with config.json and model.safetensors`;
+  const how =
+    `download it with \`huggingface-cli download ${isId ? pathOrId : "ORG/NAME"}\`` +
+    " or pass a local folder with config.json and model.safetensors";
   if (!isId) throw new Error(`model "${pathOrId}" not found: no such folder, and it is not a hub id (ORG/NAME); ${how}`);
   const caches = hubCacheDirs(env);
   for (const cache of caches) {

@@ -171,7 +171,8 @@ export function layerAttention(
     const slot = T === 1 && cache && cache.length && cache.writesInPlace(l, S) ? { k: cache.k[l], v: cache.v[l], pos: cache.length } : null;
     const h = attentionHeads(c, qkv, cos, sin, B, T, T === 1 && cache !== null, slot);
     ({ kT, v } = h);
-    if (cache && cache.length && !h.inSlot) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S); // (B, nKv, hd, S), (B, nKv, S, hd)
+    // (B, nKv, hd, S), (B, nKv, S, hd)
+    if (cache && cache.length && !h.inSlot) [kT, v] = cache.extend(l, kT as tf.Tensor4D, v as tf.Tensor4D, S);
     att = attend(c, h.qg, kT, v, bias, B, T, ctx.kvBias);
   }
   return { att, kT: kT as tf.Tensor4D, v: v as tf.Tensor4D };

@@ -252,7 +252,9 @@ export async function parseChatArgs(argv: string[]): Promise<ChatRunConfig> {
     cfg.model_path = pick.modelPath;
     if (!explicit("quantize")) cfg.quantize = pick.quantize;
     const missing = order.slice(0, order.indexOf(pick)).map((m) => m.name);
-    cfg.note = `tiny preset: chatting with ${pick.name} (${pick.modelPath}, quantize ${cfg.quantize})${missing.length ? `; not found: ${missing.join(", ")}` : ""}`;
+    cfg.note =
+      `tiny preset: chatting with ${pick.name} (${pick.modelPath}, quantize ${cfg.quantize})` +
+      (missing.length ? `; not found: ${missing.join(", ")}` : "");
   }
   await checkModelSource(cfg.model_path, "--model_path", cfg.adapter);
   return cfg;

@@ -124,7 +124,9 @@ export async function loadTrainingData(
   return {
     train,
     heldOut,
-    split: `${spec.dataset}: rows 1-${cut} for training (${train.length} used), the last ${heldOutN} held out (${heldOut.length} after dropping questions also in training)`,
+    split:
+      `${spec.dataset}: rows 1-${cut} for training (${train.length} used), ` +
+      `the last ${heldOutN} held out (${heldOut.length} after dropping questions also in training)`,
   };
 }
 
@@ -144,7 +146,9 @@ export function environmentSplit(env: string, trainSpec: string, heldOutSpec: st
   return {
     train: environmentTasks(train),
     heldOut: environmentTasks(evaluated),
-    split: `environment ${env}: train data_idx ${trainSpec}; ${evaluated.length > 0 ? `held out data_idx ${formatRanges(evaluated)}` : "none held out (--eval_samples 0)"}`,
+    split:
+      `environment ${env}: train data_idx ${trainSpec}; ` +
+      (evaluated.length > 0 ? `held out data_idx ${formatRanges(evaluated)}` : "none held out (--eval_samples 0)"),
   };
 }
 

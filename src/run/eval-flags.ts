@@ -54,7 +54,8 @@ const OWN_FLAGS = {
   ),
   max_turns: flag("--max_turns <n>", "assistant turns per rollout", parseIntArg("max_turns", 1), 8),
   ...envFlags(
-    'evaluate on an AgentGym HTTP environment server instead of a dataset: its tasks are --env_tasks, each assistant turn an action (its last "Action:" line); a sample succeeds when the episode\'s reward reaches 1',
+    "evaluate on an AgentGym HTTP environment server instead of a dataset: its tasks are --env_tasks, each assistant turn an action " +
+      '(its last "Action:" line); a sample succeeds when the episode\'s reward reaches 1',
   ),
   env_tasks: optional(
     "--env_tasks <ranges>",

@@ -221,7 +221,11 @@ export function formatEvalLine(r: EvalResult): string {
   const pct = (x: number) => x.toFixed(3);
   return (
     `strict ${pct(r.strict.value)} [${pct(r.strict.lo)}, ${pct(r.strict.hi)}] | lenient ${pct(r.lenient.value)} | ` +
-    `format ${pct(r.formatValid)} | ${r.envReward !== undefined ? `env reward ${pct(r.envReward)} | env errors ${pct(r.envErrorRate ?? 0)}` : `tools ${r.toolCallsPerRollout.toFixed(2)}/rollout | tool errors ${pct(r.toolErrorRate)}`} | ` +
+    `format ${pct(r.formatValid)} | ` +
+    (r.envReward !== undefined
+      ? `env reward ${pct(r.envReward)} | env errors ${pct(r.envErrorRate ?? 0)}`
+      : `tools ${r.toolCallsPerRollout.toFixed(2)}/rollout | tool errors ${pct(r.toolErrorRate)}`) +
+    " | " +
     `n ${r.n}×${r.k} | ${r.seconds.toFixed(1)} s`
   );
 }

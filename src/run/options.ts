@@ -61,7 +61,8 @@ export function modelFlags(d: { modelPath: string; quantize: Quantize }) {
   } satisfies FlagTable;
 }
 
-const THREADS_HELP = `wasm threads: auto (every core this process may use, up to ${MAX_WASM_THREADS}) or a count; 1 = the single-threaded build`;
+const THREADS_HELP =
+  `wasm threads: auto (every core this process may use, up to ${MAX_WASM_THREADS}) or a count; ` + "1 = the single-threaded build";
 
 /** `--threads`: auto or 1–8 (every script and bench takes it). */
 export function threadsOption(): Option {

@@ -142,7 +142,9 @@ export async function startServer(o: ServeOptions): Promise<RunningServer> {
       ...(trainData.path === null ? { train_data_error: trainData.error } : {}),
       // The held-out questions are the server's: agents train on train_data and are scored on these.
       test_data_path: null,
-      test_data: `held out by the server (${s.protocol.max_samples ?? "the whole"} ${s.id === "tiny" ? "synthetic problems" : "test split"}); not given to agents`,
+      test_data:
+        `held out by the server (${s.protocol.max_samples ?? "the whole"} ` +
+        `${s.id === "tiny" ? "synthetic problems" : "test split"}); not given to agents`,
       data_format: {
         type: "jsonl",
         fields: { question: "problem text", answer: "worked solution with <<expr=result>> calculator annotations, ending in '#### N'" },

@@ -47,7 +47,8 @@ export function sftLoss(model: CausalLM, batch: SftBatch, opts: { tokenTotal?: n
   if (!(divisor > 0)) throw new Error(`SFT batch has ${count} tokens with lossMask 1 (after position 0); need at least one`);
   return tf.tidy(() => {
     // the head scores only the counted tokens (a prompt's positions need no vocabulary product)
-    const { logprobs } = model.tokenLogprobs(batch.ids, batch.attentionMask, { training: opts.training ?? false, logprobMask: mask }); // [B, L]
+    const training = opts.training ?? false;
+    const { logprobs } = model.tokenLogprobs(batch.ids, batch.attentionMask, { training, logprobMask: mask }); // [B, L]
     const m = tf.tensor2d(mask, [mask.length, mask[0].length], "float32"); // [B, L]
     return tf.div(tf.neg(tf.sum(tf.mul(logprobs, m))), divisor) as tf.Scalar;
   });

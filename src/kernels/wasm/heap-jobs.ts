@@ -11,7 +11,8 @@ export const SEQ = 0,
   DONE = 1,
   READY = 2,
   NEXT = 3, // per part, the next of its units of a product to take (part(), slicesPart())
-  ARGS = NEXT + MAX_WASM_THREADS; // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job, then a batch's slices, A's and B's slice strides
+  // ARGS: a, b, c, M, K, N, parts, scratch, transposes, job, then a batch's slices, A's and B's slice strides
+  ARGS = NEXT + MAX_WASM_THREADS;
 export const CTRL_SLOTS = ARGS + 13;
 /** Jobs the helpers run: a product's columns or rows, a batch's slices, or rows of an element-wise kernel. */
 export const JOB_GEMM = 0,

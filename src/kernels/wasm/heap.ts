@@ -262,7 +262,8 @@ for (;;) {
   const at = (i) => Atomics.load(u, ${ARGS} + i);
   try {
     if (at(9) === ${JOB_GEMM}) part(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), claim);
-    else if (at(9) === ${JOB_GEMM_SLICES}) slicesPart(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), at(10), at(11), at(12), claim);
+    else if (at(9) === ${JOB_GEMM_SLICES})
+      slicesPart(k, mr, at(0), at(1), at(2), at(3), at(4), at(5), index, at(6), at(7), at(8), at(10), at(11), at(12), claim);
     else rowsPart(k, at(9), at(0), at(1), at(2), at(3), at(4), index, at(6), at(5), at(7), at(8));
   } catch (err) {
     // Marked failed before answering: the caller, blocked in Atomics.wait, never runs the worker's

@@ -43,7 +43,8 @@ function headsProgram(
   const value =
     part === "v"
       ? "qkv[src]"
-      : `(qkv[src] * cosT[b * ${hd} + j] + qkv[src - j + select(j - ${half}, j + ${half}, j < ${half})] * sinT[b * ${hd} + j])${part === "q" ? ` * ${f32(Math.fround(scale))}` : ""}`;
+      : `(qkv[src] * cosT[b * ${hd} + j] + qkv[src - j + select(j - ${half}, j + ${half}, j < ${half})] * sinT[b * ${hd} + j])` +
+        (part === "q" ? ` * ${f32(Math.fround(scale))}` : "");
   const n = B * heads * hd;
   const at = !slot ? "index" : slotAt(slot.length, part === "v", part === "v" ? hd : 1);
   const p = new RowProgram(

@@ -86,7 +86,13 @@ function forwardProgram(u: Util, N: number, inDim: number, a: LoraAttrs) {
     n = min(${WORKGROUP}, N - 1);
     for (var m = i32(localIndex); m < ${KR}; m += ${WG}) {
       var s = 0.0;
-      ${perMember(k, r, "m", (i) => `let t = m - ${i * r}; for (var c = 0; c < ${inDim}; c++) { s += x[n * ${inDim} + c] * a${i}[c * ${r} + t]; }`)}
+      ${perMember(
+        k,
+        r,
+        "m",
+        (i) => `let t = m - ${i * r};
+        for (var c = 0; c < ${inDim}; c++) { s += x[n * ${inDim} + c] * a${i}[c * ${r} + t]; }`,
+      )}
       xs[m] = s * ${f32(Math.fround(scale))};
     }
     workgroupBarrier();
@@ -223,7 +229,12 @@ function factorGradProgram(u: Util, inDim: number, a: LoraAttrs) {
       if (g < ${k * inDim}) {
         let i = g / ${inDim};
         let c = g - i * ${inDim};
-        ${dA.map((d, i) => `${i ? "else " : ""}if (i == ${i}) { for (var t = 0; t < ${r}; t++) { ${d}[c * ${r} + t] = acc[t]; } }`).join(" ")}
+        ${dA
+          .map(
+            (d, i) => `${i ? "else " : ""}if (i == ${i}) {
+          for (var t = 0; t < ${r}; t++) { ${d}[c * ${r} + t] = acc[t]; } }`,
+          )
+          .join(" ")}
       } else {
         let j = g - ${k * inDim};
         ${outs

@@ -168,7 +168,8 @@ function softmaxProgram(u: WebgpuModule["webgpu_util"], R: number, S: number, bi
     fn main(index: i32) {
       let S = uniforms.outShape[1];
       let o = row() * S;
-      ${bias ? `let ob = ((row() / (uniforms.outShape[0] / uniforms.biasShape[0])) * uniforms.biasShape[2] + row() % uniforms.biasShape[2]) * S;` : ""}
+      ${bias ? `let ob = ((row() / (uniforms.outShape[0] / uniforms.biasShape[0])) * uniforms.biasShape[2]` : ""}
+      ${bias ? `  + row() % uniforms.biasShape[2]) * S;` : ""}
       var m = -3.402823e+38;
       ${cols("S", wg, `m = max(m, ${at});`)}
       m = reduceMax(m);
