@@ -9,7 +9,7 @@
  *  batches and the tables, so its order reads top to bottom. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
+import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./output-dir.ts";
 import { UsageError } from "../util/errors.ts";
 import type { Tool } from "../agents/types.ts";
 import { noTools, openRunTools } from "../agents/toolset.ts";

@@ -27,7 +27,7 @@ import { writeReport } from "../report/report.ts";
 import { lrAt } from "../trainer/schedule.ts";
 import { collectGarbage } from "../util/gc.ts";
 import { NonFiniteError, UsageError } from "../util/errors.ts";
-import { annotateRunConfig, discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
+import { annotateRunConfig, discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./output-dir.ts";
 import { closingEvaluation, Interrupted, watchInterrupts } from "./shutdown.ts";
 import { dataStream, environmentSplit, heldOutCutsTraining, loadTrainingData } from "./data.ts";
 import { finalEvaluation, type EvalResult } from "./evaluate.ts";

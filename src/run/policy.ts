@@ -3,7 +3,7 @@
  *  asked, plus its tokenizer. A PEFT folder names its base in adapter_config.json, as PEFT's do. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { discardFailedRun, prepareOutputDir, type PrepareOptions } from "./cli.ts";
+import { discardFailedRun, prepareOutputDir, type PrepareOptions } from "./output-dir.ts";
 import { UsageError } from "../util/errors.ts";
 import { loadModel } from "../model/load.ts";
 import { resolveModelDir } from "../model/model-dir.ts";

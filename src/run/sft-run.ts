@@ -12,7 +12,7 @@ import { buildSftConversations } from "../agents/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { ChatMessage, LoraConfig } from "../model/types.ts";
 import { TINY_PROBLEMS } from "../presets/tiny.ts";
-import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
+import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./output-dir.ts";
 import { UsageError } from "../util/errors.ts";
 import { closingEvaluation, Interrupted, watchInterrupts } from "./shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";

@@ -15,7 +15,7 @@ import { runGrpo, type GrpoRunConfig, type RolloutScorer } from "../../src/run/g
 import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
 import { Interrupted } from "../../src/run/shutdown.ts";
 import { generateSynthetic } from "../../src/datasets/synthetic.ts";
-import { readRunConfig } from "../../src/run/cli.ts";
+import { readRunConfig } from "../../src/run/output-dir.ts";
 import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let base: string;
