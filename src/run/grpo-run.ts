@@ -29,17 +29,17 @@ import { checkModelSource } from "./policy.ts";
 import { turnSettings } from "./flags.ts";
 import { GRPO_FLAGS, settleGrpoConfig, TINY_GRPO, type GrpoRunConfig } from "./grpo-flags.ts";
 import { describeLoss, engineMetrics, engineSampling, ENV_LINE, EnvFailures, grpoConfig, grpoRollouts, lossFields } from "./grpo-step.ts";
-import { autoMicroBatchFields, autoMicroBatchNote, rolloutsOf, scoreStep, stepMetrics, type RolloutScorer } from "./grpo-step.ts";
+import { autoMicroBatchFields, autoMicroBatchNote, rolloutsOf, scoreStep, stepMetrics } from "./grpo-step.ts";
 import { toolConfig } from "./options.ts";
 import { TrainingRun, type TrainingRunResult } from "./training-run.ts";
 
-export { describeLoss, lossFields, stepMetrics, type RolloutScorer };
+export { describeLoss, lossFields, stepMetrics };
 
 export type { GrpoRunConfig };
 
 export type GrpoRunResult = TrainingRunResult;
 
-export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Promise<GrpoRunResult> {
+export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   const t0 = Date.now();
   // The environment server is checked first, by one real reset (its family also fixes the default
   // task ranges): one that does not answer or refuses its family's requests is a usage error before
@@ -80,7 +80,7 @@ export async function runGrpo(options: GrpoRunConfig, score?: RolloutScorer): Pr
   const openEngine = await prepareEngine(cfg, log);
   const toolSet = envs ? noTools() : await openRunTools(toolConfig(cfg), log);
   try {
-    return await train(cfg, run, { t0, log, examples, heldOut, split, toolSet, envs, rewardWeights, openEngine, score });
+    return await train(cfg, run, { t0, log, examples, heldOut, split, toolSet, envs, rewardWeights, openEngine });
   } finally {
     await toolSet.close();
   }
@@ -116,10 +116,9 @@ async function train(
     envs: EnvironmentFactory | null;
     rewardWeights: Record<string, number>;
     openEngine: (ctx: EngineContext) => Promise<RolloutEngine>;
-    score?: RolloutScorer;
   },
 ): Promise<GrpoRunResult> {
-  const { t0, log, examples, heldOut, split, rewardWeights, score } = c;
+  const { t0, log, examples, heldOut, split, rewardWeights } = c;
   const { checkpoint: ckpt, start } = run;
   const dir = cfg.output_dir;
   const total = cfg.max_steps;
@@ -191,7 +190,7 @@ async function train(
         const tRoll = Date.now();
         const rolled = await stepRollouts(engine, step, batch);
         const rolloutSeconds = (Date.now() - tRoll) / 1000;
-        const scored = scoreStep(rolled.trajs, batch, { rewardWeights, scale: cfg.scale_rewards, score });
+        const scored = scoreStep(rolled.trajs, batch, { rewardWeights, scale: cfg.scale_rewards });
         const rollouts = grpoRollouts(scored, engine.behaviourLogprobs);
         const tTrain = Date.now();
         const lr = loop.lr(step);

@@ -68,10 +68,6 @@ export function grpoConfig(cfg: GrpoFlags & { epsilon_high: number }, lr: number
   };
 }
 
-/** A rollout's reward and its parts, in place of the --reward_weights components (a program's own
- *  reward, e.g. one that gives random-weight rollouts a signal). */
-export type RolloutScorer = (t: Trajectory, gold: string) => { reward: number; components: Record<string, number> };
-
 export interface ScoredStep {
   trajs: Trajectory[]; // copies of the rollouts with reward and rewardComponents
   rewards: number[][]; // per question, per counted rollout
@@ -86,10 +82,10 @@ const envFailed = (t: Trajectory) => t.finishReason === "env_error";
 export function scoreStep(
   rolled: Trajectory[],
   batch: Task[],
-  o: { rewardWeights: Record<string, number>; scale: "group" | "none"; score?: RolloutScorer },
+  o: { rewardWeights: Record<string, number>; scale: "group" | "none" },
 ): ScoredStep {
   const trajs = rolled.map((t) => {
-    const s = o.score ? o.score(t, batch[t.promptIndex].gold) : scoreRollout(t, batch[t.promptIndex], o.rewardWeights);
+    const s = scoreRollout(t, batch[t.promptIndex], o.rewardWeights);
     return { ...t, reward: envFailed(t) ? 0 : s.reward, rewardComponents: s.components };
   });
   const groups = batch.map((_, p) => trajs.filter((t) => t.promptIndex === p));
