@@ -61,26 +61,20 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   const start = run.start;
   // Tool servers are checked before the run folder is touched (the environment server was, above).
   // Held-out questions never include a training row; the split is logged and kept in run.json.
-  const {
-    train: examples,
-    heldOut,
-    split,
-  } = envs
+  const data = { dataset: cfg.dataset, purpose: "rl" as const, maxSamples: cfg.max_samples, synthetic: cfg.synthetic };
+  const sets = envs
     ? environmentSplit(cfg.env!, cfg.env_tasks!, cfg.env_eval_tasks!, cfg.eval_samples)
-    : await loadTrainingData(
-        { dataset: cfg.dataset, purpose: "rl", maxSamples: cfg.max_samples, synthetic: cfg.synthetic },
-        cfg.eval_samples,
-      );
-  if (examples.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
+    : await loadTrainingData(data, cfg.eval_samples);
+  if (sets.train.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   // A finished run only continues with more steps.
-  if (await run.nothingLeft(cfg.max_steps, heldOut.length > 0))
+  if (await run.nothingLeft(cfg.max_steps, sets.heldOut.length > 0))
     throw new UsageError(`--resume: ${dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
-  log(`data: ${split}`);
+  log(`data: ${sets.split}`);
   // The rollout engine's flags, and that it answers or loads, are checked before anything is written.
   const openEngine = await prepareEngine(cfg, log);
   const toolSet = envs ? noTools() : await openRunTools(toolConfig(cfg), log);
   try {
-    return await train(cfg, run, { t0, log, examples, heldOut, split, toolSet, envs, rewardWeights, openEngine });
+    return await train(cfg, run, { t0, log, sets, toolSet, envs, rewardWeights, openEngine });
   } finally {
     await toolSet.close();
   }
@@ -109,16 +103,15 @@ async function train(
   c: {
     t0: number;
     log: (line: string) => void;
-    examples: Task[];
-    heldOut: Task[];
-    split: Awaited<ReturnType<typeof loadTrainingData>>["split"];
+    sets: Awaited<ReturnType<typeof loadTrainingData>>; // the questions to train on, the held-out ones, and the split
     toolSet: ToolSet;
     envs: EnvironmentFactory | null;
     rewardWeights: Record<string, number>;
     openEngine: (ctx: EngineContext) => Promise<RolloutEngine>;
   },
 ): Promise<GrpoRunResult> {
-  const { t0, log, examples, heldOut, split, rewardWeights } = c;
+  const { t0, log, rewardWeights } = c;
+  const { train: examples, heldOut, split } = c.sets;
   const { checkpoint: ckpt, start } = run;
   const dir = cfg.output_dir;
   const total = cfg.max_steps;

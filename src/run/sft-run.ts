@@ -50,14 +50,8 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
   const dir = cfg.output_dir;
   const run = await TrainingRun.begin("sft", SFT_FLAGS, cfg, log);
   // Held-out questions never include a training row; the split is logged and kept in run.json.
-  const {
-    train: examples,
-    heldOut,
-    split,
-  } = await loadTrainingData(
-    { dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.max_samples, synthetic: cfg.synthetic },
-    cfg.eval_samples,
-  );
+  const data = { dataset: cfg.dataset, purpose: "sft" as const, maxSamples: cfg.max_samples, synthetic: cfg.synthetic };
+  const { train: examples, heldOut, split } = await loadTrainingData(data, cfg.eval_samples);
   log(`data: ${split}`);
   let opened: ToolSet | undefined; // closed on the way out
   return run.lifetime({ full: cfg.full, close: () => opened?.close() }, async (policy, optimizer) => {

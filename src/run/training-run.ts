@@ -25,12 +25,7 @@ import { exportOptimizer, importOptimizer } from "./train-state.ts";
 export type TrainingConfig = OptionsOf<ReturnType<typeof trainingFlags>> &
   Pick<SftFlags, "resume" | "overwrite" | "dataset" | "eval_samples" | "save_steps"> & { output_dir: string; synthetic?: unknown };
 
-export interface TrainingRunResult {
-  steps: number;
-  finalDir: string;
-  eval: EvalResult | null;
-  seconds: number;
-}
+export type TrainingRunResult = { steps: number; finalDir: string; eval: EvalResult | null; seconds: number };
 
 export class TrainingRun {
   held?: { policy: Policy; optimizer: AdamW; full: boolean }; // from `lifetime` on
@@ -71,11 +66,9 @@ export class TrainingRun {
     return (await has("final")) && (await has("report.html")) && (!evaluates || (await has("eval.json")));
   }
 
-  /** Open the policy and its AdamW, run `body`, and however it ends run `close`, free them and give the
-   *  folder's lock back. A resumed run continues its checkpoint (the full model saved there, or the
-   *  recorded base with the checkpoint's adapter); a new one takes the folder (emptied with --overwrite,
-   *  or when --resume found no checkpoint) and opens --model_path with `adapter` or a fresh LoRA adapter
-   *  (all weights with `full`). A new run that fails before its first step leaves nothing behind. */
+  /** Open the policy and its AdamW, run `body`; however it ends, run `close`, free them and unlock the
+   *  folder. A resumed run continues its checkpoint (the full model saved there, or the recorded base
+   *  with its adapter); a new one opens --model_path with `adapter`, a fresh LoRA adapter, or `full`. */
   async lifetime<R>(
     o: { full: boolean; adapter?: string; close?: () => Promise<unknown> | undefined },
     body: (policy: Policy, optimizer: AdamW) => Promise<R>,
@@ -96,7 +89,13 @@ export class TrainingRun {
         threads: cfg.threads,
         unpackBase: cfg.unpack_base,
       });
-    const policy = ckpt ? await open() : await this.takeFolder(open);
+    // A new run takes its folder first (emptied with --overwrite, or when --resume found no checkpoint)
+    // and leaves nothing behind if it fails before its first step (a folder it created included).
+    if (!ckpt) await prepareOutputDir(cfg.output_dir, { overwrite: cfg.overwrite || this.restart, runKind: this.kind });
+    const policy = await open().catch(async (err: unknown) => {
+      if (!ckpt) await discardFailedRun(cfg.output_dir);
+      throw err;
+    });
     if (ckpt) policy.base = base;
     const optimizer = new AdamW(policy.model.trainableVariables(), { lr: cfg.learning_rate, weightDecay: cfg.weight_decay });
     this.held = { policy, optimizer, full: o.full };
@@ -122,18 +121,6 @@ export class TrainingRun {
   /** The loop's safe points, saves and logs, from here to the end of the run. */
   loop(o: LoopOptions): RunLoop {
     return new RunLoop(this, o);
-  }
-
-  /** A new run's folder, then its policy; if opening fails, what it wrote (a folder it created
-   *  included) is removed again, so bad input leaves nothing behind. */
-  private async takeFolder(open: () => Promise<Policy>): Promise<Policy> {
-    await prepareOutputDir(this.cfg.output_dir, { overwrite: this.cfg.overwrite || this.restart, runKind: this.kind });
-    try {
-      return await open();
-    } catch (err) {
-      await discardFailedRun(this.cfg.output_dir);
-      throw err;
-    }
   }
 }
 
