@@ -70,7 +70,8 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= cfg.max_length);
     const tooLong = built.conversations.length - encoded.length;
     log(
-      `sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong annotations, ${tooLong} longer than --max_length ${cfg.max_length})` +
+      `sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong ` +
+        `annotations, ${tooLong} longer than --max_length ${cfg.max_length})` +
         (built.inlined > 0
           ? `; ${built.inlined} of ${built.inlined + countCalls(built.conversations)} calculator steps written inline`
           : ""),
