@@ -58,7 +58,6 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   await checkModelSource(cfg.model_path, "--model_path", cfg.init_adapter, "--init_adapter");
   const dir = cfg.output_dir;
   const run = await TrainingRun.begin("grpo", GRPO_FLAGS, cfg, log);
-  const start = run.start;
   // Tool servers are checked before the run folder is touched (the environment server was, above).
   // Held-out questions never include a training row; the split is logged and kept in run.json.
   const data = { dataset: cfg.dataset, purpose: "rl" as const, maxSamples: cfg.max_samples, synthetic: cfg.synthetic };
@@ -68,7 +67,7 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   if (sets.train.length === 0) throw new UsageError(`--dataset ${cfg.dataset}: no questions to train on`);
   // A finished run only continues with more steps.
   if (await run.nothingLeft(cfg.max_steps, sets.heldOut.length > 0))
-    throw new UsageError(`--resume: ${dir} already ran ${start} steps; raise --max_steps above ${start} to continue`);
+    throw new UsageError(`--resume: ${dir} already ran ${run.start} steps; raise --max_steps above ${run.start} to continue`);
   log(`data: ${sets.split}`);
   // The rollout engine's flags, and that it answers or loads, are checked before anything is written.
   const openEngine = await prepareEngine(cfg, log);

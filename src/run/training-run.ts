@@ -151,13 +151,8 @@ export class RunLoop {
     this.metrics = new MetricsLogger(path.join(cfg.output_dir, "metrics.jsonl"), { resumeStep: start });
     this.progress = createProgress(o.total, run.kind, { keyMetric: o.keyMetric, start });
     this.saves = new CheckpointSchedule(cfg.save_steps, o.total);
-    const { total } = o;
-    const schedule = {
-      type: cfg.lr_scheduler,
-      lr: cfg.learning_rate,
-      warmupSteps: Math.floor(cfg.warmup_ratio * total),
-      totalSteps: total,
-    };
+    const warmupSteps = Math.floor(cfg.warmup_ratio * o.total);
+    const schedule = { type: cfg.lr_scheduler, lr: cfg.learning_rate, warmupSteps, totalSteps: o.total };
     this.lr = (step) => lrAt(step, schedule);
     this.savedStep = run.checkpoint ? start : -1;
   }
