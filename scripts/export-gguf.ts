@@ -9,7 +9,8 @@
 import * as path from "node:path";
 import { mergeLora, WEIGHT_TYPES, writeLoraGguf, writeModelGguf, type WeightType } from "../src/model/gguf.ts";
 import { stateDict } from "../src/model/save.ts";
-import { checkWritableFolder, folderWriteError, parseChoice, runMain } from "../src/run/cli.ts";
+import { parseChoice, runMain } from "../src/run/cli.ts";
+import { checkWritableFolder, folderWriteError } from "../src/util/fs.ts";
 import { commandOf, flag, optional, parseFlags, toggle, type FlagTable } from "../src/run/flags.ts";
 import { defaultOutputDir, modelFlags } from "../src/run/options.ts";
 import { checkModelSource, openPolicy } from "../src/run/policy.ts";

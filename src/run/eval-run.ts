@@ -6,7 +6,7 @@
  *  preset's questions instead. Leaves out: the accuracy math (evaluate.ts, stats.ts) and model loading
  *  (policy.ts), the table and report.html (report/eval-table.ts, report/eval-report.ts). */
 import * as path from "node:path";
-import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
+import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./output-dir.ts";
 import { UsageError } from "../util/errors.ts";
 import type { Tool } from "../agents/types.ts";
 import { noTools, openRunTools } from "../agents/toolset.ts";

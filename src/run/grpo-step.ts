@@ -69,10 +69,6 @@ export function grpoConfig(cfg: GrpoFlags & { epsilon_high: number }, lr: number
   };
 }
 
-/** A rollout's reward and its parts, in place of the --reward_weights components (a program's own
- *  reward, e.g. one that gives random-weight rollouts a signal). */
-export type RolloutScorer = (t: Trajectory, gold: string) => { reward: number; components: Record<string, number> };
-
 export interface ScoredStep {
   trajs: Trajectory[]; // copies of the rollouts with reward and rewardComponents
   rewards: number[][]; // per question, per counted rollout
@@ -87,11 +83,11 @@ const envFailed = (t: Trajectory) => t.finishReason === "env_error";
 export function scoreStep(
   rolled: Trajectory[],
   batch: Task[],
-  o: { rewardWeights: Record<string, number>; scale: "group" | "none"; score?: RolloutScorer },
+  o: { rewardWeights: Record<string, number>; scale: "group" | "none" },
 ): ScoredStep {
   const groups = byGroup(rolled, batch.length).map((g, p) =>
     g.map((t) => {
-      const s = o.score ? o.score(t, batch[p].gold) : scoreRollout(t, batch[p], o.rewardWeights);
+      const s = scoreRollout(t, batch[p], o.rewardWeights);
       return { ...t, reward: envFailed(t) ? 0 : s.reward, rewardComponents: s.components };
     }),
   );

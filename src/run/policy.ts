@@ -3,7 +3,6 @@
  *  asked, plus its tokenizer. A PEFT folder names its base in adapter_config.json, as PEFT's do. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { discardFailedRun, prepareOutputDir, type PrepareOptions } from "./cli.ts";
 import { UsageError } from "../util/errors.ts";
 import { loadModel } from "../model/load.ts";
 import { resolveModelDir } from "../model/model-dir.ts";
@@ -214,23 +213,4 @@ export async function checkModelSource(modelPath: string, flag: string, adapter?
       );
   }
   if (adapter !== undefined) await adapterFolder(adapter, adapterFlag);
-}
-
-/** Prepare the run folder, then open what the run needs; if opening fails, what this call wrote
- *  (a folder it created included) is removed again, so bad input leaves nothing behind. */
-export async function withOutputDir<T>(dir: string, opts: PrepareOptions, open: () => Promise<T>): Promise<T> {
-  await prepareOutputDir(dir, opts);
-  try {
-    return await open();
-  } catch (err) {
-    await discardFailedRun(dir);
-    throw err;
-  }
-}
-
-/** A training run is finished once final/, its closing evaluation (when it has held-out questions)
- *  and its report are written. An interrupted run writes its report too, but not eval.json. */
-export async function runFinished(dir: string, evaluates: boolean): Promise<boolean> {
-  const has = (f: string) => exists(path.join(dir, f));
-  return (await has("final")) && (await has("report.html")) && (!evaluates || (await has("eval.json")));
 }

@@ -3,7 +3,7 @@
  *  the report code changed. The run kind comes from run.json. */
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
-import { RUN_CONFIG_FILE } from "./cli.ts";
+import { RUN_CONFIG_FILE } from "./output-dir.ts";
 import { UsageError } from "../util/errors.ts";
 import { writeReport } from "../report/report.ts";
 import { rewriteEvalReport } from "../report/eval-report.ts";

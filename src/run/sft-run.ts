@@ -7,32 +7,25 @@
 import * as path from "node:path";
 import { calculatorTool } from "../agents/calculator.ts";
 import { toolSchema } from "../agents/types.ts";
-import { openTools } from "../agents/toolset.ts";
+import { openTools, type ToolSet } from "../agents/toolset.ts";
 import { buildSftConversations } from "../agents/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
-import type { ChatMessage, LoraConfig } from "../model/types.ts";
+import type { ChatMessage } from "../model/types.ts";
 import { TINY_PROBLEMS } from "../presets/tiny.ts";
-import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./cli.ts";
 import { UsageError } from "../util/errors.ts";
-import { closingEvaluation, Interrupted, watchInterrupts } from "./shutdown.ts";
 import { rightPad } from "../trainer/batch.ts";
-import { CheckpointSchedule, checkResumable, configHash, holdsCheckpoint, loadCheckpoint, saveCheckpoint } from "../trainer/checkpoint.ts";
 import { collectGarbage } from "../util/gc.ts";
-import { formatStepLine, memoryFields, MetricsLogger, readMetrics, SFT_LINE } from "../trainer/metrics.ts";
-import { AdamW } from "../trainer/optimizer.ts";
-import { createProgress } from "../trainer/progress.ts";
+import { formatStepLine, memoryFields, readMetrics, SFT_LINE } from "../trainer/metrics.ts";
 import { writeReport } from "../report/report.ts";
-import { lrAt } from "../trainer/schedule.ts";
 import { sftStep, type SftBatch } from "../trainer/sft.ts";
 import { Rng } from "../util/rng.ts";
-import { heldOutCutsTraining, loadTrainingData } from "./data.ts";
-import { finalEvaluation, type EvalResult } from "./evaluate.ts";
-import { checkModelSource, openPolicy, runFinished, savePolicy, withOutputDir } from "./policy.ts";
-import { runIdentity, turnSettings } from "./flags.ts";
-import { defaultOutputDir, loraTargets } from "./options.ts";
+import { loadTrainingData } from "./data.ts";
+import { finalEvaluation } from "./evaluate.ts";
+import { checkModelSource } from "./policy.ts";
+import { turnSettings } from "./flags.ts";
+import { defaultOutputDir } from "./options.ts";
 import { SFT_FLAGS, type SftFlags } from "./sft-flags.ts";
-import { exportOptimizer, importOptimizer } from "./train-state.ts";
-import type { ThreadsSpec } from "../kernels/wasm/threads.ts";
+import { TrainingRun, type TrainingRunResult } from "./training-run.ts";
 
 /** The run's configuration: the script's flags as parsed (sft-flags.ts), plus what only a program
  *  passes. run.json holds it; a resumed run must match its `runIdentity`. */
@@ -41,20 +34,7 @@ export type SftRunConfig = SftFlags & {
   quiet?: boolean;
 };
 
-export interface SftRunResult {
-  steps: number;
-  finalLoss: number;
-  finalDir: string;
-  eval: EvalResult | null;
-  seconds: number;
-}
-
-/** The config fields a resumed run must share with the run it continues (output_dir is free, so a
- *  copied run folder resumes). */
-function identity(cfg: SftRunConfig): Record<string, unknown> {
-  const cut = heldOutCutsTraining(cfg.dataset) ? { eval_samples: cfg.eval_samples } : {}; // otherwise a free flag
-  return { ...runIdentity(SFT_FLAGS, cfg), synthetic: cfg.synthetic, ...cut };
-}
+export type SftRunResult = TrainingRunResult & { finalLoss: number };
 
 export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
   const t0 = Date.now();
@@ -67,48 +47,19 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
   // Everything the user named is checked before the run folder is touched.
   await checkModelSource(cfg.model_path, "--model_path");
-  if (cfg.resume) await prepareOutputDir(cfg.output_dir, { resume: true, overwrite: cfg.overwrite, runKind: "sft" });
-  // A run killed before its first checkpoint left nothing to continue: --resume runs it from step 0.
-  const restart = cfg.resume && !(await holdsCheckpoint(cfg.output_dir));
-  if (restart) log(`--resume: ${cfg.output_dir} holds no checkpoint yet (stopped before its first save); running it from step 0`);
-  const ckpt = cfg.resume && !restart ? await loadCheckpoint(cfg.output_dir, { checkModel: true }) : null;
-  if (ckpt) checkResumable(ckpt, identity(cfg), cfg.output_dir);
-  const lora: LoraConfig | undefined = cfg.full
-    ? undefined
-    : { r: cfg.lora_r, alpha: cfg.lora_alpha, dropout: cfg.lora_dropout, targetModules: loraTargets(cfg.lora_targets) };
+  const dir = cfg.output_dir;
+  const run = await TrainingRun.begin("sft", SFT_FLAGS, cfg, log);
   // Held-out questions never include a training row; the split is logged and kept in run.json.
-  const {
-    train: examples,
-    heldOut,
-    split,
-  } = await loadTrainingData(
-    { dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.max_samples, synthetic: cfg.synthetic },
-    cfg.eval_samples,
-  );
+  const data = { dataset: cfg.dataset, purpose: "sft" as const, maxSamples: cfg.max_samples, synthetic: cfg.synthetic };
+  const { train: examples, heldOut, split } = await loadTrainingData(data, cfg.eval_samples);
   log(`data: ${split}`);
-  // A resumed run continues the checkpoint: the full model saved there, or the base with its adapter.
-  const base = ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.model_path) : cfg.model_path;
-  const open = () =>
-    openPolicy({
-      modelPath: ckpt && cfg.full ? ckpt.dir : base,
-      adapter: ckpt && !cfg.full ? ckpt.dir : undefined,
-      quantize: cfg.quantize,
-      lora,
-      trainable: cfg.full ? "full" : "lora",
-      seed: cfg.seed,
-      backend: cfg.backend,
-      threads: cfg.threads,
-      unpackBase: cfg.unpack_base,
-    });
-  const policy = ckpt ? await open() : await withOutputDir(cfg.output_dir, { overwrite: cfg.overwrite || restart, runKind: "sft" }, open);
-  if (ckpt) policy.base = base;
-  const { model, tokenizer } = policy;
-  const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learning_rate, weightDecay: cfg.weight_decay });
-  // SFT demonstrations are GSM8K's calculator annotations, so SFT knows one tool; the set stops its worker.
-  const toolSet = await openTools(["calculator"]);
-  try {
-    if (!ckpt) await writeRunConfig(cfg.output_dir, { ...cfg, base: policy.base, dataSplit: split }, "sft");
-    if (ckpt) importOptimizer(optimizer, ckpt.optimizerState!);
+  let opened: ToolSet | undefined; // closed on the way out
+  return run.lifetime({ full: cfg.full, close: () => opened?.close() }, async (policy, optimizer) => {
+    const { model, tokenizer } = policy;
+    // SFT demonstrations are GSM8K's calculator annotations, so SFT knows one tool; the set stops its worker.
+    const toolSet = await openTools(["calculator"]);
+    opened = toolSet;
+    await run.record({ ...cfg, base: policy.base, dataSplit: split });
     // Conversations: every calculator call re-run, so tool messages show what rollouts will show.
     const built = await buildSftConversations(examples, calculatorTool, {
       inlineShare: cfg.inline_share,
@@ -119,7 +70,8 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= cfg.max_length);
     const tooLong = built.conversations.length - encoded.length;
     log(
-      `sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong annotations, ${tooLong} longer than --max_length ${cfg.max_length})` +
+      `sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong ` +
+        `annotations, ${tooLong} longer than --max_length ${cfg.max_length})` +
         (built.inlined > 0
           ? `; ${built.inlined} of ${built.inlined + countCalls(built.conversations)} calculator steps written inline`
           : ""),
@@ -130,53 +82,31 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     const perStep = cfg.batch_size * cfg.gradient_accumulation_steps;
     const stepsPerEpoch = Math.ceil(encoded.length / perStep);
     const totalSteps = stepsPerEpoch * cfg.num_epochs;
-    const start = ckpt?.state.global_step ?? 0;
-    // A run killed after its last step (while writing final/, evaluating or reporting) is finished here.
-    if (start > totalSteps || (start === totalSteps && (await runFinished(cfg.output_dir, heldOut.length > 0))))
-      throw new UsageError(
-        `--resume: ${cfg.output_dir} already ran ${start} of ${totalSteps} steps; start a new --output_dir to train further`,
-      );
-    const schedule = { type: cfg.lr_scheduler, lr: cfg.learning_rate, warmupSteps: Math.floor(cfg.warmup_ratio * totalSteps), totalSteps };
-    const metrics = new MetricsLogger(path.join(cfg.output_dir, "metrics.jsonl"), { resumeStep: start });
-    const saves = new CheckpointSchedule(cfg.save_steps, totalSteps);
+    const start = run.start;
+    if (await run.nothingLeft(totalSteps, heldOut.length > 0))
+      throw new UsageError(`--resume: ${dir} already ran ${start} of ${totalSteps} steps; start a new --output_dir to train further`);
     const padId = tokenizer.padTokenId;
     const rng = new Rng(cfg.seed);
-    const progress = createProgress(totalSteps, "sft", { keyMetric: "loss", start });
     let step = start;
-    let lastLoss = await lastLoggedLoss(path.join(cfg.output_dir, "metrics.jsonl"), start); // a resumed run that has no step left
-    const report = () => writeReport(cfg.output_dir, { title: `SFT ${path.basename(policy.base)}` });
-    let savedStep = ckpt ? start : -1;
-    const saveAt = async (s: number) => {
-      await saveCheckpoint(cfg.output_dir, {
-        saveModel: (dir) => savePolicy(policy, dir, cfg.full),
-        state: {
-          global_step: s,
-          epoch: s / stepsPerEpoch,
-          data_position: (s % stepsPerEpoch) * perStep,
-          config_hash: configHash(identity(cfg)),
-          config: identity(cfg),
-          log_history: [],
-          extra: { base: policy.base },
-        },
-        optimizerState: await exportOptimizer(optimizer),
-        saveTotalLimit: 2,
-      });
-      savedStep = s;
-    };
-    // Ctrl-C / SIGTERM: stop before the next step and save there (see shutdown.ts); during the closing
-    // evaluation, stop it, write the report and leave the evaluation to --resume.
-    const stop = watchInterrupts();
-    const stopHere = async (s: number) => {
-      if (s !== savedStep) await saveAt(s);
-      return new Interrupted(`saved checkpoint-${s} in ${cfg.output_dir}; continue with --resume`);
-    };
-    try {
+    let lastLoss = await lastLoggedLoss(path.join(dir, "metrics.jsonl"), start); // a resumed run that has no step left
+    // A stop leaves the report to the finished run (or to --resume).
+    const report = () => writeReport(dir, { title: `SFT ${path.basename(policy.base)}` });
+    const loop = run.loop({
+      total: totalSteps,
+      position: (s) => ({ epoch: s / stepsPerEpoch, data_position: (s % stepsPerEpoch) * perStep }),
+      saveTotalLimit: 2,
+      keyMetric: "loss",
+      report,
+      reportOnStop: false,
+    });
+    const { metrics, progress } = loop;
+    await loop.steps(async () => {
       for (let epoch = 0; epoch < cfg.num_epochs; epoch++) {
         // Every epoch's order is drawn, also those a resumed run skips, so the stream matches.
         const order = rng.shuffle(encoded.map((_, i) => i));
         for (let s = 0; s < stepsPerEpoch; s++) {
           if (epoch * stepsPerEpoch + s < start) continue;
-          if (await stop.poll()) throw await stopHere(step);
+          await loop.safePoint(step);
           const tStep = Date.now();
           const rows = order.slice(s * perStep, (s + 1) * perStep);
           const micro: SftBatch[] = [];
@@ -190,7 +120,7 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
               ),
             );
           }
-          const lr = lrAt(step, schedule);
+          const lr = loop.lr(step);
           const r = await sftStep(model, optimizer, micro, { lr, maxGradNorm: cfg.max_grad_norm });
           step++;
           lastLoss = r.loss;
@@ -210,49 +140,24 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
           metrics.log(step, m);
           progress.update(step, m);
           if (!cfg.quiet && (step % 10 === 0 || step === totalSteps)) progress.log(formatStepLine(step, totalSteps, m, SFT_LINE));
-          if (saves.due(step) && step < totalSteps) await saveAt(step);
+          await loop.saveIfDue(step);
         }
       }
-      if (await stop.poll()) throw await stopHere(step);
-      // The last step is checkpointed too, so a run killed while writing final/ can be finished.
-      if (savedStep !== step) await saveAt(step);
-    } catch (err) {
-      stop.dispose();
-      throw err;
-    } finally {
-      progress.stop();
-    }
-    const finalDir = path.join(cfg.output_dir, "final");
-    let evalResult: EvalResult | null;
-    try {
-      await savePolicy(policy, finalDir, cfg.full);
-      log(`saved ${cfg.full ? "model" : "adapter"} to ${finalDir}`);
-      evalResult = await closingEvaluation(stop, finalDir, report, (signal) =>
-        finalEvaluation(model, tokenizer, heldOut, {
-          ...turnSettings({ ...cfg, max_new_tokens: cfg.eval_max_new_tokens }),
-          seed: cfg.seed,
-          tools: toolSet.tools,
-          outputDir: cfg.output_dir,
-          metrics,
-          step,
-          log,
-          signal,
-        }),
-      );
-    } finally {
-      stop.dispose();
-    }
-    await report();
+    });
+    const { finalDir, eval: evalResult } = await loop.finish((signal) =>
+      finalEvaluation(model, tokenizer, heldOut, {
+        ...turnSettings({ ...cfg, max_new_tokens: cfg.eval_max_new_tokens }),
+        seed: cfg.seed,
+        tools: toolSet.tools,
+        outputDir: dir,
+        metrics,
+        step,
+        log,
+        signal,
+      }),
+    );
     return { steps: step, finalLoss: lastLoss, finalDir, eval: evalResult, seconds: (Date.now() - t0) / 1000 };
-  } catch (err) {
-    if (!ckpt) await discardFailedRun(cfg.output_dir); // failed before its first step: leave nothing behind
-    throw err;
-  } finally {
-    await toolSet.close();
-    optimizer.dispose();
-    model.dispose();
-    releaseOutputDir(cfg.output_dir);
-  }
+  });
 }
 
 /** The loss of the last step metrics.jsonl holds up to `step` (NaN when none). */

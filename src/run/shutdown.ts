@@ -80,21 +80,6 @@ export class StopRequest {
   }
 }
 
-/** A run's closing evaluation, given the stop's abort signal: when a stop was asked for meanwhile
- *  (Ctrl-C, the engine or an environment gone), the report is written and the run ends as
- *  Interrupted, saying that --resume runs the evaluation. */
-export async function closingEvaluation<T>(
-  stop: StopRequest,
-  finalDir: string,
-  report: () => Promise<unknown>,
-  evaluate: (signal: AbortSignal) => Promise<T>,
-): Promise<T> {
-  const result = await evaluate(stop.abortSignal);
-  if (!stop.requested) return result;
-  await report();
-  throw new Interrupted(`saved ${finalDir} and report.html; the closing evaluation was cut short: --resume runs it and writes eval.json`);
-}
-
 const SIGNALS = ["SIGINT", "SIGTERM"] as const;
 let watching: StopRequest | undefined;
 

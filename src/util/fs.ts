@@ -1,9 +1,10 @@
 /** Writes that never leave a half-written file or folder behind: write to a temp name beside the
- *  target, then rename into place (rename is atomic within one file system). And whether a path
- *  exists. */
+ *  target, then rename into place (rename is atomic within one file system). Whether a path exists,
+ *  and whether a folder takes new files. */
 import * as fsSync from "node:fs";
 import { promises as fs } from "node:fs";
 import * as path from "node:path";
+import { UsageError } from "./errors.ts";
 
 export async function writeFileAtomic(file: string, data: string | Uint8Array): Promise<void> {
   await fs.mkdir(path.dirname(file), { recursive: true });
@@ -120,4 +121,35 @@ export async function isDir(p: string): Promise<boolean> {
     (s) => s.isDirectory(),
     () => false,
   );
+}
+
+/** A folder a script will write files into, checked before the work that comes first: it, or the
+ *  nearest folder above it that exists, must take a new file. Checked by writing (and removing) an
+ *  empty temp file there, since permission bits do not tell for root or a read-only mount. Nothing is
+ *  created or left behind. */
+export async function checkWritableFolder(dir: string, flag: string): Promise<void> {
+  let at = path.resolve(dir);
+  for (;;) {
+    const stat = await fs.stat(at).catch(() => undefined);
+    if (stat?.isDirectory()) break;
+    if (stat && at === path.resolve(dir)) throw new UsageError(`${flag} ${dir} is a file: expected a folder path`);
+    if (stat) throw new UsageError(`${flag} ${dir}: ${at} is a file, so no folder can be made in it; expected a folder path`);
+    if (path.dirname(at) === at) break;
+    at = path.dirname(at);
+  }
+  const probe = path.join(at, `.write-check.${process.pid}.${Date.now()}.tmp`);
+  try {
+    await fs.writeFile(probe, "");
+  } catch (err) {
+    throw folderWriteError(err, dir, flag);
+  }
+  await fs.rm(probe, { force: true });
+}
+
+/** A write into `dir` that the system refused (permissions, a read-only mount, a file where a folder
+ *  must be) as a usage error naming the folder; any other error as it is. */
+export function folderWriteError(err: unknown, dir: string, flag: string): unknown {
+  const code = (err as NodeJS.ErrnoException)?.code;
+  if (!code || !["EACCES", "EPERM", "EROFS", "ENOTDIR"].includes(code)) return err;
+  return new UsageError(`${flag} ${dir}: cannot write in this folder (${code}); pick a writable folder path`);
 }

@@ -3,7 +3,6 @@
  *  Each failure is that rollout's (env_error, reward 0, no update from it); a GRPO run goes on through
  *  partial failures and stops with one line, a checkpoint and a way to resume after
  *  --env_max_failed_steps steps in which every rollout failed. */
-import type { RolloutScorer } from "../../src/run/grpo-run.ts";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as http from "node:http";
@@ -22,6 +21,7 @@ import { countedGroupAdvantages, groupAdvantages } from "../../src/trainer/advan
 import { Rng } from "../../src/util/rng.ts";
 import { qwenTokenizer } from "../rollout/helpers/qwen-tokenizer.ts";
 import { ScriptedModel } from "../rollout/helpers/scripted-model.ts";
+import { registerReward } from "../run/helpers/reward.ts";
 import { tinyEnvRunConfig } from "./helpers/tiny-env-run.ts";
 
 type Fault = "ok" | "http500" | "garbage" | "hang";
@@ -279,11 +279,11 @@ describe("GRPO against a failing environment server", () => {
       max_steps: 4,
       max_new_tokens: 64,
       env_max_failed_steps: 2,
+      // Sample 1 of a group beats sample 0, so every group of two good rollouts carries a signal.
+      reward_weights: registerReward("sample", (t) => t.sampleIndex),
     });
-    // Sample 1 of a group beats sample 0, so every group of two good rollouts carries a signal.
-    const bySample: RolloutScorer = (t) => ({ reward: t.sampleIndex, components: { sample: t.sampleIndex } });
     const out = cfg.output_dir;
-    await expect(runGrpo(cfg, bySample)).rejects.toThrow(
+    await expect(runGrpo(cfg)).rejects.toThrow(
       /^environment http:\/\/127\.0\.0\.1:\d+: every rollout failed in 2 steps in a row \(last: environment .*\/create: HTTP 500 .*\); stopped after step 3 and saved checkpoint-3 and report\.html in .*; continue with --resume once the server answers$/,
     );
     const metrics = await readMetrics(path.join(out, "metrics.jsonl"));
@@ -310,7 +310,7 @@ describe("GRPO against a failing environment server", () => {
     expect(await fs.readdir(out)).toContain("checkpoint-3");
     // The server is back: the run resumes after the failed steps and finishes.
     healthy = true;
-    const done = await runGrpo({ ...cfg, resume: true }, bySample);
+    const done = await runGrpo({ ...cfg, resume: true });
     expect(done.steps).toBe(4);
     const after = await readMetrics(path.join(out, "metrics.jsonl"));
     expect(after.map((m) => m.step)).toEqual([1, 2, 3, 4]);

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { writeRunConfig } from "../../src/run/cli.ts";
+import { writeRunConfig } from "../../src/run/output-dir.ts";
 import type { TurnRecord } from "../../src/rollout/types.ts";
 import { MetricsLogger } from "../../src/trainer/metrics.ts";
 import { renderEvalReport, renderTrainReport, writeReport } from "../../src/report/report.ts";

@@ -13,6 +13,7 @@ import { runGrpo } from "../../src/run/grpo-run.ts";
 import { autoMicroBatchFields, autoMicroBatchNote } from "../../src/run/grpo-step.ts";
 import { noUpdateStats, type GrpoStats } from "../../src/trainer/grpo.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
+import { registerReward } from "./helpers/reward.ts";
 import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 const device = vi.hoisted(() => ({ outOfMemoryNext: false }));
@@ -66,33 +67,31 @@ describe("a GRPO run with --micro_batch_size auto", () => {
     const write = vi.spyOn(process.stderr, "write").mockImplementation((chunk) => (lines.push(...String(chunk).split("\n")), true));
     let scored = 0;
     try {
-      await runGrpo(
-        {
-          ...defaultsOf(GRPO_FLAGS),
-          model_path: base,
-          dataset: data,
-          eval_samples: 0,
-          max_steps: 3,
-          prompts_per_step: 2,
-          samples_per_prompt: 4,
-          max_new_tokens: 12,
-          max_turns: 1,
-          temperature: 1,
-          beta: 0,
-          lora_r: 4,
-          lora_alpha: 8,
-          micro_batch_size: "auto",
-          tools_in_prompt: false,
-          seed: 5,
-          output_dir: out,
-          backend: "wasm",
-        },
+      await runGrpo({
+        ...defaultsOf(GRPO_FLAGS),
+        model_path: base,
+        dataset: data,
+        eval_samples: 0,
+        max_steps: 3,
+        prompts_per_step: 2,
+        samples_per_prompt: 4,
+        max_new_tokens: 12,
+        max_turns: 1,
+        temperature: 1,
+        beta: 0,
+        lora_r: 4,
+        lora_alpha: 8,
+        micro_batch_size: "auto",
+        tools_in_prompt: false,
+        seed: 5,
+        output_dir: out,
+        backend: "wasm",
         // Every rollout a distinct reward, so every one trains; the second step's scoring arms the error.
-        (t) => {
+        reward_weights: registerReward("distinct", (t) => {
           if (++scored === 9) device.outOfMemoryNext = true;
-          return { reward: t.completionIds.reduce((a, id) => a + id, 0) + scored / 100, components: {} };
-        },
-      );
+          return t.completionIds.reduce((a, id) => a + id, 0) + scored / 100;
+        }),
+      });
     } finally {
       write.mockRestore();
     }

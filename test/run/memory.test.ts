@@ -13,6 +13,7 @@ import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { runGrpo } from "../../src/run/grpo-run.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
 import { collectGarbage } from "../../src/util/gc.ts";
+import { registerReward } from "./helpers/reward.ts";
 import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let root: string;
@@ -41,34 +42,35 @@ describe("GRPO run memory", () => {
     await fs.writeFile(data, Array.from({ length: 4 }, () => row).join("\n") + "\n");
     const steps = 8;
     const out = path.join(root, "grpo");
-    await runGrpo(
-      {
-        ...defaultsOf(GRPO_FLAGS),
-        model_path: base,
-        dataset: data,
-        eval_samples: 0,
-        max_steps: steps,
-        prompts_per_step: 2,
-        samples_per_prompt: 4,
-        max_new_tokens: 24,
-        max_turns: 2,
-        temperature: 1,
-        beta: 0,
-        lora_r: 4,
-        lora_alpha: 8,
-        quantize: "nf4",
-        micro_batch_size: 4,
-        save_steps: 1,
-        save_total_limit: 2,
-        tools_in_prompt: false,
-        seed: 5,
-        output_dir: out,
-        backend: "wasm",
-        quiet: true,
-      },
+    await runGrpo({
+      ...defaultsOf(GRPO_FLAGS),
+      model_path: base,
+      dataset: data,
+      eval_samples: 0,
+      max_steps: steps,
+      prompts_per_step: 2,
+      samples_per_prompt: 4,
+      max_new_tokens: 24,
+      max_turns: 2,
+      temperature: 1,
+      beta: 0,
+      lora_r: 4,
+      lora_alpha: 8,
+      quantize: "nf4",
+      micro_batch_size: 4,
+      save_steps: 1,
+      save_total_limit: 2,
+      tools_in_prompt: false,
+      seed: 5,
+      output_dir: out,
+      backend: "wasm",
+      quiet: true,
       // Random weights never answer right: reward even token ids, so every group carries a signal and trains.
-      (t) => ({ reward: t.completionIds.filter((id) => id % 2 === 0).length / Math.max(1, t.completionIds.length), components: {} }),
-    );
+      reward_weights: registerReward(
+        "even",
+        (t) => t.completionIds.filter((id) => id % 2 === 0).length / Math.max(1, t.completionIds.length),
+      ),
+    });
     const m = await readMetrics(path.join(out, "metrics.jsonl"));
     const col = (k: string) => m.filter((r) => typeof r[k] === "number").map((r) => r[k] as number);
     expect(col("tensors")).toHaveLength(steps);

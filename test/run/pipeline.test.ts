@@ -9,11 +9,12 @@ import { initBackend } from "../../src/kernels/backend.ts";
 import { shutdownCalculator } from "../../src/agents/calculator.ts";
 import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
-import { runGrpo, type GrpoRunConfig, type RolloutScorer } from "../../src/run/grpo-run.ts";
+import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
 import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
 import { defaultsOf } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { SFT_FLAGS } from "../../src/run/sft-flags.ts";
+import { evenShare, registerReward } from "./helpers/reward.ts";
 import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let base: string;
@@ -56,11 +57,7 @@ const sftCfg = (output_dir: string): SftRunConfig => ({
 
 // Random weights never answer right, so every group would carry no signal: reward the share of
 // even token ids instead, which varies between samples.
-const evenIds: RolloutScorer = (t) => {
-  const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
-  const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
-  return { reward: even, components: { even } };
-};
+const EVEN = registerReward("even", evenShare);
 
 const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
   ...defaultsOf(GRPO_FLAGS),
@@ -76,7 +73,7 @@ const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunCo
   beta: 0.04,
   epsilon: 0.2,
   epsilon_high: 0.2,
-  reward_weights: "correctness=1,format=0.1,tool_use=0",
+  reward_weights: EVEN,
   learning_rate: 1e-2,
   micro_batch_size: 4,
   lora_r: 4,
@@ -113,7 +110,7 @@ describe("tiny pipeline", () => {
 
     const before = tf.memory().numTensors;
     const grpoDir = path.join(root, "grpo");
-    const r = await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir), evenIds);
+    const r = await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir));
     expect(r.steps).toBe(2);
     expect(tf.memory().numTensors).toBe(before);
     for (const f of [
@@ -184,9 +181,9 @@ describe("tiny pipeline", () => {
   it("GRPO resumed halfway makes the same adapter as an uninterrupted run", async () => {
     const whole = path.join(root, "whole");
     const halves = path.join(root, "halves");
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), whole, { max_steps: 2 }), evenIds);
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 1 }), evenIds);
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 2, resume: true }), evenIds);
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), whole, { max_steps: 2 }));
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 1 }));
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 2, resume: true }));
     const a = await fs.readFile(path.join(whole, "final/adapter_model.safetensors"));
     const b = await fs.readFile(path.join(halves, "final/adapter_model.safetensors"));
     const init = await fs.readFile(path.join(halves, "checkpoint-1/adapter_model.safetensors"));
@@ -203,11 +200,11 @@ describe("tiny pipeline", () => {
     expect(await history(halves)).toEqual([1, 2]); // the resumed run keeps the first run's history
     expect(await history(halves)).toEqual(await history(whole));
     // Resuming with other settings names them; --overwrite with --resume is refused.
-    await expect(
-      runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, learning_rate: 5e-3 }), evenIds),
-    ).rejects.toThrow(/other settings \(learning_rate\)/);
-    await expect(
-      runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, overwrite: true }), evenIds),
-    ).rejects.toThrow(/--overwrite and --resume together/);
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, learning_rate: 5e-3 }))).rejects.toThrow(
+      /other settings \(learning_rate\)/,
+    );
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), halves, { max_steps: 3, resume: true, overwrite: true }))).rejects.toThrow(
+      /--overwrite and --resume together/,
+    );
   });
 });

@@ -20,13 +20,14 @@ import { turnRollouts } from "../../src/rollout/turns.ts";
 import { serverTurns } from "../../src/rollout/engines/openai.ts";
 import { defaultsOf } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
-import { runGrpo, type GrpoRunConfig, type RolloutScorer } from "../../src/run/grpo-run.ts";
+import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
 import { prepareEngine } from "../../src/rollout/engines/index.ts";
 import { openPolicy } from "../../src/run/policy.ts";
 import { loadTokenizerFromDir } from "../../src/model/tokenizer.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { readMetrics } from "../../src/trainer/metrics.ts";
 import { SERVE_OPENAI_FLAGS, serveOpenAi, type ServingOpenAi } from "../../src/serve/openai/run.ts";
+import { evenShare, registerReward } from "./helpers/reward.ts";
 import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let base: string;
@@ -50,11 +51,8 @@ afterAll(async () => {
 });
 
 // Random weights never answer right: reward the share of even token ids, which varies between samples.
-const evenIds: RolloutScorer = (t) => {
-  const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
-  const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
-  return { reward: even, components: { even } };
-};
+let onScore = () => {}; // called as each rollout is scored
+const EVEN = registerReward("even", (t) => (onScore(), evenShare(t)));
 
 const grpoCfg = (output_dir: string, url: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
   ...defaultsOf(GRPO_FLAGS),
@@ -68,7 +66,7 @@ const grpoCfg = (output_dir: string, url: string, over: Partial<GrpoRunConfig> =
   max_turns: 3,
   temperature: 1,
   beta: 0,
-  reward_weights: "correctness=1",
+  reward_weights: EVEN,
   learning_rate: 1e-2,
   micro_batch_size: 8,
   lora_r: 4,
@@ -172,7 +170,7 @@ describe("rollouts on an OpenAI-compatible engine", () => {
   });
 
   it("trains with the engine, synchronously and one step ahead, logging version, staleness and waits", async () => {
-    const sync = await runGrpo(grpoCfg(path.join(root, "sync"), server.url), evenIds);
+    const sync = await runGrpo(grpoCfg(path.join(root, "sync"), server.url));
     expect(sync.steps).toBe(2);
     const m = await readMetrics(path.join(root, "sync", "metrics.jsonl"));
     expect(m.map((x) => [x.policy_version, x.staleness])).toEqual([
@@ -185,7 +183,7 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     }
     expect(m[1].kl).toBe(0); // β = 0
 
-    const ahead = await runGrpo(grpoCfg(path.join(root, "async"), server.url, { max_steps: 3, async_rollouts: 1 }), evenIds);
+    const ahead = await runGrpo(grpoCfg(path.join(root, "async"), server.url, { max_steps: 3, async_rollouts: 1 }));
     expect(ahead.steps).toBe(3);
     const a = await readMetrics(path.join(root, "async", "metrics.jsonl"));
     // Steps 1 and 2 were requested at the start (version 0); step 3 once version 1 was published.
@@ -233,13 +231,11 @@ describe("rollouts on an OpenAI-compatible engine", () => {
     let scored = 0;
     const cfg = grpoCfg(dir, second.url, { max_steps: 3 });
     // The engine dies while step 1 is scored: step 2's publish finds nobody.
-    const dying: RolloutScorer = (t, gold) => {
-      if (++scored === 6) void second.close();
-      return evenIds(t, gold);
-    };
-    await expect(runGrpo(cfg, dying)).rejects.toThrow(/cannot be reached.*stopped before step 2 and saved checkpoint-1 .*--resume/);
+    onScore = () => void (++scored === 6 && second.close());
+    await expect(runGrpo(cfg)).rejects.toThrow(/cannot be reached.*stopped before step 2 and saved checkpoint-1 .*--resume/);
+    onScore = () => {};
     expect(await fs.readFile(path.join(dir, "latest"), "utf8")).toContain("checkpoint-1");
-    const resumed = await runGrpo({ ...grpoCfg(dir, server.url, { max_steps: 3 }), resume: true }, evenIds);
+    const resumed = await runGrpo({ ...grpoCfg(dir, server.url, { max_steps: 3 }), resume: true });
     expect(resumed.steps).toBe(3);
     expect((await readMetrics(path.join(dir, "metrics.jsonl"))).map((x) => x.step)).toEqual([1, 2, 3]);
   });

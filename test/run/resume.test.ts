@@ -11,11 +11,12 @@ import { TINY_PROBLEMS } from "../../src/presets/tiny.ts";
 import { defaultsOf } from "../../src/run/flags.ts";
 import { GRPO_FLAGS } from "../../src/run/grpo-flags.ts";
 import { SFT_FLAGS } from "../../src/run/sft-flags.ts";
-import { runGrpo, type GrpoRunConfig, type RolloutScorer } from "../../src/run/grpo-run.ts";
+import { runGrpo, type GrpoRunConfig } from "../../src/run/grpo-run.ts";
 import { runSft, type SftRunConfig } from "../../src/run/sft-run.ts";
 import { Interrupted } from "../../src/run/shutdown.ts";
 import { generateSynthetic } from "../../src/datasets/synthetic.ts";
-import { readRunConfig } from "../../src/run/cli.ts";
+import { readRunConfig } from "../../src/run/output-dir.ts";
+import { registerReward } from "./helpers/reward.ts";
 import { makeTinyModelDir } from "./helpers/tiny-fixture.ts";
 
 let base: string;
@@ -52,7 +53,7 @@ const sftCfg = (output_dir: string, over: Partial<SftRunConfig> = {}): SftRunCon
   ...over,
 });
 
-const evenCount: RolloutScorer = (t) => ({ reward: t.completionIds.filter((id) => id % 2 === 0).length, components: {} });
+const EVEN_COUNT = registerReward("even_count", (t) => t.completionIds.filter((id) => id % 2 === 0).length);
 
 const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunConfig> = {}): GrpoRunConfig => ({
   ...defaultsOf(GRPO_FLAGS),
@@ -66,7 +67,7 @@ const grpoCfg = (model_path: string, output_dir: string, over: Partial<GrpoRunCo
   max_turns: 1,
   beta: 0,
   epsilon_high: 0.2,
-  reward_weights: "correctness=1",
+  reward_weights: EVEN_COUNT,
   learning_rate: 1e-2,
   micro_batch_size: 4,
   lora_r: 4,
@@ -138,7 +139,7 @@ describe("a run killed after its last step", () => {
     const sftDir = path.join(root, "sft-end");
     await runSft(sftCfg(sftDir, { num_epochs: 1 }));
     const grpoDir = path.join(root, "grpo-end");
-    await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir), evenCount);
+    await runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir));
     const finals = {
       sft: await read(sftDir, "final/adapter_model.safetensors"),
       grpo: await read(grpoDir, "final/adapter_model.safetensors"),
@@ -154,14 +155,14 @@ describe("a run killed after its last step", () => {
       await fs.cp(dir, copy, { recursive: true });
       for (const d of [dir, copy]) {
         if (kind === "sft") await runSft(sftCfg(d, { num_epochs: 1, resume: true }));
-        else await runGrpo(grpoCfg(path.join(sftDir, "final"), d, { resume: true }), evenCount);
+        else await runGrpo(grpoCfg(path.join(sftDir, "final"), d, { resume: true }));
         expect(Buffer.compare(await read(d, "final/adapter_model.safetensors"), finals[kind]), `${kind} ${d}`).toBe(0);
         expect(await exists(path.join(d, "report.html"))).toBe(true);
       }
     }
     // A checkpoint without optimizer state is refused instead of silently restarting AdamW.
     await fs.rm(path.join(grpoDir, "checkpoint-2", "optimizer.safetensors"));
-    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir, { max_steps: 3, resume: true }), evenCount)).rejects.toThrow(
+    await expect(runGrpo(grpoCfg(path.join(sftDir, "final"), grpoDir, { max_steps: 3, resume: true }))).rejects.toThrow(
       /has no optimizer.safetensors/,
     );
   }, 120_000);
@@ -172,7 +173,7 @@ describe("a run killed before its first checkpoint", () => {
     const sftWhole = path.join(root, "sft-first-whole");
     await runSft(sftCfg(sftWhole, { num_epochs: 1 }));
     const grpoWhole = path.join(root, "grpo-first-whole");
-    await runGrpo(grpoCfg(path.join(sftWhole, "final"), grpoWhole), evenCount);
+    await runGrpo(grpoCfg(path.join(sftWhole, "final"), grpoWhole));
     for (const [kind, whole] of [
       ["sft", sftWhole],
       ["grpo", grpoWhole],
@@ -187,7 +188,7 @@ describe("a run killed before its first checkpoint", () => {
       );
       await fs.writeFile(path.join(cut, ".lock"), "999999999\n");
       if (kind === "sft") await runSft(sftCfg(cut, { num_epochs: 1, resume: true }));
-      else await runGrpo(grpoCfg(path.join(sftWhole, "final"), cut, { resume: true }), evenCount);
+      else await runGrpo(grpoCfg(path.join(sftWhole, "final"), cut, { resume: true }));
       const final = "final/adapter_model.safetensors";
       expect(Buffer.compare(await read(cut, final), await read(whole, final)), kind).toBe(0);
       const steps = (await fs.readFile(path.join(cut, "metrics.jsonl"), "utf8")).trim().split("\n");

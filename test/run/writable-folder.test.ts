@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { promises as fs } from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { checkWritableFolder, folderWriteError } from "../../src/run/cli.ts";
+import { checkWritableFolder, folderWriteError } from "../../src/util/fs.ts";
 import { TINY_BASE_DIR } from "../../src/presets/tiny.ts";
 import { UsageError } from "../../src/util/errors.ts";
 import { runScript } from "./helpers/run-script.ts";

@@ -8,36 +8,33 @@ import { TINY_BASE_DIR, TINY_PROBLEMS } from "../../../src/presets/tiny.ts";
 import { defaultsOf } from "../../../src/run/flags.ts";
 import { GRPO_FLAGS, type GrpoFlags } from "../../../src/run/grpo-flags.ts";
 import { runGrpo } from "../../../src/run/grpo-run.ts";
+import { evenShare, registerReward } from "../../run/helpers/reward.ts";
+
+const EVEN = registerReward("even", evenShare);
 
 export async function engineGrpoRun(out: string, flags: Partial<GrpoFlags>): Promise<{ steps: number; metrics: Record<string, number>[] }> {
-  const r = await runGrpo(
-    {
-      ...defaultsOf(GRPO_FLAGS),
-      model_path: TINY_BASE_DIR,
-      dataset: "synthetic",
-      synthetic: TINY_PROBLEMS,
-      max_steps: 2,
-      prompts_per_step: 2,
-      samples_per_prompt: 4,
-      max_new_tokens: 64,
-      max_turns: 3,
-      temperature: 1,
-      learning_rate: 5e-3,
-      lora_r: 4,
-      lora_alpha: 8,
-      quantize: "nf4",
-      tools_in_prompt: false,
-      eval_samples: 0,
-      output_dir: out,
-      quiet: true,
-      ...flags,
-    },
-    (t) => {
-      const sampled = t.completionIds.filter((_, i) => t.lossMask[i] === 1);
-      const even = sampled.filter((id) => id % 2 === 0).length / Math.max(1, sampled.length);
-      return { reward: even, components: { even } };
-    },
-  );
+  const r = await runGrpo({
+    ...defaultsOf(GRPO_FLAGS),
+    model_path: TINY_BASE_DIR,
+    dataset: "synthetic",
+    synthetic: TINY_PROBLEMS,
+    max_steps: 2,
+    prompts_per_step: 2,
+    samples_per_prompt: 4,
+    max_new_tokens: 64,
+    max_turns: 3,
+    temperature: 1,
+    learning_rate: 5e-3,
+    lora_r: 4,
+    lora_alpha: 8,
+    quantize: "nf4",
+    tools_in_prompt: false,
+    eval_samples: 0,
+    reward_weights: EVEN,
+    output_dir: out,
+    quiet: true,
+    ...flags,
+  });
   const metrics = (await fs.readFile(path.join(out, "metrics.jsonl"), "utf8"))
     .trim()
     .split("\n")
