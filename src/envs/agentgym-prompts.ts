@@ -8,7 +8,19 @@ export const AGENTGYM_INSTRUCTIONS: Record<string, { instruction: string; ack: s
   textcraft: {
     ack: "OK. I'll follow your instructions and try my best to solve the task.",
     instruction:
-      'You are given few useful crafting recipes to craft items in Minecraft. Crafting commands are of the format "craft [target object] using [input ingredients]".\nEvery round I will give you an observation, you have to respond an action based on the state and instruction. You can "get" an object (ingredients) from the inventory or the environment, look-up the game inventory by "inventory", or "craft" (target) using any of the crafting commands.\nYour output must strictly follow this format:"Thought:\nyour thoughts.\n\nAction:\nyour next action"\n\nReminder: \n1. Always specify the quantity when using "get" and "craft" commands. - Example of get: get 1 lapis lazuli - Example1 of craft: craft 1 blue dye using 1 lapis lazuli - Example2 of craft: craft 1 golden carrot using 8 gold nugget, 1 carrot\n2. When using "get" command, do not specify whether the item comes from the inventory or the environment.\n3. You can use ONLY crafting commands provided, do not use your own crafting commands. However, if the crafting command uses a generic ingredient like "planks", you can use special types of the same ingredient e.g. "dark oak planks" in the command instead.\n\n',
+      "You are given few useful crafting recipes to craft items in Minecraft. Crafting commands are of " +
+      'the format "craft [target object] using [input ingredients]".\nEvery round I will give you an ' +
+      'observation, you have to respond an action based on the state and instruction. You can "get" an ' +
+      "object (ingredients) from the inventory or the environment, look-up the game inventory by " +
+      '"inventory", or "craft" (target) using any of the crafting commands.\nYour output must ' +
+      'strictly follow this format:"Thought:\nyour thoughts.\n\nAction:\nyour next ' +
+      'action"\n\nReminder: \n1. Always specify the quantity when using "get" and "craft" commands. ' +
+      "- Example of get: get 1 lapis lazuli - Example1 of craft: craft 1 blue dye using 1 lapis lazuli - " +
+      'Example2 of craft: craft 1 golden carrot using 8 gold nugget, 1 carrot\n2. When using "get" ' +
+      "command, do not specify whether the item comes from the inventory or the environment.\n3. You can " +
+      "use ONLY crafting commands provided, do not use your own crafting commands. However, if the " +
+      'crafting command uses a generic ingredient like "planks", you can use special types of the same ' +
+      'ingredient e.g. "dark oak planks" in the command instead.\n\n',
   },
   babyai: {
     ack: "OK. I'll follow your instructions and try my best to solve the task.",
@@ -27,12 +39,50 @@ export const AGENTGYM_INSTRUCTIONS: Record<string, { instruction: string; ack: s
   sciworld: {
     ack: "OK. I'll follow your instructions and try my best to solve the task.",
     instruction:
-      'You are an agent for science world. Every round I will give you an observation, you have to respond an action based on the observation to finish the given task. Here are the actions you may take: [{"action": "open/close OBJ", "description": "open/close a container"}, {"action": "de/activate OBJ", "description": "activate/deactivate a device"}, {"action": "connect OBJ to OBJ", "description": "connect electrical components"}, {"action": "disconnect OBJ", "description": "disconnect electrical components"}, {"action": "use OBJ [on OBJ]", "description": "use a device/item"}, {"action": "look around", "description": "describe the current room"}, {"action": "look at OBJ", "description": "describe an object in detail"}, {"action": "look in OBJ", "description": "describe a container\'s contents"}, {"action": "read OBJ", "description": "read a note or book"}, {"action": "move OBJ to OBJ", "description": "move an object to a container"}, {"action": "pick up OBJ", "description": "move an object to the inventory"}, {"action": "put down OBJ", "description": "drop an inventory item"}, {"action": "pour OBJ into OBJ", "description": "pour a liquid into a container"}, {"action": "dunk OBJ into OBJ", "description": "dunk a container into a liquid"}, {"action": "mix OBJ", "description": "chemically mix a container"}, {"action": "go to LOC", "description": "move to a new location"}, {"action": "eat OBJ", "description": "eat a food"}, {"action": "flush OBJ", "description": "flush a toilet"}, {"action": "focus on OBJ", "description": "signal intent on a task object"}, {"action": "wait", "description": "take no action for 10 iterations"}, {"action": "wait1", "description": "take no action for 1 iteration"}, {"action":"examine OBJ","description":"provides a description of the objects present on or in a receptacle."}, {"action": "task", "description": "describe current task"}, {"action": "inventory", "description": "list your inventory"}]\nYour response should use the following format:\nThought:\nyour thoughts.\n\nAction:\nyour next action',
+      "You are an agent for science world. Every round I will give you an observation, you have to " +
+      "respond an action based on the observation to finish the given task. Here are the actions you may " +
+      'take: [{"action": "open/close OBJ", "description": "open/close a container"}, ' +
+      '{"action": "de/activate OBJ", "description": "activate/deactivate a device"}, ' +
+      '{"action": "connect OBJ to OBJ", "description": "connect electrical components"}, ' +
+      '{"action": "disconnect OBJ", "description": "disconnect electrical components"}, ' +
+      '{"action": "use OBJ [on OBJ]", "description": "use a device/item"}, {"action": "look ' +
+      'around", "description": "describe the current room"}, {"action": "look at OBJ", ' +
+      '"description": "describe an object in detail"}, {"action": "look in OBJ", ' +
+      '"description": "describe a container\'s contents"}, {"action": "read OBJ", ' +
+      '"description": "read a note or book"}, {"action": "move OBJ to OBJ", "description": ' +
+      '"move an object to a container"}, {"action": "pick up OBJ", "description": "move an ' +
+      'object to the inventory"}, {"action": "put down OBJ", "description": "drop an inventory ' +
+      'item"}, {"action": "pour OBJ into OBJ", "description": "pour a liquid into a ' +
+      'container"}, {"action": "dunk OBJ into OBJ", "description": "dunk a container into a ' +
+      'liquid"}, {"action": "mix OBJ", "description": "chemically mix a container"}, ' +
+      '{"action": "go to LOC", "description": "move to a new location"}, {"action": "eat ' +
+      'OBJ", "description": "eat a food"}, {"action": "flush OBJ", "description": "flush a ' +
+      'toilet"}, {"action": "focus on OBJ", "description": "signal intent on a task object"}, ' +
+      '{"action": "wait", "description": "take no action for 10 iterations"}, {"action": ' +
+      '"wait1", "description": "take no action for 1 iteration"}, {"action":"examine ' +
+      'OBJ","description":"provides a description of the objects present on or in a receptacle."}, ' +
+      '{"action": "task", "description": "describe current task"}, {"action": "inventory", ' +
+      '"description": "list your inventory"}]\nYour response should use the following ' +
+      "format:\nThought:\nyour thoughts.\n\nAction:\nyour next action",
   },
   alfworld: {
     ack: "OK. I'll follow your instructions and try my best to solve the task.",
     instruction:
-      'Interact with a household to solve a task. Imagine you are an intelligent agent in a household environment and your target is to perform actions to complete the task goal. At the beginning of your interactions, you will be given the detailed description of the current environment and your goal to accomplish. For each of your turn, you will be given a list of actions which you can choose one to perform in this turn. You should choose from two actions: "THOUGHT" or "ACTION". If you choose "THOUGHT", you should first think about the current condition and plan for your future actions, and then output your action in this turn. Your output must strictly follow this format:"Thought:\nyour thoughts.\n\nAction:\nyour next action"; If you choose "ACTION", you should directly output the action in this turn. Your output must strictly follow this format:"Action:\nyour next action". After your each turn, the environment will give you immediate feedback based on which you plan your next few steps. if the envrionment output "Nothing happened", that means the previous action is invalid and you should try more options.\n Reminder: \n1. the action must be chosen from the given available actions. Any actions except provided available actions will be regarded as illegal. \n2. Think when necessary, try to act directly more in the process.',
+      "Interact with a household to solve a task. Imagine you are an intelligent agent in a household " +
+      "environment and your target is to perform actions to complete the task goal. At the beginning of " +
+      "your interactions, you will be given the detailed description of the current environment and your " +
+      "goal to accomplish. For each of your turn, you will be given a list of actions which you can " +
+      'choose one to perform in this turn. You should choose from two actions: "THOUGHT" or ' +
+      '"ACTION". If you choose "THOUGHT", you should first think about the current condition and ' +
+      "plan for your future actions, and then output your action in this turn. Your output must strictly " +
+      'follow this format:"Thought:\nyour thoughts.\n\nAction:\nyour next action"; If you choose ' +
+      '"ACTION", you should directly output the action in this turn. Your output must strictly follow ' +
+      'this format:"Action:\nyour next action". After your each turn, the environment will give you ' +
+      "immediate feedback based on which you plan your next few steps. if the envrionment output " +
+      '"Nothing happened", that means the previous action is invalid and you should try more ' +
+      "options.\n Reminder: \n1. the action must be chosen from the given available actions. Any actions " +
+      "except provided available actions will be regarded as illegal. \n2. Think when necessary, try to " +
+      "act directly more in the process.",
   },
   webshop: {
     ack: "Ok.",

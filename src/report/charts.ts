@@ -225,7 +225,8 @@ export function chartsSection(records: MetricsRecord[]): string {
   const flat = [...main.flat, ...sys.flat];
   let html = `<div class="charts">${main.charts.join("\n")}</div>\n`;
   if (flat.length) html += `<ul class="flat" aria-label="constant metrics">${flat.join("")}</ul>\n`;
-  if (sys.charts.length)
-    html += `<details><summary>Speed and memory (${sys.charts.length} chart${sys.charts.length === 1 ? "" : "s"})</summary><div class="charts">${sys.charts.join("\n")}</div></details>\n`;
+  const n = sys.charts.length;
+  if (n) html += `<details><summary>Speed and memory (${n} chart${n === 1 ? "" : "s"})</summary><div class="charts">`;
+  if (n) html += `${sys.charts.join("\n")}</div></details>\n`;
   return html;
 }

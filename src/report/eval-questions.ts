@@ -81,7 +81,9 @@ function sampleHtml(model: string, samples: QuestionSample[], maxChars: number):
   const body = Array.isArray(s.turns)
     ? renderTurns(s.turns, { maxChars, source })
     : renderPlain(String(s.text ?? ""), { maxChars, source });
-  return `<div class="ro${s.strict ? "" : " miss"}"><div class="meta"><b>${escapeHtml(model)}</b> ${tags.join("")} · ${s.toolCalls} tool call${s.toolCalls === 1 ? "" : "s"}${k}</div>${body}</div>`;
+  const calls = `${s.toolCalls} tool call${s.toolCalls === 1 ? "" : "s"}`;
+  const meta = `<b>${escapeHtml(model)}</b> ${tags.join("")} · ${calls}${k}`;
+  return `<div class="ro${s.strict ? "" : " miss"}"><div class="meta">${meta}</div>${body}</div>`;
 }
 
 /** The per-question section. Questions are matched by position (all models ran the same list). */
@@ -121,16 +123,19 @@ export function renderQuestionBrowser(
   for (let qi = 0; qi < n; qi++) {
     if (!shown.has(qi)) continue;
     const ref = models.find((m) => m.questions[qi])!.questions[qi];
-    const verdicts = models.map((m) => `${escapeHtml(m.name)} ${score(m.questions[qi]?.samples ?? []) >= 0.5 ? "✓" : "✗"}`).join(" · ");
+    const verdict = (m: (typeof models)[number]) => (score(m.questions[qi]?.samples ?? []) >= 0.5 ? "✓" : "✗");
+    const verdicts = models.map((m) => `${escapeHtml(m.name)} ${verdict(m)}`).join(" · ");
     cards.push(
-      `<div class="group qq ${member[qi].join(" ")}"><div class="meta">question ${qi + 1} · <code>${escapeHtml(ref.id)}</code> · gold <b>${escapeHtml(ref.gold)}</b> · ${verdicts}</div>` +
+      `<div class="group qq ${member[qi].join(" ")}"><div class="meta">question ${qi + 1} · <code>${escapeHtml(ref.id)}</code>` +
+        ` · gold <b>${escapeHtml(ref.gold)}</b> · ${verdicts}</div>` +
         `<div class="q">${escapeHtml(ref.question)}</div>` +
         `<div class="cmp">${models.map((m) => sampleHtml(m.name, m.questions[qi]?.samples ?? [], lim.maxChars)).join("")}</div></div>`,
     );
   }
   const bound =
     shown.size < n
-      ? `${shown.size} of ${n} questions shown (those a filter selects first), at most ${lim.maxChars} characters per transcript; every sample is in samples-&lt;model&gt;.jsonl.`
+      ? `${shown.size} of ${n} questions shown (those a filter selects first), at most ${lim.maxChars} characters per transcript; ` +
+        "every sample is in samples-&lt;model&gt;.jsonl."
       : `All ${n} questions, at most ${lim.maxChars} characters per transcript; every sample is in samples-&lt;model&gt;.jsonl.`;
   const html =
     `<h2 id="questions">Per question</h2><p class="sub">${bound} Pick a filter:</p>${TRANSCRIPT_LEGEND}` +

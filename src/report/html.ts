@@ -38,7 +38,8 @@ details{margin:6px 0}summary{cursor:pointer;font-weight:600}
 .rollouts{display:grid;grid-template-columns:repeat(auto-fill,minmax(330px,1fr));gap:8px}
 .ro{border:1px solid #dde1e8;border-radius:5px;padding:6px 8px;background:#fff;min-width:0}
 .ro.best{border:2px solid #16a34a}.ro.worst{border:2px solid #dc2626}
-.meta{font-size:12px;color:#445;margin-bottom:4px}.tag{display:inline-block;font-size:11px;padding:0 5px;border-radius:3px;margin-right:4px;background:#eef0f4}
+.meta{font-size:12px;color:#445;margin-bottom:4px}
+.tag{display:inline-block;font-size:11px;padding:0 5px;border-radius:3px;margin-right:4px;background:#eef0f4}
 .tag.ok{background:#dcfce7;color:#14532d}.tag.bad{background:#fee2e2;color:#7f1d1d}.tag.warn{background:#fef3c7;color:#78350f}
 .tx{font:12px/1.4 ui-monospace,monospace;white-space:pre-wrap;word-break:break-word;margin:0}
 .tx .turn{display:block;border-left:3px solid #2563eb;padding-left:6px;margin:3px 0}
@@ -47,14 +48,16 @@ details{margin:6px 0}summary{cursor:pointer;font-weight:600}
 .tx .res.err,.tx .perr{background:#fee2e2;border-color:#dc2626}.tx .cut{color:#888;font-style:italic}
 .cmp{display:grid;gap:8px}.qs .q{margin:0}
 .filters{margin:8px 0 12px}.filters input{display:none}
-.filters label{display:inline-block;border:1px solid #cbd2dc;border-radius:14px;padding:2px 10px;margin:2px 4px 2px 0;cursor:pointer;font-size:13px;background:#fff}
+.filters label{display:inline-block;border:1px solid #cbd2dc;border-radius:14px;padding:2px 10px;margin:2px 4px 2px 0;cursor:pointer;
+font-size:13px;background:#fff}
 .legend{font-size:12px;color:#556}`;
 
 /** A whole page. `css` adds rules (for example a page's filters). */
 export function page(title: string, subtitle: string, body: string, css = ""): string {
   return (
     `<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">` +
-    `<title>${escapeHtml(title)}</title><style>${CSS}${css}</style></head>\n<body><h1>${escapeHtml(title)}</h1><p class="sub">${escapeHtml(subtitle)}</p>\n${body}\n</body></html>\n`
+    `<title>${escapeHtml(title)}</title><style>${CSS}${css}</style></head>\n` +
+    `<body><h1>${escapeHtml(title)}</h1><p class="sub">${escapeHtml(subtitle)}</p>\n${body}\n</body></html>\n`
   );
 }
 

@@ -61,12 +61,16 @@ function heldOutSection(questions: HeldOutQuestion[], perKind = 3): string {
     const body = Array.isArray(s.turns)
       ? renderTurns(s.turns, { maxChars: 2000, source: "eval.json" })
       : renderPlain(String(s.text ?? ""), { maxChars: 2000, source: "eval.json" });
-    return `<div class="ro"><div class="meta">${tags}<code>${escapeHtml(q.id)}</code> · gold <b>${escapeHtml(q.gold)}</b></div><div class="q">${escapeHtml(q.question)}</div>${body}</div>`;
+    return (
+      `<div class="ro"><div class="meta">${tags}<code>${escapeHtml(q.id)}</code> · gold <b>${escapeHtml(q.gold)}</b></div>` +
+      `<div class="q">${escapeHtml(q.question)}</div>${body}</div>`
+    );
   };
   const shown = [...right, ...wrong];
   if (shown.length === 0) return "";
   return (
-    `<h2 id="held-out">Held-out transcripts</h2><p class="sub">From the closing greedy evaluation: the first ${right.length} right and the first ${wrong.length} wrong of the ${questions.length} questions in eval.json.</p>` +
+    `<h2 id="held-out">Held-out transcripts</h2><p class="sub">From the closing greedy evaluation: the first ${right.length} right ` +
+    `and the first ${wrong.length} wrong of the ${questions.length} questions in eval.json.</p>` +
     `${TRANSCRIPT_LEGEND}<div class="rollouts">${shown.map(card).join("")}</div>\n`
   );
 }
@@ -78,7 +82,8 @@ export function renderTrainReport(input: TrainReportInput): string {
     const vals = records.map((r) => num(r[k])).filter((v): v is number => v !== null);
     const lastRec = [...records].reverse().find((r) => num(r[k]) !== null)!;
     finals.push(
-      `<tr><th>${escapeHtml(k)}</th>${cell(vals[vals.length - 1])}<td class="n">${lastRec.step}</td>${cell(Math.min(...vals))}${cell(Math.max(...vals))}</tr>`,
+      `<tr><th>${escapeHtml(k)}</th>${cell(vals[vals.length - 1])}<td class="n">${lastRec.step}</td>` +
+        `${cell(Math.min(...vals))}${cell(Math.max(...vals))}</tr>`,
     );
   }
   const first = records[0],
@@ -89,7 +94,8 @@ export function renderTrainReport(input: TrainReportInput): string {
   if (input.extra && Object.keys(input.extra).length) body += `<h2>Summary</h2>${keyValueTable(input.extra)}\n`;
   if (input.rollouts) body += renderRolloutBrowser(input.rollouts);
   if (input.heldOut?.length) body += heldOutSection(input.heldOut);
-  body += `<h2>Final values</h2><table><tr><th>metric</th><th>last</th><th>at step</th><th>min</th><th>max</th></tr>${finals.join("")}</table>\n`;
+  body += `<h2>Final values</h2><table><tr><th>metric</th><th>last</th><th>at step</th><th>min</th><th>max</th></tr>`;
+  body += `${finals.join("")}</table>\n`;
   if (input.config !== undefined) {
     const cfg =
       typeof input.config === "object" && input.config !== null ? (input.config as Record<string, unknown>) : { config: input.config };
@@ -194,7 +200,8 @@ function accuracyBarsSvg(rows: EvalRow[]): string {
     for (const v of [ci.lo, ci.hi])
       out.push(`<line x1="${px(v).toFixed(1)}" x2="${px(v).toFixed(1)}" y1="${y + 8}" y2="${y + rowH - 8}" class="ci"/>`);
     out.push(
-      `<text x="${(px(ci.hi) + 6).toFixed(1)}" y="${y + 17}" class="yl" text-anchor="start" style="text-anchor:start">${(ci.value * 100).toFixed(1)}%</text>`,
+      `<text x="${(px(ci.hi) + 6).toFixed(1)}" y="${y + 17}" class="yl" text-anchor="start" style="text-anchor:start">` +
+        `${(ci.value * 100).toFixed(1)}%</text>`,
     );
   });
   out.push(`</svg>`);
@@ -219,7 +226,9 @@ export function renderEvalReport(summary: EvalSummary): string {
   });
   let body = summary.rows.length ? accuracyBarsSvg(summary.rows) : "<p>No evaluations.</p>";
   body += `\n<h2>Results</h2><table><tr>${head.map((h) => `<th>${escapeHtml(h)}</th>`).join("")}</tr>${rows.join("")}</table>\n`;
-  body += `<p class="sub">95% CI: Wilson score interval unless stated otherwise by the run. pass@k: unbiased estimator from n samples per question.</p>\n`;
+  body +=
+    `<p class="sub">95% CI: Wilson score interval unless stated otherwise by the run. ` +
+    `pass@k: unbiased estimator from n samples per question.</p>\n`;
   const qs = summary.questions ?? [];
   const compare = summary.compare ?? qs.slice(1).map((m, i): [string, string] => [m.name, qs[i].name]);
   const browser = renderQuestionBrowser(qs, compare, summary.questionLimits);

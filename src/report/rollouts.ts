@@ -200,8 +200,10 @@ function rolloutCard(r: RolloutView, mark: "best" | "worst" | "", maxChars: numb
   if (r.finishReason && r.finishReason !== "stop") tags.push(`<span class="tag warn">${escapeHtml(r.finishReason)}</span>`);
   const meta =
     `${tags.join("")}#${r.sampleIndex} · reward <b>${fmt(r.reward)}</b>${comps ? ` (${comps})` : ""} · advantage ${signed(r.advantage)}` +
-    ` · ${r.tokens} tokens (${r.sampled} sampled, ${r.tokens - r.sampled} forced) · ${r.toolCalls} tool call${r.toolCalls === 1 ? "" : "s"}`;
-  return `<div class="ro${mark ? " " + mark : ""}"><div class="meta">${meta}</div>${renderTurns(r.turns, { maxChars, source: "trajectories.jsonl" })}</div>`;
+    ` · ${r.tokens} tokens (${r.sampled} sampled, ${r.tokens - r.sampled} forced)` +
+    ` · ${r.toolCalls} tool call${r.toolCalls === 1 ? "" : "s"}`;
+  const turns = renderTurns(r.turns, { maxChars, source: "trajectories.jsonl" });
+  return `<div class="ro${mark ? " " + mark : ""}"><div class="meta">${meta}</div>${turns}</div>`;
 }
 
 function groupHtml(g: RolloutView[], limits: RolloutLimits): string {
@@ -213,7 +215,8 @@ function groupHtml(g: RolloutView[], limits: RolloutLimits): string {
   const more = shown.length < g.length ? ` · ${shown.length} of ${g.length} rollouts shown` : "";
   const cards = shown.map((i) => rolloutCard(g[i], ex?.best === i ? "best" : ex?.worst === i ? "worst" : "", limits.maxChars));
   return (
-    `<div class="group"><div class="meta">question ${g[0].promptIndex + 1} · ${g.length} rollouts · mean reward ${fmt(meanReward)}${note}${more}</div>` +
+    `<div class="group"><div class="meta">question ${g[0].promptIndex + 1} · ${g.length} rollouts` +
+    ` · mean reward ${fmt(meanReward)}${note}${more}</div>` +
     `<div class="q">${escapeHtml(g[0].question)}</div><div class="rollouts">${cards.join("")}</div></div>`
   );
 }
@@ -234,7 +237,9 @@ export function renderRolloutBrowser(sample: RolloutSample): string {
       .map((r) => r.reward)
       .filter((v): v is number => v !== null);
     const m = mean(rs, null);
-    return `<details${open.has(step) ? " open" : ""}><summary>step ${step} · mean reward of the questions shown ${m === null ? "–" : formatNumber(m, 3)}</summary>${groups.map((gr) => groupHtml(gr, limits)).join("")}</details>`;
+    const summary = `step ${step} · mean reward of the questions shown ${m === null ? "–" : formatNumber(m, 3)}`;
+    const body = groups.map((gr) => groupHtml(gr, limits)).join("");
+    return `<details${open.has(step) ? " open" : ""}><summary>${summary}</summary>${body}</details>`;
   });
   return `<h2 id="rollouts">Rollouts</h2><p class="sub">${escapeHtml(intro)}</p>${TRANSCRIPT_LEGEND}\n${sections.join("\n")}\n`;
 }
