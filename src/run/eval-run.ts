@@ -13,7 +13,7 @@ import { noTools, openRunTools } from "../agents/toolset.ts";
 import { checkToolsFit } from "../agents/prompts.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { checkTaskRange, defaultTaskRanges, environmentTasks, expandRanges, openEnvironmentServer } from "../envs/episodes.ts";
+import { checkTaskRange, defaultTaskRanges, environmentTasks, expandRanges } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { Quantize } from "../model/types.ts";
 import { TINY_BASE_DIR, TINY_OUTPUT_DIR, TINY_PROBLEMS } from "../presets/tiny.ts";
@@ -26,7 +26,7 @@ import { checkDataset, loadExamples, type Purpose } from "./data.ts";
 import { EVAL_FLAGS, evalCommand, TINY_EVAL_PRESET, type EvalFlags } from "./eval-flags.ts";
 import { evaluate, formatEvalLine, type EvalResult } from "./evaluate.ts";
 import { defaultsOf, parseFlags, turnSettings } from "./flags.ts";
-import { toolConfig } from "./options.ts";
+import { environmentServer, toolConfig } from "./options.ts";
 import { checkModelSource, openPolicy } from "./policy.ts";
 import { openGenerationEngine } from "./rollout-engine.ts";
 import type { RolloutEngine } from "../rollout/engines/index.ts";
@@ -249,14 +249,7 @@ export async function runEval(
   const log = (line: string) => process.stderr.write(line + "\n");
   // Environment and tool servers are checked before the output folder is touched: one that does not
   // answer, or refuses its family's requests (one real reset), is a usage error.
-  const envs = options.env
-    ? await openEnvironmentServer(options.env, {
-        dialect: options.env_dialect,
-        timeoutMs: options.tool_timeout * 1000,
-        maxChars: options.tool_max_chars,
-        probeIdx: options.env_tasks ? expandRanges(options.env_tasks)[0] : 0,
-      })
-    : undefined;
+  const envs = (await environmentServer(options)) ?? undefined;
   // With --env, the tasks as run.json records them: by default held out from GRPO's default training
   // tasks, inside the server's size where its family has one.
   const cfg: EvalRunConfig = envs

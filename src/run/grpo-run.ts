@@ -12,7 +12,6 @@ import * as path from "node:path";
 import { checkToolsFit, systemPromptFor, toPrompt } from "../agents/prompts.ts";
 import { noTools, openRunTools, type ToolSet } from "../agents/toolset.ts";
 import type { Task } from "../datasets/tasks.ts";
-import { expandRanges, openEnvironmentServer } from "../envs/episodes.ts";
 import type { EnvironmentFactory } from "../envs/types.ts";
 import type { LoraConfig } from "../model/types.ts";
 import { EngineError, prepareEngine, type RolloutEngine, type EngineContext } from "../rollout/engines/index.ts";
@@ -30,7 +29,7 @@ import { turnSettings } from "./flags.ts";
 import { GRPO_FLAGS, settleGrpoConfig, TINY_GRPO, type GrpoRunConfig } from "./grpo-flags.ts";
 import { describeLoss, engineMetrics, engineSampling, ENV_LINE, EnvFailures, grpoConfig, grpoRollouts, lossFields } from "./grpo-step.ts";
 import { autoMicroBatchFields, autoMicroBatchNote, rolloutsOf, scoreStep, stepMetrics } from "./grpo-step.ts";
-import { toolConfig } from "./options.ts";
+import { environmentServer, toolConfig } from "./options.ts";
 import { TrainingRun, type TrainingRunResult } from "./training-run.ts";
 
 export { describeLoss, lossFields, stepMetrics };
@@ -44,14 +43,7 @@ export async function runGrpo(options: GrpoRunConfig): Promise<GrpoRunResult> {
   // The environment server is checked first, by one real reset (its family also fixes the default
   // task ranges): one that does not answer or refuses its family's requests is a usage error before
   // anything is written.
-  const envs = options.env
-    ? await openEnvironmentServer(options.env, {
-        dialect: options.env_dialect,
-        timeoutMs: options.tool_timeout * 1000,
-        maxChars: options.tool_max_chars,
-        probeIdx: options.env_tasks ? expandRanges(options.env_tasks)[0] : 0,
-      })
-    : null;
+  const envs = await environmentServer(options);
   const { cfg, rewardWeights } = settleGrpoConfig(options, envs);
   const log = (line: string) => (cfg.quiet ? undefined : process.stderr.write(line + "\n"));
   await checkPresetModel(cfg);

@@ -9,6 +9,8 @@ import { parseChoice, parseFloatArg, parseIntArg, parseList } from "./cli.ts";
 import { UsageError } from "../util/errors.ts";
 import { splitToolSpecs } from "../agents/toolset.ts";
 import { DIALECTS, type Dialect } from "../envs/families.ts";
+import { expandRanges, openEnvironmentServer } from "../envs/episodes.ts";
+import type { EnvironmentFactory } from "../envs/types.ts";
 import { LORA_TARGETS, type LoraTarget, type Quantize } from "../model/types.ts";
 import { SCHEDULES, type ScheduleType } from "../trainer/schedule.ts";
 import { MAX_WASM_THREADS, resolveThreads, type ThreadsSpec } from "../kernels/wasm/threads.ts";
@@ -128,6 +130,19 @@ export function envFlags(help = ENV_HELP) {
       "auto" as Dialect,
     ),
   } satisfies FlagTable;
+}
+
+/** --env as an environment factory, checked by one real reset (envs/episodes.ts), or null without it. */
+export async function environmentServer(o: {
+  env?: string;
+  env_dialect: Dialect;
+  env_tasks?: string;
+  tool_timeout: number;
+  tool_max_chars: number;
+}): Promise<EnvironmentFactory | null> {
+  if (!o.env) return null;
+  const probeIdx = o.env_tasks ? expandRanges(o.env_tasks)[0] : 0;
+  return openEnvironmentServer(o.env, { dialect: o.env_dialect, timeoutMs: o.tool_timeout * 1000, maxChars: o.tool_max_chars, probeIdx });
 }
 
 /** --tools/--tool_timeout/--tool_max_chars as the tool-set options of every run. */
