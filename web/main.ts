@@ -1,0 +1,328 @@
+/** The page: the tiny preset's pipeline (web/pipeline.ts) with its controls, progress, live charts
+ *  (src/report/charts.ts), the latest rollouts as report.html draws them (src/report/transcript.ts),
+ *  the evaluation table (src/run/eval-table.ts), a chat box, and the adapter's download and upload.
+ *
+ *  ?autorun=1 runs everything without clicks (the demo link, and what test/web/ drives): optional
+ *  sft_steps, grpo_steps, eval_samples, backend (wasm | webgpu; default: webgpu when the browser offers
+ *  an adapter, else wasm), chat (the question asked at the end). document.body.dataset.state says
+ *  where it is: loading, ready, sft, grpo, eval, chat, done, stopped, or "error: <one line>";
+ *  <script type="application/json" id="results"> holds the outcome. */
+import * as tf from "@tensorflow/tfjs";
+import { setWasmPaths } from "@tensorflow/tfjs-backend-wasm";
+import { initBackend } from "../src/kernels/backend.ts";
+import { lineChartSvg } from "../src/report/charts.ts";
+import { CSS, escapeHtml } from "../src/report/html.ts";
+import { renderTurns, TRANSCRIPT_LEGEND } from "../src/report/transcript.ts";
+import type { Trajectory } from "../src/rollout/types.ts";
+import { filesUnder, putFile } from "./node/fs.ts";
+import { setLogSink } from "./node/process.ts";
+import {
+  fetchBase,
+  GRPO_DIR,
+  openChat,
+  runEvalPhase,
+  runGrpoPhase,
+  runSftPhase,
+  SFT_DIR,
+  Stopped,
+  type Events,
+  type Settings,
+} from "./pipeline.ts";
+import { existsSync } from "./node/fs.ts";
+
+const PAGE_CSS = `
+body{max-width:1100px}.bar{display:flex;gap:8px;flex-wrap:wrap;align-items:center;margin:8px 0}
+button{font:inherit;padding:4px 12px;border:1px solid #94a3b8;border-radius:6px;background:#f8fafc;cursor:pointer}
+button:disabled{opacity:.45;cursor:default}button.primary{background:#2563eb;color:#fff;border-color:#2563eb}
+#status{font-weight:600}#progress{width:320px}.charts{display:flex;flex-wrap:wrap;gap:8px}
+pre.table{background:#f8fafc;border:1px solid #e2e8f0;padding:8px;overflow:auto}
+#log{max-height:160px;overflow:auto;font:12px/1.35 ui-monospace,monospace;background:#0f172a;color:#e2e8f0;padding:6px;white-space:pre-wrap}
+#chatout{min-height:3em}.times td,.times th{padding:2px 10px}`;
+
+const q = new URLSearchParams(location.search);
+const intParam = (name: string, def: number) => {
+  const v = q.get(name);
+  if (v === null) return def;
+  if (!/^\d+$/.test(v)) throw new Error(`?${name}=${v}: expected a whole number`);
+  return Number(v);
+};
+
+const el = <K extends keyof HTMLElementTagNameMap>(tag: K, attrs: Record<string, string> = {}, html = ""): HTMLElementTagNameMap[K] => {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  e.innerHTML = html;
+  return e;
+};
+const $ = (id: string) => document.getElementById(id)!;
+
+function setState(s: string): void {
+  document.body.dataset.state = s;
+  $("status").textContent = s.startsWith("error") ? s : s === "done" ? "done" : s;
+}
+
+function layout(): void {
+  document.head.append(el("style", {}, CSS + PAGE_CSS));
+  document.body.innerHTML = `
+<h1>mini-agentic-rl — an agent learns to use its calculator, in this tab</h1>
+<p class="sub">The tiny preset's pipeline on TensorFlow.js: SFT warmup → GRPO with the calculator → evaluation with Wilson
+intervals → chat. The same src/ modules as the Node scripts (<code>npx tsx scripts/train-sft.ts --preset tiny</code> …).</p>
+<div class="bar">backend: <b id="backend">–</b>
+<select id="backendSel"><option value="">auto</option><option>wasm</option><option>webgpu</option></select>
+<span>status: <span id="status">loading</span></span></div>
+<div class="bar"><button id="runAll" class="primary">Run all</button><button id="bSft">1. SFT</button><button id="bGrpo">2. GRPO</button>
+<button id="bEval">3. Eval</button><button id="stop" disabled>Stop</button>
+SFT steps <input id="sftSteps" type="number" min="1" max="40" style="width:4em">
+GRPO steps <input id="grpoSteps" type="number" min="1" max="200" style="width:4em">
+eval questions <input id="evalSamples" type="number" min="1" max="500" style="width:5em"></div>
+<div class="bar"><progress id="progress" max="1" value="0"></progress> <span id="progressText"></span></div>
+<h2>Training</h2><div class="charts" id="charts"></div>
+<table class="times" id="times"></table>
+<h2>Evaluation</h2><pre class="table" id="evalTable">not run yet</pre>
+<h2>Chat</h2><div class="bar"><input id="chatIn" size="80" value="Ava has 123 pencils and buys 456 more. How many pencils does Ava have now?">
+<button id="chatGo">Send</button></div><pre class="table tx" id="chatout"></pre>
+<h2>Adapter</h2><div class="bar"><button id="download" disabled>Download the RL adapter (PEFT)</button>
+<label>Load an adapter folder's files: <input id="upload" type="file" multiple></label></div>
+<h2>Latest rollouts</h2>${TRANSCRIPT_LEGEND}<div id="rollouts" class="tx"></div>
+<h2>Log</h2><div id="log"></div>
+<script type="application/json" id="results">{}</script>`;
+}
+
+// ---------------------------------------------------------------- state shown on the page
+
+const series: Record<string, { x: number[]; y: number[] }> = {};
+const CHARTS: Array<[string, string]> = [
+  ["sft_loss", "SFT loss"],
+  ["reward", "GRPO reward"],
+  ["accuracy", "GRPO accuracy"],
+  ["tool_calls", "calculator calls per rollout"],
+];
+function point(key: string, x: number, y: number): void {
+  (series[key] ??= { x: [], y: [] }).x.push(x);
+  series[key].y.push(y);
+  $("charts").innerHTML = CHARTS.filter(([k]) => series[k])
+    .map(([k, title]) => lineChartSvg(series[k], title))
+    .join("");
+}
+
+const results: Record<string, unknown> = {};
+function publish(): void {
+  $("results").textContent = JSON.stringify(results);
+  const t = results.seconds as Record<string, number> | undefined;
+  if (t)
+    $("times").innerHTML = `<tr>${Object.keys(t)
+      .map((k) => `<th>${k}</th>`)
+      .join("")}</tr><tr>${Object.values(t)
+      .map((v) => `<td>${v.toFixed(1)} s</td>`)
+      .join("")}</tr>`;
+}
+
+function showRollouts(step: number, trajs: Trajectory[]): void {
+  const groups = [0, 1].map((p) => trajs.filter((t) => t.promptIndex === p).slice(0, 4));
+  $("rollouts").innerHTML =
+    `<p class="sub">step ${step}: the first two questions, four rollouts each</p>` +
+    groups
+      .map((g) =>
+        g
+          .map(
+            (t) =>
+              `<div class="ro"><div class="meta"><span class="tag ${t.reward! >= 1 ? "ok" : "bad"}">reward ${t.reward!.toFixed(2)}</span>` +
+              `</div>${renderTurns(t.turns, { maxChars: 1500 })}</div>`,
+          )
+          .join(""),
+      )
+      .join("");
+}
+
+function log(line: string): void {
+  const box = $("log");
+  box.textContent += line + "\n";
+  box.scrollTop = box.scrollHeight;
+}
+
+let stopAsked = false;
+const events: Events = {
+  log,
+  progress(phase, done, total, extra) {
+    const p = $("progress") as HTMLProgressElement;
+    p.max = total;
+    p.value = done;
+    $("progressText").textContent = `${phase} ${done} of ${total}${extra ? " · " + extra : ""}`;
+  },
+  sftStep: (step, m) => point("sft_loss", step, m.loss),
+  grpoStep(step, m, trajs) {
+    for (const k of ["reward", "accuracy", "tool_calls"]) point(k, step, m[k]);
+    showRollouts(step, trajs);
+  },
+  stopped: () => stopAsked,
+};
+
+// ---------------------------------------------------------------- phases
+
+let settings: Settings;
+let busy = false;
+const phaseButtons = ["runAll", "bSft", "bGrpo", "bEval", "chatGo"];
+
+function refreshButtons(): void {
+  for (const id of phaseButtons) ($(id) as HTMLButtonElement).disabled = busy;
+  ($("bGrpo") as HTMLButtonElement).disabled ||= !existsSync(SFT_DIR);
+  ($("bEval") as HTMLButtonElement).disabled ||= !existsSync(GRPO_DIR);
+  ($("chatGo") as HTMLButtonElement).disabled ||= !existsSync(GRPO_DIR);
+  ($("download") as HTMLButtonElement).disabled = busy || !existsSync(GRPO_DIR);
+  ($("stop") as HTMLButtonElement).disabled = !busy;
+}
+
+function readSettings(): void {
+  settings.sftSteps = Number(($("sftSteps") as HTMLInputElement).value);
+  settings.grpoSteps = Number(($("grpoSteps") as HTMLInputElement).value);
+  settings.evalSamples = Number(($("evalSamples") as HTMLInputElement).value);
+}
+
+/** Run phases one after another; the page's state says which runs, and a failure is one line. */
+async function run(phases: Array<"sft" | "grpo" | "eval" | "chat">): Promise<void> {
+  busy = true;
+  stopAsked = false;
+  refreshButtons();
+  const seconds = ((results.seconds as Record<string, number>) ??= {});
+  try {
+    for (const phase of phases) {
+      setState(phase);
+      if (phase === "sft") seconds.sft = await runSftPhase(settings, events);
+      if (phase === "grpo") seconds.grpo = await runGrpoPhase(settings, events);
+      if (phase === "eval") {
+        const r = await runEvalPhase(settings, events);
+        seconds.eval = r.seconds;
+        $("evalTable").textContent = r.table;
+        results.eval = Object.fromEntries(
+          r.results.map(({ name, result }) => [
+            name,
+            {
+              strict: result.strict.value,
+              lo: result.strict.lo,
+              hi: result.strict.hi,
+              n: result.n,
+              tools_per_rollout: result.toolCallsPerRollout,
+            },
+          ]),
+        );
+        results.table = r.table;
+      }
+      if (phase === "chat") {
+        const t0 = performance.now();
+        results.chat = await chat(($("chatIn") as HTMLInputElement).value);
+        seconds.chat = (performance.now() - t0) / 1000;
+      }
+      publish();
+    }
+    setState("done");
+  } catch (err) {
+    if (err instanceof Stopped) setState("stopped");
+    else {
+      const msg = String((err as Error)?.message ?? err).split("\n")[0];
+      log(`error: ${(err as Error)?.stack ?? msg}`);
+      setState(`error: ${msg}`);
+    }
+  } finally {
+    busy = false;
+    refreshButtons();
+    publish();
+  }
+}
+
+/** One chat turn with the RL model, tool calls shown as they run (src/run/chat.ts's session). */
+async function chat(text: string): Promise<{ question: string; answer: string; toolCalls: number }> {
+  const c = await openChat(settings);
+  const out = $("chatout");
+  out.textContent = `> ${text}\n`;
+  try {
+    let answer = "";
+    const traj = await c.session.send(text, (s) => {
+      answer += s;
+      out.textContent += s;
+    });
+    return { question: text, answer, toolCalls: traj.turns.reduce((n, t) => n + (t.toolCalls?.length ?? 0), 0) };
+  } finally {
+    await c.close();
+  }
+}
+
+function download(): void {
+  for (const [name, bytes] of filesUnder(GRPO_DIR)) {
+    if (!name.startsWith("adapter_")) continue; // the PEFT pair; the tokenizer is the base's
+    const a = el("a", { href: URL.createObjectURL(new Blob([bytes as Uint8Array<ArrayBuffer>])), download: name });
+    document.body.append(a);
+    a.click();
+    a.remove();
+  }
+}
+
+/** An adapter folder's files (adapter_model.safetensors + adapter_config.json) become the page's RL
+ *  model: its base must be the page's SFT model (the path adapter_config.json names, relative). */
+async function upload(files: FileList): Promise<void> {
+  for (const f of Array.from(files)) putFile(`${GRPO_DIR}/${f.name}`, new Uint8Array(await f.arrayBuffer()));
+  log(`loaded ${Array.from(files, (f) => f.name).join(", ")} as the RL adapter`);
+  refreshButtons();
+}
+
+// ---------------------------------------------------------------- start
+
+async function chooseBackend(): Promise<"wasm" | "webgpu"> {
+  const asked = q.get("backend");
+  if (asked && asked !== "wasm" && asked !== "webgpu") throw new Error(`?backend=${asked}: expected wasm or webgpu`);
+  if (asked) return asked as "wasm" | "webgpu";
+  const gpu = (navigator as unknown as { gpu?: { requestAdapter(): Promise<unknown> } }).gpu;
+  const adapter = gpu ? await gpu.requestAdapter().catch(() => null) : null;
+  return adapter ? "webgpu" : "wasm";
+}
+
+async function start(): Promise<void> {
+  layout();
+  setLogSink(log);
+  settings = {
+    backend: await chooseBackend(),
+    sftSteps: intParam("sft_steps", 40),
+    grpoSteps: intParam("grpo_steps", 24),
+    evalSamples: intParam("eval_samples", 200),
+  };
+  ($("sftSteps") as HTMLInputElement).value = String(settings.sftSteps);
+  ($("grpoSteps") as HTMLInputElement).value = String(settings.grpoSteps);
+  ($("evalSamples") as HTMLInputElement).value = String(settings.evalSamples);
+  if (q.get("chat")) ($("chatIn") as HTMLInputElement).value = q.get("chat")!;
+  ($("backendSel") as HTMLSelectElement).value = q.get("backend") ?? "";
+  $("backendSel").addEventListener("change", (e) => {
+    const v = (e.target as HTMLSelectElement).value;
+    if (v) q.set("backend", v);
+    else q.delete("backend");
+    q.delete("autorun");
+    location.search = q.toString(); // tfjs picks its backend once per page
+  });
+  setWasmPaths(new URL("./", location.href).href);
+  const t0 = performance.now();
+  await fetchBase();
+  const backend = await initBackend(settings.backend, { threads: 1 });
+  $("backend").textContent = backend === "wasm" ? `wasm (1 thread${crossOriginIsolated ? ", cross-origin isolated" : ""})` : backend;
+  results.backend = backend;
+  results.settings = { ...settings };
+  results.load_seconds = (performance.now() - t0) / 1000;
+  log(`base loaded and backend ${backend} ready in ${(results.load_seconds as number).toFixed(2)} s; ${tf.memory().numTensors} tensors`);
+  const wire = (id: string, f: () => void) => $(id).addEventListener("click", f);
+  wire("runAll", () => (readSettings(), void run(["sft", "grpo", "eval", "chat"])));
+  wire("bSft", () => (readSettings(), void run(["sft"])));
+  wire("bGrpo", () => (readSettings(), void run(["grpo"])));
+  wire("bEval", () => (readSettings(), void run(["eval"])));
+  wire("chatGo", () => void run(["chat"]));
+  wire("stop", () => ((stopAsked = true), log("stop asked: stopping at the next step")));
+  wire("download", download);
+  $("upload").addEventListener("change", (e) => void upload((e.target as HTMLInputElement).files!));
+  setState("ready");
+  refreshButtons();
+  publish();
+  if (q.get("autorun") === "1") await run(["sft", "grpo", "eval", "chat"]);
+}
+
+start().catch((err: Error) => {
+  const msg = String(err?.message ?? err).split("\n")[0];
+  document.body.dataset.state = `error: ${msg}`;
+  const s = document.getElementById("status");
+  if (s) s.textContent = `error: ${msg}`;
+  console.log(err?.stack ?? msg);
+});
