@@ -55,7 +55,7 @@ const NODE_GLOBALS = { process: true, Buffer: true, setImmediate: true };
  *  tfjs-backend-wasm, seedrandom): an empty module in the page, as their package.json "browser" maps say. */
 const PACKAGE_BUILTINS = new Set(["fs", "path", "os", "crypto", "worker_threads", "perf_hooks", "url", "module", "util"]);
 
-function adaptersPlugin(): esbuild.Plugin {
+export function adaptersPlugin(): esbuild.Plugin {
   return {
     name: "web-adapters",
     setup(b) {

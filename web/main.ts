@@ -28,7 +28,7 @@ import {
   type Events,
   type Settings,
 } from "./pipeline.ts";
-import { existsSync } from "./node/fs.ts";
+import { existsSync, readFileSync } from "./node/fs.ts";
 
 const PAGE_CSS = `
 body{max-width:1100px}.bar{display:flex;gap:8px;flex-wrap:wrap;align-items:center;margin:8px 0}
@@ -78,7 +78,8 @@ eval questions <input id="evalSamples" type="number" min="1" max="500" style="wi
 <h2>Training</h2><div class="charts" id="charts"></div>
 <table class="times" id="times"></table>
 <h2>Evaluation</h2><pre class="table" id="evalTable">not run yet</pre>
-<h2>Chat</h2><div class="bar"><input id="chatIn" size="80" value="Ava has 123 pencils and buys 456 more. How many pencils does Ava have now?">
+<h2>Chat</h2><div class="bar">
+<input id="chatIn" size="80" value="Ava has 123 pencils and buys 456 more. How many pencils does Ava have now?">
 <button id="chatGo">Send</button></div><pre class="table tx" id="chatout"></pre>
 <h2>Adapter</h2><div class="bar"><button id="download" disabled>Download the RL adapter (PEFT)</button>
 <label>Load an adapter folder's files: <input id="upload" type="file" multiple></label></div>
@@ -183,11 +184,18 @@ async function run(phases: Array<"sft" | "grpo" | "eval" | "chat">): Promise<voi
   stopAsked = false;
   refreshButtons();
   const seconds = ((results.seconds as Record<string, number>) ??= {});
+  const sha256 = ((results.sha256 as Record<string, string>) ??= {}); // to compare with the Node scripts' files
   try {
     for (const phase of phases) {
       setState(phase);
-      if (phase === "sft") seconds.sft = await runSftPhase(settings, events);
-      if (phase === "grpo") seconds.grpo = await runGrpoPhase(settings, events);
+      if (phase === "sft") {
+        seconds.sft = await runSftPhase(settings, events);
+        sha256.sft_model = await fileSha256(`${SFT_DIR}/model.safetensors`);
+      }
+      if (phase === "grpo") {
+        seconds.grpo = await runGrpoPhase(settings, events);
+        sha256.rl_adapter = await fileSha256(`${GRPO_DIR}/adapter_model.safetensors`);
+      }
       if (phase === "eval") {
         const r = await runEvalPhase(settings, events);
         seconds.eval = r.seconds;
@@ -243,6 +251,12 @@ async function chat(text: string): Promise<{ question: string; answer: string; t
   } finally {
     await c.close();
   }
+}
+
+/** A file's SHA-256 in hex (what `sha256sum` prints for the Node scripts' output). */
+async function fileSha256(file: string): Promise<string> {
+  const bytes = readFileSync(file) as Uint8Array<ArrayBuffer>;
+  return [...new Uint8Array(await crypto.subtle.digest("SHA-256", bytes))].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 function download(): void {
