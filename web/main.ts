@@ -1,6 +1,7 @@
 /** The page: the tiny preset's pipeline (web/pipeline.ts) with its controls, progress, live charts
  *  (src/report/charts.ts), the latest rollouts as report.html draws them (src/report/transcript.ts),
- *  the evaluation table (src/run/eval-table.ts), a chat box, and the adapter's download and upload.
+ *  the evaluation table (src/run/eval-table.ts), a chat box, and downloads of the RL adapter (PEFT) and
+ *  the SFT model, which load back from disk.
  *
  *  ?autorun=1 runs everything without clicks (the demo link, and what test/web/ drives): optional
  *  sft_steps, grpo_steps, eval_samples, backend (wasm | webgpu; default: webgpu when the browser offers
@@ -28,7 +29,7 @@ import {
   type Events,
   type Settings,
 } from "./pipeline.ts";
-import { existsSync, readFileSync } from "./node/fs.ts";
+import { existsSync, readFileSync, rmSync } from "./node/fs.ts";
 
 const PAGE_CSS = `
 body{max-width:1100px}.bar{display:flex;gap:8px;flex-wrap:wrap;align-items:center;margin:8px 0}
@@ -81,8 +82,9 @@ eval questions <input id="evalSamples" type="number" min="1" max="500" style="wi
 <h2>Chat</h2><div class="bar">
 <input id="chatIn" size="80" value="Ava has 123 pencils and buys 456 more. How many pencils does Ava have now?">
 <button id="chatGo">Send</button></div><pre class="table tx" id="chatout"></pre>
-<h2>Adapter</h2><div class="bar"><button id="download" disabled>Download the RL adapter (PEFT)</button>
-<label>Load an adapter folder's files: <input id="upload" type="file" multiple></label></div>
+<h2>Checkpoints</h2><div class="bar"><button id="download" disabled>Download the RL adapter (PEFT)</button>
+<button id="downloadSft" disabled>Download the SFT model</button>
+<label>Load a folder's files (an adapter, or the SFT model it was trained on): <input id="upload" type="file" multiple></label></div>
 <h2>Latest rollouts</h2>${TRANSCRIPT_LEGEND}<div id="rollouts" class="tx"></div>
 <h2>Log</h2><div id="log"></div>
 <script type="application/json" id="results">{}</script>`;
@@ -169,6 +171,7 @@ function refreshButtons(): void {
   ($("bEval") as HTMLButtonElement).disabled ||= !existsSync(GRPO_DIR);
   ($("chatGo") as HTMLButtonElement).disabled ||= !existsSync(GRPO_DIR);
   ($("download") as HTMLButtonElement).disabled = busy || !existsSync(GRPO_DIR);
+  ($("downloadSft") as HTMLButtonElement).disabled = busy || !existsSync(SFT_DIR);
   ($("stop") as HTMLButtonElement).disabled = !busy;
 }
 
@@ -259,9 +262,10 @@ async function fileSha256(file: string): Promise<string> {
   return [...new Uint8Array(await crypto.subtle.digest("SHA-256", bytes))].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
-function download(): void {
-  for (const [name, bytes] of filesUnder(GRPO_DIR)) {
-    if (!name.startsWith("adapter_")) continue; // the PEFT pair; the tokenizer is the base's
+/** A folder of the page's file store as downloads, one file each (`only`: the names to offer). */
+function downloadFolder(dir: string, only?: (name: string) => boolean): void {
+  for (const [name, bytes] of filesUnder(dir)) {
+    if (name.includes("/") || (only && !only(name))) continue;
     const a = el("a", { href: URL.createObjectURL(new Blob([bytes as Uint8Array<ArrayBuffer>])), download: name });
     document.body.append(a);
     a.click();
@@ -269,11 +273,23 @@ function download(): void {
   }
 }
 
-/** An adapter folder's files (adapter_model.safetensors + adapter_config.json) become the page's RL
- *  model: its base must be the page's SFT model (the path adapter_config.json names, relative). */
-async function upload(files: FileList): Promise<void> {
-  for (const f of Array.from(files)) putFile(`${GRPO_DIR}/${f.name}`, new Uint8Array(await f.arrayBuffer()));
-  log(`loaded ${Array.from(files, (f) => f.name).join(", ")} as the RL adapter`);
+/** A folder's files, picked from disk: a PEFT adapter (adapter_config.json + adapter_model.safetensors)
+ *  becomes the page's RL model, a model folder (config.json + model.safetensors + tokenizer files) its
+ *  SFT model. An adapter's base is the path its adapter_config.json names, relative to it: for the
+ *  page's own downloads, the page's SFT model. */
+async function upload(files: File[]): Promise<void> {
+  const names = files.map((f) => f.name);
+  const dir = names.includes("adapter_config.json") ? GRPO_DIR : names.includes("config.json") ? SFT_DIR : null;
+  if (dir === null) {
+    setState(
+      `error: ${names.join(", ")}: expected an adapter folder's files (adapter_config.json, ...) or a model folder's (config.json, ...)`,
+    );
+    return;
+  }
+  rmSync(dir, { recursive: true, force: true });
+  for (const f of files) putFile(`${dir}/${f.name}`, new Uint8Array(await f.arrayBuffer()));
+  log(`loaded ${names.join(", ")} as the ${dir === GRPO_DIR ? "RL adapter" : "SFT model"}`);
+  setState("ready");
   refreshButtons();
 }
 
@@ -325,8 +341,9 @@ async function start(): Promise<void> {
   wire("bEval", () => (readSettings(), void run(["eval"])));
   wire("chatGo", () => void run(["chat"]));
   wire("stop", () => ((stopAsked = true), log("stop asked: stopping at the next step")));
-  wire("download", download);
-  $("upload").addEventListener("change", (e) => void upload((e.target as HTMLInputElement).files!));
+  wire("download", () => downloadFolder(GRPO_DIR, (name) => name.startsWith("adapter_")));
+  wire("downloadSft", () => downloadFolder(SFT_DIR));
+  $("upload").addEventListener("change", (e) => void upload(Array.from((e.target as HTMLInputElement).files!)));
   setState("ready");
   refreshButtons();
   publish();

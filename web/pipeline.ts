@@ -44,8 +44,8 @@ export const BASE_FILES = ["config.json", "model.safetensors", "tokenizer.json",
 
 export interface Settings {
   backend: "wasm" | "webgpu";
-  sftSteps: number; // the preset's 40 (640 conversations, 16 a step)
-  grpoSteps: number; // the preset's 24
+  sftSteps: number; // the preset's 40 (640 conversations, 16 a step); fewer stop its schedule early, more extend it
+  grpoSteps: number; // the preset's 24; the same
   evalSamples: number; // the preset's 200
 }
 
@@ -86,7 +86,7 @@ export const grpoSettings = (s: Settings) =>
       ...TINY_GRPO,
       preset: "tiny",
       model_path: SFT_DIR,
-      max_steps: s.grpoSteps,
+      max_steps: Math.max(TINY_GRPO.max_steps!, s.grpoSteps), // the preset's schedule; fewer steps stop it early
       backend: s.backend,
       threads: 1,
       quiet: true,
@@ -125,14 +125,16 @@ export async function runSftPhase(s: Settings, ev: Events): Promise<number> {
     const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= cfg.max_length);
     const perStep = cfg.batch_size * cfg.gradient_accumulation_steps;
     const stepsPerEpoch = Math.ceil(encoded.length / perStep);
-    const totalSteps = Math.min(s.sftSteps, stepsPerEpoch * cfg.num_epochs);
-    ev.log(`sft: ${encoded.length} conversations, ${totalSteps} steps of ${perStep}`);
+    // The preset's schedule (one epoch, 40 steps); fewer steps stop it early, more extend it.
+    const totalSteps = Math.max(stepsPerEpoch * cfg.num_epochs, s.sftSteps);
+    const epochs = Math.ceil(totalSteps / stepsPerEpoch);
+    ev.log(`sft: ${encoded.length} conversations, ${s.sftSteps} steps of ${perStep} (schedule over ${totalSteps})`);
     const schedule = { type: cfg.lr_scheduler, lr: cfg.learning_rate, warmupSteps: Math.floor(cfg.warmup_ratio * totalSteps), totalSteps };
     const rng = new Rng(cfg.seed);
     let step = 0;
-    for (let epoch = 0; epoch < cfg.num_epochs && step < totalSteps; epoch++) {
+    for (let epoch = 0; epoch < epochs && step < s.sftSteps; epoch++) {
       const order = rng.shuffle(encoded.map((_, i) => i));
-      for (let k = 0; k < stepsPerEpoch && step < totalSteps; k++) {
+      for (let k = 0; k < stepsPerEpoch && step < s.sftSteps; k++) {
         if (ev.stopped()) throw new Stopped();
         const tStep = performance.now();
         const rows = order.slice(k * perStep, (k + 1) * perStep);
@@ -152,7 +154,7 @@ export async function runSftPhase(s: Settings, ev: Events): Promise<number> {
         const seconds = (performance.now() - tStep) / 1000;
         const tokens = micro.reduce((a, b) => a + b.ids.length * b.ids[0].length, 0);
         ev.sftStep?.(step, { loss: r.loss, tokens_per_s: tokens / seconds });
-        ev.progress("sft", step, totalSteps, `loss ${r.loss.toFixed(3)} · ${Math.round(tokens / seconds)} tokens/s`);
+        ev.progress("sft", step, s.sftSteps, `loss ${r.loss.toFixed(3)} · ${Math.round(tokens / seconds)} tokens/s`);
         await breathe();
       }
     }
@@ -211,7 +213,10 @@ export async function runGrpoPhase(s: Settings, ev: Events): Promise<number> {
       sampling: engineSampling(cfg),
       log: ev.log,
     });
-    ev.log(`grpo: ${total} steps × ${cfg.prompts_per_step} questions × ${cfg.samples_per_prompt} rollouts, engine ${engine.name}`);
+    ev.log(
+      `grpo: ${s.grpoSteps} steps (schedule over ${total}) × ${cfg.prompts_per_step} questions × ` +
+        `${cfg.samples_per_prompt} rollouts, engine ${engine.name}`,
+    );
     const promptsOf = (k: number) => questionsOf(k).map((ex) => toPrompt(ex.question, systemPromptFor(tools, ex.answerSchema, ex.scorer)));
     const schedule = {
       type: cfg.lr_scheduler,
@@ -219,7 +224,7 @@ export async function runGrpoPhase(s: Settings, ev: Events): Promise<number> {
       warmupSteps: Math.floor(cfg.warmup_ratio * total),
       totalSteps: total,
     };
-    for (let step = 0; step < total; step++) {
+    for (let step = 0; step < s.grpoSteps; step++) {
       if (ev.stopped()) throw new Stopped();
       const tStep = performance.now();
       const batch = questionsOf(step);
@@ -248,7 +253,7 @@ export async function runGrpoPhase(s: Settings, ev: Events): Promise<number> {
       ev.progress(
         "grpo",
         step + 1,
-        total,
+        s.grpoSteps,
         `reward ${Number(m.reward).toFixed(2)} · acc ${Number(m.accuracy).toFixed(2)} · tools ${Number(m.tool_calls).toFixed(2)}`,
       );
       await breathe();

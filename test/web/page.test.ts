@@ -8,12 +8,25 @@ import { promises as fs } from "node:fs";
 import type { Server } from "node:http";
 import * as os from "node:os";
 import * as path from "node:path";
-import { chromium, type Browser, type Page } from "playwright-core";
+import { execFile } from "node:child_process";
+import { chromium, type Browser, type Download, type Page } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { adaptersPlugin, buildWeb, serveWeb } from "../../scripts/web.ts";
 import { findChromium } from "../../src/report/screenshot.ts";
 
 const CI = process.env.CI === "true" || process.env.CI === "1";
+const ROOT = path.resolve(import.meta.dirname, "../..");
+const README_QUESTION = "Ava has 123 pencils and buys 456 more. How many pencils does Ava have now?";
+
+/** A command in the project's folder with `input` on stdin. */
+function run(cmd: string, args: string[], input: string): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = execFile(cmd, args, { cwd: ROOT, timeout: 180_000 }, (err, stdout, stderr) =>
+      resolve({ code: err ? ((err as { code?: number }).code ?? 1) : 0, stdout, stderr }),
+    );
+    child.stdin!.end(input);
+  });
+}
 
 async function chromiumPath(): Promise<string | null> {
   try {
@@ -25,6 +38,18 @@ async function chromiumPath(): Promise<string | null> {
   }
 }
 const browserPath = await chromiumPath();
+
+/** Browser-side code, as text (this file is type-checked without the DOM's types). The page has
+ *  ended a run: */
+const ENDED = `/^(done|stopped|error)/.test(document.body.dataset.state ?? "")`;
+/** Every state the page goes through, in window.__states. Changes made in one task arrive together:
+ *  each record's old value is the previous one's new value. */
+const RECORD_STATES = `
+  const seen = (window.__states = []);
+  new MutationObserver((records) => {
+    const values = [...records.slice(1).map((r) => r.oldValue), document.body?.dataset.state];
+    for (const s of values) if (s && seen.at(-1) !== s) seen.push(s);
+  }).observe(document, { attributes: true, attributeOldValue: true, subtree: true, attributeFilter: ["data-state"] });`;
 
 /** Chromium flags: root needs --no-sandbox; SwiftShader gives headless Chromium a WebGPU adapter. */
 export const CHROMIUM_ARGS = ["--no-sandbox", "--enable-unsafe-webgpu", "--enable-unsafe-swiftshader"];
@@ -85,31 +110,27 @@ describe.skipIf(browserPath === null)("the page in Chromium", () => {
     const errors: string[] = [];
     page.on("console", (m) => void (m.type() === "error" && errors.push(m.text())));
     page.on("pageerror", (e) => errors.push(e.message));
-    await page.addInitScript(() => {
-      const seen: string[] = [];
-      (window as unknown as { __states: string[] }).__states = seen;
-      new MutationObserver(() => {
-        const s = document.body?.dataset.state;
-        if (s && seen.at(-1) !== s) seen.push(s);
-      }).observe(document, { attributes: true, subtree: true, attributeFilter: ["data-state"] });
-    });
+    await page.addInitScript({ content: RECORD_STATES });
     try {
       await page.goto(`${url}?autorun=1&${params}`);
-      await page.waitForFunction(() => /^(done|stopped|error)/.test(document.body.dataset.state ?? ""), null, {
+      await page.waitForFunction(ENDED, null, {
         timeout: timeoutMs,
         polling: 250,
       });
-      const states = await page.evaluate(() => (window as unknown as { __states: string[] }).__states);
+      const states = await page.evaluate<string[]>("window.__states");
       const results = JSON.parse((await page.textContent("#results")) ?? "{}");
       const table = await page.textContent("#evalTable");
-      const crossOriginIsolated = await page.evaluate(() => crossOriginIsolated);
+      const crossOriginIsolated = await page.evaluate<boolean>("crossOriginIsolated");
       return { states, results, table, errors, crossOriginIsolated };
     } finally {
       await page.close();
     }
   }
 
-  const SHORT = "sft_steps=3&grpo_steps=3&eval_samples=20&chat=" + encodeURIComponent("What is 123 * 456?");
+  // A question the model calls its calculator for after these few steps (on wasm the weights are
+  // the same every run: the steps are deterministic).
+  const QUESTION = "Mia has 84 stickers and gives away 29. How many stickers does Mia have left?";
+  const SHORT = "sft_steps=3&grpo_steps=3&eval_samples=20&chat=" + encodeURIComponent(QUESTION);
 
   function checkShortRun(r: Awaited<ReturnType<typeof autorun>>, backend: string): void {
     expect(r.states.at(-1), r.states.join(" → ")).toBe("done");
@@ -133,6 +154,85 @@ describe.skipIf(browserPath === null)("the page in Chromium", () => {
   it("runs the pipeline hands-free on wasm", async () => {
     checkShortRun(await autorun(`${SHORT}&backend=wasm`, 240_000), "wasm");
   }, 300_000);
+
+  /** Wait for a phase started by a click to end (the state leaves "ready"/"done" and comes back). */
+  async function clickAndWait(page: Page, selector: string, timeoutMs: number): Promise<void> {
+    await page.evaluate('document.body.dataset.state = "clicked"');
+    await page.click(selector);
+    await page.waitForFunction(ENDED, null, {
+      timeout: timeoutMs,
+      polling: 250,
+    });
+    expect(await page.evaluate<string>("document.body.dataset.state")).toBe("done");
+  }
+
+  /** Every file one click downloads, saved into `dir`. */
+  async function downloads(page: Page, selector: string, dir: string, count: number): Promise<string[]> {
+    const got: Promise<string>[] = [];
+    const on = (d: Download) => got.push(d.saveAs(path.join(dir, d.suggestedFilename())).then(() => d.suggestedFilename()));
+    page.on("download", on);
+    await page.click(selector);
+    for (let t = Date.now(); got.length < count && Date.now() - t < 30_000;) await new Promise((r) => setTimeout(r, 100));
+    page.off("download", on);
+    return (await Promise.all(got)).sort();
+  }
+
+  it("downloads its adapter and SFT model: Node's chat gives the page's greedy answer, and they load back", async () => {
+    const work = await fs.mkdtemp(path.join(os.tmpdir(), "web-adapter-"));
+    const page: Page = await browser.newPage();
+    try {
+      await page.goto(`${url}?autorun=1&${SHORT}&backend=wasm`);
+      await page.waitForFunction(ENDED, null, {
+        timeout: 240_000,
+        polling: 250,
+      });
+      await page.fill("#chatIn", README_QUESTION);
+      await clickAndWait(page, "#chatGo", 60_000);
+      const answer: string = JSON.parse((await page.textContent("#results"))!).chat.answer;
+      expect(answer.length).toBeGreaterThan(0);
+      // Laid out as the quickstart's outputs: the adapter's config names its base ../../sft/final.
+      const adapterDir = path.join(work, "grpo", "final"),
+        sftDir = path.join(work, "sft", "final");
+      await fs.mkdir(adapterDir, { recursive: true });
+      await fs.mkdir(sftDir, { recursive: true });
+      expect(await downloads(page, "#download", adapterDir, 2)).toEqual(["adapter_config.json", "adapter_model.safetensors"]);
+      expect(await downloads(page, "#downloadSft", sftDir, 4)).toEqual([
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+      ]);
+      expect(JSON.parse(await fs.readFile(path.join(adapterDir, "adapter_config.json"), "utf8")).base_model_name_or_path).toBe(
+        "../../sft/final",
+      );
+
+      const node = await run(
+        "npx",
+        ["tsx", "scripts/chat.ts", "--preset", "tiny", "--model_path", adapterDir, "--quantize", "nf4"],
+        README_QUESTION + "\n",
+      );
+      expect(node.code, node.stderr).toBe(0);
+      expect(node.stdout).toContain(answer.trim());
+
+      // And back: a fresh page loads the two folders from disk and answers the same.
+      const fresh: Page = await browser.newPage();
+      try {
+        await fresh.goto(`${url}?backend=wasm`);
+        await fresh.waitForFunction('document.body.dataset.state === "ready"', null, { timeout: 60_000 });
+        const filesOf = async (d: string) => (await fs.readdir(d)).map((f) => path.join(d, f));
+        await fresh.setInputFiles("#upload", await filesOf(sftDir));
+        await fresh.setInputFiles("#upload", await filesOf(adapterDir));
+        await fresh.fill("#chatIn", README_QUESTION);
+        await clickAndWait(fresh, "#chatGo", 60_000);
+        expect(JSON.parse((await fresh.textContent("#results"))!).chat.answer).toBe(answer);
+      } finally {
+        await fresh.close();
+      }
+    } finally {
+      await page.close();
+      await fs.rm(work, { recursive: true, force: true });
+    }
+  }, 400_000);
 
   it("runs the pipeline hands-free on WebGPU (SwiftShader)", async () => {
     checkShortRun(await autorun(`${SHORT}&backend=webgpu`, 400_000), "webgpu");
