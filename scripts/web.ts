@@ -14,6 +14,10 @@ import * as path from "node:path";
 import { fileURLToPath } from "node:url";
 import { Command } from "commander";
 import * as esbuild from "esbuild";
+import { parseIntArg, runMain } from "../src/run/cli.ts";
+import { parseWithPreset } from "../src/run/options.ts";
+import { closeOnSignal } from "../src/run/shutdown.ts";
+import { UsageError } from "../src/util/errors.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const at = (...p: string[]) => path.join(ROOT, ...p);
@@ -49,7 +53,7 @@ export const MODULE_ADAPTERS: Record<string, string> = {
 
 /** Node's globals that src/ uses, given to src/ modules only (web/node/globals.ts). */
 const GLOBALS = "web/node/globals.ts";
-const NODE_GLOBALS = { process: true, Buffer: true, setImmediate: true };
+const NODE_GLOBALS = ["process", "Buffer", "setImmediate"];
 
 /** Bare built-in names that packages import behind their own Node checks (Emscripten's glue in
  *  tfjs-backend-wasm, seedrandom): an empty module in the page, as their package.json "browser" maps say. */
@@ -84,7 +88,7 @@ export function adaptersPlugin(): esbuild.Plugin {
       b.onLoad({ filter: /\.ts$/ }, async (a) => {
         if (!a.path.startsWith(at("src") + path.sep)) return undefined;
         const text = await fs.readFile(a.path, "utf8");
-        const used = Object.keys(NODE_GLOBALS).filter((g) => new RegExp(`\\b${g}\\b`).test(text));
+        const used = NODE_GLOBALS.filter((g) => new RegExp(`\\b${g}\\b`).test(text));
         if (used.length === 0) return undefined;
         return { contents: `import { ${used.join(", ")} } from ${JSON.stringify(at(GLOBALS))};\n${text}`, loader: "ts" };
       });
@@ -99,6 +103,10 @@ export interface BuildResult {
 
 /** Build the page into outDir: the two bundles, index.html, tfjs' .wasm files, the tiny base. */
 export async function buildWeb(outDir = at("outputs", "web"), opts: { minify?: boolean } = {}): Promise<BuildResult> {
+  // Only an earlier build (or nothing) is replaced: --out never empties a folder of other files.
+  const held = await fs.readdir(outDir).catch(() => [] as string[]);
+  if (held.length > 0 && !(held.includes("index.html") && held.includes("app.js")))
+    throw new UsageError(`--out ${outDir} holds other files (${held.slice(0, 3).join(", ")}…); pick an empty folder or an earlier build's`);
   await fs.rm(outDir, { recursive: true, force: true });
   await fs.mkdir(outDir, { recursive: true });
   const common: esbuild.BuildOptions = {
@@ -177,53 +185,36 @@ export function serveWeb(outDir: string, port: number, host = "127.0.0.1"): Prom
   });
   return new Promise((resolve, reject) => {
     server.once("error", (err: NodeJS.ErrnoException) =>
-      reject(new Error(err.code === "EADDRINUSE" ? `--port ${port}: ${host}:${port} is in use; pick another --port` : err.message)),
+      reject(err.code === "EADDRINUSE" ? new UsageError(`--port ${port}: ${host}:${port} is in use; pick another --port`) : err),
     );
     server.listen(port, host, () => resolve(server));
   });
 }
 
 async function main(): Promise<void> {
-  const o = new Command("web")
+  const program = new Command()
+    .name("web")
     .description("Build the page (web/) and serve it: the tiny pipeline (SFT, GRPO, eval, chat) in a browser tab")
-    .option(
-      "--port <n>",
-      "port to serve on (0: any free port)",
-      (v) => {
-        if (!/^\d+$/.test(v) || Number(v) > 65535) throw new Error(`--port ${v}: expected a whole number from 0 to 65535`);
-        return Number(v);
-      },
-      8080,
-    )
+    .option("--port <n>", "port to serve on (0: any free port)", parseIntArg("port", 0, 65535), 8080)
     .option("--host <host>", "address to listen on", "127.0.0.1")
-    .option("--out <dir>", "where the built page goes", at("outputs", "web"))
+    .option("--out <dir>", "where the built page goes (an empty folder or an earlier build)", at("outputs", "web"))
     .option("--build_only", "build the page and exit", false)
-    .parse()
-    .opts<{ port: number; host: string; out: string; build_only: boolean }>();
+    .exitOverride()
+    .configureOutput({ outputError: () => {} });
+  const { o } = parseWithPreset(program, process.argv, {}); // commander errors → one-line usage error, --help exits 0
   const t0 = Date.now();
   const built = await buildWeb(path.resolve(o.out));
   const mb = (n: number) => (n / 2 ** 20).toFixed(2);
-  process.stderr.write(
+  const log = (line: string) => process.stderr.write(line + "\n");
+  log(
     `built ${path.relative(process.cwd(), built.outDir) || "."} in ${((Date.now() - t0) / 1000).toFixed(1)} s ` +
-      `(app.js ${mb(built.bytes["app.js"])} MB, calculator-worker.mjs ${mb(built.bytes["calculator-worker.mjs"])} MB)\n`,
+      `(app.js ${mb(built.bytes["app.js"])} MB, calculator-worker.mjs ${mb(built.bytes["calculator-worker.mjs"])} MB)`,
   );
   if (o.build_only) return;
   const server = await serveWeb(built.outDir, o.port, o.host);
-  const addr = server.address() as { port: number };
-  process.stdout.write(`http://${o.host}:${addr.port}/\n`);
-  process.stderr.write("serving; Ctrl-C stops\n");
-  const stop = () => {
-    server.close();
-    server.closeAllConnections();
-  };
-  process.once("SIGINT", stop);
-  process.once("SIGTERM", stop);
+  process.stdout.write(`http://${o.host}:${(server.address() as { port: number }).port}/\n`);
+  log("serving; Ctrl-C stops");
+  closeOnSignal({ close: () => new Promise<void>((resolve) => (server.closeAllConnections(), server.close(() => resolve()))) }, log);
 }
 
-if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url))
-  main().catch((err: Error) => {
-    const e = err as Error & { errors?: Array<{ text: string; location?: { file: string; line: number } }> };
-    for (const x of e.errors ?? []) process.stderr.write(`web: ${x.location ? `${x.location.file}:${x.location.line}: ` : ""}${x.text}\n`);
-    process.stderr.write(`web: ${err.message.split("\n")[0]}\n`);
-    process.exit(1);
-  });
+if (process.argv[1] && path.resolve(process.argv[1]) === fileURLToPath(import.meta.url)) await runMain(main);

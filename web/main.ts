@@ -4,10 +4,10 @@
  *  the SFT model, which load back from disk.
  *
  *  ?autorun=1 runs everything without clicks (the demo link, and what test/web/ drives): optional
- *  sft_steps, grpo_steps, eval_samples, backend (wasm | webgpu; default: webgpu when the browser offers
- *  an adapter, else wasm), chat (the question asked at the end). document.body.dataset.state says
- *  where it is: loading, ready, sft, grpo, eval, chat, done, stopped, or "error: <one line>";
- *  <script type="application/json" id="results"> holds the outcome. */
+ *  sft_steps, grpo_steps, grpo_questions, grpo_samples, eval_samples, backend (wasm | webgpu; default:
+ *  webgpu when the browser offers an adapter, else wasm), chat (the question asked at the end).
+ *  document.body.dataset.state says where it is: loading, ready, sft, grpo, eval, chat, done, stopped,
+ *  or "error: <one line>"; <script type="application/json" id="results"> holds the outcome. */
 import * as tf from "@tensorflow/tfjs";
 import { setWasmPaths } from "@tensorflow/tfjs-backend-wasm";
 import { initBackend } from "../src/kernels/backend.ts";
@@ -44,7 +44,7 @@ const q = new URLSearchParams(location.search);
 const intParam = (name: string, def: number) => {
   const v = q.get(name);
   if (v === null) return def;
-  if (!/^\d+$/.test(v)) throw new Error(`?${name}=${v}: expected a whole number`);
+  if (!/^\d+$/.test(v) || Number(v) < 1) throw new Error(`?${name}=${v}: expected a whole number from 1`);
   return Number(v);
 };
 
@@ -312,6 +312,8 @@ async function start(): Promise<void> {
     sftSteps: intParam("sft_steps", 40),
     grpoSteps: intParam("grpo_steps", 24),
     evalSamples: intParam("eval_samples", 200),
+    grpoQuestions: q.has("grpo_questions") ? intParam("grpo_questions", 8) : undefined,
+    grpoSamples: q.has("grpo_samples") ? intParam("grpo_samples", 8) : undefined,
   };
   ($("sftSteps") as HTMLInputElement).value = String(settings.sftSteps);
   ($("grpoSteps") as HTMLInputElement).value = String(settings.grpoSteps);

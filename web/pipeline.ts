@@ -47,6 +47,8 @@ export interface Settings {
   sftSteps: number; // the preset's 40 (640 conversations, 16 a step); fewer stop its schedule early, more extend it
   grpoSteps: number; // the preset's 24; the same
   evalSamples: number; // the preset's 200
+  grpoQuestions?: number; // questions per GRPO step (the preset's 8): fewer for a slow (software) GPU
+  grpoSamples?: number; // rollouts per question (the preset's 8)
 }
 
 /** What the page hears while a phase runs (it draws charts and progress from these). */
@@ -87,6 +89,8 @@ export const grpoSettings = (s: Settings) =>
       preset: "tiny",
       model_path: SFT_DIR,
       max_steps: Math.max(TINY_GRPO.max_steps!, s.grpoSteps), // the preset's schedule; fewer steps stop it early
+      prompts_per_step: s.grpoQuestions ?? TINY_GRPO.prompts_per_step!,
+      samples_per_prompt: s.grpoSamples ?? TINY_GRPO.samples_per_prompt!,
       backend: s.backend,
       threads: 1,
       quiet: true,

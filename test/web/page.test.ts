@@ -132,7 +132,9 @@ describe.skipIf(browserPath === null)("the page in Chromium", () => {
   const QUESTION = "Mia has 84 stickers and gives away 29. How many stickers does Mia have left?";
   const SHORT = "sft_steps=3&grpo_steps=3&eval_samples=20&chat=" + encodeURIComponent(QUESTION);
 
-  function checkShortRun(r: Awaited<ReturnType<typeof autorun>>, backend: string): void {
+  /** A hands-free run that went through every phase: `n` questions per model; with `toolCall`, the
+   *  chat turn called the calculator. */
+  function checkRun(r: Awaited<ReturnType<typeof autorun>>, backend: string, n: number, toolCall: boolean): void {
     expect(r.states.at(-1), r.states.join(" → ")).toBe("done");
     expect(r.states).toEqual(["ready", "sft", "grpo", "eval", "chat", "done"]);
     expect(r.errors).toEqual([]);
@@ -140,19 +142,22 @@ describe.skipIf(browserPath === null)("the page in Chromium", () => {
     expect(r.results.backend).toBe(backend);
     expect(Object.keys(r.results.eval)).toEqual(["base", "sft", "sft-nf4", "rl"]);
     for (const m of Object.values(r.results.eval) as Array<{ strict: number; lo: number; hi: number; n: number }>) {
-      expect(m.n).toBe(20);
+      expect(m.n).toBe(n);
       expect(m.lo).toBeLessThanOrEqual(m.strict);
       expect(m.hi).toBeGreaterThanOrEqual(m.strict);
     }
     expect(r.table).toMatch(/^model\s+\| strict acc \[95% CI\]/);
     expect(r.table).toContain("improvement rl vs sft: strict");
-    expect(r.results.chat.toolCalls).toBeGreaterThanOrEqual(1);
-    expect(r.results.chat.answer).toMatch(/\[calculator\] .* → /);
+    expect(r.results.chat.answer.length).toBeGreaterThan(0);
+    if (toolCall) {
+      expect(r.results.chat.toolCalls).toBeGreaterThanOrEqual(1);
+      expect(r.results.chat.answer).toMatch(/\[calculator\] .* → /);
+    }
     expect(r.results.sha256.rl_adapter).toMatch(/^[0-9a-f]{64}$/);
   }
 
   it("runs the pipeline hands-free on wasm", async () => {
-    checkShortRun(await autorun(`${SHORT}&backend=wasm`, 240_000), "wasm");
+    checkRun(await autorun(`${SHORT}&backend=wasm`, 240_000), "wasm", 20, true);
   }, 300_000);
 
   /** Wait for a phase started by a click to end (the state leaves "ready"/"done" and comes back). */
@@ -234,9 +239,28 @@ describe.skipIf(browserPath === null)("the page in Chromium", () => {
     }
   }, 400_000);
 
+  // WebGPU in headless Chromium here is SwiftShader's, about 100× slower than wasm (an SFT step takes a
+  // minute, a GRPO step of the preset's 64 rollouts over ten): the smallest run through every phase,
+  // 1 SFT step, 1 GRPO step of 2 questions × 2 rollouts, 2 questions per model, one chat turn.
   it("runs the pipeline hands-free on WebGPU (SwiftShader)", async () => {
-    checkShortRun(await autorun(`${SHORT}&backend=webgpu`, 400_000), "webgpu");
-  }, 450_000);
+    const run = "sft_steps=1&grpo_steps=1&grpo_questions=2&grpo_samples=2&eval_samples=2&chat=" + encodeURIComponent(README_QUESTION);
+    checkRun(await autorun(`${run}&backend=webgpu`, 900_000), "webgpu", 2, true);
+  }, 960_000);
+
+  it("stops at the next step when Stop is pressed", async () => {
+    const page: Page = await browser.newPage();
+    try {
+      await page.goto(`${url}?autorun=1&backend=wasm&sft_steps=40`);
+      await page.waitForFunction('document.body.dataset.state === "sft"', null, { timeout: 60_000 });
+      await page.click("#stop");
+      await page.waitForFunction(ENDED, null, { timeout: 60_000, polling: 100 });
+      expect(await page.evaluate<string>("document.body.dataset.state")).toBe("stopped");
+      expect(await page.textContent("#progressText")).not.toContain("sft 40 of 40");
+      expect(await page.isEnabled("#runAll")).toBe(true);
+    } finally {
+      await page.close();
+    }
+  }, 120_000);
 
   it("says what failed in one line", async () => {
     const r = await autorun("backend=metal", 60_000);

@@ -119,6 +119,15 @@ export function readdirSync(p: string): string[] {
   for (const f of [...files.keys(), ...dirs]) if (f !== k && path.dirname(f) === k) names.add(path.basename(f));
   return [...names].sort();
 }
+let tempCount = 0;
+/** A fresh folder named `prefix` + a counter (the store is the page's alone: no race to lose). */
+export function mkdtempSync(prefix: string): string {
+  let dir: string;
+  do dir = `${prefix}${(++tempCount).toString(36).padStart(6, "0")}`;
+  while (existsSync(dir));
+  mkdirSync(dir, { recursive: true });
+  return key(dir);
+}
 export function copyFileSync(from: string, to: string): void {
   writeFileSync(to, readFileSync(from) as Uint8Array);
 }
@@ -146,6 +155,7 @@ export const promises = {
   writeFile: later(writeFileSync),
   appendFile: later(appendFileSync),
   mkdir: later(mkdirSync),
+  mkdtemp: later(mkdtempSync),
   rm: later(rmSync),
   rename: later(renameSync),
   readdir: later(readdirSync),
@@ -171,6 +181,7 @@ export default {
   writeFileSync,
   appendFileSync,
   mkdirSync,
+  mkdtempSync,
   rmSync,
   renameSync,
   readdirSync,
