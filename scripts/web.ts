@@ -106,7 +106,7 @@ export async function buildWeb(outDir = at("outputs", "web"), opts: { minify?: b
   // Only an earlier build (or nothing) is replaced: --out never empties a folder of other files.
   const held = await fs.readdir(outDir).catch(() => [] as string[]);
   if (held.length > 0 && !(held.includes("index.html") && held.includes("app.js")))
-    throw new UsageError(`--out ${outDir} holds other files (${held.slice(0, 3).join(", ")}…); pick an empty folder or an earlier build's`);
+    throw new UsageError(`--out ${outDir} holds other files (${held.slice(0, 3).join(", ")}…); pick an empty folder or a build`);
   await fs.rm(outDir, { recursive: true, force: true });
   await fs.mkdir(outDir, { recursive: true });
   const common: esbuild.BuildOptions = {
