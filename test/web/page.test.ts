@@ -156,6 +156,37 @@ describe.skipIf(browserPath === null)("the page in Chromium", () => {
     expect(r.results.sha256.rl_adapter).toMatch(/^[0-9a-f]{64}$/);
   }
 
+  it("runs untrusted input in a Web Worker that a timeout terminates (the calculator's sandbox)", async () => {
+    const fixtures = path.join(ROOT, "test/web/fixtures");
+    const files = [
+      ["sandbox-page.js", "sandbox-page.js"],
+      ["sandbox-worker.js", "sandbox-worker.js"],
+    ];
+    for (const [from, to] of files)
+      await esbuild.build({
+        entryPoints: [path.join(fixtures, from)],
+        bundle: true,
+        format: "esm",
+        outfile: path.join(dir, to),
+        logLevel: "silent",
+      });
+    await fs.writeFile(path.join(dir, "sandbox.html"), `<!DOCTYPE html><script type="module" src="sandbox-page.js"></script>`);
+    const page: Page = await browser.newPage();
+    try {
+      await page.goto(url + "sandbox.html");
+      await page.waitForFunction("typeof window.sandboxCheck === 'function'");
+      expect(await page.evaluate("window.sandboxCheck()")).toEqual({
+        first: { ok: true, value: "echo hello" },
+        spin: { ok: false, reason: "timeout", message: "took longer than 250 ms" },
+        after: { ok: true, value: "echo again" }, // a fresh worker: the spinning one was terminated
+        started: 2,
+        closed: { ok: false, reason: "shutdown", message: "sandbox is shut down" },
+      });
+    } finally {
+      await page.close();
+    }
+  });
+
   it("runs the pipeline hands-free on wasm", async () => {
     checkRun(await autorun(`${SHORT}&backend=wasm`, 240_000), "wasm", 20, true);
   }, 300_000);
