@@ -258,7 +258,8 @@ export async function runGrpoPhase(s: Settings, ev: Events): Promise<number> {
         "grpo",
         step + 1,
         s.grpoSteps,
-        `reward ${Number(m.reward).toFixed(2)} · acc ${Number(m.accuracy).toFixed(2)} · tools ${Number(m.tool_calls).toFixed(2)}`,
+        `reward ${Number(m.reward).toFixed(2)} · acc ${Number(m.accuracy).toFixed(2)} · tools ${Number(m.tool_calls).toFixed(2)} · ` +
+          `${Math.round(m.rollout_tokens_per_s)} tokens/s`,
       );
       await breathe();
     }
