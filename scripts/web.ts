@@ -77,7 +77,11 @@ export function adaptersPlugin(): esbuild.Plugin {
           return { path: a.path, namespace: "empty" };
         // An adapter that wraps its package (hyparquet) imports the package itself.
         if (MODULE_ADAPTERS[a.path] && a.importer !== at(MODULE_ADAPTERS[a.path])) return { path: at(MODULE_ADAPTERS[a.path]) };
-        if (a.path.startsWith(".") && a.importer.startsWith(at("src"))) {
+        if (
+          a.path.startsWith(".") &&
+          a.importer.startsWith(ROOT + path.sep) &&
+          !a.importer.includes(`${path.sep}node_modules${path.sep}`)
+        ) {
           const rel = path.relative(ROOT, path.resolve(path.dirname(a.importer), a.path));
           if (MODULE_ADAPTERS[rel]) return { path: at(MODULE_ADAPTERS[rel]) };
         }
@@ -124,10 +128,18 @@ export async function buildWeb(outDir = at("outputs", "web"), opts: { minify?: b
   };
   const builds = [
     { in: "web/main.ts", out: "app.js" },
+    // The wasm heap module sends its job functions' source text to its helper threads
+    // (Function.toString, src/kernels/wasm/heap.ts): their names must survive as written.
+    { in: "web/worker.ts", out: "worker.js", minifyIdentifiers: false },
     { in: "web/calculator-worker.ts", out: "calculator-worker.mjs" },
   ];
   for (const e of builds) {
-    const r = await esbuild.build({ ...common, entryPoints: [at(e.in)], outfile: path.join(outDir, e.out) });
+    const r = await esbuild.build({
+      ...common,
+      ...(e.minifyIdentifiers === false ? { minifyIdentifiers: false, minifySyntax: true, minifyWhitespace: true, minify: false } : {}),
+      entryPoints: [at(e.in)],
+      outfile: path.join(outDir, e.out),
+    });
     const leaked = Object.values(r.metafile!.outputs)
       .flatMap((o) => o.imports)
       .filter((i) => i.path.startsWith("node:"));
@@ -208,7 +220,8 @@ async function main(): Promise<void> {
   const log = (line: string) => process.stderr.write(line + "\n");
   log(
     `built ${path.relative(process.cwd(), built.outDir) || "."} in ${((Date.now() - t0) / 1000).toFixed(1)} s ` +
-      `(app.js ${mb(built.bytes["app.js"])} MB, calculator-worker.mjs ${mb(built.bytes["calculator-worker.mjs"])} MB)`,
+      `(app.js ${mb(built.bytes["app.js"])} MB, worker.js ${mb(built.bytes["worker.js"])} MB, ` +
+      `calculator-worker.mjs ${mb(built.bytes["calculator-worker.mjs"])} MB)`,
   );
   if (o.build_only) return;
   const server = await serveWeb(built.outDir, o.port, o.host);

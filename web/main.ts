@@ -1,35 +1,21 @@
 /** The page: the tiny preset's pipeline (web/pipeline.ts) with its controls, progress, live charts
  *  (src/report/charts.ts), the latest rollouts as report.html draws them (src/report/transcript.ts),
  *  the evaluation table (src/run/eval-table.ts), a chat box, and downloads of the RL adapter (PEFT) and
- *  the SFT model, which load back from disk.
+ *  the SFT model, which load back from disk. The model and the training run in a Web Worker
+ *  (web/worker.ts): the tab stays responsive, and wasm may run threaded.
  *
  *  ?autorun=1 runs everything without clicks (the demo link, and what test/web/ drives): optional
  *  sft_steps, grpo_steps, grpo_questions, grpo_samples, eval_samples, backend (wasm | webgpu; default:
- *  webgpu when the browser offers an adapter, else wasm), chat (the question asked at the end).
+ *  webgpu when the browser offers an adapter, else wasm), threads (wasm; default: the cores, at most
+ *  8, when the page is cross-origin isolated), chat (the question asked at the end).
  *  document.body.dataset.state says where it is: loading, ready, sft, grpo, eval, chat, done, stopped,
  *  or "error: <one line>"; <script type="application/json" id="results"> holds the outcome. */
-import * as tf from "@tensorflow/tfjs";
-import { setWasmPaths } from "@tensorflow/tfjs-backend-wasm";
-import { initBackend } from "../src/kernels/backend.ts";
 import { lineChartSvg } from "../src/report/charts.ts";
-import { CSS, escapeHtml } from "../src/report/html.ts";
+import { CSS } from "../src/report/html.ts";
 import { renderTurns, TRANSCRIPT_LEGEND } from "../src/report/transcript.ts";
 import type { Trajectory } from "../src/rollout/types.ts";
-import { filesUnder, putFile } from "./node/fs.ts";
-import { setLogSink } from "./node/process.ts";
-import {
-  fetchBase,
-  GRPO_DIR,
-  openChat,
-  runEvalPhase,
-  runGrpoPhase,
-  runSftPhase,
-  SFT_DIR,
-  Stopped,
-  type Events,
-  type Settings,
-} from "./pipeline.ts";
-import { existsSync, readFileSync, rmSync } from "./node/fs.ts";
+import type { Settings } from "./pipeline.ts";
+import type { Reply, RequestBody, WorkerEvent } from "./protocol.ts";
 
 const PAGE_CSS = `
 body{max-width:1100px}.bar{display:flex;gap:8px;flex-wrap:wrap;align-items:center;margin:8px 0}
@@ -142,36 +128,62 @@ function log(line: string): void {
   box.scrollTop = box.scrollHeight;
 }
 
-let stopAsked = false;
-const events: Events = {
-  log,
-  progress(phase, done, total, extra) {
+// ---------------------------------------------------------------- the training thread
+
+const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
+const pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
+let nextId = 0;
+
+/** Thrown where the user's Stop ended a phase. */
+class Stopped extends Error {}
+
+/** Ask the worker; resolves to its answer, or rejects with its one-line error. */
+function call<T>(r: RequestBody, transfer: Transferable[] = []): Promise<T> {
+  const id = ++nextId;
+  return new Promise<T>((resolve, reject) => {
+    pending.set(id, { resolve: resolve as (v: unknown) => void, reject });
+    worker.postMessage({ ...r, id }, transfer);
+  });
+}
+
+worker.onmessage = (e: MessageEvent<Reply | WorkerEvent>) => {
+  const m = e.data;
+  if (m.kind === "reply") {
+    const p = pending.get(m.id)!;
+    pending.delete(m.id);
+    if (m.error === undefined) p.resolve(m.value);
+    else {
+      if (!m.stopped && m.stack) log(`error: ${m.stack}`);
+      p.reject(m.stopped ? new Stopped(m.error) : new Error(m.error));
+    }
+  } else if (m.kind === "log") log(m.line);
+  else if (m.kind === "progress") {
     const p = $("progress") as HTMLProgressElement;
-    p.max = total;
-    p.value = done;
-    $("progressText").textContent = `${phase} ${done} of ${total}${extra ? " · " + extra : ""}`;
-  },
-  sftStep: (step, m) => point("sft_loss", step, m.loss),
-  grpoStep(step, m, trajs) {
-    for (const k of ["reward", "accuracy", "tool_calls"]) point(k, step, m[k]);
-    showRollouts(step, trajs);
-  },
-  stopped: () => stopAsked,
+    p.max = m.total;
+    p.value = m.done;
+    $("progressText").textContent = `${m.phase} ${m.done} of ${m.total}${m.extra ? " · " + m.extra : ""}`;
+  } else if (m.kind === "sft") point("sft_loss", m.step, m.loss);
+  else if (m.kind === "grpo") {
+    for (const k of ["reward", "accuracy", "tool_calls"]) point(k, m.step, m.metrics[k]);
+    showRollouts(m.step, m.trajs);
+  } else if (m.kind === "chat") $("chatout").textContent += m.text;
 };
+worker.onerror = (e) => setState(`error: the training thread failed: ${e.message}`);
 
 // ---------------------------------------------------------------- phases
 
 let settings: Settings;
 let busy = false;
+let held = { sft: false, rl: false }; // what the worker's file store holds
 const phaseButtons = ["runAll", "bSft", "bGrpo", "bEval", "chatGo"];
 
 function refreshButtons(): void {
   for (const id of phaseButtons) ($(id) as HTMLButtonElement).disabled = busy;
-  ($("bGrpo") as HTMLButtonElement).disabled ||= !existsSync(SFT_DIR);
-  ($("bEval") as HTMLButtonElement).disabled ||= !existsSync(GRPO_DIR);
-  ($("chatGo") as HTMLButtonElement).disabled ||= !existsSync(GRPO_DIR);
-  ($("download") as HTMLButtonElement).disabled = busy || !existsSync(GRPO_DIR);
-  ($("downloadSft") as HTMLButtonElement).disabled = busy || !existsSync(SFT_DIR);
+  ($("bGrpo") as HTMLButtonElement).disabled ||= !held.sft;
+  ($("bEval") as HTMLButtonElement).disabled ||= !held.rl;
+  ($("chatGo") as HTMLButtonElement).disabled ||= !held.rl;
+  ($("download") as HTMLButtonElement).disabled = busy || !held.rl;
+  ($("downloadSft") as HTMLButtonElement).disabled = busy || !held.sft;
   ($("stop") as HTMLButtonElement).disabled = !busy;
 }
 
@@ -181,57 +193,48 @@ function readSettings(): void {
   settings.evalSamples = Number(($("evalSamples") as HTMLInputElement).value);
 }
 
-/** Run phases one after another; the page's state says which runs, and a failure is one line. */
+/** Run phases one after another in the worker; the page's state says which runs, and a failure is
+ *  one line. */
 async function run(phases: Array<"sft" | "grpo" | "eval" | "chat">): Promise<void> {
   busy = true;
-  stopAsked = false;
   refreshButtons();
   const seconds = ((results.seconds as Record<string, number>) ??= {});
   const sha256 = ((results.sha256 as Record<string, string>) ??= {}); // to compare with the Node scripts' files
   try {
     for (const phase of phases) {
       setState(phase);
-      if (phase === "sft") {
-        seconds.sft = await runSftPhase(settings, events);
-        sha256.sft_model = await fileSha256(`${SFT_DIR}/model.safetensors`);
-      }
-      if (phase === "grpo") {
-        seconds.grpo = await runGrpoPhase(settings, events);
-        sha256.rl_adapter = await fileSha256(`${GRPO_DIR}/adapter_model.safetensors`);
+      if (phase === "sft" || phase === "grpo") {
+        const r = await call<{ seconds: number; sha256: string; held: typeof held }>({ type: phase, settings });
+        seconds[phase] = r.seconds;
+        sha256[phase === "sft" ? "sft_model" : "rl_adapter"] = r.sha256;
+        held = r.held;
       }
       if (phase === "eval") {
-        const r = await runEvalPhase(settings, events);
+        const r = await call<{ seconds: number; table: string; summary: Array<{ name: string } & Record<string, number>> }>({
+          type: "eval",
+          settings,
+        });
         seconds.eval = r.seconds;
         $("evalTable").textContent = r.table;
-        results.eval = Object.fromEntries(
-          r.results.map(({ name, result }) => [
-            name,
-            {
-              strict: result.strict.value,
-              lo: result.strict.lo,
-              hi: result.strict.hi,
-              n: result.n,
-              tools_per_rollout: result.toolCallsPerRollout,
-            },
-          ]),
-        );
+        results.eval = Object.fromEntries(r.summary.map(({ name, ...rest }) => [name, rest]));
         results.table = r.table;
       }
       if (phase === "chat") {
-        const t0 = performance.now();
-        results.chat = await chat(($("chatIn") as HTMLInputElement).value);
-        seconds.chat = (performance.now() - t0) / 1000;
+        const text = ($("chatIn") as HTMLInputElement).value;
+        $("chatout").textContent = `> ${text}\n`;
+        const { seconds: s, ...chat } = await call<{ seconds: number; question: string; answer: string; toolCalls: number }>({
+          type: "chat",
+          settings,
+          text,
+        });
+        results.chat = chat;
+        seconds.chat = s;
       }
       publish();
     }
     setState("done");
   } catch (err) {
-    if (err instanceof Stopped) setState("stopped");
-    else {
-      const msg = String((err as Error)?.message ?? err).split("\n")[0];
-      log(`error: ${(err as Error)?.stack ?? msg}`);
-      setState(`error: ${msg}`);
-    }
+    setState(err instanceof Stopped ? "stopped" : `error: ${(err as Error).message}`);
   } finally {
     busy = false;
     refreshButtons();
@@ -239,34 +242,12 @@ async function run(phases: Array<"sft" | "grpo" | "eval" | "chat">): Promise<voi
   }
 }
 
-/** One chat turn with the RL model, tool calls shown as they run (src/run/chat.ts's session). */
-async function chat(text: string): Promise<{ question: string; answer: string; toolCalls: number }> {
-  const c = await openChat(settings);
-  const out = $("chatout");
-  out.textContent = `> ${text}\n`;
-  try {
-    let answer = "";
-    const traj = await c.session.send(text, (s) => {
-      answer += s;
-      out.textContent += s;
-    });
-    return { question: text, answer, toolCalls: traj.turns.reduce((n, t) => n + (t.toolCalls?.length ?? 0), 0) };
-  } finally {
-    await c.close();
-  }
-}
-
-/** A file's SHA-256 in hex (what `sha256sum` prints for the Node scripts' output). */
-async function fileSha256(file: string): Promise<string> {
-  const bytes = readFileSync(file) as Uint8Array<ArrayBuffer>;
-  return [...new Uint8Array(await crypto.subtle.digest("SHA-256", bytes))].map((b) => b.toString(16).padStart(2, "0")).join("");
-}
-
-/** A folder of the page's file store as downloads, one file each (`only`: the names to offer). */
-function downloadFolder(dir: string, only?: (name: string) => boolean): void {
-  for (const [name, bytes] of filesUnder(dir)) {
+/** A folder of the worker's file store as downloads, one file each (`only`: the names to offer). */
+async function downloadFolder(which: "sft" | "rl", only?: (name: string) => boolean): Promise<void> {
+  const files = await call<Record<string, Uint8Array<ArrayBuffer>>>({ type: "files", which });
+  for (const [name, bytes] of Object.entries(files)) {
     if (name.includes("/") || (only && !only(name))) continue;
-    const a = el("a", { href: URL.createObjectURL(new Blob([bytes as Uint8Array<ArrayBuffer>])), download: name });
+    const a = el("a", { href: URL.createObjectURL(new Blob([bytes])), download: name });
     document.body.append(a);
     a.click();
     a.remove();
@@ -277,19 +258,14 @@ function downloadFolder(dir: string, only?: (name: string) => boolean): void {
  *  becomes the page's RL model, a model folder (config.json + model.safetensors + tokenizer files) its
  *  SFT model. An adapter's base is the path its adapter_config.json names, relative to it: for the
  *  page's own downloads, the page's SFT model. */
-async function upload(files: File[]): Promise<void> {
-  const names = files.map((f) => f.name);
-  const dir = names.includes("adapter_config.json") ? GRPO_DIR : names.includes("config.json") ? SFT_DIR : null;
-  if (dir === null) {
-    setState(
-      `error: ${names.join(", ")}: expected an adapter folder's files (adapter_config.json, ...) or a model folder's (config.json, ...)`,
-    );
-    return;
+async function upload(picked: File[]): Promise<void> {
+  const files = await Promise.all(picked.map(async (f) => ({ name: f.name, bytes: new Uint8Array(await f.arrayBuffer()) })));
+  try {
+    held = (await call<{ held: typeof held }>({ type: "upload", files })).held;
+    setState("ready");
+  } catch (err) {
+    setState(`error: ${(err as Error).message}`);
   }
-  rmSync(dir, { recursive: true, force: true });
-  for (const f of files) putFile(`${dir}/${f.name}`, new Uint8Array(await f.arrayBuffer()));
-  log(`loaded ${names.join(", ")} as the ${dir === GRPO_DIR ? "RL adapter" : "SFT model"}`);
-  setState("ready");
   refreshButtons();
 }
 
@@ -306,7 +282,6 @@ async function chooseBackend(): Promise<"wasm" | "webgpu"> {
 
 async function start(): Promise<void> {
   layout();
-  setLogSink(log);
   settings = {
     backend: await chooseBackend(),
     sftSteps: intParam("sft_steps", 40),
@@ -327,24 +302,33 @@ async function start(): Promise<void> {
     q.delete("autorun");
     location.search = q.toString(); // tfjs picks its backend once per page
   });
-  setWasmPaths(new URL("./", location.href).href);
+  const threadsAsked = q.get("threads");
+  const threads = threadsAsked === null || threadsAsked === "auto" ? ("auto" as const) : intParam("threads", 1);
   const t0 = performance.now();
-  await fetchBase();
-  const backend = await initBackend(settings.backend, { threads: 1 });
-  $("backend").textContent = backend === "wasm" ? `wasm (1 thread${crossOriginIsolated ? ", cross-origin isolated" : ""})` : backend;
-  results.backend = backend;
+  const r = await call<{ backend: string; threads: number; seconds: number }>({
+    type: "start",
+    backend: settings.backend,
+    threads,
+    wasmRoot: new URL("./", location.href).href,
+  });
+  $("backend").textContent =
+    r.backend === "wasm"
+      ? `wasm (${r.threads} thread${r.threads > 1 ? "s" : ""}${crossOriginIsolated ? ", cross-origin isolated" : ""})`
+      : r.backend;
+  results.backend = r.backend;
+  results.threads = r.threads;
   results.settings = { ...settings };
   results.load_seconds = (performance.now() - t0) / 1000;
-  log(`base loaded and backend ${backend} ready in ${(results.load_seconds as number).toFixed(2)} s; ${tf.memory().numTensors} tensors`);
+  log(`base loaded and backend ${r.backend} ready in ${(results.load_seconds as number).toFixed(2)} s`);
   const wire = (id: string, f: () => void) => $(id).addEventListener("click", f);
   wire("runAll", () => (readSettings(), void run(["sft", "grpo", "eval", "chat"])));
   wire("bSft", () => (readSettings(), void run(["sft"])));
   wire("bGrpo", () => (readSettings(), void run(["grpo"])));
   wire("bEval", () => (readSettings(), void run(["eval"])));
   wire("chatGo", () => void run(["chat"]));
-  wire("stop", () => ((stopAsked = true), log("stop asked: stopping at the next step")));
-  wire("download", () => downloadFolder(GRPO_DIR, (name) => name.startsWith("adapter_")));
-  wire("downloadSft", () => downloadFolder(SFT_DIR));
+  wire("stop", () => (worker.postMessage({ type: "stop" }), log("stop asked: stopping at the next step")));
+  wire("download", () => void downloadFolder("rl", (name) => name.startsWith("adapter_")));
+  wire("downloadSft", () => void downloadFolder("sft"));
   $("upload").addEventListener("change", (e) => void upload(Array.from((e.target as HTMLInputElement).files!)));
   setState("ready");
   refreshButtons();
