@@ -187,10 +187,15 @@ function refreshButtons(): void {
   ($("stop") as HTMLButtonElement).disabled = !busy;
 }
 
+/** The step counts typed in the boxes (a box that does not hold a whole number from 1 keeps its value). */
 function readSettings(): void {
-  settings.sftSteps = Number(($("sftSteps") as HTMLInputElement).value);
-  settings.grpoSteps = Number(($("grpoSteps") as HTMLInputElement).value);
-  settings.evalSamples = Number(($("evalSamples") as HTMLInputElement).value);
+  const read = (id: string, old: number) => {
+    const n = Number(($(id) as HTMLInputElement).value);
+    return Number.isInteger(n) && n >= 1 ? n : old;
+  };
+  settings.sftSteps = read("sftSteps", settings.sftSteps);
+  settings.grpoSteps = read("grpoSteps", settings.grpoSteps);
+  settings.evalSamples = read("evalSamples", settings.evalSamples);
 }
 
 /** Run phases one after another in the worker; the page's state says which runs, and a failure is
