@@ -32,8 +32,9 @@ async function chromiumPath(): Promise<string | null> {
   try {
     return await findChromium(process.env.CHROMIUM);
   } catch (err) {
-    if (CI) throw new Error(`the page's tests: CI=true but ${(err as Error).message}`);
-    console.warn(`the page's Chromium tests skipped: ${(err as Error).message}`);
+    const why = `${(err as Error).message} (here: CHROMIUM=<path>)`;
+    if (CI) throw new Error(`the page's tests: CI=true but ${why}`);
+    console.warn(`the page's Chromium tests skipped: ${why}`);
     return null;
   }
 }
