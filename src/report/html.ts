@@ -23,7 +23,7 @@ export function capText(s: string, max: number): { text: string; omitted: number
   return { text: s.slice(0, end), omitted: s.length - end };
 }
 
-const CSS = `body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#1d2330;background:#fff}
+export const CSS = `body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#1d2330;background:#fff}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:26px 0 8px}h3{font-size:14px;margin:14px 0 6px}.sub{color:#667;margin:0 0 14px}
 .charts{display:flex;flex-wrap:wrap;gap:12px}.chart{border:1px solid #e3e6ec;border-radius:6px;background:#fcfcfd}
 .t{font-size:13px;font-weight:600;fill:#1d2330}.yl{font-size:10px;fill:#556;text-anchor:end}.xl{font-size:10px;fill:#556;text-anchor:middle}
