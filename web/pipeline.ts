@@ -22,7 +22,7 @@ import { TINY_CHAT_PRESET, CHAT_FLAGS } from "../src/run/chat-flags.ts";
 import { loadExamples, loadTrainingData, dataStream } from "../src/run/data.ts";
 import { evaluateModel, type EvalProtocol } from "../src/run/eval-run.ts";
 import { EVAL_FLAGS, TINY_EVAL_PRESET } from "../src/run/eval-flags.ts";
-import { formatEvalTable, formatImprovement, pairedImprovement } from "../src/run/eval-table.ts";
+import { formatEvalTable, formatImprovement, pairedImprovement } from "../src/report/eval-table.ts";
 import type { EvalResult } from "../src/run/evaluate.ts";
 import { defaultsOf } from "../src/run/flags.ts";
 import { GRPO_FLAGS, settleGrpoConfig, TINY_GRPO } from "../src/run/grpo-flags.ts";
