@@ -7,13 +7,12 @@
  *  Files live in the page's memory (web/node/fs.ts): the base is put there from the server, the SFT
  *  model and the RL adapter are written there by src/'s savers, and offered for download from there. */
 import * as tf from "@tensorflow/tfjs";
-import { buildSftConversations } from "../src/agents/sft.ts";
+import { encodeSftConversations } from "../src/agents/sft.ts";
 import { calculatorTool } from "../src/agents/calculator.ts";
 import { systemPromptFor, toPrompt, checkToolsFit } from "../src/agents/prompts.ts";
 import { openRunTools, openTools, type ToolSet } from "../src/agents/toolset.ts";
-import { toolSchema } from "../src/agents/types.ts";
 import type { Task } from "../src/datasets/tasks.ts";
-import type { Quantize, LoraConfig } from "../src/model/types.ts";
+import type { Quantize } from "../src/model/types.ts";
 import { TINY_BASE_DIR, TINY_PROBLEMS } from "../src/presets/tiny.ts";
 import { prepareEngine, type RolloutEngine } from "../src/rollout/engines/index.ts";
 import type { Trajectory } from "../src/rollout/types.ts";
@@ -27,14 +26,13 @@ import type { EvalResult } from "../src/run/evaluate.ts";
 import { defaultsOf } from "../src/run/flags.ts";
 import { GRPO_FLAGS, settleGrpoConfig, TINY_GRPO } from "../src/run/grpo-flags.ts";
 import { engineSampling, grpoConfig, grpoRollouts, rolloutsOf, scoreStep, stepMetrics } from "../src/run/grpo-step.ts";
-import { loraTargets, toolConfig } from "../src/run/options.ts";
-import { openPolicy, savePolicy, type Policy } from "../src/run/policy.ts";
+import { toolConfig } from "../src/run/options.ts";
+import { openPolicy, savePolicy, trainingPolicy, type Policy } from "../src/run/policy.ts";
 import { SFT_FLAGS, TINY_SFT } from "../src/run/sft-flags.ts";
-import { rightPad } from "../src/trainer/batch.ts";
 import { grpoStep, noUpdateStats } from "../src/trainer/grpo.ts";
 import { AdamW } from "../src/trainer/optimizer.ts";
 import { lrAt } from "../src/trainer/schedule.ts";
-import { sftStep, type SftBatch } from "../src/trainer/sft.ts";
+import { sftMicroBatches, sftStep } from "../src/trainer/sft.ts";
 import { Rng } from "../src/util/rng.ts";
 import { putFile } from "./node/fs.ts";
 
@@ -107,26 +105,18 @@ export async function runSftPhase(s: Settings, ev: Events): Promise<number> {
     { dataset: cfg.dataset, purpose: "sft", maxSamples: cfg.max_samples, synthetic: TINY_PROBLEMS },
     cfg.eval_samples,
   );
-  const policy = await openPolicy({
-    modelPath: TINY_BASE_DIR,
-    quantize: cfg.quantize,
-    trainable: "full",
-    seed: cfg.seed,
-    backend: s.backend,
-    threads: 1,
-    unpackBase: cfg.unpack_base,
-  });
+  const policy = await openPolicy(trainingPolicy(cfg, { modelPath: TINY_BASE_DIR, full: true }));
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learning_rate, weightDecay: cfg.weight_decay });
   const toolSet = await openTools(["calculator"]);
   try {
-    const built = await buildSftConversations(examples, calculatorTool, {
+    const { built, encoded } = await encodeSftConversations(examples, calculatorTool, tokenizer, {
       inlineShare: cfg.inline_share,
       inlineOps: cfg.inline_ops,
       seed: cfg.seed,
+      toolsInPrompt: cfg.tools_in_prompt,
+      maxLength: cfg.max_length,
     });
-    const tools = cfg.tools_in_prompt ? [toolSchema(calculatorTool)] : undefined;
-    const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= cfg.max_length);
     const perStep = cfg.batch_size * cfg.gradient_accumulation_steps;
     const stepsPerEpoch = Math.ceil(encoded.length / perStep);
     // The preset's schedule (one epoch, 40 steps); fewer steps stop it early, more extend it.
@@ -142,17 +132,7 @@ export async function runSftPhase(s: Settings, ev: Events): Promise<number> {
         if (ev.stopped()) throw new Stopped();
         const tStep = performance.now();
         const rows = order.slice(k * perStep, (k + 1) * perStep);
-        const micro: SftBatch[] = [];
-        for (let i = 0; i < rows.length; i += cfg.batch_size) {
-          const part = rows.slice(i, i + cfg.batch_size).map((r) => encoded[r]);
-          micro.push(
-            rightPad(
-              part.map((e) => e.ids),
-              part.map((e) => e.assistantMask),
-              tokenizer.padTokenId,
-            ),
-          );
-        }
+        const micro = sftMicroBatches(rows, encoded, cfg.batch_size, tokenizer.padTokenId);
         const r = await sftStep(model, optimizer, micro, { lr: lrAt(step, schedule), maxGradNorm: cfg.max_grad_norm });
         step++;
         const seconds = (performance.now() - tStep) / 1000;
@@ -182,23 +162,7 @@ export async function runGrpoPhase(s: Settings, ev: Events): Promise<number> {
   );
   const openEngine = await prepareEngine(cfg, ev.log);
   const toolSet = await openRunTools(toolConfig(cfg), ev.log);
-  const lora: LoraConfig = {
-    r: cfg.lora_r,
-    alpha: cfg.lora_alpha,
-    dropout: cfg.lora_dropout,
-    targetModules: loraTargets(cfg.lora_targets),
-  };
-  const policy = await openPolicy({
-    modelPath: cfg.model_path,
-    adapter: cfg.init_adapter,
-    quantize: cfg.quantize,
-    lora,
-    trainable: "lora",
-    seed: cfg.seed,
-    backend: s.backend,
-    threads: 1,
-    unpackBase: cfg.unpack_base,
-  });
+  const policy = await openPolicy(trainingPolicy(cfg, { modelPath: cfg.model_path, adapter: cfg.init_adapter, full: false }));
   const { model, tokenizer } = policy;
   const optimizer = new AdamW(model.trainableVariables(), { lr: cfg.learning_rate, weightDecay: cfg.weight_decay });
   let engine: RolloutEngine | null = null;

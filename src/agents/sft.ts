@@ -12,11 +12,11 @@
  *  Steps worked out in the text: `inlineShare` writes a seeded share of the steps (optionally only
  *  those with the `inlineOps` operators) as GSM8K's visible text, result inline and no call, so the
  *  demonstrations sometimes skip the tool, as human-written solutions do. */
-import type { ChatMessage } from "../model/types.ts";
+import type { ChatMessage, Tokenizer } from "../model/types.ts";
 // In agents/, not datasets/: an SFT conversation is the agent's own prompt and tool messages around
 // GSM8K's annotations, built from the agent's prompt (toPrompt) and tool-result shape, not a copy of
 // them that could drift from what rollouts see.
-import { toToolResult, type Tool } from "./types.ts";
+import { toolSchema, toToolResult, type Tool } from "./types.ts";
 import { toPrompt } from "./prompts.ts";
 import { answerValue, normalizeNumber } from "../datasets/answer.ts";
 import { normalizeExpression, parseAnnotations } from "../datasets/annotations.ts";
@@ -175,4 +175,19 @@ export async function buildSftConversations(
     out.ids.push(ex.id);
   }
   return out;
+}
+
+/** SFT's training rows: the conversations (buildSftConversations) tokenized with the tool's schema in
+ *  the prompt (or not), with the assistant's tokens as the loss mask; those over maxLength tokens are
+ *  left out (`built` says how many conversations there were). */
+export async function encodeSftConversations(
+  examples: Gsm8kExample[],
+  tool: Tool,
+  tokenizer: Tokenizer,
+  opts: BuildOptions & { toolsInPrompt: boolean; maxLength: number },
+): Promise<{ built: SftBuild; encoded: { ids: number[]; assistantMask: number[] }[] }> {
+  const built = await buildSftConversations(examples, tool, opts);
+  const tools = opts.toolsInPrompt ? [toolSchema(tool)] : undefined;
+  const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= opts.maxLength);
+  return { built, encoded };
 }

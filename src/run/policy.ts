@@ -13,6 +13,8 @@ import { writeDirAtomic, exists } from "../util/fs.ts";
 import { isHubId } from "../util/hub.ts";
 import type { ThreadsSpec } from "../kernels/wasm/threads.ts";
 import { initBackend } from "../kernels/backend.ts";
+import { loraTargets, type trainingFlags } from "./options.ts";
+import type { OptionsOf } from "../util/flag.ts";
 
 export interface OpenPolicyOptions {
   modelPath: string; // hub id, HF folder, full SFT output, or a PEFT adapter folder
@@ -24,6 +26,29 @@ export interface OpenPolicyOptions {
   backend?: string;
   threads?: ThreadsSpec;
   unpackBase?: boolean; // hold a quantized base unpacked while generating (default true)
+}
+
+/** The flags a training run opens its policy with (both runs' model, LoRA and backend flags). */
+export type TrainingPolicyFlags = Pick<
+  OptionsOf<ReturnType<typeof trainingFlags>>,
+  "quantize" | "lora_r" | "lora_alpha" | "lora_dropout" | "lora_targets" | "seed" | "backend" | "threads" | "unpack_base"
+>;
+
+/** A training run's policy: `full` trains every weight, else a fresh LoRA adapter from the flags (or
+ *  the one at `adapter`) on the quantized base. */
+export function trainingPolicy(f: TrainingPolicyFlags, o: { modelPath: string; adapter?: string; full: boolean }): OpenPolicyOptions {
+  const lora = { r: f.lora_r, alpha: f.lora_alpha, dropout: f.lora_dropout, targetModules: loraTargets(f.lora_targets) };
+  return {
+    modelPath: o.modelPath,
+    adapter: o.adapter,
+    quantize: f.quantize,
+    lora: o.full ? undefined : lora,
+    trainable: o.full ? "full" : "lora",
+    seed: f.seed,
+    backend: f.backend,
+    threads: f.threads,
+    unpackBase: f.unpack_base,
+  };
 }
 
 export interface Policy {

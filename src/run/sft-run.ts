@@ -6,18 +6,16 @@
  *  Checkpoints (--save_steps, and always the last step) let --resume continue or finish a run. */
 import * as path from "node:path";
 import { calculatorTool } from "../agents/calculator.ts";
-import { toolSchema } from "../agents/types.ts";
 import { openTools, type ToolSet } from "../agents/toolset.ts";
-import { buildSftConversations } from "../agents/sft.ts";
+import { encodeSftConversations } from "../agents/sft.ts";
 import type { SyntheticOptions } from "../datasets/synthetic.ts";
 import type { ChatMessage } from "../model/types.ts";
 import { TINY_PROBLEMS } from "../presets/tiny.ts";
 import { UsageError } from "../util/errors.ts";
-import { rightPad } from "../trainer/batch.ts";
 import { collectGarbage } from "../util/gc.ts";
 import { formatStepLine, memoryFields, readMetrics, SFT_LINE } from "../trainer/metrics.ts";
 import { writeReport } from "../report/report.ts";
-import { sftStep, type SftBatch } from "../trainer/sft.ts";
+import { sftMicroBatches, sftStep } from "../trainer/sft.ts";
 import { Rng } from "../util/rng.ts";
 import { loadTrainingData } from "./data.ts";
 import { finalEvaluation } from "./evaluate.ts";
@@ -61,13 +59,13 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
     opened = toolSet;
     await run.record({ ...cfg, base: policy.base, dataSplit: split });
     // Conversations: every calculator call re-run, so tool messages show what rollouts will show.
-    const built = await buildSftConversations(examples, calculatorTool, {
+    const { built, encoded } = await encodeSftConversations(examples, calculatorTool, tokenizer, {
       inlineShare: cfg.inline_share,
       inlineOps: cfg.inline_ops,
       seed: cfg.seed,
+      toolsInPrompt: cfg.tools_in_prompt,
+      maxLength: cfg.max_length,
     });
-    const tools = cfg.tools_in_prompt ? [toolSchema(calculatorTool)] : undefined;
-    const encoded = built.conversations.map((c) => tokenizer.encodeChat(c, { tools })).filter((e) => e.ids.length <= cfg.max_length);
     const tooLong = built.conversations.length - encoded.length;
     log(
       `sft data: ${examples.length} examples → ${encoded.length} conversations (${built.dropped.length} dropped for wrong ` +
@@ -109,17 +107,7 @@ export async function runSft(options: SftRunConfig): Promise<SftRunResult> {
           await loop.safePoint(step);
           const tStep = Date.now();
           const rows = order.slice(s * perStep, (s + 1) * perStep);
-          const micro: SftBatch[] = [];
-          for (let i = 0; i < rows.length; i += cfg.batch_size) {
-            const part = rows.slice(i, i + cfg.batch_size).map((r) => encoded[r]);
-            micro.push(
-              rightPad(
-                part.map((e) => e.ids),
-                part.map((e) => e.assistantMask),
-                padId,
-              ),
-            );
-          }
+          const micro = sftMicroBatches(rows, encoded, cfg.batch_size, padId);
           const lr = loop.lr(step);
           const r = await sftStep(model, optimizer, micro, { lr, maxGradNorm: cfg.max_grad_norm });
           step++;

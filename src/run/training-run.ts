@@ -15,9 +15,9 @@ import { heldOutCutsTraining } from "./data.ts";
 import type { EvalResult } from "./evaluate.ts";
 import { runIdentity, type FlagTable, type OptionsOf } from "./flags.ts";
 import type { SftFlags } from "./sft-flags.ts";
-import { loraTargets, type trainingFlags } from "./options.ts";
+import type { trainingFlags } from "./options.ts";
 import { discardFailedRun, prepareOutputDir, releaseOutputDir, writeRunConfig } from "./output-dir.ts";
-import { openPolicy, savePolicy, type Policy } from "./policy.ts";
+import { openPolicy, savePolicy, trainingPolicy, type Policy } from "./policy.ts";
 import { Interrupted, watchInterrupts } from "./shutdown.ts";
 import { exportOptimizer, importOptimizer } from "./train-state.ts";
 
@@ -76,19 +76,13 @@ export class TrainingRun {
     const { cfg, checkpoint: ckpt } = this;
     const base = ckpt ? ((ckpt.state.extra?.base as string) ?? cfg.model_path) : cfg.model_path;
     const open = () =>
-      openPolicy({
-        modelPath: ckpt && o.full ? ckpt.dir : base,
-        adapter: ckpt ? (o.full ? undefined : ckpt.dir) : o.adapter,
-        quantize: cfg.quantize,
-        lora: o.full
-          ? undefined
-          : { r: cfg.lora_r, alpha: cfg.lora_alpha, dropout: cfg.lora_dropout, targetModules: loraTargets(cfg.lora_targets) },
-        trainable: o.full ? "full" : "lora",
-        seed: cfg.seed,
-        backend: cfg.backend,
-        threads: cfg.threads,
-        unpackBase: cfg.unpack_base,
-      });
+      openPolicy(
+        trainingPolicy(cfg, {
+          modelPath: ckpt && o.full ? ckpt.dir : base,
+          adapter: ckpt ? (o.full ? undefined : ckpt.dir) : o.adapter,
+          full: o.full,
+        }),
+      );
     // A new run takes its folder first (emptied with --overwrite, or when --resume found no checkpoint)
     // and leaves nothing behind if it fails before its first step (a folder it created included).
     if (!ckpt) await prepareOutputDir(cfg.output_dir, { overwrite: cfg.overwrite || this.restart, runKind: this.kind });

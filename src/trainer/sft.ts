@@ -3,7 +3,7 @@
  *  label smoothing. */
 import * as tf from "@tensorflow/tfjs";
 import type { CausalLM } from "../model/types.ts";
-import { microBatchRows } from "./batch.ts";
+import { microBatchRows, rightPad } from "./batch.ts";
 import { NonFiniteError } from "../util/errors.ts";
 import { accumulateGrads } from "./grads.ts";
 import type { AdamW } from "./optimizer.ts";
@@ -65,6 +65,28 @@ export function splitRows(batch: SftBatch, maxRows?: (length: number) => number)
     attentionMask: rows.map((r) => batch.attentionMask[r]),
     lossMask: rows.map((r) => batch.lossMask[r]),
   }));
+}
+
+/** A step's rows (indices into `encoded`) as micro-batches of `batchSize` conversations, each padded
+ *  on the right to its longest; the loss reads the assistant's tokens. */
+export function sftMicroBatches(
+  rows: number[],
+  encoded: { ids: number[]; assistantMask: number[] }[],
+  batchSize: number,
+  padId: number,
+): SftBatch[] {
+  const micro: SftBatch[] = [];
+  for (let i = 0; i < rows.length; i += batchSize) {
+    const part = rows.slice(i, i + batchSize).map((r) => encoded[r]);
+    micro.push(
+      rightPad(
+        part.map((e) => e.ids),
+        part.map((e) => e.assistantMask),
+        padId,
+      ),
+    );
+  }
+  return micro;
 }
 
 /** One optimizer step over micro-batches. Each micro-batch's loss is divided by the token count of
