@@ -3,7 +3,7 @@
  *  Each run returns measurements; speed is measured here, never asserted in tests. */
 import * as tf from "@tensorflow/tfjs";
 import { wasmThreads } from "../../src/kernels/wasm/threads.ts";
-import { wasmSimd, type WasmSimd } from "../../src/kernels/wasm/heap.ts";
+import { wasmSimd, type WasmSimd } from "../../src/kernels/wasm/heap-build.ts";
 import { webgpuTraffic } from "../../src/kernels/webgpu/device.ts";
 import { sampleTokens } from "../../src/rollout/sampler.ts";
 import { Rng } from "../../src/util/rng.ts";

@@ -16,7 +16,7 @@
  *    adamw.ts; matmul.ts (products, transposes as flags) and checkpoint.ts (activation checkpointing);
  *  - wasm/: tfjs-backend-wasm's kernels replaced (gemm.ts, concat.ts, gather.ts, slices.ts,
  *    elementwise.ts, draw.ts) and the heap module they run on (heap.ts: the module on tfjs' heap, its
- *    helper threads running heap-jobs.ts; heap-ops.ts: the op files' kernels; heap-code.ts assembles
+ *    helper threads running heap-jobs.ts; heap-build.ts: which SIMD build; heap-ops.ts: the op files' kernels; heap-code.ts assembles
  *    the module from the heap-*-code.ts files through asm.ts);
  *  - webgpu/: the WGSL programs of each family (rows.ts, heads.ts, shared-heads.ts, vocab.ts, lora.ts,
  *    adamw.ts, gather-rows.ts, dequant.ts) on program.ts' scaffolding, uniforms.ts (a submit's uniforms

@@ -6,14 +6,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/kernels/backend.ts";
-import {
-  heapHelpersReady,
-  relaxedSimdAvailable,
-  setWasmSimd,
-  splitJobCount,
-  wasmSimd,
-  type WasmSimd,
-} from "../../src/kernels/wasm/heap.ts";
+import { heapHelpersReady, splitJobCount } from "../../src/kernels/wasm/heap.ts";
+import { relaxedSimdAvailable, setWasmSimd, wasmSimd, type WasmSimd } from "../../src/kernels/wasm/heap-build.ts";
 import { wasmThreads } from "../../src/kernels/wasm/threads.ts";
 import { binaryPlan } from "../../src/kernels/wasm/elementwise.ts";
 import { Rng } from "../../src/util/rng.ts";

@@ -7,16 +7,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as tf from "@tensorflow/tfjs";
 import { initBackend } from "../../src/kernels/backend.ts";
-import {
-  relaxedSimdAvailable,
-  setPackRows,
-  splitProductCount,
-  setWasmSimd,
-  heapHelpersReady,
-  wasmSimd,
-  WASM_SIMD_ENV,
-  type WasmSimd,
-} from "../../src/kernels/wasm/heap.ts";
+import { setPackRows, splitProductCount, heapHelpersReady } from "../../src/kernels/wasm/heap.ts";
+import { relaxedSimdAvailable, setWasmSimd, wasmSimd, WASM_SIMD_ENV, type WasmSimd } from "../../src/kernels/wasm/heap-build.ts";
 import { useWasmGemm } from "../../src/kernels/wasm/gemm.ts";
 import { matMulXWT, XWT } from "../../src/kernels/matmul.ts";
 import { wasmThreads } from "../../src/kernels/wasm/threads.ts";

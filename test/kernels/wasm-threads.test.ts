@@ -13,7 +13,7 @@ import { BENCH_CONFIGS } from "../../scripts/lib/bench.ts";
 import { moduleDims } from "../../src/model/lora.ts";
 import { LORA_TARGETS } from "../../src/model/types.ts";
 import { MAX_WASM_THREADS, resolveThreads } from "../../src/kernels/wasm/threads.ts";
-import { relaxedSimdAvailable, wasmSimd, WASM_SIMD_ENV, type WasmSimd } from "../../src/kernels/wasm/heap.ts";
+import { relaxedSimdAvailable, wasmSimd, WASM_SIMD_ENV, type WasmSimd } from "../../src/kernels/wasm/heap-build.ts";
 
 const tsxCli = fileURLToPath(new URL("../../node_modules/tsx/dist/cli.mjs", import.meta.url));
 const child = fileURLToPath(new URL("../fixtures/threads/logits-and-grads.ts", import.meta.url));
