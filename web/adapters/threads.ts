@@ -7,6 +7,7 @@
  *  any thread count (the matrix kernel sums every output in the same order however it is split). */
 import * as tf from "@tensorflow/tfjs";
 import * as wasmBackend from "@tensorflow/tfjs-backend-wasm";
+import { startThreadedBuild } from "../../src/kernels/wasm/threaded-build.ts";
 
 export const MAX_WASM_THREADS = 8;
 export type ThreadsSpec = number | "auto";
@@ -35,15 +36,8 @@ let threads = 1;
 export async function startThreadedWasm(n: number): Promise<string | null> {
   const why = threadedBlocker();
   if (why) return why;
-  tf.env().set("WASM_HAS_MULTITHREAD_SUPPORT", true);
-  wasmBackend.setThreadsCount(1); // tfjs' own kernels on the calling thread, as in Node
-  try {
-    if (!(await tf.setBackend("wasm"))) return "the threaded build failed to initialise";
-  } finally {
-    tf.env().set("WASM_HAS_MULTITHREAD_SUPPORT", false); // a later start (the fallback) is single-threaded
-  }
-  const wasm = (tf.backend() as unknown as { wasm?: { wasmMemory?: { buffer: unknown } } }).wasm;
-  if (!(wasm?.wasmMemory?.buffer instanceof SharedArrayBuffer)) return "the threaded build started without a shared heap";
+  const failed = await startThreadedBuild(60_000);
+  if (failed) return failed;
   threads = n;
   return null;
 }

@@ -15,12 +15,12 @@
  *  (src/kernels/backend.ts holds that promise). Results are bit-identical to 1 thread (the matrix kernel sums
  *  every output in the same order however it is split). */
 import * as tf from "@tensorflow/tfjs";
-import * as wasmBackend from "@tensorflow/tfjs-backend-wasm";
 import { createRequire } from "node:module";
 import os from "node:os";
 import * as path from "node:path";
 import { Worker as NodeWorker } from "node:worker_threads";
 import { UsageError } from "../../util/errors.ts";
+import { startThreadedBuild } from "./threaded-build.ts";
 
 /** Most threads a run asks for (the matrix kernel splits products into at most this many parts). */
 export const MAX_WASM_THREADS = 8;
@@ -95,24 +95,8 @@ export async function startThreadedWasm(n: number, timeoutMs = 60_000): Promise<
   const why = await preflight(Math.min(timeoutMs, 20_000));
   if (why) return why;
   installWorkerShim();
-  tf.env().set("WASM_HAS_MULTITHREAD_SUPPORT", true);
-  wasmBackend.setThreadsCount(1); // tfjs' own kernels on the calling thread (see the file header)
-  let timer: NodeJS.Timeout | undefined;
-  try {
-    const ok = await Promise.race([
-      tf.setBackend("wasm"),
-      new Promise<"timeout">((resolve) => (timer = setTimeout(() => resolve("timeout"), timeoutMs))),
-    ]);
-    if (ok === "timeout") return `the threaded build did not start within ${timeoutMs / 1000} s`;
-    if (!ok) return "the threaded build failed to initialise";
-  } catch (err) {
-    return `the threaded build failed to initialise (${(err as Error).message})`;
-  } finally {
-    clearTimeout(timer);
-    tf.env().set("WASM_HAS_MULTITHREAD_SUPPORT", false); // a later wasm start (the fallback) is single-threaded
-  }
-  const wasm = (tf.backend() as unknown as { wasm?: { wasmMemory?: { buffer: unknown } } }).wasm;
-  if (!(wasm?.wasmMemory?.buffer instanceof SharedArrayBuffer)) return "the threaded build started without a shared heap";
+  const failed = await startThreadedBuild(timeoutMs);
+  if (failed) return failed;
   threads = n;
   return null;
 }
